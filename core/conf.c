@@ -1,0 +1,246 @@
+#include "conf.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+const char *const conf_keys[] = {
+    "listen", "state_dir", "data_roots", "output_root", "token_file",
+    "require_token", "devices", "cpu_devices", "cpu_device_memory",
+    "cpu_threads_per_device", "max_body", "max_connections",
+    "max_connections_per_ip", "connection_timeout", "shutdown_grace",
+    "checkpoint_keep", "event_ring", "log_level", NULL,
+};
+
+void conf_defaults(acc_conf *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->listen, sizeof c->listen, "127.0.0.1:8470");
+    snprintf(c->listen_host, sizeof c->listen_host, "127.0.0.1");
+    c->listen_port = 8470;
+    snprintf(c->state_dir, sizeof c->state_dir, "/var/lib/accumd");
+    c->devices = CONF_DEVICES_AUTO;
+    c->cpu_devices = 1;
+    c->cpu_device_memory = 2ULL << 30;
+    c->max_body = 1 << 20;
+    c->max_connections = 1024;
+    c->max_connections_per_ip = 600;
+    c->connection_timeout = 60;
+    c->shutdown_grace = 30;
+    c->checkpoint_keep = 2;
+    c->event_ring = 4096;
+    snprintf(c->log_level, sizeof c->log_level, "info");
+}
+
+int conf_parse_bytes(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (s == NULL || !isdigit((unsigned char)*s))
+        return -1;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0)
+        return -1;
+    unsigned shift = 0;
+    switch (toupper((unsigned char)*end)) {
+    case '\0': break;
+    case 'K': shift = 10; end++; break;
+    case 'M': shift = 20; end++; break;
+    case 'G': shift = 30; end++; break;
+    case 'T': shift = 40; end++; break;
+    default: return -1;
+    }
+    if (*end == 'B' || *end == 'b' || (*end == 'i' && end[1] == 'B' && end++))
+        end++;
+    if (*end != '\0' || (shift && v > (UINT64_MAX >> shift)))
+        return -1;
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static int parse_int(const char *key, const char *v, long lo, long hi, int *out, acc_err *err)
+{
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || n < lo || n > hi)
+        return acc_err_set(err, ACC_EINVAL, key, "%s must be an integer in [%ld, %ld], got '%s'",
+                           key, lo, hi, v);
+    *out = (int)n;
+    return 0;
+}
+
+static int parse_bool(const char *key, const char *v, bool *out, acc_err *err)
+{
+    if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1") || !strcmp(v, "on")) {
+        *out = true;
+        return 0;
+    }
+    if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0") || !strcmp(v, "off")) {
+        *out = false;
+        return 0;
+    }
+    return acc_err_set(err, ACC_EINVAL, key, "%s must be true or false, got '%s'", key, v);
+}
+
+static int parse_path(const char *key, const char *v, char *dst, size_t n, acc_err *err)
+{
+    if (v[0] == '\0')
+        return acc_err_set(err, ACC_EINVAL, key, "%s must not be empty", key);
+    if (strlen(v) >= n)
+        return acc_err_set(err, ACC_EINVAL, key, "%s is too long", key);
+    snprintf(dst, n, "%s", v);
+    return 0;
+}
+
+/* "host:port", "[v6]:port" or ":port" (all interfaces). */
+static int parse_listen(acc_conf *c, const char *v, acc_err *err)
+{
+    const char *colon;
+    char host[256];
+    if (v[0] == '[') {
+        const char *close = strchr(v, ']');
+        if (close == NULL || close[1] != ':')
+            return acc_err_set(err, ACC_EINVAL, "listen", "listen must be [address]:port, got '%s'", v);
+        size_t hl = (size_t)(close - v - 1);
+        if (hl == 0 || hl >= sizeof host)
+            return acc_err_set(err, ACC_EINVAL, "listen", "listen has a bad address in '%s'", v);
+        memcpy(host, v + 1, hl);
+        host[hl] = '\0';
+        colon = close + 1;
+    } else {
+        colon = strrchr(v, ':');
+        if (colon == NULL)
+            return acc_err_set(err, ACC_EINVAL, "listen", "listen must be address:port, got '%s'", v);
+        size_t hl = (size_t)(colon - v);
+        if (hl >= sizeof host)
+            return acc_err_set(err, ACC_EINVAL, "listen", "listen has a bad address in '%s'", v);
+        memcpy(host, v, hl);
+        host[hl] = '\0';
+        if (hl == 0)
+            snprintf(host, sizeof host, "0.0.0.0");
+    }
+    int port;
+    if (parse_int("listen", colon + 1, 0, 65535, &port, err) != 0)
+        return acc_err_set(err, ACC_EINVAL, "listen", "listen port must be in [0, 65535], got '%s'", colon + 1);
+    snprintf(c->listen, sizeof c->listen, "%s", v);
+    snprintf(c->listen_host, sizeof c->listen_host, "%s", host);
+    c->listen_port = port;
+    return 0;
+}
+
+int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
+{
+    uint64_t bytes;
+    if (!strcmp(key, "listen"))
+        return parse_listen(c, v, err);
+    if (!strcmp(key, "state_dir"))
+        return parse_path(key, v, c->state_dir, sizeof c->state_dir, err);
+    if (!strcmp(key, "data_roots")) {
+        c->set_data_roots = true;
+        return parse_path(key, v, c->data_roots, sizeof c->data_roots, err);
+    }
+    if (!strcmp(key, "output_root")) {
+        c->set_output_root = true;
+        return parse_path(key, v, c->output_root, sizeof c->output_root, err);
+    }
+    if (!strcmp(key, "token_file")) {
+        c->set_token_file = true;
+        return parse_path(key, v, c->token_file, sizeof c->token_file, err);
+    }
+    if (!strcmp(key, "require_token"))
+        return parse_bool(key, v, &c->require_token, err);
+    if (!strcmp(key, "devices")) {
+        if (!strcmp(v, "auto")) c->devices = CONF_DEVICES_AUTO;
+        else if (!strcmp(v, "cuda")) c->devices = CONF_DEVICES_CUDA;
+        else if (!strcmp(v, "cpu")) c->devices = CONF_DEVICES_CPU;
+        else return acc_err_set(err, ACC_EINVAL, key, "devices must be auto, cuda or cpu, got '%s'", v);
+        return 0;
+    }
+    if (!strcmp(key, "cpu_devices"))
+        return parse_int(key, v, 1, 256, &c->cpu_devices, err);
+    if (!strcmp(key, "cpu_device_memory")) {
+        if (conf_parse_bytes(v, &bytes) != 0 || bytes < (1 << 20))
+            return acc_err_set(err, ACC_EINVAL, key,
+                               "cpu_device_memory must be a size of at least 1M (suffix K/M/G/T), got '%s'", v);
+        c->cpu_device_memory = bytes;
+        return 0;
+    }
+    if (!strcmp(key, "cpu_threads_per_device")) {
+        c->set_threads = true;
+        return parse_int(key, v, 1, 1024, &c->cpu_threads_per_device, err);
+    }
+    if (!strcmp(key, "max_body")) {
+        if (conf_parse_bytes(v, &bytes) != 0 || bytes < 1024 || bytes > (1ULL << 30))
+            return acc_err_set(err, ACC_EINVAL, key, "max_body must be a size in [1K, 1G], got '%s'", v);
+        c->max_body = bytes;
+        return 0;
+    }
+    if (!strcmp(key, "max_connections"))
+        return parse_int(key, v, 1, 65536, &c->max_connections, err);
+    if (!strcmp(key, "max_connections_per_ip"))
+        return parse_int(key, v, 1, 65536, &c->max_connections_per_ip, err);
+    if (!strcmp(key, "connection_timeout"))
+        return parse_int(key, v, 1, 86400, &c->connection_timeout, err);
+    if (!strcmp(key, "shutdown_grace"))
+        return parse_int(key, v, 0, 86400, &c->shutdown_grace, err);
+    if (!strcmp(key, "checkpoint_keep"))
+        return parse_int(key, v, 1, 1000, &c->checkpoint_keep, err);
+    if (!strcmp(key, "event_ring"))
+        return parse_int(key, v, 16, 1 << 20, &c->event_ring, err);
+    if (!strcmp(key, "log_level")) {
+        if (strcmp(v, "error") && strcmp(v, "warn") && strcmp(v, "info") && strcmp(v, "debug"))
+            return acc_err_set(err, ACC_EINVAL, key, "log_level must be error, warn, info or debug, got '%s'", v);
+        snprintf(c->log_level, sizeof c->log_level, "%s", v);
+        return 0;
+    }
+    return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);
+}
+
+int conf_set_pair(acc_conf *c, const char *pair, acc_err *err)
+{
+    const char *eq = strchr(pair, '=');
+    if (eq == NULL || eq == pair)
+        return acc_err_set(err, ACC_EINVAL, "", "expected key=value, got '%s'", pair);
+    char key[64];
+    size_t kl = (size_t)(eq - pair);
+    if (kl >= sizeof key)
+        return acc_err_set(err, ACC_EINVAL, "", "config key too long in '%s'", pair);
+    memcpy(key, pair, kl);
+    key[kl] = '\0';
+    return conf_set(c, key, eq + 1, err);
+}
+
+static int join_path(char *dst, size_t n, const char *dir, const char *leaf)
+{
+    int w = snprintf(dst, n, "%s/%s", dir, leaf);
+    return (w < 0 || (size_t)w >= n) ? -1 : 0;
+}
+
+int conf_finalize(acc_conf *c, acc_err *err)
+{
+    if ((!c->set_data_roots && join_path(c->data_roots, sizeof c->data_roots, c->state_dir, "data")) ||
+        (!c->set_output_root && join_path(c->output_root, sizeof c->output_root, c->state_dir, "out")) ||
+        (!c->set_token_file && join_path(c->token_file, sizeof c->token_file, c->state_dir, "token")))
+        return acc_err_set(err, ACC_EINVAL, "state_dir", "state_dir is too long");
+    if (!c->set_threads) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        if (cores < 1)
+            cores = 1;
+        c->cpu_threads_per_device = (int)(cores / c->cpu_devices);
+        if (c->cpu_threads_per_device < 1)
+            c->cpu_threads_per_device = 1;
+    }
+    if (!conf_listen_is_loopback(c))
+        c->require_token = true; /* never serve jobs to the network without auth */
+    return 0;
+}
+
+bool conf_listen_is_loopback(const acc_conf *c)
+{
+    return !strncmp(c->listen_host, "127.", 4) || !strcmp(c->listen_host, "::1") ||
+           !strcmp(c->listen_host, "localhost");
+}

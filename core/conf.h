@@ -1,0 +1,68 @@
+/* conf: the daemon's configuration, its defaults and the validation of each key.
+ *
+ * One struct holds every key of DESIGN.md's "Daemon config" table plus the
+ * operational limits accumd adds. Values arrive as strings, from the config
+ * file or from `--set key=value`, through conf_set(), which validates and
+ * converts; later calls override earlier ones. conf_finalize() then fills
+ * the defaults that depend on other keys (paths under state_dir, threads per
+ * device) and checks the whole. The struct is read-only after that.
+ */
+#ifndef ACC_CONF_H
+#define ACC_CONF_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "err.h"
+
+enum conf_devices { CONF_DEVICES_AUTO, CONF_DEVICES_CUDA, CONF_DEVICES_CPU };
+
+typedef struct acc_conf {
+    char listen[300];            /* as given: "host:port" or "[v6]:port" */
+    char listen_host[256];       /* parsed host part */
+    int listen_port;             /* parsed port part, 0 = pick a free one */
+    char state_dir[PATH_MAX];
+    char data_roots[4 * PATH_MAX]; /* colon-separated */
+    char output_root[PATH_MAX];
+    char token_file[PATH_MAX];
+    bool require_token;          /* also on loopback; forced on for other addresses */
+    enum conf_devices devices;
+    int cpu_devices;
+    uint64_t cpu_device_memory;  /* bytes */
+    int cpu_threads_per_device;  /* 0 until finalized = cores / cpu_devices */
+    uint64_t max_body;           /* bytes of a request body before 413 */
+    int max_connections;
+    int max_connections_per_ip;
+    int connection_timeout;      /* seconds an idle connection is kept */
+    int shutdown_grace;          /* seconds SIGTERM waits for jobs to stop */
+    int checkpoint_keep;         /* checkpoints kept per job */
+    int event_ring;              /* events kept in memory per job */
+    char log_level[16];          /* error | warn | info | debug */
+    /* which keys were set explicitly, so derived defaults don't override them */
+    bool set_data_roots, set_output_root, set_token_file, set_threads;
+} acc_conf;
+
+/* Fill every key with its default. */
+void conf_defaults(acc_conf *c);
+
+/* Set one key from its string form. ACC_EINVAL names the key on bad values,
+ * unknown keys included. */
+int conf_set(acc_conf *c, const char *key, const char *value, acc_err *err);
+
+/* Parse "key=value" (as given to --set) and apply it. */
+int conf_set_pair(acc_conf *c, const char *pair, acc_err *err);
+
+/* Derive the dependent defaults and check cross-key rules. */
+int conf_finalize(acc_conf *c, acc_err *err);
+
+/* Parse a byte size with an optional K/M/G/T suffix (powers of 1024). */
+int conf_parse_bytes(const char *s, uint64_t *out);
+
+/* The list of keys, NULL-terminated, for --help and docs. */
+extern const char *const conf_keys[];
+
+/* True when the listen host is a loopback address. */
+bool conf_listen_is_loopback(const acc_conf *c);
+
+#endif

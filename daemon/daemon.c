@@ -1,0 +1,174 @@
+#include "daemon.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "log.h"
+
+static int mkdir_p(const char *path, mode_t mode, acc_err *err)
+{
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return acc_err_set(err, ACC_EINVAL, NULL, "path too long: %s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, mode) != 0 && errno != EEXIST)
+            return acc_err_set(err, ACC_EIO, NULL, "mkdir %s: %m", buf);
+        *p = '/';
+    }
+    if (mkdir(buf, mode) != 0 && errno != EEXIST)
+        return acc_err_set(err, ACC_EIO, NULL, "mkdir %s: %m", buf);
+    return 0;
+}
+
+/* Write "host:port" of the bound socket so tools and tests find a daemon
+ * started with port 0. Atomic: temp file then rename. */
+static int write_addr_file(acc_daemon *d, acc_err *err)
+{
+    char path[PATH_MAX + 16], tmp[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/accumd.addr", d->conf.state_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL)
+        return acc_err_set(err, ACC_EIO, "state_dir", "cannot write %s: %m", tmp);
+    int bad = strchr(d->conf.listen_host, ':') != NULL
+                  ? fprintf(f, "[%s]:%d\n", d->conf.listen_host, api_server_port(d->api)) < 0
+                  : fprintf(f, "%s:%d\n", d->conf.listen_host, api_server_port(d->api)) < 0;
+    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0)
+        return acc_err_set(err, ACC_EIO, "state_dir", "cannot write %s: %m", path);
+    return 0;
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    acc_daemon *d = h->data;
+    if (signum == SIGHUP) {
+        if (log_reopen() != 0)
+            acc_log(ACC_LOG_WARN, "daemon", "SIGHUP: cannot reopen the log: %m");
+        else
+            acc_log(ACC_LOG_INFO, "daemon", "SIGHUP: log reopened");
+        return;
+    }
+    daemon_stop(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void on_watchdog(uv_timer_t *t)
+{
+    sd_notify(0, "WATCHDOG=1");
+}
+
+static int start_signals(acc_daemon *d, acc_err *err)
+{
+    static const int nums[] = {SIGTERM, SIGINT, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        int rc = uv_signal_init(&d->loop, &d->sigs[i]);
+        if (rc != 0)
+            return acc_err_set(err, ACC_EINTERNAL, NULL, "signal setup: %s", uv_strerror(rc));
+        d->nsigs++;
+        d->sigs[i].data = d;
+        rc = uv_signal_start(&d->sigs[i], on_signal, nums[i]);
+        if (rc != 0)
+            return acc_err_set(err, ACC_EINTERNAL, NULL, "signal setup: %s", uv_strerror(rc));
+    }
+    return 0;
+}
+
+static void start_watchdog(acc_daemon *d)
+{
+    uint64_t usec = 0;
+    if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0)
+        return;
+    if (uv_timer_init(&d->loop, &d->watchdog) != 0)
+        return;
+    d->watchdog.data = d;
+    d->watchdog_on = true;
+    uint64_t every = usec / 2000; /* ms, twice per period */
+    uv_timer_start(&d->watchdog, on_watchdog, every, every ? every : 1);
+}
+
+static int discover_devices(acc_daemon *d, acc_err *err)
+{
+    kern_want want = d->conf.devices == CONF_DEVICES_CUDA  ? KERN_WANT_CUDA
+                     : d->conf.devices == CONF_DEVICES_CPU ? KERN_WANT_CPU
+                                                           : KERN_WANT_AUTO;
+    int rc = kern_discover(want, d->conf.cpu_devices, d->conf.cpu_device_memory, d->devices,
+                           KERN_MAX_DEVICES, &d->ndevices, err);
+    if (rc != 0)
+        return rc;
+    for (int i = 0; i < d->ndevices; i++) {
+        const kern_device_info *k = &d->devices[i];
+        if (k->kind == KERN_DEV_CUDA)
+            acc_log(ACC_LOG_INFO, "devices", "cuda:%d %s sm_%d%d memory=%llu", k->index, k->name,
+                    k->cc_major, k->cc_minor, (unsigned long long)k->mem_total);
+        else
+            acc_log(ACC_LOG_INFO, "devices", "%s memory_budget=%llu threads=%d", k->name,
+                    (unsigned long long)k->mem_total, d->conf.cpu_threads_per_device);
+    }
+    return 0;
+}
+
+int daemon_init(acc_daemon *d, acc_err *err)
+{
+    int rc = uv_loop_init(&d->loop);
+    if (rc != 0)
+        return acc_err_set(err, ACC_EINTERNAL, NULL, "uv_loop_init: %s", uv_strerror(rc));
+    d->loop_on = true;
+    if ((rc = mkdir_p(d->conf.state_dir, 0750, err)) != 0)
+        return rc;
+    if ((rc = discover_devices(d, err)) != 0)
+        return rc;
+    if ((rc = start_signals(d, err)) != 0)
+        return rc;
+    if ((rc = api_server_start(&d->api, &d->loop, &d->conf, d, err)) != 0)
+        return rc;
+    if ((rc = write_addr_file(d, err)) != 0)
+        return rc;
+    start_watchdog(d);
+    acc_log(ACC_LOG_INFO, "daemon", "accumd listening on %s port %d, state in %s",
+            d->conf.listen_host, api_server_port(d->api), d->conf.state_dir);
+    sd_notifyf(0, "READY=1\nSTATUS=listening on %s port %d", d->conf.listen_host,
+               api_server_port(d->api));
+    return 0;
+}
+
+void daemon_stop(acc_daemon *d, const char *why)
+{
+    if (d->stopping)
+        return;
+    d->stopping = true;
+    acc_log(ACC_LOG_INFO, "daemon", "%s: stopping", why);
+    sd_notify(0, "STOPPING=1");
+    api_server_quiesce(d->api);
+    api_server_stop(d->api);
+    d->api = NULL;
+    for (int i = 0; i < d->nsigs; i++)
+        uv_close((uv_handle_t *)&d->sigs[i], NULL);
+    d->nsigs = 0;
+    if (d->watchdog_on)
+        uv_close((uv_handle_t *)&d->watchdog, NULL);
+}
+
+int daemon_run(acc_daemon *d)
+{
+    return uv_run(&d->loop, UV_RUN_DEFAULT);
+}
+
+void daemon_free(acc_daemon *d)
+{
+    if (!d->loop_on)
+        return;
+    if (!d->stopping)
+        daemon_stop(d, "shutdown");
+    uv_run(&d->loop, UV_RUN_DEFAULT); /* let close callbacks run */
+    if (uv_loop_close(&d->loop) != 0)
+        acc_log(ACC_LOG_WARN, "daemon", "event loop closed with handles still open");
+    acc_log(ACC_LOG_INFO, "daemon", "stopped");
+}

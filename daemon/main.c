@@ -1,0 +1,169 @@
+/* accumd: the training-job daemon's entry point. Parses the command line,
+ * builds the configuration (defaults, then --config FILE, then every --set or
+ * per-key flag in order) and runs the daemon until SIGTERM/SIGINT. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "log.h"
+
+#ifndef ACCUMD_VERSION
+#define ACCUMD_VERSION "unknown"
+#endif
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: accumd [--config FILE] [--set key=value]... [--KEY VALUE]...\n"
+            "\n"
+            "Training-job daemon: takes jobs as JSON over HTTP, trains them on the\n"
+            "local GPUs (or CPU devices), streams progress back. See README.md.\n"
+            "\n"
+            "  -c, --config FILE     read 'key = value' settings from FILE\n"
+            "  -s, --set KEY=VALUE   set one config key (repeatable, applied after FILE)\n"
+            "      --KEY VALUE       the same, for any key below ('_' may be written '-')\n"
+            "      --check-config    validate the configuration, print it, and exit\n"
+            "  -h, --help            this text\n"
+            "  -V, --version         print the version\n"
+            "\nconfig keys:");
+    for (int i = 0; conf_keys[i]; i++)
+        fprintf(out, "%s%s", i % 6 ? " " : "\n  ", conf_keys[i]);
+    fprintf(out, "\n");
+}
+
+/* "--cpu-devices" -> "cpu_devices" if that is a config key. */
+static const char *flag_to_key(const char *flag, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s", flag);
+    for (char *p = buf; *p; p++)
+        if (*p == '-')
+            *p = '_';
+    for (int i = 0; conf_keys[i]; i++)
+        if (!strcmp(conf_keys[i], buf))
+            return conf_keys[i];
+    return NULL;
+}
+
+static void print_conf(const acc_conf *c)
+{
+    printf("listen = %s\nstate_dir = %s\ndata_roots = %s\noutput_root = %s\n"
+           "token_file = %s\nrequire_token = %s\ndevices = %s\ncpu_devices = %d\n"
+           "cpu_device_memory = %llu\ncpu_threads_per_device = %d\nmax_body = %llu\n"
+           "max_connections = %d\nmax_connections_per_ip = %d\nconnection_timeout = %d\n"
+           "shutdown_grace = %d\ncheckpoint_keep = %d\nevent_ring = %d\nlog_level = %s\n",
+           c->listen, c->state_dir, c->data_roots, c->output_root, c->token_file,
+           c->require_token ? "true" : "false",
+           c->devices == CONF_DEVICES_AUTO ? "auto" : c->devices == CONF_DEVICES_CUDA ? "cuda" : "cpu",
+           c->cpu_devices, (unsigned long long)c->cpu_device_memory, c->cpu_threads_per_device,
+           (unsigned long long)c->max_body, c->max_connections, c->max_connections_per_ip,
+           c->connection_timeout, c->shutdown_grace, c->checkpoint_keep, c->event_ring,
+           c->log_level);
+}
+
+enum { OPT_CHECK = 1000 };
+
+/* Two passes: the config file first wherever --config appears, then the
+ * overrides in command-line order. Returns 0, 1 (exit 0 now) or -1 (exit 2). */
+static int parse_args(int argc, char **argv, acc_conf *c, int *check_only)
+{
+    acc_err err = {0};
+    const char *config = NULL;
+    for (int i = 1; i < argc; i++) {
+        if ((!strcmp(argv[i], "--config") || !strcmp(argv[i], "-c")) && i + 1 < argc)
+            config = argv[++i];
+        else if (!strncmp(argv[i], "--config=", 9))
+            config = argv[i] + 9;
+    }
+    if (config != NULL && daemon_conf_load(c, config, &err) != 0) {
+        fprintf(stderr, "accumd: %s\n", err.msg);
+        return -1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        char keybuf[128], pair[8192];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
+            printf("accumd %s (%s)\n", ACCUMD_VERSION, kern_cuda_built() ? "cuda" : "cpu-only");
+            return 1;
+        }
+        if (!strcmp(a, "--check-config")) {
+            *check_only = 1;
+            continue;
+        }
+        if (!strcmp(a, "--config") || !strcmp(a, "-c")) {
+            i++;
+            continue;
+        }
+        if (!strncmp(a, "--config=", 9))
+            continue;
+        if (!strcmp(a, "--set") || !strcmp(a, "-s")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "accumd: --set needs key=value\n");
+                return -1;
+            }
+            if (conf_set_pair(c, argv[++i], &err) != 0) {
+                fprintf(stderr, "accumd: --set %s: %s\n", argv[i], err.msg);
+                return -1;
+            }
+            continue;
+        }
+        if (!strncmp(a, "--set=", 6)) {
+            if (conf_set_pair(c, a + 6, &err) != 0) {
+                fprintf(stderr, "accumd: %s: %s\n", a, err.msg);
+                return -1;
+            }
+            continue;
+        }
+        if (!strncmp(a, "--", 2)) {
+            const char *eq = strchr(a, '=');
+            char flag[128];
+            snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a - 2) : (int)strlen(a + 2), a + 2);
+            const char *key = flag_to_key(flag, keybuf, sizeof keybuf);
+            const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+            if (key != NULL && val != NULL) {
+                snprintf(pair, sizeof pair, "%s=%s", key, val);
+                if (conf_set_pair(c, pair, &err) != 0) {
+                    fprintf(stderr, "accumd: %s: %s\n", a, err.msg);
+                    return -1;
+                }
+                continue;
+            }
+        }
+        fprintf(stderr, "accumd: unknown or incomplete argument '%s' (see --help)\n", a);
+        return -1;
+    }
+    if (conf_finalize(c, &err) != 0) {
+        fprintf(stderr, "accumd: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static acc_daemon d; /* the one context; static only for its size */
+    int check_only = 0;
+    conf_defaults(&d.conf);
+    int rc = parse_args(argc, argv, &d.conf, &check_only);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    if (check_only) {
+        print_conf(&d.conf);
+        return 0;
+    }
+    log_init(d.conf.log_level, NULL);
+    acc_err err = {0};
+    if (daemon_init(&d, &err) != 0) {
+        acc_log(ACC_LOG_ERROR, "daemon", "cannot start: %s", err.msg);
+        daemon_free(&d);
+        return 1;
+    }
+    daemon_run(&d);
+    daemon_free(&d);
+    return 0;
+}

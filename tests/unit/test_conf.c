@@ -1,0 +1,122 @@
+/* conf: defaults, parsing of each kind of value, errors that name the key,
+ * derived defaults. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <string.h>
+
+#include "conf.h"
+
+static void test_defaults(void **state)
+{
+    acc_conf c;
+    acc_err err = {0};
+    conf_defaults(&c);
+    assert_int_equal(conf_finalize(&c, &err), 0);
+    assert_string_equal(c.listen_host, "127.0.0.1");
+    assert_int_equal(c.listen_port, 8470);
+    assert_string_equal(c.state_dir, "/var/lib/accumd");
+    assert_string_equal(c.data_roots, "/var/lib/accumd/data");
+    assert_string_equal(c.output_root, "/var/lib/accumd/out");
+    assert_string_equal(c.token_file, "/var/lib/accumd/token");
+    assert_int_equal(c.cpu_devices, 1);
+    assert_true(c.cpu_device_memory == (2ULL << 30));
+    assert_true(c.cpu_threads_per_device >= 1);
+    assert_false(c.require_token);
+}
+
+static void test_bytes(void **state)
+{
+    uint64_t v;
+    assert_int_equal(conf_parse_bytes("512", &v), 0);
+    assert_true(v == 512);
+    assert_int_equal(conf_parse_bytes("4K", &v), 0);
+    assert_true(v == 4096);
+    assert_int_equal(conf_parse_bytes("3M", &v), 0);
+    assert_true(v == 3ULL << 20);
+    assert_int_equal(conf_parse_bytes("2GiB", &v), 0);
+    assert_true(v == 2ULL << 30);
+    assert_int_equal(conf_parse_bytes("1T", &v), 0);
+    assert_true(v == 1ULL << 40);
+    assert_int_not_equal(conf_parse_bytes("", &v), 0);
+    assert_int_not_equal(conf_parse_bytes("-1G", &v), 0);
+    assert_int_not_equal(conf_parse_bytes("2X", &v), 0);
+    assert_int_not_equal(conf_parse_bytes("99999999999999T", &v), 0);
+}
+
+static void test_listen(void **state)
+{
+    acc_conf c;
+    acc_err err = {0};
+    conf_defaults(&c);
+    assert_int_equal(conf_set(&c, "listen", "[::1]:9000", &err), 0);
+    assert_string_equal(c.listen_host, "::1");
+    assert_int_equal(c.listen_port, 9000);
+    assert_true(conf_listen_is_loopback(&c));
+    assert_int_equal(conf_set(&c, "listen", ":8000", &err), 0);
+    assert_string_equal(c.listen_host, "0.0.0.0");
+    assert_false(conf_listen_is_loopback(&c));
+    assert_int_equal(conf_finalize(&c, &err), 0);
+    assert_true(c.require_token);
+    assert_int_equal(conf_set(&c, "listen", "localhost", &err), ACC_EINVAL);
+    assert_string_equal(err.field, "listen");
+    assert_int_equal(conf_set(&c, "listen", "127.0.0.1:70000", &err), ACC_EINVAL);
+    assert_string_equal(err.field, "listen");
+}
+
+static void test_errors_name_the_key(void **state)
+{
+    acc_conf c;
+    acc_err err = {0};
+    conf_defaults(&c);
+    const char *bad[][2] = {
+        {"cpu_devices", "0"},          {"cpu_devices", "two"},
+        {"cpu_device_memory", "12"},   {"devices", "tpu"},
+        {"require_token", "maybe"},    {"max_body", "10G"},
+        {"log_level", "loud"},         {"state_dir", ""},
+        {"shutdown_grace", "-1"},      {"cpu_threads_per_device", "1.5"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        acc_err_clear(&err);
+        assert_int_equal(conf_set(&c, bad[i][0], bad[i][1], &err), ACC_EINVAL);
+        assert_string_equal(err.field, bad[i][0]);
+        assert_non_null(strstr(err.msg, bad[i][0]));
+    }
+    assert_int_equal(conf_set(&c, "nope", "1", &err), ACC_EINVAL);
+    assert_non_null(strstr(err.msg, "unknown config key"));
+    assert_int_equal(conf_set_pair(&c, "=1", &err), ACC_EINVAL);
+    assert_int_equal(conf_set_pair(&c, "cpu_devices", &err), ACC_EINVAL);
+}
+
+static void test_overrides_and_derived(void **state)
+{
+    acc_conf c;
+    acc_err err = {0};
+    conf_defaults(&c);
+    assert_int_equal(conf_set_pair(&c, "state_dir=/srv/acc", &err), 0);
+    assert_int_equal(conf_set_pair(&c, "output_root=/big/out", &err), 0);
+    assert_int_equal(conf_set_pair(&c, "cpu_devices=4", &err), 0);
+    assert_int_equal(conf_set_pair(&c, "cpu_devices=2", &err), 0);
+    assert_int_equal(conf_set_pair(&c, "cpu_threads_per_device=3", &err), 0);
+    assert_int_equal(conf_set_pair(&c, "devices=cpu", &err), 0);
+    assert_int_equal(conf_finalize(&c, &err), 0);
+    assert_int_equal(c.cpu_devices, 2);
+    assert_int_equal(c.cpu_threads_per_device, 3);
+    assert_int_equal(c.devices, CONF_DEVICES_CPU);
+    assert_string_equal(c.data_roots, "/srv/acc/data");
+    assert_string_equal(c.output_root, "/big/out");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_bytes),
+        cmocka_unit_test(test_listen),
+        cmocka_unit_test(test_errors_name_the_key),
+        cmocka_unit_test(test_overrides_and_derived),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
