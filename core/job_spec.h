@@ -1,0 +1,88 @@
+/* job_spec: a training job as submitted, parsed and validated.
+ *
+ * The public form is the JSON job spec of DESIGN.md ("Job spec"), which also
+ * accepts DeepSpeed's batch keys and a nested "deepspeed" object. job_spec_parse()
+ * (job_spec.c) turns it into this struct, resolving the batch triple so that
+ * train_batch_size == micro_batch * accum_steps * devices always holds, and
+ * reporting every problem as ACC_EINVAL with `field` set to the key path
+ * ("optimizer.lr", "model.n_head"). The trainer reads this struct only.
+ */
+#ifndef ACC_JOB_SPEC_H
+#define ACC_JOB_SPEC_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "conf.h"
+#include "err.h"
+
+typedef enum spec_data_format { SPEC_DATA_TEXT = 0, SPEC_DATA_TOKENS = 1 } spec_data_format;
+typedef enum spec_precision { SPEC_FP32 = 0, SPEC_BF16 = 1 } spec_precision;
+
+typedef enum spec_lr_type {
+    SPEC_LR_CONSTANT = 0,
+    SPEC_LR_COSINE,        /* linear warmup, cosine decay to min_lr at max_steps */
+    SPEC_LR_WARMUP,        /* DeepSpeed WarmupLR: warmup_min_lr -> lr, then constant */
+    SPEC_LR_WARMUP_DECAY,  /* DeepSpeed WarmupDecayLR: warmup, then linear decay to 0 at total_steps */
+    SPEC_LR_WARMUP_COSINE, /* DeepSpeed WarmupCosineLR: warmup, then cosine to cos_min_ratio * lr */
+} spec_lr_type;
+
+typedef struct spec_model {
+    char arch[16];         /* "gpt2" */
+    int n_layer, n_head, n_embd, seq_len;
+    int vocab_size;        /* tokens of the data (256 for byte-level text) */
+    int padded_vocab_size; /* rows of the embedding; >= vocab_size (default = vocab_size) */
+    char init_from[PATH_MAX]; /* "" or an llm.c .bin / .safetensors file */
+} spec_model;
+
+typedef struct spec_data {
+    char train[PATH_MAX];  /* file, or glob of token shards */
+    char val[PATH_MAX];    /* "" when none */
+    spec_data_format format;
+} spec_data;
+
+typedef struct spec_optim {
+    double lr, beta1, beta2, eps, weight_decay;
+    double grad_clip;      /* global-norm clip; 0 = off */
+} spec_optim;
+
+typedef struct spec_lr {
+    spec_lr_type type;
+    int warmup_steps;
+    double min_lr;         /* cosine floor (SPEC_LR_COSINE) */
+    double warmup_min_lr;  /* DeepSpeed warmup start */
+    double cos_min_ratio;  /* DeepSpeed WarmupCosineLR floor, fraction of lr */
+    int total_steps;       /* DeepSpeed total_num_steps; default max_steps */
+} spec_lr;
+
+typedef struct job_spec {
+    char name[128];
+    spec_model model;
+    spec_data data;
+    /* the batch triple: B = micro_batch * accum_steps * devices, always */
+    int train_batch_size;
+    int micro_batch;       /* train_micro_batch_size_per_gpu */
+    int accum_steps;       /* gradient_accumulation_steps */
+    int devices;           /* world size */
+    bool micro_auto;       /* micro batch was "auto": the planner picks it */
+    spec_precision precision;
+    bool activation_checkpointing;
+    spec_optim optim;
+    spec_lr lr;
+    int max_steps;
+    int eval_interval;     /* 0 = no eval */
+    int eval_batches;      /* batches of B samples per eval (default 1) */
+    int checkpoint_interval; /* 0 = only at the end */
+    uint64_t seed;
+    int priority;          /* higher runs first */
+    bool oom_adapt;        /* oom.adapt */
+    char resume_from[PATH_MAX]; /* "" or a checkpoint directory */
+    char output_dir[PATH_MAX];  /* set by the daemon: output_root/<job id> */
+} job_spec;
+
+/* Parse and validate a JSON document (text of `len` bytes) against the
+ * daemon's config (paths must be under data_roots / output_root). */
+int job_spec_parse(const char *text, size_t len, const acc_conf *conf, job_spec *out, acc_err *err);
+
+#endif

@@ -1,0 +1,81 @@
+/* trainer: runs one job's training loop on its placed devices.
+ *
+ * trainer_start() spawns one worker thread per device (rank) and returns at
+ * once. Each optimizer step runs accum_steps micro-steps of micro_batch
+ * samples per rank, accumulating gradients in place, then exactly one
+ * all-reduce, clip, AdamW step. Progress is reported through `on_event`,
+ * called from worker threads: the callee must copy the event and return
+ * quickly (the daemon queues it and wakes its loop with uv_async_send); it
+ * must never call back into the trainer.
+ *
+ * The last event of every run is TEV_DONE (status 0, ACC_ECANCELLED or the
+ * failure's code with a message); after it the daemon calls
+ * trainer_free(), which joins the threads.
+ */
+#ifndef ACC_TRAINER_H
+#define ACC_TRAINER_H
+
+#include <stdint.h>
+
+#include "err.h"
+#include "job_spec.h"
+#include "kern_discover.h"
+
+#define TRAIN_MAX_RANKS 16
+
+typedef enum train_event_kind {
+    TEV_STEP = 0,    /* an optimizer step completed */
+    TEV_EVAL,        /* eval loss at a step */
+    TEV_OOM_ADJUST,  /* the split changed after an out-of-memory */
+    TEV_CHECKPOINT,  /* a checkpoint was written */
+    TEV_LOG,         /* free-form message */
+    TEV_DONE,        /* the run ended; always the last event */
+} train_event_kind;
+
+typedef struct train_event {
+    train_event_kind kind;
+    int step;              /* optimizer steps completed so far */
+    /* TEV_STEP */
+    double loss, lr, grad_norm, tokens_per_s;
+    int micro_batch, accum_steps;
+    int nranks;
+    uint64_t mem_in_use[TRAIN_MAX_RANKS], mem_peak[TRAIN_MAX_RANKS];
+    /* TEV_EVAL */
+    double val_loss;
+    /* TEV_OOM_ADJUST */
+    int from_micro, from_accum, to_micro, to_accum;
+    bool recompute;        /* activation recomputation switched on */
+    uint64_t bytes_asked, bytes_free;
+    /* TEV_CHECKPOINT: path; TEV_LOG / TEV_DONE: message */
+    char path[PATH_MAX];
+    int status;            /* TEV_DONE: 0, ACC_ECANCELLED or an error code */
+    char msg[512];
+} train_event;
+
+typedef void (*train_event_fn)(void *ctx, const train_event *ev);
+
+typedef struct trainer_opts {
+    const job_spec *spec;          /* copied by trainer_start */
+    const kern_device_info *devices; /* spec->devices entries, one per rank */
+    int threads_per_device;        /* CPU devices: kernel threads per rank */
+    train_event_fn on_event;
+    void *event_ctx;
+} trainer_opts;
+
+typedef struct trainer trainer;
+
+/* Check what can be checked before queuing: data and init files exist, have
+ * the right format, tokens < vocab_size, the model shape is consistent.
+ * ACC_EINVAL with the field ("data.train", "model.init_from"). */
+int trainer_check_spec(const job_spec *spec, acc_err *err);
+
+int trainer_start(const trainer_opts *o, trainer **out, acc_err *err);
+
+/* Ask the run to stop; it stops at the next micro-step and ends with
+ * TEV_DONE(status = ACC_ECANCELLED). Safe from any thread, more than once. */
+void trainer_cancel(trainer *t);
+
+/* Join the worker threads and free. Call after TEV_DONE was delivered. */
+void trainer_free(trainer *t);
+
+#endif
