@@ -11,6 +11,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum acc_errcode {
     ACC_OK = 0,
     ACC_EINVAL = -1,    /* bad input: a spec, a config value, a request */
@@ -44,5 +48,9 @@ void acc_err_clear(acc_err *err);
 
 /* Short stable name of a code, e.g. "invalid" for ACC_EINVAL. */
 const char *acc_err_name(int code);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -30,7 +30,7 @@ extern "C" int kern_cuda_query(kern_device_info *out, int max, int *n, acc_err *
                                cudaGetErrorString(rc));
         out[i].kind = KERN_DEV_CUDA;
         out[i].index = i;
-        snprintf(out[i].name, sizeof out[i].name, "%s", prop.name);
+        snprintf(out[i].name, sizeof out[i].name, "%.127s", prop.name);
         out[i].mem_total = (uint64_t)prop.totalGlobalMem;
         out[i].cc_major = prop.major;
         out[i].cc_minor = prop.minor;
