@@ -12,7 +12,7 @@ const char *const conf_keys[] = {
     "require_token", "devices", "cpu_devices", "cpu_device_memory",
     "cpu_threads_per_device", "max_body", "max_connections",
     "max_connections_per_ip", "connection_timeout", "shutdown_grace",
-    "checkpoint_keep", "event_ring", "log_level", NULL,
+    "checkpoint_keep", "event_ring", "log_level", "log_file", NULL,
 };
 
 void conf_defaults(acc_conf *c)
@@ -195,6 +195,12 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         if (strcmp(v, "error") && strcmp(v, "warn") && strcmp(v, "info") && strcmp(v, "debug"))
             return acc_err_set(err, ACC_EINVAL, key, "log_level must be error, warn, info or debug, got '%s'", v);
         snprintf(c->log_level, sizeof c->log_level, "%s", v);
+        return 0;
+    }
+    if (!strcmp(key, "log_file")) {
+        if (strlen(v) >= sizeof c->log_file)
+            return acc_err_set(err, ACC_EINVAL, key, "log_file is too long");
+        snprintf(c->log_file, sizeof c->log_file, "%s", v);
         return 0;
     }
     return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);

@@ -39,6 +39,7 @@ typedef struct acc_conf {
     int checkpoint_keep;         /* checkpoints kept per job */
     int event_ring;              /* events kept in memory per job */
     char log_level[16];          /* error | warn | info | debug */
+    char log_file[PATH_MAX];     /* "" = stderr (journald); else appended, reopened on SIGHUP */
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads;
 } acc_conf;

@@ -52,14 +52,15 @@ static void print_conf(const acc_conf *c)
            "token_file = %s\nrequire_token = %s\ndevices = %s\ncpu_devices = %d\n"
            "cpu_device_memory = %llu\ncpu_threads_per_device = %d\nmax_body = %llu\n"
            "max_connections = %d\nmax_connections_per_ip = %d\nconnection_timeout = %d\n"
-           "shutdown_grace = %d\ncheckpoint_keep = %d\nevent_ring = %d\nlog_level = %s\n",
+           "shutdown_grace = %d\ncheckpoint_keep = %d\nevent_ring = %d\nlog_level = %s\n"
+           "log_file = %s\n",
            c->listen, c->state_dir, c->data_roots, c->output_root, c->token_file,
            c->require_token ? "true" : "false",
            c->devices == CONF_DEVICES_AUTO ? "auto" : c->devices == CONF_DEVICES_CUDA ? "cuda" : "cpu",
            c->cpu_devices, (unsigned long long)c->cpu_device_memory, c->cpu_threads_per_device,
            (unsigned long long)c->max_body, c->max_connections, c->max_connections_per_ip,
            c->connection_timeout, c->shutdown_grace, c->checkpoint_keep, c->event_ring,
-           c->log_level);
+           c->log_level, c->log_file);
 }
 
 enum { OPT_CHECK = 1000 };
@@ -156,7 +157,10 @@ int main(int argc, char **argv)
         print_conf(&d.conf);
         return 0;
     }
-    log_init(d.conf.log_level, NULL);
+    if (log_init(d.conf.log_level, d.conf.log_file[0] ? d.conf.log_file : NULL) != 0) {
+        fprintf(stderr, "accumd: cannot open log_file %s: %m\n", d.conf.log_file);
+        return 1;
+    }
     acc_err err = {0};
     if (daemon_init(&d, &err) != 0) {
         acc_log(ACC_LOG_ERROR, "daemon", "cannot start: %s", err.msg);

@@ -23,3 +23,15 @@ acc_check_log
 acc_start
 acc_stop
 ok "SIGINT, restart"
+
+# SIGHUP reopens log_file (logrotate moves the file away, then reloads)
+acc_start --set log_file="$ACC_TMP/accumd.log"
+grep -q 'listening on' "$ACC_TMP/accumd.log" || fail "log_file not written"
+mv "$ACC_TMP/accumd.log" "$ACC_TMP/accumd.log.1"
+kill -HUP "$ACC_PID"
+for _ in $(seq 1 50); do [ -s "$ACC_TMP/accumd.log" ] && break; sleep 0.1; done
+grep -q 'log reopened' "$ACC_TMP/accumd.log" || fail "SIGHUP did not reopen log_file"
+curl -sf "$BASE/healthz" >/dev/null || fail "daemon not serving after SIGHUP"
+acc_stop
+grep -q 'stopped' "$ACC_TMP/accumd.log" || fail "shutdown not logged to the reopened file"
+ok "SIGHUP reopens log_file"
