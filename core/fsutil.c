@@ -1,0 +1,168 @@
+#include "fsutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int fsu_mkdir_p(const char *path, mode_t mode, acc_err *err)
+{
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return acc_err_set(err, ACC_EINVAL, NULL, "path too long: %s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, mode) != 0 && errno != EEXIST)
+            return acc_err_set(err, ACC_EIO, NULL, "mkdir %s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, mode) != 0 && errno != EEXIST)
+        return acc_err_set(err, ACC_EIO, NULL, "mkdir %s: %s", buf, strerror(errno));
+    return 0;
+}
+
+int fsu_fsync_dir(const char *dir, acc_err *err)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return acc_err_set(err, ACC_EIO, NULL, "open %s: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int saved = errno;
+    close(fd);
+    if (rc != 0)
+        return acc_err_set(err, ACC_EIO, NULL, "fsync %s: %s", dir, strerror(saved));
+    return 0;
+}
+
+int fsu_fsync_parent(const char *path, acc_err *err)
+{
+    char dir[PATH_MAX];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return acc_err_set(err, ACC_EINVAL, NULL, "path too long: %s", path);
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        dir[--n] = '\0';
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    return fsu_fsync_dir(dir, err);
+}
+
+int fsu_write_all(int fd, const void *data, size_t len, acc_err *err)
+{
+    const char *p = data;
+    while (len > 0) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return acc_err_set(err, ACC_EIO, NULL, "write: %s", strerror(errno));
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+int fsu_write_atomic(const char *path, const void *data, size_t len, acc_err *err)
+{
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return acc_err_set(err, ACC_EINVAL, NULL, "path too long: %s", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0)
+        return acc_err_set(err, ACC_EIO, NULL, "create %s: %s", tmp, strerror(errno));
+    int rc = fsu_write_all(fd, data, len, err);
+    if (rc == 0 && fsync(fd) != 0)
+        rc = acc_err_set(err, ACC_EIO, NULL, "fsync %s: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && rc == 0)
+        rc = acc_err_set(err, ACC_EIO, NULL, "close %s: %s", tmp, strerror(errno));
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = acc_err_set(err, ACC_EIO, NULL, "rename %s: %s", path, strerror(errno));
+    if (rc != 0) {
+        unlink(tmp);
+        return rc;
+    }
+    return fsu_fsync_parent(path, err);
+}
+
+int fsu_read_all(const char *path, char **out, size_t *len, size_t max, acc_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s",
+                           path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size > max) {
+        close(fd);
+        return acc_err_set(err, ACC_EIO, NULL, "%s: unreadable or larger than %zu bytes", path, max);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (buf == NULL) {
+        close(fd);
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory reading %s", path);
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != n) {
+        free(buf);
+        return acc_err_set(err, ACC_EIO, NULL, "%s: short read", path);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    if (len != NULL)
+        *len = n;
+    return 0;
+}
+
+int fsu_rm_rf(const char *path, acc_err *err)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? 0 : acc_err_set(err, ACC_EIO, NULL, "stat %s: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        if (d == NULL)
+            return acc_err_set(err, ACC_EIO, NULL, "opendir %s: %s", path, strerror(errno));
+        struct dirent *e;
+        int rc = 0;
+        while (rc == 0 && (e = readdir(d)) != NULL) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            char child[PATH_MAX];
+            if (snprintf(child, sizeof child, "%s/%s", path, e->d_name) >= (int)sizeof child)
+                rc = acc_err_set(err, ACC_EINVAL, NULL, "path too long under %s", path);
+            else
+                rc = fsu_rm_rf(child, err);
+        }
+        closedir(d);
+        if (rc != 0)
+            return rc;
+        if (rmdir(path) != 0)
+            return acc_err_set(err, ACC_EIO, NULL, "rmdir %s: %s", path, strerror(errno));
+        return 0;
+    }
+    if (unlink(path) != 0)
+        return acc_err_set(err, ACC_EIO, NULL, "unlink %s: %s", path, strerror(errno));
+    return 0;
+}

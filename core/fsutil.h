@@ -1,0 +1,43 @@
+/* fsutil: durable file operations.
+ *
+ * Everything accumd writes that must survive a crash goes through here:
+ * fsu_write_atomic() writes a temp file beside the target, fsyncs it, renames
+ * it over the target and fsyncs the directory, so a reader sees the old file
+ * or the new one, never a mix, and after return the new one is on disk.
+ */
+#ifndef ACC_FSUTIL_H
+#define ACC_FSUTIL_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* mkdir -p with `mode` for every directory created. */
+int fsu_mkdir_p(const char *path, mode_t mode, acc_err *err);
+
+/* fsync the directory holding `path` (a file path or a directory path). */
+int fsu_fsync_parent(const char *path, acc_err *err);
+int fsu_fsync_dir(const char *dir, acc_err *err);
+
+/* Write `len` bytes atomically and durably to `path` (mode 0640). */
+int fsu_write_atomic(const char *path, const void *data, size_t len, acc_err *err);
+
+/* Write all of `len` bytes to fd, retrying short writes and EINTR. */
+int fsu_write_all(int fd, const void *data, size_t len, acc_err *err);
+
+/* Read a whole file into a malloc'd, NUL-terminated buffer. */
+int fsu_read_all(const char *path, char **out, size_t *len, size_t max, acc_err *err);
+
+/* Remove a directory tree (used for discarding partial checkpoints). */
+int fsu_rm_rf(const char *path, acc_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,387 @@
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "fsutil.h"
+
+#define ST_MAX_HEADER (64u << 20)
+
+struct st_file {
+    uint8_t *buf;       /* the whole file */
+    size_t size;
+    const uint8_t *data; /* after the header */
+    size_t data_len;
+    json_t *header;
+    int n;
+    st_tensor *tensors; /* sorted by offset */
+};
+
+static const struct { const char *name; size_t size; } dtypes[] = {
+    [ST_F32] = {"F32", 4}, [ST_BF16] = {"BF16", 2}, [ST_F16] = {"F16", 2}, [ST_F64] = {"F64", 8},
+    [ST_I32] = {"I32", 4}, [ST_I64] = {"I64", 8},   [ST_U8] = {"U8", 1},   [ST_U16] = {"U16", 2},
+};
+#define NDTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
+
+size_t st_dtype_size(st_dtype d) { return (int)d < NDTYPES ? dtypes[d].size : 0; }
+const char *st_dtype_name(st_dtype d) { return (int)d < NDTYPES ? dtypes[d].name : "?"; }
+
+static int dtype_of(const char *s, st_dtype *out)
+{
+    for (int i = 0; i < NDTYPES; i++)
+        if (!strcmp(s, dtypes[i].name)) {
+            *out = (st_dtype)i;
+            return 0;
+        }
+    return -1;
+}
+
+static int numel_of(const st_tensor *t, uint64_t *out)
+{
+    uint64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0 || (t->shape[d] > 0 && n > UINT64_MAX / (uint64_t)t->shape[d]))
+            return -1;
+        n *= (uint64_t)t->shape[d];
+    }
+    *out = n;
+    return 0;
+}
+
+/* ---- writing */
+
+static json_t *build_header(const st_tensor *t, int n, const st_meta *meta, int nmeta,
+                            uint32_t crc, uint64_t total, acc_err *err)
+{
+    json_t *h = json_object(), *md = json_object();
+    if (h == NULL || md == NULL)
+        goto oom;
+    char buf[32];
+    snprintf(buf, sizeof buf, "%08x", crc);
+    if (json_object_set_new(md, "accumd.crc32", json_string(buf)) != 0)
+        goto oom;
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)total);
+    if (json_object_set_new(md, "accumd.data_bytes", json_string(buf)) != 0)
+        goto oom;
+    for (int i = 0; i < nmeta; i++)
+        if (json_object_set_new(md, meta[i].key, json_string(meta[i].value)) != 0)
+            goto oom;
+    if (json_object_set_new(h, "__metadata__", md) != 0) {
+        md = NULL;
+        goto oom;
+    }
+    md = NULL;
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *shape = json_array();
+        for (int d = 0; shape && d < t[i].ndim; d++)
+            if (json_array_append_new(shape, json_integer(t[i].shape[d])) != 0) {
+                json_decref(shape);
+                shape = NULL;
+            }
+        json_t *e = shape ? json_pack("{s:s, s:o, s:[I,I]}", "dtype", st_dtype_name(t[i].dtype),
+                                      "shape", shape, "data_offsets", (json_int_t)off,
+                                      (json_int_t)(off + t[i].nbytes))
+                          : NULL;
+        if (e == NULL || json_object_set_new(h, t[i].name, e) != 0)
+            goto oom;
+        off += t[i].nbytes;
+    }
+    return h;
+oom:
+    json_decref(h);
+    json_decref(md);
+    acc_err_set(err, ACC_ENOMEM, NULL, "out of memory building the safetensors header");
+    return NULL;
+}
+
+static int check_tensors(const st_tensor *t, int n, acc_err *err)
+{
+    for (int i = 0; i < n; i++) {
+        uint64_t numel;
+        if (t[i].name == NULL || t[i].name[0] == '\0' || !strcmp(t[i].name, "__metadata__"))
+            return acc_err_set(err, ACC_EINVAL, NULL, "tensor %d has no valid name", i);
+        if ((int)t[i].dtype >= NDTYPES || t[i].ndim < 0 || t[i].ndim > ST_MAX_DIMS ||
+            numel_of(&t[i], &numel) != 0 || numel * st_dtype_size(t[i].dtype) != t[i].nbytes)
+            return acc_err_set(err, ACC_EINVAL, NULL, "tensor %s: shape and size disagree", t[i].name);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(t[i].name, t[j].name))
+                return acc_err_set(err, ACC_EINVAL, NULL, "tensor %s given twice", t[i].name);
+    }
+    return 0;
+}
+
+int st_write(const char *path, const st_tensor *t, int n, const st_meta *meta, int nmeta,
+             acc_err *err)
+{
+    int rc = check_tensors(t, n, err);
+    if (rc != 0)
+        return rc;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = t[i].data;
+        for (size_t left = t[i].nbytes; left > 0;) { /* crc32 takes uInt lengths */
+            uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
+            crc = crc32(crc, p, chunk);
+            p += chunk;
+            left -= chunk;
+        }
+        total += t[i].nbytes;
+    }
+    json_t *h = build_header(t, n, meta, nmeta, (uint32_t)crc, total, err);
+    if (h == NULL)
+        return ACC_ENOMEM;
+    char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(h);
+    if (text == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory writing the safetensors header");
+    size_t hl = strlen(text), padded = (hl + 7) & ~(size_t)7; /* 8-byte aligned data */
+    char *hdr = malloc(8 + padded);
+    if (hdr == NULL) {
+        free(text);
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    }
+    uint64_t le = padded;
+    for (int b = 0; b < 8; b++)
+        hdr[b] = (char)((le >> (8 * b)) & 0xff);
+    memcpy(hdr + 8, text, hl);
+    memset(hdr + 8 + hl, ' ', padded - hl);
+    free(text);
+
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.partial", path) >= (int)sizeof tmp) {
+        free(hdr);
+        return acc_err_set(err, ACC_EINVAL, NULL, "path too long: %s", path);
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        free(hdr);
+        return acc_err_set(err, ACC_EIO, NULL, "create %s: %s", tmp, strerror(errno));
+    }
+    rc = fsu_write_all(fd, hdr, 8 + padded, err);
+    free(hdr);
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = fsu_write_all(fd, t[i].data, t[i].nbytes, err);
+    if (rc == 0 && fsync(fd) != 0)
+        rc = acc_err_set(err, ACC_EIO, NULL, "fsync %s: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && rc == 0)
+        rc = acc_err_set(err, ACC_EIO, NULL, "close %s: %s", tmp, strerror(errno));
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = acc_err_set(err, ACC_EIO, NULL, "rename to %s: %s", path, strerror(errno));
+    if (rc != 0) {
+        unlink(tmp);
+        acc_err_prefix(err, "writing %s", path);
+        return rc;
+    }
+    return fsu_fsync_parent(path, err);
+}
+
+/* ---- reading */
+
+static int cmp_offset(const void *a, const void *b)
+{
+    const st_tensor *x = a, *y = b;
+    const uint8_t *px = x->data, *py = y->data;
+    return px < py ? -1 : px > py;
+}
+
+static int parse_entry(st_file *f, const char *name, json_t *e, st_tensor *t, acc_err *err)
+{
+    const char *dt = NULL;
+    json_t *shape = NULL;
+    json_int_t b = -1, en = -1;
+    if (json_unpack(e, "{s:s, s:o, s:[II]}", "dtype", &dt, "shape", &shape, "data_offsets", &b, &en) != 0 ||
+        !json_is_array(shape))
+        return acc_err_set(err, ACC_EINVAL, name, "tensor %s: bad header entry", name);
+    if (dtype_of(dt, &t->dtype) != 0)
+        return acc_err_set(err, ACC_EINVAL, name, "tensor %s: unsupported dtype %s", name, dt);
+    if (json_array_size(shape) > ST_MAX_DIMS)
+        return acc_err_set(err, ACC_EINVAL, name, "tensor %s: too many dimensions", name);
+    t->name = name;
+    t->ndim = (int)json_array_size(shape);
+    for (int d = 0; d < t->ndim; d++) {
+        json_t *v = json_array_get(shape, (size_t)d);
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            return acc_err_set(err, ACC_EINVAL, name, "tensor %s: bad shape", name);
+        t->shape[d] = json_integer_value(v);
+    }
+    uint64_t numel;
+    if (b < 0 || en < b || (uint64_t)en > f->data_len || numel_of(t, &numel) != 0 ||
+        numel * st_dtype_size(t->dtype) != (uint64_t)(en - b))
+        return acc_err_set(err, ACC_EINVAL, name, "tensor %s: byte range [%lld, %lld) does not match "
+                           "its shape or the file", name, (long long)b, (long long)en);
+    t->data = f->data + b;
+    t->nbytes = (size_t)(en - b);
+    return 0;
+}
+
+static int parse_header(st_file *f, acc_err *err)
+{
+    size_t n = json_object_size(f->header);
+    f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
+    if (f->tensors == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    const char *key;
+    json_t *val;
+    json_object_foreach(f->header, key, val) {
+        if (!strcmp(key, "__metadata__")) {
+            const char *mk;
+            json_t *mv;
+            if (!json_is_object(val))
+                return acc_err_set(err, ACC_EINVAL, NULL, "__metadata__ is not an object");
+            json_object_foreach(val, mk, mv) if (!json_is_string(mv))
+                return acc_err_set(err, ACC_EINVAL, NULL, "metadata %s is not a string", mk);
+            continue;
+        }
+        int rc = parse_entry(f, key, val, &f->tensors[f->n], err);
+        if (rc != 0)
+            return rc;
+        f->n++;
+    }
+    qsort(f->tensors, (size_t)f->n, sizeof *f->tensors, cmp_offset);
+    const uint8_t *expect = f->data;
+    for (int i = 0; i < f->n; i++) { /* ranges must tile the data: no gaps, no overlap */
+        if ((const uint8_t *)f->tensors[i].data != expect)
+            return acc_err_set(err, ACC_EINVAL, f->tensors[i].name,
+                               "tensor %s: byte ranges overlap or leave gaps", f->tensors[i].name);
+        expect += f->tensors[i].nbytes;
+    }
+    if (expect != f->data + f->data_len)
+        return acc_err_set(err, ACC_EINVAL, NULL, "file has %zu bytes after the last tensor",
+                           (size_t)(f->data + f->data_len - expect));
+    return 0;
+}
+
+static int verify_crc(st_file *f, acc_err *err)
+{
+    const char *want = st_get_meta(f, "accumd.crc32");
+    if (want == NULL)
+        return 0; /* written elsewhere: nothing to verify against */
+    uLong crc = crc32(0L, Z_NULL, 0);
+    const uint8_t *p = f->data;
+    for (size_t left = f->data_len; left > 0;) {
+        uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
+        crc = crc32(crc, p, chunk);
+        p += chunk;
+        left -= chunk;
+    }
+    char got[16];
+    snprintf(got, sizeof got, "%08x", (uint32_t)crc);
+    if (strcmp(got, want) != 0)
+        return acc_err_set(err, ACC_EIO, NULL, "checksum mismatch (crc32 %s, header says %s)", got, want);
+    return 0;
+}
+
+static int read_file(const char *path, st_file *f, acc_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s",
+                           path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return acc_err_set(err, ACC_EIO, NULL, "%s is not a regular file", path);
+    }
+    f->size = (size_t)st.st_size;
+    f->buf = malloc(f->size ? f->size : 1);
+    if (f->buf == NULL) {
+        close(fd);
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory reading %s", path);
+    }
+    size_t got = 0;
+    while (got < f->size) {
+        ssize_t r = read(fd, f->buf + got, f->size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != f->size)
+        return acc_err_set(err, ACC_EIO, NULL, "%s: short read", path);
+    return 0;
+}
+
+int st_open(const char *path, st_file **out, acc_err *err)
+{
+    st_file *f = calloc(1, sizeof *f);
+    if (f == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    int rc = read_file(path, f, err);
+    if (rc == 0 && f->size < 8)
+        rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: too short for safetensors", path);
+    uint64_t hl = 0;
+    for (int b = 0; rc == 0 && b < 8; b++)
+        hl |= (uint64_t)f->buf[b] << (8 * b);
+    if (rc == 0 && (hl > ST_MAX_HEADER || hl > f->size - 8))
+        rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: header length %llu is larger than the file",
+                         path, (unsigned long long)hl);
+    if (rc == 0) {
+        json_error_t je;
+        f->header = json_loadb((const char *)f->buf + 8, (size_t)hl, 0, &je);
+        if (!json_is_object(f->header))
+            rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: header is not a JSON object: %s", path, je.text);
+    }
+    if (rc == 0) {
+        f->data = f->buf + 8 + hl;
+        f->data_len = f->size - 8 - (size_t)hl;
+        rc = parse_header(f, err);
+    }
+    if (rc == 0)
+        rc = verify_crc(f, err);
+    if (rc != 0) {
+        if (err != NULL && strstr(err->msg, path) == NULL)
+            acc_err_prefix(err, "%s", path);
+        st_close(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+void st_close(st_file *f)
+{
+    if (f == NULL)
+        return;
+    json_decref(f->header);
+    free(f->tensors);
+    free(f->buf);
+    free(f);
+}
+
+int st_get(const st_file *f, const char *name, st_tensor *out, acc_err *err)
+{
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->tensors[i].name, name)) {
+            *out = f->tensors[i];
+            return 0;
+        }
+    return acc_err_set(err, ACC_ENOTFOUND, name, "no tensor named %s", name);
+}
+
+const char *st_get_meta(const st_file *f, const char *key)
+{
+    json_t *md = json_object_get(f->header, "__metadata__");
+    return json_string_value(json_object_get(md, key));
+}
+
+int st_count(const st_file *f) { return f->n; }
+
+int st_at(const st_file *f, int i, st_tensor *out)
+{
+    if (i < 0 || i >= f->n)
+        return ACC_ENOTFOUND;
+    *out = f->tensors[i];
+    return 0;
+}

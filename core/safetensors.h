@@ -1,0 +1,60 @@
+/* safetensors: read and write the safetensors format.
+ *
+ * Layout: an 8-byte little-endian header length N, N bytes of JSON
+ * ({"__metadata__": {str: str}, name: {"dtype", "shape", "data_offsets"}}),
+ * then the raw little-endian tensor bytes; offsets are relative to the end of
+ * the header. st_write() is atomic and durable (temp file, fsync, rename,
+ * fsync of the directory) and records a CRC-32 of the data in the metadata
+ * ("accumd.crc32"), which st_open() verifies, so a torn or corrupted file is
+ * an error, never silently loaded. st_open() also checks that every tensor's
+ * byte range matches its dtype and shape and that the ranges tile the data.
+ */
+#ifndef ACC_SAFETENSORS_H
+#define ACC_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+#define ST_MAX_DIMS 8
+
+typedef enum st_dtype { ST_F32 = 0, ST_BF16, ST_F16, ST_F64, ST_I32, ST_I64, ST_U8, ST_U16 } st_dtype;
+
+typedef struct st_tensor {
+    const char *name;
+    st_dtype dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    const void *data;   /* write: source; read: points into the open file */
+    size_t nbytes;
+} st_tensor;
+
+typedef struct st_meta {
+    const char *key, *value;
+} st_meta;
+
+/* Write `n` tensors and `nmeta` metadata pairs to `path`. */
+int st_write(const char *path, const st_tensor *t, int n, const st_meta *meta, int nmeta,
+             acc_err *err);
+
+typedef struct st_file st_file;
+
+/* Open and validate (header, ranges, checksum when present). */
+int st_open(const char *path, st_file **out, acc_err *err);
+void st_close(st_file *f);
+
+/* Look up a tensor by name; ACC_ENOTFOUND when absent. */
+int st_get(const st_file *f, const char *name, st_tensor *out, acc_err *err);
+
+/* Metadata value or NULL. */
+const char *st_get_meta(const st_file *f, const char *key);
+
+int st_count(const st_file *f);
+/* i-th tensor in file order (by data offset). */
+int st_at(const st_file *f, int i, st_tensor *out);
+
+size_t st_dtype_size(st_dtype d);
+const char *st_dtype_name(st_dtype d);
+
+#endif
