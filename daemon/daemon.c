@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
@@ -115,27 +116,125 @@ static int discover_devices(acc_daemon *d, acc_err *err)
     return 0;
 }
 
+/* sd_notify STATUS with the job counts, when they changed. */
+static void update_status(acc_daemon *d)
+{
+    if (!d->jobs_on)
+        return;
+    int c[JOB_NSTATES];
+    char line[160];
+    jobs_count_states(&d->jobs, c);
+    snprintf(line, sizeof line, "%s%d queued, %d running, %d succeeded, %d failed, %d cancelled",
+             d->stopping ? "stopping: " : "", c[JOB_QUEUED], c[JOB_RUNNING], c[JOB_SUCCEEDED], c[JOB_FAILED],
+             c[JOB_CANCELLED]);
+    if (!strcmp(line, d->last_status))
+        return;
+    memcpy(d->last_status, line, sizeof line);
+    sd_notifyf(0, "STATUS=%s", line);
+}
+
+static void on_tick(uv_timer_t *t) { update_status(t->data); }
+
+static void close_handle(uv_handle_t *h, bool *on)
+{
+    if (*on && !uv_is_closing(h))
+        uv_close(h, NULL);
+    *on = false;
+}
+
+/* The last step of a stop: every job is stopped (or the grace ran out). */
+static void finish_stop(acc_daemon *d)
+{
+    if (d->stopped)
+        return;
+    d->stopped = true;
+    api_server_stop(d->api);
+    d->api = NULL;
+    if (d->jobs_on)
+        jobs_flush(&d->jobs);
+    for (int i = 0; i < d->nsigs; i++)
+        uv_close((uv_handle_t *)&d->sigs[i], NULL);
+    d->nsigs = 0;
+    close_handle((uv_handle_t *)&d->watchdog, &d->watchdog_on);
+    close_handle((uv_handle_t *)&d->wake, &d->wake_on);
+    close_handle((uv_handle_t *)&d->tick, &d->tick_on);
+    close_handle((uv_handle_t *)&d->grace, &d->grace_on);
+    acc_log(ACC_LOG_INFO, "daemon", "store flushed; stopped");
+}
+
+static void on_wake(uv_async_t *a)
+{
+    acc_daemon *d = a->data;
+    jobs_drain_events(&d->jobs);
+    update_status(d);
+    if (d->stopping && jobs_count_running(&d->jobs) == 0)
+        finish_stop(d);
+}
+
+static void on_grace(uv_timer_t *t)
+{
+    acc_daemon *d = t->data;
+    int n = jobs_count_running(&d->jobs);
+    acc_log(ACC_LOG_WARN, "daemon", "shutdown_grace of %d s over with %d job(s) still stopping; exiting",
+            d->conf.shutdown_grace, n);
+    jobs_drain_events(&d->jobs);
+    jobs_flush(&d->jobs);
+    sd_notify(0, "STATUS=exiting after shutdown_grace");
+    /* the workers still hold their jobs: no orderly teardown is possible */
+    _exit(0);
+}
+
+static void wake_loop(void *ctx)
+{
+    acc_daemon *d = ctx;
+    uv_async_send(&d->wake); /* thread-safe; coalesces */
+}
+
+static int start_jobs(acc_daemon *d, acc_err *err)
+{
+    int rc = uv_async_init(&d->loop, &d->wake, on_wake);
+    if (rc != 0)
+        return acc_err_set(err, ACC_EINTERNAL, NULL, "uv_async_init: %s", uv_strerror(rc));
+    d->wake.data = d;
+    d->wake_on = true;
+    if ((rc = uv_timer_init(&d->loop, &d->tick)) != 0)
+        return acc_err_set(err, ACC_EINTERNAL, NULL, "uv_timer_init: %s", uv_strerror(rc));
+    d->tick.data = d;
+    d->tick_on = true;
+    if ((rc = uv_timer_start(&d->tick, on_tick, 2000, 2000)) != 0)
+        return acc_err_set(err, ACC_EINTERNAL, NULL, "uv_timer_start: %s", uv_strerror(rc));
+    if ((rc = jobs_init(&d->jobs, &d->conf, d->devices, d->ndevices, wake_loop, d, err)) != 0)
+        return rc;
+    d->jobs_on = true;
+    return 0;
+}
+
 int daemon_init(acc_daemon *d, acc_err *err)
 {
     int rc = uv_loop_init(&d->loop);
     if (rc != 0)
         return acc_err_set(err, ACC_EINTERNAL, NULL, "uv_loop_init: %s", uv_strerror(rc));
     d->loop_on = true;
-    if ((rc = mkdir_p(d->conf.state_dir, 0750, err)) != 0)
+    if ((rc = mkdir_p(d->conf.state_dir, 0750, err)) != 0 || (rc = mkdir_p(d->conf.output_root, 0750, err)) != 0)
         return rc;
     if ((rc = discover_devices(d, err)) != 0)
         return rc;
     if ((rc = start_signals(d, err)) != 0)
         return rc;
-    if ((rc = api_server_start(&d->api, &d->loop, &d->conf, d, err)) != 0)
+    if ((rc = start_jobs(d, err)) != 0)
+        return rc;
+    if ((rc = api_server_start(&d->api, &d->loop, &d->conf, &d->jobs, err)) != 0)
+        return rc;
+    /* jobs start only once the API is up: a start that fails runs nothing */
+    if ((rc = jobs_load(&d->jobs, err)) != 0)
         return rc;
     if ((rc = write_addr_file(d, err)) != 0)
         return rc;
     start_watchdog(d);
-    acc_log(ACC_LOG_INFO, "daemon", "accumd listening on %s port %d, state in %s",
-            d->conf.listen_host, api_server_port(d->api), d->conf.state_dir);
-    sd_notifyf(0, "READY=1\nSTATUS=listening on %s port %d", d->conf.listen_host,
-               api_server_port(d->api));
+    acc_log(ACC_LOG_INFO, "daemon", "accumd listening on %s port %d, state in %s%s", d->conf.listen_host,
+            api_server_port(d->api), d->conf.state_dir, d->conf.require_token ? ", token required" : "");
+    sd_notifyf(0, "READY=1\nSTATUS=listening on %s port %d", d->conf.listen_host, api_server_port(d->api));
+    update_status(d);
     return 0;
 }
 
@@ -147,13 +246,19 @@ void daemon_stop(acc_daemon *d, const char *why)
     acc_log(ACC_LOG_INFO, "daemon", "%s: stopping", why);
     sd_notify(0, "STOPPING=1");
     api_server_quiesce(d->api);
-    api_server_stop(d->api);
-    d->api = NULL;
-    for (int i = 0; i < d->nsigs; i++)
-        uv_close((uv_handle_t *)&d->sigs[i], NULL);
-    d->nsigs = 0;
-    if (d->watchdog_on)
-        uv_close((uv_handle_t *)&d->watchdog, NULL);
+    int running = d->jobs_on ? jobs_shutdown(&d->jobs) : 0;
+    update_status(d);
+    if (running == 0 || !d->wake_on) {
+        finish_stop(d);
+        return;
+    }
+    acc_log(ACC_LOG_INFO, "daemon", "waiting up to %d s for %d running job(s) to stop", d->conf.shutdown_grace,
+            running);
+    if (uv_timer_init(&d->loop, &d->grace) == 0) {
+        d->grace.data = d;
+        d->grace_on = true;
+        uv_timer_start(&d->grace, on_grace, (uint64_t)d->conf.shutdown_grace * 1000, 0);
+    }
 }
 
 int daemon_run(acc_daemon *d)
@@ -167,7 +272,12 @@ void daemon_free(acc_daemon *d)
         return;
     if (!d->stopping)
         daemon_stop(d, "shutdown");
+    if (!d->stopped) /* init failed half-way: nothing runs yet */
+        finish_stop(d);
     uv_run(&d->loop, UV_RUN_DEFAULT); /* let close callbacks run */
+    if (d->jobs_on)
+        jobs_free(&d->jobs);
+    d->jobs_on = false;
     if (uv_loop_close(&d->loop) != 0)
         acc_log(ACC_LOG_WARN, "daemon", "event loop closed with handles still open");
     acc_log(ACC_LOG_INFO, "daemon", "stopped");

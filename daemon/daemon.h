@@ -3,6 +3,16 @@
  *
  * Life: daemon_init (config already parsed) -> daemon_run (libuv loop until a
  * stop signal and every handle is closed) -> daemon_free.
+ *
+ * Threads: the loop thread owns HTTP and all job state. Trainer worker
+ * threads only enqueue events in the jobs manager and wake the loop through
+ * `wake` (uv_async_send); the loop applies them (jobs_drain_events).
+ *
+ * Stop (SIGTERM/SIGINT): stop accepting connections and jobs, cancel the
+ * running jobs (they stay "running" on disk, so the next start requeues
+ * them), wait for their workers up to shutdown_grace seconds, flush the
+ * store, close every handle; the process exits 0. Past the grace period the
+ * store is flushed and the process exits 0 without joining the workers.
  */
 #ifndef ACC_DAEMON_H
 #define ACC_DAEMON_H
@@ -13,6 +23,7 @@
 #include "api_http.h"
 #include "conf.h"
 #include "err.h"
+#include "jobs.h"
 #include "kern_discover.h"
 
 typedef struct acc_daemon {
@@ -26,7 +37,17 @@ typedef struct acc_daemon {
     api_server *api;
     kern_device_info devices[KERN_MAX_DEVICES];
     int ndevices;
+    jobs_mgr jobs;
+    bool jobs_on;
+    uv_async_t wake;       /* trainer events are queued */
+    bool wake_on;
+    uv_timer_t tick;       /* sd_notify STATUS refresh */
+    bool tick_on;
+    uv_timer_t grace;      /* shutdown_grace */
+    bool grace_on;
+    char last_status[160];
     bool stopping;
+    bool stopped;          /* every handle closed or closing */
 } acc_daemon;
 
 /* Load a key = value config file into `c` (keys as in conf.h). */

@@ -96,3 +96,78 @@ acc_cleanup() {
     exit $rc
 }
 trap acc_cleanup EXIT
+
+# ---- jobs (need jq) -----------------------------------------------------------
+# acc_data: a small text corpus in the daemon's default data root
+# ($STATE/data/gpl.txt). Call before or after acc_start.
+acc_data() {
+    STATE=${STATE:-$ACC_TMP/state}
+    mkdir -p "$STATE/data"
+    cp /usr/share/common-licenses/GPL-3 "$STATE/data/gpl.txt"
+}
+
+# curl -s, with the bearer token when $TOKEN is set.
+acc_curl() {
+    if [ -n "${TOKEN:-}" ]; then
+        curl -s -H "Authorization: Bearer $TOKEN" "$@"
+    else
+        curl -s "$@"
+    fi
+}
+
+# tiny_job NAME MAX_STEPS [EXTRA_JSON_MEMBERS]: a spec that trains in
+# milliseconds a step on one CPU device.
+tiny_job() {
+    printf '{"name":"%s","model":{"n_layer":1,"n_head":2,"n_embd":32,"seq_len":32,"vocab_size":256},"data":{"train":"gpl.txt"},"train_batch_size":8,"train_micro_batch_size_per_gpu":2,"max_steps":%s%s}' \
+        "$1" "$2" "${3:+,$3}"
+}
+
+# acc_submit SPEC: POST it, expect 201, print the job id.
+acc_submit() {
+    local out code
+    out=$(acc_curl -w '\n%{http_code}' -X POST --data-binary "$1" "$BASE/v1/jobs")
+    code=${out##*$'\n'}
+    [ "$code" = 201 ] || fail "submit: HTTP $code: ${out%$'\n'*}"
+    echo "${out%$'\n'*}" | jq -r .id
+}
+
+acc_state() { acc_curl "$BASE/v1/jobs/$1" | jq -r .state; }
+
+# acc_wait_state ID STATE [SECONDS=30]
+acc_wait_state() {
+    local i s
+    for i in $(seq 1 $((${3:-30} * 20))); do
+        s=$(acc_state "$1")
+        [ "$s" = "$2" ] && return 0
+        sleep 0.05
+    done
+    fail "job $1 is '$s', not '$2' after ${3:-30} s"
+}
+
+# acc_wait_step ID STEP: until the job has done at least STEP steps.
+acc_wait_step() {
+    local i s
+    for i in $(seq 1 600); do
+        s=$(acc_curl "$BASE/v1/jobs/$1" | jq -r .step)
+        [ "$s" -ge "$2" ] 2>/dev/null && return 0
+        sleep 0.05
+    done
+    fail "job $1 did not reach step $2 (at $s)"
+}
+
+# expect_error METHOD PATH DATA STATUS FIELD: the answer is STATUS with a
+# JSON error body naming FIELD ("" for none).
+expect_error() {
+    local out code field
+    if [ -n "$3" ]; then
+        out=$(acc_curl -w '\n%{http_code}' -X "$1" --data-binary "$3" "$BASE$2")
+    else
+        out=$(acc_curl -w '\n%{http_code}' -X "$1" "$BASE$2")
+    fi
+    code=${out##*$'\n'}
+    out=${out%$'\n'*}
+    [ "$code" = "$4" ] || fail "$1 $2: HTTP $code, want $4: $out"
+    echo "$out" | jq -e '.error.code and .error.message' >/dev/null || fail "$1 $2: not a JSON error: $out"
+    field=$(echo "$out" | jq -r '.error.field // ""')
+    [ "$field" = "$5" ] || fail "$1 $2: field '$field', want '$5': $out"
+}

@@ -1,0 +1,148 @@
+/* api_metrics: GET /metrics, the Prometheus text exposition format 0.0.4.
+ *
+ * Names carry the accumd_ prefix and base units (bytes, seconds); counters
+ * end in _total. Job labels are escaped as the format asks (\\, \", \n).
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_http.h"
+#include "jobs.h"
+
+typedef struct mbuf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} mbuf;
+
+static void put(mbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void put(mbuf *b, const char *fmt, ...)
+{
+    if (b->failed)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = true;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)n;
+        char *np = realloc(b->p, cap);
+        if (np == NULL) {
+            b->failed = true;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+}
+
+static void head(mbuf *b, const char *name, const char *type, const char *help)
+{
+    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A label value with \, " and newlines escaped. */
+static void escape_label(const char *in, char *out, size_t n)
+{
+    size_t k = 0;
+    for (; *in && k + 3 < n; in++) {
+        if (*in == '\\' || *in == '"') {
+            out[k++] = '\\';
+            out[k++] = *in;
+        } else if (*in == '\n') {
+            out[k++] = '\\';
+            out[k++] = 'n';
+        } else {
+            out[k++] = *in;
+        }
+    }
+    out[k] = '\0';
+}
+
+static void jobs_section(mbuf *b, const jobs_mgr *m)
+{
+    int counts[JOB_NSTATES];
+    jobs_count_states(m, counts);
+    head(b, "accumd_jobs", "gauge", "Jobs known to the daemon, by state.");
+    for (int s = 0; s < JOB_NSTATES; s++)
+        put(b, "accumd_jobs{state=\"%s\"} %d\n", job_state_name((job_state)s), counts[s]);
+    head(b, "accumd_jobs_submitted_total", "counter", "Jobs accepted since the daemon started.");
+    put(b, "accumd_jobs_submitted_total %llu\n", (unsigned long long)m->submitted_total);
+    head(b, "accumd_steps_total", "counter", "Optimizer steps completed since the daemon started.");
+    put(b, "accumd_steps_total %llu\n", (unsigned long long)m->steps_total);
+    head(b, "accumd_tokens_total", "counter", "Training tokens processed since the daemon started.");
+    put(b, "accumd_tokens_total %llu\n", (unsigned long long)m->tokens_total);
+    head(b, "accumd_oom_adjustments_total", "counter", "Micro-batch splits changed after an out-of-memory.");
+    put(b, "accumd_oom_adjustments_total %llu\n", (unsigned long long)m->oom_adjust_total);
+    head(b, "accumd_job_loss", "gauge", "Last training loss of each running job.");
+    for (size_t i = 0; i < m->njobs; i++) {
+        const job *j = m->jobs[i];
+        char name[300];
+        if (j->state != JOB_RUNNING || !j->have_loss || !isfinite(j->last_loss))
+            continue;
+        escape_label(j->spec.name, name, sizeof name);
+        put(b, "accumd_job_loss{job=\"%s\",name=\"%s\"} %.9g\n", j->id, name, j->last_loss);
+    }
+    head(b, "accumd_job_step", "gauge", "Optimizer steps completed by each running job.");
+    for (size_t i = 0; i < m->njobs; i++)
+        if (m->jobs[i]->state == JOB_RUNNING)
+            put(b, "accumd_job_step{job=\"%s\"} %d\n", m->jobs[i]->id, m->jobs[i]->step);
+}
+
+static void devices_section(mbuf *b, const jobs_mgr *m)
+{
+    static const char *const names[3] = {"accumd_device_memory_total_bytes", "accumd_device_memory_in_use_bytes",
+                                         "accumd_device_memory_peak_bytes"};
+    static const char *const helps[3] = {"Memory of the device (GPU memory or CPU device budget).",
+                                         "Device memory in use by the job on it.",
+                                         "Largest device memory in use seen since the daemon started."};
+    for (int k = 0; k < 3; k++) {
+        head(b, names[k], "gauge", helps[k]);
+        for (int i = 0; i < m->ndev; i++) {
+            uint64_t v = k == 0 ? m->devs[i].mem_total : k == 1 ? m->dev_mem_in_use[i] : m->dev_mem_peak[i];
+            put(b, "%s{device=\"%s\",kind=\"%s\"} %llu\n", names[k], m->devs[i].name,
+                m->devs[i].kind == KERN_DEV_CUDA ? "cuda" : "cpu", (unsigned long long)v);
+        }
+    }
+}
+
+static void http_section(mbuf *b, const api_server *s)
+{
+    head(b, "accumd_http_requests_total", "counter", "HTTP requests answered, by status code.");
+    for (int code = 100; code < 600; code++) {
+        uint64_t n = api_server_count(s, code);
+        if (n > 0)
+            put(b, "accumd_http_requests_total{code=\"%d\"} %llu\n", code, (unsigned long long)n);
+    }
+}
+
+char *api_metrics_text(api_server *s, size_t *len)
+{
+    const jobs_mgr *m = api_server_app(s);
+    mbuf b = {.p = malloc(8192), .cap = 8192};
+    if (b.p == NULL)
+        return NULL;
+    b.p[0] = '\0';
+    jobs_section(&b, m);
+    devices_section(&b, m);
+    http_section(&b, s);
+    if (b.failed) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
+}

@@ -1,0 +1,230 @@
+/* data: see data.h. */
+#include "data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rng.h"
+
+typedef struct data_file {
+    void *map;
+    size_t map_len;
+    const uint8_t *bytes;    /* text */
+    const uint16_t *tokens;  /* shards */
+    uint64_t ntokens;
+    uint64_t first_sample;   /* global id of this file's sample 0 */
+    uint64_t nsamples;
+} data_file;
+
+struct data_source {
+    spec_data_format fmt;
+    int seq_len;
+    size_t nfiles;
+    data_file *files;
+    uint64_t nsamples, ntokens;
+};
+
+static int map_file(const char *path, const char *field, data_file *f, acc_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return acc_err_set(err, ACC_EINVAL, field, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return acc_err_set(err, ACC_EINVAL, field, "%s is not a regular file", path);
+    }
+    f->map_len = (size_t)st.st_size;
+    if (f->map_len == 0) {
+        close(fd);
+        return acc_err_set(err, ACC_EINVAL, field, "%s is empty", path);
+    }
+    f->map = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (f->map == MAP_FAILED) {
+        f->map = NULL;
+        return acc_err_set(err, ACC_EINVAL, field, "cannot map %s: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+static int check_shard(const char *path, const char *field, int vocab, data_file *f,
+                       acc_err *err)
+{
+    size_t hdr = DATA_HEADER_INTS * sizeof(int32_t);
+    if (f->map_len < hdr)
+        return acc_err_set(err, ACC_EINVAL, field, "%s: shorter than the %zu-byte header",
+                           path, hdr);
+    int32_t h[DATA_HEADER_INTS];
+    memcpy(h, f->map, hdr);
+    if (h[0] != DATA_SHARD_MAGIC)
+        return acc_err_set(err, ACC_EINVAL, field,
+                           "%s: bad magic %d (a token shard starts with %d)", path, h[0],
+                           DATA_SHARD_MAGIC);
+    if (h[1] != DATA_SHARD_VERSION)
+        return acc_err_set(err, ACC_EINVAL, field, "%s: unsupported version %d (want %d)",
+                           path, h[1], DATA_SHARD_VERSION);
+    if (h[2] < 0 || (uint64_t)h[2] * 2 > f->map_len - hdr)
+        return acc_err_set(err, ACC_EINVAL, field,
+                           "%s: header says %d tokens but the file holds %zu", path, h[2],
+                           (f->map_len - hdr) / 2);
+    f->tokens = (const uint16_t *)((const char *)f->map + hdr);
+    f->ntokens = (uint64_t)h[2];
+    for (uint64_t i = 0; i < f->ntokens; i++)
+        if (f->tokens[i] >= vocab)
+            return acc_err_set(err, ACC_EINVAL, field,
+                               "%s: token %u at position %llu is >= vocab_size %d", path,
+                               f->tokens[i], (unsigned long long)i, vocab);
+    return 0;
+}
+
+static int open_one(data_source *ds, const char *path, const char *field, int vocab,
+                    data_file *f, acc_err *err)
+{
+    int rc = map_file(path, field, f, err);
+    if (rc != 0)
+        return rc;
+    if (ds->fmt == SPEC_DATA_TEXT) {
+        f->bytes = f->map;
+        f->ntokens = f->map_len;
+    } else if ((rc = check_shard(path, field, vocab, f, err)) != 0) {
+        return rc;
+    }
+    f->nsamples = f->ntokens > (uint64_t)ds->seq_len ? (f->ntokens - 1) / (uint64_t)ds->seq_len : 0;
+    f->first_sample = ds->nsamples;
+    ds->nsamples += f->nsamples;
+    ds->ntokens += f->ntokens;
+    return 0;
+}
+
+static int expand_paths(const char *path, spec_data_format fmt, const char *field, glob_t *g,
+                        acc_err *err)
+{
+    int flags = fmt == SPEC_DATA_TOKENS ? 0 : GLOB_NOCHECK | GLOB_NOMAGIC;
+    int rc = glob(path, flags, NULL, g);
+    if (rc == GLOB_NOMATCH || (rc == 0 && g->gl_pathc == 0))
+        return acc_err_set(err, ACC_EINVAL, field, "no file matches %s", path);
+    if (rc != 0)
+        return acc_err_set(err, ACC_EINVAL, field, "cannot expand %s", path);
+    if (fmt == SPEC_DATA_TEXT && g->gl_pathc != 1)
+        return acc_err_set(err, ACC_EINVAL, field, "text data is one file, %s matches %zu",
+                           path, g->gl_pathc);
+    return 0;
+}
+
+int data_open(const char *path, spec_data_format fmt, int seq_len, int vocab_size,
+              const char *field, data_source **out, acc_err *err)
+{
+    *out = NULL;
+    if (path == NULL || path[0] == '\0')
+        return acc_err_set(err, ACC_EINVAL, field, "no data path given");
+    if (fmt == SPEC_DATA_TEXT && vocab_size < 256)
+        return acc_err_set(err, ACC_EINVAL, "model.vocab_size",
+                           "text data is byte tokens: vocab_size must be >= 256, got %d",
+                           vocab_size);
+    if (seq_len < 1)
+        return acc_err_set(err, ACC_EINVAL, "model.seq_len", "must be >= 1");
+    data_source *ds = calloc(1, sizeof *ds);
+    if (ds == NULL)
+        return acc_err_set(err, ACC_ENOMEM, field, "out of memory");
+    ds->fmt = fmt;
+    ds->seq_len = seq_len;
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    int rc = expand_paths(path, fmt, field, &g, err);
+    if (rc == 0) {
+        ds->files = calloc(g.gl_pathc, sizeof *ds->files);
+        if (ds->files == NULL)
+            rc = acc_err_set(err, ACC_ENOMEM, field, "out of memory");
+    }
+    for (size_t i = 0; rc == 0 && i < g.gl_pathc; i++) {
+        ds->nfiles++;
+        rc = open_one(ds, g.gl_pathv[i], field, vocab_size, &ds->files[i], err);
+    }
+    if (rc == 0 && ds->nsamples == 0)
+        rc = acc_err_set(err, ACC_EINVAL, field,
+                         "%s is too short: %llu tokens, a sample needs seq_len+1 = %d", path,
+                         (unsigned long long)ds->ntokens, seq_len + 1);
+    globfree(&g);
+    if (rc != 0) {
+        data_close(ds);
+        return rc;
+    }
+    *out = ds;
+    return 0;
+}
+
+void data_close(data_source *ds)
+{
+    if (ds == NULL)
+        return;
+    for (size_t i = 0; i < ds->nfiles; i++)
+        if (ds->files[i].map != NULL)
+            munmap(ds->files[i].map, ds->files[i].map_len);
+    free(ds->files);
+    free(ds);
+}
+
+uint64_t data_num_samples(const data_source *ds) { return ds->nsamples; }
+uint64_t data_num_tokens(const data_source *ds) { return ds->ntokens; }
+
+void data_sample(const data_source *ds, uint64_t id, int *tokens)
+{
+    /* files are few: a linear scan is fine */
+    size_t fi = 0;
+    while (fi + 1 < ds->nfiles && id >= ds->files[fi + 1].first_sample)
+        fi++;
+    const data_file *f = &ds->files[fi];
+    uint64_t start = (id - f->first_sample) * (uint64_t)ds->seq_len;
+    for (int t = 0; t <= ds->seq_len; t++)
+        tokens[t] = f->bytes ? f->bytes[start + (uint64_t)t] : f->tokens[start + (uint64_t)t];
+}
+
+int data_order_init(data_order *o, uint64_t nsamples, uint64_t seed, acc_err *err)
+{
+    memset(o, 0, sizeof *o);
+    o->perm = malloc(nsamples * sizeof *o->perm);
+    if (o->perm == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of memory for the order of %llu samples",
+                           (unsigned long long)nsamples);
+    o->n = nsamples;
+    o->seed = seed;
+    o->epoch = UINT64_MAX;
+    return 0;
+}
+
+void data_order_free(data_order *o)
+{
+    free(o->perm);
+    o->perm = NULL;
+}
+
+/* Fisher-Yates from a generator keyed by (seed, epoch). */
+static void shuffle_epoch(data_order *o, uint64_t epoch)
+{
+    rng r;
+    rng_seed(&r, o->seed, 0x5eed0000ULL + epoch);
+    for (uint64_t i = 0; i < o->n; i++)
+        o->perm[i] = i;
+    for (uint64_t i = o->n; i > 1; i--) {
+        uint64_t j = rng_below(&r, i);
+        uint64_t tmp = o->perm[i - 1];
+        o->perm[i - 1] = o->perm[j];
+        o->perm[j] = tmp;
+    }
+    o->epoch = epoch;
+}
+
+uint64_t data_order_sample(data_order *o, uint64_t slot)
+{
+    uint64_t epoch = slot / o->n;
+    if (epoch != o->epoch)
+        shuffle_epoch(o, epoch);
+    return o->perm[slot % o->n];
+}

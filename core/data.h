@@ -1,0 +1,67 @@
+/* data: training samples from text files or token shards, in a fixed order.
+ *
+ * A data_source is opened once per job and then only read, so the ranks
+ * share it. Formats: SPEC_DATA_TEXT, any file read as bytes (token = byte,
+ * vocabulary 256); SPEC_DATA_TOKENS, one shard or a glob of shards, each a
+ * 256 x int32 header (magic 20240520, version 1, token count) followed by
+ * uint16 tokens. Files are mapped, not copied.
+ *
+ * A sample is seq_len+1 consecutive tokens (inputs and next-token targets);
+ * sample i of a file starts at token i*seq_len, and samples never cross
+ * files. The order of samples is a permutation of all samples drawn from
+ * (seed, epoch). Optimizer step k consumes the global slots
+ * [k*B, (k+1)*B) of that order (slot s lies in epoch s / nsamples); the
+ * trainer deals a step's slots to (rank, micro-step, position) with
+ * data_slot(). So the samples of step k depend on (seed, B, k) only.
+ *
+ * Every problem (missing, short, wrong magic or version, token >= vocab)
+ * is ACC_EINVAL with the field the caller names ("data.train").
+ */
+#ifndef ACC_DATA_H
+#define ACC_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "job_spec.h"
+
+#define DATA_SHARD_MAGIC 20240520
+#define DATA_SHARD_VERSION 1
+#define DATA_HEADER_INTS 256
+
+typedef struct data_source data_source;
+
+int data_open(const char *path, spec_data_format fmt, int seq_len, int vocab_size,
+              const char *field, data_source **out, acc_err *err);
+void data_close(data_source *ds);
+
+uint64_t data_num_samples(const data_source *ds);
+uint64_t data_num_tokens(const data_source *ds);
+
+/* Write the seq_len+1 tokens of sample `id` (< data_num_samples). */
+void data_sample(const data_source *ds, uint64_t id, int *tokens);
+
+/* The per-epoch order, cached one epoch at a time (one per rank). */
+typedef struct data_order {
+    uint64_t seed;
+    uint64_t n;          /* samples per epoch */
+    uint64_t epoch;      /* epoch held in perm, UINT64_MAX when none */
+    uint64_t *perm;
+} data_order;
+
+int data_order_init(data_order *o, uint64_t nsamples, uint64_t seed, acc_err *err);
+void data_order_free(data_order *o);
+/* The sample id in global slot `slot`. */
+uint64_t data_order_sample(data_order *o, uint64_t slot);
+
+/* The global slot that rank `rank`, micro-step `micro`, position `pos` of
+ * optimizer step `step` trains on, with `per_rank` = micro * accum samples. */
+static inline uint64_t data_slot(uint64_t step, int batch, int per_rank, int micro_batch,
+                                 int rank, int micro, int pos)
+{
+    return step * (uint64_t)batch + (uint64_t)rank * (uint64_t)per_rank +
+           (uint64_t)micro * (uint64_t)micro_batch + (uint64_t)pos;
+}
+
+#endif

@@ -1,0 +1,109 @@
+/* evring: see evring.h. The slot of sequence s is (s - 1) % cap. */
+#include "evring.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int evring_init(evring *r, int cap, acc_err *err)
+{
+    memset(r, 0, sizeof *r);
+    if (cap < 1)
+        return acc_err_set(err, ACC_EINVAL, "event_ring", "event ring capacity must be >= 1");
+    r->slots = calloc((size_t)cap, sizeof *r->slots);
+    if (r->slots == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for an event ring of %d", cap);
+    r->cap = cap;
+    r->next_seq = 1;
+    return 0;
+}
+
+void evring_free(evring *r)
+{
+    if (r->slots != NULL)
+        for (int i = 0; i < r->cap; i++)
+            free(r->slots[i].json);
+    free(r->slots);
+    r->slots = NULL;
+    r->watchers = NULL;
+}
+
+static void notify_all(evring *r)
+{
+    evring_watcher *w = r->watchers, *next;
+    for (; w != NULL; w = next) {
+        next = w->next; /* the callback may unwatch itself */
+        w->notify(w);
+    }
+}
+
+int evring_push(evring *r, const char *type, const char *json, size_t len, uint64_t *seq_out, acc_err *err)
+{
+    char *copy = malloc(len + 1);
+    if (copy == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for an event");
+    memcpy(copy, json, len);
+    copy[len] = '\0';
+    uint64_t seq = r->next_seq++;
+    evring_entry *e = &r->slots[(seq - 1) % (uint64_t)r->cap];
+    free(e->json);
+    e->seq = seq;
+    snprintf(e->type, sizeof e->type, "%s", type);
+    e->json = copy;
+    e->len = len;
+    if (seq_out != NULL)
+        *seq_out = seq;
+    notify_all(r);
+    return 0;
+}
+
+void evring_start_at(evring *r, uint64_t next_seq)
+{
+    if (r->next_seq == 1 && next_seq > 1)
+        r->next_seq = next_seq;
+}
+
+uint64_t evring_first(const evring *r)
+{
+    uint64_t oldest = r->next_seq > (uint64_t)r->cap ? r->next_seq - (uint64_t)r->cap : 1;
+    /* after evring_start_at, slots below the first pushed event are empty */
+    while (oldest < r->next_seq && r->slots[(oldest - 1) % (uint64_t)r->cap].seq != oldest)
+        oldest++;
+    return oldest;
+}
+
+const evring_entry *evring_get(const evring *r, uint64_t seq)
+{
+    if (seq < evring_first(r) || seq >= r->next_seq)
+        return NULL;
+    const evring_entry *e = &r->slots[(seq - 1) % (uint64_t)r->cap];
+    return e->seq == seq ? e : NULL;
+}
+
+void evring_close(evring *r)
+{
+    r->closed = true;
+    notify_all(r);
+}
+
+void evring_reopen(evring *r) { r->closed = false; }
+
+void evring_watch(evring *r, evring_watcher *w)
+{
+    w->prev = NULL;
+    w->next = r->watchers;
+    if (r->watchers != NULL)
+        r->watchers->prev = w;
+    r->watchers = w;
+}
+
+void evring_unwatch(evring *r, evring_watcher *w)
+{
+    if (w->prev != NULL)
+        w->prev->next = w->next;
+    else if (r->watchers == w)
+        r->watchers = w->next;
+    if (w->next != NULL)
+        w->next->prev = w->prev;
+    w->prev = w->next = NULL;
+}

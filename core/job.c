@@ -1,0 +1,146 @@
+/* job: see job.h. */
+#include "job.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const state_names[JOB_NSTATES] = {"queued", "running", "succeeded", "failed", "cancelled"};
+
+const char *job_state_name(job_state s) { return s < JOB_NSTATES ? state_names[s] : "unknown"; }
+
+int job_state_parse(const char *name)
+{
+    for (int i = 0; i < JOB_NSTATES; i++)
+        if (!strcmp(name, state_names[i]))
+            return i;
+    return -1;
+}
+
+bool job_state_final(job_state s) { return s == JOB_SUCCEEDED || s == JOB_FAILED || s == JOB_CANCELLED; }
+
+double job_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+json_t *job_time_json(double t)
+{
+    if (t <= 0)
+        return json_null();
+    time_t s = (time_t)t;
+    struct tm tm;
+    char buf[64];
+    gmtime_r(&s, &tm);
+    size_t n = strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf + n, sizeof buf - n, ".%03dZ", (int)((t - (double)s) * 1000) % 1000);
+    return json_string(buf);
+}
+
+int job_add_metric(job *j, const job_metric *m, acc_err *err)
+{
+    if (j->nmetrics == j->cap_metrics) {
+        size_t cap = j->cap_metrics ? j->cap_metrics * 2 : 64;
+        job_metric *nm = realloc(j->metrics, cap * sizeof *nm);
+        if (nm == NULL)
+            return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for metrics");
+        j->metrics = nm;
+        j->cap_metrics = cap;
+    }
+    j->metrics[j->nmetrics++] = *m;
+    return 0;
+}
+
+/* JSON has no NaN: a diverged loss is reported as null. */
+static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+static json_t *batch_json(const job *j)
+{
+    return json_pack("{s:i, s:i, s:i, s:i, s:b}", "train_batch_size", j->spec.train_batch_size, "micro_batch",
+                     j->cur_micro, "accum_steps", j->cur_accum, "world", j->spec.devices, "micro_auto",
+                     j->spec.micro_auto);
+}
+
+static json_t *devices_json(const job *j, const kern_device_info *devs)
+{
+    json_t *a = json_array();
+    for (int i = 0; a != NULL && i < j->ndev; i++)
+        json_array_append_new(a, json_string(devs[j->dev_idx[i]].name));
+    return a;
+}
+
+json_t *job_to_json(const job *j, bool full, const kern_device_info *devs)
+{
+    json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:i, s:i, s:o, s:o, s:o, s:i, s:I}", "id", j->id,
+                          "name", j->spec.name, "state", job_state_name(j->state), "priority", j->spec.priority,
+                          "submitted_at", job_time_json(j->submitted_at), "started_at", job_time_json(j->started_at),
+                          "finished_at", job_time_json(j->finished_at), "step", j->step, "max_steps",
+                          j->spec.max_steps, "loss", j->have_loss ? num_or_null(j->last_loss) : json_null(),
+                          "batch", batch_json(j), "devices", devices_json(j, devs), "restarts", j->restarts,
+                          "last_event", (json_int_t)(j->ring.next_seq - 1));
+    if (o == NULL)
+        return NULL;
+    if (j->err_msg[0])
+        json_object_set_new(o, "error", json_pack("{s:s, s:s}", "code", j->err_code, "message", j->err_msg));
+    else
+        json_object_set_new(o, "error", json_null());
+    if (full) {
+        json_t *spec = json_loads(j->spec_json, 0, NULL);
+        json_object_set_new(o, "spec", spec ? spec : json_null());
+    }
+    return o;
+}
+
+json_t *job_status_json(const job *j)
+{
+    return json_pack("{s:s, s:s, s:I, s:f, s:f, s:f, s:i, s:o, s:i, s:i, s:s, s:s, s:i}", "id", j->id, "state",
+                     job_state_name(j->state), "submit_seq", (json_int_t)j->submit_seq, "submitted_at",
+                     j->submitted_at, "started_at", j->started_at, "finished_at", j->finished_at, "step", j->step,
+                     "loss", j->have_loss ? num_or_null(j->last_loss) : json_null(), "micro_batch", j->cur_micro,
+                     "accum_steps", j->cur_accum, "error_code", j->err_code, "error", j->err_msg, "restarts",
+                     j->restarts);
+}
+
+void job_status_apply(job *j, const json_t *st)
+{
+    const char *state = json_string_value(json_object_get(st, "state"));
+    int s = state ? job_state_parse(state) : -1;
+    j->state = s >= 0 ? (job_state)s : JOB_QUEUED;
+    j->submit_seq = (uint64_t)json_integer_value(json_object_get(st, "submit_seq"));
+    j->submitted_at = json_number_value(json_object_get(st, "submitted_at"));
+    j->started_at = json_number_value(json_object_get(st, "started_at"));
+    j->finished_at = json_number_value(json_object_get(st, "finished_at"));
+    j->step = (int)json_integer_value(json_object_get(st, "step"));
+    json_t *loss = json_object_get(st, "loss");
+    j->have_loss = json_is_number(loss);
+    j->last_loss = json_number_value(loss);
+    int m = (int)json_integer_value(json_object_get(st, "micro_batch"));
+    int a = (int)json_integer_value(json_object_get(st, "accum_steps"));
+    if (m > 0 && a > 0) {
+        j->cur_micro = m;
+        j->cur_accum = a;
+    }
+    snprintf(j->err_code, sizeof j->err_code, "%s", json_string_value(json_object_get(st, "error_code")) ?: "");
+    snprintf(j->err_msg, sizeof j->err_msg, "%s", json_string_value(json_object_get(st, "error")) ?: "");
+    j->restarts = (int)json_integer_value(json_object_get(st, "restarts"));
+}
+
+json_t *job_metrics_json(const job *j)
+{
+    json_t *steps = json_array();
+    for (size_t i = 0; steps != NULL && i < j->nmetrics; i++) {
+        const job_metric *m = &j->metrics[i];
+        json_array_append_new(steps, json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:i, s:i, s:I}", "step", m->step,
+                                               "time", job_time_json(m->time), "loss", num_or_null(m->loss), "lr",
+                                               num_or_null(m->lr), "grad_norm", num_or_null(m->grad_norm),
+                                               "tokens_per_s", num_or_null(m->tokens_per_s), "micro_batch",
+                                               m->micro_batch, "accum_steps", m->accum_steps, "mem_peak_bytes",
+                                               (json_int_t)m->mem_peak));
+    }
+    return json_pack("{s:s, s:s, s:i, s:o}", "id", j->id, "state", job_state_name(j->state), "step", j->step,
+                     "steps", steps ? steps : json_array());
+}

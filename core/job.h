@@ -1,0 +1,78 @@
+/* job: one submitted job, its state, progress, metrics history and event
+ * ring, and its JSON forms (API answers and the store's status.json).
+ *
+ * States: queued -> running -> succeeded | failed | cancelled, and
+ * running -> queued when the daemon restarts under a running job. A job is
+ * owned by the jobs manager (jobs.h) and only touched on the loop thread.
+ */
+#ifndef ACC_JOB_H
+#define ACC_JOB_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "evring.h"
+#include "job_spec.h"
+#include "kern_discover.h"
+#include "trainer.h"
+
+typedef enum job_state { JOB_QUEUED = 0, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED, JOB_NSTATES } job_state;
+
+typedef struct job_metric {
+    int step;
+    double time, loss, lr, grad_norm, tokens_per_s;
+    int micro_batch, accum_steps;
+    uint64_t mem_peak;     /* the largest per-rank peak at this step */
+} job_metric;
+
+typedef struct jobs_mgr jobs_mgr;
+
+typedef struct job {
+    char id[32];
+    uint64_t submit_seq;
+    double submitted_at, started_at, finished_at; /* unix seconds, 0 = not yet */
+    job_spec spec;
+    char *spec_json;       /* the spec as submitted (compact JSON) */
+    job_state state;
+    int step;
+    double last_loss;
+    bool have_loss;
+    int cur_micro, cur_accum; /* the split now (changes on OOM) */
+    int ndev;
+    int dev_idx[TRAIN_MAX_RANKS]; /* indexes into the daemon's device table */
+    char err_code[32];
+    char err_msg[512];
+    int restarts;
+    uint64_t tokens;       /* tokens trained this run */
+    evring ring;
+    job_metric *metrics;
+    size_t nmetrics, cap_metrics;
+    int ev_fd;             /* event log, -1 when closed */
+    trainer *tr;
+    bool cancel_requested;
+    bool stop_for_shutdown; /* cancelled by SIGTERM: stays "running" on disk */
+    jobs_mgr *mgr;
+} job;
+
+const char *job_state_name(job_state s);
+/* -1 when the name is unknown. */
+int job_state_parse(const char *name);
+bool job_state_final(job_state s);
+
+/* Append a step to the history (grows; ACC_ENOMEM on failure). */
+int job_add_metric(job *j, const job_metric *m, acc_err *err);
+
+/* The API form: summary (list) or full (with the spec). `devs` names devices. */
+json_t *job_to_json(const job *j, bool full, const kern_device_info *devs);
+/* The status.json form, and back (for reload). */
+json_t *job_status_json(const job *j);
+void job_status_apply(job *j, const json_t *status);
+/* The metrics history as a JSON object. */
+json_t *job_metrics_json(const job *j);
+
+/* RFC 3339 UTC ("2026-12-02T12:00:00.123Z"), or JSON null for 0. */
+json_t *job_time_json(double t);
+double job_now(void);
+
+#endif

@@ -1,0 +1,737 @@
+/* job_spec: parse and validate a JSON job spec (see job_spec.h).
+ *
+ * Contract: job_spec_parse() either fills `out` completely, with the batch
+ * triple resolved so that B = m * a * w, or returns ACC_EINVAL with
+ * err->field set to the key path of the first problem ("optimizer.lr",
+ * "deepspeed.zero_optimization"). Every object is checked for unknown keys
+ * before its values are read, so typos never pass silently. Paths are
+ * resolved (symlinks included) and must lie under one of conf->data_roots
+ * (inputs) or conf->output_root (resume_from).
+ */
+#include "job_spec.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SPEC_MAX_DEVICES 256
+#define SPEC_MAX_BATCH (1 << 24)
+
+/* A batch-triple value as written: absent, "auto", or a positive integer. */
+typedef struct batch_val {
+    bool given; /* an integer was given */
+    bool is_auto;
+    int v;
+} batch_val;
+
+/* Where a value came from, to build field names: prefix + "." + key. */
+static const char *field(char *buf, size_t n, const char *prefix, const char *key)
+{
+    if (prefix == NULL || prefix[0] == '\0')
+        snprintf(buf, n, "%s", key);
+    else
+        snprintf(buf, n, "%s.%s", prefix, key);
+    return buf;
+}
+
+static const char *json_kind(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+static bool key_allowed(const char *key, const char *const *allowed)
+{
+    for (int i = 0; allowed[i] != NULL; i++)
+        if (!strcmp(key, allowed[i]))
+            return true;
+    return false;
+}
+
+/* Refuse the first key of `obj` that is not in `allowed`. */
+static int check_keys(const json_t *obj, const char *prefix, const char *const *allowed, acc_err *err)
+{
+    const char *key;
+    json_t *v;
+    char f[128];
+    json_object_foreach((json_t *)obj, key, v) {
+        if (!key_allowed(key, allowed))
+            return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, prefix, key),
+                               "unknown key '%s'", f);
+    }
+    return 0;
+}
+
+/* The member `key` of obj as an object (NULL when absent or null). */
+static int get_object(const json_t *obj, const char *prefix, const char *key, json_t **out, acc_err *err)
+{
+    char f[128];
+    json_t *v = json_object_get(obj, key);
+    *out = NULL;
+    if (v == NULL || json_is_null(v))
+        return 0;
+    if (!json_is_object(v))
+        return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, prefix, key),
+                           "%s must be an object, got %s", f, json_kind(v));
+    *out = v;
+    return 0;
+}
+
+static int get_int(const json_t *obj, const char *prefix, const char *key, long lo, long hi, int *out,
+                   acc_err *err)
+{
+    char f[128];
+    json_t *v = json_object_get(obj, key);
+    if (v == NULL)
+        return 0;
+    field(f, sizeof f, prefix, key);
+    json_int_t n;
+    if (json_is_integer(v))
+        n = json_integer_value(v);
+    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
+             fabs(json_real_value(v)) < 1e15)
+        n = (json_int_t)json_real_value(v);
+    else
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be an integer, got %s", f, json_kind(v));
+    if (n < lo || n > hi)
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be in [%ld, %ld], got %lld", f, lo, hi,
+                           (long long)n);
+    *out = (int)n;
+    return 0;
+}
+
+static int get_u64(const json_t *obj, const char *prefix, const char *key, uint64_t *out, acc_err *err)
+{
+    char f[128];
+    json_t *v = json_object_get(obj, key);
+    if (v == NULL)
+        return 0;
+    field(f, sizeof f, prefix, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be a non-negative integer, got %s", f,
+                           json_kind(v));
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
+/* A number in [lo, hi]; open_lo excludes lo itself (for "must be > 0"). */
+static int get_num(const json_t *obj, const char *prefix, const char *key, double lo, bool open_lo,
+                   double hi, double *out, acc_err *err)
+{
+    char f[128];
+    json_t *v = json_object_get(obj, key);
+    if (v == NULL)
+        return 0;
+    field(f, sizeof f, prefix, key);
+    if (!json_is_number(v))
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be a number, got %s", f, json_kind(v));
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || (open_lo && x == lo) || x > hi)
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be in %s%g, %g], got %g", f,
+                           open_lo ? "(" : "[", lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(const json_t *obj, const char *prefix, const char *key, bool *out, acc_err *err)
+{
+    char f[128];
+    json_t *v = json_object_get(obj, key);
+    if (v == NULL)
+        return 0;
+    if (!json_is_boolean(v))
+        return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, prefix, key),
+                           "%s must be true or false, got %s", f, json_kind(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* A string copied into dst; null leaves dst as it is when null_ok. */
+static int get_str(const json_t *obj, const char *prefix, const char *key, bool null_ok, char *dst,
+                   size_t n, bool *present, acc_err *err)
+{
+    char f[128];
+    json_t *v = json_object_get(obj, key);
+    if (present)
+        *present = false;
+    if (v == NULL || (null_ok && json_is_null(v)))
+        return 0;
+    field(f, sizeof f, prefix, key);
+    if (!json_is_string(v))
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be a string, got %s", f, json_kind(v));
+    if (json_string_length(v) >= n)
+        return acc_err_set(err, ACC_EINVAL, f, "%s is too long (at most %zu bytes)", f, n - 1);
+    if (strlen(json_string_value(v)) != json_string_length(v))
+        return acc_err_set(err, ACC_EINVAL, f, "%s must not contain NUL bytes", f);
+    snprintf(dst, n, "%s", json_string_value(v));
+    if (present)
+        *present = true;
+    return 0;
+}
+
+/* One of `choices` (NULL-terminated); *out = its index. */
+static int get_choice(const json_t *obj, const char *prefix, const char *key, const char *const *choices,
+                      int *out, acc_err *err)
+{
+    char s[64], f[128];
+    bool present;
+    int rc = get_str(obj, prefix, key, false, s, sizeof s, &present, err);
+    if (rc != 0 || !present)
+        return rc;
+    for (int i = 0; choices[i] != NULL; i++)
+        if (!strcmp(s, choices[i])) {
+            *out = i;
+            return 0;
+        }
+    char list[256] = "";
+    for (int i = 0; choices[i] != NULL; i++) {
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof list - l, "%s%s", i ? ", " : "", choices[i]);
+    }
+    return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, prefix, key), "%s must be one of %s, got '%s'",
+                       f, list, s);
+}
+
+static int get_batch(const json_t *obj, const char *prefix, const char *key, batch_val *out, acc_err *err)
+{
+    char f[128];
+    json_t *v = json_object_get(obj, key);
+    if (v == NULL || json_is_null(v))
+        return 0;
+    field(f, sizeof f, prefix, key);
+    if (json_is_string(v) && !strcmp(json_string_value(v), "auto")) {
+        *out = (batch_val){.is_auto = true};
+        return 0;
+    }
+    if (!json_is_integer(v))
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be a positive integer or \"auto\", got %s", f,
+                           json_kind(v));
+    json_int_t n = json_integer_value(v);
+    if (n < 1 || n > SPEC_MAX_BATCH)
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be in [1, %d], got %lld", f, SPEC_MAX_BATCH,
+                           (long long)n);
+    *out = (batch_val){.given = true, .v = (int)n};
+    return 0;
+}
+
+/* ---- paths ---------------------------------------------------------------- */
+
+static bool under_root(const char *real, const char *root)
+{
+    char rr[PATH_MAX];
+    if (realpath(root, rr) == NULL)
+        return false;
+    size_t n = strlen(rr);
+    if (n == 1 && rr[0] == '/')
+        return true;
+    return !strncmp(real, rr, n) && (real[n] == '/' || real[n] == '\0');
+}
+
+static bool under_any_root(const char *real, const char *roots)
+{
+    char buf[4 * PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", roots);
+    char *save = NULL;
+    for (char *r = strtok_r(buf, ":", &save); r != NULL; r = strtok_r(NULL, ":", &save))
+        if (r[0] != '\0' && under_root(real, r))
+            return true;
+    return false;
+}
+
+static void first_root(const char *roots, char *dst, size_t n)
+{
+    const char *colon = strchr(roots, ':');
+    size_t l = colon ? (size_t)(colon - roots) : strlen(roots);
+    snprintf(dst, n, "%.*s", (int)l, roots);
+}
+
+/* Resolve `path` (relative ones against the first root) and require it under
+ * one of `roots`. A glob (token shards) is checked through its directory. */
+static int check_path(char *path, size_t n, const char *roots, const char *f, bool must_exist, acc_err *err)
+{
+    char abs[PATH_MAX], real[PATH_MAX];
+    if (path[0] == '\0')
+        return acc_err_set(err, ACC_EINVAL, f, "%s must not be empty", f);
+    if (path[0] != '/') {
+        char root[PATH_MAX];
+        first_root(roots, root, sizeof root);
+        if (snprintf(abs, sizeof abs, "%s/%s", root, path) >= (int)sizeof abs)
+            return acc_err_set(err, ACC_EINVAL, f, "%s is too long", f);
+    } else {
+        snprintf(abs, sizeof abs, "%s", path);
+    }
+    bool glob = strpbrk(abs, "*?[") != NULL;
+    char *slash = strrchr(abs, '/');
+    char leaf[PATH_MAX] = "";
+    if (glob || !must_exist) {
+        /* check the directory; the leaf may be a pattern or not exist yet */
+        if (slash == NULL || slash == abs)
+            return acc_err_set(err, ACC_EINVAL, f, "%s: '%s' is not under an allowed root", f, path);
+        snprintf(leaf, sizeof leaf, "%s", slash + 1);
+        *slash = '\0';
+        if (strpbrk(abs, "*?[") != NULL)
+            return acc_err_set(err, ACC_EINVAL, f, "%s: wildcards are allowed in the file name only", f);
+    }
+    if (realpath(abs, real) == NULL)
+        return acc_err_set(err, ACC_EINVAL, f, "%s: cannot resolve '%s': %s", f, path, strerror(errno));
+    if (!under_any_root(real, roots))
+        return acc_err_set(err, ACC_EINVAL, f, "%s: '%s' is outside the allowed roots (%s)", f, path, roots);
+    if (leaf[0] != '\0') {
+        if (!strcmp(leaf, "..") || !strcmp(leaf, "."))
+            return acc_err_set(err, ACC_EINVAL, f, "%s: '%s' is not a file", f, path);
+        size_t l = strlen(real);
+        if (snprintf(real + l, sizeof real - l, "/%s", leaf) >= (int)(sizeof real - l))
+            return acc_err_set(err, ACC_EINVAL, f, "%s is too long", f);
+    }
+    if (strlen(real) >= n)
+        return acc_err_set(err, ACC_EINVAL, f, "%s is too long", f);
+    snprintf(path, n, "%s", real);
+    return 0;
+}
+
+/* ---- sections ------------------------------------------------------------- */
+
+static int parse_model(const json_t *m, const acc_conf *conf, spec_model *out, acc_err *err)
+{
+    static const char *const keys[] = {"arch", "n_layer", "n_head", "n_embd", "seq_len", "vocab_size",
+                                       "padded_vocab_size", "init_from", NULL};
+    static const char *const archs[] = {"gpt2", NULL};
+    int rc, arch = 0;
+    bool init;
+    if ((rc = check_keys(m, "model", keys, err)) || (rc = get_choice(m, "model", "arch", archs, &arch, err)) ||
+        (rc = get_int(m, "model", "n_layer", 1, 256, &out->n_layer, err)) ||
+        (rc = get_int(m, "model", "n_head", 1, 256, &out->n_head, err)) ||
+        (rc = get_int(m, "model", "n_embd", 1, 65536, &out->n_embd, err)) ||
+        (rc = get_int(m, "model", "seq_len", 2, 1 << 20, &out->seq_len, err)) ||
+        (rc = get_int(m, "model", "vocab_size", 2, 1 << 24, &out->vocab_size, err)) ||
+        (rc = get_int(m, "model", "padded_vocab_size", 0, 1 << 24, &out->padded_vocab_size, err)) ||
+        (rc = get_str(m, "model", "init_from", true, out->init_from, sizeof out->init_from, &init, err)))
+        return rc;
+    snprintf(out->arch, sizeof out->arch, "%s", archs[arch]);
+    if (out->n_embd % out->n_head != 0)
+        return acc_err_set(err, ACC_EINVAL, "model.n_embd", "model.n_embd %d is not a multiple of model.n_head %d",
+                           out->n_embd, out->n_head);
+    if (out->padded_vocab_size != 0 && out->padded_vocab_size < out->vocab_size)
+        return acc_err_set(err, ACC_EINVAL, "model.padded_vocab_size",
+                           "model.padded_vocab_size %d is smaller than model.vocab_size %d",
+                           out->padded_vocab_size, out->vocab_size);
+    if (init)
+        return check_path(out->init_from, sizeof out->init_from, conf->data_roots, "model.init_from", true, err);
+    return 0;
+}
+
+static int parse_data(const json_t *d, const acc_conf *conf, spec_data *out, acc_err *err)
+{
+    static const char *const keys[] = {"train", "val", "format", NULL};
+    static const char *const formats[] = {"text", "tokens", NULL};
+    int rc, fmt = 0;
+    bool train, val;
+    if ((rc = check_keys(d, "data", keys, err)) ||
+        (rc = get_str(d, "data", "train", false, out->train, sizeof out->train, &train, err)) ||
+        (rc = get_str(d, "data", "val", true, out->val, sizeof out->val, &val, err)) ||
+        (rc = get_choice(d, "data", "format", formats, &fmt, err)))
+        return rc;
+    out->format = fmt == 1 ? SPEC_DATA_TOKENS : SPEC_DATA_TEXT;
+    if (!train)
+        return acc_err_set(err, ACC_EINVAL, "data.train", "data.train is required");
+    if ((rc = check_path(out->train, sizeof out->train, conf->data_roots, "data.train", true, err)))
+        return rc;
+    if (val)
+        return check_path(out->val, sizeof out->val, conf->data_roots, "data.val", true, err);
+    return 0;
+}
+
+static int parse_betas(const json_t *obj, const char *prefix, spec_optim *o, acc_err *err)
+{
+    char f[128];
+    json_t *b = json_object_get(obj, "betas");
+    if (b == NULL)
+        return 0;
+    field(f, sizeof f, prefix, "betas");
+    if (!json_is_array(b) || json_array_size(b) != 2 || !json_is_number(json_array_get(b, 0)) ||
+        !json_is_number(json_array_get(b, 1)))
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be an array of two numbers", f);
+    double b1 = json_number_value(json_array_get(b, 0)), b2 = json_number_value(json_array_get(b, 1));
+    if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be in [0, 1), got [%g, %g]", f, b1, b2);
+    o->beta1 = b1;
+    o->beta2 = b2;
+    return 0;
+}
+
+static int parse_optimizer(const json_t *o, spec_optim *out, acc_err *err)
+{
+    static const char *const keys[] = {"type", "lr", "betas", "eps", "weight_decay", "grad_clip", NULL};
+    static const char *const types[] = {"adamw", NULL};
+    int rc, type = 0;
+    if ((rc = check_keys(o, "optimizer", keys, err)) ||
+        (rc = get_choice(o, "optimizer", "type", types, &type, err)) ||
+        (rc = get_num(o, "optimizer", "lr", 0, true, 10, &out->lr, err)) ||
+        (rc = parse_betas(o, "optimizer", out, err)) ||
+        (rc = get_num(o, "optimizer", "eps", 0, true, 1, &out->eps, err)) ||
+        (rc = get_num(o, "optimizer", "weight_decay", 0, false, 10, &out->weight_decay, err)) ||
+        (rc = get_num(o, "optimizer", "grad_clip", 0, false, 1e9, &out->grad_clip, err)))
+        return rc;
+    return 0;
+}
+
+static int parse_lr_schedule(const json_t *l, spec_lr *out, acc_err *err)
+{
+    static const char *const keys[] = {"type", "warmup_steps", "min_lr", "warmup_min_lr", "cos_min_ratio",
+                                       "total_steps", NULL};
+    /* indexes match spec_lr_type */
+    static const char *const types[] = {"constant", "cosine", "warmup", "warmup_decay", "warmup_cosine", NULL};
+    int rc, type = (int)out->type;
+    if ((rc = check_keys(l, "lr_schedule", keys, err)) ||
+        (rc = get_choice(l, "lr_schedule", "type", types, &type, err)) ||
+        (rc = get_int(l, "lr_schedule", "warmup_steps", 0, INT_MAX, &out->warmup_steps, err)) ||
+        (rc = get_num(l, "lr_schedule", "min_lr", 0, false, 10, &out->min_lr, err)) ||
+        (rc = get_num(l, "lr_schedule", "warmup_min_lr", 0, false, 10, &out->warmup_min_lr, err)) ||
+        (rc = get_num(l, "lr_schedule", "cos_min_ratio", 0, false, 1, &out->cos_min_ratio, err)) ||
+        (rc = get_int(l, "lr_schedule", "total_steps", 1, INT_MAX, &out->total_steps, err)))
+        return rc;
+    out->type = (spec_lr_type)type;
+    return 0;
+}
+
+/* ---- the nested "deepspeed" object ------------------------------------------ */
+
+/* The supported keys, plus two with no effect on training that DeepSpeed
+ * configs commonly carry (steps_per_print, wall_clock_breakdown). */
+static const char *const ds_keys[] = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16", "fp16",
+    "gradient_clipping", "optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown", NULL};
+
+/* Report every unsupported key at once: users paste whole DeepSpeed files. */
+static int ds_check_keys(const json_t *ds, acc_err *err)
+{
+    char list[400] = "", first[128] = "";
+    const char *key;
+    json_t *v;
+    int bad = 0;
+    json_object_foreach((json_t *)ds, key, v) {
+        if (key_allowed(key, ds_keys))
+            continue;
+        if (bad++ == 0)
+            snprintf(first, sizeof first, "deepspeed.%s", key);
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof list - l, "%sdeepspeed.%s", l ? ", " : "", key);
+    }
+    if (bad == 0)
+        return 0;
+    return acc_err_set(err, ACC_EINVAL, first, "unsupported DeepSpeed key%s: %s (accumd supports the batch keys, "
+                       "bf16, gradient_clipping, optimizer AdamW and scheduler WarmupLR/WarmupDecayLR/WarmupCosineLR)",
+                       bad > 1 ? "s" : "", list);
+}
+
+static int ds_precision(const json_t *ds, job_spec *out, bool *bf16_set, acc_err *err)
+{
+    static const char *const keys[] = {"enabled", NULL};
+    json_t *bf = NULL, *fp = NULL;
+    int rc;
+    bool on = false;
+    if ((rc = get_object(ds, "deepspeed", "bf16", &bf, err)) || (rc = get_object(ds, "deepspeed", "fp16", &fp, err)))
+        return rc;
+    if (fp != NULL) {
+        if ((rc = check_keys(fp, "deepspeed.fp16", keys, err)) || (rc = get_bool(fp, "deepspeed.fp16", "enabled", &on, err)))
+            return rc;
+        if (on)
+            return acc_err_set(err, ACC_EINVAL, "deepspeed.fp16.enabled",
+                               "deepspeed.fp16 is not supported; use bf16 or fp32");
+    }
+    if (bf == NULL)
+        return 0;
+    on = false;
+    if ((rc = check_keys(bf, "deepspeed.bf16", keys, err)) || (rc = get_bool(bf, "deepspeed.bf16", "enabled", &on, err)))
+        return rc;
+    out->precision = on ? SPEC_BF16 : SPEC_FP32;
+    *bf16_set = true;
+    return 0;
+}
+
+static int ds_optimizer(const json_t *ds, job_spec *out, acc_err *err)
+{
+    static const char *const keys[] = {"type", "params", NULL};
+    static const char *const pkeys[] = {"lr", "betas", "eps", "weight_decay", NULL};
+    static const char *const types[] = {"AdamW", "adamw", NULL};
+    json_t *o = NULL, *p = NULL;
+    int rc, type = 0;
+    if ((rc = get_object(ds, "deepspeed", "optimizer", &o, err)) || o == NULL)
+        return rc;
+    if ((rc = check_keys(o, "deepspeed.optimizer", keys, err)) ||
+        (rc = get_choice(o, "deepspeed.optimizer", "type", types, &type, err)) ||
+        (rc = get_object(o, "deepspeed.optimizer", "params", &p, err)) || p == NULL)
+        return rc;
+    const char *pf = "deepspeed.optimizer.params";
+    if ((rc = check_keys(p, pf, pkeys, err)) || (rc = get_num(p, pf, "lr", 0, true, 10, &out->optim.lr, err)) ||
+        (rc = parse_betas(p, pf, &out->optim, err)) || (rc = get_num(p, pf, "eps", 0, true, 1, &out->optim.eps, err)) ||
+        (rc = get_num(p, pf, "weight_decay", 0, false, 10, &out->optim.weight_decay, err)))
+        return rc;
+    return 0;
+}
+
+static int ds_scheduler(const json_t *ds, job_spec *out, acc_err *err)
+{
+    static const char *const keys[] = {"type", "params", NULL};
+    static const char *const pkeys[] = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+                                        "total_num_steps", "warmup_min_ratio", "cos_min_ratio", NULL};
+    static const char *const types[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", NULL};
+    static const char *const wtypes[] = {"linear", NULL};
+    json_t *s = NULL, *p = NULL;
+    int rc, type = 0, wtype = 0;
+    if ((rc = get_object(ds, "deepspeed", "scheduler", &s, err)) || s == NULL)
+        return rc;
+    if ((rc = check_keys(s, "deepspeed.scheduler", keys, err)) ||
+        (rc = get_choice(s, "deepspeed.scheduler", "type", types, &type, err)) ||
+        (rc = get_object(s, "deepspeed.scheduler", "params", &p, err)))
+        return rc;
+    out->lr.type = type == 0 ? SPEC_LR_WARMUP : type == 1 ? SPEC_LR_WARMUP_DECAY : SPEC_LR_WARMUP_COSINE;
+    out->lr.warmup_steps = 1000; /* DeepSpeed's default warmup_num_steps */
+    out->lr.warmup_min_lr = 0;
+    if (p == NULL)
+        p = json_object();
+    else
+        json_incref(p);
+    const char *pf = "deepspeed.scheduler.params";
+    double ratio = -1;
+    if ((rc = check_keys(p, pf, pkeys, err)) ||
+        (rc = get_num(p, pf, "warmup_min_lr", 0, false, 10, &out->lr.warmup_min_lr, err)) ||
+        (rc = get_num(p, pf, "warmup_max_lr", 0, true, 10, &out->optim.lr, err)) ||
+        (rc = get_int(p, pf, "warmup_num_steps", 0, INT_MAX, &out->lr.warmup_steps, err)) ||
+        (rc = get_choice(p, pf, "warmup_type", wtypes, &wtype, err)) ||
+        (rc = get_int(p, pf, "total_num_steps", 1, INT_MAX, &out->lr.total_steps, err)) ||
+        (rc = get_num(p, pf, "warmup_min_ratio", 0, false, 1, &ratio, err)) ||
+        (rc = get_num(p, pf, "cos_min_ratio", 0, false, 1, &out->lr.cos_min_ratio, err))) {
+        json_decref(p);
+        return rc;
+    }
+    json_decref(p);
+    if (ratio >= 0)
+        out->lr.warmup_min_lr = ratio * out->optim.lr;
+    return 0;
+}
+
+/* A batch key may be set at the top level or inside "deepspeed", not both
+ * with different values. */
+static int merge_batch(batch_val *top, const batch_val *ds, const char *key, acc_err *err)
+{
+    if (!ds->given && !ds->is_auto)
+        return 0;
+    if (!top->given && !top->is_auto) {
+        *top = *ds;
+        return 0;
+    }
+    if (top->given != ds->given || (top->given && top->v != ds->v))
+        return acc_err_set(err, ACC_EINVAL, key, "%s differs between the top level and deepspeed.%s", key, key);
+    return 0;
+}
+
+typedef struct batch_in {
+    batch_val B, m, a;
+} batch_in;
+
+static int parse_deepspeed(const json_t *ds, job_spec *out, batch_in *b, bool *clip_set, acc_err *err)
+{
+    int rc;
+    bool bf16_set = false;
+    batch_in d = {{0}, {0}, {0}};
+    if ((rc = ds_check_keys(ds, err)) || (rc = get_batch(ds, "deepspeed", "train_batch_size", &d.B, err)) ||
+        (rc = get_batch(ds, "deepspeed", "train_micro_batch_size_per_gpu", &d.m, err)) ||
+        (rc = get_batch(ds, "deepspeed", "gradient_accumulation_steps", &d.a, err)) ||
+        (rc = merge_batch(&b->B, &d.B, "train_batch_size", err)) ||
+        (rc = merge_batch(&b->m, &d.m, "train_micro_batch_size_per_gpu", err)) ||
+        (rc = merge_batch(&b->a, &d.a, "gradient_accumulation_steps", err)) ||
+        (rc = ds_precision(ds, out, &bf16_set, err)) ||
+        (rc = ds_optimizer(ds, out, err)) || (rc = ds_scheduler(ds, out, err)))
+        return rc;
+    if (json_object_get(ds, "gradient_clipping") != NULL) {
+        if ((rc = get_num(ds, "deepspeed", "gradient_clipping", 0, false, 1e9, &out->optim.grad_clip, err)))
+            return rc;
+        *clip_set = true;
+    }
+    return 0;
+}
+
+/* ---- the batch triple ------------------------------------------------------- */
+
+/* DeepSpeed's rules: any two of (B, m, a) give the third; B alone means
+ * a = 1; m alone (or with a) gives B. */
+static int resolve_batch(const batch_in *b, job_spec *out, acc_err *err)
+{
+    int w = out->devices;
+    long B = b->B.given ? b->B.v : 0, m = b->m.given ? b->m.v : 0, a = b->a.given ? b->a.v : 0;
+    out->micro_auto = b->m.is_auto;
+    if (B && m && a) {
+        if (B != m * a * w)
+            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
+                               "train_batch_size %ld != %ld * %ld * %d (micro * accum * world)", B, m, a, w);
+    } else if (B && m) {
+        if (B % (m * w) != 0)
+            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
+                               "train_batch_size %ld is not divisible by %ld * %d (micro * world)", B, m, w);
+        a = B / (m * w);
+    } else if (B && a) {
+        if (B % (a * w) != 0)
+            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
+                               "train_batch_size %ld is not divisible by %ld * %d (accum * world)", B, a, w);
+        m = B / (a * w);
+    } else if (B) {
+        if (B % w != 0)
+            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
+                               "train_batch_size %ld is not divisible by %d (world)", B, w);
+        m = B / w;
+        a = 1;
+    } else if (m) {
+        if (!a)
+            a = 1;
+        B = m * a * w;
+    } else {
+        return acc_err_set(err, ACC_EINVAL, "train_batch_size",
+                           "give train_batch_size or train_micro_batch_size_per_gpu (any two of "
+                           "train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)");
+    }
+    if (B > SPEC_MAX_BATCH)
+        return acc_err_set(err, ACC_EINVAL, "train_batch_size", "train_batch_size %ld is over %d", B, SPEC_MAX_BATCH);
+    out->train_batch_size = (int)B;
+    out->micro_batch = (int)m;
+    out->accum_steps = (int)a;
+    return 0;
+}
+
+/* ---- top level ------------------------------------------------------------ */
+
+static void set_defaults(job_spec *s)
+{
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "job");
+    snprintf(s->model.arch, sizeof s->model.arch, "gpt2");
+    s->model.n_layer = 4;
+    s->model.n_head = 4;
+    s->model.n_embd = 128;
+    s->model.seq_len = 128;
+    s->model.vocab_size = 256;
+    s->devices = 1;
+    s->precision = SPEC_FP32;
+    s->optim = (spec_optim){.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                            .grad_clip = 1.0};
+    s->lr = (spec_lr){.type = SPEC_LR_CONSTANT, .cos_min_ratio = 0.0001};
+    s->max_steps = 100;
+    s->eval_batches = 1;
+    s->seed = 1337;
+    s->oom_adapt = true;
+}
+
+static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
+{
+    json_t *model, *data, *optim, *lrs, *oom;
+    int rc;
+    if ((rc = get_object(root, NULL, "model", &model, err)) || (rc = get_object(root, NULL, "data", &data, err)) ||
+        (rc = get_object(root, NULL, "optimizer", &optim, err)) ||
+        (rc = get_object(root, NULL, "lr_schedule", &lrs, err)) || (rc = get_object(root, NULL, "oom", &oom, err)))
+        return rc;
+    if (model != NULL && (rc = parse_model(model, conf, &out->model, err)))
+        return rc;
+    if (data == NULL)
+        return acc_err_set(err, ACC_EINVAL, "data", "data is required (at least data.train)");
+    if ((rc = parse_data(data, conf, &out->data, err)))
+        return rc;
+    if (optim != NULL && (rc = parse_optimizer(optim, &out->optim, err)))
+        return rc;
+    if (lrs != NULL && (rc = parse_lr_schedule(lrs, &out->lr, err)))
+        return rc;
+    if (oom != NULL) {
+        static const char *const okeys[] = {"adapt", NULL};
+        if ((rc = check_keys(oom, "oom", okeys, err)) || (rc = get_bool(oom, "oom", "adapt", &out->oom_adapt, err)))
+            return rc;
+    }
+    return 0;
+}
+
+static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
+{
+    static const char *const precisions[] = {"fp32", "bf16", NULL};
+    int rc, prec = (int)out->precision;
+    bool resume;
+    if ((rc = get_str(root, NULL, "name", false, out->name, sizeof out->name, NULL, err)) ||
+        (rc = get_int(root, NULL, "devices", 1, SPEC_MAX_DEVICES, &out->devices, err)) ||
+        (rc = get_choice(root, NULL, "precision", precisions, &prec, err)) ||
+        (rc = get_bool(root, NULL, "activation_checkpointing", &out->activation_checkpointing, err)) ||
+        (rc = get_int(root, NULL, "max_steps", 1, 100000000, &out->max_steps, err)) ||
+        (rc = get_int(root, NULL, "eval_interval", 0, INT_MAX, &out->eval_interval, err)) ||
+        (rc = get_int(root, NULL, "eval_batches", 1, 1000000, &out->eval_batches, err)) ||
+        (rc = get_int(root, NULL, "checkpoint_interval", 0, INT_MAX, &out->checkpoint_interval, err)) ||
+        (rc = get_u64(root, NULL, "seed", &out->seed, err)) ||
+        (rc = get_int(root, NULL, "priority", -1000000, 1000000, &out->priority, err)) ||
+        (rc = get_str(root, NULL, "resume_from", true, out->resume_from, sizeof out->resume_from, &resume, err)))
+        return rc;
+    out->precision = prec == 1 ? SPEC_BF16 : SPEC_FP32;
+    if (resume)
+        return check_path(out->resume_from, sizeof out->resume_from, conf->output_root, "resume_from", true, err);
+    return 0;
+}
+
+static int check_cross(job_spec *out, acc_err *err)
+{
+    if (out->model.padded_vocab_size == 0)
+        out->model.padded_vocab_size = out->model.vocab_size;
+    if (out->lr.total_steps == 0)
+        out->lr.total_steps = out->max_steps;
+    if (out->lr.type == SPEC_LR_COSINE && out->lr.min_lr > out->optim.lr)
+        return acc_err_set(err, ACC_EINVAL, "lr_schedule.min_lr", "lr_schedule.min_lr %g is above optimizer.lr %g",
+                           out->lr.min_lr, out->optim.lr);
+    if (out->lr.warmup_min_lr > out->optim.lr)
+        return acc_err_set(err, ACC_EINVAL, "lr_schedule.warmup_min_lr",
+                           "lr_schedule.warmup_min_lr %g is above optimizer.lr %g", out->lr.warmup_min_lr, out->optim.lr);
+    return 0;
+}
+
+static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
+{
+    static const char *const keys[] = {
+        "name", "model", "data", "train_batch_size", "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
+        "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
+        "oom", "resume_from", "deepspeed", NULL};
+    batch_in b = {{0}, {0}, {0}};
+    json_t *ds;
+    bool clip_set = false;
+    int rc;
+    if (!json_is_object(root))
+        return acc_err_set(err, ACC_EINVAL, "", "the job spec must be a JSON object, got %s", json_kind(root));
+    if ((rc = check_keys(root, NULL, keys, err)) || (rc = parse_scalars(root, conf, out, err)) ||
+        (rc = get_batch(root, NULL, "train_batch_size", &b.B, err)) ||
+        (rc = get_batch(root, NULL, "train_micro_batch_size_per_gpu", &b.m, err)) ||
+        (rc = get_batch(root, NULL, "gradient_accumulation_steps", &b.a, err)) ||
+        (rc = get_object(root, NULL, "deepspeed", &ds, err)))
+        return rc;
+    /* deepspeed first, so the native keys (more specific) win where both set */
+    if (ds != NULL && (rc = parse_deepspeed(ds, out, &b, &clip_set, err)))
+        return rc;
+    if ((rc = parse_sections(root, conf, out, err)) || (rc = resolve_batch(&b, out, err)))
+        return rc;
+    return check_cross(out, err);
+}
+
+int job_spec_parse(const char *text, size_t len, const acc_conf *conf, job_spec *out, acc_err *err)
+{
+    json_error_t je;
+    set_defaults(out);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (root == NULL)
+        return acc_err_set(err, ACC_EINVAL, "", "malformed JSON at line %d column %d: %s", je.line, je.column,
+                           je.text);
+    int rc = parse_root(root, conf, out, err);
+    json_decref(root);
+    return rc;
+}

@@ -1,0 +1,735 @@
+/* jobs: the job manager (see jobs.h). */
+#include "jobs.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "log.h"
+#include "scheduler.h"
+
+struct jobs_tev {
+    jobs_tev *next;
+    job *j;
+    train_event ev;
+};
+
+/* ---- events: ring + log ---------------------------------------------------- */
+
+/* Stamp `ev` with seq/type/time/job, push it into the ring and append it to
+ * the event log (fsynced when `sync`). Takes ownership of `ev`. */
+static void emit(job *j, const char *type, json_t *ev, bool sync)
+{
+    if (ev == NULL) {
+        acc_log(ACC_LOG_ERROR, "jobs", "job %s: out of memory building a %s event", j->id, type);
+        return;
+    }
+    json_t *o = json_pack("{s:I, s:s, s:o, s:s}", "seq", (json_int_t)j->ring.next_seq, "type", type, "time",
+                          job_time_json(job_now()), "job", j->id);
+    char *text = NULL;
+    if (o != NULL && json_object_update(o, ev) == 0)
+        text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10));
+    json_decref(o);
+    json_decref(ev);
+    if (text == NULL) {
+        acc_log(ACC_LOG_ERROR, "jobs", "job %s: cannot encode a %s event", j->id, type);
+        return;
+    }
+    acc_err err = {0};
+    size_t len = strlen(text);
+    if (store_append_event(j->ev_fd, text, len, sync, &err) != 0)
+        acc_log(ACC_LOG_ERROR, "store", "job %s: event log: %s", j->id, err.msg);
+    if (evring_push(&j->ring, type, text, len, NULL, &err) != 0)
+        acc_log(ACC_LOG_ERROR, "jobs", "job %s: %s", j->id, err.msg);
+    free(text);
+}
+
+static void save_status(job *j)
+{
+    acc_err err = {0};
+    json_t *st = job_status_json(j);
+    char *text = st ? json_dumps(st, JSON_COMPACT) : NULL;
+    json_decref(st);
+    if (text == NULL || store_save_status(&j->mgr->st, j->id, text, strlen(text), &err) != 0)
+        acc_log(ACC_LOG_ERROR, "store", "job %s: status not saved: %s", j->id, text ? err.msg : "out of memory");
+    free(text);
+}
+
+static void close_log(job *j)
+{
+    if (j->ev_fd >= 0 && close(j->ev_fd) != 0)
+        acc_log(ACC_LOG_WARN, "store", "job %s: closing the event log: %s", j->id, strerror(errno));
+    j->ev_fd = -1;
+}
+
+static void set_state(job *j, job_state to, const char *msg)
+{
+    job_state from = j->state;
+    j->state = to;
+    if (job_state_final(to))
+        j->finished_at = job_now();
+    save_status(j);
+    emit(j, "state", json_pack("{s:s, s:s, s:s?}", "state", job_state_name(to), "from", job_state_name(from),
+                               "message", msg), true);
+    acc_log(ACC_LOG_INFO, "jobs", "job %s: %s -> %s%s%s", j->id, job_state_name(from), job_state_name(to),
+            msg ? ": " : "", msg ? msg : "");
+}
+
+/* The end of a run: state event, done event, watchers finish. */
+static void finish(job *j, job_state to, const char *code, const char *msg)
+{
+    if (code != NULL) {
+        snprintf(j->err_code, sizeof j->err_code, "%s", code);
+        snprintf(j->err_msg, sizeof j->err_msg, "%s", msg ? msg : "");
+    }
+    set_state(j, to, msg);
+    emit(j, "done", json_pack("{s:s, s:i, s:s?}", "state", job_state_name(to), "step", j->step, "message", msg),
+         true);
+    evring_close(&j->ring);
+    close_log(j); /* a final job writes no more: keep fds for live ones */
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+static job *job_new(jobs_mgr *m, acc_err *err)
+{
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for a job");
+        return NULL;
+    }
+    j->ev_fd = -1;
+    j->mgr = m;
+    if (evring_init(&j->ring, m->conf->event_ring, err) != 0) {
+        free(j);
+        return NULL;
+    }
+    return j;
+}
+
+static void job_delete(job *j)
+{
+    if (j->ev_fd >= 0)
+        close(j->ev_fd);
+    evring_free(&j->ring);
+    free(j->metrics);
+    free(j->spec_json);
+    free(j);
+}
+
+static int table_add(jobs_mgr *m, job *j, acc_err *err)
+{
+    if (m->njobs == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 64;
+        job **nj = realloc(m->jobs, cap * sizeof *nj);
+        if (nj == NULL)
+            return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for the job table");
+        m->jobs = nj;
+        m->cap = cap;
+    }
+    m->jobs[m->njobs++] = j;
+    return 0;
+}
+
+job *jobs_find(jobs_mgr *m, const char *id)
+{
+    for (size_t i = 0; i < m->njobs; i++)
+        if (!strcmp(m->jobs[i]->id, id))
+            return m->jobs[i];
+    return NULL;
+}
+
+int jobs_init(jobs_mgr *m, const acc_conf *conf, const kern_device_info *devs, int ndev,
+              void (*wake)(void *), void *wake_ctx, acc_err *err)
+{
+    memset(m, 0, sizeof *m);
+    m->conf = conf;
+    m->devs = devs;
+    m->ndev = ndev;
+    m->wake = wake;
+    m->wake_ctx = wake_ctx;
+    m->next_submit = 1;
+    int rc = store_init(&m->st, conf->state_dir, err);
+    if (rc != 0)
+        return rc;
+    if ((rc = pthread_mutex_init(&m->qmu, NULL)) != 0)
+        return acc_err_set(err, ACC_EINTERNAL, NULL, "mutex: %s", strerror(rc));
+    m->qmu_on = true;
+    return 0;
+}
+
+void jobs_free(jobs_mgr *m)
+{
+    for (size_t i = 0; i < m->njobs; i++) {
+        job *j = m->jobs[i];
+        if (j->tr != NULL) /* its threads may still touch it: leave it */
+            continue;
+        job_delete(j);
+    }
+    free(m->jobs);
+    m->jobs = NULL;
+    m->njobs = 0;
+    if (m->qmu_on) {
+        pthread_mutex_lock(&m->qmu);
+        for (jobs_tev *t = m->qhead, *n; t != NULL; t = n) {
+            n = t->next;
+            free(t);
+        }
+        m->qhead = m->qtail = NULL;
+        pthread_mutex_unlock(&m->qmu);
+        pthread_mutex_destroy(&m->qmu);
+        m->qmu_on = false;
+    }
+}
+
+/* ---- submit ----------------------------------------------------------------- */
+
+static void sched_devs(const jobs_mgr *m, sched_dev *sd)
+{
+    for (int i = 0; i < m->ndev; i++) {
+        const job *h = m->dev_holder[i];
+        sd[i] = (sched_dev){.kind = m->devs[i].kind, .busy = h != NULL, .holder_prio = h ? h->spec.priority : 0,
+                            .holder_submit = h ? h->submit_seq : 0};
+    }
+}
+
+uint64_t jobs_estimate_peak(const job_spec *s, int micro_batch)
+{
+    /* GPT-2 in fp32: weights, gradients and two AdamW moments (16 bytes a
+     * parameter), plus forward activations and their gradients. */
+    uint64_t C = (uint64_t)s->model.n_embd, L = (uint64_t)s->model.n_layer, T = (uint64_t)s->model.seq_len;
+    uint64_t V = (uint64_t)s->model.padded_vocab_size, NH = (uint64_t)s->model.n_head, B = (uint64_t)micro_batch;
+    uint64_t params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+    uint64_t acts = L * (B * T * (16 * C + 4) + 2 * B * NH * T * T) + B * T * (C + 2 * V + 3);
+    if (s->activation_checkpointing)
+        acts = acts / (L ? L : 1) + L * B * T * C;
+    return params * 16 + acts * 4 * 2;
+}
+
+static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s)
+{
+    sched_dev sd[KERN_MAX_DEVICES];
+    sched_devs(m, sd);
+    sched_req r = {.want = s->devices, .prio = s->priority, .submit = m->next_submit};
+    /* would it start now, given what runs and what is queued before it? */
+    sched_plan(sd, m->ndev, &r, 1);
+    json_t *devs = json_array(), *mem = json_array();
+    uint64_t peak = jobs_estimate_peak(s, s->micro_batch);
+    for (int i = 0; i < s->devices; i++) {
+        if (r.start)
+            json_array_append_new(devs, json_string(m->devs[r.placed[i]].name));
+        json_array_append_new(mem, json_integer((json_int_t)peak));
+    }
+    int queued_before = 0;
+    for (size_t i = 0; i < m->njobs; i++)
+        if (m->jobs[i]->state == JOB_QUEUED &&
+            sched_order(m->jobs[i]->spec.priority, m->jobs[i]->submit_seq, s->priority, m->next_submit) < 0)
+            queued_before++;
+    return json_pack("{s:b, s:{s:i, s:i, s:i, s:i, s:b}, s:{s:b, s:o, s:s, s:i}, s:o, s:I}", "dry_run", 1,
+                     "batch", "train_batch_size", s->train_batch_size, "micro_batch", s->micro_batch, "accum_steps",
+                     s->accum_steps, "world", s->devices, "micro_auto", s->micro_auto, "placement", "starts_now",
+                     r.start && queued_before == 0, "devices", devs, "kind",
+                     m->ndev > 0 && m->devs[0].kind == KERN_DEV_CUDA ? "cuda" : "cpu", "queued_before",
+                     queued_before, "predicted_peak_memory_bytes", mem, "device_memory_bytes",
+                     (json_int_t)(m->ndev > 0 ? m->devs[0].mem_total : 0));
+}
+
+/* Everything that can be refused before a job exists: spec, fit, data. */
+static int validate(jobs_mgr *m, const char *text, size_t len, job_spec *s, acc_err *err)
+{
+    int rc = job_spec_parse(text, len, m->conf, s, err);
+    if (rc != 0)
+        return rc;
+    sched_dev sd[KERN_MAX_DEVICES];
+    sched_devs(m, sd);
+    if ((rc = sched_can_ever_fit(sd, m->ndev, s->devices, err)) != 0)
+        return rc;
+    return trainer_check_spec(s, err);
+}
+
+/* output_root/<id>; conf keeps output_root well under PATH_MAX. */
+static void set_output_dir(const jobs_mgr *m, job *j)
+{
+    int w = snprintf(j->spec.output_dir, sizeof j->spec.output_dir, "%s/%s", m->conf->output_root, j->id);
+    if (w < 0 || (size_t)w >= sizeof j->spec.output_dir)
+        acc_log(ACC_LOG_WARN, "jobs", "job %s: output_root too long, output dir truncated", j->id);
+}
+
+/* The submitted text, re-encoded compactly (it parsed, so it loads). */
+static char *compact_spec(const char *text, size_t len)
+{
+    json_t *o = json_loadb(text, len, 0, NULL);
+    char *out = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
+    json_decref(o);
+    return out;
+}
+
+static int persist_new(jobs_mgr *m, job *j, acc_err *err)
+{
+    json_t *st = job_status_json(j);
+    char *status = st ? json_dumps(st, JSON_COMPACT) : NULL;
+    json_decref(st);
+    if (status == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    int rc = store_create_job(&m->st, j->id, j->spec_json, strlen(j->spec_json), status, strlen(status), err);
+    free(status);
+    if (rc == 0)
+        rc = store_open_events(&m->st, j->id, &j->ev_fd, err);
+    return rc;
+}
+
+int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **out, json_t **plan, acc_err *err)
+{
+    job_spec *s = malloc(sizeof *s);
+    if (s == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    int rc = validate(m, text, len, s, err);
+    if (rc == 0 && dry_run) {
+        *plan = dry_run_plan(m, s);
+        rc = *plan ? 0 : acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    }
+    if (rc != 0 || dry_run) {
+        free(s);
+        return rc;
+    }
+    if (m->draining) {
+        free(s);
+        return acc_err_set(err, ACC_ESTATE, NULL, "the daemon is shutting down; not accepting jobs");
+    }
+    job *j = job_new(m, err);
+    if (j == NULL) {
+        free(s);
+        return err ? err->code : ACC_ENOMEM;
+    }
+    j->spec = *s;
+    free(s);
+    j->submit_seq = m->next_submit;
+    snprintf(j->id, sizeof j->id, "j%06llu", (unsigned long long)j->submit_seq);
+    set_output_dir(m, j);
+    j->submitted_at = job_now();
+    j->cur_micro = j->spec.micro_batch;
+    j->cur_accum = j->spec.accum_steps;
+    j->spec_json = compact_spec(text, len);
+    if (j->spec_json == NULL)
+        rc = acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    if (rc == 0)
+        rc = persist_new(m, j, err);
+    if (rc == 0)
+        rc = table_add(m, j, err);
+    if (rc != 0) {
+        acc_log(ACC_LOG_ERROR, "jobs", "job %s not stored: %s", j->id, err ? err->msg : "");
+        job_delete(j);
+        return rc;
+    }
+    m->next_submit++;
+    m->submitted_total++;
+    emit(j, "state", json_pack("{s:s}", "state", "queued"), true);
+    acc_log(ACC_LOG_INFO, "jobs", "job %s queued: %s, %d device(s), B=%d m=%d a=%d", j->id, j->spec.name,
+            j->spec.devices, j->spec.train_batch_size, j->spec.micro_batch, j->spec.accum_steps);
+    *out = j;
+    jobs_schedule(m);
+    return 0;
+}
+
+/* ---- running ---------------------------------------------------------------- */
+
+static void on_trainer_event(void *ctx, const train_event *ev)
+{
+    job *j = ctx;
+    jobs_mgr *m = j->mgr;
+    jobs_tev *t = malloc(sizeof *t);
+    if (t == NULL) { /* cannot drop TEV_DONE: spin until memory returns */
+        while ((t = malloc(sizeof *t)) == NULL && ev->kind == TEV_DONE)
+            usleep(1000);
+        if (t == NULL)
+            return;
+    }
+    t->next = NULL;
+    t->j = j;
+    t->ev = *ev;
+    pthread_mutex_lock(&m->qmu);
+    if (m->qtail != NULL)
+        m->qtail->next = t;
+    else
+        m->qhead = t;
+    m->qtail = t;
+    pthread_mutex_unlock(&m->qmu);
+    m->wake(m->wake_ctx);
+}
+
+static void release_devices(jobs_mgr *m, job *j)
+{
+    for (int i = 0; i < j->ndev; i++) {
+        int d = j->dev_idx[i];
+        if (m->dev_holder[d] == j) {
+            m->dev_holder[d] = NULL;
+            m->dev_mem_in_use[d] = 0;
+        }
+    }
+}
+
+static void start_job(jobs_mgr *m, job *j, const sched_req *r)
+{
+    kern_device_info devinfo[TRAIN_MAX_RANKS];
+    acc_err err = {0};
+    j->ndev = r->want;
+    for (int i = 0; i < r->want; i++) {
+        j->dev_idx[i] = r->placed[i];
+        devinfo[i] = m->devs[r->placed[i]];
+        m->dev_holder[r->placed[i]] = j;
+    }
+    j->started_at = job_now();
+    j->step = 0;
+    j->tokens = 0;
+    j->have_loss = false;
+    j->nmetrics = 0;
+    j->cur_micro = j->spec.micro_batch;
+    j->cur_accum = j->spec.accum_steps;
+    j->cancel_requested = false;
+    if (fsu_mkdir_p(j->spec.output_dir, 0750, &err) != 0) {
+        release_devices(m, j);
+        finish(j, JOB_FAILED, acc_err_name(err.code), err.msg);
+        return;
+    }
+    trainer_opts o = {.spec = &j->spec, .devices = devinfo, .threads_per_device = m->conf->cpu_threads_per_device,
+                      .on_event = on_trainer_event, .event_ctx = j};
+    if (trainer_start(&o, &j->tr, &err) != 0) {
+        j->tr = NULL;
+        release_devices(m, j);
+        acc_log(ACC_LOG_ERROR, "jobs", "job %s: cannot start: %s", j->id, err.msg);
+        finish(j, JOB_FAILED, acc_err_name(err.code), err.msg);
+        return;
+    }
+    char msg[256];
+    snprintf(msg, sizeof msg, "placed on %d device(s)%s", r->want, r->backfilled ? " (backfill)" : "");
+    set_state(j, JOB_RUNNING, msg);
+}
+
+void jobs_schedule(jobs_mgr *m)
+{
+    if (m->draining)
+        return;
+    size_t nq = 0;
+    for (size_t i = 0; i < m->njobs; i++)
+        nq += m->jobs[i]->state == JOB_QUEUED;
+    if (nq == 0)
+        return;
+    sched_req *q = calloc(nq, sizeof *q);
+    if (q == NULL) {
+        acc_log(ACC_LOG_ERROR, "sched", "out of memory planning %zu jobs", nq);
+        return;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < m->njobs; i++) {
+        job *j = m->jobs[i];
+        if (j->state == JOB_QUEUED)
+            q[k++] = (sched_req){.want = j->spec.devices, .prio = j->spec.priority, .submit = j->submit_seq,
+                                 .job = j};
+    }
+    sched_dev sd[KERN_MAX_DEVICES];
+    sched_devs(m, sd);
+    sched_plan(sd, m->ndev, q, (int)nq);
+    for (size_t i = 0; i < nq; i++)
+        if (q[i].start)
+            start_job(m, q[i].job, &q[i]);
+    free(q);
+}
+
+int jobs_cancel(jobs_mgr *m, job *j, acc_err *err)
+{
+    if (job_state_final(j->state))
+        return acc_err_set(err, ACC_ESTATE, NULL, "job %s is already %s", j->id, job_state_name(j->state));
+    if (j->state == JOB_QUEUED) {
+        finish(j, JOB_CANCELLED, NULL, "cancelled while queued");
+        jobs_schedule(m); /* a backfill may have been waiting on it */
+        return 0;
+    }
+    if (!j->cancel_requested) {
+        j->cancel_requested = true;
+        emit(j, "log", json_pack("{s:s}", "message", "cancel requested; stopping at the next micro-step"), false);
+        trainer_cancel(j->tr);
+    }
+    return 0;
+}
+
+static json_t *mem_array(const uint64_t *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a != NULL && i < n; i++)
+        json_array_append_new(a, json_integer((json_int_t)v[i]));
+    return a;
+}
+
+static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
+{
+    uint64_t tokens = (uint64_t)j->spec.train_batch_size * (uint64_t)j->spec.model.seq_len;
+    job_metric mt = {.step = ev->step, .time = job_now(), .loss = ev->loss, .lr = ev->lr, .grad_norm = ev->grad_norm,
+                     .tokens_per_s = ev->tokens_per_s, .micro_batch = ev->micro_batch,
+                     .accum_steps = ev->accum_steps};
+    int nr = ev->nranks < j->ndev ? ev->nranks : j->ndev;
+    for (int r = 0; r < nr; r++) {
+        int d = j->dev_idx[r];
+        m->dev_mem_in_use[d] = ev->mem_in_use[r];
+        if (ev->mem_peak[r] > m->dev_mem_peak[d])
+            m->dev_mem_peak[d] = ev->mem_peak[r];
+        if (ev->mem_peak[r] > mt.mem_peak)
+            mt.mem_peak = ev->mem_peak[r];
+    }
+    j->step = ev->step;
+    j->last_loss = ev->loss;
+    j->have_loss = true;
+    if (ev->micro_batch > 0) {
+        j->cur_micro = ev->micro_batch;
+        j->cur_accum = ev->accum_steps;
+    }
+    j->tokens += tokens;
+    m->tokens_total += tokens;
+    m->steps_total++;
+    acc_err err = {0};
+    if (job_add_metric(j, &mt, &err) != 0)
+        acc_log(ACC_LOG_WARN, "jobs", "job %s: %s", j->id, err.msg);
+    json_t *loss = isfinite(ev->loss) ? json_real(ev->loss) : json_null();
+    emit(j, "step",
+         json_pack("{s:i, s:o, s:f, s:f, s:f, s:i, s:i, s:o, s:o}", "step", ev->step, "loss", loss, "lr", ev->lr,
+                   "grad_norm", isfinite(ev->grad_norm) ? ev->grad_norm : -1.0, "tokens_per_s", ev->tokens_per_s,
+                   "micro_batch", ev->micro_batch, "accum_steps", ev->accum_steps, "mem_in_use",
+                   mem_array(ev->mem_in_use, nr), "mem_peak", mem_array(ev->mem_peak, nr)),
+         false);
+}
+
+static void apply_done(jobs_mgr *m, job *j, const train_event *ev)
+{
+    trainer_free(j->tr);
+    j->tr = NULL;
+    release_devices(m, j);
+    if (j->stop_for_shutdown) {
+        /* stays "running" on disk: the next start requeues it */
+        emit(j, "log", json_pack("{s:s}", "message", "stopped by daemon shutdown; requeued at the next start"), true);
+        return;
+    }
+    if (ev->status == 0)
+        finish(j, JOB_SUCCEEDED, NULL, ev->msg[0] ? ev->msg : NULL);
+    else if (ev->status == ACC_ECANCELLED)
+        finish(j, JOB_CANCELLED, NULL, j->cancel_requested ? "cancelled while running" : ev->msg);
+    else
+        finish(j, JOB_FAILED, acc_err_name(ev->status), ev->msg[0] ? ev->msg : acc_err_name(ev->status));
+}
+
+static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
+{
+    switch (ev->kind) {
+    case TEV_STEP:
+        apply_step(m, j, ev);
+        break;
+    case TEV_EVAL:
+        emit(j, "eval", json_pack("{s:i, s:f}", "step", ev->step, "val_loss", ev->val_loss), false);
+        break;
+    case TEV_OOM_ADJUST:
+        m->oom_adjust_total++;
+        j->cur_micro = ev->to_micro;
+        j->cur_accum = ev->to_accum;
+        emit(j, "oom_adjust",
+             json_pack("{s:i, s:{s:i, s:i}, s:{s:i, s:i}, s:b, s:I, s:I}", "step", ev->step, "from", "micro_batch",
+                       ev->from_micro, "accum_steps", ev->from_accum, "to", "micro_batch", ev->to_micro,
+                       "accum_steps", ev->to_accum, "recompute", ev->recompute, "bytes_asked",
+                       (json_int_t)ev->bytes_asked, "bytes_free", (json_int_t)ev->bytes_free),
+             true);
+        save_status(j);
+        break;
+    case TEV_CHECKPOINT:
+        emit(j, "checkpoint", json_pack("{s:i, s:s}", "step", ev->step, "path", ev->path), true);
+        break;
+    case TEV_LOG:
+        emit(j, "log", json_pack("{s:i, s:s}", "step", ev->step, "message", ev->msg), false);
+        break;
+    case TEV_DONE:
+        apply_done(m, j, ev);
+        break;
+    }
+}
+
+void jobs_drain_events(jobs_mgr *m)
+{
+    pthread_mutex_lock(&m->qmu);
+    jobs_tev *t = m->qhead;
+    m->qhead = m->qtail = NULL;
+    pthread_mutex_unlock(&m->qmu);
+    bool ended = false;
+    for (jobs_tev *n; t != NULL; t = n) {
+        n = t->next;
+        apply_event(m, t->j, &t->ev);
+        ended |= t->ev.kind == TEV_DONE;
+        free(t);
+    }
+    if (ended)
+        jobs_schedule(m);
+}
+
+/* ---- counts, shutdown -------------------------------------------------------- */
+
+int jobs_count_running(const jobs_mgr *m)
+{
+    int n = 0;
+    for (size_t i = 0; i < m->njobs; i++)
+        n += m->jobs[i]->tr != NULL;
+    return n;
+}
+
+void jobs_count_states(const jobs_mgr *m, int counts[JOB_NSTATES])
+{
+    memset(counts, 0, sizeof(int) * JOB_NSTATES);
+    for (size_t i = 0; i < m->njobs; i++)
+        counts[m->jobs[i]->state]++;
+}
+
+int jobs_shutdown(jobs_mgr *m)
+{
+    m->draining = true;
+    for (size_t i = 0; i < m->njobs; i++) {
+        job *j = m->jobs[i];
+        if (j->tr == NULL)
+            continue;
+        j->stop_for_shutdown = true;
+        trainer_cancel(j->tr);
+    }
+    return jobs_count_running(m);
+}
+
+void jobs_flush(jobs_mgr *m)
+{
+    for (size_t i = 0; i < m->njobs; i++)
+        if (m->jobs[i]->ev_fd >= 0 && fdatasync(m->jobs[i]->ev_fd) != 0)
+            acc_log(ACC_LOG_WARN, "store", "job %s: fsync event log: %s", m->jobs[i]->id, strerror(errno));
+}
+
+/* ---- reload ------------------------------------------------------------------ */
+
+/* Rebuild the ring and the metrics history from the event log. A torn last
+ * line (crash mid-append) does not parse and is skipped. */
+static void replay_events(job *j, char *text)
+{
+    bool first = true;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        json_t *ev = json_loads(line, 0, NULL);
+        json_int_t seq = json_integer_value(json_object_get(ev, "seq"));
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        if (ev == NULL || seq < (json_int_t)j->ring.next_seq || type == NULL) {
+            json_decref(ev);
+            continue;
+        }
+        if (first)
+            evring_start_at(&j->ring, (uint64_t)seq);
+        first = false;
+        if (!strcmp(type, "step")) {
+            job_metric mt = {.step = (int)json_integer_value(json_object_get(ev, "step")),
+                             .loss = json_number_value(json_object_get(ev, "loss")),
+                             .lr = json_number_value(json_object_get(ev, "lr")),
+                             .grad_norm = json_number_value(json_object_get(ev, "grad_norm")),
+                             .tokens_per_s = json_number_value(json_object_get(ev, "tokens_per_s")),
+                             .micro_batch = (int)json_integer_value(json_object_get(ev, "micro_batch")),
+                             .accum_steps = (int)json_integer_value(json_object_get(ev, "accum_steps"))};
+            if (!strcmp(json_string_value(json_object_get(ev, "job")) ?: "", j->id))
+                job_add_metric(j, &mt, NULL);
+        } else if (!strcmp(type, "state") && j->nmetrics > 0 &&
+                   !strcmp(json_string_value(json_object_get(ev, "state")) ?: "", "running")) {
+            j->nmetrics = 0; /* a new run starts the history over */
+        }
+        /* keep the ring's numbering exact even across skipped lines */
+        j->ring.next_seq = (uint64_t)seq;
+        evring_push(&j->ring, type, line, strlen(line), NULL, NULL);
+        json_decref(ev);
+    }
+}
+
+/* The config may have changed between runs (fewer devices): a job that
+ * can never fit now fails instead of waiting forever. */
+static int still_fits(const jobs_mgr *m, const job *j, acc_err *err)
+{
+    sched_dev sd[KERN_MAX_DEVICES];
+    sched_devs(m, sd);
+    return sched_can_ever_fit(sd, m->ndev, j->spec.devices, err);
+}
+
+static void reload_one(void *ctx, const store_job_files *f)
+{
+    jobs_mgr *m = ctx;
+    acc_err err = {0};
+    job *j = job_new(m, &err);
+    json_t *st = f->status ? json_loads(f->status, 0, NULL) : NULL;
+    if (j == NULL) {
+        json_decref(st);
+        acc_log(ACC_LOG_ERROR, "store", "job %s not reloaded: %s", f->id, err.msg);
+        return;
+    }
+    snprintf(j->id, sizeof j->id, "%s", f->id);
+    j->spec_json = compact_spec(f->spec, f->spec_len);
+    int spec_rc = job_spec_parse(f->spec, f->spec_len, m->conf, &j->spec, &err);
+    set_output_dir(m, j);
+    j->cur_micro = j->spec.micro_batch;
+    j->cur_accum = j->spec.accum_steps;
+    if (st != NULL)
+        job_status_apply(j, st);
+    json_decref(st);
+    if (j->submit_seq == 0)
+        j->submit_seq = strtoull(f->id + 1, NULL, 10);
+    if (f->events != NULL)
+        replay_events(j, f->events);
+    if (j->spec_json == NULL || table_add(m, j, &err) != 0 ||
+        store_open_events(&m->st, j->id, &j->ev_fd, &err) != 0)
+        acc_log(ACC_LOG_ERROR, "store", "job %s: %s", j->id, err.msg);
+    if (j->submit_seq >= m->next_submit)
+        m->next_submit = j->submit_seq + 1;
+    if (!job_state_final(j->state) && spec_rc == 0)
+        spec_rc = still_fits(m, j, &err);
+    if (!job_state_final(j->state) && spec_rc != 0) {
+        char msg[700];
+        snprintf(msg, sizeof msg, "spec no longer valid at restart: %s: %s", err.field, err.msg);
+        finish(j, JOB_FAILED, acc_err_name(spec_rc), msg);
+    }
+}
+
+static int cmp_submit(const void *a, const void *b)
+{
+    const job *x = *(job *const *)a, *y = *(job *const *)b;
+    return x->submit_seq < y->submit_seq ? -1 : x->submit_seq > y->submit_seq;
+}
+
+static void requeue_after_restart(job *j)
+{
+    j->restarts++;
+    j->step = 0;
+    j->ndev = 0;
+    j->started_at = 0;
+    set_state(j, JOB_QUEUED,
+              "daemon restarted while the job ran; requeued, it restarts from step 0 (no checkpoint resume yet)");
+}
+
+int jobs_load(jobs_mgr *m, acc_err *err)
+{
+    int rc = store_load_all(&m->st, reload_one, m, err);
+    if (rc != 0)
+        return rc;
+    if (m->njobs > 1)
+        qsort(m->jobs, m->njobs, sizeof *m->jobs, cmp_submit);
+    int counts[JOB_NSTATES] = {0};
+    for (size_t i = 0; i < m->njobs; i++) {
+        job *j = m->jobs[i];
+        if (j->state == JOB_RUNNING)
+            requeue_after_restart(j);
+        if (job_state_final(j->state)) {
+            evring_close(&j->ring);
+            close_log(j);
+        }
+        counts[j->state]++;
+    }
+    if (m->njobs > 0)
+        acc_log(ACC_LOG_INFO, "jobs", "reloaded %zu job(s): %d queued, %d succeeded, %d failed, %d cancelled",
+                m->njobs, counts[JOB_QUEUED], counts[JOB_SUCCEEDED], counts[JOB_FAILED], counts[JOB_CANCELLED]);
+    jobs_schedule(m);
+    return 0;
+}

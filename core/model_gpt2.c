@@ -1,0 +1,512 @@
+/* model_gpt2: see model_gpt2.h. */
+#include "model_gpt2.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rng.h"
+
+enum {
+    P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB,
+    P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB,
+};
+
+#define HEADER_INTS 256
+
+int model_tensor_decays(int i)
+{
+    return i == P_WTE || i == P_WPE || i == P_QKVW || i == P_ATTPROJW || i == P_FCW ||
+           i == P_FCPROJW;
+}
+
+static void tensor_sizes(const model_config *c, size_t *sz)
+{
+    size_t C = (size_t)c->channels, L = (size_t)c->n_layer;
+    sz[P_WTE] = (size_t)c->padded_vocab_size * C;
+    sz[P_WPE] = (size_t)c->max_seq_len * C;
+    sz[P_LN1W] = L * C;
+    sz[P_LN1B] = L * C;
+    sz[P_QKVW] = L * 3 * C * C;
+    sz[P_QKVB] = L * 3 * C;
+    sz[P_ATTPROJW] = L * C * C;
+    sz[P_ATTPROJB] = L * C;
+    sz[P_LN2W] = L * C;
+    sz[P_LN2B] = L * C;
+    sz[P_FCW] = L * 4 * C * C;
+    sz[P_FCB] = L * 4 * C;
+    sz[P_FCPROJW] = L * C * 4 * C;
+    sz[P_FCPROJB] = L * C;
+    sz[P_LNFW] = C;
+    sz[P_LNFB] = C;
+}
+
+size_t model_num_params(const model_config *cfg)
+{
+    size_t sz[MODEL_NTENSORS], n = 0;
+    tensor_sizes(cfg, sz);
+    for (int i = 0; i < MODEL_NTENSORS; i++)
+        n += sz[i];
+    return n;
+}
+
+static int check_shape(const model_config *c, acc_err *err)
+{
+    if (c->n_layer < 1 || c->n_head < 1 || c->channels < 1 || c->max_seq_len < 1)
+        return acc_err_set(err, ACC_EINVAL, "model",
+                           "n_layer, n_head, n_embd and seq_len must be >= 1");
+    if (c->channels % c->n_head != 0)
+        return acc_err_set(err, ACC_EINVAL, "model.n_head",
+                           "n_embd %d is not a multiple of n_head %d", c->channels, c->n_head);
+    if (c->vocab_size < 1 || c->padded_vocab_size < c->vocab_size)
+        return acc_err_set(err, ACC_EINVAL, "model.padded_vocab_size",
+                           "padded_vocab_size %d must be >= vocab_size %d >= 1",
+                           c->padded_vocab_size, c->vocab_size);
+    return 0;
+}
+
+int model_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err)
+{
+    if (sm->arch[0] != '\0' && strcmp(sm->arch, "gpt2") != 0)
+        return acc_err_set(err, ACC_EINVAL, "model.arch", "unknown arch \"%s\" (gpt2)", sm->arch);
+    cfg->max_seq_len = sm->seq_len;
+    cfg->vocab_size = sm->vocab_size;
+    cfg->padded_vocab_size = sm->padded_vocab_size > 0 ? sm->padded_vocab_size : sm->vocab_size;
+    cfg->n_layer = sm->n_layer;
+    cfg->n_head = sm->n_head;
+    cfg->channels = sm->n_embd;
+    return check_shape(cfg, err);
+}
+
+static int read_header(FILE *f, const char *path, int32_t *h, acc_err *err)
+{
+    const char *field = "model.init_from";
+    if (fread(h, sizeof(int32_t), HEADER_INTS, f) != HEADER_INTS)
+        return acc_err_set(err, ACC_EINVAL, field, "%s: shorter than the 1024-byte header", path);
+    if (h[0] != MODEL_LLMC_MAGIC)
+        return acc_err_set(err, ACC_EINVAL, field,
+                           "%s: bad magic %d (an llm.c GPT-2 checkpoint has %d)", path, h[0],
+                           MODEL_LLMC_MAGIC);
+    if (h[1] != MODEL_LLMC_VERSION)
+        return acc_err_set(err, ACC_EINVAL, field,
+                           "%s: version %d, only fp32 version %d is supported", path, h[1],
+                           MODEL_LLMC_VERSION);
+    return 0;
+}
+
+static int config_matches(const model_config *c, const spec_model *sm, const char *path,
+                          acc_err *err)
+{
+    const char *field = "model.init_from";
+    if (sm->n_layer != c->n_layer || sm->n_head != c->n_head || sm->n_embd != c->channels)
+        return acc_err_set(err, ACC_EINVAL, field,
+                           "%s has n_layer %d, n_head %d, n_embd %d; the spec asks for %d, %d, %d",
+                           path, c->n_layer, c->n_head, c->channels, sm->n_layer, sm->n_head,
+                           sm->n_embd);
+    if (sm->vocab_size > c->vocab_size)
+        return acc_err_set(err, ACC_EINVAL, field, "%s has vocab_size %d < the spec's %d", path,
+                           c->vocab_size, sm->vocab_size);
+    if (sm->seq_len > c->max_seq_len)
+        return acc_err_set(err, ACC_EINVAL, field, "%s has max_seq_len %d < the spec's seq_len %d",
+                           path, c->max_seq_len, sm->seq_len);
+    return 0;
+}
+
+int model_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
+                           acc_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return acc_err_set(err, ACC_EINVAL, "model.init_from", "cannot open %s: %s", path,
+                           strerror(errno));
+    int32_t h[HEADER_INTS];
+    int rc = read_header(f, path, h, err);
+    long size = 0;
+    if (rc == 0 && fseek(f, 0, SEEK_END) == 0)
+        size = ftell(f);
+    fclose(f);
+    if (rc != 0)
+        return rc;
+    cfg->max_seq_len = h[2];
+    cfg->vocab_size = h[3];
+    cfg->n_layer = h[4];
+    cfg->n_head = h[5];
+    cfg->channels = h[6];
+    cfg->padded_vocab_size = h[7] > 0 ? h[7] : h[3];
+    if ((rc = check_shape(cfg, err)) != 0) {
+        if (err != NULL)
+            snprintf(err->field, sizeof err->field, "model.init_from");
+        return rc;
+    }
+    uint64_t want = (uint64_t)HEADER_INTS * 4 + (uint64_t)model_num_params(cfg) * 4;
+    if ((uint64_t)size < want)
+        return acc_err_set(err, ACC_EINVAL, "model.init_from",
+                           "%s: %ld bytes, its header needs %llu", path, size,
+                           (unsigned long long)want);
+    return config_matches(cfg, sm, path, err);
+}
+
+/* ---- activation layout */
+
+typedef struct act_slot {
+    size_t off, count;
+    int is_int;
+} act_slot;
+
+enum {
+    A_ENCODED, A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_ATTY, A_ATT, A_ATTPROJ, A_RESID2,
+    A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FCH, A_FCH_GELU, A_FCPROJ, A_RESID3, A_LNF,
+    A_LNF_MEAN, A_LNF_RSTD, A_LOGITS, A_LOSSES, A_DRESID, A_DLN, A_DATTY, A_DQKV,
+    A_DBIG1, A_DBIG2, A_DATT, A_TOKENS, A_TARGETS, A_WEIGHTS, A_COUNT
+};
+
+static size_t act_counts(const model_config *c, int B, int T, size_t *cnt)
+{
+    size_t BT = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->n_layer;
+    size_t att = (size_t)B * c->n_head * T * T;
+    size_t per[A_COUNT] = {
+        [A_ENCODED] = BT * C, [A_LN1] = L * BT * C, [A_LN1_MEAN] = L * BT,
+        [A_LN1_RSTD] = L * BT, [A_QKV] = L * BT * 3 * C, [A_ATTY] = L * BT * C,
+        [A_ATT] = L * att, [A_ATTPROJ] = L * BT * C, [A_RESID2] = L * BT * C,
+        [A_LN2] = L * BT * C, [A_LN2_MEAN] = L * BT, [A_LN2_RSTD] = L * BT,
+        [A_FCH] = L * BT * 4 * C, [A_FCH_GELU] = L * BT * 4 * C, [A_FCPROJ] = L * BT * C,
+        [A_RESID3] = L * BT * C, [A_LNF] = BT * C, [A_LNF_MEAN] = BT, [A_LNF_RSTD] = BT,
+        [A_LOGITS] = BT * (size_t)c->padded_vocab_size, [A_LOSSES] = BT,
+        [A_DRESID] = BT * C, [A_DLN] = BT * C, [A_DATTY] = BT * C, [A_DQKV] = BT * 3 * C,
+        [A_DBIG1] = BT * 4 * C, [A_DBIG2] = BT * 4 * C, [A_DATT] = att,
+        [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT,
+    };
+    size_t total = 0;
+    for (int i = 0; i < A_COUNT; i++) {
+        cnt[i] = per[i];
+        total += (per[i] + 15) / 16 * 16; /* keep every array 64-byte aligned */
+    }
+    return total * sizeof(float);
+}
+
+uint64_t model_device_bytes(const model_config *cfg, int B, int T)
+{
+    size_t cnt[A_COUNT];
+    uint64_t params = model_num_params(cfg) * sizeof(float);
+    return 3 * params + (params + MODEL_GRAD_EXTRA * sizeof(float)) + act_counts(cfg, B, T, cnt);
+}
+
+static void carve_acts(model_gpt2 *m)
+{
+    size_t cnt[A_COUNT];
+    act_counts(&m->cfg, m->B, m->T, cnt);
+    void *ptr[A_COUNT];
+    char *p = m->act_mem;
+    for (int i = 0; i < A_COUNT; i++) {
+        ptr[i] = p;
+        p += (cnt[i] + 15) / 16 * 16 * sizeof(float);
+    }
+    model_acts *a = &m->a;
+    a->encoded = ptr[A_ENCODED];
+    a->ln1 = ptr[A_LN1];
+    a->ln1_mean = ptr[A_LN1_MEAN];
+    a->ln1_rstd = ptr[A_LN1_RSTD];
+    a->qkv = ptr[A_QKV];
+    a->atty = ptr[A_ATTY];
+    a->att = ptr[A_ATT];
+    a->attproj = ptr[A_ATTPROJ];
+    a->resid2 = ptr[A_RESID2];
+    a->ln2 = ptr[A_LN2];
+    a->ln2_mean = ptr[A_LN2_MEAN];
+    a->ln2_rstd = ptr[A_LN2_RSTD];
+    a->fch = ptr[A_FCH];
+    a->fch_gelu = ptr[A_FCH_GELU];
+    a->fcproj = ptr[A_FCPROJ];
+    a->resid3 = ptr[A_RESID3];
+    a->lnf = ptr[A_LNF];
+    a->lnf_mean = ptr[A_LNF_MEAN];
+    a->lnf_rstd = ptr[A_LNF_RSTD];
+    a->logits = ptr[A_LOGITS];
+    a->losses = ptr[A_LOSSES];
+    a->dresid = ptr[A_DRESID];
+    a->dln = ptr[A_DLN];
+    a->datty = ptr[A_DATTY];
+    a->dqkv = ptr[A_DQKV];
+    a->dbig1 = ptr[A_DBIG1];
+    a->dbig2 = ptr[A_DBIG2];
+    a->datt = ptr[A_DATT];
+    a->tokens = ptr[A_TOKENS];
+    a->targets = ptr[A_TARGETS];
+    a->weights = ptr[A_WEIGHTS];
+}
+
+int model_create(kern_device *dev, const model_config *cfg, int B, int T, model_gpt2 **out,
+                 acc_err *err)
+{
+    *out = NULL;
+    if (T > cfg->max_seq_len || B < 1 || T < 1)
+        return acc_err_set(err, ACC_EINVAL, "model.seq_len", "seq_len %d with max_seq_len %d",
+                           T, cfg->max_seq_len);
+    model_gpt2 *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+    m->cfg = *cfg;
+    m->dev = dev;
+    m->B = B;
+    m->T = T;
+    tensor_sizes(cfg, m->tensor_size);
+    for (int i = 0; i < MODEL_NTENSORS; i++) {
+        m->tensor_off[i] = m->nparams;
+        m->nparams += m->tensor_size[i];
+    }
+    size_t cnt[A_COUNT];
+    m->act_bytes = act_counts(cfg, B, T, cnt);
+    size_t pb = m->nparams * sizeof(float);
+    const kern_ops *k = dev->ops;
+    int rc = k->alloc(dev, pb, (void **)&m->params, err);
+    if (rc == 0)
+        rc = k->alloc(dev, pb + MODEL_GRAD_EXTRA * sizeof(float), (void **)&m->grads, err);
+    if (rc == 0)
+        rc = k->alloc(dev, pb, (void **)&m->adam_m, err);
+    if (rc == 0)
+        rc = k->alloc(dev, pb, (void **)&m->adam_v, err);
+    if (rc == 0)
+        rc = k->alloc(dev, m->act_bytes, &m->act_mem, err);
+    if (rc != 0) {
+        model_free(m);
+        return rc;
+    }
+    k->zero(dev, m->params, pb);
+    k->zero(dev, m->grads, pb + MODEL_GRAD_EXTRA * sizeof(float));
+    k->zero(dev, m->adam_m, pb);
+    k->zero(dev, m->adam_v, pb);
+    k->zero(dev, m->act_mem, m->act_bytes);
+    carve_acts(m);
+    *out = m;
+    return 0;
+}
+
+void model_free(model_gpt2 *m)
+{
+    if (m == NULL)
+        return;
+    const kern_ops *k = m->dev->ops;
+    k->free(m->dev, m->act_mem);
+    k->free(m->dev, m->adam_v);
+    k->free(m->dev, m->adam_m);
+    k->free(m->dev, m->grads);
+    k->free(m->dev, m->params);
+    free(m);
+}
+
+/* ---- parameters in and out */
+
+int model_init_seed(model_gpt2 *m, uint64_t seed, acc_err *err)
+{
+    float *host = malloc(m->nparams * sizeof *host);
+    if (host == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for init");
+    rng r;
+    rng_seed(&r, seed, 0x1417ULL);
+    double resid_std = 0.02 / sqrt(2.0 * m->cfg.n_layer);
+    for (int i = 0; i < MODEL_NTENSORS; i++) {
+        float *t = host + m->tensor_off[i];
+        size_t n = m->tensor_size[i];
+        int is_ln_w = i == P_LN1W || i == P_LN2W || i == P_LNFW;
+        int is_matrix = model_tensor_decays(i);
+        double std = (i == P_ATTPROJW || i == P_FCPROJW) ? resid_std : 0.02;
+        for (size_t j = 0; j < n; j++)
+            t[j] = is_ln_w ? 1.0f : is_matrix ? (float)(std * rng_normal(&r)) : 0.0f;
+    }
+    /* padded vocabulary rows stay zero: they are never a target */
+    size_t C = (size_t)m->cfg.channels;
+    memset(host + (size_t)m->cfg.vocab_size * C, 0,
+           (size_t)(m->cfg.padded_vocab_size - m->cfg.vocab_size) * C * sizeof *host);
+    m->dev->ops->upload(m->dev, m->params, host, m->nparams * sizeof *host);
+    free(host);
+    return 0;
+}
+
+int model_load_llmc(model_gpt2 *m, const char *path, acc_err *err)
+{
+    const char *field = "model.init_from";
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return acc_err_set(err, ACC_EINVAL, field, "cannot open %s: %s", path, strerror(errno));
+    int32_t h[HEADER_INTS];
+    int rc = read_header(f, path, h, err);
+    if (rc == 0 && (h[2] != m->cfg.max_seq_len || h[3] != m->cfg.vocab_size ||
+                    h[4] != m->cfg.n_layer || h[5] != m->cfg.n_head || h[6] != m->cfg.channels ||
+                    (h[7] > 0 ? h[7] : h[3]) != m->cfg.padded_vocab_size))
+        rc = acc_err_set(err, ACC_EINVAL, field, "%s: header does not match the model", path);
+    float *host = NULL;
+    if (rc == 0 && (host = malloc(m->nparams * sizeof *host)) == NULL)
+        rc = acc_err_set(err, ACC_ENOMEM, field, "out of host memory loading %s", path);
+    if (rc == 0 && fread(host, sizeof *host, m->nparams, f) != m->nparams)
+        rc = acc_err_set(err, ACC_EINVAL, field, "%s: truncated parameters", path);
+    fclose(f);
+    if (rc == 0)
+        m->dev->ops->upload(m->dev, m->params, host, m->nparams * sizeof *host);
+    free(host);
+    return rc;
+}
+
+int model_save_llmc(const model_gpt2 *m, const char *path, acc_err *err)
+{
+    char tmp[PATH_MAX + 8];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return acc_err_set(err, ACC_EINVAL, "", "path too long: %s", path);
+    float *host = malloc(m->nparams * sizeof *host);
+    if (host == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory saving %s", path);
+    m->dev->ops->download(m->dev, host, m->params, m->nparams * sizeof *host);
+    int32_t h[HEADER_INTS] = {MODEL_LLMC_MAGIC, MODEL_LLMC_VERSION, m->cfg.max_seq_len,
+                              m->cfg.vocab_size, m->cfg.n_layer, m->cfg.n_head,
+                              m->cfg.channels, m->cfg.padded_vocab_size};
+    int rc = 0;
+    FILE *f = fopen(tmp, "wb");
+    if (f == NULL)
+        rc = acc_err_set(err, ACC_EIO, "", "cannot create %s: %s", tmp, strerror(errno));
+    if (rc == 0 && (fwrite(h, sizeof h, 1, f) != 1 ||
+                    fwrite(host, sizeof *host, m->nparams, f) != m->nparams || fflush(f) != 0 ||
+                    fsync(fileno(f)) != 0))
+        rc = acc_err_set(err, ACC_EIO, "", "writing %s: %s", tmp, strerror(errno));
+    if (f != NULL && fclose(f) != 0 && rc == 0)
+        rc = acc_err_set(err, ACC_EIO, "", "closing %s: %s", tmp, strerror(errno));
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = acc_err_set(err, ACC_EIO, "", "renaming %s: %s", tmp, strerror(errno));
+    if (rc != 0 && f != NULL)
+        unlink(tmp);
+    free(host);
+    return rc;
+}
+
+/* ---- forward / backward */
+
+static float *P(const model_gpt2 *m, float *base, int tensor, int layer, size_t per_layer)
+{
+    return base + m->tensor_off[tensor] + (size_t)layer * per_layer;
+}
+
+void model_forward(model_gpt2 *m, const int *tokens, const int *targets, const float *weights,
+                   int nseq, int want_grad, double *loss_sum)
+{
+    kern_device *d = m->dev;
+    const kern_ops *k = d->ops;
+    model_acts *a = &m->a;
+    int B = nseq, T = m->T, C = m->cfg.channels, NH = m->cfg.n_head, L = m->cfg.n_layer;
+    int Vp = m->cfg.padded_vocab_size;
+    size_t BT = (size_t)B * T, C_ = (size_t)C;
+    size_t att_l = (size_t)m->B * NH * T * T; /* layer stride: sized for m->B */
+    size_t bt_l = (size_t)m->B * T;
+    k->upload(d, a->tokens, tokens, BT * sizeof(int));
+    k->upload(d, a->targets, targets, BT * sizeof(int));
+    k->upload(d, a->weights, weights, BT * sizeof(float));
+
+    float *p = m->params;
+    k->encoder_fwd(d, a->encoded, a->tokens, P(m, p, P_WTE, 0, 0), P(m, p, P_WPE, 0, 0), B, T, C);
+    float *resid = a->encoded;
+    for (int l = 0; l < L; l++) {
+        float *ln1 = a->ln1 + l * bt_l * C_, *qkv = a->qkv + l * bt_l * 3 * C_;
+        float *atty = a->atty + l * bt_l * C_, *att = a->att + l * att_l;
+        float *attproj = a->attproj + l * bt_l * C_, *resid2 = a->resid2 + l * bt_l * C_;
+        float *ln2 = a->ln2 + l * bt_l * C_, *fch = a->fch + l * bt_l * 4 * C_;
+        float *fch_gelu = a->fch_gelu + l * bt_l * 4 * C_;
+        float *fcproj = a->fcproj + l * bt_l * C_, *resid3 = a->resid3 + l * bt_l * C_;
+        k->layernorm_fwd(d, ln1, a->ln1_mean + l * bt_l, a->ln1_rstd + l * bt_l, resid,
+                         P(m, p, P_LN1W, l, C_), P(m, p, P_LN1B, l, C_), (int)BT, C);
+        k->matmul_fwd(d, qkv, ln1, P(m, p, P_QKVW, l, 3 * C_ * C_), P(m, p, P_QKVB, l, 3 * C_),
+                      (int)BT, C, 3 * C);
+        k->attention_fwd(d, atty, att, qkv, B, T, C, NH);
+        k->matmul_fwd(d, attproj, atty, P(m, p, P_ATTPROJW, l, C_ * C_),
+                      P(m, p, P_ATTPROJB, l, C_), (int)BT, C, C);
+        k->add(d, resid2, resid, attproj, BT * C_);
+        k->layernorm_fwd(d, ln2, a->ln2_mean + l * bt_l, a->ln2_rstd + l * bt_l, resid2,
+                         P(m, p, P_LN2W, l, C_), P(m, p, P_LN2B, l, C_), (int)BT, C);
+        k->matmul_fwd(d, fch, ln2, P(m, p, P_FCW, l, 4 * C_ * C_), P(m, p, P_FCB, l, 4 * C_),
+                      (int)BT, C, 4 * C);
+        k->gelu_fwd(d, fch_gelu, fch, BT * 4 * C_);
+        k->matmul_fwd(d, fcproj, fch_gelu, P(m, p, P_FCPROJW, l, 4 * C_ * C_),
+                      P(m, p, P_FCPROJB, l, C_), (int)BT, 4 * C, C);
+        k->add(d, resid3, resid2, fcproj, BT * C_);
+        resid = resid3;
+    }
+    k->layernorm_fwd(d, a->lnf, a->lnf_mean, a->lnf_rstd, resid, P(m, p, P_LNFW, 0, 0),
+                     P(m, p, P_LNFB, 0, 0), (int)BT, C);
+    k->matmul_fwd(d, a->logits, a->lnf, P(m, p, P_WTE, 0, 0), NULL, (int)BT, C, Vp);
+    k->xent(d, a->logits, a->losses, loss_sum, a->targets, a->weights, (int)BT,
+            m->cfg.vocab_size, Vp, want_grad);
+}
+
+void model_backward(model_gpt2 *m, int nseq)
+{
+    kern_device *d = m->dev;
+    const kern_ops *k = d->ops;
+    model_acts *a = &m->a;
+    int B = nseq, T = m->T, C = m->cfg.channels, NH = m->cfg.n_head, L = m->cfg.n_layer;
+    int Vp = m->cfg.padded_vocab_size;
+    size_t BT = (size_t)B * T, C_ = (size_t)C;
+    size_t att_l = (size_t)m->B * NH * T * T, bt_l = (size_t)m->B * T;
+    float *p = m->params, *g = m->grads;
+
+    k->zero(d, a->dresid, BT * C_ * sizeof(float));
+    k->zero(d, a->dln, BT * C_ * sizeof(float));
+    /* logits hold dloss/dlogits (model_forward, want_grad) */
+    k->matmul_bwd(d, a->dln, P(m, g, P_WTE, 0, 0), NULL, a->logits, a->lnf,
+                  P(m, p, P_WTE, 0, 0), (int)BT, C, Vp);
+    float *last = L > 0 ? a->resid3 + (size_t)(L - 1) * bt_l * C_ : a->encoded;
+    k->layernorm_bwd(d, a->dresid, P(m, g, P_LNFW, 0, 0), P(m, g, P_LNFB, 0, 0), a->dln, last,
+                     P(m, p, P_LNFW, 0, 0), a->lnf_mean, a->lnf_rstd, (int)BT, C);
+    for (int l = L - 1; l >= 0; l--) {
+        float *resid_in = l == 0 ? a->encoded : a->resid3 + (size_t)(l - 1) * bt_l * C_;
+        float *ln1 = a->ln1 + l * bt_l * C_, *qkv = a->qkv + l * bt_l * 3 * C_;
+        float *atty = a->atty + l * bt_l * C_, *att = a->att + l * att_l;
+        float *resid2 = a->resid2 + l * bt_l * C_, *ln2 = a->ln2 + l * bt_l * C_;
+        float *fch = a->fch + l * bt_l * 4 * C_, *fch_gelu = a->fch_gelu + l * bt_l * 4 * C_;
+        /* MLP branch: dresid is d(resid3) and flows to both fcproj and resid2 */
+        k->zero(d, a->dbig1, BT * 4 * C_ * sizeof(float));
+        k->matmul_bwd(d, a->dbig1, P(m, g, P_FCPROJW, l, 4 * C_ * C_), P(m, g, P_FCPROJB, l, C_),
+                      a->dresid, fch_gelu, P(m, p, P_FCPROJW, l, 4 * C_ * C_), (int)BT, 4 * C, C);
+        k->zero(d, a->dbig2, BT * 4 * C_ * sizeof(float));
+        k->gelu_bwd(d, a->dbig2, fch, a->dbig1, BT * 4 * C_);
+        k->zero(d, a->dln, BT * C_ * sizeof(float));
+        k->matmul_bwd(d, a->dln, P(m, g, P_FCW, l, 4 * C_ * C_), P(m, g, P_FCB, l, 4 * C_),
+                      a->dbig2, ln2, P(m, p, P_FCW, l, 4 * C_ * C_), (int)BT, C, 4 * C);
+        k->layernorm_bwd(d, a->dresid, P(m, g, P_LN2W, l, C_), P(m, g, P_LN2B, l, C_), a->dln,
+                         resid2, P(m, p, P_LN2W, l, C_), a->ln2_mean + l * bt_l,
+                         a->ln2_rstd + l * bt_l, (int)BT, C);
+        /* attention branch: dresid is now d(resid2) */
+        k->zero(d, a->datty, BT * C_ * sizeof(float));
+        k->matmul_bwd(d, a->datty, P(m, g, P_ATTPROJW, l, C_ * C_), P(m, g, P_ATTPROJB, l, C_),
+                      a->dresid, atty, P(m, p, P_ATTPROJW, l, C_ * C_), (int)BT, C, C);
+        k->zero(d, a->dqkv, BT * 3 * C_ * sizeof(float));
+        k->attention_bwd(d, a->dqkv, a->datt, a->datty, qkv, att, B, T, C, NH);
+        k->zero(d, a->dln, BT * C_ * sizeof(float));
+        k->matmul_bwd(d, a->dln, P(m, g, P_QKVW, l, 3 * C_ * C_), P(m, g, P_QKVB, l, 3 * C_),
+                      a->dqkv, ln1, P(m, p, P_QKVW, l, 3 * C_ * C_), (int)BT, C, 3 * C);
+        k->layernorm_bwd(d, a->dresid, P(m, g, P_LN1W, l, C_), P(m, g, P_LN1B, l, C_), a->dln,
+                         resid_in, P(m, p, P_LN1W, l, C_), a->ln1_mean + l * bt_l,
+                         a->ln1_rstd + l * bt_l, (int)BT, C);
+    }
+    k->encoder_bwd(d, P(m, g, P_WTE, 0, 0), P(m, g, P_WPE, 0, 0), a->dresid, a->tokens, B, T, C);
+}
+
+void model_zero_grad(model_gpt2 *m)
+{
+    m->dev->ops->zero(m->dev, m->grads, (m->nparams + MODEL_GRAD_EXTRA) * sizeof(float));
+}
+
+double model_grad_sumsq(model_gpt2 *m)
+{
+    return m->dev->ops->sumsq(m->dev, m->grads, m->nparams);
+}
+
+void model_adamw(model_gpt2 *m, float lr, const spec_optim *o, float grad_scale)
+{
+    m->adam_t++;
+    for (int i = 0; i < MODEL_NTENSORS; i++) {
+        size_t off = m->tensor_off[i];
+        float wd = model_tensor_decays(i) ? (float)o->weight_decay : 0.0f;
+        m->dev->ops->adamw(m->dev, m->params + off, m->grads + off, m->adam_m + off,
+                           m->adam_v + off, m->tensor_size[i], lr, (float)o->beta1,
+                           (float)o->beta2, (float)o->eps, wd, grad_scale, m->adam_t);
+    }
+}

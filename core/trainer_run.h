@@ -1,0 +1,56 @@
+/* trainer_run: the trainer with hooks, for tests, benchmarks and tools.
+ *
+ * trainer_start_hooked() is trainer_start() plus a train_hooks the run
+ * fills in as it goes (and an optional per-token target mask). Everything
+ * in the hooks is written by the rank threads and may be read once the run
+ * has ended (after trainer_wait or trainer_free, or in trainer_run_sync's
+ * return). trainer_run_sync() runs a job to its end on the calling thread's
+ * behalf and returns the TEV_DONE status, filling `err` with its message.
+ */
+#ifndef ACC_TRAINER_RUN_H
+#define ACC_TRAINER_RUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trainer.h"
+
+/* Fill mask[0..seq_len) for sample `sample`: 1 where the target token counts
+ * in the loss, 0 where it does not (padding, a short final sample). */
+typedef void (*train_mask_fn)(void *ctx, uint64_t sample, int seq_len, uint8_t *mask);
+
+typedef struct train_hooks {
+    /* in */
+    train_mask_fn target_mask;   /* NULL: every target counts */
+    void *mask_ctx;
+    int steps_cap;               /* entries in the per-step arrays below */
+    double *step_loss;           /* [steps_cap] or NULL */
+    double *step_grad_norm;      /* [steps_cap] or NULL */
+    uint64_t *step_samples;      /* [steps_cap * train_batch_size] sample ids, slot order */
+    double *step_val_loss;       /* [steps_cap], NAN where no eval ran */
+    float *final_params;         /* rank 0's weights at the end, [final_params_cap] */
+    size_t final_params_cap;
+    /* out */
+    size_t nparams;
+    uint64_t allreduce_calls;    /* all-reduce calls of the job's communicator */
+    uint64_t mem_peak[TRAIN_MAX_RANKS];
+    uint64_t mem_model[TRAIN_MAX_RANKS]; /* bytes the model allocated per rank */
+    int steps_done;
+    double seconds;              /* wall time of the training loop (rank 0) */
+} train_hooks;
+
+/* Device bytes one rank of this job allocates (parameters, gradients, AdamW
+ * moments, activations for micro_batch x seq_len): the per-device peak the
+ * run will report. For dry runs and memory planning. */
+int trainer_device_bytes(const job_spec *spec, uint64_t *bytes, acc_err *err);
+
+int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, acc_err *err);
+
+/* Join the rank threads (the run must be ending: TEV_DONE, or cancel). */
+void trainer_wait(trainer *t);
+
+/* Start, wait, free. Returns the run's final status (0, ACC_ECANCELLED or
+ * the failure's code) and its message in err. */
+int trainer_run_sync(const trainer_opts *o, train_hooks *h, acc_err *err);
+
+#endif

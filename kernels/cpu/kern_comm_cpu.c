@@ -1,0 +1,164 @@
+/* kern_comm_cpu: the shared-memory communicator of kern_comm.h. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_comm.h"
+
+#define COMM_MAX_RANKS 64
+
+struct kern_comm {
+    int nranks;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;            /* ranks at the current barrier */
+    int inside;             /* ranks inside kern_comm_allreduce */
+    uint64_t generation;    /* barriers completed */
+    atomic_int aborted;
+    atomic_uint_least64_t calls;
+    float *bufs[COMM_MAX_RANKS]; /* published by each rank for one all-reduce */
+};
+
+int kern_comm_create(int nranks, kern_comm **out, acc_err *err)
+{
+    *out = NULL;
+    if (nranks < 1 || nranks > COMM_MAX_RANKS)
+        return acc_err_set(err, ACC_EINVAL, "devices", "communicator of %d ranks (1..%d)",
+                           nranks, COMM_MAX_RANKS);
+    kern_comm *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of memory creating a communicator");
+    c->nranks = nranks;
+    if (pthread_mutex_init(&c->mu, NULL) != 0) {
+        free(c);
+        return acc_err_set(err, ACC_ENOMEM, "", "pthread_mutex_init failed");
+    }
+    if (pthread_cond_init(&c->cv, NULL) != 0) {
+        pthread_mutex_destroy(&c->mu);
+        free(c);
+        return acc_err_set(err, ACC_ENOMEM, "", "pthread_cond_init failed");
+    }
+    atomic_init(&c->aborted, 0);
+    atomic_init(&c->calls, 0);
+    *out = c;
+    return 0;
+}
+
+void kern_comm_destroy(kern_comm *c)
+{
+    if (c == NULL)
+        return;
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+int kern_comm_barrier(kern_comm *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (atomic_load(&c->aborted)) {
+        pthread_mutex_unlock(&c->mu);
+        return ACC_ECANCELLED;
+    }
+    uint64_t gen = c->generation;
+    if (++c->arrived == c->nranks) {
+        c->arrived = 0;
+        c->generation++;
+        pthread_cond_broadcast(&c->cv);
+    } else {
+        while (gen == c->generation && !atomic_load(&c->aborted))
+            pthread_cond_wait(&c->cv, &c->mu);
+    }
+    int rc = gen == c->generation ? ACC_ECANCELLED : 0;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void kern_comm_abort(kern_comm *c)
+{
+    pthread_mutex_lock(&c->mu);
+    atomic_store(&c->aborted, 1);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+int kern_comm_aborted(kern_comm *c)
+{
+    return atomic_load(&c->aborted);
+}
+
+uint64_t kern_comm_allreduce_calls(kern_comm *c)
+{
+    return atomic_load(&c->calls);
+}
+
+static void chunk_of(size_t n, int nranks, int r, size_t *lo, size_t *hi)
+{
+    *lo = n * (size_t)r / (size_t)nranks;
+    *hi = n * (size_t)(r + 1) / (size_t)nranks;
+}
+
+static void enter(kern_comm *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->inside++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A rank leaving on an abort may not return (and free its buffer) while
+ * another rank may still be reading that buffer: it waits until every rank
+ * has left. On success the last barrier already guarantees it. */
+static int leave(kern_comm *c, int rc)
+{
+    pthread_mutex_lock(&c->mu);
+    c->inside--;
+    pthread_cond_broadcast(&c->cv);
+    if (rc != 0)
+        while (c->inside > 0)
+            pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static int allreduce_phases(kern_comm *c, int rank, float *buf, size_t n);
+
+int kern_comm_allreduce(kern_comm *c, int rank, float *buf, size_t n)
+{
+    if (rank == 0)
+        atomic_fetch_add(&c->calls, 1);
+    if (c->nranks == 1)
+        return atomic_load(&c->aborted) ? ACC_ECANCELLED : 0;
+    enter(c);
+    return leave(c, allreduce_phases(c, rank, buf, n));
+}
+
+static int allreduce_phases(kern_comm *c, int rank, float *buf, size_t n)
+{
+    c->bufs[rank] = buf;
+    int rc = kern_comm_barrier(c);
+    if (rc != 0)
+        return rc;
+    /* reduce-scatter: my chunk of every buffer, summed in rank order; only
+     * I read chunk `rank` of the others, so writing it in mine is safe */
+    size_t lo, hi;
+    chunk_of(n, c->nranks, rank, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        float s = c->bufs[0][i];
+        for (int r = 1; r < c->nranks; r++)
+            s += c->bufs[r][i];
+        buf[i] = s;
+    }
+    rc = kern_comm_barrier(c);
+    if (rc != 0)
+        return rc;
+    /* all-gather: every other chunk from its owner */
+    for (int r = 0; r < c->nranks; r++) {
+        if (r == rank)
+            continue;
+        chunk_of(n, c->nranks, r, &lo, &hi);
+        memcpy(buf + lo, c->bufs[r] + lo, (hi - lo) * sizeof *buf);
+    }
+    /* nobody may touch its buffer again until all have copied */
+    return kern_comm_barrier(c);
+}

@@ -1,0 +1,557 @@
+/* kern_cpu: the CPU backend of kern_device.
+ *
+ * A CPU device is a slice of the host: host memory counted against a budget
+ * (0 = unlimited) and `threads` OpenMP threads of the rank thread that opened
+ * it. Matrix products go through cblas_sgemm. OpenBLAS's own thread pool is
+ * process-wide and serialises concurrent callers, so it is pinned to one
+ * thread and each rank splits its products over its own OpenMP team instead:
+ * ranks then run side by side and a rank never uses more than `threads`
+ * cores. Reductions (bias, LayerNorm and embedding gradients, sums of
+ * squares) are split over fixed index ranges and summed in a fixed order, so
+ * results do not depend on the thread count.
+ */
+#include <cblas.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_device.h"
+
+/* Kernels never read floating-point exception flags or errno, so GCC may
+ * if-convert float selects (GELU's clamps): without it the GELU loops stay
+ * scalar. No result bit changes. (sqrtf's errno check survives this pragma,
+ * hence the SSE2 intrinsics in AdamW.) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math", "no-math-errno")
+#endif
+
+#define CPU_ALIGN 64      /* cache line; also the header size */
+#define SUMSQ_CHUNKS 64   /* fixed partition of sumsq, independent of threads */
+
+typedef struct cpu_block {
+    size_t bytes;
+} cpu_block;
+
+static int cpu_alloc(kern_device *d, size_t bytes, void **out, acc_err *err)
+{
+    *out = NULL;
+    if (d->budget != 0 && d->in_use + bytes > d->budget)
+        return acc_err_set(err, ACC_EOOM, "",
+                           "device %s: out of memory allocating %zu bytes "
+                           "(%llu of %llu bytes in use)",
+                           d->info.name, bytes, (unsigned long long)d->in_use,
+                           (unsigned long long)d->budget);
+    void *raw = NULL;
+    if (posix_memalign(&raw, CPU_ALIGN, CPU_ALIGN + (bytes ? bytes : 1)) != 0)
+        return acc_err_set(err, ACC_ENOMEM, "", "device %s: host allocation of %zu bytes failed",
+                           d->info.name, bytes);
+    ((cpu_block *)raw)->bytes = bytes;
+    d->in_use += bytes;
+    if (d->in_use > d->peak)
+        d->peak = d->in_use;
+    *out = (char *)raw + CPU_ALIGN;
+    return 0;
+}
+
+static void cpu_free(kern_device *d, void *p)
+{
+    if (p == NULL)
+        return;
+    cpu_block *b = (cpu_block *)((char *)p - CPU_ALIGN);
+    d->in_use -= b->bytes;
+    free(b);
+}
+
+static void cpu_zero(kern_device *d, void *p, size_t bytes) { memset(p, 0, bytes); }
+
+static void cpu_copy(kern_device *d, void *dst, const void *src, size_t bytes)
+{
+    memmove(dst, src, bytes);
+}
+
+/* ---- embeddings */
+
+static void cpu_encoder_fwd(kern_device *d, float *out, const int *tok, const float *wte,
+                            const float *wpe, int B, int T, int C)
+{
+#pragma omp parallel for num_threads(d->threads)
+    for (int n = 0; n < B * T; n++) {
+        const float *we = wte + (size_t)tok[n] * C;
+        const float *pe = wpe + (size_t)(n % T) * C;
+        float *o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++)
+            o[c] = we[c] + pe[c];
+    }
+}
+
+/* Columns are split over threads so that no two threads write one row. */
+static void cpu_encoder_bwd(kern_device *d, float *dwte, float *dwpe, const float *dout,
+                            const int *tok, int B, int T, int C)
+{
+    enum { CB = 16 };
+    int nblk = (C + CB - 1) / CB;
+#pragma omp parallel for num_threads(d->threads)
+    for (int blk = 0; blk < nblk; blk++) {
+        int c0 = blk * CB, c1 = c0 + CB < C ? c0 + CB : C;
+        for (int n = 0; n < B * T; n++) {
+            const float *g = dout + (size_t)n * C;
+            float *we = dwte + (size_t)tok[n] * C;
+            float *pe = dwpe + (size_t)(n % T) * C;
+            for (int c = c0; c < c1; c++) {
+                we[c] += g[c];
+                pe[c] += g[c];
+            }
+        }
+    }
+}
+
+/* ---- layernorm */
+
+static void cpu_layernorm_fwd(kern_device *d, float *out, float *mean, float *rstd,
+                              const float *inp, const float *w, const float *b, int N, int C)
+{
+#pragma omp parallel for num_threads(d->threads)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++)
+            m += x[c];
+        m /= (float)C;
+        float var = 0.0f;
+        for (int c = 0; c < C; c++)
+            var += (x[c] - m) * (x[c] - m);
+        var /= (float)C;
+        float s = 1.0f / sqrtf(var + 1e-5f);
+        float *o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++)
+            o[c] = (x[c] - m) * s * w[c] + b[c];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+static void cpu_layernorm_bwd(kern_device *d, float *dinp, float *dw, float *db,
+                              const float *dout, const float *inp, const float *w,
+                              const float *mean, const float *rstd, int N, int C)
+{
+#pragma omp parallel for num_threads(d->threads)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *g = dout + (size_t)n * C;
+        float m = mean[n], s = rstd[n];
+        float mean_dn = 0.0f, mean_dn_norm = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float dn = g[c] * w[c];
+            mean_dn += dn;
+            mean_dn_norm += dn * (x[c] - m) * s;
+        }
+        mean_dn /= (float)C;
+        mean_dn_norm /= (float)C;
+        float *di = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            di[c] += s * (g[c] * w[c] - mean_dn - norm * mean_dn_norm);
+        }
+    }
+    enum { CB = 64 };
+    int nblk = (C + CB - 1) / CB;
+#pragma omp parallel for num_threads(d->threads)
+    for (int blk = 0; blk < nblk; blk++) {
+        int c0 = blk * CB, c1 = c0 + CB < C ? c0 + CB : C;
+        float sw[CB] = {0}, sb[CB] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *g = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float m = mean[n], s = rstd[n];
+            for (int c = c0; c < c1; c++) {
+                sw[c - c0] += g[c] * (x[c] - m) * s;
+                sb[c - c0] += g[c];
+            }
+        }
+        for (int c = c0; c < c1; c++) {
+            dw[c] += sw[c - c0];
+            db[c] += sb[c - c0];
+        }
+    }
+}
+
+/* ---- matmul: rows (or output channels) split over the rank's threads */
+
+static void split_range(int n, int parts, int id, int *lo, int *hi)
+{
+    *lo = (int)((long long)n * id / parts);
+    *hi = (int)((long long)n * (id + 1) / parts);
+}
+
+/* acc[c] += sum_n x[n,c] for c in [c0,c1), summed in n order; row-wise so
+ * it streams memory, through a local buffer so the order per column is
+ * exactly 0..N-1 whatever the split */
+static void colsum_add(float *acc, const float *x, int N, int C, int c0, int c1)
+{
+    enum { CHUNK = 256 };
+    float part[CHUNK];
+    for (int lo = c0; lo < c1; lo += CHUNK) {
+        int hi = lo + CHUNK < c1 ? lo + CHUNK : c1;
+        memset(part, 0, sizeof part);
+        for (int n = 0; n < N; n++) {
+            const float *row = x + (size_t)n * C;
+            for (int c = lo; c < hi; c++)
+                part[c - lo] += row[c];
+        }
+        for (int c = lo; c < hi; c++)
+            acc[c] += part[c - lo];
+    }
+}
+
+static void cpu_matmul_fwd(kern_device *d, float *out, const float *inp, const float *w,
+                           const float *bias, int N, int C, int OC)
+{
+#pragma omp parallel num_threads(d->threads)
+    {
+        int r0, r1;
+        split_range(N, omp_get_num_threads(), omp_get_thread_num(), &r0, &r1);
+        if (r1 > r0) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, OC, C, 1.0f,
+                        inp + (size_t)r0 * C, C, w, C, 0.0f, out + (size_t)r0 * OC, OC);
+            if (bias != NULL)
+                for (int n = r0; n < r1; n++)
+                    for (int o = 0; o < OC; o++)
+                        out[(size_t)n * OC + o] += bias[o];
+        }
+    }
+}
+
+static void cpu_matmul_bwd(kern_device *d, float *dinp, float *dw, float *dbias,
+                           const float *dout, const float *inp, const float *w, int N, int C,
+                           int OC)
+{
+#pragma omp parallel num_threads(d->threads)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int r0, r1, o0, o1;
+        split_range(N, nt, id, &r0, &r1);
+        split_range(OC, nt, id, &o0, &o1);
+        if (dinp != NULL && r1 > r0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, C, OC, 1.0f,
+                        dout + (size_t)r0 * OC, OC, w, C, 1.0f, dinp + (size_t)r0 * C, C);
+        if (o1 > o0) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N, 1.0f,
+                        dout + o0, OC, inp, C, 1.0f, dw + (size_t)o0 * C, C);
+            if (dbias != NULL)
+                colsum_add(dbias, dout, N, OC, o0, o1);
+        }
+    }
+}
+
+/* ---- attention: one (batch, head) pair per task, so writes never overlap.
+ * The products go through sgemm on the strided q/k/v views of qkv; the
+ * scores above the diagonal are computed and then ignored (att = 0 there),
+ * which costs less than the scalar loops it replaces. */
+
+static void causal_softmax_rows(float *att, int T, float scale)
+{
+    for (int t = 0; t < T; t++) {
+        float *a = att + (size_t)t * T;
+        float mx = -INFINITY;
+        for (int u = 0; u <= t; u++) {
+            a[u] *= scale;
+            if (a[u] > mx)
+                mx = a[u];
+        }
+        float sum = 0.0f;
+        for (int u = 0; u <= t; u++) {
+            a[u] = expf(a[u] - mx);
+            sum += a[u];
+        }
+        float inv = 1.0f / sum;
+        for (int u = 0; u <= t; u++)
+            a[u] *= inv;
+        for (int u = t + 1; u < T; u++)
+            a[u] = 0.0f;
+    }
+}
+
+static void cpu_attention_fwd(kern_device *d, float *out, float *att, const float *qkv,
+                              int B, int T, int C, int NH)
+{
+    int hs = C / NH, ld = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for num_threads(d->threads)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * T * ld + h * hs;
+        float *a = att + (size_t)bh * T * T;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q, ld, q + C, ld,
+                    0.0f, a, T);
+        causal_softmax_rows(a, T, scale);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, q + 2 * C,
+                    ld, 0.0f, out + (size_t)b * T * C + h * hs, C);
+    }
+}
+
+static void cpu_attention_bwd(kern_device *d, float *dqkv, float *datt, const float *dout,
+                              const float *qkv, const float *att, int B, int T, int C, int NH)
+{
+    int hs = C / NH, ld = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for num_threads(d->threads)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * T * ld + h * hs;
+        const float *g = dout + (size_t)b * T * C + h * hs;
+        float *dq = dqkv + (size_t)b * T * ld + h * hs;
+        const float *a = att + (size_t)bh * T * T;
+        float *da = datt + (size_t)bh * T * T;
+        /* through out = att v: datt = dout v^T, dv += att^T dout */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, g, C, q + 2 * C,
+                    ld, 0.0f, da, T);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, g, C, 1.0f,
+                    dq + 2 * C, ld);
+        /* through the softmax: dpre = att (datt - <att, datt>) * scale, in place */
+        for (int t = 0; t < T; t++) {
+            const float *ar = a + (size_t)t * T;
+            float *dr = da + (size_t)t * T;
+            float dot = 0.0f;
+            for (int u = 0; u <= t; u++)
+                dot += ar[u] * dr[u];
+            for (int u = 0; u <= t; u++)
+                dr[u] = ar[u] * (dr[u] - dot) * scale;
+            for (int u = t + 1; u < T; u++)
+                dr[u] = 0.0f;
+        }
+        /* through the scores q k^T: dq += dpre k, dk += dpre^T q */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, q + C, ld,
+                    1.0f, dq, ld);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, q, ld, 1.0f,
+                    dq + C, ld);
+    }
+}
+
+/* ---- pointwise */
+
+#define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
+
+/* e^x without a libm call, so loops over it vectorise: 2^n p(r) with
+ * n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2] (ln2 split in two
+ * for exactness) and p the degree-6 Taylor polynomial, relative error
+ * < 2e-7. x is clamped to [-87, 88], where 2^n stays a normal float. */
+static inline float exp_poly(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    /* t + 128.5 > 0 here, so truncation rounds to nearest without a branch */
+    float t = x * 1.44269504f;
+    int n = (int)(t + 128.5f) - 128;
+    float r = x - (float)n * 0.693145752f - (float)n * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.66666667e-1f + r * (4.16666667e-2f +
+                                                   r * (8.33333333e-3f + r * 1.38888889e-3f)))));
+    int32_t bits = (n + 127) * (1 << 23);
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* tanh(u) = 1 - 2/(e^2u + 1): saturates correctly (1 at the top, -1 at the
+ * bottom), and its absolute error near 0 (~1e-7) is harmless inside
+ * 0.5 x (1 + tanh). Several times cheaper than tanhf. */
+static inline float fast_tanh(float u)
+{
+    return 1.0f - 2.0f / (exp_poly(2.0f * u) + 1.0f);
+}
+
+static void cpu_gelu_fwd(kern_device *d, float *out, const float *inp, size_t n)
+{
+#pragma omp parallel for simd num_threads(d->threads)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + fast_tanh(GELU_S * (x + 0.044715f * x * x * x)));
+    }
+}
+
+static void cpu_gelu_bwd(kern_device *d, float *dinp, const float *inp, const float *dout,
+                         size_t n)
+{
+#pragma omp parallel for simd num_threads(d->threads)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float th = fast_tanh(GELU_S * (x + 0.044715f * x * x * x));
+        float sech2 = 1.0f - th * th;
+        /* sech2 is exactly 0 long before |x| = 20; clamping keeps x^2 finite
+         * there so 0 * inf cannot make a NaN */
+        float xc = x < -20.0f ? -20.0f : x > 20.0f ? 20.0f : x;
+        float dg = 0.5f * (1.0f + th) +
+                   0.5f * xc * sech2 * GELU_S * (1.0f + 3.0f * 0.044715f * xc * xc);
+        dinp[i] += dg * dout[i];
+    }
+}
+
+static void cpu_add(kern_device *d, float *out, const float *a, const float *b, size_t n)
+{
+#pragma omp parallel for num_threads(d->threads)
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+/* ---- loss */
+
+static void cpu_xent(kern_device *d, float *logits, float *losses, double *loss_sum,
+                     const int *targets, const float *weights, int N, int V, int Vp,
+                     int want_grad)
+{
+#pragma omp parallel for num_threads(d->threads)
+    for (int n = 0; n < N; n++) {
+        float *l = logits + (size_t)n * Vp;
+        float mx = -INFINITY;
+        for (int v = 0; v < V; v++)
+            if (l[v] > mx)
+                mx = l[v];
+        double sum = 0.0;
+        for (int v = 0; v < V; v++)
+            sum += exp((double)(l[v] - mx));
+        losses[n] = (float)(log(sum) - (double)(l[targets[n]] - mx));
+        if (!want_grad)
+            continue;
+        float w = weights[n];
+        float inv = (float)(1.0 / sum);
+        for (int v = 0; v < V; v++)
+            l[v] = w * (expf(l[v] - mx) * inv - (v == targets[n] ? 1.0f : 0.0f));
+        for (int v = V; v < Vp; v++)
+            l[v] = 0.0f;
+    }
+    double s = 0.0;
+    for (int n = 0; n < N; n++)
+        s += (double)weights[n] * losses[n];
+    *loss_sum = s;
+}
+
+/* ---- optimizer */
+
+typedef struct adamw_k {
+    float lr, beta1, beta2, eps, wd, scale, ic1, ic2;
+} adamw_k;
+
+static inline void adamw_one(float *p, const float *g, float *m, float *v, size_t i,
+                             const adamw_k *k)
+{
+    float gi = g[i] * k->scale;
+    m[i] = k->beta1 * m[i] + (1.0f - k->beta1) * gi;
+    v[i] = k->beta2 * v[i] + (1.0f - k->beta2) * gi * gi;
+    float mh = m[i] * k->ic1, vh = v[i] * k->ic2;
+    p[i] -= k->lr * (mh / (sqrtf(vh) + k->eps) + k->wd * p[i]);
+}
+
+/* The same arithmetic four lanes at a time (sqrtf's errno check keeps the
+ * compiler from vectorising the scalar loop); every lane computes exactly
+ * what adamw_one computes, so the split never changes a bit. */
+static void adamw_span(float *p, const float *g, float *m, float *v, size_t lo, size_t hi,
+                       const adamw_k *k)
+{
+    size_t i = lo;
+#ifdef __SSE2__
+    const __m128 b1 = _mm_set1_ps(k->beta1), b2 = _mm_set1_ps(k->beta2);
+    const __m128 nb1 = _mm_set1_ps(1.0f - k->beta1), nb2 = _mm_set1_ps(1.0f - k->beta2);
+    const __m128 sc = _mm_set1_ps(k->scale), ic1 = _mm_set1_ps(k->ic1), ic2 = _mm_set1_ps(k->ic2);
+    const __m128 lr = _mm_set1_ps(k->lr), eps = _mm_set1_ps(k->eps), wd = _mm_set1_ps(k->wd);
+    for (; i + 4 <= hi; i += 4) {
+        __m128 gi = _mm_mul_ps(_mm_loadu_ps(g + i), sc);
+        __m128 mi = _mm_add_ps(_mm_mul_ps(b1, _mm_loadu_ps(m + i)), _mm_mul_ps(nb1, gi));
+        __m128 vi = _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(v + i)),
+                               _mm_mul_ps(_mm_mul_ps(nb2, gi), gi));
+        _mm_storeu_ps(m + i, mi);
+        _mm_storeu_ps(v + i, vi);
+        __m128 mh = _mm_mul_ps(mi, ic1), vh = _mm_mul_ps(vi, ic2);
+        __m128 pi = _mm_loadu_ps(p + i);
+        __m128 upd = _mm_add_ps(_mm_div_ps(mh, _mm_add_ps(_mm_sqrt_ps(vh), eps)),
+                                _mm_mul_ps(wd, pi));
+        _mm_storeu_ps(p + i, _mm_sub_ps(pi, _mm_mul_ps(lr, upd)));
+    }
+#endif
+    for (; i < hi; i++)
+        adamw_one(p, g, m, v, i, k);
+}
+
+static void cpu_adamw(kern_device *d, float *p, const float *g, float *m, float *v, size_t n,
+                      float lr, float beta1, float beta2, float eps, float weight_decay,
+                      float grad_scale, int t)
+{
+    adamw_k k = {.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .wd = weight_decay,
+                 .scale = grad_scale,
+                 .ic1 = 1.0f / (1.0f - powf(beta1, (float)t)),
+                 .ic2 = 1.0f / (1.0f - powf(beta2, (float)t))};
+    if (n < 4096) { /* LayerNorm and bias tensors: not worth a thread team */
+        adamw_span(p, g, m, v, 0, n, &k);
+        return;
+    }
+#pragma omp parallel num_threads(d->threads)
+    {
+        size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
+        size_t lo = n * id / nt / 4 * 4, hi = id + 1 == nt ? n : n * (id + 1) / nt / 4 * 4;
+        adamw_span(p, g, m, v, lo, hi, &k);
+    }
+}
+
+static double cpu_sumsq(kern_device *d, const float *x, size_t n)
+{
+    double part[SUMSQ_CHUNKS];
+#pragma omp parallel for num_threads(d->threads)
+    for (int k = 0; k < SUMSQ_CHUNKS; k++) {
+        size_t lo = n * (size_t)k / SUMSQ_CHUNKS, hi = n * (size_t)(k + 1) / SUMSQ_CHUNKS;
+        double s = 0.0;
+        for (size_t i = lo; i < hi; i++)
+            s += (double)x[i] * x[i];
+        part[k] = s;
+    }
+    double s = 0.0;
+    for (int k = 0; k < SUMSQ_CHUNKS; k++)
+        s += part[k];
+    return s;
+}
+
+static void cpu_close(kern_device *d)
+{
+    free(d);
+}
+
+static const kern_ops cpu_ops = {
+    .backend = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .encoder_fwd = cpu_encoder_fwd,
+    .encoder_bwd = cpu_encoder_bwd,
+    .layernorm_fwd = cpu_layernorm_fwd,
+    .layernorm_bwd = cpu_layernorm_bwd,
+    .matmul_fwd = cpu_matmul_fwd,
+    .matmul_bwd = cpu_matmul_bwd,
+    .attention_fwd = cpu_attention_fwd,
+    .attention_bwd = cpu_attention_bwd,
+    .gelu_fwd = cpu_gelu_fwd,
+    .gelu_bwd = cpu_gelu_bwd,
+    .add = cpu_add,
+    .xent = cpu_xent,
+    .adamw = cpu_adamw,
+    .sumsq = cpu_sumsq,
+    .close = cpu_close,
+};
+
+int kern_cpu_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err)
+{
+    *out = NULL;
+    kern_device *d = calloc(1, sizeof *d);
+    if (d == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory opening %s", info->name);
+    d->ops = &cpu_ops;
+    d->info = *info;
+    d->budget = info->mem_total;
+    d->threads = threads > 0 ? threads : 1;
+    /* see the header comment: ranks parallelise sgemm themselves */
+    openblas_set_num_threads(1);
+    *out = d;
+    return 0;
+}

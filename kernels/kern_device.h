@@ -1,0 +1,119 @@
+/* kern_device: what the training engine needs from one device.
+ *
+ * A device is opened for one rank of one job and used by that rank's thread
+ * only. It owns a memory budget: every allocation goes through ops->alloc,
+ * which counts bytes in use and the peak since the last reset, and fails
+ * with ACC_EOOM (never aborts) when the budget would be exceeded, exactly as
+ * a failed cudaMalloc is reported by the CUDA backend. Pointers returned by
+ * alloc are device pointers: the host reaches them only through upload /
+ * download (on CPU devices they happen to be host memory).
+ *
+ * The kernels are the GPT-2 building blocks. Shapes: N rows (tokens, B*T),
+ * C channels, OC output channels, NH heads, V real vocabulary, Vp padded
+ * vocabulary. Every backward ACCUMULATES into its weight gradients (+=), so
+ * micro-steps sum in place; activation gradients are accumulated as noted.
+ * A backend fills a kern_ops table; the trainer never knows which backend
+ * it runs on.
+ */
+#ifndef ACC_KERN_DEVICE_H
+#define ACC_KERN_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "kern_discover.h"
+
+typedef struct kern_device kern_device;
+
+typedef struct kern_ops {
+    const char *backend; /* "cpu", "cuda" */
+
+    /* memory: accounted against the device budget */
+    int (*alloc)(kern_device *d, size_t bytes, void **out, acc_err *err);
+    void (*free)(kern_device *d, void *p);
+    void (*zero)(kern_device *d, void *p, size_t bytes);
+    void (*copy)(kern_device *d, void *dst, const void *src, size_t bytes);
+    void (*upload)(kern_device *d, void *dst, const void *host, size_t bytes);
+    void (*download)(kern_device *d, void *host, const void *src, size_t bytes);
+
+    /* out[b,t,:] = wte[tok[b,t],:] + wpe[t,:] */
+    void (*encoder_fwd)(kern_device *d, float *out, const int *tok, const float *wte,
+                        const float *wpe, int B, int T, int C);
+    /* dwte[tok] += dout, dwpe[t] += dout */
+    void (*encoder_bwd)(kern_device *d, float *dwte, float *dwpe, const float *dout,
+                        const int *tok, int B, int T, int C);
+
+    /* out = (inp - mean) * rstd * w + b, per row; keeps mean and rstd */
+    void (*layernorm_fwd)(kern_device *d, float *out, float *mean, float *rstd,
+                          const float *inp, const float *w, const float *b, int N, int C);
+    /* dinp += ..., dw += ..., db += ... */
+    void (*layernorm_bwd)(kern_device *d, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean,
+                          const float *rstd, int N, int C);
+
+    /* out[N,OC] = inp[N,C] * w[OC,C]^T + bias[OC] (bias may be NULL) */
+    void (*matmul_fwd)(kern_device *d, float *out, const float *inp, const float *w,
+                       const float *bias, int N, int C, int OC);
+    /* dinp += dout*w, dw += dout^T*inp, dbias += colsum(dout) (dbias may be NULL) */
+    void (*matmul_bwd)(kern_device *d, float *dinp, float *dw, float *dbias, const float *dout,
+                       const float *inp, const float *w, int N, int C, int OC);
+
+    /* causal multi-head attention. qkv[B,T,3C] holds q,k,v; att[B,NH,T,T]
+     * keeps the probabilities for the backward; out[B,T,C] */
+    void (*attention_fwd)(kern_device *d, float *out, float *att, const float *qkv,
+                          int B, int T, int C, int NH);
+    /* dqkv += ...; datt is scratch of att's size */
+    void (*attention_bwd)(kern_device *d, float *dqkv, float *datt, const float *dout,
+                          const float *qkv, const float *att, int B, int T, int C, int NH);
+
+    /* GELU, tanh approximation (GPT-2's) */
+    void (*gelu_fwd)(kern_device *d, float *out, const float *inp, size_t n);
+    /* dinp += gelu'(inp) * dout */
+    void (*gelu_bwd)(kern_device *d, float *dinp, const float *inp, const float *dout, size_t n);
+
+    /* out = a + b (the residual stream) */
+    void (*add)(kern_device *d, float *out, const float *a, const float *b, size_t n);
+
+    /* Fused softmax + cross-entropy over the first V of Vp logits per row
+     * (padded columns get no probability). losses[n] = -log p[target] for
+     * every row; *loss_sum = sum_n weight[n] * losses[n] (double). When
+     * want_grad, logits is overwritten with d(loss_sum)/d(logits) =
+     * weight[n] * (p - onehot(target)), zero in padded columns. */
+    void (*xent)(kern_device *d, float *logits, float *losses, double *loss_sum,
+                 const int *targets, const float *weights, int N, int V, int Vp,
+                 int want_grad);
+
+    /* AdamW, decoupled decay: g' = g*grad_scale; m,v moments; t >= 1 */
+    void (*adamw)(kern_device *d, float *p, const float *g, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float grad_scale, int t);
+    /* sum of squares, accumulated in double */
+    double (*sumsq)(kern_device *d, const float *x, size_t n);
+
+    void (*close)(kern_device *d);
+} kern_ops;
+
+struct kern_device {
+    const kern_ops *ops;
+    kern_device_info info;
+    uint64_t budget;   /* bytes this device may allocate */
+    uint64_t in_use;   /* bytes allocated now */
+    uint64_t peak;     /* most bytes in use since open or the last reset */
+    int threads;       /* kernel threads (CPU) */
+    void *impl;        /* backend state */
+};
+
+/* Open the device described by `info` (its mem_total is the budget) for the
+ * calling thread, with `threads` kernel threads on CPU devices. */
+int kern_device_open(const kern_device_info *info, int threads, kern_device **out,
+                     acc_err *err);
+void kern_device_close(kern_device *d);
+
+/* Peak := in use (call between phases to measure one of them). */
+void kern_device_reset_peak(kern_device *d);
+
+/* The CPU backend (kernels/cpu/kern_cpu.c). */
+int kern_cpu_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err);
+
+#endif

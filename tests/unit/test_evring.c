@@ -1,0 +1,88 @@
+/* evring: numbering, overwrite of the oldest, watchers notified, restart
+ * numbering. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "evring.h"
+
+static void push(evring *r, int i)
+{
+    char json[32];
+    int n = snprintf(json, sizeof json, "{\"i\":%d}", i);
+    assert_int_equal(evring_push(r, "step", json, (size_t)n, NULL, NULL), 0);
+}
+
+static void test_wraps_and_skips(void **state)
+{
+    evring r;
+    assert_int_equal(evring_init(&r, 4, NULL), 0);
+    assert_true(evring_first(&r) == 1);
+    assert_null(evring_get(&r, 1));
+    for (int i = 1; i <= 10; i++)
+        push(&r, i);
+    assert_true(r.next_seq == 11);
+    assert_true(evring_first(&r) == 7);
+    assert_null(evring_get(&r, 6));
+    const evring_entry *e = evring_get(&r, 7);
+    assert_non_null(e);
+    assert_string_equal(e->json, "{\"i\":7}");
+    assert_string_equal(evring_get(&r, 10)->type, "step");
+    assert_null(evring_get(&r, 11));
+    evring_free(&r);
+}
+
+static int notified;
+static void on_notify(evring_watcher *w) { notified++; }
+static void on_notify_unwatch(evring_watcher *w)
+{
+    notified++;
+    evring_unwatch(w->data, w);
+}
+
+static void test_watchers(void **state)
+{
+    evring r;
+    evring_watcher a = {.notify = on_notify}, b = {.notify = on_notify_unwatch, .data = &r};
+    assert_int_equal(evring_init(&r, 8, NULL), 0);
+    evring_watch(&r, &a);
+    evring_watch(&r, &b);
+    notified = 0;
+    push(&r, 1);
+    assert_int_equal(notified, 2); /* b removed itself during the call */
+    push(&r, 2);
+    assert_int_equal(notified, 3);
+    evring_close(&r);
+    assert_true(r.closed);
+    assert_int_equal(notified, 4);
+    evring_unwatch(&r, &a);
+    assert_null(r.watchers);
+    evring_free(&r);
+}
+
+static void test_start_at(void **state)
+{
+    evring r;
+    assert_int_equal(evring_init(&r, 4, NULL), 0);
+    evring_start_at(&r, 100);
+    assert_true(evring_first(&r) == 100);
+    push(&r, 1);
+    assert_true(evring_first(&r) == 100);
+    assert_non_null(evring_get(&r, 100));
+    assert_null(evring_get(&r, 99));
+    evring_free(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wraps_and_skips),
+        cmocka_unit_test(test_watchers),
+        cmocka_unit_test(test_start_at),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
