@@ -1,0 +1,214 @@
+/* ckpt: a checkpoint round-trips weights, AdamW moments and state exactly;
+ * Hugging Face names and [in, out] matrix orientation; keep-last-K; partial
+ * directories are removed and corrupted checkpoints skipped in favour of the
+ * previous good one; a shape mismatch is refused. The written model file is
+ * also read by the independent Python reader (tests/support/st_read.py). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "fsutil.h"
+#include "kern_device.h"
+#include "model_gpt2.h"
+#include "safetensors.h"
+
+static char dir[256];
+
+typedef struct fixture {
+    kern_device *dev;
+    model_config cfg;
+} fixture;
+
+static int setup(void **state)
+{
+    static fixture fx;
+    snprintf(dir, sizeof dir, "/tmp/accumd-ckpt-XXXXXX");
+    if (mkdtemp(dir) == NULL)
+        return -1;
+    kern_device_info info = {.kind = KERN_DEV_CPU, .index = 0, .mem_total = 0};
+    snprintf(info.name, sizeof info.name, "cpu0");
+    acc_err err = {0};
+    if (kern_device_open(&info, 1, &fx.dev, &err) != 0)
+        return -1;
+    fx.cfg = (model_config){.max_seq_len = 8, .vocab_size = 20, .padded_vocab_size = 24,
+                            .n_layer = 2, .n_head = 2, .channels = 8};
+    *state = &fx;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *fx = *state;
+    kern_device_close(fx->dev);
+    return fsu_rm_rf(dir, NULL);
+}
+
+static model_gpt2 *make_model(fixture *fx, uint64_t seed)
+{
+    model_gpt2 *m = NULL;
+    acc_err err = {0};
+    assert_int_equal(model_create(fx->dev, &fx->cfg, 2, 8, &m, &err), 0);
+    assert_int_equal(model_init_seed(m, seed, &err), 0);
+    /* distinctive moments */
+    for (size_t i = 0; i < m->nparams; i++) {
+        m->adam_m[i] = (float)i * 1e-3f;
+        m->adam_v[i] = (float)(m->nparams - i) * 1e-4f;
+    }
+    m->adam_t = 7;
+    return m;
+}
+
+static void test_round_trip(void **state)
+{
+    fixture *fx = *state;
+    model_gpt2 *a = make_model(fx, 1), *b = make_model(fx, 2);
+    ckpt_state st = {.step = 12, .adam_t = 7, .micro_batch = 2, .accum_steps = 4, .seed = 99,
+                     .recompute = true};
+    char path[PATH_MAX];
+    acc_err err = {0};
+    char out[300];
+    snprintf(out, sizeof out, "%s/rt", dir);
+    assert_int_equal(ckpt_save(out, a, &st, "{\"name\":\"x\"}", 2, path, sizeof path, &err), 0);
+    assert_non_null(strstr(path, "ckpt-00000012"));
+    ckpt_state got = {0};
+    assert_int_equal(ckpt_load(path, b, &got, &err), 0);
+    assert_memory_equal(a->params, b->params, a->nparams * sizeof(float));
+    assert_memory_equal(a->adam_m, b->adam_m, a->nparams * sizeof(float));
+    assert_memory_equal(a->adam_v, b->adam_v, a->nparams * sizeof(float));
+    assert_int_equal(b->adam_t, 7);
+    assert_int_equal(got.step, 12);
+    assert_int_equal(got.micro_batch, 2);
+    assert_int_equal(got.accum_steps, 4);
+    assert_true(got.seed == 99 && got.recompute);
+    model_free(a);
+    model_free(b);
+}
+
+static void test_hf_layout(void **state)
+{
+    fixture *fx = *state;
+    model_gpt2 *a = make_model(fx, 3);
+    ckpt_state st = {.step = 1, .micro_batch = 1, .accum_steps = 1};
+    char path[PATH_MAX], file[PATH_MAX + 32], out[300];
+    acc_err err = {0};
+    snprintf(out, sizeof out, "%s/hf", dir);
+    assert_int_equal(ckpt_save(out, a, &st, NULL, 2, path, sizeof path, &err), 0);
+    snprintf(file, sizeof file, "%s/model.safetensors", path);
+    st_file *f;
+    assert_int_equal(st_open(file, &f, &err), 0);
+    st_tensor t;
+    int C = fx->cfg.channels;
+    assert_int_equal(st_get(f, "wte.weight", &t, &err), 0);
+    assert_true(t.shape[0] == 20 && t.shape[1] == C); /* padding dropped */
+    assert_int_equal(st_get(f, "h.1.attn.c_attn.weight", &t, &err), 0);
+    assert_true(t.shape[0] == C && t.shape[1] == 3 * C);
+    /* HF [in, out][i][o] == model [out, in][o][i] for layer 1 of qkvw */
+    const float *hf = t.data;
+    const float *qkvw1 = a->params + a->tensor_off[4] + (size_t)3 * C * C;
+    for (int o = 0; o < 3 * C; o++)
+        for (int i = 0; i < C; i++)
+            assert_true(hf[i * 3 * C + o] == qkvw1[o * C + i]);
+    assert_int_equal(st_get(f, "h.0.mlp.c_proj.weight", &t, &err), 0);
+    assert_true(t.shape[0] == 4 * C && t.shape[1] == C);
+    assert_int_equal(st_get(f, "ln_f.bias", &t, &err), 0);
+    assert_string_equal(st_get_meta(f, "format"), "pt");
+    st_close(f);
+
+    /* the independent reader agrees on names and shapes */
+    char cmd[PATH_MAX + 256];
+    const char *src = getenv("ACCUMD_SRC");
+    if (src != NULL && access("/usr/bin/python3", X_OK) == 0) {
+        snprintf(cmd, sizeof cmd, "python3 %s/tests/support/st_read.py %s --expect-gpt2 2 %d 20 8 >/dev/null",
+                 src, file, C);
+        assert_int_equal(system(cmd), 0);
+    }
+
+    /* init_from the same file gives the same weights */
+    model_gpt2 *b = make_model(fx, 4);
+    assert_int_equal(ckpt_load_weights(file, b, &err), 0);
+    assert_memory_equal(a->params, b->params, a->nparams * sizeof(float));
+    int nl, ch, voc, sl;
+    assert_int_equal(ckpt_weights_shape(file, &nl, &ch, &voc, &sl, &err), 0);
+    assert_true(nl == 2 && ch == C && voc == 20 && sl == 8);
+    model_free(a);
+    model_free(b);
+}
+
+static void test_keep_partial_and_corrupt(void **state)
+{
+    fixture *fx = *state;
+    model_gpt2 *a = make_model(fx, 5);
+    char out[300], path[PATH_MAX], p[PATH_MAX + 64];
+    acc_err err = {0};
+    snprintf(out, sizeof out, "%s/keep", dir);
+    for (int s = 1; s <= 4; s++) {
+        ckpt_state st = {.step = s * 10, .micro_batch = 1, .accum_steps = 1};
+        assert_int_equal(ckpt_save(out, a, &st, NULL, 2, path, sizeof path, &err), 0);
+    }
+    snprintf(p, sizeof p, "%s/ckpt-00000020", out);
+    assert_int_equal(access(p, F_OK), -1); /* pruned */
+    snprintf(p, sizeof p, "%s/ckpt-00000030", out);
+    assert_int_equal(access(p, F_OK), 0);
+
+    /* a crash mid-write leaves a .partial: removed, never used */
+    snprintf(p, sizeof p, "%s/ckpt-00000050.partial", out);
+    assert_int_equal(mkdir(p, 0750), 0);
+    assert_int_equal(ckpt_find_latest(out, path, sizeof path, &err), 0);
+    assert_non_null(strstr(path, "ckpt-00000040"));
+    assert_int_equal(access(p, F_OK), -1);
+
+    /* the newest is corrupted: the previous good one is used */
+    snprintf(p, sizeof p, "%s/ckpt-00000040/state.safetensors", out);
+    char *buf;
+    size_t len;
+    assert_int_equal(fsu_read_all(p, &buf, &len, 1 << 24, &err), 0);
+    buf[len - 5] ^= 0x11;
+    assert_int_equal(fsu_write_atomic(p, buf, len, &err), 0);
+    free(buf);
+    assert_int_equal(ckpt_find_latest(out, path, sizeof path, &err), 0);
+    assert_non_null(strstr(path, "ckpt-00000030"));
+
+    /* nothing there at all */
+    snprintf(p, sizeof p, "%s/none", dir);
+    assert_int_equal(ckpt_find_latest(p, path, sizeof path, &err), ACC_ENOTFOUND);
+    model_free(a);
+}
+
+static void test_shape_mismatch_refused(void **state)
+{
+    fixture *fx = *state;
+    model_gpt2 *a = make_model(fx, 6);
+    char out[300], path[PATH_MAX];
+    acc_err err = {0};
+    snprintf(out, sizeof out, "%s/shape", dir);
+    ckpt_state st = {.step = 3, .micro_batch = 1, .accum_steps = 1};
+    assert_int_equal(ckpt_save(out, a, &st, NULL, 2, path, sizeof path, &err), 0);
+    model_config other = fx->cfg;
+    other.channels = 16;
+    model_gpt2 *b = NULL;
+    assert_int_equal(model_create(fx->dev, &other, 2, 8, &b, &err), 0);
+    ckpt_state got;
+    assert_int_equal(ckpt_load(path, b, &got, &err), ACC_EINVAL);
+    assert_non_null(strstr(err.msg, "channels"));
+    model_free(a);
+    model_free(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_hf_layout),
+        cmocka_unit_test(test_keep_partial_and_corrupt),
+        cmocka_unit_test(test_shape_mismatch_refused),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
