@@ -123,7 +123,7 @@ static int parse_listen(acc_conf *c, const char *v, acc_err *err)
         if (hl == 0)
             snprintf(host, sizeof host, "0.0.0.0");
     }
-    int port;
+    int port = 0;
     if (parse_int("listen", colon + 1, 0, 65535, &port, err) != 0)
         return acc_err_set(err, ACC_EINVAL, "listen", "listen port must be in [0, 65535], got '%s'", colon + 1);
     snprintf(c->listen, sizeof c->listen, "%s", v);
