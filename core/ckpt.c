@@ -510,3 +510,40 @@ int ckpt_find_latest(const char *output_dir, char *path_out, size_t path_n, acc_
         acc_err_set(err, ACC_ENOTFOUND, "", "no usable checkpoint under %s", output_dir);
     return rc;
 }
+
+int ckpt_peek(const char *dir, ckpt_state *st, acc_err *err)
+{
+    char path[PATH_MAX + 32];
+    st_file *sf;
+    int rc = verify_dir(dir, err);
+    if (rc != 0)
+        return rc;
+    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    if ((rc = st_open(path, &sf, err)) != 0)
+        return rc;
+    long long v[6] = {0};
+    const char *keys[6] = {"step", "adam_t", "micro_batch", "accum_steps", "seed", "recompute"};
+    for (int i = 0; rc == 0 && i < 6; i++)
+        rc = meta_int(sf, keys[i], &v[i], err);
+    if (rc == 0)
+        *st = (ckpt_state){.step = (int)v[0], .adam_t = (int)v[1], .micro_batch = (int)v[2],
+                           .accum_steps = (int)v[3], .seed = (uint64_t)v[4], .recompute = v[5] != 0};
+    st_close(sf);
+    return rc;
+}
+
+int ckpt_resolve(const char *path, char *dir_out, size_t dir_n, acc_err *err)
+{
+    char probe[PATH_MAX + 32];
+    snprintf(probe, sizeof probe, "%s/state.safetensors", path);
+    struct stat sb;
+    if (stat(probe, &sb) == 0) {
+        snprintf(dir_out, dir_n, "%s", path);
+        return 0;
+    }
+    int rc = ckpt_find_latest(path, dir_out, dir_n, err);
+    if (rc != 0)
+        return acc_err_set(err, rc == ACC_ENOTFOUND ? ACC_EINVAL : rc, "resume_from",
+                           "no usable checkpoint at %s", path);
+    return 0;
+}

@@ -52,6 +52,15 @@ int ckpt_load(const char *dir, model_gpt2 *m, ckpt_state *st, acc_err *err);
  * given). ACC_ENOTFOUND when there is none. */
 int ckpt_find_latest(const char *output_dir, char *path_out, size_t path_n, acc_err *err);
 
+/* Read only the state metadata of checkpoint directory `dir` (after
+ * verifying both files), e.g. to size the model for the saved split. */
+int ckpt_peek(const char *dir, ckpt_state *st, acc_err *err);
+
+/* Which checkpoint to resume from: `path` is either one checkpoint directory
+ * (holding state.safetensors) or a directory of checkpoints (a job's output
+ * directory), in which case the newest good one is chosen. */
+int ckpt_resolve(const char *path, char *dir_out, size_t dir_n, acc_err *err);
+
 /* Load only the weights from a model.safetensors written by accumd or by
  * Hugging Face GPT-2 tooling (for init_from). Padded wte rows are zeroed. */
 int ckpt_load_weights(const char *path, model_gpt2 *m, acc_err *err);

@@ -75,15 +75,17 @@ int fsu_write_all(int fd, const void *data, size_t len, acc_err *err)
     return 0;
 }
 
-int fsu_write_atomic(const char *path, const void *data, size_t len, acc_err *err)
+int fsu_write_atomic_chunks(const char *path, const fsu_chunk *c, int n, acc_err *err)
 {
     char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+    if (snprintf(tmp, sizeof tmp, "%s.partial", path) >= (int)sizeof tmp)
         return acc_err_set(err, ACC_EINVAL, NULL, "path too long: %s", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
     if (fd < 0)
         return acc_err_set(err, ACC_EIO, NULL, "create %s: %s", tmp, strerror(errno));
-    int rc = fsu_write_all(fd, data, len, err);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = fsu_write_all(fd, c[i].data, c[i].len, err);
     if (rc == 0 && fsync(fd) != 0)
         rc = acc_err_set(err, ACC_EIO, NULL, "fsync %s: %s", tmp, strerror(errno));
     if (close(fd) != 0 && rc == 0)
@@ -95,6 +97,12 @@ int fsu_write_atomic(const char *path, const void *data, size_t len, acc_err *er
         return rc;
     }
     return fsu_fsync_parent(path, err);
+}
+
+int fsu_write_atomic(const char *path, const void *data, size_t len, acc_err *err)
+{
+    fsu_chunk c = {data, len};
+    return fsu_write_atomic_chunks(path, &c, 1, err);
 }
 
 int fsu_read_all(const char *path, char **out, size_t *len, size_t max, acc_err *err)

@@ -27,6 +27,14 @@ int fsu_fsync_dir(const char *dir, acc_err *err);
 /* Write `len` bytes atomically and durably to `path` (mode 0640). */
 int fsu_write_atomic(const char *path, const void *data, size_t len, acc_err *err);
 
+/* The same for `n` chunks written one after the other (no copy into one
+ * buffer); the temp file is `path` + ".partial". */
+typedef struct fsu_chunk {
+    const void *data;
+    size_t len;
+} fsu_chunk;
+int fsu_write_atomic_chunks(const char *path, const fsu_chunk *c, int n, acc_err *err);
+
 /* Write all of `len` bytes to fd, retrying short writes and EINTR. */
 int fsu_write_all(int fd, const void *data, size_t len, acc_err *err);
 

@@ -157,32 +157,20 @@ int st_write(const char *path, const st_tensor *t, int n, const st_meta *meta, i
     memset(hdr + 8 + hl, ' ', padded - hl);
     free(text);
 
-    char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.partial", path) >= (int)sizeof tmp) {
+    fsu_chunk *chunks = malloc(((size_t)n + 1) * sizeof *chunks);
+    if (chunks == NULL) {
         free(hdr);
-        return acc_err_set(err, ACC_EINVAL, NULL, "path too long: %s", path);
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-    if (fd < 0) {
-        free(hdr);
-        return acc_err_set(err, ACC_EIO, NULL, "create %s: %s", tmp, strerror(errno));
-    }
-    rc = fsu_write_all(fd, hdr, 8 + padded, err);
+    chunks[0] = (fsu_chunk){hdr, 8 + padded};
+    for (int i = 0; i < n; i++)
+        chunks[i + 1] = (fsu_chunk){t[i].data, t[i].nbytes};
+    rc = fsu_write_atomic_chunks(path, chunks, n + 1, err);
+    free(chunks);
     free(hdr);
-    for (int i = 0; rc == 0 && i < n; i++)
-        rc = fsu_write_all(fd, t[i].data, t[i].nbytes, err);
-    if (rc == 0 && fsync(fd) != 0)
-        rc = acc_err_set(err, ACC_EIO, NULL, "fsync %s: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && rc == 0)
-        rc = acc_err_set(err, ACC_EIO, NULL, "close %s: %s", tmp, strerror(errno));
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = acc_err_set(err, ACC_EIO, NULL, "rename to %s: %s", path, strerror(errno));
-    if (rc != 0) {
-        unlink(tmp);
+    if (rc != 0)
         acc_err_prefix(err, "writing %s", path);
-        return rc;
-    }
-    return fsu_fsync_parent(path, err);
+    return rc;
 }
 
 /* ---- reading */

@@ -8,44 +8,20 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "fsutil.h"
 #include "log.h"
 
-static int mkdir_p(const char *path, mode_t mode, acc_err *err)
-{
-    char buf[PATH_MAX];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return acc_err_set(err, ACC_EINVAL, NULL, "path too long: %s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, mode) != 0 && errno != EEXIST)
-            return acc_err_set(err, ACC_EIO, NULL, "mkdir %s: %m", buf);
-        *p = '/';
-    }
-    if (mkdir(buf, mode) != 0 && errno != EEXIST)
-        return acc_err_set(err, ACC_EIO, NULL, "mkdir %s: %m", buf);
-    return 0;
-}
-
 /* Write "host:port" of the bound socket so tools and tests find a daemon
- * started with port 0. Atomic: temp file then rename. */
+ * started with port 0. */
 static int write_addr_file(acc_daemon *d, acc_err *err)
 {
-    char path[PATH_MAX + 16], tmp[PATH_MAX + 32];
+    char path[PATH_MAX + 16], line[320];
     snprintf(path, sizeof path, "%s/accumd.addr", d->conf.state_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL)
-        return acc_err_set(err, ACC_EIO, "state_dir", "cannot write %s: %m", tmp);
-    int bad = strchr(d->conf.listen_host, ':') != NULL
-                  ? fprintf(f, "[%s]:%d\n", d->conf.listen_host, api_server_port(d->api)) < 0
-                  : fprintf(f, "%s:%d\n", d->conf.listen_host, api_server_port(d->api)) < 0;
-    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0)
-        return acc_err_set(err, ACC_EIO, "state_dir", "cannot write %s: %m", path);
-    return 0;
+    int n = snprintf(line, sizeof line, strchr(d->conf.listen_host, ':') ? "[%s]:%d\n" : "%s:%d\n",
+                     d->conf.listen_host, api_server_port(d->api));
+    if (n < 0 || (size_t)n >= sizeof line)
+        return acc_err_set(err, ACC_EINVAL, "listen", "listen address too long");
+    return fsu_write_atomic(path, line, (size_t)n, err);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -215,7 +191,8 @@ int daemon_init(acc_daemon *d, acc_err *err)
     if (rc != 0)
         return acc_err_set(err, ACC_EINTERNAL, NULL, "uv_loop_init: %s", uv_strerror(rc));
     d->loop_on = true;
-    if ((rc = mkdir_p(d->conf.state_dir, 0750, err)) != 0 || (rc = mkdir_p(d->conf.output_root, 0750, err)) != 0)
+    if ((rc = fsu_mkdir_p(d->conf.state_dir, 0750, err)) != 0 ||
+        (rc = fsu_mkdir_p(d->conf.output_root, 0750, err)) != 0)
         return rc;
     if ((rc = discover_devices(d, err)) != 0)
         return rc;

@@ -2,6 +2,7 @@
  * builds the configuration (defaults, then --config FILE, then every --set or
  * per-key flag in order) and runs the daemon until SIGTERM/SIGINT. */
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +158,8 @@ int main(int argc, char **argv)
         print_conf(&d.conf);
         return 0;
     }
+    /* a file size limit must fail the write (EFBIG), not kill the daemon */
+    signal(SIGXFSZ, SIG_IGN);
     if (log_init(d.conf.log_level, d.conf.log_file[0] ? d.conf.log_file : NULL) != 0) {
         fprintf(stderr, "accumd: cannot open log_file %s: %m\n", d.conf.log_file);
         return 1;
