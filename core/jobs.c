@@ -396,6 +396,7 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
         return;
     }
     trainer_opts o = {.spec = &j->spec, .devices = devinfo, .threads_per_device = m->conf->cpu_threads_per_device,
+                      .checkpoint_keep = m->conf->checkpoint_keep,
                       .on_event = on_trainer_event, .event_ctx = j};
     if (trainer_start(&o, &j->tr, &err) != 0) {
         j->tr = NULL;
@@ -508,7 +509,7 @@ static void apply_done(jobs_mgr *m, job *j, const train_event *ev)
     release_devices(m, j);
     if (j->stop_for_shutdown) {
         /* stays "running" on disk: the next start requeues it */
-        emit(j, "log", json_pack("{s:s}", "message", "stopped by daemon shutdown; requeued at the next start"), true);
+        emit(j, "log", json_pack("{s:s}", "message", "stopped by daemon shutdown after a checkpoint; resumes at the next start"), true);
         return;
     }
     if (ev->status == 0)
@@ -594,7 +595,7 @@ int jobs_shutdown(jobs_mgr *m)
         if (j->tr == NULL)
             continue;
         j->stop_for_shutdown = true;
-        trainer_cancel(j->tr);
+        trainer_preempt(j->tr); /* checkpoint, then stop */
     }
     return jobs_count_running(m);
 }
@@ -706,7 +707,7 @@ static void requeue_after_restart(job *j)
     j->ndev = 0;
     j->started_at = 0;
     set_state(j, JOB_QUEUED,
-              "daemon restarted while the job ran; requeued, it restarts from step 0 (no checkpoint resume yet)");
+              "daemon restarted while the job ran; requeued, it resumes from its last checkpoint (step 0 if it has none)");
 }
 
 int jobs_load(jobs_mgr *m, acc_err *err)

@@ -149,7 +149,13 @@ int model_config_from_file(const char *path, const spec_model *sm, model_config 
     return config_matches(cfg, sm, path, err);
 }
 
-/* ---- activation layout */
+/* ---- activation layout
+ *
+ * Stored mode keeps every layer's activations for the backward. Recompute
+ * mode keeps only each layer's output on the residual stream (resid3, L
+ * copies) plus ONE layer's worth of the rest (slot 0), and model_backward
+ * re-runs a block's forward from its stored input before its backward. The
+ * kernels are deterministic, so both modes give the same bits. */
 
 typedef struct act_slot {
     size_t off, count;
@@ -163,16 +169,17 @@ enum {
     A_DBIG1, A_DBIG2, A_DATT, A_TOKENS, A_TARGETS, A_WEIGHTS, A_COUNT
 };
 
-static size_t act_counts(const model_config *c, int B, int T, size_t *cnt)
+static size_t act_counts(const model_config *c, int B, int T, int recompute, size_t *cnt)
 {
     size_t BT = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->n_layer;
+    size_t Ls = recompute ? 1 : L; /* layers whose inner activations are kept */
     size_t att = (size_t)B * c->n_head * T * T;
     size_t per[A_COUNT] = {
-        [A_ENCODED] = BT * C, [A_LN1] = L * BT * C, [A_LN1_MEAN] = L * BT,
-        [A_LN1_RSTD] = L * BT, [A_QKV] = L * BT * 3 * C, [A_ATTY] = L * BT * C,
-        [A_ATT] = L * att, [A_ATTPROJ] = L * BT * C, [A_RESID2] = L * BT * C,
-        [A_LN2] = L * BT * C, [A_LN2_MEAN] = L * BT, [A_LN2_RSTD] = L * BT,
-        [A_FCH] = L * BT * 4 * C, [A_FCH_GELU] = L * BT * 4 * C, [A_FCPROJ] = L * BT * C,
+        [A_ENCODED] = BT * C, [A_LN1] = Ls * BT * C, [A_LN1_MEAN] = Ls * BT,
+        [A_LN1_RSTD] = Ls * BT, [A_QKV] = Ls * BT * 3 * C, [A_ATTY] = Ls * BT * C,
+        [A_ATT] = Ls * att, [A_ATTPROJ] = Ls * BT * C, [A_RESID2] = Ls * BT * C,
+        [A_LN2] = Ls * BT * C, [A_LN2_MEAN] = Ls * BT, [A_LN2_RSTD] = Ls * BT,
+        [A_FCH] = Ls * BT * 4 * C, [A_FCH_GELU] = Ls * BT * 4 * C, [A_FCPROJ] = Ls * BT * C,
         [A_RESID3] = L * BT * C, [A_LNF] = BT * C, [A_LNF_MEAN] = BT, [A_LNF_RSTD] = BT,
         [A_LOGITS] = BT * (size_t)c->padded_vocab_size, [A_LOSSES] = BT,
         [A_DRESID] = BT * C, [A_DLN] = BT * C, [A_DATTY] = BT * C, [A_DQKV] = BT * 3 * C,
@@ -187,17 +194,27 @@ static size_t act_counts(const model_config *c, int B, int T, size_t *cnt)
     return total * sizeof(float);
 }
 
-uint64_t model_device_bytes(const model_config *cfg, int B, int T)
+uint64_t model_state_bytes(const model_config *cfg)
+{
+    uint64_t params = model_num_params(cfg) * sizeof(float);
+    return 3 * params + (params + MODEL_GRAD_EXTRA * sizeof(float));
+}
+
+uint64_t model_act_bytes(const model_config *cfg, int B, int T, int recompute)
 {
     size_t cnt[A_COUNT];
-    uint64_t params = model_num_params(cfg) * sizeof(float);
-    return 3 * params + (params + MODEL_GRAD_EXTRA * sizeof(float)) + act_counts(cfg, B, T, cnt);
+    return B > 0 ? act_counts(cfg, B, T, recompute, cnt) : 0;
+}
+
+uint64_t model_device_bytes(const model_config *cfg, int B, int T, int recompute)
+{
+    return model_state_bytes(cfg) + model_act_bytes(cfg, B, T, recompute);
 }
 
 static void carve_acts(model_gpt2 *m)
 {
     size_t cnt[A_COUNT];
-    act_counts(&m->cfg, m->B, m->T, cnt);
+    act_counts(&m->cfg, m->B, m->T, m->recompute, cnt);
     void *ptr[A_COUNT];
     char *p = m->act_mem;
     for (int i = 0; i < A_COUNT; i++) {
@@ -238,11 +255,63 @@ static void carve_acts(model_gpt2 *m)
     a->weights = ptr[A_WEIGHTS];
 }
 
+void model_acts_free(model_gpt2 *m)
+{
+    if (m->act_mem != NULL)
+        m->dev->ops->free(m->dev, m->act_mem);
+    m->act_mem = NULL;
+    m->act_bytes = 0;
+    m->B = 0;
+    memset(&m->a, 0, sizeof m->a);
+}
+
+int model_acts_alloc(model_gpt2 *m, int B, int recompute, acc_err *err)
+{
+    model_acts_free(m);
+    if (B < 1)
+        return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
+                           "micro batch %d must be >= 1", B);
+    size_t cnt[A_COUNT];
+    size_t bytes = act_counts(&m->cfg, B, m->T, recompute, cnt);
+    int rc = m->dev->ops->alloc(m->dev, bytes, &m->act_mem, err);
+    if (rc != 0) {
+        m->act_mem = NULL;
+        return rc;
+    }
+    m->dev->ops->zero(m->dev, m->act_mem, bytes);
+    m->act_bytes = bytes;
+    m->B = B;
+    m->recompute = recompute;
+    carve_acts(m);
+    return 0;
+}
+
+static int alloc_state(model_gpt2 *m, acc_err *err)
+{
+    size_t pb = m->nparams * sizeof(float), gb = pb + MODEL_GRAD_EXTRA * sizeof(float);
+    kern_device *dev = m->dev;
+    const kern_ops *k = dev->ops;
+    int rc = k->alloc(dev, pb, (void **)&m->params, err);
+    if (rc == 0)
+        rc = k->alloc(dev, gb, (void **)&m->grads, err);
+    if (rc == 0)
+        rc = k->alloc(dev, pb, (void **)&m->adam_m, err);
+    if (rc == 0)
+        rc = k->alloc(dev, pb, (void **)&m->adam_v, err);
+    if (rc != 0)
+        return rc;
+    k->zero(dev, m->params, pb);
+    k->zero(dev, m->grads, gb);
+    k->zero(dev, m->adam_m, pb);
+    k->zero(dev, m->adam_v, pb);
+    return 0;
+}
+
 int model_create(kern_device *dev, const model_config *cfg, int B, int T, model_gpt2 **out,
                  acc_err *err)
 {
     *out = NULL;
-    if (T > cfg->max_seq_len || B < 1 || T < 1)
+    if (T > cfg->max_seq_len || B < 0 || T < 1)
         return acc_err_set(err, ACC_EINVAL, "model.seq_len", "seq_len %d with max_seq_len %d",
                            T, cfg->max_seq_len);
     model_gpt2 *m = calloc(1, sizeof *m);
@@ -250,36 +319,19 @@ int model_create(kern_device *dev, const model_config *cfg, int B, int T, model_
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
     m->cfg = *cfg;
     m->dev = dev;
-    m->B = B;
     m->T = T;
     tensor_sizes(cfg, m->tensor_size);
     for (int i = 0; i < MODEL_NTENSORS; i++) {
         m->tensor_off[i] = m->nparams;
         m->nparams += m->tensor_size[i];
     }
-    size_t cnt[A_COUNT];
-    m->act_bytes = act_counts(cfg, B, T, cnt);
-    size_t pb = m->nparams * sizeof(float);
-    const kern_ops *k = dev->ops;
-    int rc = k->alloc(dev, pb, (void **)&m->params, err);
-    if (rc == 0)
-        rc = k->alloc(dev, pb + MODEL_GRAD_EXTRA * sizeof(float), (void **)&m->grads, err);
-    if (rc == 0)
-        rc = k->alloc(dev, pb, (void **)&m->adam_m, err);
-    if (rc == 0)
-        rc = k->alloc(dev, pb, (void **)&m->adam_v, err);
-    if (rc == 0)
-        rc = k->alloc(dev, m->act_bytes, &m->act_mem, err);
+    int rc = alloc_state(m, err);
+    if (rc == 0 && B > 0)
+        rc = model_acts_alloc(m, B, 0, err);
     if (rc != 0) {
         model_free(m);
         return rc;
     }
-    k->zero(dev, m->params, pb);
-    k->zero(dev, m->grads, pb + MODEL_GRAD_EXTRA * sizeof(float));
-    k->zero(dev, m->adam_m, pb);
-    k->zero(dev, m->adam_v, pb);
-    k->zero(dev, m->act_mem, m->act_bytes);
-    carve_acts(m);
     *out = m;
     return 0;
 }
@@ -289,7 +341,7 @@ void model_free(model_gpt2 *m)
     if (m == NULL)
         return;
     const kern_ops *k = m->dev->ops;
-    k->free(m->dev, m->act_mem);
+    model_acts_free(m);
     k->free(m->dev, m->adam_v);
     k->free(m->dev, m->adam_m);
     k->free(m->dev, m->grads);
@@ -386,54 +438,121 @@ static float *P(const model_gpt2 *m, float *base, int tensor, int layer, size_t 
     return base + m->tensor_off[tensor] + (size_t)layer * per_layer;
 }
 
+/* One block's activations: layer l's slot (slot 0 in recompute mode) and
+ * its output on the residual stream (always layer l's own). */
+typedef struct block_acts {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *attproj, *resid2;
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj, *resid3;
+} block_acts;
+
+static block_acts block_at(const model_gpt2 *m, int l)
+{
+    const model_acts *a = &m->a;
+    size_t C = (size_t)m->cfg.channels, bt = (size_t)m->B * m->T; /* sized for m->B */
+    size_t att_l = (size_t)m->B * m->cfg.n_head * m->T * m->T;
+    size_t s = m->recompute ? 0 : (size_t)l;
+    block_acts b = {
+        .ln1 = a->ln1 + s * bt * C, .ln1_mean = a->ln1_mean + s * bt,
+        .ln1_rstd = a->ln1_rstd + s * bt, .qkv = a->qkv + s * bt * 3 * C,
+        .atty = a->atty + s * bt * C, .att = a->att + s * att_l,
+        .attproj = a->attproj + s * bt * C, .resid2 = a->resid2 + s * bt * C,
+        .ln2 = a->ln2 + s * bt * C, .ln2_mean = a->ln2_mean + s * bt,
+        .ln2_rstd = a->ln2_rstd + s * bt, .fch = a->fch + s * bt * 4 * C,
+        .fch_gelu = a->fch_gelu + s * bt * 4 * C, .fcproj = a->fcproj + s * bt * C,
+        .resid3 = a->resid3 + (size_t)l * bt * C,
+    };
+    return b;
+}
+
+/* The residual stream entering block l. */
+static float *block_input(const model_gpt2 *m, int l)
+{
+    size_t bt = (size_t)m->B * m->T;
+    return l == 0 ? m->a.encoded : m->a.resid3 + (size_t)(l - 1) * bt * m->cfg.channels;
+}
+
+static void block_forward(model_gpt2 *m, int l, int B)
+{
+    kern_device *d = m->dev;
+    const kern_ops *k = d->ops;
+    int T = m->T, C = m->cfg.channels, NH = m->cfg.n_head;
+    size_t BT = (size_t)B * T, C_ = (size_t)C;
+    float *p = m->params, *resid = block_input(m, l);
+    block_acts b = block_at(m, l);
+    k->layernorm_fwd(d, b.ln1, b.ln1_mean, b.ln1_rstd, resid, P(m, p, P_LN1W, l, C_),
+                     P(m, p, P_LN1B, l, C_), (int)BT, C);
+    k->matmul_fwd(d, b.qkv, b.ln1, P(m, p, P_QKVW, l, 3 * C_ * C_), P(m, p, P_QKVB, l, 3 * C_),
+                  (int)BT, C, 3 * C);
+    k->attention_fwd(d, b.atty, b.att, b.qkv, B, T, C, NH);
+    k->matmul_fwd(d, b.attproj, b.atty, P(m, p, P_ATTPROJW, l, C_ * C_),
+                  P(m, p, P_ATTPROJB, l, C_), (int)BT, C, C);
+    k->add(d, b.resid2, resid, b.attproj, BT * C_);
+    k->layernorm_fwd(d, b.ln2, b.ln2_mean, b.ln2_rstd, b.resid2, P(m, p, P_LN2W, l, C_),
+                     P(m, p, P_LN2B, l, C_), (int)BT, C);
+    k->matmul_fwd(d, b.fch, b.ln2, P(m, p, P_FCW, l, 4 * C_ * C_), P(m, p, P_FCB, l, 4 * C_),
+                  (int)BT, C, 4 * C);
+    k->gelu_fwd(d, b.fch_gelu, b.fch, BT * 4 * C_);
+    k->matmul_fwd(d, b.fcproj, b.fch_gelu, P(m, p, P_FCPROJW, l, 4 * C_ * C_),
+                  P(m, p, P_FCPROJB, l, C_), (int)BT, 4 * C, C);
+    k->add(d, b.resid3, b.resid2, b.fcproj, BT * C_);
+}
+
 void model_forward(model_gpt2 *m, const int *tokens, const int *targets, const float *weights,
                    int nseq, int want_grad, double *loss_sum)
 {
     kern_device *d = m->dev;
     const kern_ops *k = d->ops;
     model_acts *a = &m->a;
-    int B = nseq, T = m->T, C = m->cfg.channels, NH = m->cfg.n_head, L = m->cfg.n_layer;
+    int B = nseq, T = m->T, C = m->cfg.channels, L = m->cfg.n_layer;
     int Vp = m->cfg.padded_vocab_size;
-    size_t BT = (size_t)B * T, C_ = (size_t)C;
-    size_t att_l = (size_t)m->B * NH * T * T; /* layer stride: sized for m->B */
-    size_t bt_l = (size_t)m->B * T;
+    size_t BT = (size_t)B * T;
     k->upload(d, a->tokens, tokens, BT * sizeof(int));
     k->upload(d, a->targets, targets, BT * sizeof(int));
     k->upload(d, a->weights, weights, BT * sizeof(float));
 
     float *p = m->params;
     k->encoder_fwd(d, a->encoded, a->tokens, P(m, p, P_WTE, 0, 0), P(m, p, P_WPE, 0, 0), B, T, C);
-    float *resid = a->encoded;
-    for (int l = 0; l < L; l++) {
-        float *ln1 = a->ln1 + l * bt_l * C_, *qkv = a->qkv + l * bt_l * 3 * C_;
-        float *atty = a->atty + l * bt_l * C_, *att = a->att + l * att_l;
-        float *attproj = a->attproj + l * bt_l * C_, *resid2 = a->resid2 + l * bt_l * C_;
-        float *ln2 = a->ln2 + l * bt_l * C_, *fch = a->fch + l * bt_l * 4 * C_;
-        float *fch_gelu = a->fch_gelu + l * bt_l * 4 * C_;
-        float *fcproj = a->fcproj + l * bt_l * C_, *resid3 = a->resid3 + l * bt_l * C_;
-        k->layernorm_fwd(d, ln1, a->ln1_mean + l * bt_l, a->ln1_rstd + l * bt_l, resid,
-                         P(m, p, P_LN1W, l, C_), P(m, p, P_LN1B, l, C_), (int)BT, C);
-        k->matmul_fwd(d, qkv, ln1, P(m, p, P_QKVW, l, 3 * C_ * C_), P(m, p, P_QKVB, l, 3 * C_),
-                      (int)BT, C, 3 * C);
-        k->attention_fwd(d, atty, att, qkv, B, T, C, NH);
-        k->matmul_fwd(d, attproj, atty, P(m, p, P_ATTPROJW, l, C_ * C_),
-                      P(m, p, P_ATTPROJB, l, C_), (int)BT, C, C);
-        k->add(d, resid2, resid, attproj, BT * C_);
-        k->layernorm_fwd(d, ln2, a->ln2_mean + l * bt_l, a->ln2_rstd + l * bt_l, resid2,
-                         P(m, p, P_LN2W, l, C_), P(m, p, P_LN2B, l, C_), (int)BT, C);
-        k->matmul_fwd(d, fch, ln2, P(m, p, P_FCW, l, 4 * C_ * C_), P(m, p, P_FCB, l, 4 * C_),
-                      (int)BT, C, 4 * C);
-        k->gelu_fwd(d, fch_gelu, fch, BT * 4 * C_);
-        k->matmul_fwd(d, fcproj, fch_gelu, P(m, p, P_FCPROJW, l, 4 * C_ * C_),
-                      P(m, p, P_FCPROJB, l, C_), (int)BT, 4 * C, C);
-        k->add(d, resid3, resid2, fcproj, BT * C_);
-        resid = resid3;
-    }
-    k->layernorm_fwd(d, a->lnf, a->lnf_mean, a->lnf_rstd, resid, P(m, p, P_LNFW, 0, 0),
-                     P(m, p, P_LNFB, 0, 0), (int)BT, C);
+    for (int l = 0; l < L; l++)
+        block_forward(m, l, B);
+    k->layernorm_fwd(d, a->lnf, a->lnf_mean, a->lnf_rstd, block_input(m, L),
+                     P(m, p, P_LNFW, 0, 0), P(m, p, P_LNFB, 0, 0), (int)BT, C);
     k->matmul_fwd(d, a->logits, a->lnf, P(m, p, P_WTE, 0, 0), NULL, (int)BT, C, Vp);
     k->xent(d, a->logits, a->losses, loss_sum, a->targets, a->weights, (int)BT,
             m->cfg.vocab_size, Vp, want_grad);
+}
+
+/* dresid holds d(block output) on entry and d(block input) on exit. */
+static void block_backward(model_gpt2 *m, int l, int B)
+{
+    kern_device *d = m->dev;
+    const kern_ops *k = d->ops;
+    model_acts *a = &m->a;
+    int T = m->T, C = m->cfg.channels, NH = m->cfg.n_head;
+    size_t BT = (size_t)B * T, C_ = (size_t)C;
+    float *p = m->params, *g = m->grads, *resid_in = block_input(m, l);
+    block_acts b = block_at(m, l);
+    /* MLP branch: dresid is d(resid3) and flows to both fcproj and resid2 */
+    k->zero(d, a->dbig1, BT * 4 * C_ * sizeof(float));
+    k->matmul_bwd(d, a->dbig1, P(m, g, P_FCPROJW, l, 4 * C_ * C_), P(m, g, P_FCPROJB, l, C_),
+                  a->dresid, b.fch_gelu, P(m, p, P_FCPROJW, l, 4 * C_ * C_), (int)BT, 4 * C, C);
+    k->zero(d, a->dbig2, BT * 4 * C_ * sizeof(float));
+    k->gelu_bwd(d, a->dbig2, b.fch, a->dbig1, BT * 4 * C_);
+    k->zero(d, a->dln, BT * C_ * sizeof(float));
+    k->matmul_bwd(d, a->dln, P(m, g, P_FCW, l, 4 * C_ * C_), P(m, g, P_FCB, l, 4 * C_),
+                  a->dbig2, b.ln2, P(m, p, P_FCW, l, 4 * C_ * C_), (int)BT, C, 4 * C);
+    k->layernorm_bwd(d, a->dresid, P(m, g, P_LN2W, l, C_), P(m, g, P_LN2B, l, C_), a->dln,
+                     b.resid2, P(m, p, P_LN2W, l, C_), b.ln2_mean, b.ln2_rstd, (int)BT, C);
+    /* attention branch: dresid is now d(resid2) */
+    k->zero(d, a->datty, BT * C_ * sizeof(float));
+    k->matmul_bwd(d, a->datty, P(m, g, P_ATTPROJW, l, C_ * C_), P(m, g, P_ATTPROJB, l, C_),
+                  a->dresid, b.atty, P(m, p, P_ATTPROJW, l, C_ * C_), (int)BT, C, C);
+    k->zero(d, a->dqkv, BT * 3 * C_ * sizeof(float));
+    k->attention_bwd(d, a->dqkv, a->datt, a->datty, b.qkv, b.att, B, T, C, NH);
+    k->zero(d, a->dln, BT * C_ * sizeof(float));
+    k->matmul_bwd(d, a->dln, P(m, g, P_QKVW, l, 3 * C_ * C_), P(m, g, P_QKVB, l, 3 * C_),
+                  a->dqkv, b.ln1, P(m, p, P_QKVW, l, 3 * C_ * C_), (int)BT, C, 3 * C);
+    k->layernorm_bwd(d, a->dresid, P(m, g, P_LN1W, l, C_), P(m, g, P_LN1B, l, C_), a->dln,
+                     resid_in, P(m, p, P_LN1W, l, C_), b.ln1_mean, b.ln1_rstd, (int)BT, C);
 }
 
 void model_backward(model_gpt2 *m, int nseq)
@@ -441,10 +560,9 @@ void model_backward(model_gpt2 *m, int nseq)
     kern_device *d = m->dev;
     const kern_ops *k = d->ops;
     model_acts *a = &m->a;
-    int B = nseq, T = m->T, C = m->cfg.channels, NH = m->cfg.n_head, L = m->cfg.n_layer;
+    int B = nseq, T = m->T, C = m->cfg.channels, L = m->cfg.n_layer;
     int Vp = m->cfg.padded_vocab_size;
     size_t BT = (size_t)B * T, C_ = (size_t)C;
-    size_t att_l = (size_t)m->B * NH * T * T, bt_l = (size_t)m->B * T;
     float *p = m->params, *g = m->grads;
 
     k->zero(d, a->dresid, BT * C_ * sizeof(float));
@@ -452,39 +570,15 @@ void model_backward(model_gpt2 *m, int nseq)
     /* logits hold dloss/dlogits (model_forward, want_grad) */
     k->matmul_bwd(d, a->dln, P(m, g, P_WTE, 0, 0), NULL, a->logits, a->lnf,
                   P(m, p, P_WTE, 0, 0), (int)BT, C, Vp);
-    float *last = L > 0 ? a->resid3 + (size_t)(L - 1) * bt_l * C_ : a->encoded;
-    k->layernorm_bwd(d, a->dresid, P(m, g, P_LNFW, 0, 0), P(m, g, P_LNFB, 0, 0), a->dln, last,
-                     P(m, p, P_LNFW, 0, 0), a->lnf_mean, a->lnf_rstd, (int)BT, C);
+    k->layernorm_bwd(d, a->dresid, P(m, g, P_LNFW, 0, 0), P(m, g, P_LNFB, 0, 0), a->dln,
+                     block_input(m, L), P(m, p, P_LNFW, 0, 0), a->lnf_mean, a->lnf_rstd,
+                     (int)BT, C);
     for (int l = L - 1; l >= 0; l--) {
-        float *resid_in = l == 0 ? a->encoded : a->resid3 + (size_t)(l - 1) * bt_l * C_;
-        float *ln1 = a->ln1 + l * bt_l * C_, *qkv = a->qkv + l * bt_l * 3 * C_;
-        float *atty = a->atty + l * bt_l * C_, *att = a->att + l * att_l;
-        float *resid2 = a->resid2 + l * bt_l * C_, *ln2 = a->ln2 + l * bt_l * C_;
-        float *fch = a->fch + l * bt_l * 4 * C_, *fch_gelu = a->fch_gelu + l * bt_l * 4 * C_;
-        /* MLP branch: dresid is d(resid3) and flows to both fcproj and resid2 */
-        k->zero(d, a->dbig1, BT * 4 * C_ * sizeof(float));
-        k->matmul_bwd(d, a->dbig1, P(m, g, P_FCPROJW, l, 4 * C_ * C_), P(m, g, P_FCPROJB, l, C_),
-                      a->dresid, fch_gelu, P(m, p, P_FCPROJW, l, 4 * C_ * C_), (int)BT, 4 * C, C);
-        k->zero(d, a->dbig2, BT * 4 * C_ * sizeof(float));
-        k->gelu_bwd(d, a->dbig2, fch, a->dbig1, BT * 4 * C_);
-        k->zero(d, a->dln, BT * C_ * sizeof(float));
-        k->matmul_bwd(d, a->dln, P(m, g, P_FCW, l, 4 * C_ * C_), P(m, g, P_FCB, l, 4 * C_),
-                      a->dbig2, ln2, P(m, p, P_FCW, l, 4 * C_ * C_), (int)BT, C, 4 * C);
-        k->layernorm_bwd(d, a->dresid, P(m, g, P_LN2W, l, C_), P(m, g, P_LN2B, l, C_), a->dln,
-                         resid2, P(m, p, P_LN2W, l, C_), a->ln2_mean + l * bt_l,
-                         a->ln2_rstd + l * bt_l, (int)BT, C);
-        /* attention branch: dresid is now d(resid2) */
-        k->zero(d, a->datty, BT * C_ * sizeof(float));
-        k->matmul_bwd(d, a->datty, P(m, g, P_ATTPROJW, l, C_ * C_), P(m, g, P_ATTPROJB, l, C_),
-                      a->dresid, atty, P(m, p, P_ATTPROJW, l, C_ * C_), (int)BT, C, C);
-        k->zero(d, a->dqkv, BT * 3 * C_ * sizeof(float));
-        k->attention_bwd(d, a->dqkv, a->datt, a->datty, qkv, att, B, T, C, NH);
-        k->zero(d, a->dln, BT * C_ * sizeof(float));
-        k->matmul_bwd(d, a->dln, P(m, g, P_QKVW, l, 3 * C_ * C_), P(m, g, P_QKVB, l, 3 * C_),
-                      a->dqkv, ln1, P(m, p, P_QKVW, l, 3 * C_ * C_), (int)BT, C, 3 * C);
-        k->layernorm_bwd(d, a->dresid, P(m, g, P_LN1W, l, C_), P(m, g, P_LN1B, l, C_), a->dln,
-                         resid_in, P(m, p, P_LN1W, l, C_), a->ln1_mean + l * bt_l,
-                         a->ln1_rstd + l * bt_l, (int)BT, C);
+        /* recompute mode: rebuild this block's inner activations from its
+         * stored input (same kernels, same bits as the first forward) */
+        if (m->recompute)
+            block_forward(m, l, B);
+        block_backward(m, l, B);
     }
     k->encoder_bwd(d, P(m, g, P_WTE, 0, 0), P(m, g, P_WPE, 0, 0), a->dresid, a->tokens, B, T, C);
 }

@@ -14,7 +14,13 @@
  *   adam_m, adam_v  AdamW moments;
  *   acts    activations for micro_batch x seq_len tokens and one layer's
  *           worth of backward scratch: sized by the micro batch only, so
- *           gradient accumulation costs no memory.
+ *           gradient accumulation costs no memory. They are a separate
+ *           allocation (model_acts_alloc / model_acts_free) so a job can
+ *           change its micro batch, or switch activation recomputation on,
+ *           mid-run after an out-of-memory, keeping weights and optimizer
+ *           state. In recompute mode only each block's output on the
+ *           residual stream is kept; model_backward re-runs a block's
+ *           forward before its backward (about one extra forward of cost).
  * Rows of wte beyond vocab_size (padding) never get probability mass.
  *
  * model_forward(want_grad=1) leaves dloss/dlogits in the logits buffer
@@ -66,7 +72,8 @@ typedef struct model_acts {
 typedef struct model_gpt2 {
     model_config cfg;
     kern_device *dev;
-    int B, T;                          /* activations are sized for B x T */
+    int B, T;                          /* activations are sized for B x T (B = 0: none) */
+    int recompute;                     /* activation recomputation on */
     size_t tensor_size[MODEL_NTENSORS];
     size_t tensor_off[MODEL_NTENSORS];
     size_t nparams;
@@ -85,12 +92,24 @@ int model_config_from_file(const char *path, const spec_model *sm, model_config 
 
 /* Parameters in a config (the layout's total). */
 size_t model_num_params(const model_config *cfg);
-/* Device bytes model_create will allocate (for planning and OOM messages). */
-uint64_t model_device_bytes(const model_config *cfg, int B, int T);
+/* Device bytes of parameters, gradients and AdamW moments (any micro batch). */
+uint64_t model_state_bytes(const model_config *cfg);
+/* Device bytes of the activations for B x T tokens (0 when B = 0). */
+uint64_t model_act_bytes(const model_config *cfg, int B, int T, int recompute);
+/* State + activations: a rank's whole device footprint, which is its peak
+ * (nothing else is allocated while training). For planning and messages. */
+uint64_t model_device_bytes(const model_config *cfg, int B, int T, int recompute);
 
+/* Allocate the state, then activations for B x T (stored mode) when B > 0;
+ * B = 0 leaves them to model_acts_alloc. */
 int model_create(kern_device *dev, const model_config *cfg, int B, int T, model_gpt2 **out,
                  acc_err *err);
 void model_free(model_gpt2 *m);
+/* (Re)allocate the activations for B sequences, in recompute mode or not;
+ * the old ones are freed first. ACC_EOOM from the device leaves the model
+ * without activations (m->B = 0) but with its state intact. */
+int model_acts_alloc(model_gpt2 *m, int B, int recompute, acc_err *err);
+void model_acts_free(model_gpt2 *m);
 
 /* GPT-2 init: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
  * biases 0, LayerNorm weights 1, padded wte rows 0. */

@@ -11,6 +11,19 @@
  *   4. global-norm clip, AdamW, zero grads -- identically on every rank, so
  *      the replicas stay bitwise equal without a broadcast.
  * Rank 0 publishes the events; the last rank to finish publishes TEV_DONE.
+ *
+ * Out of memory (invariant 4). Activations are allocated per split, at the
+ * start of a step attempt, apart from the state (weights, gradients, AdamW
+ * moments), which is allocated once. A rank whose allocation fails with
+ * ACC_EOOM does not bail out: it skips its micro-steps and joins the step's
+ * one all-reduce with a flag in a spare slot of the gradient buffer, so the
+ * agreement costs no extra communication and no rank waits for one that
+ * left. When the reduced flag is set, every rank drops the step's partial
+ * gradients, frees its activations and applies the same rule: m := the
+ * largest divisor of B/w below m, a := B/(m w); at m = 1, activation
+ * recomputation; then the same step is redone with the same samples
+ * (slots depend on (seed, B, k) only). A post-agreement barrier keeps the
+ * ranks' OOM records stable while rank 0 reports them.
  */
 #include "trainer.h"
 
@@ -24,12 +37,25 @@
 #include <string.h>
 #include <time.h>
 
+#include "ckpt.h"
 #include "data.h"
 #include "kern_comm.h"
 #include "kern_device.h"
+#include "mem_plan.h"
 #include "model_gpt2.h"
 #include "optim.h"
 #include "trainer_run.h"
+
+/* What one rank saw in a step attempt; written by the rank before the
+ * step's all-reduce, read by the others after it (OOM path only). */
+typedef struct oom_record {
+    int hit;                   /* this rank ran out of device memory */
+    uint64_t asked, free_bytes, budget;
+    char device[128];
+} oom_record;
+
+/* Spare slots of the gradient buffer (past the parameters). */
+enum { SLOT_LOSS = 0, SLOT_OOM = 2 };
 
 typedef struct rank_ctx {
     struct trainer *t;
@@ -50,6 +76,10 @@ struct trainer {
     data_source *train, *val;  /* opened by rank 0 before the first barrier */
     kern_comm *comm;
     atomic_int cancel;
+    atomic_int preempt;        /* cancel for a shutdown: checkpoint first */
+    int keep;                  /* checkpoints kept */
+    char resume_dir[PATH_MAX]; /* checkpoint to start from, or "" */
+    int start_step;            /* its step (0 without one) */
     atomic_int live;           /* ranks not yet finished */
 
     pthread_mutex_t mu;        /* guards status/msg */
@@ -60,6 +90,9 @@ struct trainer {
      * reads them all after it, while others may already write the next */
     atomic_uint_least64_t mem_in_use[TRAIN_MAX_RANKS], mem_peak[TRAIN_MAX_RANKS];
     rank_ctx ranks[TRAIN_MAX_RANKS];
+    oom_record oom[TRAIN_MAX_RANKS];
+    int recompute0;            /* initial activation recomputation */
+    char plan_note[256];       /* the planner's pick for "auto", or "" */
     int steps_done;            /* written by rank 0 */
     int joined;
 };
@@ -71,6 +104,9 @@ typedef struct rank_state {
     kern_device *dev;
     model_gpt2 *model;
     data_order order;
+    int m, a;         /* the split now: micro batch, accumulation steps */
+    int recompute;    /* activation recomputation now */
+    int done;         /* optimizer steps applied to this rank's weights */
     int *sample;      /* [T+1] */
     int *inputs, *targets; /* [m*T] */
     float *weights;   /* [m*T] */
@@ -111,6 +147,9 @@ static void emit(trainer *t, train_event *ev)
 
 static int check_batch(const job_spec *s, acc_err *err)
 {
+    if (s->micro_auto && s->devices >= 1 && s->train_batch_size >= 1 &&
+        s->train_batch_size % s->devices == 0 && s->micro_batch < 1)
+        return 0; /* the planner picks m at trainer_start */
     if (s->micro_batch < 1 || s->accum_steps < 1 || s->devices < 1)
         return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
                            "micro batch, accumulation steps and devices must be >= 1");
@@ -131,9 +170,7 @@ static int check_batch(const job_spec *s, acc_err *err)
 
 static int resolve_config(const job_spec *s, model_config *cfg, acc_err *err)
 {
-    if (s->model.init_from[0] != '\0')
-        return model_config_from_file(s->model.init_from, &s->model, cfg, err);
-    return model_config_from_spec(&s->model, cfg, err);
+    return plan_model_config(s, cfg, err);
 }
 
 static int open_data(const job_spec *s, data_source **train, data_source **val, acc_err *err)
@@ -167,32 +204,60 @@ int trainer_check_spec(const job_spec *spec, acc_err *err)
 
 int trainer_device_bytes(const job_spec *spec, uint64_t *bytes, acc_err *err)
 {
-    model_config cfg;
-    int rc = resolve_config(spec, &cfg, err);
-    if (rc != 0)
-        return rc;
-    if (spec->micro_batch < 1)
-        return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu", "must be >= 1");
-    *bytes = model_device_bytes(&cfg, spec->micro_batch, spec->model.seq_len);
-    return 0;
+    return plan_device_bytes(spec, spec->micro_batch, spec->activation_checkpointing, bytes,
+                             err);
 }
 
 /* ---- one rank */
+
+/* The state alone does not fit: no split can help. */
+static int state_oom(rank_state *rs, acc_err *err)
+{
+    uint64_t need = model_state_bytes(&rs->t->cfg);
+    return acc_err_set(err, ACC_EOOM, "",
+                       "out of memory: parameters, gradients and AdamW state need %llu bytes "
+                       "per device, device %s has a budget of %llu bytes",
+                       (unsigned long long)need, rs->dev->info.name,
+                       (unsigned long long)rs->dev->budget);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* The starting weights: a checkpoint to resume (weights, moments, step),
+ * else init_from (llm.c .bin or safetensors), else the seed. */
+static int init_weights(rank_state *rs, acc_err *err)
+{
+    trainer *t = rs->t;
+    const job_spec *s = &t->spec;
+    if (t->resume_dir[0] != '\0') {
+        ckpt_state st;
+        return ckpt_load(t->resume_dir, rs->model, &st, err);
+    }
+    if (s->model.init_from[0] == '\0')
+        return model_init_seed(rs->model, s->seed, err);
+    if (ends_with(s->model.init_from, ".safetensors"))
+        return ckpt_load_weights(s->model.init_from, rs->model, err);
+    return model_load_llmc(rs->model, s->model.init_from, err);
+}
 
 static int rank_setup(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
     int T = s->model.seq_len, m = s->micro_batch;
+    rs->m = m;
+    rs->a = s->accum_steps;
+    rs->recompute = t->recompute0;
     omp_set_num_threads(t->threads);
     int rc = kern_device_open(&t->devs[rs->rank], t->threads, &rs->dev, err);
+    if (rc == 0 && (rc = model_create(rs->dev, &t->cfg, 0, T, &rs->model, err)) == ACC_EOOM)
+        return state_oom(rs, err);
     if (rc == 0)
-        rc = model_create(rs->dev, &t->cfg, m, T, &rs->model, err);
-    if (rc == 0 && t->hooks != NULL)
-        t->hooks->mem_model[rs->rank] = rs->dev->in_use;
-    if (rc == 0)
-        rc = s->model.init_from[0] != '\0' ? model_load_llmc(rs->model, s->model.init_from, err)
-                                           : model_init_seed(rs->model, s->seed, err);
+        rc = init_weights(rs, err);
     if (rc != 0)
         return rc;
     rs->sample = malloc((size_t)(T + 1) * sizeof *rs->sample);
@@ -249,8 +314,8 @@ static double count_targets(rank_state *rs, int step)
 static void load_micro(rank_state *rs, int step, int micro, double n_total)
 {
     const job_spec *s = &rs->t->spec;
-    int T = s->model.seq_len, m = s->micro_batch;
-    int per_rank = m * s->accum_steps;
+    int T = s->model.seq_len, m = rs->m;
+    int per_rank = m * rs->a;
     float w = n_total > 0 ? (float)(1.0 / n_total) : 0.0f;
     for (int pos = 0; pos < m; pos++) {
         uint64_t slot = data_slot((uint64_t)step, s->train_batch_size, per_rank, m, rs->rank,
@@ -297,7 +362,7 @@ static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
-    int T = s->model.seq_len, m = s->micro_batch;
+    int T = s->model.seq_len, m = rs->m;
     int nb = s->eval_batches > 0 ? s->eval_batches : 1;
     uint64_t total = (uint64_t)nb * (uint64_t)s->train_batch_size;
     uint64_t lo = total * (uint64_t)rs->rank / (uint64_t)t->nranks;
@@ -341,8 +406,8 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
     ev->lr = lr;
     ev->grad_norm = norm;
     ev->tokens_per_s = seconds > 0 ? (double)s->train_batch_size * s->model.seq_len / seconds : 0;
-    ev->micro_batch = s->micro_batch;
-    ev->accum_steps = s->accum_steps;
+    ev->micro_batch = rs->m;
+    ev->accum_steps = rs->a;
     ev->nranks = t->nranks;
     for (int r = 0; r < t->nranks; r++) {
         ev->mem_in_use[r] = atomic_load_explicit(&t->mem_in_use[r], memory_order_relaxed);
@@ -387,15 +452,19 @@ static void emit_log(trainer *t, int step, const char *fmt, ...)
     free(ev);
 }
 
-static int save_weights(rank_state *rs, int step, acc_err *err)
+/* Rank 0: a checkpoint of `step` completed steps (weights, AdamW state,
+ * the split in force). A failure is the job's error, never a file trusted
+ * later (ckpt.h). */
+static int save_checkpoint(rank_state *rs, int step, acc_err *err)
 {
-    const job_spec *s = &rs->t->spec;
+    trainer *t = rs->t;
+    const job_spec *s = &t->spec;
+    ckpt_state st = {.step = step, .adam_t = rs->model->adam_t, .micro_batch = rs->m,
+                     .accum_steps = rs->a, .seed = s->seed, .recompute = rs->recompute != 0};
     char path[PATH_MAX];
-    if (snprintf(path, sizeof path, "%s/model_%08d.bin", s->output_dir, step) >= (int)sizeof path)
-        return acc_err_set(err, ACC_EINVAL, "output_dir", "path too long");
-    int rc = model_save_llmc(rs->model, path, err);
+    int rc = ckpt_save(s->output_dir, rs->model, &st, NULL, t->keep, path, sizeof path, err);
     if (rc == 0)
-        emit_simple(rs->t, TEV_CHECKPOINT, step, 0.0, path);
+        emit_simple(t, TEV_CHECKPOINT, step, 0.0, path);
     return rc;
 }
 
@@ -410,6 +479,7 @@ static void finish_step(rank_state *rs, int step, double t0)
     double lr = optim_lr(s, step);
     model_adamw(m, (float)lr, &s->optim, (float)optim_clip_scale(norm, s->optim.grad_clip));
     model_zero_grad(m);
+    rs->done = step + 1;
     if (rs->rank != 0)
         return;
     train_hooks *h = t->hooks;
@@ -422,31 +492,199 @@ static void finish_step(rank_state *rs, int step, double t0)
     emit_step(rs, step, loss, lr, norm, now_s() - t0);
 }
 
-static int train_step(rank_state *rs, int step, acc_err *err)
+static void record_oom(rank_state *rs, uint64_t asked, oom_record *rec)
+{
+    kern_device *d = rs->dev;
+    rec->hit = 1;
+    rec->asked = asked;
+    rec->budget = d->budget;
+    rec->free_bytes = d->budget > d->in_use ? d->budget - d->in_use : 0;
+    snprintf(rec->device, sizeof rec->device, "%s", d->info.name);
+}
+
+/* The test hook's simulated out-of-memory inside a step. */
+static int injected_oom(rank_state *rs, int step, int micro)
+{
+    train_hooks *h = rs->t->hooks;
+    return h != NULL && h->inject_oom != NULL &&
+           h->inject_oom(h->oom_ctx, rs->rank, step, micro, rs->m);
+}
+
+/* Allocate the activations of the split now unless they are there. An
+ * ACC_EOOM is not returned but recorded in `rec`, for the agreement. */
+static int ensure_acts(rank_state *rs, oom_record *rec, acc_err *err)
+{
+    model_gpt2 *m = rs->model;
+    kern_device *d = rs->dev;
+    if (m->B == rs->m && m->recompute == rs->recompute)
+        return 0;
+    model_acts_free(m); /* so "free" below is measured without the old ones */
+    acc_err e = {0};
+    int rc = model_acts_alloc(m, rs->m, rs->recompute, &e);
+    if (rc == ACC_EOOM) {
+        record_oom(rs, model_act_bytes(&rs->t->cfg, rs->m, m->T, rs->recompute), rec);
+        return 0;
+    }
+    if (rc != 0 && err != NULL)
+        *err = e;
+    if (rc == 0 && rs->t->hooks != NULL)
+        rs->t->hooks->mem_model[rs->rank] = d->in_use;
+    return rc;
+}
+
+/* The a micro-steps of this rank: forward, backward into grads (+=). An
+ * out-of-memory inside stops them and is recorded in `rec`. */
+static int run_micro_steps(rank_state *rs, int step, double *loss_sum, oom_record *rec,
+                           acc_err *err)
+{
+    model_gpt2 *m = rs->model;
+    double n_total = count_targets(rs, step);
+    *loss_sum = 0.0;
+    for (int micro = 0; micro < rs->a; micro++) {
+        if (check_cancel(rs->t) != 0)
+            return acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
+        if (injected_oom(rs, step, micro)) {
+            record_oom(rs, m->act_bytes, rec);
+            return 0;
+        }
+        load_micro(rs, step, micro, n_total);
+        double part;
+        model_forward(m, rs->inputs, rs->targets, rs->weights, rs->m, 1, &part);
+        model_backward(m, rs->m);
+        *loss_sum += part;
+    }
+    return 0;
+}
+
+/* One attempt at optimizer step `step`. *oom is set when any rank ran out
+ * of device memory; then nothing was applied and the caller adapts. */
+static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
+{
+    trainer *t = rs->t;
+    model_gpt2 *m = rs->model;
+    double t0 = now_s();
+    oom_record rec = {0};
+    double loss_sum = 0.0;
+    int rc = ensure_acts(rs, &rec, err);
+    if (rc == 0 && !rec.hit)
+        rc = run_micro_steps(rs, step, &loss_sum, &rec, err);
+    if (rc != 0)
+        return rc;
+    t->oom[rs->rank] = rec;
+    put_double(m->grads + m->nparams + SLOT_LOSS, loss_sum);
+    m->grads[m->nparams + SLOT_OOM] = rec.hit ? 1.0f : 0.0f;
+    publish_memory(rs);
+    /* the one gradient all-reduce of this optimizer step; it also carries
+     * the out-of-memory flag, so every rank learns of it here */
+    rc = kern_comm_allreduce(t->comm, rs->rank, m->grads, m->nparams + MODEL_GRAD_EXTRA);
+    if (rc != 0)
+        return acc_err_set(err, rc, "", "cancelled");
+    *oom = m->grads[m->nparams + SLOT_OOM] != 0.0f;
+    if (!*oom)
+        finish_step(rs, step, t0);
+    return 0;
+}
+
+static const oom_record *first_oom(const trainer *t)
+{
+    for (int r = 0; r < t->nranks; r++)
+        if (t->oom[r].hit)
+            return &t->oom[r];
+    return &t->oom[0];
+}
+
+static int oom_fail(rank_state *rs, const oom_record *r, const char *why, acc_err *err)
+{
+    const model_config *cfg = &rs->t->cfg;
+    uint64_t state = model_state_bytes(cfg);
+    uint64_t acts = model_act_bytes(cfg, rs->m, rs->model->T, rs->recompute);
+    return acc_err_set(err, ACC_EOOM, "",
+                       "out of memory at micro batch %d%s: a device needs %llu bytes "
+                       "(%llu of weights, gradients and AdamW state + %llu of activations), "
+                       "device %s has a budget of %llu bytes (%llu free when %llu were asked); %s",
+                       rs->m, rs->recompute ? " with activation recomputation" : "",
+                       (unsigned long long)(state + acts), (unsigned long long)state,
+                       (unsigned long long)acts, r->device, (unsigned long long)r->budget,
+                       (unsigned long long)r->free_bytes, (unsigned long long)r->asked, why);
+}
+
+static void emit_oom_adjust(rank_state *rs, int step, int from_m, int from_a,
+                            const oom_record *r)
+{
+    trainer *t = rs->t;
+    train_event *ev = calloc(1, sizeof *ev);
+    if (ev == NULL)
+        return;
+    ev->kind = TEV_OOM_ADJUST;
+    ev->step = step;
+    ev->nranks = t->nranks;
+    ev->from_micro = from_m;
+    ev->from_accum = from_a;
+    ev->to_micro = rs->m;
+    ev->to_accum = rs->a;
+    ev->micro_batch = rs->m;
+    ev->accum_steps = rs->a;
+    ev->recompute = rs->recompute;
+    ev->bytes_asked = r->asked;
+    ev->bytes_free = r->free_bytes;
+    snprintf(ev->msg, sizeof ev->msg,
+             "device %s out of memory in step %d (%llu bytes asked, %llu free of %llu): "
+             "micro batch %d x %d accumulation steps -> %d x %d%s; redoing the step",
+             r->device, step + 1, (unsigned long long)r->asked,
+             (unsigned long long)r->free_bytes, (unsigned long long)r->budget, from_m, from_a,
+             rs->m, rs->a, rs->recompute ? " with activation recomputation" : "");
+    emit(t, ev);
+    free(ev);
+}
+
+/* Every rank, after the agreement: drop the step's partial gradients,
+ * free the activations and take the next split by the same rule. */
+static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
-    model_gpt2 *m = rs->model;
-    double t0 = now_s();
-    double n_total = count_targets(rs, step);
-    double loss_sum = 0.0;
-    for (int micro = 0; micro < s->accum_steps; micro++) {
-        if (check_cancel(t) != 0)
-            return acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
-        load_micro(rs, step, micro, n_total);
-        double part;
-        model_forward(m, rs->inputs, rs->targets, rs->weights, s->micro_batch, 1, &part);
-        model_backward(m, s->micro_batch);
-        loss_sum += part;
-    }
-    put_double(m->grads + m->nparams, loss_sum);
-    publish_memory(rs);
-    /* the one gradient all-reduce of this optimizer step */
-    int rc = kern_comm_allreduce(t->comm, rs->rank, m->grads, m->nparams + MODEL_GRAD_EXTRA);
+    model_zero_grad(rs->model);
+    model_acts_free(rs->model);
+    oom_record r = *first_oom(t);
+    int from_m = rs->m, from_a = rs->a;
+    int per_rank = s->train_batch_size / t->nranks;
+    int next = plan_next_smaller_micro(per_rank, rs->m);
+    int rc = 0;
+    if (!s->oom_adapt)
+        rc = oom_fail(rs, &r, "oom.adapt is off", err);
+    else if (next > 0) {
+        rs->m = next;
+        rs->a = per_rank / next;
+    } else if (!rs->recompute)
+        rs->recompute = 1;
+    else
+        rc = oom_fail(rs, &r, "no smaller split remains", err);
+    /* nobody writes its next record before all have read this one */
+    int brc = kern_comm_barrier(t->comm);
     if (rc != 0)
-        return acc_err_set(err, rc, "", "cancelled");
-    finish_step(rs, step, t0);
+        return rc;
+    if (brc != 0)
+        return acc_err_set(err, brc, "", "cancelled");
+    if (rs->rank == 0) {
+        emit_oom_adjust(rs, step, from_m, from_a, &r);
+        if (t->hooks != NULL)
+            t->hooks->oom_adjusts++;
+    }
     return 0;
+}
+
+/* Optimizer step `step`, redone with a smaller split (same samples) as
+ * long as a rank runs out of memory and a smaller split remains. */
+static int train_step(rank_state *rs, int step, acc_err *err)
+{
+    for (;;) {
+        int oom = 0;
+        int rc = attempt_step(rs, step, &oom, err);
+        if (rc != 0 || !oom)
+            return rc;
+        if ((rc = adapt_after_oom(rs, step, err)) != 0)
+            return rc;
+    }
 }
 
 static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
@@ -469,7 +707,7 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
     if (rs->rank == 0 && s->output_dir[0] != '\0' &&
         ((s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0) ||
          done == s->max_steps))
-        return save_weights(rs, done, err);
+        return save_checkpoint(rs, done, err);
     return 0;
 }
 
@@ -489,13 +727,29 @@ static int rank_run(rank_state *rs, acc_err *err)
     if (rs->rank == 0)
         emit_log(t, 0,
                  "gpt2 %.2fM parameters, %llu training samples; micro batch %d x %d "
-                 "accumulation steps x %d devices; %.1f MiB on each %s device, %d threads",
+                 "accumulation steps x %d devices%s; %.1f MiB on each %s device "
+                 "(%.1f state + %.1f activations), %d threads%s%s",
                  (double)rs->model->nparams / 1e6,
-                 (unsigned long long)data_num_samples(t->train), s->micro_batch,
-                 s->accum_steps, t->nranks, (double)rs->dev->in_use / (1024.0 * 1024.0),
-                 rs->dev->ops->backend, t->threads);
+                 (unsigned long long)data_num_samples(t->train), rs->m, rs->a, t->nranks,
+                 rs->recompute ? ", activation recomputation" : "",
+                 (double)model_device_bytes(&t->cfg, rs->m, s->model.seq_len, rs->recompute) /
+                     (1024.0 * 1024.0),
+                 rs->dev->ops->backend, (double)model_state_bytes(&t->cfg) / (1024.0 * 1024.0),
+                 (double)model_act_bytes(&t->cfg, rs->m, s->model.seq_len, rs->recompute) /
+                     (1024.0 * 1024.0),
+                 t->threads, t->plan_note[0] ? "; " : "", t->plan_note);
+    if (rs->rank == 0 && t->resume_dir[0] != '\0')
+        emit_log(t, t->start_step, "resumed from %s at step %d (micro batch %d x %d accumulation steps%s)",
+                 t->resume_dir, t->start_step, rs->m, rs->a,
+                 rs->recompute ? ", activation recomputation" : "");
     double t0 = now_s();
-    for (int step = 0; step < s->max_steps; step++) {
+    rs->done = t->start_step;
+    if (rs->rank == 0) {
+        t->steps_done = t->start_step;
+        if (t->hooks != NULL)
+            t->hooks->steps_done = t->start_step;
+    }
+    for (int step = t->start_step; step < s->max_steps; step++) {
         if ((rc = train_step(rs, step, err)) != 0)
             return rc;
         if ((rc = maybe_eval_and_save(rs, step, err)) != 0)
@@ -508,6 +762,9 @@ static int rank_run(rank_state *rs, acc_err *err)
     }
     train_hooks *h = t->hooks;
     if (rs->rank == 0 && h != NULL) {
+        h->final_micro = rs->m;
+        h->final_accum = rs->a;
+        h->final_recompute = rs->recompute;
         h->seconds = now_s() - t0;
         h->nparams = rs->model->nparams;
         if (h->final_params != NULL && h->final_params_cap >= rs->model->nparams)
@@ -535,6 +792,22 @@ static void finish_run(trainer *t)
     free(ev);
 }
 
+/* A shutdown stopped the run: rank 0's weights and moments are those of the
+ * last completed step (a step only changes them after its all-reduce), so
+ * they are checkpointed as that step. Returns non-zero when the run should
+ * still be reported as stopped (always: the daemon requeues it). */
+static int checkpoint_on_preempt(rank_state *rs, acc_err *err)
+{
+    trainer *t = rs->t;
+    if (rs->rank != 0 || !atomic_load(&t->preempt) || rs->model == NULL ||
+        t->spec.output_dir[0] == '\0' || rs->done <= t->start_step)
+        return 1;
+    acc_err e = {0};
+    if (save_checkpoint(rs, rs->done, &e) != 0)
+        acc_err_set(err, e.code, "", "stopped for shutdown; %s", e.msg);
+    return 1;
+}
+
 static void *rank_main(void *arg)
 {
     rank_ctx *rc = arg;
@@ -544,7 +817,7 @@ static void *rank_main(void *arg)
     rs.t = t;
     rs.rank = rc->rank;
     acc_err err = {0};
-    if (rank_run(&rs, &err) != 0) {
+    if (rank_run(&rs, &err) != 0 && checkpoint_on_preempt(&rs, &err) != 0) {
         if (err.code == ACC_ECANCELLED && atomic_load(&t->cancel))
             snprintf(err.msg, sizeof err.msg, "cancelled");
         fail(t, &err);
@@ -568,21 +841,102 @@ static void trainer_destroy(trainer *t)
     free(t);
 }
 
+/* train_micro_batch_size_per_gpu "auto": the planner's pick against the
+ * smallest budget of the job's devices (the first step confirms it; the
+ * OOM path corrects a wrong prediction). */
+static int plan_auto_split(trainer *t, const kern_device_info *devs, acc_err *err)
+{
+    job_spec *s = &t->spec;
+    uint64_t budget = 0;
+    for (int r = 0; r < s->devices && r < TRAIN_MAX_RANKS; r++)
+        if (devs[r].mem_total != 0 && (budget == 0 || devs[r].mem_total < budget))
+            budget = devs[r].mem_total;
+    plan_row *rows = calloc(PLAN_MAX_ROWS, sizeof *rows);
+    if (rows == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+    int n = 0, chosen = -1;
+    int rc = plan_candidates(s, budget, rows, PLAN_MAX_ROWS, &n, &chosen, err);
+    if (rc == 0 && n == 0)
+        rc = acc_err_set(err, ACC_EINVAL, "train_batch_size", "no micro batch candidates");
+    if (rc == 0) {
+        /* nothing fits: start at the smallest split and let the first step
+         * fail with the numbers (or succeed, if the margin was the problem) */
+        const plan_row *r = &rows[chosen >= 0 ? chosen : 0];
+        s->micro_batch = r->micro_batch;
+        s->accum_steps = r->accum_steps;
+        t->recompute0 = r->recompute;
+        snprintf(t->plan_note, sizeof t->plan_note,
+                 "micro batch \"auto\": %d%s, predicted peak %.1f MiB, budget %.1f MiB "
+                 "less %d%%%s",
+                 r->micro_batch, r->recompute ? " with recomputation" : "",
+                 (double)r->peak_bytes / (1024.0 * 1024.0), (double)budget / (1024.0 * 1024.0),
+                 PLAN_MARGIN_PCT, chosen >= 0 ? "" : " (nothing fits)");
+    }
+    free(rows);
+    return rc;
+}
+
+/* Resume from spec.resume_from, or else from the newest good checkpoint in
+ * the job's own output_dir (a job requeued after a restart). The saved split
+ * (after OOM adaptation) is kept when it still divides the batch. */
+static int find_resume(trainer *t, acc_err *err)
+{
+    job_spec *s = &t->spec;
+    char dir[PATH_MAX];
+    if (s->resume_from[0] != '\0') {
+        int rc = ckpt_resolve(s->resume_from, dir, sizeof dir, err);
+        if (rc != 0)
+            return rc;
+    } else if (s->output_dir[0] == '\0' || ckpt_find_latest(s->output_dir, dir, sizeof dir, NULL) != 0) {
+        return 0;
+    }
+    ckpt_state st;
+    int rc = ckpt_peek(dir, &st, err);
+    if (rc != 0)
+        return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s: %s", dir, err ? err->msg : "");
+    if (st.step > s->max_steps)
+        return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s is at step %d, past max_steps %d",
+                           dir, st.step, s->max_steps);
+    int per_rank = s->train_batch_size / s->devices;
+    if (st.micro_batch >= 1 && s->train_batch_size % s->devices == 0 && per_rank % st.micro_batch == 0) {
+        s->micro_batch = st.micro_batch;
+        s->accum_steps = per_rank / st.micro_batch;
+        s->micro_auto = false;
+    }
+    t->recompute0 = t->recompute0 || st.recompute;
+    t->start_step = st.step;
+    snprintf(t->resume_dir, sizeof t->resume_dir, "%s", dir);
+    return 0;
+}
+
+static int prepare_spec(trainer *t, const kern_device_info *devs, acc_err *err)
+{
+    t->recompute0 = t->spec.activation_checkpointing;
+    int rc = check_batch(&t->spec, err);
+    if (rc == 0 && t->spec.micro_auto)
+        rc = plan_auto_split(t, devs, err);
+    if (rc == 0)
+        rc = find_resume(t, err);
+    if (rc == 0)
+        rc = check_batch(&t->spec, err);
+    if (rc == 0)
+        rc = resolve_config(&t->spec, &t->cfg, err);
+    return rc;
+}
+
 int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, acc_err *err)
 {
     *out = NULL;
     const job_spec *s = o->spec;
-    model_config cfg;
-    int rc = check_batch(s, err);
-    if (rc == 0)
-        rc = resolve_config(s, &cfg, err);
-    if (rc != 0)
-        return rc;
     trainer *t = calloc(1, sizeof *t);
     if (t == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
     t->spec = *s;
-    t->cfg = cfg;
+    int rc = prepare_spec(t, o->devices, err);
+    if (rc != 0) {
+        free(t);
+        return rc;
+    }
     t->nranks = s->devices;
     t->threads = o->threads_per_device > 0 ? o->threads_per_device : 1;
     t->on_event = o->on_event;
@@ -590,6 +944,8 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     t->hooks = h;
     memcpy(t->devs, o->devices, (size_t)t->nranks * sizeof *t->devs);
     atomic_init(&t->cancel, 0);
+    atomic_init(&t->preempt, 0);
+    t->keep = o->checkpoint_keep > 0 ? o->checkpoint_keep : 2;
     atomic_init(&t->live, t->nranks);
     if (pthread_mutex_init(&t->mu, NULL) != 0) {
         free(t);
@@ -627,6 +983,12 @@ void trainer_cancel(trainer *t)
 {
     atomic_store(&t->cancel, 1);
     kern_comm_abort(t->comm);
+}
+
+void trainer_preempt(trainer *t)
+{
+    atomic_store(&t->preempt, 1);
+    trainer_cancel(t);
 }
 
 void trainer_wait(trainer *t)

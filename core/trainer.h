@@ -8,6 +8,15 @@
  * quickly (the daemon queues it and wakes its loop with uv_async_send); it
  * must never call back into the trainer.
  *
+ * Memory: with spec->micro_auto, trainer_start picks the micro batch with
+ * the planner (mem_plan.h) against the smallest device budget. When a rank
+ * runs out of device memory in a step and spec->oom_adapt is set, all ranks
+ * drop the step, move to a smaller split with the same train_batch_size
+ * (then activation recomputation at m = 1) and redo the step with the same
+ * samples; TEV_OOM_ADJUST reports it and every later TEV_STEP carries the
+ * split in use. Otherwise the run ends with ACC_EOOM, bytes needed and the
+ * budget in the message.
+ *
  * The last event of every run is TEV_DONE (status 0, ACC_ECANCELLED or the
  * failure's code with a message); after it the daemon calls
  * trainer_free(), which joins the threads.
@@ -58,6 +67,7 @@ typedef struct trainer_opts {
     const job_spec *spec;          /* copied by trainer_start */
     const kern_device_info *devices; /* spec->devices entries, one per rank */
     int threads_per_device;        /* CPU devices: kernel threads per rank */
+    int checkpoint_keep;           /* checkpoints kept in output_dir (0 = 2) */
     train_event_fn on_event;
     void *event_ctx;
 } trainer_opts;
@@ -74,6 +84,11 @@ int trainer_start(const trainer_opts *o, trainer **out, acc_err *err);
 /* Ask the run to stop; it stops at the next micro-step and ends with
  * TEV_DONE(status = ACC_ECANCELLED). Safe from any thread, more than once. */
 void trainer_cancel(trainer *t);
+
+/* Stop for a daemon shutdown: like trainer_cancel, but rank 0 first writes
+ * a checkpoint of the last completed step (when the job has an output_dir),
+ * so the job resumes from there. Safe from any thread. */
+void trainer_preempt(trainer *t);
 
 /* Join the worker threads and free. Call after TEV_DONE was delivered. */
 void trainer_free(trainer *t);

@@ -19,10 +19,17 @@
  * in the loss, 0 where it does not (padding, a short final sample). */
 typedef void (*train_mask_fn)(void *ctx, uint64_t sample, int seq_len, uint8_t *mask);
 
+/* Fault injection: return nonzero to make rank `rank` run out of device
+ * memory before micro-step `micro` of an attempt at optimizer step `step`
+ * with micro batch `m`, as an allocation inside the step would on a GPU. */
+typedef int (*train_oom_fn)(void *ctx, int rank, int step, int micro, int m);
+
 typedef struct train_hooks {
     /* in */
     train_mask_fn target_mask;   /* NULL: every target counts */
     void *mask_ctx;
+    train_oom_fn inject_oom;     /* NULL: none */
+    void *oom_ctx;
     int steps_cap;               /* entries in the per-step arrays below */
     double *step_loss;           /* [steps_cap] or NULL */
     double *step_grad_norm;      /* [steps_cap] or NULL */
@@ -34,14 +41,20 @@ typedef struct train_hooks {
     size_t nparams;
     uint64_t allreduce_calls;    /* all-reduce calls of the job's communicator */
     uint64_t mem_peak[TRAIN_MAX_RANKS];
-    uint64_t mem_model[TRAIN_MAX_RANKS]; /* bytes the model allocated per rank */
+    uint64_t mem_model[TRAIN_MAX_RANKS]; /* bytes the model allocated per rank (last split) */
     int steps_done;
     double seconds;              /* wall time of the training loop (rank 0) */
+    /* the split at the end (after any out-of-memory adaptation) */
+    int final_micro, final_accum;
+    bool final_recompute;
+    int oom_adjusts;             /* TEV_OOM_ADJUST events emitted */
 } train_hooks;
 
 /* Device bytes one rank of this job allocates (parameters, gradients, AdamW
- * moments, activations for micro_batch x seq_len): the per-device peak the
- * run will report. For dry runs and memory planning. */
+ * moments, activations for micro_batch x seq_len, in recompute mode when
+ * spec->activation_checkpointing): the per-device peak the run will report
+ * when no out-of-memory adaptation happens. For dry runs; mem_plan.h has
+ * the planner (candidates over m). */
 int trainer_device_bytes(const job_spec *spec, uint64_t *bytes, acc_err *err);
 
 int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, acc_err *err);

@@ -29,7 +29,7 @@ expect_eq "cancelled" "$(acc_state "$can")" cancelled
 r=$(curl -s "$BASE/v1/jobs/$run")
 expect_eq "requeued once" "$(echo "$r" | jq .restarts)" 1
 curl -sN -m 1 "$BASE/v1/jobs/$run/events?format=ndjson" >"$ACC_TMP/ev" # a live stream: cut after 1 s
-grep -q 'requeued, it restarts from step 0' "$ACC_TMP/ev" || fail "no requeue event: $(tail -3 "$ACC_TMP/ev")"
+grep -q 'requeued, it resumes from its last checkpoint' "$ACC_TMP/ev" || fail "no requeue event: $(tail -3 "$ACC_TMP/ev")"
 acc_wait_state "$q2" succeeded
 acc_wait_state "$run" running
 expect_eq "q1 still queued" "$(acc_state "$q1")" queued

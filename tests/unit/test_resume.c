@@ -127,6 +127,7 @@ static void test_resume_from_explicit_path(void **state)
     assert_non_null(strstr(r.last_log, "resumed from"));
     for (int i = 0; i < N_STEPS; i++) /* nothing left to do: no step ran */
         assert_true(isnan(r.loss[i]));
+    free(r.params);
 }
 
 static void test_init_from_safetensors(void **state)

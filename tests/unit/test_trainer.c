@@ -13,6 +13,7 @@
 #include <math.h>
 #include <pthread.h>
 
+#include "ckpt.h"
 #include "engine_fixture.h"
 #include "data.h"
 #include "kern_device.h"
@@ -159,7 +160,23 @@ static void make_trained_checkpoint(void)
     run_out r;
     run_split(&s, &r, NULL);
     run_free(&r);
-    snprintf(trained_path, sizeof trained_path, "%s/model_%08d.bin", out_dir, 30);
+    /* the checkpoint (safetensors), re-saved in llm.c's format for the tests below */
+    char ckpt[600];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-%08d/model.safetensors", out_dir, 30);
+    kern_device_info di;
+    fx_devices(&di, 1, 0);
+    kern_device *dev;
+    acc_err err = {0};
+    assert_int_equal(kern_device_open(&di, 1, &dev, &err), 0);
+    model_config cfg;
+    assert_int_equal(model_config_from_spec(&s.model, &cfg, &err), 0);
+    model_gpt2 *m;
+    assert_int_equal(model_create(dev, &cfg, 0, s.model.seq_len, &m, &err), 0);
+    assert_int_equal(ckpt_load_weights(ckpt, m, &err), 0);
+    snprintf(trained_path, sizeof trained_path, "%s/trained.bin", out_dir);
+    assert_int_equal(model_save_llmc(m, trained_path, &err), 0);
+    model_free(m);
+    kern_device_close(dev);
     assert_int_equal(access(trained_path, R_OK), 0);
 }
 

@@ -1,0 +1,213 @@
+/* bench_gpu_train: GPT-2 124M training throughput on one GPU with the CUDA
+ * backend (model_gpt2 over a kern_cuda device: forward, backward, AdamW).
+ *
+ * Shapes: 12 layers, 12 heads, 768 channels, seq 1024, vocab 50257 padded
+ * to 50304; random tokens. Starts at --micro m (default 16) and halves m on
+ * ACC_EOOM, as the job OOM adaptation does. Each step is one micro-batch of
+ * m x 1024 tokens (zero grad, forward, backward, AdamW); the figure is the
+ * median over --steps steps after --warmup. FLOP per token: 6N + 6*L*C*T
+ * (N = parameters incl. padded wte, forward + backward, attention
+ * included); MFU is against 790e12 FLOP/s, the H200's measured dense bf16
+ * matmul rate. Precision: bf16 (default: linear layers in bf16 with fp32
+ * accumulation, everything else fp32, kern_cuda_set_bf16), tf32 or fp32.
+ * Prints "RESULT key value" lines for bench/gpu-check.sh: tokens_per_s,
+ * mfu_pct, peak_bytes, micro, precision (the main run), then
+ * tf32_tokens_per_s, tf32_mfu_pct, fp32_tokens_per_s, fp32_mfu_pct from
+ * shorter runs at the same m, and planned_bytes_m{1,2,4,8,16} (fp32 model,
+ * model_device_bytes). Exits 0 with a message where no GPU is present.
+ *
+ *   bench_gpu_train [--micro M] [--steps S] [--warmup W] [--precision bf16|tf32|fp32]
+ *                   [--other-steps S]   (steps of the other precisions; 0 skips them)
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kern_cuda.h"
+#include "kern_device.h"
+#include "kern_discover.h"
+#include "model_gpt2.h"
+
+#define PEAK_FLOPS 790e12
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct run_out {
+    double tok_s, mfu, loss0, loss_last;
+    unsigned long long peak;
+    int micro;
+} run_out;
+
+enum { P_BF16, P_TF32, P_FP32 };
+static const char *const prec_name[] = {"bf16", "tf32", "fp32"};
+
+static int run(const kern_device_info *gi, const model_config *cfg, int micro, int steps,
+               int warmup, int prec, run_out *r)
+{
+    acc_err err = {0};
+    kern_device *d = NULL;
+    model_gpt2 *m = NULL;
+    int T = cfg->max_seq_len;
+    if (kern_cuda_open(gi, 1, &d, &err) != 0) {
+        fprintf(stderr, "kern_cuda_open: %s\n", err.msg);
+        return 1;
+    }
+    if (kern_cuda_set_tf32(d, prec == P_TF32, &err) != 0 ||
+        kern_cuda_set_bf16(d, prec == P_BF16, &err) != 0) {
+        fprintf(stderr, "precision %s: %s\n", prec_name[prec], err.msg);
+        kern_device_close(d);
+        return 1;
+    }
+    for (;;) {
+        acc_err_clear(&err);
+        int rc = model_create(d, cfg, micro, T, &m, &err);
+        if (rc == 0)
+            break;
+        if (rc != ACC_EOOM || micro == 1) {
+            fprintf(stderr, "model_create(m=%d): %s\n", micro, err.msg);
+            kern_device_close(d);
+            return 1;
+        }
+        printf("m=%d: %s; halving m\n", micro, err.msg);
+        micro /= 2;
+    }
+    if (model_init_seed(m, 1337, &err) != 0) {
+        fprintf(stderr, "init: %s\n", err.msg);
+        model_free(m);
+        kern_device_close(d);
+        return 1;
+    }
+    size_t bt = (size_t)micro * T;
+    int *tok = malloc(bt * sizeof *tok), *tgt = malloc(bt * sizeof *tgt);
+    float *w = malloc(bt * sizeof *w);
+    double *dt = malloc((size_t)steps * sizeof *dt);
+    uint64_t s = 7;
+    spec_optim o = {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    double flops_tok = 6.0 * (double)model_num_params(cfg) +
+                       6.0 * cfg->n_layer * cfg->channels * (double)T;
+    int rc = 0;
+    kern_device_reset_peak(d);
+    for (int step = -warmup; step < steps; step++) {
+        for (size_t i = 0; i < bt; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            tok[i] = (int)((s >> 33) % (uint64_t)cfg->vocab_size);
+            w[i] = 1.0f / (float)bt;
+        }
+        for (size_t i = 0; i < bt; i++)
+            tgt[i] = i + 1 < bt ? tok[i + 1] : tok[0];
+        double t0 = now_s(), loss = 0.0;
+        model_zero_grad(m);
+        model_forward(m, tok, tgt, w, micro, 1, &loss);
+        model_backward(m, micro);
+        model_adamw(m, 3e-4f, &o, 1.0f);
+        if (kern_cuda_sync(d, &err) != 0) {
+            fprintf(stderr, "step %d: %s\n", step, err.msg);
+            rc = 1;
+            break;
+        }
+        double el = now_s() - t0;
+        if (step == -warmup)
+            r->loss0 = loss;
+        r->loss_last = loss;
+        printf("%s m=%d step %3d loss %.4f  %.1f ms  %.0f tok/s\n", prec_name[prec],
+               micro, step, loss, 1e3 * el, (double)bt / el);
+        fflush(stdout);
+        if (step >= 0)
+            dt[step] = el;
+    }
+    if (rc == 0) {
+        qsort(dt, (size_t)steps, sizeof *dt, cmp_double);
+        double med = steps % 2 ? dt[steps / 2] : 0.5 * (dt[steps / 2 - 1] + dt[steps / 2]);
+        r->tok_s = (double)bt / med;
+        r->mfu = 100.0 * r->tok_s * flops_tok / PEAK_FLOPS;
+        r->peak = (unsigned long long)d->peak;
+        r->micro = micro;
+    }
+    free(tok), free(tgt), free(w), free(dt);
+    model_free(m);
+    kern_device_close(d);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    int micro = 16, steps = 10, warmup = 2, prec = P_BF16, other_steps = 4;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (v == NULL) {
+            fprintf(stderr, "%s needs a value\n", a);
+            return 2;
+        }
+        if (strcmp(a, "--micro") == 0)
+            micro = atoi(v);
+        else if (strcmp(a, "--steps") == 0)
+            steps = atoi(v);
+        else if (strcmp(a, "--warmup") == 0)
+            warmup = atoi(v);
+        else if (strcmp(a, "--other-steps") == 0)
+            other_steps = atoi(v);
+        else if (strcmp(a, "--precision") == 0 && strcmp(v, "bf16") == 0)
+            prec = P_BF16;
+        else if (strcmp(a, "--precision") == 0 && strcmp(v, "tf32") == 0)
+            prec = P_TF32;
+        else if (strcmp(a, "--precision") == 0 && strcmp(v, "fp32") == 0)
+            prec = P_FP32;
+        else {
+            fprintf(stderr, "unknown argument %s\n", a);
+            return 2;
+        }
+        i++;
+    }
+    if (micro < 1 || steps < 1 || warmup < 0) {
+        fprintf(stderr, "bad arguments\n");
+        return 2;
+    }
+    kern_device_info g[KERN_MAX_DEVICES];
+    int n = 0;
+    acc_err err = {0};
+    if (kern_cuda_query(g, KERN_MAX_DEVICES, &n, &err) != 0 || n == 0) {
+        printf("SKIP: no CUDA GPU on this machine%s%s\n", err.msg[0] ? ": " : "", err.msg);
+        return 0;
+    }
+    model_config cfg = {.max_seq_len = 1024, .vocab_size = 50257, .padded_vocab_size = 50304,
+                        .n_layer = 12, .n_head = 12, .channels = 768};
+    printf("GPU %s sm_%d%d, %llu bytes; GPT-2 124M (%zu parameters), T=1024\n", g[0].name,
+           g[0].cc_major, g[0].cc_minor, (unsigned long long)g[0].mem_total,
+           model_num_params(&cfg));
+    for (int mm = 1; mm <= 16; mm *= 2)
+        printf("RESULT planned_bytes_m%d %llu\n", mm,
+               (unsigned long long)model_device_bytes(&cfg, mm, 1024, 0));
+    run_out r = {0};
+    if (run(&g[0], &cfg, micro, steps, warmup, prec, &r) != 0)
+        return 1;
+    printf("RESULT precision %s\n", prec_name[prec]);
+    printf("RESULT micro %d\n", r.micro);
+    printf("RESULT tokens_per_s %.0f\n", r.tok_s);
+    printf("RESULT mfu_pct %.2f\n", r.mfu);
+    printf("RESULT peak_bytes %llu\n", r.peak);
+    printf("RESULT loss_first_last %.4f->%.4f\n", r.loss0, r.loss_last);
+    for (int p = 0; p < 3 && other_steps > 0; p++) {
+        if (p == prec)
+            continue;
+        run_out f = {0};
+        if (run(&g[0], &cfg, r.micro, other_steps, 1, p, &f) != 0)
+            return 1;
+        printf("RESULT %s_tokens_per_s %.0f\n", prec_name[p], f.tok_s);
+        printf("RESULT %s_mfu_pct %.2f\n", prec_name[p], f.mfu);
+        printf("RESULT %s_peak_bytes %llu\n", prec_name[p], f.peak);
+    }
+    return 0;
+}

@@ -1,0 +1,65 @@
+/* mem_plan: the memory planner. Predicts one device's peak bytes for a job
+ * spec and a micro batch, and lists the splits a job could run with.
+ *
+ * The prediction is the engine's own layout (model_gpt2.h): parameters,
+ * gradients (+ spare slots), two AdamW moments, and activations for
+ * micro_batch x seq_len tokens (all layers stored, or one layer plus each
+ * block's output in recompute mode), plus the backend's workspace (none on
+ * CPU devices). Nothing else is allocated while a job trains, so on CPU
+ * devices the prediction is the measured peak to the byte; it does not
+ * depend on gradient_accumulation_steps.
+ *
+ * A candidate micro batch m divides B / w (so a = B / (m w) is whole); it
+ * fits a budget when its peak is at most budget minus PLAN_MARGIN_PCT
+ * percent. The planner picks the largest m that fits (fewer micro-steps
+ * run faster); when none fits in stored mode and recomputation is allowed
+ * (spec activation_checkpointing or oom.adapt), the fallback is m = 1 with
+ * recomputation. Pure functions: no device is touched, no state kept.
+ */
+#ifndef ACC_MEM_PLAN_H
+#define ACC_MEM_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "job_spec.h"
+#include "model_gpt2.h"
+
+#define PLAN_MARGIN_PCT 5   /* safety margin kept free of the budget */
+#define PLAN_MAX_ROWS 256   /* enough for every divisor of B/w below 10^7 */
+
+typedef struct plan_row {
+    int micro_batch;        /* m, divides train_batch_size / devices */
+    int accum_steps;        /* a = B / (m w) */
+    bool recompute;         /* activation recomputation on */
+    uint64_t state_bytes;   /* parameters, gradients, AdamW moments */
+    uint64_t act_bytes;     /* activations for m x seq_len */
+    uint64_t peak_bytes;    /* predicted per-device peak: state + activations */
+    bool fits;              /* peak <= budget * (100 - PLAN_MARGIN_PCT) / 100 */
+} plan_row;
+
+/* The spec's model config (from the spec, or from init_from's header). */
+int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err);
+
+/* Predicted per-device peak for (spec, micro_batch, recompute). */
+int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uint64_t *bytes,
+                      acc_err *err);
+
+/* Bytes of a budget the planner lets a job use (0 = unlimited: UINT64_MAX). */
+uint64_t plan_usable_bytes(uint64_t budget);
+
+/* The largest divisor of per_rank smaller than m, or 0 when m is 1. */
+int plan_next_smaller_micro(int per_rank, int m);
+
+/* Candidates for the spec against a per-device budget (0 = unlimited):
+ * one row per divisor m of B/w, ascending, in the spec's mode
+ * (activation_checkpointing), then, when the spec does not already
+ * recompute and oom.adapt allows it, one more row: m = 1 with recompute.
+ * Writes at most `max` rows, sets *n to the rows written and *chosen to the
+ * index of the pick (-1: nothing fits). ACC_EINVAL when B is not a multiple
+ * of w or the model config is invalid. */
+int plan_candidates(const job_spec *spec, uint64_t budget, plan_row *rows, int max, int *n,
+                    int *chosen, acc_err *err);
+
+#endif

@@ -1,0 +1,64 @@
+/* kern_comm_nccl: NCCL all-reduce between the GPU ranks of one job.
+ *
+ * The same call shape as kern_comm (kernels/kern_comm.h) so the trainer can
+ * switch on the device kind: create for w ranks, allreduce(rank, buf, n)
+ * leaves the elementwise fp32 sum of every rank's buffer in all of them,
+ * barrier, abort. Differences: `buf` is a device pointer on the rank's GPU,
+ * and each rank first binds its CUDA device's stream (kern_cuda_stream()) so
+ * that the reduction is queued after that rank's backward without a
+ * host-side synchronisation. kern_nccl_allreduce() returns when the sum is
+ * in buf.
+ *
+ * One communicator per rank, made by ncclCommInitAll from the creating
+ * thread over the job's GPU ordinals. Cancellation: kern_nccl_abort() (any
+ * thread) sets a flag; a rank waiting for its all-reduce polls the stream,
+ * the flag and ncclCommGetAsyncError, and on abort or a NCCL error calls
+ * ncclCommAbort on its own communicator and returns ACC_ECANCELLED (abort)
+ * or ACC_EDEVICE (error, which also aborts the others). So no rank hangs on
+ * a peer that failed. kern_nccl_destroy() (after the rank threads ended)
+ * aborts what is left of an aborted communicator, destroys a clean one.
+ */
+#ifndef ACC_KERN_COMM_NCCL_H
+#define ACC_KERN_COMM_NCCL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kern_nccl kern_nccl;
+
+/* One NCCL communicator per rank; rank r runs on CUDA device ordinals[r]. */
+int kern_nccl_create(int nranks, const int *ordinals, kern_nccl **out, acc_err *err);
+void kern_nccl_destroy(kern_nccl *c);
+
+/* Rank `rank` queues its collectives on `stream` (a cudaStream_t of its GPU). */
+int kern_nccl_bind(kern_nccl *c, int rank, void *stream, acc_err *err);
+
+/* Sum n floats over all ranks into every rank's device buffer `buf`.
+ * 0, ACC_ECANCELLED once aborted, ACC_EDEVICE on a CUDA/NCCL failure
+ * (kern_nccl_error has the message), ACC_ESTATE when the rank is unbound. */
+int kern_nccl_allreduce(kern_nccl *c, int rank, float *buf, size_t n);
+
+/* All ranks wait for each other (host side). 0 or ACC_ECANCELLED. */
+int kern_nccl_barrier(kern_nccl *c);
+
+/* Make every current and later call return ACC_ECANCELLED. Any thread. */
+void kern_nccl_abort(kern_nccl *c);
+int kern_nccl_aborted(kern_nccl *c);
+
+/* All-reduce calls begun so far (one per call, counted on rank 0). */
+uint64_t kern_nccl_allreduce_calls(kern_nccl *c);
+
+/* The first CUDA/NCCL failure, if any: 0 or its code, message in err. */
+int kern_nccl_error(kern_nccl *c, acc_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,64 @@
+/* kern_cuda: the CUDA backend of kern_device (fp32).
+ *
+ * kern_cuda_open() opens GPU `info->index` for the calling thread and fills
+ * the "cuda" kern_ops table: every op of kern_device.h with the CPU
+ * backend's semantics (same shapes, backwards accumulate into gradients,
+ * padded-vocabulary masking in xent, AdamW with decoupled decay, sumsq in
+ * double). All work runs on one CUDA stream per device, in order; upload,
+ * download, xent (its loss sum) and sumsq return only when their result is
+ * on the host, so host buffers may be reused at once.
+ *
+ * Memory: a caching allocator over cudaMalloc. d->in_use / d->peak count
+ * the bytes asked (as on CPU); the budget is info->mem_total (when non-zero)
+ * capped by the free memory at open minus a margin. Over budget, or a
+ * cudaMalloc that fails even after the cache was released, is ACC_EOOM with
+ * a message naming the bytes asked, the bytes in use and the bytes free.
+ *
+ * Errors: most ops return void, so the first CUDA/cuBLAS failure is kept as
+ * a sticky error in the device (later ops become no-ops) and is read with
+ * kern_cuda_last_error(): 0 when all went well, else its ACC_EDEVICE code
+ * with the call, file and line in err. Callers check it once per step.
+ */
+#ifndef ACC_KERN_CUDA_H
+#define ACC_KERN_CUDA_H
+
+#include "err.h"
+#include "kern_discover.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kern_device kern_device;
+
+int kern_cuda_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err);
+
+/* 0, or the first CUDA/cuBLAS error of this device (sticky) in *err. */
+int kern_cuda_last_error(kern_device *d, acc_err *err);
+
+/* Wait for all work queued on the device. 0 or the sticky error. */
+int kern_cuda_sync(kern_device *d, acc_err *err);
+
+/* The device's cudaStream_t (as void *), for the NCCL communicator. */
+void *kern_cuda_stream(kern_device *d);
+
+/* Let fp32 matrix products use TF32 tensor cores (off by default: the fp32
+ * path must match the CPU backend to 1e-5). For benchmarks. */
+int kern_cuda_set_tf32(kern_device *d, int on, acc_err *err);
+
+/* bf16 compute for the linear layers (matmul_fwd / matmul_bwd): operands
+ * rounded to bf16, products accumulated in fp32 into the fp32 outputs and
+ * gradients; weights, optimizer state and every other kernel stay fp32.
+ * The bf16 operand copies are device allocations counted in in_use / peak
+ * (up to m*T*Vp*2 bytes for the output layer's gradient), grown on first
+ * use; failing to grow them is a sticky ACC_EOOM. Off by default. */
+int kern_cuda_set_bf16(kern_device *d, int on, acc_err *err);
+
+/* Bytes held by the caching allocator (in use + cached), for /v1/devices. */
+unsigned long long kern_cuda_reserved(kern_device *d);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,137 @@
+/* GPU: the NCCL communicator over all GPUs of the machine (one rank thread
+ * per GPU, each on its own kern_cuda device and stream): the all-reduce
+ * leaves the exact sum in every rank's device buffer, twice in a row, and
+ * counts one call per all-reduce; barrier works; after kern_nccl_abort()
+ * the all-reduce and the barrier return ACC_ECANCELLED at once and destroy
+ * does not hang. With one GPU this is a one-rank communicator (identity).
+ * Exits 77 (skipped) with a message where no GPU is present. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_comm_nccl.h"
+#include "kern_cuda.h"
+#include "kern_device.h"
+#include "kern_discover.h"
+
+#define NELEM 1000003
+#define MAXR 8
+
+typedef struct rank_arg {
+    int rank, nranks;
+    kern_nccl *comm;
+    const kern_device_info *info;
+    int failures;
+} rank_arg;
+
+static void *rank_main(void *p)
+{
+    rank_arg *a = p;
+    kern_device *d = NULL;
+    acc_err err = {0};
+    float *buf = NULL, *h = malloc(NELEM * sizeof *h);
+    if (h == NULL || kern_cuda_open(a->info, 1, &d, &err) != 0 ||
+        d->ops->alloc(d, NELEM * sizeof(float), (void **)&buf, &err) != 0 ||
+        kern_nccl_bind(a->comm, a->rank, kern_cuda_stream(d), &err) != 0) {
+        fprintf(stderr, "rank %d: setup: %s\n", a->rank, err.msg);
+        a->failures++;
+        kern_nccl_abort(a->comm);
+        goto out;
+    }
+    for (int round = 0; round < 2; round++) {
+        /* small integers: the fp32 sum is exact whatever the order */
+        for (int i = 0; i < NELEM; i++)
+            h[i] = (float)((i % 97) + a->rank * 3 + round);
+        d->ops->upload(d, buf, h, NELEM * sizeof *h);
+        int rc = kern_nccl_allreduce(a->comm, a->rank, buf, NELEM);
+        if (rc != 0) {
+            kern_nccl_error(a->comm, &err);
+            fprintf(stderr, "rank %d: allreduce rc %d %s\n", a->rank, rc, err.msg);
+            a->failures++;
+            goto out;
+        }
+        d->ops->download(d, h, buf, NELEM * sizeof *h);
+        int bad = 0;
+        for (int i = 0; i < NELEM && bad < 3; i++) {
+            float want = 0;
+            for (int r = 0; r < a->nranks; r++)
+                want += (float)((i % 97) + r * 3 + round);
+            if (h[i] != want) {
+                fprintf(stderr, "rank %d round %d [%d]: %g != %g\n", a->rank, round, i, h[i],
+                        want);
+                bad++;
+            }
+        }
+        a->failures += bad;
+        if (kern_nccl_barrier(a->comm) != 0) {
+            fprintf(stderr, "rank %d: barrier failed\n", a->rank);
+            a->failures++;
+        }
+    }
+    if (kern_cuda_last_error(d, &err) != 0) {
+        fprintf(stderr, "rank %d: %s\n", a->rank, err.msg);
+        a->failures++;
+    }
+out:
+    if (d != NULL) {
+        d->ops->free(d, buf);
+        kern_device_close(d);
+    }
+    free(h);
+    return NULL;
+}
+
+int main(void)
+{
+    kern_device_info g[KERN_MAX_DEVICES];
+    int n = 0;
+    acc_err err = {0};
+    if (kern_cuda_query(g, KERN_MAX_DEVICES, &n, &err) != 0) {
+        fprintf(stderr, "kern_cuda_query failed: %s\n", err.msg);
+        return 1;
+    }
+    if (n == 0) {
+        printf("SKIP: no CUDA GPU on this machine\n");
+        return 77;
+    }
+    int nr = n < MAXR ? n : MAXR, ord[MAXR];
+    for (int r = 0; r < nr; r++)
+        ord[r] = g[r].index;
+    kern_nccl *c = NULL;
+    if (kern_nccl_create(nr, ord, &c, &err) != 0) {
+        fprintf(stderr, "FAIL: kern_nccl_create: %s\n", err.msg);
+        return 1;
+    }
+    pthread_t th[MAXR];
+    rank_arg args[MAXR];
+    for (int r = 0; r < nr; r++) {
+        args[r] = (rank_arg){.rank = r, .nranks = nr, .comm = c, .info = &g[r]};
+        pthread_create(&th[r], NULL, rank_main, &args[r]);
+    }
+    int failures = 0;
+    for (int r = 0; r < nr; r++) {
+        pthread_join(th[r], NULL);
+        failures += args[r].failures;
+    }
+    printf("%d rank(s), %llu all-reduce calls\n", nr,
+           (unsigned long long)kern_nccl_allreduce_calls(c));
+    if (kern_nccl_allreduce_calls(c) != 2) {
+        fprintf(stderr, "FAIL: expected 2 all-reduce calls\n");
+        failures++;
+    }
+    /* abort: everything returns ACC_ECANCELLED without waiting for peers */
+    kern_nccl_abort(c);
+    if (!kern_nccl_aborted(c) || kern_nccl_allreduce(c, 0, NULL, 0) != ACC_ECANCELLED ||
+        kern_nccl_barrier(c) != ACC_ECANCELLED) {
+        fprintf(stderr, "FAIL: calls after abort must return ACC_ECANCELLED\n");
+        failures++;
+    }
+    kern_nccl_destroy(c);
+    if (failures) {
+        printf("%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("NCCL all-reduce ok\n");
+    return 0;
+}
