@@ -10,6 +10,7 @@
 
 #include "fsutil.h"
 #include "log.h"
+#include "mem_plan.h"
 #include "scheduler.h"
 
 struct jobs_tev {
@@ -197,17 +198,38 @@ static void sched_devs(const jobs_mgr *m, sched_dev *sd)
     }
 }
 
-uint64_t jobs_estimate_peak(const job_spec *s, int micro_batch)
+/* The planner's table for a dry run: each candidate micro batch with its
+ * predicted peak per device and whether it fits the smallest budget of the
+ * devices of that kind (less the planner's margin). */
+static json_t *plan_json(const job_spec *s, uint64_t budget, uint64_t *peak_out,
+                         int *micro_out)
 {
-    /* GPT-2 in fp32: weights, gradients and two AdamW moments (16 bytes a
-     * parameter), plus forward activations and their gradients. */
-    uint64_t C = (uint64_t)s->model.n_embd, L = (uint64_t)s->model.n_layer, T = (uint64_t)s->model.seq_len;
-    uint64_t V = (uint64_t)s->model.padded_vocab_size, NH = (uint64_t)s->model.n_head, B = (uint64_t)micro_batch;
-    uint64_t params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
-    uint64_t acts = L * (B * T * (16 * C + 4) + 2 * B * NH * T * T) + B * T * (C + 2 * V + 3);
-    if (s->activation_checkpointing)
-        acts = acts / (L ? L : 1) + L * B * T * C;
-    return params * 16 + acts * 4 * 2;
+    plan_row *rows = calloc(PLAN_MAX_ROWS, sizeof *rows);
+    json_t *arr = json_array();
+    int n = 0, chosen = -1;
+    acc_err err = {0};
+    *peak_out = 0;
+    *micro_out = s->micro_batch;
+    if (rows == NULL || arr == NULL || plan_candidates(s, budget, rows, PLAN_MAX_ROWS, &n, &chosen, &err) != 0) {
+        free(rows);
+        json_decref(arr);
+        return json_null();
+    }
+    for (int i = 0; i < n; i++) {
+        const plan_row *r = &rows[i];
+        json_array_append_new(arr, json_pack("{s:i, s:i, s:b, s:I, s:b}", "micro_batch", r->micro_batch,
+                                             "accum_steps", r->accum_steps, "recompute", r->recompute,
+                                             "predicted_peak_bytes", (json_int_t)r->peak_bytes, "fits", r->fits));
+        /* the split this job would start with: its own m, or the planner's pick for "auto" */
+        bool mine = s->micro_auto ? i == chosen
+                                  : (r->micro_batch == s->micro_batch && r->recompute == s->activation_checkpointing);
+        if (mine) {
+            *peak_out = r->peak_bytes;
+            *micro_out = r->micro_batch;
+        }
+    }
+    free(rows);
+    return arr;
 }
 
 static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s)
@@ -217,8 +239,14 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s)
     sched_req r = {.want = s->devices, .prio = s->priority, .submit = m->next_submit};
     /* would it start now, given what runs and what is queued before it? */
     sched_plan(sd, m->ndev, &r, 1);
+    uint64_t budget = 0;
+    for (int i = 0; i < m->ndev; i++)
+        if (budget == 0 || m->devs[i].mem_total < budget)
+            budget = m->devs[i].mem_total;
+    uint64_t peak;
+    int micro;
+    json_t *cands = plan_json(s, budget, &peak, &micro);
     json_t *devs = json_array(), *mem = json_array();
-    uint64_t peak = jobs_estimate_peak(s, s->micro_batch);
     for (int i = 0; i < s->devices; i++) {
         if (r.start)
             json_array_append_new(devs, json_string(m->devs[r.placed[i]].name));
@@ -229,13 +257,14 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s)
         if (m->jobs[i]->state == JOB_QUEUED &&
             sched_order(m->jobs[i]->spec.priority, m->jobs[i]->submit_seq, s->priority, m->next_submit) < 0)
             queued_before++;
-    return json_pack("{s:b, s:{s:i, s:i, s:i, s:i, s:b}, s:{s:b, s:o, s:s, s:i}, s:o, s:I}", "dry_run", 1,
-                     "batch", "train_batch_size", s->train_batch_size, "micro_batch", s->micro_batch, "accum_steps",
-                     s->accum_steps, "world", s->devices, "micro_auto", s->micro_auto, "placement", "starts_now",
-                     r.start && queued_before == 0, "devices", devs, "kind",
+    int per_rank = s->train_batch_size / (s->devices > 0 ? s->devices : 1);
+    return json_pack("{s:b, s:{s:i, s:i, s:i, s:i, s:b}, s:{s:b, s:o, s:s, s:i}, s:o, s:I, s:o}", "dry_run", 1,
+                     "batch", "train_batch_size", s->train_batch_size, "micro_batch", micro, "accum_steps",
+                     micro > 0 ? per_rank / micro : 0, "world", s->devices, "micro_auto", s->micro_auto,
+                     "placement", "starts_now", r.start && queued_before == 0, "devices", devs, "kind",
                      m->ndev > 0 && m->devs[0].kind == KERN_DEV_CUDA ? "cuda" : "cpu", "queued_before",
-                     queued_before, "predicted_peak_memory_bytes", mem, "device_memory_bytes",
-                     (json_int_t)(m->ndev > 0 ? m->devs[0].mem_total : 0));
+                     queued_before, "predicted_peak_memory_bytes", mem, "device_memory_bytes", (json_int_t)budget,
+                     "micro_batch_candidates", cands);
 }
 
 /* Everything that can be refused before a job exists: spec, fit, data. */

@@ -76,7 +76,4 @@ void jobs_count_states(const jobs_mgr *m, int counts[JOB_NSTATES]);
 /* fsync every open event log. */
 void jobs_flush(jobs_mgr *m);
 
-/* A rough peak-memory estimate of one rank (bytes), for dry runs. */
-uint64_t jobs_estimate_peak(const job_spec *s, int micro_batch);
-
 #endif

@@ -1,11 +1,14 @@
 /* kern_cuda: the CUDA backend of kern_device (fp32). Contract: kern_cuda.h.
  *
- * One CUDA stream and one cuBLAS handle per device; every op is queued on
- * that stream in call order. Matrix products (the linear layers and the
- * four products of attention) are cuBLAS sgemms, batched over heads on the
- * strided q/k/v views of qkv, so attention needs no memory beyond the att
- * buffer of the interface (scores above the diagonal are computed, then
- * masked to 0, as on CPU). The rest are kernels written here: one warp per
+ * One CUDA stream, one cuBLAS and one cuBLASLt handle per device; every op
+ * is queued on that stream in call order. The linear layers' products go
+ * through cublasLtMatmul (fp32 compute, bias epilogue, algorithm chosen per
+ * shape and operand alignment and cached; cublasSgemm when cuBLASLt offers
+ * none; bf16 operands with fp32 accumulation when kern_cuda_set_bf16 is
+ * on). The four products of attention are cublasSgemmStridedBatched over
+ * heads on the strided q/k/v views of qkv, so attention needs no memory
+ * beyond the att buffer of the interface (scores above the diagonal are
+ * computed, then masked to 0, as on CPU). The rest are kernels written here: one warp per
  * row for LayerNorm and the causal softmax, one block per row for the fused
  * softmax + cross-entropy (+ its gradient, in place in the logits),
  * column-chunk reductions with atomicAdd for bias / LayerNorm / embedding
@@ -17,8 +20,10 @@
  * square roots use the correctly rounded __fdiv_rn / __fsqrt_rn, and the
  * loss and sum-of-squares reductions run in double.
  *
- * Errors: CU_OK / BL_OK check every CUDA runtime and cuBLAS call; the first
+ * Errors: CU_OK / BL_OK check every CUDA runtime, cuBLAS and cuBLASLt
+ * call (teardown ignores its own, having no one to report to); the first
  * failure is kept in the device (sticky) and turns later ops into no-ops.
+ * No global mutable state: everything lives in the device's cu_impl.
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>

@@ -1,4 +1,5 @@
-/* kern_cuda: the CUDA backend of kern_device (fp32).
+/* kern_cuda: the CUDA backend of kern_device (fp32; bf16 linear layers and
+ * TF32 as options).
  *
  * kern_cuda_open() opens GPU `info->index` for the calling thread and fills
  * the "cuda" kern_ops table: every op of kern_device.h with the CPU
