@@ -570,6 +570,17 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
              true);
         save_status(j);
         break;
+    case TEV_SPLIT_UP:
+        j->cur_micro = ev->to_micro;
+        j->cur_accum = ev->to_accum;
+        emit(j, "split_adjust",
+             json_pack("{s:i, s:{s:i, s:i}, s:{s:i, s:i}, s:b, s:I, s:I}", "step", ev->step, "from", "micro_batch",
+                       ev->from_micro, "accum_steps", ev->from_accum, "to", "micro_batch", ev->to_micro,
+                       "accum_steps", ev->to_accum, "recompute", ev->recompute, "predicted_peak_bytes",
+                       (json_int_t)ev->bytes_asked, "usable_bytes", (json_int_t)ev->bytes_free),
+             true);
+        save_status(j);
+        break;
     case TEV_CHECKPOINT:
         emit(j, "checkpoint", json_pack("{s:i, s:s}", "step", ev->step, "path", ev->path), true);
         break;

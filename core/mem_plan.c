@@ -69,6 +69,14 @@ int plan_next_smaller_micro(int per_rank, int m)
     return 0;
 }
 
+int plan_next_larger_micro(int per_rank, int m)
+{
+    for (int d = m + 1; d <= per_rank; d++)
+        if (per_rank % d == 0)
+            return d;
+    return 0;
+}
+
 static plan_row make_row(const model_config *cfg, const job_spec *spec, int per_rank, int m,
                          bool recompute, uint64_t usable)
 {

@@ -92,6 +92,8 @@ struct trainer {
     rank_ctx ranks[TRAIN_MAX_RANKS];
     oom_record oom[TRAIN_MAX_RANKS];
     int recompute0;            /* initial activation recomputation */
+    int auto_split;            /* micro batch "auto": may move up at checkpoints */
+    uint64_t min_budget;       /* smallest device budget of the job (0 = none) */
     char plan_note[256];       /* the planner's pick for "auto", or "" */
     int steps_done;            /* written by rank 0 */
     int joined;
@@ -107,6 +109,7 @@ typedef struct rank_state {
     int m, a;         /* the split now: micro batch, accumulation steps */
     int recompute;    /* activation recomputation now */
     int done;         /* optimizer steps applied to this rank's weights */
+    int oom_ceiling;  /* smallest micro batch that ran out of memory (0 = none) */
     int *sample;      /* [T+1] */
     int *inputs, *targets; /* [m*T] */
     float *weights;   /* [m*T] */
@@ -261,9 +264,13 @@ static int rank_setup(rank_state *rs, acc_err *err)
     if (rc != 0)
         return rc;
     rs->sample = malloc((size_t)(T + 1) * sizeof *rs->sample);
-    rs->inputs = malloc((size_t)m * T * sizeof *rs->inputs);
-    rs->targets = malloc((size_t)m * T * sizeof *rs->targets);
-    rs->weights = malloc((size_t)m * T * sizeof *rs->weights);
+    /* host batch buffers for the largest split, so the micro batch can move up */
+    int mmax = s->train_batch_size / t->nranks;
+    if (mmax < m)
+        mmax = m;
+    rs->inputs = malloc((size_t)mmax * T * sizeof *rs->inputs);
+    rs->targets = malloc((size_t)mmax * T * sizeof *rs->targets);
+    rs->weights = malloc((size_t)mmax * T * sizeof *rs->weights);
     rs->mask = malloc((size_t)T);
     if (!rs->sample || !rs->inputs || !rs->targets || !rs->weights || !rs->mask)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for batch buffers");
@@ -650,6 +657,8 @@ static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
     int per_rank = s->train_batch_size / t->nranks;
     int next = plan_next_smaller_micro(per_rank, rs->m);
     int rc = 0;
+    if (rs->oom_ceiling == 0 || rs->m < rs->oom_ceiling)
+        rs->oom_ceiling = rs->m; /* never move back up to a size that failed */
     if (!s->oom_adapt)
         rc = oom_fail(rs, &r, "oom.adapt is off", err);
     else if (next > 0) {
@@ -687,6 +696,48 @@ static int train_step(rank_state *rs, int step, acc_err *err)
     }
 }
 
+/* "auto" micro batch, at a checkpoint boundary: when the next larger micro
+ * batch fits the smallest device budget of the job (the planner's
+ * prediction, less its margin) and has not run out of memory before, take
+ * it: fewer micro-steps, the same effective batch. Every rank decides alike
+ * from the same numbers, so no agreement is needed; should the prediction be
+ * wrong, the OOM path steps back down and records the ceiling. */
+static void maybe_raise_micro(rank_state *rs, int done)
+{
+    trainer *t = rs->t;
+    const job_spec *s = &t->spec;
+    if (!t->auto_split)
+        return;
+    int per_rank = s->train_batch_size / t->nranks;
+    int up = plan_next_larger_micro(per_rank, rs->m);
+    if (up == 0 || (rs->oom_ceiling != 0 && up >= rs->oom_ceiling))
+        return;
+    uint64_t need = model_device_bytes(&t->cfg, up, s->model.seq_len, rs->recompute);
+    uint64_t usable = plan_usable_bytes(t->min_budget);
+    if (need > usable)
+        return;
+    int from_m = rs->m, from_a = rs->a;
+    model_acts_free(rs->model);
+    rs->m = up;
+    rs->a = per_rank / up;
+    if (rs->rank != 0)
+        return;
+    train_event *ev = calloc(1, sizeof *ev);
+    if (ev == NULL)
+        return;
+    ev->kind = TEV_SPLIT_UP;
+    ev->step = done;
+    ev->from_micro = from_m;
+    ev->from_accum = from_a;
+    ev->to_micro = rs->m;
+    ev->to_accum = rs->a;
+    ev->recompute = rs->recompute != 0;
+    ev->bytes_asked = need;
+    ev->bytes_free = usable;
+    emit(t, ev);
+    free(ev);
+}
+
 static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
@@ -704,11 +755,14 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
             emit_simple(t, TEV_EVAL, done, vl, NULL);
         }
     }
+    int rc = 0;
     if (rs->rank == 0 && s->output_dir[0] != '\0' &&
         ((s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0) ||
          done == s->max_steps))
-        return save_checkpoint(rs, done, err);
-    return 0;
+        rc = save_checkpoint(rs, done, err);
+    if (rc == 0 && s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0 && done < s->max_steps)
+        maybe_raise_micro(rs, done);
+    return rc;
 }
 
 static int rank_run(rank_state *rs, acc_err *err)
@@ -911,6 +965,10 @@ static int find_resume(trainer *t, acc_err *err)
 
 static int prepare_spec(trainer *t, const kern_device_info *devs, acc_err *err)
 {
+    t->auto_split = t->spec.micro_auto;
+    for (int r = 0; r < t->spec.devices && r < TRAIN_MAX_RANKS; r++)
+        if (devs[r].mem_total != 0 && (t->min_budget == 0 || devs[r].mem_total < t->min_budget))
+            t->min_budget = devs[r].mem_total;
     t->recompute0 = t->spec.activation_checkpointing;
     int rc = check_batch(&t->spec, err);
     if (rc == 0 && t->spec.micro_auto)

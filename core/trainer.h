@@ -38,6 +38,7 @@ typedef enum train_event_kind {
     TEV_OOM_ADJUST,  /* the split changed after an out-of-memory */
     TEV_CHECKPOINT,  /* a checkpoint was written */
     TEV_LOG,         /* free-form message */
+    TEV_SPLIT_UP,    /* "auto": the micro batch was raised at a checkpoint (from/to fields) */
     TEV_DONE,        /* the run ended; always the last event */
 } train_event_kind;
 

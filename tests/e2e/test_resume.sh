@@ -101,9 +101,15 @@ acc_data
 acc_start "${ARGS[@]}"
 id=$(acc_submit "$(tiny_job full 100000 '"checkpoint_interval":2')") || exit 1
 out=$STATE/out/$id
-for _ in $(seq 1 200); do [ -d "$out/ckpt-00000002" ] && break; sleep 0.05; done
-[ -d "$out/ckpt-00000002" ] || fail "no first checkpoint"
-size=$(stat -c %s "$out/ckpt-00000002/model.safetensors")
+# any complete checkpoint (older ones are pruned as newer ones land)
+first=
+for _ in $(seq 1 600); do
+    first=$(ls -d "$out"/ckpt-[0-9]* 2>/dev/null | grep -v partial | head -1)
+    [ -n "$first" ] && [ -f "$first/model.safetensors" ] && break
+    sleep 0.05
+done
+[ -n "$first" ] || fail "no first checkpoint"
+size=$(stat -c %s "$first/model.safetensors" 2>/dev/null || stat -c %s "$(ls -d "$out"/ckpt-[0-9]* | grep -v partial | tail -1)/model.safetensors")
 prlimit --pid "$ACC_PID" --fsize=$((size / 2)) || fail "prlimit failed"
 acc_wait_state "$id" failed 60
 err=$(acc_curl "$BASE/v1/jobs/$id" | jq -r '.error.message // .error')

@@ -16,6 +16,7 @@
 #include "ckpt.h"
 #include "engine_fixture.h"
 #include "fsutil.h"
+#include "mem_plan.h"
 #include "trainer_run.h"
 
 #define N_STEPS 6
@@ -31,6 +32,7 @@ typedef struct run_out {
     size_t nparams;
     int status;
     char last_log[512];
+    int split_ups, final_micro;
 } run_out;
 
 static void on_event(void *ctx, const train_event *ev)
@@ -38,13 +40,15 @@ static void on_event(void *ctx, const train_event *ev)
     run_out *r = ctx;
     if (ev->kind == TEV_LOG && strstr(ev->msg, "resumed from") != NULL)
         snprintf(r->last_log, sizeof r->last_log, "%s", ev->msg);
+    if (ev->kind == TEV_SPLIT_UP)
+        r->split_ups++;
 }
 
-static void run(job_spec *s, int ranks, run_out *r)
+static void run_budget(job_spec *s, int ranks, uint64_t budget, run_out *r)
 {
     memset(r, 0, sizeof *r);
     kern_device_info devs[2];
-    fx_devices(devs, ranks, 0);
+    fx_devices(devs, ranks, budget);
     r->params = calloc(1 << 20, sizeof(float));
     assert_non_null(r->params);
     for (int i = 0; i < N_STEPS; i++)
@@ -58,7 +62,10 @@ static void run(job_spec *s, int ranks, run_out *r)
     if (r->status != 0)
         fail_msg("run failed: %s", err.msg);
     r->nparams = h.nparams;
+    r->final_micro = h.final_micro;
 }
+
+static void run(job_spec *s, int ranks, run_out *r) { run_budget(s, ranks, 0, r); }
 
 static void spec_for(job_spec *s, int ranks, const char *outdir, int max_steps)
 {
@@ -152,6 +159,55 @@ static void test_init_from_safetensors(void **state)
     free(b.params);
 }
 
+/* micro batch "auto": a job planned at m=2 on a small budget, resumed on a
+ * device with room, moves up at its next checkpoint boundary (same effective
+ * batch, same training to float rounding), never above what fits. */
+static void test_auto_moves_up_after_resume(void **state)
+{
+    char dir[300], ref_dir[300];
+    snprintf(dir, sizeof dir, "%s/up", out_root);
+    snprintf(ref_dir, sizeof ref_dir, "%s/upref", out_root);
+    job_spec s;
+    spec_for(&s, 1, dir, 4);
+    s.micro_auto = true;
+    s.micro_batch = 0;
+    s.accum_steps = 0;
+    s.checkpoint_interval = 2;
+    s.lr.total_steps = 8;
+    uint64_t need2, need4;
+    acc_err err = {0};
+    assert_int_equal(plan_device_bytes(&s, 2, false, &need2, &err), 0);
+    assert_int_equal(plan_device_bytes(&s, 4, false, &need4, &err), 0);
+    uint64_t budget = need2 * 100 / (100 - PLAN_MARGIN_PCT) + 4096;
+    if (need4 <= plan_usable_bytes(budget))
+        fail_msg("fixture: m=4 (%llu bytes) would fit the m=2 budget", (unsigned long long)need4);
+
+    run_out a, b, ref;
+    run_budget(&s, 1, budget, &a); /* steps 1-4 at m=2: nothing larger fits */
+    assert_int_equal(a.final_micro, 2);
+    assert_int_equal(a.split_ups, 0);
+
+    s.max_steps = 8;
+    run_budget(&s, 1, 0, &b); /* resumes at 4 with m=2, room now: up at step 6 */
+    assert_non_null(strstr(b.last_log, "ckpt-00000004"));
+    assert_int_equal(b.split_ups, 1);
+    assert_int_equal(b.final_micro, 4);
+
+    job_spec r;
+    spec_for(&r, 1, ref_dir, 8);
+    r.lr.total_steps = 8;
+    r.checkpoint_interval = 2;
+    run(&r, 1, &ref);
+    for (int i = 4; i < N_STEPS; i++)
+        assert_true(fabs(b.loss[i] - ref.loss[i]) <= 1e-5 * fabs(ref.loss[i]));
+    double d = fx_rel_diff(ref.params, b.params, ref.nparams);
+    if (d > 1e-5)
+        fail_msg("after moving up: weights differ by %g from a fixed-split run", d);
+    free(a.params);
+    free(b.params);
+    free(ref.params);
+}
+
 static int setup(void **state)
 {
     fx_write_text(text_path, sizeof text_path, 60000);
@@ -172,6 +228,7 @@ int main(void)
         cmocka_unit_test(test_resume_two_ranks),
         cmocka_unit_test(test_resume_from_explicit_path),
         cmocka_unit_test(test_init_from_safetensors),
+        cmocka_unit_test(test_auto_moves_up_after_resume),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
