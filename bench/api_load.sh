@@ -29,7 +29,7 @@ trap cleanup EXIT
 mkdir -p "$tmp/data"
 for i in 1 2 3 4; do cat /usr/share/common-licenses/GPL-3; done >"$tmp/data/corpus.txt"
 "$ACCUMD" --set listen=127.0.0.1:0 --set state_dir="$tmp" --set devices=cpu --set cpu_devices=1 \
-    --set cpu_device_memory=1G --set log_level=warn >"$tmp/log" 2>&1 &
+    --set cpu_device_memory=1G --set log_level=warn ${THREADS:+--set cpu_threads_per_device=$THREADS} >"$tmp/log" 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do [ -s "$tmp/accumd.addr" ] && break; sleep 0.1; done
 B=http://$(cat "$tmp/accumd.addr")

@@ -110,6 +110,7 @@ typedef struct rank_state {
     int recompute;    /* activation recomputation now */
     int done;         /* optimizer steps applied to this rank's weights */
     int oom_ceiling;  /* smallest micro batch that ran out of memory (0 = none) */
+    float extra[MODEL_GRAD_EXTRA]; /* host copy of the gradient buffer's spare slots */
     int *sample;      /* [T+1] */
     int *inputs, *targets; /* [m*T] */
     float *weights;   /* [m*T] */
@@ -481,7 +482,7 @@ static void finish_step(rank_state *rs, int step, double t0)
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
     model_gpt2 *m = rs->model;
-    double loss = get_double(m->grads + m->nparams);
+    double loss = get_double(rs->extra + SLOT_LOSS);
     double norm = sqrt(model_grad_sumsq(m));
     double lr = optim_lr(s, step);
     model_adamw(m, (float)lr, &s->optim, (float)optim_clip_scale(norm, s->optim.grad_clip));
@@ -578,15 +579,20 @@ static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
     if (rc != 0)
         return rc;
     t->oom[rs->rank] = rec;
-    put_double(m->grads + m->nparams + SLOT_LOSS, loss_sum);
-    m->grads[m->nparams + SLOT_OOM] = rec.hit ? 1.0f : 0.0f;
+    /* the spare slots live in device memory: staged through the host */
+    memset(rs->extra, 0, sizeof rs->extra);
+    put_double(rs->extra + SLOT_LOSS, loss_sum);
+    rs->extra[SLOT_OOM] = rec.hit ? 1.0f : 0.0f;
+    kern_device *dev = rs->dev;
+    dev->ops->upload(dev, m->grads + m->nparams, rs->extra, sizeof rs->extra);
     publish_memory(rs);
     /* the one gradient all-reduce of this optimizer step; it also carries
      * the out-of-memory flag, so every rank learns of it here */
     rc = kern_comm_allreduce(t->comm, rs->rank, m->grads, m->nparams + MODEL_GRAD_EXTRA);
     if (rc != 0)
         return acc_err_set(err, rc, "", "cancelled");
-    *oom = m->grads[m->nparams + SLOT_OOM] != 0.0f;
+    dev->ops->download(dev, rs->extra, m->grads + m->nparams, sizeof rs->extra);
+    *oom = rs->extra[SLOT_OOM] != 0.0f;
     if (!*oom)
         finish_step(rs, step, t0);
     return 0;
