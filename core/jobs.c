@@ -531,6 +531,22 @@ static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
          false);
 }
 
+/* The trainer changed the job's (micro, accum) split: after an OOM, or
+ * upward under "auto". The new split is persisted with the status. */
+static void apply_split_change(job *j, const train_event *ev, const char *type, const char *bytes_key,
+                               const char *room_key)
+{
+    j->cur_micro = ev->to_micro;
+    j->cur_accum = ev->to_accum;
+    emit(j, type,
+         json_pack("{s:i, s:{s:i, s:i}, s:{s:i, s:i}, s:b, s:I, s:I}", "step", ev->step, "from", "micro_batch",
+                   ev->from_micro, "accum_steps", ev->from_accum, "to", "micro_batch", ev->to_micro, "accum_steps",
+                   ev->to_accum, "recompute", ev->recompute, bytes_key, (json_int_t)ev->bytes_asked, room_key,
+                   (json_int_t)ev->bytes_free),
+         true);
+    save_status(j);
+}
+
 static void apply_done(jobs_mgr *m, job *j, const train_event *ev)
 {
     trainer_free(j->tr);
@@ -560,26 +576,10 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
         break;
     case TEV_OOM_ADJUST:
         m->oom_adjust_total++;
-        j->cur_micro = ev->to_micro;
-        j->cur_accum = ev->to_accum;
-        emit(j, "oom_adjust",
-             json_pack("{s:i, s:{s:i, s:i}, s:{s:i, s:i}, s:b, s:I, s:I}", "step", ev->step, "from", "micro_batch",
-                       ev->from_micro, "accum_steps", ev->from_accum, "to", "micro_batch", ev->to_micro,
-                       "accum_steps", ev->to_accum, "recompute", ev->recompute, "bytes_asked",
-                       (json_int_t)ev->bytes_asked, "bytes_free", (json_int_t)ev->bytes_free),
-             true);
-        save_status(j);
+        apply_split_change(j, ev, "oom_adjust", "bytes_asked", "bytes_free");
         break;
     case TEV_SPLIT_UP:
-        j->cur_micro = ev->to_micro;
-        j->cur_accum = ev->to_accum;
-        emit(j, "split_adjust",
-             json_pack("{s:i, s:{s:i, s:i}, s:{s:i, s:i}, s:b, s:I, s:I}", "step", ev->step, "from", "micro_batch",
-                       ev->from_micro, "accum_steps", ev->from_accum, "to", "micro_batch", ev->to_micro,
-                       "accum_steps", ev->to_accum, "recompute", ev->recompute, "predicted_peak_bytes",
-                       (json_int_t)ev->bytes_asked, "usable_bytes", (json_int_t)ev->bytes_free),
-             true);
-        save_status(j);
+        apply_split_change(j, ev, "split_adjust", "predicted_peak_bytes", "usable_bytes");
         break;
     case TEV_CHECKPOINT:
         emit(j, "checkpoint", json_pack("{s:i, s:s}", "step", ev->step, "path", ev->path), true);
