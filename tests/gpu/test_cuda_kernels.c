@@ -11,6 +11,7 @@
 #include "kern_cuda.h"
 #include "kern_device.h"
 #include "kern_discover.h"
+#include "gpu_fixture.h"
 
 #define TOL 1e-5
 
@@ -370,14 +371,9 @@ int main(void)
     kern_device_info g[KERN_MAX_DEVICES];
     int n = 0;
     acc_err err = {0};
-    if (kern_cuda_query(g, KERN_MAX_DEVICES, &n, &err) != 0) {
-        fprintf(stderr, "kern_cuda_query failed: %s\n", err.msg);
-        return 1;
-    }
-    if (n == 0) {
-        printf("SKIP: no CUDA GPU on this machine\n");
-        return 77;
-    }
+    int skip = gpu_list_or_skip(g, &n);
+    if (skip != 0)
+        return skip;
     kern_device_info ci = {.kind = KERN_DEV_CPU, .index = 0, .mem_total = 0};
     snprintf(ci.name, sizeof ci.name, "cpu0");
     if (kern_cpu_open(&ci, 1, &cpu, &err) != 0 || kern_cuda_open(&g[0], 1, &gpu, &err) != 0) {

@@ -13,6 +13,7 @@
 #include "kern_cuda.h"
 #include "kern_device.h"
 #include "kern_discover.h"
+#include "gpu_fixture.h"
 #include "model_gpt2.h"
 
 enum { L = 2, NH = 4, C = 64, V = 101, VP = 128, MAXT = 32, T = 32, B = 4, STEPS = 12 };
@@ -181,14 +182,9 @@ int main(void)
     kern_device_info g[KERN_MAX_DEVICES];
     int n = 0;
     acc_err err = {0};
-    if (kern_cuda_query(g, KERN_MAX_DEVICES, &n, &err) != 0) {
-        fprintf(stderr, "kern_cuda_query failed: %s\n", err.msg);
-        return 1;
-    }
-    if (n == 0) {
-        printf("SKIP: no CUDA GPU on this machine\n");
-        return 77;
-    }
+    int skip = gpu_list_or_skip(g, &n);
+    if (skip != 0)
+        return skip;
     kern_device_info ci = {.kind = KERN_DEV_CPU, .index = 0, .mem_total = 0};
     snprintf(ci.name, sizeof ci.name, "cpu0");
     kern_device *cpu = NULL, *gpu = NULL;

@@ -14,6 +14,7 @@
 #include "kern_cuda.h"
 #include "kern_device.h"
 #include "kern_discover.h"
+#include "gpu_fixture.h"
 
 #define NELEM 1000003
 #define MAXR 8
@@ -87,14 +88,9 @@ int main(void)
     kern_device_info g[KERN_MAX_DEVICES];
     int n = 0;
     acc_err err = {0};
-    if (kern_cuda_query(g, KERN_MAX_DEVICES, &n, &err) != 0) {
-        fprintf(stderr, "kern_cuda_query failed: %s\n", err.msg);
-        return 1;
-    }
-    if (n == 0) {
-        printf("SKIP: no CUDA GPU on this machine\n");
-        return 77;
-    }
+    int skip = gpu_list_or_skip(g, &n);
+    if (skip != 0)
+        return skip;
     int nr = n < MAXR ? n : MAXR, ord[MAXR];
     for (int r = 0; r < nr; r++)
         ord[r] = g[r].index;

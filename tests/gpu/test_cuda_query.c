@@ -3,20 +3,15 @@
 #include <stdio.h>
 
 #include "kern_discover.h"
+#include "gpu_fixture.h"
 
 int main(void)
 {
     kern_device_info d[KERN_MAX_DEVICES];
     int n = 0;
-    acc_err err = {0};
-    if (kern_cuda_query(d, KERN_MAX_DEVICES, &n, &err) != 0) {
-        fprintf(stderr, "kern_cuda_query failed: %s\n", err.msg);
-        return 1;
-    }
-    if (n == 0) {
-        printf("SKIP: no CUDA GPU on this machine\n");
-        return 77;
-    }
+    int skip = gpu_list_or_skip(d, &n);
+    if (skip != 0)
+        return skip;
     for (int i = 0; i < n; i++) {
         printf("cuda:%d %s sm_%d%d %llu bytes\n", d[i].index, d[i].name, d[i].cc_major,
                d[i].cc_minor, (unsigned long long)d[i].mem_total);
