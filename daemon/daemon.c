@@ -80,6 +80,9 @@ static int discover_devices(acc_daemon *d, acc_err *err)
                            KERN_MAX_DEVICES, &d->ndevices, err);
     if (rc != 0)
         return rc;
+    if (want == KERN_WANT_AUTO && kern_cuda_built() && !kern_cuda_trains())
+        acc_log(ACC_LOG_INFO, "devices", "devices = auto: CPU devices; the CUDA training backend is "
+                "built but not enabled yet (docs/cuda.md)");
     for (int i = 0; i < d->ndevices; i++) {
         const kern_device_info *k = &d->devices[i];
         if (k->kind == KERN_DEV_CUDA)
