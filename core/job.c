@@ -43,6 +43,10 @@ json_t *job_time_json(double t)
 
 int job_add_metric(job *j, const job_metric *m, acc_err *err)
 {
+    /* a run that resumed (or restarted) redoes steps: their new figures
+     * replace the old ones, so the history stays one entry per step */
+    while (j->nmetrics > 0 && j->metrics[j->nmetrics - 1].step >= m->step)
+        j->nmetrics--;
     if (j->nmetrics == j->cap_metrics) {
         size_t cap = j->cap_metrics ? j->cap_metrics * 2 : 64;
         job_metric *nm = realloc(j->metrics, cap * sizeof *nm);

@@ -412,10 +412,9 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
         m->dev_holder[r->placed[i]] = j;
     }
     j->started_at = job_now();
-    j->step = 0;
     j->tokens = 0;
-    j->have_loss = false;
-    j->nmetrics = 0;
+    /* step, loss and history stay: a requeued job resumes from its last
+     * checkpoint, and the steps it redoes replace their old entries */
     j->cur_micro = j->spec.micro_batch;
     j->cur_accum = j->spec.accum_steps;
     j->cancel_requested = false;
@@ -585,6 +584,8 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
         emit(j, "checkpoint", json_pack("{s:i, s:s}", "step", ev->step, "path", ev->path), true);
         break;
     case TEV_LOG:
+        if (!strncmp(ev->msg, "resumed from", 12))
+            j->step = ev->step; /* the checkpoint's step: the run goes on from there */
         emit(j, "log", json_pack("{s:i, s:s}", "step", ev->step, "message", ev->msg), false);
         break;
     case TEV_DONE:
@@ -676,9 +677,6 @@ static void replay_events(job *j, char *text)
                              .accum_steps = (int)json_integer_value(json_object_get(ev, "accum_steps"))};
             if (!strcmp(json_string_value(json_object_get(ev, "job")) ?: "", j->id))
                 job_add_metric(j, &mt, NULL);
-        } else if (!strcmp(type, "state") && j->nmetrics > 0 &&
-                   !strcmp(json_string_value(json_object_get(ev, "state")) ?: "", "running")) {
-            j->nmetrics = 0; /* a new run starts the history over */
         }
         /* keep the ring's numbering exact even across skipped lines */
         j->ring.next_seq = (uint64_t)seq;
@@ -743,7 +741,12 @@ static int cmp_submit(const void *a, const void *b)
 static void requeue_after_restart(job *j)
 {
     j->restarts++;
-    j->step = 0;
+    /* the last progress the event log knows; a resume reports its step */
+    if (j->nmetrics > 0) {
+        j->step = j->metrics[j->nmetrics - 1].step;
+        j->last_loss = j->metrics[j->nmetrics - 1].loss;
+        j->have_loss = true;
+    }
     j->ndev = 0;
     j->started_at = 0;
     set_state(j, JOB_QUEUED,

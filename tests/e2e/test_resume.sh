@@ -44,6 +44,8 @@ acc_start "${ARGS[@]}"
 ref=$(acc_submit "$JOB") || exit 1
 acc_wait_state "$ref" succeeded 120
 ref_loss=$(last_loss "$ref")
+ref_hist=$(acc_curl "$BASE/v1/jobs/$ref/metrics" | jq -c '[.steps[] | [.step, .loss]]')
+expect_eq "reference history steps" "$(echo "$ref_hist" | jq -c '[.[][0]]')" "$(seq 1 40 | jq -sc .)"
 ref_model=$STATE/out/$ref/ckpt-00000040/model.safetensors
 [ -f "$ref_model" ] || fail "no final checkpoint at $ref_model: $(ls "$STATE/out/$ref")"
 ls -d "$STATE/out/$ref"/ckpt-* | wc -l | grep -qx 2 || fail "checkpoint_keep=2 not honoured: $(ls "$STATE/out/$ref")"
@@ -70,6 +72,8 @@ for seed in 11 22 33; do
     grep -q 'resumed from' "$STATE/jobs/$id/events.ndjson" || fail "no resume event after the restart"
     w=$(same_weights "$ref_model" "$out/ckpt-00000040/model.safetensors") ||
         fail "seed $seed (killed at step ~$kill_at): final weights differ from the uninterrupted run by $w"
+    hist=$(acc_curl "$BASE/v1/jobs/$id/metrics" | jq -c '[.steps[] | [.step, .loss]]')
+    expect_eq "seed $seed: step history (one entry a step, redone steps replaced)" "$hist" "$ref_hist"
     l=$(last_loss "$id")
     python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(abs(a-b) > 1e-6*abs(a))" "$ref_loss" "$l" ||
         fail "seed $seed: last loss $l, uninterrupted $ref_loss"
