@@ -12,7 +12,8 @@
 src=${ACCUMD_SRC:?}
 reader=$src/tests/support/st_read.py
 
-JOB=$(tiny_job resume 40 '"checkpoint_interval":4,"seed":7,"lr_schedule":{"type":"cosine","warmup_steps":3,"min_lr":1e-4}')
+STEPS=160 # long enough that every kill below lands mid-run
+JOB=$(tiny_job resume $STEPS '"checkpoint_interval":4,"seed":7,"lr_schedule":{"type":"cosine","warmup_steps":3,"min_lr":1e-4}')
 ARGS=(--set cpu_devices=1 --set cpu_device_memory=256M --set cpu_threads_per_device=1 --set checkpoint_keep=2)
 
 # max |a-b|/max|a| over all tensors of two model.safetensors files
@@ -45,8 +46,9 @@ ref=$(acc_submit "$JOB") || exit 1
 acc_wait_state "$ref" succeeded 120
 ref_loss=$(last_loss "$ref")
 ref_hist=$(acc_curl "$BASE/v1/jobs/$ref/metrics" | jq -c '[.steps[] | [.step, .loss]]')
-expect_eq "reference history steps" "$(echo "$ref_hist" | jq -c '[.[][0]]')" "$(seq 1 40 | jq -sc .)"
-ref_model=$STATE/out/$ref/ckpt-00000040/model.safetensors
+expect_eq "reference history steps" "$(echo "$ref_hist" | jq -c '[.[][0]]')" "$(seq 1 $STEPS | jq -sc .)"
+final=$(printf 'ckpt-%08d' $STEPS)
+ref_model=$STATE/out/$ref/$final/model.safetensors
 [ -f "$ref_model" ] || fail "no final checkpoint at $ref_model: $(ls "$STATE/out/$ref")"
 ls -d "$STATE/out/$ref"/ckpt-* | wc -l | grep -qx 2 || fail "checkpoint_keep=2 not honoured: $(ls "$STATE/out/$ref")"
 python3 "$reader" "$ref_model" --expect-gpt2 1 32 256 32 >/dev/null || fail "independent reader rejects $ref_model"
@@ -63,6 +65,7 @@ for seed in 11 22 33; do
     id=$(acc_submit "$JOB") || exit 1
     acc_wait_step "$id" "$kill_at"
     acc_kill9
+    [ "$(jq -r .state "$STATE/jobs/$id/status.json")" = running ] || fail "seed $seed: the job ended before the kill"
     out=$STATE/out/$id
     # a crash in the middle of writing a checkpoint leaves a .partial directory
     mkdir -p "$out/ckpt-00000099.partial" && echo junk >"$out/ckpt-00000099.partial/model.safetensors"
@@ -70,7 +73,7 @@ for seed in 11 22 33; do
     acc_wait_state "$id" succeeded 120
     [ -e "$out/ckpt-00000099.partial" ] && fail "partial checkpoint not cleaned up"
     grep -q 'resumed from' "$STATE/jobs/$id/events.ndjson" || fail "no resume event after the restart"
-    w=$(same_weights "$ref_model" "$out/ckpt-00000040/model.safetensors") ||
+    w=$(same_weights "$ref_model" "$out/$final/model.safetensors") ||
         fail "seed $seed (killed at step ~$kill_at): final weights differ from the uninterrupted run by $w"
     hist=$(acc_curl "$BASE/v1/jobs/$id/metrics" | jq -c '[.steps[] | [.step, .loss]]')
     expect_eq "seed $seed: step history (one entry a step, redone steps replaced)" "$hist" "$ref_hist"
