@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fsutil.h"
 #include "rng.h"
 
 enum {
@@ -403,9 +404,6 @@ int model_load_llmc(model_gpt2 *m, const char *path, acc_err *err)
 
 int model_save_llmc(const model_gpt2 *m, const char *path, acc_err *err)
 {
-    char tmp[PATH_MAX + 8];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return acc_err_set(err, ACC_EINVAL, "", "path too long: %s", path);
     float *host = malloc(m->nparams * sizeof *host);
     if (host == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory saving %s", path);
@@ -413,20 +411,8 @@ int model_save_llmc(const model_gpt2 *m, const char *path, acc_err *err)
     int32_t h[HEADER_INTS] = {MODEL_LLMC_MAGIC, MODEL_LLMC_VERSION, m->cfg.max_seq_len,
                               m->cfg.vocab_size, m->cfg.n_layer, m->cfg.n_head,
                               m->cfg.channels, m->cfg.padded_vocab_size};
-    int rc = 0;
-    FILE *f = fopen(tmp, "wb");
-    if (f == NULL)
-        rc = acc_err_set(err, ACC_EIO, "", "cannot create %s: %s", tmp, strerror(errno));
-    if (rc == 0 && (fwrite(h, sizeof h, 1, f) != 1 ||
-                    fwrite(host, sizeof *host, m->nparams, f) != m->nparams || fflush(f) != 0 ||
-                    fsync(fileno(f)) != 0))
-        rc = acc_err_set(err, ACC_EIO, "", "writing %s: %s", tmp, strerror(errno));
-    if (f != NULL && fclose(f) != 0 && rc == 0)
-        rc = acc_err_set(err, ACC_EIO, "", "closing %s: %s", tmp, strerror(errno));
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = acc_err_set(err, ACC_EIO, "", "renaming %s: %s", tmp, strerror(errno));
-    if (rc != 0 && f != NULL)
-        unlink(tmp);
+    fsu_chunk c[2] = {{h, sizeof h}, {host, m->nparams * sizeof *host}};
+    int rc = fsu_write_atomic_chunks(path, c, 2, err);
     free(host);
     return rc;
 }
