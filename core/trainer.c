@@ -55,7 +55,7 @@ typedef struct oom_record {
 } oom_record;
 
 /* Spare slots of the gradient buffer (past the parameters). */
-enum { SLOT_LOSS = 0, SLOT_OOM = 2 };
+enum { SLOT_LOSS = 0, SLOT_OOM = 2, SLOT_EVAL = 4 };
 
 typedef struct rank_ctx {
     struct trainer *t;
@@ -391,11 +391,19 @@ static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
         model_forward(rs->model, rs->inputs, rs->targets, rs->weights, n, 0, &part);
         sum += part;
     }
-    float buf[4] = {0};
+    /* reduced in device memory (a GPU collective needs it there): the
+     * gradient buffer's spare slots, free between steps */
+    model_gpt2 *md = rs->model;
+    kern_device *dev = rs->dev;
+    float *slots = md->grads + md->nparams + SLOT_EVAL;
+    float buf[2];
     put_double(buf, sum);
-    int rc = kern_comm_allreduce(t->comm, rs->rank, buf, 4);
+    dev->ops->upload(dev, slots, buf, sizeof buf);
+    int rc = kern_comm_allreduce(t->comm, rs->rank, slots, 2);
     if (rc != 0)
         return acc_err_set(err, rc, "", "cancelled");
+    dev->ops->download(dev, buf, slots, sizeof buf);
+    dev->ops->zero(dev, slots, sizeof buf); /* the next step's sums start at 0 */
     *val_loss = get_double(buf) / ((double)total * T);
     return 0;
 }
