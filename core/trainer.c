@@ -258,6 +258,8 @@ static int rank_setup(rank_state *rs, acc_err *err)
     rs->recompute = t->recompute0;
     omp_set_num_threads(t->threads);
     int rc = kern_device_open(&t->devs[rs->rank], t->threads, &rs->dev, err);
+    if (rc == 0)
+        rc = kern_comm_bind(t->comm, rs->rank, rs->dev, err);
     if (rc == 0 && (rc = model_create(rs->dev, &t->cfg, 0, T, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0)
@@ -1023,7 +1025,7 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
         free(t);
         return acc_err_set(err, ACC_ENOMEM, "", "pthread_mutex_init failed");
     }
-    if ((rc = kern_comm_create(t->nranks, &t->comm, err)) != 0) {
+    if ((rc = kern_comm_open(t->devs, t->nranks, &t->comm, err)) != 0) {
         trainer_destroy(t);
         return rc;
     }

@@ -1,14 +1,17 @@
 /* kern_comm: collectives between the ranks (worker threads) of one job.
  *
- * The CPU communicator is shared memory: every rank passes its own buffer,
- * and kern_comm_allreduce() leaves the elementwise sum in all of them. It is
- * a reduce-scatter followed by an all-gather: rank r sums chunk r of all
- * buffers in rank order 0..w-1 (so the result is bitwise reproducible and
- * identical on every rank), then each rank copies the other chunks. Ranks
- * meet at barriers; kern_comm_abort() wakes every waiter and makes every
- * later call return ACC_ECANCELLED at once, so a rank that fails or is
- * cancelled never leaves the others hanging. The all-reduce counts its
- * calls (one per call, not per rank).
+ * One interface over two implementations, chosen by the kind of the job's
+ * devices, so the trainer never knows which it runs on:
+ *  - CPU devices: shared memory (kernels/cpu/kern_comm_cpu.h): a
+ *    reduce-scatter + all-gather in fixed rank order, bitwise reproducible
+ *    and identical on every rank;
+ *  - CUDA GPUs: NCCL (kernels/cuda/kern_comm_nccl.h), buffers in device
+ *    memory, each rank's collectives queued on its device's stream.
+ * kern_comm_allreduce() leaves the elementwise sum of every rank's `buf` in
+ * all of them. kern_comm_abort() (any thread) makes every current and later
+ * call return ACC_ECANCELLED, so a rank that fails or is cancelled never
+ * leaves the others hanging. The all-reduce counts its calls (one per call,
+ * not per rank).
  */
 #ifndef ACC_KERN_COMM_H
 #define ACC_KERN_COMM_H
@@ -17,14 +20,22 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "kern_device.h"
 
 typedef struct kern_comm kern_comm;
 
+/* A communicator for the job's `n` devices (all of one kind). */
+int kern_comm_open(const kern_device_info *devs, int n, kern_comm **out, acc_err *err);
+/* A shared-memory communicator for `nranks` CPU ranks. */
 int kern_comm_create(int nranks, kern_comm **out, acc_err *err);
 void kern_comm_destroy(kern_comm *c);
 
-/* Sum `n` floats over all ranks into every rank's `buf`. Returns 0, or
- * ACC_ECANCELLED when the communicator was aborted. */
+/* Each rank, from its own thread, once its device is open (on GPUs: binds
+ * the device's stream). A no-op on CPU devices. */
+int kern_comm_bind(kern_comm *c, int rank, kern_device *dev, acc_err *err);
+
+/* Sum `n` floats over all ranks into every rank's `buf` (device memory).
+ * 0, ACC_ECANCELLED when aborted, ACC_EDEVICE on a GPU collective failure. */
 int kern_comm_allreduce(kern_comm *c, int rank, float *buf, size_t n);
 
 /* All ranks wait for each other. 0 or ACC_ECANCELLED. */

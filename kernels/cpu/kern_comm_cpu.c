@@ -1,32 +1,32 @@
-/* kern_comm_cpu: the shared-memory communicator of kern_comm.h. */
+/* kern_comm_cpu: the shared-memory communicator (see kern_comm_cpu.h). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kern_comm.h"
+#include "kern_comm_cpu.h"
 
 #define COMM_MAX_RANKS 64
 
-struct kern_comm {
+struct kern_comm_cpu {
     int nranks;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int arrived;            /* ranks at the current barrier */
-    int inside;             /* ranks inside kern_comm_allreduce */
+    int inside;             /* ranks inside kern_comm_cpu_allreduce */
     uint64_t generation;    /* barriers completed */
     atomic_int aborted;
     atomic_uint_least64_t calls;
     float *bufs[COMM_MAX_RANKS]; /* published by each rank for one all-reduce */
 };
 
-int kern_comm_create(int nranks, kern_comm **out, acc_err *err)
+int kern_comm_cpu_create(int nranks, kern_comm_cpu **out, acc_err *err)
 {
     *out = NULL;
     if (nranks < 1 || nranks > COMM_MAX_RANKS)
         return acc_err_set(err, ACC_EINVAL, "devices", "communicator of %d ranks (1..%d)",
                            nranks, COMM_MAX_RANKS);
-    kern_comm *c = calloc(1, sizeof *c);
+    kern_comm_cpu *c = calloc(1, sizeof *c);
     if (c == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of memory creating a communicator");
     c->nranks = nranks;
@@ -45,7 +45,7 @@ int kern_comm_create(int nranks, kern_comm **out, acc_err *err)
     return 0;
 }
 
-void kern_comm_destroy(kern_comm *c)
+void kern_comm_cpu_destroy(kern_comm_cpu *c)
 {
     if (c == NULL)
         return;
@@ -54,7 +54,7 @@ void kern_comm_destroy(kern_comm *c)
     free(c);
 }
 
-int kern_comm_barrier(kern_comm *c)
+int kern_comm_cpu_barrier(kern_comm_cpu *c)
 {
     pthread_mutex_lock(&c->mu);
     if (atomic_load(&c->aborted)) {
@@ -75,7 +75,7 @@ int kern_comm_barrier(kern_comm *c)
     return rc;
 }
 
-void kern_comm_abort(kern_comm *c)
+void kern_comm_cpu_abort(kern_comm_cpu *c)
 {
     pthread_mutex_lock(&c->mu);
     atomic_store(&c->aborted, 1);
@@ -83,12 +83,12 @@ void kern_comm_abort(kern_comm *c)
     pthread_mutex_unlock(&c->mu);
 }
 
-int kern_comm_aborted(kern_comm *c)
+int kern_comm_cpu_aborted(kern_comm_cpu *c)
 {
     return atomic_load(&c->aborted);
 }
 
-uint64_t kern_comm_allreduce_calls(kern_comm *c)
+uint64_t kern_comm_cpu_allreduce_calls(kern_comm_cpu *c)
 {
     return atomic_load(&c->calls);
 }
@@ -99,7 +99,7 @@ static void chunk_of(size_t n, int nranks, int r, size_t *lo, size_t *hi)
     *hi = n * (size_t)(r + 1) / (size_t)nranks;
 }
 
-static void enter(kern_comm *c)
+static void enter(kern_comm_cpu *c)
 {
     pthread_mutex_lock(&c->mu);
     c->inside++;
@@ -109,7 +109,7 @@ static void enter(kern_comm *c)
 /* A rank leaving on an abort may not return (and free its buffer) while
  * another rank may still be reading that buffer: it waits until every rank
  * has left. On success the last barrier already guarantees it. */
-static int leave(kern_comm *c, int rc)
+static int leave(kern_comm_cpu *c, int rc)
 {
     pthread_mutex_lock(&c->mu);
     c->inside--;
@@ -121,9 +121,9 @@ static int leave(kern_comm *c, int rc)
     return rc;
 }
 
-static int allreduce_phases(kern_comm *c, int rank, float *buf, size_t n);
+static int allreduce_phases(kern_comm_cpu *c, int rank, float *buf, size_t n);
 
-int kern_comm_allreduce(kern_comm *c, int rank, float *buf, size_t n)
+int kern_comm_cpu_allreduce(kern_comm_cpu *c, int rank, float *buf, size_t n)
 {
     if (rank == 0)
         atomic_fetch_add(&c->calls, 1);
@@ -133,10 +133,10 @@ int kern_comm_allreduce(kern_comm *c, int rank, float *buf, size_t n)
     return leave(c, allreduce_phases(c, rank, buf, n));
 }
 
-static int allreduce_phases(kern_comm *c, int rank, float *buf, size_t n)
+static int allreduce_phases(kern_comm_cpu *c, int rank, float *buf, size_t n)
 {
     c->bufs[rank] = buf;
-    int rc = kern_comm_barrier(c);
+    int rc = kern_comm_cpu_barrier(c);
     if (rc != 0)
         return rc;
     /* reduce-scatter: my chunk of every buffer, summed in rank order; only
@@ -149,7 +149,7 @@ static int allreduce_phases(kern_comm *c, int rank, float *buf, size_t n)
             s += c->bufs[r][i];
         buf[i] = s;
     }
-    rc = kern_comm_barrier(c);
+    rc = kern_comm_cpu_barrier(c);
     if (rc != 0)
         return rc;
     /* all-gather: every other chunk from its owner */
@@ -160,5 +160,5 @@ static int allreduce_phases(kern_comm *c, int rank, float *buf, size_t n)
         memcpy(buf + lo, c->bufs[r] + lo, (hi - lo) * sizeof *buf);
     }
     /* nobody may touch its buffer again until all have copied */
-    return kern_comm_barrier(c);
+    return kern_comm_cpu_barrier(c);
 }

@@ -154,6 +154,34 @@ static void test_single_rank(void **state)
     assert_int_equal(kern_comm_create(0, &c, &err), ACC_EINVAL);
 }
 
+/* kern_comm_open picks the implementation by the devices' kind: CPU
+ * devices get the shared-memory one (a working all-reduce), and a job mixing
+ * kinds, or GPUs in a build without CUDA, is refused. */
+static void test_open_by_kind(void **state)
+{
+    kern_device_info d[2];
+    memset(d, 0, sizeof d);
+    for (int i = 0; i < 2; i++) {
+        d[i].kind = KERN_DEV_CPU;
+        d[i].index = i;
+    }
+    kern_comm *c = NULL;
+    acc_err err = {0};
+    assert_int_equal(kern_comm_open(d, 1, &c, &err), 0);
+    float x[3] = {1, 2, 3};
+    assert_int_equal(kern_comm_bind(c, 0, NULL, &err), 0);
+    assert_int_equal(kern_comm_allreduce(c, 0, x, 3), 0); /* one rank: the sum is itself */
+    assert_true(x[0] == 1 && x[1] == 2 && x[2] == 3);
+    assert_int_equal(kern_comm_allreduce_calls(c), 1);
+    kern_comm_destroy(c);
+
+    d[0].kind = KERN_DEV_CUDA;
+    c = NULL;
+    int rc = kern_comm_open(d, 2, &c, &err);
+    assert_int_not_equal(rc, 0); /* mixed kinds, or no CUDA in this build */
+    assert_null(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -161,6 +189,7 @@ int main(void)
         cmocka_unit_test(test_abort_releases_waiters),
         cmocka_unit_test(test_abort_mid_reduction),
         cmocka_unit_test(test_single_rank),
+        cmocka_unit_test(test_open_by_kind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

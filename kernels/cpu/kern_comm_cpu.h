@@ -1,0 +1,31 @@
+/* kern_comm_cpu: the shared-memory communicator of a job's CPU-device ranks.
+ *
+ * Shared memory: every rank passes its own buffer,
+ * and kern_comm_cpu_allreduce() leaves the elementwise sum in all of them. It is
+ * a reduce-scatter followed by an all-gather: rank r sums chunk r of all
+ * buffers in rank order 0..w-1 (so the result is bitwise reproducible and
+ * identical on every rank), then each rank copies the other chunks. Ranks
+ * meet at barriers; kern_comm_cpu_abort() wakes every waiter and makes every
+ * later call return ACC_ECANCELLED at once, so a rank that fails or is
+ * cancelled never leaves the others hanging. The all-reduce counts its
+ * calls (one per call, not per rank).
+ */
+#ifndef ACC_KERN_COMM_CPU_H
+#define ACC_KERN_COMM_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+typedef struct kern_comm_cpu kern_comm_cpu;
+
+int kern_comm_cpu_create(int nranks, kern_comm_cpu **out, acc_err *err);
+void kern_comm_cpu_destroy(kern_comm_cpu *c);
+int kern_comm_cpu_allreduce(kern_comm_cpu *c, int rank, float *buf, size_t n);
+int kern_comm_cpu_barrier(kern_comm_cpu *c);
+void kern_comm_cpu_abort(kern_comm_cpu *c);
+int kern_comm_cpu_aborted(kern_comm_cpu *c);
+uint64_t kern_comm_cpu_allreduce_calls(kern_comm_cpu *c);
+
+#endif
