@@ -601,6 +601,8 @@ static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
     rc = kern_comm_allreduce(t->comm, rs->rank, m->grads, m->nparams + MODEL_GRAD_EXTRA);
     if (rc != 0)
         return acc_err_set(err, rc, "", "cancelled");
+    if ((rc = dev->ops->last_error(dev, err)) != 0) /* a GPU kernel that failed this step */
+        return rc;
     dev->ops->download(dev, rs->extra, m->grads + m->nparams, sizeof rs->extra);
     *oom = rs->extra[SLOT_OOM] != 0.0f;
     if (!*oom)

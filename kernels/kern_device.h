@@ -92,6 +92,11 @@ typedef struct kern_ops {
     double (*sumsq)(kern_device *d, const float *x, size_t n);
 
     void (*close)(kern_device *d);
+
+    /* The first failure of an asynchronous device (a kernel launch, a copy)
+     * since open: 0, or its code with the message in err. Kernels return
+     * void, so the trainer asks once a step. CPU devices never fail here. */
+    int (*last_error)(kern_device *d, acc_err *err);
 } kern_ops;
 
 struct kern_device {

@@ -515,6 +515,11 @@ static void cpu_close(kern_device *d)
     free(d);
 }
 
+static int cpu_last_error(kern_device *d, acc_err *err)
+{
+    return 0; /* every CPU kernel has finished when it returns */
+}
+
 static const kern_ops cpu_ops = {
     .backend = "cpu",
     .alloc = cpu_alloc,
@@ -538,6 +543,7 @@ static const kern_ops cpu_ops = {
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,
     .close = cpu_close,
+    .last_error = cpu_last_error,
 };
 
 int kern_cpu_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err)

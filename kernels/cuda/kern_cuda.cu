@@ -1117,6 +1117,7 @@ static const kern_ops cuda_ops = {
     /* .adamw = */ cu_adamw,
     /* .sumsq = */ cu_sumsq,
     /* .close = */ cu_close,
+    /* .last_error = */ kern_cuda_last_error,
 };
 
 static int open_fail(kern_device *d, acc_err *err)
