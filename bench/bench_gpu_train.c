@@ -29,21 +29,9 @@
 #include "kern_device.h"
 #include "kern_discover.h"
 #include "model_gpt2.h"
+#include "bench_util.h"
 
 #define PEAK_FLOPS 790e12
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 typedef struct run_out {
     double tok_s, mfu, loss0, loss_last;
@@ -108,7 +96,7 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
         }
         for (size_t i = 0; i < bt; i++)
             tgt[i] = i + 1 < bt ? tok[i + 1] : tok[0];
-        double t0 = now_s(), loss = 0.0;
+        double t0 = bench_now(), loss = 0.0;
         model_zero_grad(m);
         model_forward(m, tok, tgt, w, micro, 1, &loss);
         model_backward(m, micro);
@@ -118,7 +106,7 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
             rc = 1;
             break;
         }
-        double el = now_s() - t0;
+        double el = bench_now() - t0;
         if (step == -warmup)
             r->loss0 = loss;
         r->loss_last = loss;
@@ -129,7 +117,7 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
             dt[step] = el;
     }
     if (rc == 0) {
-        qsort(dt, (size_t)steps, sizeof *dt, cmp_double);
+        qsort(dt, (size_t)steps, sizeof *dt, bench_cmp_double);
         double med = steps % 2 ? dt[steps / 2] : 0.5 * (dt[steps / 2 - 1] + dt[steps / 2]);
         r->tok_s = (double)bt / med;
         r->mfu = 100.0 * r->tok_s * flops_tok / PEAK_FLOPS;

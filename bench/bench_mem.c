@@ -21,6 +21,7 @@
 
 #include "mem_plan.h"
 #include "trainer_run.h"
+#include "bench_util.h"
 
 typedef struct bench_args {
     int batch, threads, steps, warmup, runs;
@@ -32,20 +33,6 @@ typedef struct step_log {
     int n, cap;
     double *tok_s;
 } step_log;
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    if (n < 1)
-        return 0;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void on_event(void *ctx, const train_event *ev)
 {
@@ -117,7 +104,7 @@ static int run(const bench_args *a, const job_spec *s, double *tok_s, uint64_t *
     if (rc != 0)
         fprintf(stderr, "run failed: %s\n", err.msg);
     int skip = log.n > a->warmup ? a->warmup : 0;
-    *tok_s = median(log.tok_s + skip, log.n - skip);
+    *tok_s = bench_median(log.tok_s + skip, log.n - skip);
     *peak = h.mem_peak[0];
     free(log.tok_s);
     return rc;
@@ -130,7 +117,7 @@ static int run_median(const bench_args *a, const job_spec *s, double *tok_s, uin
     for (int r = 0; r < a->runs; r++)
         if (run(a, s, &tok[r], peak) != 0)
             return 1;
-    *tok_s = median(tok, a->runs);
+    *tok_s = bench_median(tok, a->runs);
     return 0;
 }
 

@@ -26,6 +26,7 @@
 
 #include "model_gpt2.h"
 #include "trainer_run.h"
+#include "bench_util.h"
 
 typedef struct bench_args {
     const char *config;
@@ -37,25 +38,6 @@ typedef struct step_log {
     int n, cap;
     double *tok_s;
 } step_log;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* The BLAS ceiling: one large square sgemm on OpenBLAS's own threads. */
 static double sgemm_gflops(int threads, int size, int reps)
@@ -73,14 +55,14 @@ static double sgemm_gflops(int threads, int size, int reps)
     openblas_set_num_threads(threads);
     double *g = malloc((size_t)reps * sizeof *g);
     for (int r = -1; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, size, size, size, 1.0f, a, size, b,
                     size, 0.0f, c, size);
-        double dt = now_s() - t0;
+        double dt = bench_now() - t0;
         if (r >= 0)
             g[r] = 2.0 * size * (double)size * size / dt / 1e9;
     }
-    double med = median(g, reps);
+    double med = bench_median(g, reps);
     free(g);
     free(a);
     free(b);
@@ -181,12 +163,12 @@ int main(int argc, char **argv)
             fprintf(stderr, "run failed: %s\n", err.msg);
             return 1;
         }
-        run_tok[r] = median(log.tok_s + a.warmup, log.n - a.warmup);
+        run_tok[r] = bench_median(log.tok_s + a.warmup, log.n - a.warmup);
         fprintf(stderr, "run %d: %.0f tokens/s, sgemm %.1f GFLOP/s\n", r + 1, run_tok[r],
                 run_ceiling[r]);
     }
-    double tok = median(run_tok, a.runs);
-    double ceiling = median(run_ceiling, a.runs);
+    double tok = bench_median(run_tok, a.runs);
+    double ceiling = bench_median(run_ceiling, a.runs);
     double gflops = tok * flop_per_token / 1e9;
     printf("config %s: n_layer %d n_head %d n_embd %d seq_len %d vocab 256, %.2fM params\n",
            a.config, cfg.n_layer, cfg.n_head, cfg.channels, s.model.seq_len, nparams / 1e6);

@@ -374,12 +374,8 @@ int main(void)
     int skip = gpu_list_or_skip(g, &n);
     if (skip != 0)
         return skip;
-    kern_device_info ci = {.kind = KERN_DEV_CPU, .index = 0, .mem_total = 0};
-    snprintf(ci.name, sizeof ci.name, "cpu0");
-    if (kern_cpu_open(&ci, 1, &cpu, &err) != 0 || kern_cuda_open(&g[0], 1, &gpu, &err) != 0) {
-        fprintf(stderr, "open: %s\n", err.msg);
+    if (gpu_open_pair(g, &cpu, &gpu) != 0)
         return 1;
-    }
     printf("GPU %s (sm_%d%d), budget %llu bytes\n", g[0].name, g[0].cc_major, g[0].cc_minor,
            (unsigned long long)gpu->budget);
     test_encoder();

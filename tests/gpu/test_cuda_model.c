@@ -181,17 +181,12 @@ int main(void)
 {
     kern_device_info g[KERN_MAX_DEVICES];
     int n = 0;
-    acc_err err = {0};
     int skip = gpu_list_or_skip(g, &n);
     if (skip != 0)
         return skip;
-    kern_device_info ci = {.kind = KERN_DEV_CPU, .index = 0, .mem_total = 0};
-    snprintf(ci.name, sizeof ci.name, "cpu0");
     kern_device *cpu = NULL, *gpu = NULL;
-    if (kern_cpu_open(&ci, 1, &cpu, &err) != 0 || kern_cuda_open(&g[0], 1, &gpu, &err) != 0) {
-        fprintf(stderr, "open: %s\n", err.msg);
+    if (gpu_open_pair(g, &cpu, &gpu) != 0)
         return 1;
-    }
     compare_runs(cpu, gpu, 0);
     compare_runs(cpu, gpu, 1);
     compare_bf16(gpu);

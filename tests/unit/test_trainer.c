@@ -341,6 +341,27 @@ static void on_event(void *ctx, const train_event *ev)
     pthread_mutex_unlock(&l->mu);
 }
 
+/* Start `s` on two CPU devices with events into `l`. */
+static trainer *start_logged(job_spec *s, kern_device_info *devs, ev_log *l)
+{
+    fx_devices(devs, 2, 1ull << 30);
+    trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = 1,
+                      .on_event = on_event, .event_ctx = l};
+    trainer *t;
+    acc_err err = {0};
+    assert_int_equal(trainer_start(&o, &t, &err), 0);
+    return t;
+}
+
+/* Wait until `*counter` reaches `at_least`. */
+static void wait_for(ev_log *l, const int *counter, int at_least)
+{
+    pthread_mutex_lock(&l->mu);
+    while (*counter < at_least)
+        pthread_cond_wait(&l->cv, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+}
+
 static void test_events_and_done(void **state)
 {
     job_spec s;
@@ -350,17 +371,9 @@ static void test_events_and_done(void **state)
     s.eval_interval = 2; /* after step 2, and after the last */
     s.eval_batches = 2;
     kern_device_info devs[2];
-    fx_devices(devs, 2, 1ull << 30);
     ev_log l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    trainer_opts o = {.spec = &s, .devices = devs, .threads_per_device = 1,
-                      .on_event = on_event, .event_ctx = &l};
-    trainer *t;
-    acc_err err = {0};
-    assert_int_equal(trainer_start(&o, &t, &err), 0);
-    pthread_mutex_lock(&l.mu);
-    while (!l.done)
-        pthread_cond_wait(&l.cv, &l.mu);
-    pthread_mutex_unlock(&l.mu);
+    trainer *t = start_logged(&s, devs, &l);
+    wait_for(&l, &l.done, 1);
     trainer_free(t);
     assert_int_equal(l.steps, 3);
     assert_int_equal(l.logs, 1); /* the run's summary line */
@@ -378,23 +391,12 @@ static void test_cancel(void **state)
     fx_tiny_spec(&s, text_path, BATCH, 1, 4, 2);
     s.max_steps = 100000;
     kern_device_info devs[2];
-    fx_devices(devs, 2, 1ull << 30);
     ev_log l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    trainer_opts o = {.spec = &s, .devices = devs, .threads_per_device = 1,
-                      .on_event = on_event, .event_ctx = &l};
-    trainer *t;
-    acc_err err = {0};
-    assert_int_equal(trainer_start(&o, &t, &err), 0);
-    pthread_mutex_lock(&l.mu);
-    while (l.steps < 2)
-        pthread_cond_wait(&l.cv, &l.mu);
-    pthread_mutex_unlock(&l.mu);
+    trainer *t = start_logged(&s, devs, &l);
+    wait_for(&l, &l.steps, 2);
     trainer_cancel(t);
     trainer_cancel(t); /* twice is fine */
-    pthread_mutex_lock(&l.mu);
-    while (!l.done)
-        pthread_cond_wait(&l.cv, &l.mu);
-    pthread_mutex_unlock(&l.mu);
+    wait_for(&l, &l.done, 1);
     trainer_free(t);
     assert_int_equal(l.done_status, ACC_ECANCELLED);
     assert_int_equal(l.after_done, 0);
