@@ -94,6 +94,19 @@ static void route_devices(api_server *s, const api_request *req, api_response *r
                               "memory_total_bytes", (json_int_t)d->mem_total, "memory_in_use_bytes",
                               (json_int_t)m->dev_mem_in_use[i], "memory_peak_bytes", (json_int_t)m->dev_mem_peak[i],
                               "job", h ? json_string(h->id) : json_null());
+        if (o != NULL) {
+            /* free: as the device's job last saw it (CUDA: cudaMemGetInfo,
+             * other processes included); an idle CPU device has its whole
+             * budget, an idle GPU's free memory is unknown (null) */
+            uint64_t in_use = m->dev_mem_in_use[i], fr = m->dev_mem_free[i];
+            if (fr == 0 && d->kind == KERN_DEV_CPU)
+                fr = d->mem_total > in_use ? d->mem_total - in_use : 0;
+            json_object_set_new(o, "memory_reserved_bytes",
+                                json_integer((json_int_t)(m->dev_mem_reserved[i] ? m->dev_mem_reserved[i] : in_use)));
+            json_object_set_new(o, "memory_free_bytes", fr || d->kind == KERN_DEV_CPU
+                                                             ? json_integer((json_int_t)fr)
+                                                             : json_null());
+        }
         if (o != NULL && d->kind == KERN_DEV_CUDA) {
             char cc[16];
             snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);

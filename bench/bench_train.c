@@ -11,7 +11,11 @@
  * machine load. Not a test: nothing is asserted.
  *
  *   bench_train [--config small|medium] [--threads N] [--devices W] [--micro M]
- *               [--steps S] [--warmup W] [--runs R] [--data FILE]
+ *               [--steps S] [--warmup W] [--runs R] [--data FILE] [--precision fp32|bf16]
+ *
+ *   --precision bf16: the job's "precision": "bf16" (bf16 matmul operands,
+ *   fp32 accumulation; on CPU emulated by rounding operand panels before
+ *   cblas_sgemm). FLOP/token is the same count either way.
  *
  *   small:  n_layer 4, n_head 4, n_embd 128, seq_len 64
  *   medium: n_layer 6, n_head 6, n_embd 384, seq_len 128
@@ -32,6 +36,7 @@ typedef struct bench_args {
     const char *config;
     int threads, devices, micro, steps, warmup, runs;
     const char *data;
+    int bf16;
 } bench_args;
 
 typedef struct step_log {
@@ -91,6 +96,8 @@ static void parse_args(int argc, char **argv, bench_args *a)
         else if (!strcmp(k, "--warmup")) a->warmup = atoi(v);
         else if (!strcmp(k, "--runs")) a->runs = atoi(v);
         else if (!strcmp(k, "--data")) a->data = v;
+        else if (!strcmp(k, "--precision") && (!strcmp(v, "bf16") || !strcmp(v, "fp32")))
+            a->bf16 = !strcmp(v, "bf16");
         else {
             fprintf(stderr, "unknown option %s\n", k);
             exit(2);
@@ -124,6 +131,7 @@ static void make_spec(const bench_args *a, job_spec *s)
                             .weight_decay = 0.1, .grad_clip = 1.0};
     s->max_steps = a->steps;
     s->seed = 1337;
+    s->precision = a->bf16 ? SPEC_BF16 : SPEC_FP32;
 }
 
 int main(int argc, char **argv)
@@ -174,8 +182,9 @@ int main(int argc, char **argv)
            a.config, cfg.n_layer, cfg.n_head, cfg.channels, s.model.seq_len, nparams / 1e6);
     const char *policy = getenv("OMP_WAIT_POLICY");
     printf("micro batch %d, %d device(s) x %d threads, %d runs x %d steps (%d warm-up), "
-           "OMP_WAIT_POLICY=%s\n",
-           a.micro, a.devices, a.threads, a.runs, a.steps, a.warmup, policy ? policy : "(unset)");
+           "precision %s, OMP_WAIT_POLICY=%s\n",
+           a.micro, a.devices, a.threads, a.runs, a.steps, a.warmup, a.bf16 ? "bf16" : "fp32",
+           policy ? policy : "(unset)");
     printf("tokens/s          %.0f\n", tok);
     printf("achieved GFLOP/s  %.1f  (%.3g FLOP/token)\n", gflops, flop_per_token);
     printf("sgemm GFLOP/s     %.1f  (2048^3, %d threads)\n", ceiling, a.threads * a.devices);

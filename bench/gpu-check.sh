@@ -7,9 +7,10 @@
 # Then, on the GPU machine, in the repository root, carrying .deps:
 #   bash bench/gpu-check.sh            (about 8 minutes at most)
 #
-# It builds with -Dcuda=enabled, runs the GPU tests (CUDA kernels and training
-# against the CPU reference), then the GPU benchmarks, and prints a short
-# table last. Output files go to $OUT when set (the device tool), else bench/out.
+# It builds with -Dcuda=enabled, runs the GPU tests (CUDA kernels, the model
+# and the whole trainer against the CPU reference, NCCL), then the GPU
+# benchmarks, then the daemon itself with devices = cuda (bench/gpu-daemon.py:
+# an fp32 and a bf16 job over HTTP), and prints a short table last. Output files go to $OUT when set (the device tool), else bench/out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
@@ -36,15 +37,27 @@ cudaroot=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null ||
        python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
 if [ -z "$nccl" ] && [ -f "$cudaroot/include/nccl.h" ]; then nccl=""; fi
+# the nvidia-nccl wheel ships lib/libnccl.so.2 only; the linker wants libnccl.so
+if [ -n "$nccl" ] && [ ! -e "$nccl/lib/libnccl.so" ] && [ -e "$nccl/lib/libnccl.so.2" ]; then
+    shim=$(mktemp -d /tmp/accumd-nccl.XXXXXX) # outside the tree: meson refuses in-tree absolute include dirs
+    mkdir -p "$shim/lib"
+    ln -s "$nccl/include" "$shim/include"
+    ln -s "$nccl/lib/libnccl.so.2" "$shim/lib/libnccl.so"
+    ln -s "$nccl/lib/libnccl.so.2" "$shim/lib/libnccl.so.2"
+    nccl=$shim
+fi
 export LD_LIBRARY_PATH=$cudaroot/lib64${nccl:+:$nccl/lib}:$LD_LIBRARY_PATH
-meson=(python3 "$R/usr/bin/meson")
+# meson: the machine's own when it has one (the GPU image ships it), else the carried .deb's
+if command -v meson >/dev/null 2>&1 && meson --version >/dev/null 2>&1; then meson=(meson)
+else meson=(python3 "$R/usr/bin/meson"); fi
 say "== $(date -u +%FT%TZ) gpu-check on $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 say "   nvcc $("$nvcc" --version | tail -1), cuda root $cudaroot, nccl ${nccl:-in toolkit}"
 
 # --- build
 build=$top/build/gpu
 t0=$(date +%s)
-if "${meson[@]}" setup --wipe "$build" -Dcuda=enabled -Dbuildtype=release -Dtests=true \
+rm -rf "$build" # a fresh tree: meson's --wipe refuses a directory that is not a build yet
+if "${meson[@]}" setup "$build" -Dcuda=enabled -Dbuildtype=release -Dtests=true \
         -Dcudatoolkit="$cudaroot" ${nccl:+-Dnccl_dir="$nccl"} >>"$LOG" 2>&1 &&
    ninja -C "$build" -j16 >>"$LOG" 2>&1; then
     row "build (-Dcuda=enabled)" ok "$(( $(date +%s) - t0 )) s"
@@ -57,24 +70,40 @@ fi
 
 # --- GPU tests: CUDA vs CPU reference
 t0=$(date +%s)
-timeout 240 "${meson[@]}" test -C "$build" --suite gpu --print-errorlogs >>"$LOG" 2>&1
+timeout 200 "${meson[@]}" test -C "$build" --suite gpu --print-errorlogs >>"$LOG" 2>&1
 rc=$?
 summary=$(grep -E '^(Ok|Fail|Skipped|Timeout):' "$build/meson-logs/testlog.txt" 2>/dev/null | tr -s ' ' | tr '\n' ' ')
-row "GPU tests (suite gpu)" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$summary($(( $(date +%s) - t0 )) s)"
+# on the GPU machine a skipped GPU test means the GPU was not seen: not ok
+verdict=FAIL
+if [ $rc -eq 0 ]; then
+    if grep -qE '^Skipped: +0' "$build/meson-logs/testlog.txt" 2>/dev/null; then verdict=ok; else verdict=SKIPPED; fi
+fi
+row "GPU tests (suite gpu)" "$verdict" "$summary($(( $(date +%s) - t0 )) s)"
 cp "$build/meson-logs/testlog.txt" "$OUTDIR/gpu-tests.txt" 2>/dev/null
 
 # --- benchmarks: each prints "RESULT key value" lines
 for b in "$build"/bench/bench_gpu*; do
-    [ -x "$b" ] || continue
+    [ -f "$b" ] && [ -x "$b" ] || continue
     name=$(basename "$b")
     t0=$(date +%s)
-    timeout 200 "$b" >"$OUTDIR/$name.txt" 2>&1
+    timeout 150 "$b" >"$OUTDIR/$name.txt" 2>&1
     rc=$?
     cat "$OUTDIR/$name.txt" >>"$LOG"
     while read -r _ key val; do row "$name $key" "" "$val"; done < <(grep '^RESULT ' "$OUTDIR/$name.txt")
-    [ $rc -eq 0 ] || row "$name" FAIL "exit $rc"
+    if [ $rc -ne 0 ]; then row "$name" FAIL "exit $rc"
+    elif ! grep -q '^RESULT ' "$OUTDIR/$name.txt"; then row "$name" "" "$(head -1 "$OUTDIR/$name.txt")"; fi
 done
 [ -n "$(ls "$build"/bench/bench_gpu* 2>/dev/null)" ] || row "GPU benchmarks" none "no bench_gpu* programs built yet"
+
+# --- the daemon itself on the GPU: devices = cuda, jobs over HTTP (fp32, bf16)
+t0=$(date +%s)
+dstate=$(mktemp -d /tmp/accumd-gpu-check.XXXXXX)
+timeout 200 python3 "$top/bench/gpu-daemon.py" "$build/accumd" "$top" "$dstate" >"$OUTDIR/gpu-daemon.txt" 2>&1
+rc=$?
+cat "$OUTDIR/gpu-daemon.txt" >>"$LOG"
+cp "$dstate/daemon.log" "$OUTDIR/gpu-daemon-accumd.log" 2>/dev/null
+while read -r _ key val; do row "$key" "" "$val"; done < <(grep '^RESULT ' "$OUTDIR/gpu-daemon.txt")
+row "daemon on GPU (devices = cuda)" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$(( $(date +%s) - t0 )) s"
 
 say ""
 say "== gpu-check summary ($(date -u +%F))"

@@ -25,4 +25,7 @@ for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/root; done
 find .deps/root -name '*.a' -delete
 rm -rf .deps/root/usr/share/doc .deps/root/usr/share/man .deps/root/usr/share/locale \
        .deps/root/usr/lib/x86_64-linux-gnu/openblas-pthread/liblapack*
+# a shared-library build never links the private requirements, but pkg-config
+# still looks them up (libmicrohttpd.pc: gnutls): drop them from our copies
+find .deps/root -name '*.pc' -exec sed -i '/^Requires.private:/d' {} +
 du -sh .deps/root

@@ -79,12 +79,13 @@ static json_t *devices_json(const job *j, const kern_device_info *devs)
 
 json_t *job_to_json(const job *j, bool full, const kern_device_info *devs)
 {
-    json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:i, s:i, s:o, s:o, s:o, s:i, s:I}", "id", j->id,
-                          "name", j->spec.name, "state", job_state_name(j->state), "priority", j->spec.priority,
+    json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:i, s:i, s:o, s:o, s:s, s:o, s:i, s:I}", "id",
+                          j->id, "name", j->spec.name, "state", job_state_name(j->state), "priority", j->spec.priority,
                           "submitted_at", job_time_json(j->submitted_at), "started_at", job_time_json(j->started_at),
                           "finished_at", job_time_json(j->finished_at), "step", j->step, "max_steps",
                           j->spec.max_steps, "loss", j->have_loss ? num_or_null(j->last_loss) : json_null(),
-                          "batch", batch_json(j), "devices", devices_json(j, devs), "restarts", j->restarts,
+                          "batch", batch_json(j), "precision", spec_precision_name(j->spec.precision),
+                          "devices", devices_json(j, devs), "restarts", j->restarts,
                           "last_event", (json_int_t)(j->ring.next_seq - 1));
     if (o == NULL)
         return NULL;

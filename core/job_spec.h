@@ -18,7 +18,16 @@
 #include "err.h"
 
 typedef enum spec_data_format { SPEC_DATA_TEXT = 0, SPEC_DATA_TOKENS = 1 } spec_data_format;
+/* fp32: everything in fp32. bf16: the linear layers' products take bf16
+ * operands with fp32 accumulation; weights, gradients, optimizer state and
+ * every other kernel stay fp32 (kern_device.h set_precision). */
 typedef enum spec_precision { SPEC_FP32 = 0, SPEC_BF16 = 1 } spec_precision;
+
+/* "fp32" / "bf16", as the spec's "precision" spells it. */
+static inline const char *spec_precision_name(spec_precision p)
+{
+    return p == SPEC_BF16 ? "bf16" : "fp32";
+}
 
 typedef enum spec_lr_type {
     SPEC_LR_CONSTANT = 0,

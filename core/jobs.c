@@ -201,8 +201,8 @@ static void sched_devs(const jobs_mgr *m, sched_dev *sd)
 /* The planner's table for a dry run: each candidate micro batch with its
  * predicted peak per device and whether it fits the smallest budget of the
  * devices of that kind (less the planner's margin). */
-static json_t *plan_json(const job_spec *s, uint64_t budget, uint64_t *peak_out,
-                         int *micro_out)
+static json_t *plan_json(const job_spec *s, kern_dev_kind kind, uint64_t budget,
+                         uint64_t *peak_out, int *micro_out)
 {
     plan_row *rows = calloc(PLAN_MAX_ROWS, sizeof *rows);
     json_t *arr = json_array();
@@ -210,7 +210,7 @@ static json_t *plan_json(const job_spec *s, uint64_t budget, uint64_t *peak_out,
     acc_err err = {0};
     *peak_out = 0;
     *micro_out = s->micro_batch;
-    if (rows == NULL || arr == NULL || plan_candidates(s, budget, rows, PLAN_MAX_ROWS, &n, &chosen, &err) != 0) {
+    if (rows == NULL || arr == NULL || plan_candidates_on(s, kind, budget, rows, PLAN_MAX_ROWS, &n, &chosen, &err) != 0) {
         free(rows);
         json_decref(arr);
         return json_null();
@@ -245,7 +245,8 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s)
             budget = m->devs[i].mem_total;
     uint64_t peak;
     int micro;
-    json_t *cands = plan_json(s, budget, &peak, &micro);
+    kern_dev_kind kind = m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU; /* all of one kind */
+    json_t *cands = plan_json(s, kind, budget, &peak, &micro);
     json_t *devs = json_array(), *mem = json_array();
     for (int i = 0; i < s->devices; i++) {
         if (r.start)
@@ -258,10 +259,10 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s)
             sched_order(m->jobs[i]->spec.priority, m->jobs[i]->submit_seq, s->priority, m->next_submit) < 0)
             queued_before++;
     int per_rank = s->train_batch_size / (s->devices > 0 ? s->devices : 1);
-    return json_pack("{s:b, s:{s:i, s:i, s:i, s:i, s:b}, s:{s:b, s:o, s:s, s:i}, s:o, s:I, s:o}", "dry_run", 1,
+    return json_pack("{s:b, s:{s:i, s:i, s:i, s:i, s:b}, s:s, s:{s:b, s:o, s:s, s:i}, s:o, s:I, s:o}", "dry_run", 1,
                      "batch", "train_batch_size", s->train_batch_size, "micro_batch", micro, "accum_steps",
                      micro > 0 ? per_rank / micro : 0, "world", s->devices, "micro_auto", s->micro_auto,
-                     "placement", "starts_now", r.start && queued_before == 0, "devices", devs, "kind",
+                     "precision", spec_precision_name(s->precision), "placement", "starts_now", r.start && queued_before == 0, "devices", devs, "kind",
                      m->ndev > 0 && m->devs[0].kind == KERN_DEV_CUDA ? "cuda" : "cpu", "queued_before",
                      queued_before, "predicted_peak_memory_bytes", mem, "device_memory_bytes", (json_int_t)budget,
                      "micro_batch_candidates", cands);
@@ -397,6 +398,8 @@ static void release_devices(jobs_mgr *m, job *j)
         if (m->dev_holder[d] == j) {
             m->dev_holder[d] = NULL;
             m->dev_mem_in_use[d] = 0;
+            m->dev_mem_reserved[d] = 0;
+            m->dev_mem_free[d] = 0; /* unknown until the next job reports */
         }
     }
 }
@@ -503,6 +506,8 @@ static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
     for (int r = 0; r < nr; r++) {
         int d = j->dev_idx[r];
         m->dev_mem_in_use[d] = ev->mem_in_use[r];
+        m->dev_mem_reserved[d] = ev->mem_reserved[r];
+        m->dev_mem_free[d] = ev->mem_free[r];
         if (ev->mem_peak[r] > m->dev_mem_peak[d])
             m->dev_mem_peak[d] = ev->mem_peak[r];
         if (ev->mem_peak[r] > mt.mem_peak)

@@ -35,6 +35,9 @@ struct jobs_mgr {
     int ndev;
     job *dev_holder[KERN_MAX_DEVICES];
     uint64_t dev_mem_in_use[KERN_MAX_DEVICES], dev_mem_peak[KERN_MAX_DEVICES];
+    /* as the job on the device last reported (kern_device_mem_info):
+     * bytes it holds from the device, bytes free on it (0: not seen yet) */
+    uint64_t dev_mem_reserved[KERN_MAX_DEVICES], dev_mem_free[KERN_MAX_DEVICES];
     job **jobs;            /* in submission order */
     size_t njobs, cap;
     uint64_t next_submit;

@@ -54,6 +54,37 @@ int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uin
     return 0;
 }
 
+void plan_cuda_bf16_split(const model_config *cfg, int micro_batch, int seq_len, uint64_t *a,
+                          uint64_t *b)
+{
+    uint64_t n = (uint64_t)micro_batch * (uint64_t)seq_len;
+    uint64_t c = (uint64_t)cfg->channels, vp = (uint64_t)cfg->padded_vocab_size;
+    uint64_t wide = 4 * c > vp ? 4 * c : vp;
+    uint64_t bb = vp * c;
+    if (4 * c * c > bb)
+        bb = 4 * c * c;
+    if (n * 4 * c > bb)
+        bb = n * 4 * c;
+    *a = 2 * n * wide;
+    *b = 2 * bb;
+}
+
+uint64_t plan_cuda_bf16_bytes(const model_config *cfg, int micro_batch, int seq_len)
+{
+    uint64_t a, b;
+    plan_cuda_bf16_split(cfg, micro_batch, seq_len, &a, &b);
+    return a + b;
+}
+
+uint64_t plan_act_bytes(const model_config *cfg, kern_dev_kind kind, spec_precision precision,
+                        int micro_batch, int seq_len, bool recompute)
+{
+    uint64_t acts = model_act_bytes(cfg, micro_batch, seq_len, recompute);
+    if (kind == KERN_DEV_CUDA && precision == SPEC_BF16)
+        acts += plan_cuda_bf16_bytes(cfg, micro_batch, seq_len);
+    return acts;
+}
+
 uint64_t plan_usable_bytes(uint64_t budget)
 {
     if (budget == 0)
@@ -78,11 +109,11 @@ int plan_next_larger_micro(int per_rank, int m)
 }
 
 static plan_row make_row(const model_config *cfg, const job_spec *spec, int per_rank, int m,
-                         bool recompute, uint64_t usable)
+                         bool recompute, uint64_t usable, kern_dev_kind kind)
 {
     plan_row r = {.micro_batch = m, .accum_steps = per_rank / m, .recompute = recompute};
     r.state_bytes = model_state_bytes(cfg);
-    r.act_bytes = model_act_bytes(cfg, m, spec->model.seq_len, recompute);
+    r.act_bytes = plan_act_bytes(cfg, kind, spec->precision, m, spec->model.seq_len, recompute);
     r.peak_bytes = r.state_bytes + r.act_bytes;
     r.fits = r.peak_bytes <= usable;
     return r;
@@ -101,6 +132,12 @@ static int pick(const plan_row *rows, int nmain, int n)
 int plan_candidates(const job_spec *spec, uint64_t budget, plan_row *rows, int max, int *n,
                     int *chosen, acc_err *err)
 {
+    return plan_candidates_on(spec, KERN_DEV_CPU, budget, rows, max, n, chosen, err);
+}
+
+int plan_candidates_on(const job_spec *spec, kern_dev_kind kind, uint64_t budget, plan_row *rows,
+                       int max, int *n, int *chosen, acc_err *err)
+{
     *n = 0;
     *chosen = -1;
     if (spec->devices < 1 || spec->train_batch_size < 1 ||
@@ -117,10 +154,10 @@ int plan_candidates(const job_spec *spec, uint64_t budget, plan_row *rows, int m
     bool rec = spec->activation_checkpointing;
     for (int m = 1; m <= per_rank && *n < max; m++)
         if (per_rank % m == 0)
-            rows[(*n)++] = make_row(&cfg, spec, per_rank, m, rec, usable);
+            rows[(*n)++] = make_row(&cfg, spec, per_rank, m, rec, usable, kind);
     int nmain = *n;
     if (!rec && spec->oom_adapt && *n < max)
-        rows[(*n)++] = make_row(&cfg, spec, per_rank, 1, true, usable);
+        rows[(*n)++] = make_row(&cfg, spec, per_rank, 1, true, usable, kind);
     *chosen = pick(rows, nmain, *n);
     return 0;
 }

@@ -5,7 +5,7 @@
  * gradients (+ spare slots), two AdamW moments, and activations for
  * micro_batch x seq_len tokens (all layers stored, or one layer plus each
  * block's output in recompute mode), plus the backend's workspace (none on
- * CPU devices). Nothing else is allocated while a job trains, so on CPU
+ * CPU devices, in fp32 and in bf16 alike). Nothing else is allocated while a job trains, so on CPU
  * devices the prediction is the measured peak to the byte; it does not
  * depend on gradient_accumulation_steps.
  *
@@ -24,6 +24,7 @@
 
 #include "err.h"
 #include "job_spec.h"
+#include "kern_discover.h"
 #include "model_gpt2.h"
 
 #define PLAN_MARGIN_PCT 5   /* safety margin kept free of the budget */
@@ -34,7 +35,8 @@ typedef struct plan_row {
     int accum_steps;        /* a = B / (m w) */
     bool recompute;         /* activation recomputation on */
     uint64_t state_bytes;   /* parameters, gradients, AdamW moments */
-    uint64_t act_bytes;     /* activations for m x seq_len */
+    uint64_t act_bytes;     /* activations for m x seq_len (+ the backend's
+                               per-m workspace: CUDA bf16 operand buffers) */
     uint64_t peak_bytes;    /* predicted per-device peak: state + activations */
     bool fits;              /* peak <= budget * (100 - PLAN_MARGIN_PCT) / 100 */
 } plan_row;
@@ -45,6 +47,31 @@ int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err);
 /* Predicted per-device peak for (spec, micro_batch, recompute). */
 int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uint64_t *bytes,
                       acc_err *err);
+
+/* CUDA devices with precision bf16 only: the device bytes of the CUDA
+ * backend's two bf16 operand buffers (kern_cuda.cu lin_gemm), which are
+ * accounted allocations that model_device_bytes does not count. Each holds
+ * the largest bf16 copy of one operand side over the linear layers'
+ * products for micro_batch x seq_len tokens (N = m T):
+ *   A side: N x max(4C, Vp)  (fc / fc-proj activations, the logits' gradient)
+ *   B side: max(Vp C, 4C C, N 4C)  (wte, the MLP weights, fc-proj's input)
+ * times 2 bytes. They grow on first use and are kept, so after the first
+ * step a CUDA bf16 rank's peak is model_device_bytes + this. 0 on CPU
+ * devices (their rounding scratch is fixed and outside the budget) and in
+ * fp32. The trainer sizes them exactly, up front, when it allocates the
+ * activations (kern_device_bf16_scratch), so that an out-of-memory there is
+ * the recoverable kind; plan_act_bytes() counts them for CUDA devices. It is
+ * checked against the GPU's accounting in tests/gpu/test_cuda_model.c. */
+uint64_t plan_cuda_bf16_bytes(const model_config *cfg, int micro_batch, int seq_len);
+/* The same, as the two buffers' sizes (bytes): A side, B side. */
+void plan_cuda_bf16_split(const model_config *cfg, int micro_batch, int seq_len, uint64_t *a,
+                          uint64_t *b);
+
+/* Bytes a device of `kind` allocates for micro_batch x seq_len beyond the
+ * state: the activations (model_act_bytes) plus, on CUDA in bf16, the
+ * operand buffers. The whole per-m part of the peak. */
+uint64_t plan_act_bytes(const model_config *cfg, kern_dev_kind kind, spec_precision precision,
+                        int micro_batch, int seq_len, bool recompute);
 
 /* Bytes of a budget the planner lets a job use (0 = unlimited: UINT64_MAX). */
 uint64_t plan_usable_bytes(uint64_t budget);
@@ -64,5 +91,8 @@ int plan_next_larger_micro(int per_rank, int m);
  * of w or the model config is invalid. */
 int plan_candidates(const job_spec *spec, uint64_t budget, plan_row *rows, int max, int *n,
                     int *chosen, acc_err *err);
+/* The same for devices of `kind` (plan_candidates: CPU devices). */
+int plan_candidates_on(const job_spec *spec, kern_dev_kind kind, uint64_t budget, plan_row *rows,
+                       int max, int *n, int *chosen, acc_err *err);
 
 #endif

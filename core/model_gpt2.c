@@ -543,6 +543,11 @@ static void block_backward(model_gpt2 *m, int l, int B)
 
 void model_backward(model_gpt2 *m, int nseq)
 {
+    model_backward_notify(m, nseq, NULL, NULL);
+}
+
+void model_backward_notify(model_gpt2 *m, int nseq, model_grads_done_fn done, void *ctx)
+{
     kern_device *d = m->dev;
     const kern_ops *k = d->ops;
     model_acts *a = &m->a;
@@ -565,8 +570,37 @@ void model_backward(model_gpt2 *m, int nseq)
         if (m->recompute)
             block_forward(m, l, B);
         block_backward(m, l, B);
+        if (done != NULL)
+            done(ctx, l);
     }
     k->encoder_bwd(d, P(m, g, P_WTE, 0, 0), P(m, g, P_WPE, 0, 0), a->dresid, a->tokens, B, T, C);
+    if (done != NULL)
+        done(ctx, -1);
+}
+
+size_t model_block_params(const model_config *cfg)
+{
+    size_t sz[MODEL_NTENSORS], n = 0;
+    tensor_sizes(cfg, sz);
+    for (int i = P_LN1W; i <= P_FCPROJB; i++)
+        n += sz[i] / (size_t)cfg->n_layer;
+    return n;
+}
+
+int model_grad_spans(const model_gpt2 *m, int lo, int hi, int ends, kern_span *out)
+{
+    int n = 0;
+    size_t L = (size_t)m->cfg.n_layer;
+    if (ends) /* wte, wpe: the buffer's start */
+        out[n++] = (kern_span){0, m->tensor_off[P_LN1W]};
+    for (int i = P_LN1W; hi > lo && i <= P_FCPROJB; i++) {
+        size_t per = m->tensor_size[i] / L;
+        out[n++] = (kern_span){m->tensor_off[i] + (size_t)lo * per, (size_t)(hi - lo) * per};
+    }
+    if (ends) /* lnfw, lnfb and the spare slots: the buffer's end */
+        out[n++] = (kern_span){m->tensor_off[P_LNFW],
+                               m->nparams + MODEL_GRAD_EXTRA - m->tensor_off[P_LNFW]};
+    return n;
 }
 
 void model_zero_grad(model_gpt2 *m)

@@ -36,6 +36,7 @@
 #include "err.h"
 #include "job_spec.h"
 #include "kern_device.h"
+#include "kern_span.h"
 
 #define MODEL_NTENSORS 16
 #define MODEL_GRAD_EXTRA 16
@@ -126,6 +127,24 @@ void model_forward(model_gpt2 *m, const int *tokens, const int *targets, const f
                    int nseq, int want_grad, double *loss_sum);
 /* Add this micro-batch's gradients to m->grads. */
 void model_backward(model_gpt2 *m, int nseq);
+
+/* model_backward that reports its progress, for a reduction overlapping it:
+ * done(ctx, l) is called once the gradients of layers l..L-1 (and of the
+ * final LayerNorm) are complete for this micro-batch, for l = L-1 down to 0,
+ * then done(ctx, -1) once every gradient is (the embeddings come last: wte
+ * gets gradient both first, from the logits, and last). */
+typedef void (*model_grads_done_fn)(void *ctx, int layer);
+void model_backward_notify(model_gpt2 *m, int nseq, model_grads_done_fn done, void *ctx);
+
+/* Parameters (= gradient floats) of one transformer block. */
+size_t model_block_params(const model_config *cfg);
+/* The gradient buffer's spans for layers [lo, hi) (one per block tensor,
+ * none when lo == hi) and, with `ends`, the rest of the buffer: wte + wpe
+ * at its start, the final LayerNorm + MODEL_GRAD_EXTRA slots at its end.
+ * Writes at most MODEL_MAX_GRAD_SPANS; returns how many. Buckets that
+ * together cover [0, L) once and the ends once cover the buffer exactly. */
+#define MODEL_MAX_GRAD_SPANS (MODEL_NTENSORS - 4 + 2)
+int model_grad_spans(const model_gpt2 *m, int lo, int hi, int ends, kern_span *out);
 
 void model_zero_grad(model_gpt2 *m);
 /* Sum of squares of the parameter gradients (not the extra slots). */

@@ -7,7 +7,10 @@
  *   2. accum_steps micro-steps: forward with per-token weights
  *      mask/N_total, backward summed into the grads buffer, no communication;
  *   3. the step's loss sum goes into the grads buffer's spare slots and the
- *      whole buffer is all-reduced once;
+ *      whole buffer is all-reduced once, in buckets that start during the
+ *      last micro-step's backward as soon as their layers' gradients are
+ *      complete (on GPUs they travel on their own stream while the earlier
+ *      layers' backward runs; see grad_bucket below);
  *   4. global-norm clip, AdamW, zero grads -- identically on every rank, so
  *      the replicas stay bitwise equal without a broadcast.
  * Rank 0 publishes the events; the last rank to finish publishes TEV_DONE.
@@ -57,6 +60,17 @@ typedef struct oom_record {
 /* Spare slots of the gradient buffer (past the parameters). */
 enum { SLOT_LOSS = 0, SLOT_OOM = 2, SLOT_EVAL = 4 };
 
+/* One bucket of the step's gradient reduction: started once the backward of
+ * the last micro-step has finished layer `after_layer` (-1: everything,
+ * the embeddings included; the final bucket also carries the spare slots).
+ * The plan depends only on the model and the bucket size, so every rank
+ * makes the same calls in the same order, which the collectives require. */
+typedef struct grad_bucket {
+    int after_layer;
+    int nspans;
+    kern_span spans[MODEL_MAX_GRAD_SPANS];
+} grad_bucket;
+
 typedef struct rank_ctx {
     struct trainer *t;
     int rank;
@@ -89,6 +103,7 @@ struct trainer {
     /* each rank writes its own entry before the step's all-reduce; rank 0
      * reads them all after it, while others may already write the next */
     atomic_uint_least64_t mem_in_use[TRAIN_MAX_RANKS], mem_peak[TRAIN_MAX_RANKS];
+    atomic_uint_least64_t mem_reserved[TRAIN_MAX_RANKS], mem_free[TRAIN_MAX_RANKS];
     rank_ctx ranks[TRAIN_MAX_RANKS];
     oom_record oom[TRAIN_MAX_RANKS];
     int recompute0;            /* initial activation recomputation */
@@ -111,6 +126,12 @@ typedef struct rank_state {
     int done;         /* optimizer steps applied to this rank's weights */
     int oom_ceiling;  /* smallest micro batch that ran out of memory (0 = none) */
     float extra[MODEL_GRAD_EXTRA]; /* host copy of the gradient buffer's spare slots */
+    grad_bucket *buckets; /* the reduction plan, [nbuckets], last one after_layer -1 */
+    int nbuckets;
+    int next_bucket;  /* first bucket not yet started this step */
+    int bucket_rc;    /* first failed start this step (0 = none) */
+    double step_loss_sum; /* this rank's loss sum of the step (for the slots) */
+    int step_oom;     /* this rank ran out of memory in this step attempt */
     int *sample;      /* [T+1] */
     int *inputs, *targets; /* [m*T] */
     float *weights;   /* [m*T] */
@@ -164,9 +185,6 @@ static int check_batch(const job_spec *s, acc_err *err)
         return acc_err_set(err, ACC_EINVAL, "train_batch_size",
                            "train_batch_size %d != %d * %d * %d (micro * accum * world)",
                            s->train_batch_size, s->micro_batch, s->accum_steps, s->devices);
-    if (s->precision != SPEC_FP32)
-        return acc_err_set(err, ACC_EINVAL, "precision",
-                           "the CPU engine trains in fp32 only");
     if (s->max_steps < 0)
         return acc_err_set(err, ACC_EINVAL, "max_steps", "must be >= 0");
     return 0;
@@ -248,6 +266,34 @@ static int init_weights(rank_state *rs, acc_err *err)
     return model_load_llmc(rs->model, s->model.init_from, err);
 }
 
+/* Cut the gradient buffer into buckets of about `bytes` each, walking the
+ * layers from the last (whose gradients are complete first) to the first;
+ * the rest, with the embeddings, the final LayerNorm and the spare slots,
+ * is the final bucket. */
+static int plan_buckets(rank_state *rs, size_t bytes, acc_err *err)
+{
+    const model_gpt2 *m = rs->model;
+    int L = m->cfg.n_layer;
+    size_t layer_bytes = model_block_params(&m->cfg) * sizeof(float);
+    rs->buckets = calloc((size_t)L + 1, sizeof *rs->buckets);
+    if (rs->buckets == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the bucket plan");
+    int n = 0, hi = L;
+    for (int l = L - 1; l >= 1; l--) {
+        if ((size_t)(hi - l) * layer_bytes < bytes)
+            continue;
+        grad_bucket *b = &rs->buckets[n++];
+        b->after_layer = l;
+        b->nspans = model_grad_spans(m, l, hi, 0, b->spans);
+        hi = l;
+    }
+    grad_bucket *last = &rs->buckets[n++];
+    last->after_layer = -1;
+    last->nspans = model_grad_spans(m, 0, hi, 1, last->spans);
+    rs->nbuckets = n;
+    return 0;
+}
+
 static int rank_setup(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
@@ -258,12 +304,19 @@ static int rank_setup(rank_state *rs, acc_err *err)
     rs->recompute = t->recompute0;
     omp_set_num_threads(t->threads);
     int rc = kern_device_open(&t->devs[rs->rank], t->threads, &rs->dev, err);
+    if (rc == 0) /* bf16: the linear layers' products (kern_device.h) */
+        rc = rs->dev->ops->set_precision(rs->dev, s->precision == SPEC_BF16, err);
     if (rc == 0)
         rc = kern_comm_bind(t->comm, rs->rank, rs->dev, err);
     if (rc == 0 && (rc = model_create(rs->dev, &t->cfg, 0, T, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0)
         rc = init_weights(rs, err);
+    if (rc == 0) {
+        train_hooks *h = t->hooks;
+        rc = plan_buckets(rs, h != NULL && h->bucket_bytes > 0 ? h->bucket_bytes : TRAIN_BUCKET_BYTES,
+                          err);
+    }
     if (rc != 0)
         return rc;
     rs->sample = malloc((size_t)(T + 1) * sizeof *rs->sample);
@@ -287,6 +340,7 @@ static void rank_teardown(rank_state *rs)
     free(rs->targets);
     free(rs->weights);
     free(rs->mask);
+    free(rs->buckets);
     data_order_free(&rs->order);
     model_free(rs->model);
     kern_device_close(rs->dev);
@@ -365,6 +419,10 @@ static void publish_memory(rank_state *rs)
 {
     atomic_store_explicit(&rs->t->mem_in_use[rs->rank], rs->dev->in_use, memory_order_relaxed);
     atomic_store_explicit(&rs->t->mem_peak[rs->rank], rs->dev->peak, memory_order_relaxed);
+    kern_mem_info mi;
+    kern_device_mem_info(rs->dev, &mi);
+    atomic_store_explicit(&rs->t->mem_reserved[rs->rank], mi.reserved, memory_order_relaxed);
+    atomic_store_explicit(&rs->t->mem_free[rs->rank], mi.free_bytes, memory_order_relaxed);
 }
 
 /* Eval loss over eval_batches x B validation samples, split over ranks. */
@@ -430,6 +488,8 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
     for (int r = 0; r < t->nranks; r++) {
         ev->mem_in_use[r] = atomic_load_explicit(&t->mem_in_use[r], memory_order_relaxed);
         ev->mem_peak[r] = atomic_load_explicit(&t->mem_peak[r], memory_order_relaxed);
+        ev->mem_reserved[r] = atomic_load_explicit(&t->mem_reserved[r], memory_order_relaxed);
+        ev->mem_free[r] = atomic_load_explicit(&t->mem_free[r], memory_order_relaxed);
     }
     emit(t, ev);
     free(ev);
@@ -528,6 +588,27 @@ static int injected_oom(rank_state *rs, int step, int micro)
            h->inject_oom(h->oom_ctx, rs->rank, step, micro, rs->m);
 }
 
+/* The per-micro-batch part of this rank's device bytes at micro batch m:
+ * activations, plus the CUDA bf16 operand buffers (mem_plan.h). */
+static uint64_t rank_act_bytes(const rank_state *rs, int m)
+{
+    const trainer *t = rs->t;
+    return plan_act_bytes(&t->cfg, t->devs[rs->rank].kind, t->spec.precision, m,
+                          t->spec.model.seq_len, rs->recompute);
+}
+
+/* Activations for m, then the backend's workspace sized for m. */
+static int alloc_acts(rank_state *rs, acc_err *err)
+{
+    model_gpt2 *m = rs->model;
+    uint64_t a, b;
+    plan_cuda_bf16_split(&rs->t->cfg, rs->m, m->T, &a, &b);
+    int rc = model_acts_alloc(m, rs->m, rs->recompute, err);
+    if (rc == 0 && (rc = kern_device_bf16_scratch(rs->dev, a, b, err)) != 0)
+        model_acts_free(m);
+    return rc;
+}
+
 /* Allocate the activations of the split now unless they are there. An
  * ACC_EOOM is not returned but recorded in `rec`, for the agreement. */
 static int ensure_acts(rank_state *rs, oom_record *rec, acc_err *err)
@@ -536,11 +617,14 @@ static int ensure_acts(rank_state *rs, oom_record *rec, acc_err *err)
     kern_device *d = rs->dev;
     if (m->B == rs->m && m->recompute == rs->recompute)
         return 0;
-    model_acts_free(m); /* so "free" below is measured without the old ones */
+    /* the old ones go first, so "free" below is measured without them */
+    model_acts_free(m);
     acc_err e = {0};
-    int rc = model_acts_alloc(m, rs->m, rs->recompute, &e);
+    int rc = kern_device_bf16_scratch(d, 0, 0, &e);
+    if (rc == 0)
+        rc = alloc_acts(rs, &e);
     if (rc == ACC_EOOM) {
-        record_oom(rs, model_act_bytes(&rs->t->cfg, rs->m, m->T, rs->recompute), rec);
+        record_oom(rs, rank_act_bytes(rs, rs->m), rec);
         return 0;
     }
     if (rc != 0 && err != NULL)
@@ -550,14 +634,43 @@ static int ensure_acts(rank_state *rs, oom_record *rec, acc_err *err)
     return rc;
 }
 
-/* The a micro-steps of this rank: forward, backward into grads (+=). An
- * out-of-memory inside stops them and is recorded in `rec`. */
-static int run_micro_steps(rank_state *rs, int step, double *loss_sum, oom_record *rec,
-                           acc_err *err)
+/* The spare slots (loss sum, out-of-memory flag) go to device memory
+ * before the final bucket, which carries them. */
+static void stage_slots(rank_state *rs)
+{
+    model_gpt2 *m = rs->model;
+    memset(rs->extra, 0, sizeof rs->extra);
+    put_double(rs->extra + SLOT_LOSS, rs->step_loss_sum);
+    rs->extra[SLOT_OOM] = rs->step_oom ? 1.0f : 0.0f;
+    rs->dev->ops->upload(rs->dev, m->grads + m->nparams, rs->extra, sizeof rs->extra);
+}
+
+static void start_bucket(rank_state *rs, const grad_bucket *b)
+{
+    if (rs->bucket_rc != 0)
+        return;
+    if (b->after_layer < 0)
+        stage_slots(rs);
+    rs->bucket_rc = kern_comm_reduce_start(rs->t->comm, rs->rank, rs->model->grads, b->spans,
+                                           b->nspans);
+}
+
+/* model_backward_notify's callback on the last micro-step: start every
+ * bucket whose layers are now complete. */
+static void grads_done(void *ctx, int layer)
+{
+    rank_state *rs = ctx;
+    while (rs->next_bucket < rs->nbuckets && rs->buckets[rs->next_bucket].after_layer >= layer)
+        start_bucket(rs, &rs->buckets[rs->next_bucket++]);
+}
+
+/* The a micro-steps of this rank: forward, backward into grads (+=); the
+ * last one's backward starts the buckets. An out-of-memory inside stops
+ * them and is recorded in `rec`. */
+static int run_micro_steps(rank_state *rs, int step, oom_record *rec, acc_err *err)
 {
     model_gpt2 *m = rs->model;
     double n_total = count_targets(rs, step);
-    *loss_sum = 0.0;
     for (int micro = 0; micro < rs->a; micro++) {
         if (check_cancel(rs->t) != 0)
             return acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
@@ -568,9 +681,31 @@ static int run_micro_steps(rank_state *rs, int step, double *loss_sum, oom_recor
         load_micro(rs, step, micro, n_total);
         double part;
         model_forward(m, rs->inputs, rs->targets, rs->weights, rs->m, 1, &part);
-        model_backward(m, rs->m);
-        *loss_sum += part;
+        rs->step_loss_sum += part;
+        if (micro == rs->a - 1)
+            model_backward_notify(m, rs->m, grads_done, rs);
+        else
+            model_backward(m, rs->m);
     }
+    return 0;
+}
+
+/* The step's one gradient reduction: the buckets the backward has not
+ * started (all of them after an out-of-memory, so that every rank makes the
+ * same calls), then the finish. It also carries the out-of-memory flag, so
+ * every rank learns of it here. */
+static int reduce_grads(rank_state *rs, acc_err *err)
+{
+    rs->step_oom = rs->t->oom[rs->rank].hit;
+    while (rs->next_bucket < rs->nbuckets)
+        start_bucket(rs, &rs->buckets[rs->next_bucket++]);
+    int rc = rs->bucket_rc;
+    int fin = kern_comm_reduce_finish(rs->t->comm, rs->rank);
+    if (rc == 0)
+        rc = fin;
+    if (rc != 0)
+        return acc_err_set(err, rc, "", rc == ACC_ECANCELLED ? "cancelled"
+                                                             : "gradient all-reduce failed");
     return 0;
 }
 
@@ -582,25 +717,20 @@ static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
     model_gpt2 *m = rs->model;
     double t0 = now_s();
     oom_record rec = {0};
-    double loss_sum = 0.0;
+    rs->step_loss_sum = 0.0;
+    rs->step_oom = 0;
+    rs->next_bucket = 0;
+    rs->bucket_rc = 0;
     int rc = ensure_acts(rs, &rec, err);
     if (rc == 0 && !rec.hit)
-        rc = run_micro_steps(rs, step, &loss_sum, &rec, err);
+        rc = run_micro_steps(rs, step, &rec, err);
     if (rc != 0)
         return rc;
     t->oom[rs->rank] = rec;
-    /* the spare slots live in device memory: staged through the host */
-    memset(rs->extra, 0, sizeof rs->extra);
-    put_double(rs->extra + SLOT_LOSS, loss_sum);
-    rs->extra[SLOT_OOM] = rec.hit ? 1.0f : 0.0f;
-    kern_device *dev = rs->dev;
-    dev->ops->upload(dev, m->grads + m->nparams, rs->extra, sizeof rs->extra);
     publish_memory(rs);
-    /* the one gradient all-reduce of this optimizer step; it also carries
-     * the out-of-memory flag, so every rank learns of it here */
-    rc = kern_comm_allreduce(t->comm, rs->rank, m->grads, m->nparams + MODEL_GRAD_EXTRA);
-    if (rc != 0)
-        return acc_err_set(err, rc, "", "cancelled");
+    if ((rc = reduce_grads(rs, err)) != 0)
+        return rc;
+    kern_device *dev = rs->dev;
     if ((rc = dev->ops->last_error(dev, err)) != 0) /* a GPU kernel that failed this step */
         return rc;
     dev->ops->download(dev, rs->extra, m->grads + m->nparams, sizeof rs->extra);
@@ -622,7 +752,7 @@ static int oom_fail(rank_state *rs, const oom_record *r, const char *why, acc_er
 {
     const model_config *cfg = &rs->t->cfg;
     uint64_t state = model_state_bytes(cfg);
-    uint64_t acts = model_act_bytes(cfg, rs->m, rs->model->T, rs->recompute);
+    uint64_t acts = rank_act_bytes(rs, rs->m);
     return acc_err_set(err, ACC_EOOM, "",
                        "out of memory at micro batch %d%s: a device needs %llu bytes "
                        "(%llu of weights, gradients and AdamW state + %llu of activations), "
@@ -730,7 +860,7 @@ static void maybe_raise_micro(rank_state *rs, int done)
     int up = plan_next_larger_micro(per_rank, rs->m);
     if (up == 0 || (rs->oom_ceiling != 0 && up >= rs->oom_ceiling))
         return;
-    uint64_t need = model_device_bytes(&t->cfg, up, s->model.seq_len, rs->recompute);
+    uint64_t need = model_state_bytes(&t->cfg) + rank_act_bytes(rs, up);
     uint64_t usable = plan_usable_bytes(t->min_budget);
     if (need > usable)
         return;
@@ -800,16 +930,18 @@ static int rank_run(rank_state *rs, acc_err *err)
         emit_log(t, 0,
                  "gpt2 %.2fM parameters, %llu training samples; micro batch %d x %d "
                  "accumulation steps x %d devices%s; %.1f MiB on each %s device "
-                 "(%.1f state + %.1f activations), %d threads%s%s",
+                 "(%.1f state + %.1f activations), %d threads, %s%s%s",
                  (double)rs->model->nparams / 1e6,
                  (unsigned long long)data_num_samples(t->train), rs->m, rs->a, t->nranks,
                  rs->recompute ? ", activation recomputation" : "",
-                 (double)model_device_bytes(&t->cfg, rs->m, s->model.seq_len, rs->recompute) /
+                 (double)(model_state_bytes(&t->cfg) + rank_act_bytes(rs, rs->m)) /
                      (1024.0 * 1024.0),
                  rs->dev->ops->backend, (double)model_state_bytes(&t->cfg) / (1024.0 * 1024.0),
-                 (double)model_act_bytes(&t->cfg, rs->m, s->model.seq_len, rs->recompute) /
-                     (1024.0 * 1024.0),
-                 t->threads, t->plan_note[0] ? "; " : "", t->plan_note);
+                 (double)rank_act_bytes(rs, rs->m) / (1024.0 * 1024.0),
+                 t->threads,
+                 s->precision == SPEC_BF16 ? "precision bf16 (bf16 matmul operands, fp32 accumulation)"
+                                           : "precision fp32",
+                 t->plan_note[0] ? "; " : "", t->plan_note);
     if (rs->rank == 0 && t->resume_dir[0] != '\0')
         emit_log(t, t->start_step, "resumed from %s at step %d (micro batch %d x %d accumulation steps%s)",
                  t->resume_dir, t->start_step, rs->m, rs->a,
@@ -858,8 +990,10 @@ static void finish_run(trainer *t)
     ev->kind = TEV_DONE;
     ev->step = t->steps_done;
     ev->nranks = t->nranks;
-    if (t->hooks != NULL)
+    if (t->hooks != NULL) {
         t->hooks->allreduce_calls = kern_comm_allreduce_calls(t->comm);
+        t->hooks->bucket_calls = kern_comm_bucket_calls(t->comm);
+    }
     emit(t, ev);
     free(ev);
 }
@@ -927,7 +1061,7 @@ static int plan_auto_split(trainer *t, const kern_device_info *devs, acc_err *er
     if (rows == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
     int n = 0, chosen = -1;
-    int rc = plan_candidates(s, budget, rows, PLAN_MAX_ROWS, &n, &chosen, err);
+    int rc = plan_candidates_on(s, devs[0].kind, budget, rows, PLAN_MAX_ROWS, &n, &chosen, err);
     if (rc == 0 && n == 0)
         rc = acc_err_set(err, ACC_EINVAL, "train_batch_size", "no micro batch candidates");
     if (rc == 0) {

@@ -31,6 +31,9 @@
 #include "kern_discover.h"
 
 #define TRAIN_MAX_RANKS 16
+/* Gradient bucket size of the step's reduction (PyTorch DDP's default):
+ * GPT-2 124M gets one bucket per block, a small model a single bucket. */
+#define TRAIN_BUCKET_BYTES ((size_t)25 << 20)
 
 typedef enum train_event_kind {
     TEV_STEP = 0,    /* an optimizer step completed */
@@ -50,6 +53,9 @@ typedef struct train_event {
     int micro_batch, accum_steps;
     int nranks;
     uint64_t mem_in_use[TRAIN_MAX_RANKS], mem_peak[TRAIN_MAX_RANKS];
+    /* kern_device_mem_info per rank: bytes held from the device (CUDA's
+     * cache included) and free on it */
+    uint64_t mem_reserved[TRAIN_MAX_RANKS], mem_free[TRAIN_MAX_RANKS];
     /* TEV_EVAL */
     double val_loss;
     /* TEV_OOM_ADJUST */

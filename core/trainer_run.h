@@ -37,9 +37,11 @@ typedef struct train_hooks {
     double *step_val_loss;       /* [steps_cap], NAN where no eval ran */
     float *final_params;         /* rank 0's weights at the end, [final_params_cap] */
     size_t final_params_cap;
+    size_t bucket_bytes;         /* gradient bucket size; 0: TRAIN_BUCKET_BYTES */
     /* out */
     size_t nparams;
-    uint64_t allreduce_calls;    /* all-reduce calls of the job's communicator */
+    uint64_t allreduce_calls;    /* reductions of the job's communicator */
+    uint64_t bucket_calls;       /* bucket starts (each reduction has >= 1) */
     uint64_t mem_peak[TRAIN_MAX_RANKS];
     uint64_t mem_model[TRAIN_MAX_RANKS]; /* bytes the model allocated per rank (last split) */
     int steps_done;

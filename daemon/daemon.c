@@ -82,7 +82,10 @@ static int discover_devices(acc_daemon *d, acc_err *err)
         return rc;
     if (want == KERN_WANT_AUTO && kern_cuda_built() && !kern_cuda_trains())
         acc_log(ACC_LOG_INFO, "devices", "devices = auto: CPU devices; the CUDA training backend is "
-                "built but not enabled yet (docs/cuda.md)");
+                "built but not yet validated on a GPU, devices = cuda selects it (docs/cuda.md)");
+    if (want == KERN_WANT_CUDA && !kern_cuda_trains())
+        acc_log(ACC_LOG_WARN, "devices", "devices = cuda: the CUDA training backend has not yet "
+                "passed bench/gpu-check.sh on a GPU (docs/cuda.md)");
     for (int i = 0; i < d->ndevices; i++) {
         const kern_device_info *k = &d->devices[i];
         if (k->kind == KERN_DEV_CUDA)

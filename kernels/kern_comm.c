@@ -91,6 +91,28 @@ int kern_comm_allreduce(kern_comm *c, int rank, float *buf, size_t n)
                        kern_comm_cpu_allreduce(c->cpu, rank, buf, n));
 }
 
+static int check_spans(const kern_span *spans, int nspans)
+{
+    if (spans == NULL || nspans < 1 || nspans > KERN_COMM_MAX_SPANS)
+        return ACC_EINVAL;
+    return 0;
+}
+
+int kern_comm_reduce_start(kern_comm *c, int rank, float *base, const kern_span *spans,
+                           int nspans)
+{
+    if (check_spans(spans, nspans) != 0)
+        return ACC_EINVAL;
+    return NCCL_OR_CPU(c, kern_nccl_reduce_start(c->nccl, rank, base, spans, nspans),
+                       kern_comm_cpu_reduce_spans(c->cpu, rank, base, spans, nspans));
+}
+
+int kern_comm_reduce_finish(kern_comm *c, int rank)
+{
+    return NCCL_OR_CPU(c, kern_nccl_reduce_finish(c->nccl, rank),
+                       kern_comm_cpu_reduce_finish(c->cpu, rank));
+}
+
 int kern_comm_barrier(kern_comm *c)
 {
     return NCCL_OR_CPU(c, kern_nccl_barrier(c->nccl), kern_comm_cpu_barrier(c->cpu));
@@ -115,4 +137,9 @@ int kern_comm_aborted(kern_comm *c)
 uint64_t kern_comm_allreduce_calls(kern_comm *c)
 {
     return NCCL_OR_CPU(c, kern_nccl_allreduce_calls(c->nccl), kern_comm_cpu_allreduce_calls(c->cpu));
+}
+
+uint64_t kern_comm_bucket_calls(kern_comm *c)
+{
+    return NCCL_OR_CPU(c, kern_nccl_bucket_calls(c->nccl), kern_comm_cpu_bucket_calls(c->cpu));
 }

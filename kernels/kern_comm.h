@@ -10,8 +10,22 @@
  * kern_comm_allreduce() leaves the elementwise sum of every rank's `buf` in
  * all of them. kern_comm_abort() (any thread) makes every current and later
  * call return ACC_ECANCELLED, so a rank that fails or is cancelled never
- * leaves the others hanging. The all-reduce counts its calls (one per call,
- * not per rank).
+ * leaves the others hanging.
+ *
+ * Bucketed reduction (invariant 3: the gradients cross devices once a step,
+ * in buckets that overlap the last micro-step's backward): one reduction is
+ * any number of kern_comm_reduce_start() calls, each summing a list of spans
+ * of one buffer, ended by one kern_comm_reduce_finish(). On GPUs a start
+ * queues its collectives on a communication stream of the rank, behind
+ * everything the rank's compute stream queued so far, and returns at once,
+ * so the backward goes on while the bucket travels; finish makes the
+ * compute stream wait for them. On CPU devices a start reduces at once (the
+ * kernel threads already use every core; there is nothing to overlap with).
+ * Every rank must make the same sequence of calls with the same spans.
+ * kern_comm_allreduce() is one start over [0, n) plus a finish.
+ *
+ * Counting: kern_comm_allreduce_calls() counts reductions (finishes),
+ * kern_comm_bucket_calls() counts starts, each once per call, not per rank.
  */
 #ifndef ACC_KERN_COMM_H
 #define ACC_KERN_COMM_H
@@ -21,6 +35,7 @@
 
 #include "err.h"
 #include "kern_device.h"
+#include "kern_span.h"
 
 typedef struct kern_comm kern_comm;
 
@@ -38,6 +53,16 @@ int kern_comm_bind(kern_comm *c, int rank, kern_device *dev, acc_err *err);
  * 0, ACC_ECANCELLED when aborted, ACC_EDEVICE on a GPU collective failure. */
 int kern_comm_allreduce(kern_comm *c, int rank, float *buf, size_t n);
 
+/* Start summing spans[0..nspans) of `base` (device memory) over all ranks
+ * (1 <= nspans <= KERN_COMM_MAX_SPANS, spans disjoint). The spans must not
+ * be written again until kern_comm_reduce_finish(). Same returns as
+ * kern_comm_allreduce; ACC_EINVAL for a bad span list. */
+int kern_comm_reduce_start(kern_comm *c, int rank, float *base, const kern_span *spans,
+                           int nspans);
+/* Wait until every span started since the last finish holds its sum; on
+ * GPUs the rank's compute stream is ordered after them. */
+int kern_comm_reduce_finish(kern_comm *c, int rank);
+
 /* All ranks wait for each other. 0 or ACC_ECANCELLED. */
 int kern_comm_barrier(kern_comm *c);
 
@@ -45,7 +70,9 @@ int kern_comm_barrier(kern_comm *c);
 void kern_comm_abort(kern_comm *c);
 int kern_comm_aborted(kern_comm *c);
 
-/* All-reduce calls completed or begun so far. */
+/* Reductions (kern_comm_allreduce or reduce_finish calls) so far. */
 uint64_t kern_comm_allreduce_calls(kern_comm *c);
+/* Bucket starts (kern_comm_reduce_start, one per allreduce) so far. */
+uint64_t kern_comm_bucket_calls(kern_comm *c);
 
 #endif

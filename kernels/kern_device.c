@@ -1,6 +1,10 @@
 /* kern_device: opens a device of the kind kern_discover listed. */
 #include "kern_device.h"
 
+#ifdef ACCUMD_HAVE_CUDA
+#include "kern_cuda.h"
+#endif
+
 int kern_device_open(const kern_device_info *info, int threads, kern_device **out,
                      acc_err *err)
 {
@@ -9,10 +13,15 @@ int kern_device_open(const kern_device_info *info, int threads, kern_device **ou
     case KERN_DEV_CPU:
         return kern_cpu_open(info, threads, out, err);
     case KERN_DEV_CUDA:
-    default:
+#ifdef ACCUMD_HAVE_CUDA
+        return kern_cuda_open(info, threads, out, err);
+#else
         return acc_err_set(err, ACC_EDEVICE, "devices",
-                           "device %s: no training backend for this kind of device yet",
-                           info->name);
+                           "device %s: this accumd was built without CUDA", info->name);
+#endif
+    default:
+        return acc_err_set(err, ACC_EDEVICE, "devices", "device %s: unknown kind %d",
+                           info->name, (int)info->kind);
     }
 }
 
@@ -25,4 +34,29 @@ void kern_device_close(kern_device *d)
 void kern_device_reset_peak(kern_device *d)
 {
     d->peak = d->in_use;
+}
+
+void kern_device_mem_info(kern_device *d, kern_mem_info *out)
+{
+#ifdef ACCUMD_HAVE_CUDA
+    if (d->info.kind == KERN_DEV_CUDA) {
+        out->reserved = kern_cuda_reserved(d);
+        out->free_bytes = kern_cuda_free_bytes(d);
+        return;
+    }
+#endif
+    out->reserved = d->in_use;
+    out->free_bytes = d->budget > d->in_use ? d->budget - d->in_use : 0;
+}
+
+int kern_device_bf16_scratch(kern_device *d, uint64_t a_bytes, uint64_t b_bytes, acc_err *err)
+{
+#ifdef ACCUMD_HAVE_CUDA
+    if (d->info.kind == KERN_DEV_CUDA)
+        return kern_cuda_bf16_reserve(d, (size_t)a_bytes, (size_t)b_bytes, err);
+#endif
+    (void)a_bytes;
+    (void)b_bytes;
+    (void)err;
+    return 0;
 }

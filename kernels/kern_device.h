@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "err.h"
 #include "kern_discover.h"
@@ -97,6 +98,25 @@ typedef struct kern_ops {
      * since open: 0, or its code with the message in err. Kernels return
      * void, so the trainer asks once a step. CPU devices never fail here. */
     int (*last_error)(kern_device *d, acc_err *err);
+
+    /* Precision of the linear layers: bf16 = 0 (the default after open) is
+     * fp32 throughout; bf16 = 1 makes matmul_fwd and matmul_bwd round BOTH
+     * operands of each of their products to bf16 (kern_bf16_round:
+     * round-to-nearest-even, NaN stays NaN, Inf stays Inf) and accumulate
+     * the products in fp32 into the fp32 outputs / gradients (the bias add
+     * and dbias stay fp32; gradients still accumulate +=). Weights,
+     * gradients, optimizer state, activations and every other kernel
+     * (attention's internal products included) stay fp32, so bf16 = 1 is
+     * the same function on every backend and the CPU is the reference.
+     * Called once after open, before any kernel (tests may switch it again
+     * between kernels). 0, or an error (ACC_ENOMEM / ACC_EDEVICE) in err.
+     * Memory: the CPU backend rounds operand panels into a fixed-size host
+     * scratch (KERN_CPU_BF16_SCRATCH bytes per kernel thread) allocated
+     * here and freed at close -- outside the device budget, like CUDA's
+     * cuBLASLt workspace, so the planner's prediction stays exact. The
+     * CUDA backend's bf16 operand copies are accounted device allocations
+     * grown on first use (kern_cuda.h, docs/cuda.md). */
+    int (*set_precision)(kern_device *d, int bf16, acc_err *err);
 } kern_ops;
 
 struct kern_device {
@@ -118,7 +138,53 @@ void kern_device_close(kern_device *d);
 /* Peak := in use (call between phases to measure one of them). */
 void kern_device_reset_peak(kern_device *d);
 
+/* What the device holds beyond the accounting, for /v1/devices:
+ * `reserved` = bytes taken from the device's memory (CUDA: the caching
+ * allocator's blocks, in use + cached; CPU: in use), `free_bytes` = bytes
+ * still free on the device (CUDA: cudaMemGetInfo, other processes' use
+ * included; CPU: the budget left). Cheap enough for once a step; call from
+ * the device's own thread. */
+typedef struct kern_mem_info {
+    uint64_t reserved, free_bytes;
+} kern_mem_info;
+void kern_device_mem_info(kern_device *d, kern_mem_info *out);
+
+/* Size the backend's per-micro-batch workspace exactly: on CUDA devices in
+ * bf16 the two operand buffers (mem_plan.h plan_cuda_bf16_split; 0, 0
+ * frees them), so they are allocated where an out-of-memory is recoverable
+ * (ACC_EOOM returned) and accounted before the step runs. A no-op (0)
+ * elsewhere: the CPU's bf16 scratch is fixed and outside the budget. */
+int kern_device_bf16_scratch(kern_device *d, uint64_t a_bytes, uint64_t b_bytes, acc_err *err);
+
 /* The CPU backend (kernels/cpu/kern_cpu.c). */
 int kern_cpu_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err);
+
+/* The CPU backend's bf16 products are tiled: KERN_CPU_BF16_TILE x
+ * KERN_CPU_BF16_TILE blocks of the output, KERN_CPU_BF16_DEPTH-deep slices
+ * of the inner dimension. Its scratch per kernel thread holds the rounded
+ * copies of one slice of each operand: two TILE x DEPTH float panels,
+ * KERN_CPU_BF16_SCRATCH bytes (1 MiB). Allocated by set_precision(bf16 = 1),
+ * host memory outside the budget. */
+#define KERN_CPU_BF16_TILE 512
+#define KERN_CPU_BF16_DEPTH 256
+#define KERN_CPU_BF16_SCRATCH (2u * KERN_CPU_BF16_TILE * KERN_CPU_BF16_DEPTH * sizeof(float))
+
+/* x rounded to the nearest bf16 value (ties to even), returned as the fp32
+ * holding it: the upper 16 bits of the result are the bf16 value, the lower
+ * 16 are zero. NaN stays NaN (quiet), +-Inf stays +-Inf, finite values past
+ * bf16's largest round to +-Inf, subnormals round within bf16's subnormals
+ * (no flush to zero). The same function as CUDA's __float2bfloat16_rn. */
+static inline float kern_bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        u |= 0x00400000u; /* NaN: keep it quiet, so the truncation keeps it a NaN */
+    else
+        u += 0x7fffu + ((u >> 16) & 1u); /* to nearest, ties to even */
+    u &= 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 
 #endif

@@ -16,7 +16,8 @@ struct kern_comm_cpu {
     int inside;             /* ranks inside kern_comm_cpu_allreduce */
     uint64_t generation;    /* barriers completed */
     atomic_int aborted;
-    atomic_uint_least64_t calls;
+    atomic_uint_least64_t calls;   /* reductions finished (rank 0) */
+    atomic_uint_least64_t buckets; /* span lists reduced (rank 0) */
     float *bufs[COMM_MAX_RANKS]; /* published by each rank for one all-reduce */
 };
 
@@ -41,6 +42,7 @@ int kern_comm_cpu_create(int nranks, kern_comm_cpu **out, acc_err *err)
     }
     atomic_init(&c->aborted, 0);
     atomic_init(&c->calls, 0);
+    atomic_init(&c->buckets, 0);
     *out = c;
     return 0;
 }
@@ -93,6 +95,11 @@ uint64_t kern_comm_cpu_allreduce_calls(kern_comm_cpu *c)
     return atomic_load(&c->calls);
 }
 
+uint64_t kern_comm_cpu_bucket_calls(kern_comm_cpu *c)
+{
+    return atomic_load(&c->buckets);
+}
+
 static void chunk_of(size_t n, int nranks, int r, size_t *lo, size_t *hi)
 {
     *lo = n * (size_t)r / (size_t)nranks;
@@ -121,34 +128,49 @@ static int leave(kern_comm_cpu *c, int rc)
     return rc;
 }
 
-static int allreduce_phases(kern_comm_cpu *c, int rank, float *buf, size_t n);
-
-int kern_comm_cpu_allreduce(kern_comm_cpu *c, int rank, float *buf, size_t n)
+/* Sum (owner == rank) or copy from `owner` the floats [off, off+n) of my
+ * buffer; summing is in rank order 0..w-1, so every rank gets the same bits. */
+static void run_op(kern_comm_cpu *c, int rank, int owner, size_t off, size_t n)
 {
-    if (rank == 0)
-        atomic_fetch_add(&c->calls, 1);
-    if (c->nranks == 1)
-        return atomic_load(&c->aborted) ? ACC_ECANCELLED : 0;
-    enter(c);
-    return leave(c, allreduce_phases(c, rank, buf, n));
+    float *buf = c->bufs[rank] + off;
+    if (owner != rank) {
+        memcpy(buf, c->bufs[owner] + off, n * sizeof *buf);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float s = c->bufs[0][off + i];
+        for (int r = 1; r < c->nranks; r++)
+            s += c->bufs[r][off + i];
+        buf[i] = s;
+    }
 }
 
-static int allreduce_phases(kern_comm_cpu *c, int rank, float *buf, size_t n)
+/* Apply run_op to the part [lo, hi) of the spans' concatenation. */
+static void spans_op(kern_comm_cpu *c, int rank, int owner, const kern_span *sp, int ns,
+                     size_t lo, size_t hi)
 {
-    c->bufs[rank] = buf;
+    size_t v = 0; /* where span k starts in the concatenation */
+    for (int k = 0; k < ns && v < hi; v += sp[k].n, k++) {
+        if (v + sp[k].n <= lo)
+            continue;
+        size_t a = lo > v ? lo - v : 0;
+        size_t b = hi - v < sp[k].n ? hi - v : sp[k].n;
+        run_op(c, rank, owner, sp[k].off + a, b - a);
+    }
+}
+
+static int reduce_phases(kern_comm_cpu *c, int rank, float *base, const kern_span *sp, int ns,
+                         size_t total)
+{
+    c->bufs[rank] = base;
     int rc = kern_comm_cpu_barrier(c);
     if (rc != 0)
         return rc;
     /* reduce-scatter: my chunk of every buffer, summed in rank order; only
      * I read chunk `rank` of the others, so writing it in mine is safe */
     size_t lo, hi;
-    chunk_of(n, c->nranks, rank, &lo, &hi);
-    for (size_t i = lo; i < hi; i++) {
-        float s = c->bufs[0][i];
-        for (int r = 1; r < c->nranks; r++)
-            s += c->bufs[r][i];
-        buf[i] = s;
-    }
+    chunk_of(total, c->nranks, rank, &lo, &hi);
+    spans_op(c, rank, rank, sp, ns, lo, hi);
     rc = kern_comm_cpu_barrier(c);
     if (rc != 0)
         return rc;
@@ -156,9 +178,38 @@ static int allreduce_phases(kern_comm_cpu *c, int rank, float *buf, size_t n)
     for (int r = 0; r < c->nranks; r++) {
         if (r == rank)
             continue;
-        chunk_of(n, c->nranks, r, &lo, &hi);
-        memcpy(buf + lo, c->bufs[r] + lo, (hi - lo) * sizeof *buf);
+        chunk_of(total, c->nranks, r, &lo, &hi);
+        spans_op(c, rank, r, sp, ns, lo, hi);
     }
     /* nobody may touch its buffer again until all have copied */
     return kern_comm_cpu_barrier(c);
+}
+
+int kern_comm_cpu_reduce_spans(kern_comm_cpu *c, int rank, float *base, const kern_span *spans,
+                               int nspans)
+{
+    if (rank == 0)
+        atomic_fetch_add(&c->buckets, 1);
+    if (c->nranks == 1)
+        return atomic_load(&c->aborted) ? ACC_ECANCELLED : 0;
+    size_t total = 0;
+    for (int k = 0; k < nspans; k++)
+        total += spans[k].n;
+    enter(c);
+    return leave(c, reduce_phases(c, rank, base, spans, nspans, total));
+}
+
+int kern_comm_cpu_reduce_finish(kern_comm_cpu *c, int rank)
+{
+    if (rank == 0)
+        atomic_fetch_add(&c->calls, 1);
+    return atomic_load(&c->aborted) ? ACC_ECANCELLED : 0;
+}
+
+int kern_comm_cpu_allreduce(kern_comm_cpu *c, int rank, float *buf, size_t n)
+{
+    kern_span all = {0, n};
+    int rc = kern_comm_cpu_reduce_spans(c, rank, buf, &all, 1);
+    int fin = kern_comm_cpu_reduce_finish(c, rank);
+    return rc != 0 ? rc : fin;
 }

@@ -7,8 +7,13 @@
  * identical on every rank), then each rank copies the other chunks. Ranks
  * meet at barriers; kern_comm_cpu_abort() wakes every waiter and makes every
  * later call return ACC_ECANCELLED at once, so a rank that fails or is
- * cancelled never leaves the others hanging. The all-reduce counts its
- * calls (one per call, not per rank).
+ * cancelled never leaves the others hanging.
+ *
+ * kern_comm_cpu_reduce_spans() is the same collective over a list of spans
+ * of each rank's buffer (their concatenation is split into the w chunks),
+ * done when it returns; kern_comm_cpu_reduce_finish() only ends and counts
+ * one reduction, for the bucketed call shape of kern_comm.h. Counts: one
+ * per call, not per rank (reductions and span lists separately).
  */
 #ifndef ACC_KERN_COMM_CPU_H
 #define ACC_KERN_COMM_CPU_H
@@ -17,15 +22,20 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "kern_span.h"
 
 typedef struct kern_comm_cpu kern_comm_cpu;
 
 int kern_comm_cpu_create(int nranks, kern_comm_cpu **out, acc_err *err);
 void kern_comm_cpu_destroy(kern_comm_cpu *c);
 int kern_comm_cpu_allreduce(kern_comm_cpu *c, int rank, float *buf, size_t n);
+int kern_comm_cpu_reduce_spans(kern_comm_cpu *c, int rank, float *base, const kern_span *spans,
+                               int nspans);
+int kern_comm_cpu_reduce_finish(kern_comm_cpu *c, int rank);
 int kern_comm_cpu_barrier(kern_comm_cpu *c);
 void kern_comm_cpu_abort(kern_comm_cpu *c);
 int kern_comm_cpu_aborted(kern_comm_cpu *c);
 uint64_t kern_comm_cpu_allreduce_calls(kern_comm_cpu *c);
+uint64_t kern_comm_cpu_bucket_calls(kern_comm_cpu *c);
 
 #endif

@@ -9,6 +9,11 @@
  * cores. Reductions (bias, LayerNorm and embedding gradients, sums of
  * squares) are split over fixed index ranges and summed in a fixed order, so
  * results do not depend on the thread count.
+ *
+ * bf16 (set_precision): matmul_fwd / matmul_bwd round both operands of each
+ * product to bf16 and accumulate in fp32 (bf16_gemm below: blocked, rounded
+ * panels in a fixed per-thread host scratch, cblas_sgemm on the panels);
+ * the fp32 path is untouched.
  */
 #include <cblas.h>
 #ifdef __SSE2__
@@ -206,9 +211,159 @@ static void colsum_add(float *acc, const float *x, int N, int C, int c0, int c1)
     }
 }
 
+/* ---- bf16 products (set_precision(bf16 = 1)), emulated: OpenBLAS has no
+ * sbgemm. C[M,Nc] = beta C + op(A)[M,K] op(B)[K,Nc] (row-major, op = the
+ * transpose when ta / tb) with both operands rounded to bf16: the product is
+ * tiled into BF_T x BF_T blocks of C and BF_K-deep slices of K; each tile's
+ * operand blocks are rounded into the calling thread's scratch (two dense
+ * BF_T x BF_K panels) and multiplied there by cblas_sgemm in fp32. A
+ * product of two bf16 values is exact in fp32, so this is a bf16 x bf16 ->
+ * fp32 product; every element of C sums its K slices in ascending order, a
+ * fixed order. The A block is rounded once per (row tile, K slice) and
+ * reused for all column tiles; re-rounding the B block per row tile costs
+ * 1/(2 BF_T) of the product's flops. Measured cost: bench/RESULTS.md. */
+
+#define BF_T KERN_CPU_BF16_TILE
+#define BF_K KERN_CPU_BF16_DEPTH
+
+typedef struct cpu_impl {
+    int bf16;        /* linear layers in bf16 */
+    float *scratch;  /* [threads][2][BF_T * BF_K]: rounded operand panels */
+} cpu_impl;
+
+/* o[c] = kern_bf16_round(s[c]), four at a time: the same bit operations
+ * (kern_bf16_round does not inline here -- this file's optimize pragma
+ * differs from the header's -- and GCC does not vectorise its memcpy bit
+ * casts) */
+static void round_row(float *restrict o, const float *restrict s, int cols)
+{
+    int c = 0;
+#ifdef __SSE2__
+    const __m128i absm = _mm_set1_epi32(0x7fffffff), inf = _mm_set1_epi32(0x7f800000);
+    const __m128i quiet = _mm_set1_epi32(0x00400000), half = _mm_set1_epi32(0x7fff);
+    const __m128i one = _mm_set1_epi32(1), hi = _mm_set1_epi32((int)0xffff0000u);
+    for (; c + 4 <= cols; c += 4) {
+        __m128i u = _mm_castps_si128(_mm_loadu_ps(s + c));
+        __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(u, absm), inf);
+        __m128i lsb = _mm_and_si128(_mm_srli_epi32(u, 16), one);
+        __m128i rnd = _mm_add_epi32(u, _mm_add_epi32(half, lsb));
+        __m128i r = _mm_or_si128(_mm_and_si128(nan, _mm_or_si128(u, quiet)),
+                                 _mm_andnot_si128(nan, rnd));
+        _mm_storeu_ps(o + c, _mm_castsi128_ps(_mm_and_si128(r, hi)));
+    }
+#endif
+    for (; c < cols; c++)
+        o[c] = kern_bf16_round(s[c]);
+}
+
+/* dst[r * cols + c] = bf16(src[(r0 + r) * ld + c0 + c]) */
+static void round_block(float *restrict dst, const float *restrict src, size_t ld, int r0,
+                        int rows, int c0, int cols)
+{
+    for (int r = 0; r < rows; r++)
+        round_row(dst + (size_t)r * cols, src + (size_t)(r0 + r) * ld + c0, cols);
+}
+
+/* One thread's share: rows [m0, m1) of C, all its columns. */
+static void bf16_gemm(float *scratch, int ta, int tb, int m0, int m1, int Nc, int K,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *Cm,
+                      int ldc)
+{
+    float *pa = scratch, *pb = scratch + BF_T * BF_K;
+    for (int i0 = m0; i0 < m1; i0 += BF_T) {
+        int mi = m1 - i0 < BF_T ? m1 - i0 : BF_T;
+        if (K <= 0 && beta == 0.0f) /* no product: C := 0, as sgemm would */
+            for (int i = i0; i < i0 + mi; i++)
+                memset(Cm + (size_t)i * ldc, 0, (size_t)Nc * sizeof *Cm);
+        for (int k0 = 0; k0 < K; k0 += BF_K) {
+            int kk = K - k0 < BF_K ? K - k0 : BF_K;
+            float bk = k0 == 0 ? beta : 1.0f;
+            /* op(A) block [mi, kk]: A is [M,K] (ld lda), or [K,M] when ta */
+            if (ta)
+                round_block(pa, A, (size_t)lda, k0, kk, i0, mi); /* [kk, mi] */
+            else
+                round_block(pa, A, (size_t)lda, i0, mi, k0, kk); /* [mi, kk] */
+            for (int j0 = 0; j0 < Nc; j0 += BF_T) {
+                int nj = Nc - j0 < BF_T ? Nc - j0 : BF_T;
+                /* op(B) block [kk, nj]: B is [K,Nc] (ld ldb), or [Nc,K] when tb */
+                if (tb)
+                    round_block(pb, B, (size_t)ldb, j0, nj, k0, kk); /* [nj, kk] */
+                else
+                    round_block(pb, B, (size_t)ldb, k0, kk, j0, nj); /* [kk, nj] */
+                cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                            tb ? CblasTrans : CblasNoTrans, mi, nj, kk, 1.0f, pa, ta ? mi : kk,
+                            pb, tb ? kk : nj, bk, Cm + (size_t)i0 * ldc + j0, ldc);
+            }
+        }
+    }
+}
+
+static float *bf16_scratch(kern_device *d)
+{
+    cpu_impl *im = d->impl;
+    return im->scratch + (size_t)omp_get_thread_num() * 2 * BF_T * BF_K;
+}
+
+static int cpu_bf16(const kern_device *d)
+{
+    const cpu_impl *im = d->impl;
+    return im != NULL && im->bf16;
+}
+
+/* The bf16 path's bias add: fp32, after the product, as in the fp32 path. */
+static void add_bias_rows(float *out, const float *bias, int r0, int r1, int OC)
+{
+    for (int n = r0; n < r1; n++)
+        for (int o = 0; o < OC; o++)
+            out[(size_t)n * OC + o] += bias[o];
+}
+
+static void cpu_matmul_fwd_bf16(kern_device *d, float *out, const float *inp, const float *w,
+                                const float *bias, int N, int C, int OC)
+{
+#pragma omp parallel num_threads(d->threads)
+    {
+        int r0, r1;
+        split_range(N, omp_get_num_threads(), omp_get_thread_num(), &r0, &r1);
+        if (r1 > r0) {
+            /* out[N,OC] = inp[N,C] w[OC,C]^T */
+            bf16_gemm(bf16_scratch(d), 0, 1, r0, r1, OC, C, inp, C, w, C, 0.0f, out, OC);
+            if (bias != NULL)
+                add_bias_rows(out, bias, r0, r1, OC);
+        }
+    }
+}
+
+static void cpu_matmul_bwd_bf16(kern_device *d, float *dinp, float *dw, float *dbias,
+                                const float *dout, const float *inp, const float *w, int N,
+                                int C, int OC)
+{
+#pragma omp parallel num_threads(d->threads)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int r0, r1, o0, o1;
+        split_range(N, nt, id, &r0, &r1);
+        split_range(OC, nt, id, &o0, &o1);
+        float *scr = bf16_scratch(d);
+        /* dinp[N,C] += dout[N,OC] w[OC,C] */
+        if (dinp != NULL && r1 > r0)
+            bf16_gemm(scr, 0, 0, r0, r1, C, OC, dout, OC, w, C, 1.0f, dinp, C);
+        if (o1 > o0) {
+            /* dw[OC,C] += dout^T[OC,N] inp[N,C] */
+            bf16_gemm(scr, 1, 0, o0, o1, C, N, dout, OC, inp, C, 1.0f, dw, C);
+            if (dbias != NULL)
+                colsum_add(dbias, dout, N, OC, o0, o1);
+        }
+    }
+}
+
 static void cpu_matmul_fwd(kern_device *d, float *out, const float *inp, const float *w,
                            const float *bias, int N, int C, int OC)
 {
+    if (cpu_bf16(d)) {
+        cpu_matmul_fwd_bf16(d, out, inp, w, bias, N, C, OC);
+        return;
+    }
 #pragma omp parallel num_threads(d->threads)
     {
         int r0, r1;
@@ -228,6 +383,10 @@ static void cpu_matmul_bwd(kern_device *d, float *dinp, float *dw, float *dbias,
                            const float *dout, const float *inp, const float *w, int N, int C,
                            int OC)
 {
+    if (cpu_bf16(d)) {
+        cpu_matmul_bwd_bf16(d, dinp, dw, dbias, dout, inp, w, N, C, OC);
+        return;
+    }
 #pragma omp parallel num_threads(d->threads)
     {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -512,7 +671,38 @@ static double cpu_sumsq(kern_device *d, const float *x, size_t n)
 
 static void cpu_close(kern_device *d)
 {
+    cpu_impl *im = d->impl;
+    if (im != NULL)
+        free(im->scratch);
+    free(im);
     free(d);
+}
+
+/* bf16 = 1: allocate the rounding scratch (KERN_CPU_BF16_SCRATCH bytes per
+ * kernel thread, host memory outside the budget); bf16 = 0 gives it back. */
+static int cpu_set_precision(kern_device *d, int bf16, acc_err *err)
+{
+    cpu_impl *im = d->impl;
+    if (!bf16) {
+        if (im != NULL) {
+            free(im->scratch);
+            im->scratch = NULL;
+            im->bf16 = 0;
+        }
+        return 0;
+    }
+    if (im == NULL && (im = d->impl = calloc(1, sizeof *im)) == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "device %s: out of host memory for bf16",
+                           d->info.name);
+    if (im->scratch == NULL) {
+        im->scratch = malloc((size_t)d->threads * KERN_CPU_BF16_SCRATCH);
+        if (im->scratch == NULL)
+            return acc_err_set(err, ACC_ENOMEM, "",
+                               "device %s: out of host memory for the bf16 scratch (%zu bytes)",
+                               d->info.name, (size_t)d->threads * KERN_CPU_BF16_SCRATCH);
+    }
+    im->bf16 = 1;
+    return 0;
 }
 
 static int cpu_last_error(kern_device *d, acc_err *err)
@@ -544,6 +734,7 @@ static const kern_ops cpu_ops = {
     .sumsq = cpu_sumsq,
     .close = cpu_close,
     .last_error = cpu_last_error,
+    .set_precision = cpu_set_precision,
 };
 
 int kern_cpu_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err)

@@ -14,10 +14,14 @@
 struct kern_nccl {
     int nranks;
     ncclComm_t *comms;      /* NULL once that rank aborted its own */
-    cudaStream_t *streams;  /* bound per rank */
+    cudaStream_t *streams;  /* bound per rank: its compute stream */
+    cudaStream_t *cstreams; /* per rank: its communication stream (ours) */
+    cudaEvent_t *ev_ready;  /* compute stream -> bucket start */
+    cudaEvent_t *ev_done;   /* communication stream -> finish */
     int *ordinals;
     int aborted;            /* __atomic */
-    uint64_t calls;         /* __atomic */
+    uint64_t calls;         /* __atomic: reductions finished (rank 0) */
+    uint64_t buckets;       /* __atomic: bucket starts (rank 0) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int waiting;
@@ -66,10 +70,14 @@ extern "C" int kern_nccl_create(int nranks, const int *ordinals, kern_nccl **out
     c->nranks = nranks;
     c->comms = (ncclComm_t *)calloc((size_t)nranks, sizeof *c->comms);
     c->streams = (cudaStream_t *)calloc((size_t)nranks, sizeof *c->streams);
+    c->cstreams = (cudaStream_t *)calloc((size_t)nranks, sizeof *c->cstreams);
+    c->ev_ready = (cudaEvent_t *)calloc((size_t)nranks, sizeof *c->ev_ready);
+    c->ev_done = (cudaEvent_t *)calloc((size_t)nranks, sizeof *c->ev_done);
     c->ordinals = (int *)calloc((size_t)nranks, sizeof *c->ordinals);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    if (c->comms == NULL || c->streams == NULL || c->ordinals == NULL) {
+    if (c->comms == NULL || c->streams == NULL || c->ordinals == NULL || c->cstreams == NULL ||
+        c->ev_ready == NULL || c->ev_done == NULL) {
         kern_nccl_destroy(c);
         return acc_err_set(err, ACC_ENOMEM, "", "nccl: out of host memory");
     }
@@ -86,6 +94,20 @@ extern "C" int kern_nccl_create(int nranks, const int *ordinals, kern_nccl **out
     return 0;
 }
 
+/* The per-rank communication streams and events (errors ignored: nothing
+ * is left to report them to). */
+static void release_streams(kern_nccl *c)
+{
+    for (int r = 0; c->cstreams != NULL && r < c->nranks; r++) {
+        if (c->cstreams[r] == NULL)
+            continue;
+        (void)cudaSetDevice(c->ordinals[r]);
+        (void)cudaEventDestroy(c->ev_ready[r]);
+        (void)cudaEventDestroy(c->ev_done[r]);
+        (void)cudaStreamDestroy(c->cstreams[r]);
+    }
+}
+
 extern "C" void kern_nccl_destroy(kern_nccl *c)
 {
     if (c == NULL)
@@ -100,8 +122,12 @@ extern "C" void kern_nccl_destroy(kern_nccl *c)
         else
             (void)ncclCommDestroy(c->comms[r]);
     }
+    release_streams(c);
     free(c->comms);
     free(c->streams);
+    free(c->cstreams);
+    free(c->ev_ready);
+    free(c->ev_done);
     free(c->ordinals);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
@@ -112,6 +138,23 @@ extern "C" int kern_nccl_bind(kern_nccl *c, int rank, void *stream, acc_err *err
 {
     if (rank < 0 || rank >= c->nranks)
         return acc_err_set(err, ACC_EINVAL, "", "nccl: rank %d of %d", rank, c->nranks);
+    if (c->cstreams[rank] != NULL)
+        return acc_err_set(err, ACC_ESTATE, "", "nccl: rank %d bound twice", rank);
+    /* the bucket collectives get the device's highest stream priority, so
+     * they are scheduled ahead of the backward kernels they overlap */
+    int least = 0, greatest = 0;
+    cudaError_t e = cudaSetDevice(c->ordinals[rank]);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&c->ev_ready[rank], cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&c->ev_done[rank], cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithPriority(&c->cstreams[rank], cudaStreamNonBlocking, greatest);
+    if (e != cudaSuccess)
+        return acc_err_set(err, ACC_EDEVICE, "devices", "nccl: rank %d stream/event setup: %s",
+                           rank, cudaGetErrorString(e));
     c->streams[rank] = (cudaStream_t)stream;
     return 0;
 }
@@ -125,40 +168,69 @@ static void abort_own(kern_nccl *c, int rank)
     }
 }
 
-extern "C" int kern_nccl_allreduce(kern_nccl *c, int rank, float *buf, size_t n)
+/* A failed call on rank `rank`: abort everyone, and our own communicator. */
+static int fail_rank(kern_nccl *c, int rank)
+{
+    kern_nccl_abort(c);
+    abort_own(c, rank);
+    return ACC_EDEVICE;
+}
+
+static bool rank_ready(kern_nccl *c, int rank)
+{
+    return rank >= 0 && rank < c->nranks && c->streams[rank] != NULL &&
+           c->cstreams[rank] != NULL && c->comms[rank] != NULL;
+}
+
+extern "C" int kern_nccl_reduce_start(kern_nccl *c, int rank, float *base, const kern_span *spans,
+                                      int nspans)
 {
     if (kern_nccl_aborted(c))
         return ACC_ECANCELLED;
-    if (rank < 0 || rank >= c->nranks || c->streams[rank] == NULL || c->comms[rank] == NULL)
+    if (!rank_ready(c, rank))
         return ACC_ESTATE;
     if (rank == 0)
-        __atomic_add_fetch(&c->calls, 1, __ATOMIC_SEQ_CST);
-    cudaStream_t s = c->streams[rank];
+        __atomic_add_fetch(&c->buckets, 1, __ATOMIC_SEQ_CST);
+    cudaStream_t cs = c->cstreams[rank];
     ncclComm_t comm = c->comms[rank];
-    if (!NC_OK(c, ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm, s))) {
-        kern_nccl_abort(c);
-        abort_own(c, rank);
-        return ACC_EDEVICE;
-    }
-    /* wait without blocking in the driver, so an abort is seen */
+    /* the bucket waits for what the compute stream queued so far (the
+     * backward that produced these gradients), the compute stream does not
+     * wait for the bucket */
+    if (!NCU_OK(c, cudaEventRecord(c->ev_ready[rank], c->streams[rank])) ||
+        !NCU_OK(c, cudaStreamWaitEvent(cs, c->ev_ready[rank], 0)))
+        return fail_rank(c, rank);
+    if (!NC_OK(c, ncclGroupStart()))
+        return fail_rank(c, rank);
+    bool ok = true;
+    for (int k = 0; k < nspans && ok; k++)
+        if (spans[k].n > 0)
+            ok = NC_OK(c, ncclAllReduce(base + spans[k].off, base + spans[k].off, spans[k].n,
+                                        ncclFloat, ncclSum, comm, cs));
+    /* a group once started is always ended, even after a failed call */
+    if (!NC_OK(c, ncclGroupEnd()) || !ok)
+        return fail_rank(c, rank);
+    return 0;
+}
+
+/* Wait for `ev` without blocking in the driver, so that an abort or a
+ * peer's NCCL failure is seen. */
+static int wait_event(kern_nccl *c, int rank, cudaEvent_t ev)
+{
+    ncclComm_t comm = c->comms[rank];
     for (;;) {
-        cudaError_t q = cudaStreamQuery(s);
+        cudaError_t q = cudaEventQuery(ev);
         if (q == cudaSuccess)
             return 0;
         if (q != cudaErrorNotReady) {
             NCU_OK(c, q);
-            kern_nccl_abort(c);
-            abort_own(c, rank);
-            return ACC_EDEVICE;
+            return fail_rank(c, rank);
         }
         ncclResult_t ae = ncclSuccess;
         if (!NC_OK(c, ncclCommGetAsyncError(comm, &ae)) ||
             (ae != ncclSuccess && ae != ncclInProgress)) {
             if (ae != ncclSuccess)
                 nccl_fail(c, "all-reduce (async)", ncclGetErrorString(ae));
-            kern_nccl_abort(c);
-            abort_own(c, rank);
-            return ACC_EDEVICE;
+            return fail_rank(c, rank);
         }
         if (kern_nccl_aborted(c)) {
             abort_own(c, rank);
@@ -167,6 +239,29 @@ extern "C" int kern_nccl_allreduce(kern_nccl *c, int rank, float *buf, size_t n)
         struct timespec ts = {0, 20000}; /* 20 us */
         nanosleep(&ts, NULL);
     }
+}
+
+extern "C" int kern_nccl_reduce_finish(kern_nccl *c, int rank)
+{
+    if (kern_nccl_aborted(c))
+        return ACC_ECANCELLED;
+    if (!rank_ready(c, rank))
+        return ACC_ESTATE;
+    if (rank == 0)
+        __atomic_add_fetch(&c->calls, 1, __ATOMIC_SEQ_CST);
+    cudaEvent_t ev = c->ev_done[rank];
+    /* the compute stream (optimizer, next step) runs after the buckets */
+    if (!NCU_OK(c, cudaEventRecord(ev, c->cstreams[rank])) ||
+        !NCU_OK(c, cudaStreamWaitEvent(c->streams[rank], ev, 0)))
+        return fail_rank(c, rank);
+    return wait_event(c, rank, ev);
+}
+
+extern "C" int kern_nccl_allreduce(kern_nccl *c, int rank, float *buf, size_t n)
+{
+    kern_span all = {0, n};
+    int rc = kern_nccl_reduce_start(c, rank, buf, &all, 1);
+    return rc != 0 ? rc : kern_nccl_reduce_finish(c, rank);
 }
 
 extern "C" int kern_nccl_barrier(kern_nccl *c)
@@ -206,6 +301,11 @@ extern "C" int kern_nccl_aborted(kern_nccl *c)
 extern "C" uint64_t kern_nccl_allreduce_calls(kern_nccl *c)
 {
     return __atomic_load_n(&c->calls, __ATOMIC_SEQ_CST);
+}
+
+extern "C" uint64_t kern_nccl_bucket_calls(kern_nccl *c)
+{
+    return __atomic_load_n(&c->buckets, __ATOMIC_SEQ_CST);
 }
 
 extern "C" int kern_nccl_error(kern_nccl *c, acc_err *err)

@@ -7,7 +7,9 @@
  * and each rank first binds its CUDA device's stream (kern_cuda_stream()) so
  * that the reduction is queued after that rank's backward without a
  * host-side synchronisation. kern_nccl_allreduce() returns when the sum is
- * in buf.
+ * in buf. Buckets (kern_nccl_reduce_start) travel on a second, high
+ * priority stream per rank, created at bind, so they overlap the compute
+ * stream's later kernels; kern_nccl_reduce_finish joins the two.
  *
  * One communicator per rank, made by ncclCommInitAll from the creating
  * thread over the job's GPU ordinals. Cancellation: kern_nccl_abort() (any
@@ -25,6 +27,7 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "kern_span.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,8 +44,18 @@ int kern_nccl_bind(kern_nccl *c, int rank, void *stream, acc_err *err);
 
 /* Sum n floats over all ranks into every rank's device buffer `buf`.
  * 0, ACC_ECANCELLED once aborted, ACC_EDEVICE on a CUDA/NCCL failure
- * (kern_nccl_error has the message), ACC_ESTATE when the rank is unbound. */
+ * (kern_nccl_error has the message), ACC_ESTATE when the rank is unbound.
+ * = reduce_start over [0, n) + reduce_finish. */
 int kern_nccl_allreduce(kern_nccl *c, int rank, float *buf, size_t n);
+
+/* Queue the all-reduce of spans of `base` (one NCCL group) on the rank's
+ * communication stream, after the work its compute stream queued so far;
+ * returns without waiting. */
+int kern_nccl_reduce_start(kern_nccl *c, int rank, float *base, const kern_span *spans,
+                           int nspans);
+/* Order the compute stream after every started bucket and wait (polling,
+ * abortable) until they are done. Counts one reduction. */
+int kern_nccl_reduce_finish(kern_nccl *c, int rank);
 
 /* All ranks wait for each other (host side). 0 or ACC_ECANCELLED. */
 int kern_nccl_barrier(kern_nccl *c);
@@ -51,8 +64,9 @@ int kern_nccl_barrier(kern_nccl *c);
 void kern_nccl_abort(kern_nccl *c);
 int kern_nccl_aborted(kern_nccl *c);
 
-/* All-reduce calls begun so far (one per call, counted on rank 0). */
+/* Reductions finished / bucket starts so far (counted on rank 0). */
 uint64_t kern_nccl_allreduce_calls(kern_nccl *c);
+uint64_t kern_nccl_bucket_calls(kern_nccl *c);
 
 /* The first CUDA/NCCL failure, if any: 0 or its code, message in err. */
 int kern_nccl_error(kern_nccl *c, acc_err *err);

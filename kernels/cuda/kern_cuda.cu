@@ -1094,6 +1094,12 @@ static void cu_close(kern_device *d)
     cu_teardown(d);
 }
 
+/* kern_ops.set_precision: bf16 linear layers (kern_cuda_set_bf16) */
+static int cu_set_precision(kern_device *d, int bf16, acc_err *err)
+{
+    return kern_cuda_set_bf16(d, bf16, err);
+}
+
 static const kern_ops cuda_ops = {
     /* .backend = */ "cuda",
     /* .alloc = */ cu_alloc,
@@ -1118,6 +1124,7 @@ static const kern_ops cuda_ops = {
     /* .sumsq = */ cu_sumsq,
     /* .close = */ cu_close,
     /* .last_error = */ kern_cuda_last_error,
+    /* .set_precision = */ cu_set_precision,
 };
 
 static int open_fail(kern_device *d, acc_err *err)
@@ -1215,4 +1222,39 @@ extern "C" int kern_cuda_set_bf16(kern_device *d, int on, acc_err *err)
 extern "C" unsigned long long kern_cuda_reserved(kern_device *d)
 {
     return IM(d)->reserved;
+}
+
+extern "C" unsigned long long kern_cuda_free_bytes(kern_device *d)
+{
+    size_t free_b = 0, total = 0;
+    if (!cu_enter(d) || !CU_OK(d, cudaMemGetInfo(&free_b, &total)))
+        return 0;
+    return free_b;
+}
+
+extern "C" int kern_cuda_bf16_reserve(kern_device *d, size_t a_bytes, size_t b_bytes,
+                                      acc_err *err)
+{
+    cu_impl *im = IM(d);
+    if (!cu_enter(d))
+        return kern_cuda_last_error(d, err);
+    /* both go back first, so that a smaller size never waits on a larger */
+    cu_free(d, im->bf_a);
+    cu_free(d, im->bf_b);
+    im->bf_a = im->bf_b = NULL;
+    im->bf_a_bytes = im->bf_b_bytes = 0;
+    if (!im->bf16)
+        return kern_cuda_last_error(d, err);
+    int rc = 0;
+    if (a_bytes > 0 && (rc = cu_alloc(d, a_bytes, &im->bf_a, err)) == 0)
+        im->bf_a_bytes = a_bytes;
+    if (rc == 0 && b_bytes > 0 && (rc = cu_alloc(d, b_bytes, &im->bf_b, err)) == 0)
+        im->bf_b_bytes = b_bytes;
+    if (rc != 0) { /* not sticky: the caller adapts (ACC_EOOM) or fails */
+        cu_free(d, im->bf_a);
+        im->bf_a = NULL;
+        im->bf_a_bytes = 0;
+        return rc;
+    }
+    return kern_cuda_last_error(d, err);
 }

@@ -52,11 +52,21 @@ int kern_cuda_set_tf32(kern_device *d, int on, acc_err *err);
  * gradients; weights, optimizer state and every other kernel stay fp32.
  * The bf16 operand copies are device allocations counted in in_use / peak
  * (up to m*T*Vp*2 bytes for the output layer's gradient), grown on first
- * use; failing to grow them is a sticky ACC_EOOM. Off by default. */
+ * use; failing to grow them is a sticky ACC_EOOM (plan_cuda_bf16_bytes in
+ * core/mem_plan.h predicts them). Off by default. It is the device's
+ * ops->set_precision, which a job's "precision": "bf16" calls. */
 int kern_cuda_set_bf16(kern_device *d, int on, acc_err *err);
 
 /* Bytes held by the caching allocator (in use + cached), for /v1/devices. */
 unsigned long long kern_cuda_reserved(kern_device *d);
+/* Size the bf16 operand buffers exactly (both freed first; 0 = none;
+ * nothing is allocated while bf16 is off): an out-of-memory here is
+ * returned (ACC_EOOM), not sticky, so the trainer can adapt. Buffers that
+ * a later product finds too small still grow (sticky on failure). */
+int kern_cuda_bf16_reserve(kern_device *d, size_t a_bytes, size_t b_bytes, acc_err *err);
+/* Free bytes on the whole GPU now (cudaMemGetInfo: other processes' use
+ * included); 0 with a sticky error if the query fails. */
+unsigned long long kern_cuda_free_bytes(kern_device *d);
 
 #ifdef __cplusplus
 }

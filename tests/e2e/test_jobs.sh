@@ -1,7 +1,7 @@
 #!/bin/bash
 # The job API end to end: submit, get, list (and ?state=), stream until done
 # (SSE and NDJSON, resume by Last-Event-ID and ?since=), metrics history,
-# devices, dry run, cancel a queued and a running job.
+# devices, dry run, precision bf16, cancel a queued and a running job.
 . "$(dirname "$0")/lib.sh"
 
 acc_data
@@ -50,13 +50,39 @@ d=$(curl -s "$BASE/v1/devices")
 echo "$d" | jq -e '.devices | length == 1' >/dev/null || fail "devices: $d"
 echo "$d" | jq -e '.devices[0].kind == "cpu" and .devices[0].memory_total_bytes == 268435456 and .devices[0].memory_peak_bytes > 0' \
     >/dev/null || fail "device fields: $d"
+# idle: nothing held, the whole budget free
+echo "$d" | jq -e '.devices[0].job == null and .devices[0].memory_in_use_bytes == 0 and .devices[0].memory_reserved_bytes == 0 and .devices[0].memory_free_bytes == 268435456' \
+    >/dev/null || fail "idle device memory: $d"
 
 # dry run: the plan, nothing queued
 plan=$(curl -s -X POST --data-binary "$(tiny_job dry 10)" "$BASE/v1/jobs?dry_run=1")
 echo "$plan" | jq -e '.dry_run and .batch.accum_steps == 4 and .placement.starts_now and (.predicted_peak_memory_bytes | length) == 1' \
     >/dev/null || fail "dry run: $plan"
 expect_eq "jobs after dry run" "$(curl -s "$BASE/v1/jobs" | jq '.jobs | length')" 1
+expect_eq "dry run precision" "$(echo "$plan" | jq -r .precision)" fp32
 ok "metrics history, devices, dry run"
+
+# precision bf16 (bf16 matmul operands, fp32 accumulation): planned, trained, shown
+plan=$(curl -s -X POST --data-binary "$(tiny_job dry16 4 '"precision":"bf16"')" "$BASE/v1/jobs?dry_run=1")
+echo "$plan" | jq -e '.dry_run and .precision == "bf16" and .placement.starts_now' >/dev/null ||
+    fail "bf16 dry run: $plan"
+b16=$(acc_submit "$(tiny_job half 4 '"precision":"bf16"')") || exit 1
+acc_wait_state "$b16" succeeded
+job=$(curl -s "$BASE/v1/jobs/$b16")
+echo "$job" | jq -e '.precision == "bf16" and .spec.precision == "bf16" and .step == 4 and .loss > 0 and .error == null' \
+    >/dev/null || fail "bf16 job: $job"
+expect_eq "listed with its precision" \
+    "$(curl -s "$BASE/v1/jobs" | jq -r --arg id "$b16" '.jobs[] | select(.id == $id) | .precision')" bf16
+expect_eq "the fp32 job's precision" "$(curl -s "$BASE/v1/jobs/$id" | jq -r .precision)" fp32
+timeout 20 curl -sN "$BASE/v1/jobs/$b16/events?format=ndjson" | grep -q 'precision bf16' ||
+    fail "no precision in the start log"
+# DeepSpeed's bf16.enabled means the same
+ds=$(acc_submit '{"name":"ds16","model":{"n_layer":1,"n_head":2,"n_embd":32,"seq_len":32,"vocab_size":256},"data":{"train":"gpl.txt"},"max_steps":2,"deepspeed":{"train_batch_size":8,"train_micro_batch_size_per_gpu":2,"bf16":{"enabled":true}}}') ||
+    exit 1
+acc_wait_state "$ds" succeeded
+expect_eq "deepspeed bf16" "$(curl -s "$BASE/v1/jobs/$ds" | jq -r .precision)" bf16
+expect_eq "jobs after bf16" "$(curl -s "$BASE/v1/jobs" | jq '.jobs | length')" 3
+ok "precision bf16: dry run, train, job JSON, start log, deepspeed bf16.enabled"
 
 # cancel: a long job runs, a second one queues behind it (one device)
 long=$(acc_submit "$(tiny_job long 1000000)") || exit 1
@@ -72,6 +98,10 @@ expect_eq "cancel queued" "$code" 200
 expect_eq "cancelled at once" "$(jq -r .state "$ACC_TMP/c1")" cancelled
 
 acc_wait_step "$long" 3
+# running: what the job's device holds, and what is left of the budget
+d=$(curl -s "$BASE/v1/devices")
+echo "$d" | jq -e '.devices[0] | .memory_in_use_bytes > 0 and .memory_reserved_bytes == .memory_in_use_bytes and .memory_free_bytes == .memory_total_bytes - .memory_in_use_bytes' \
+    >/dev/null || fail "busy device memory: $d"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X DELETE "$BASE/v1/jobs/$long")
 expect_eq "cancel running" "$code" 202
 acc_wait_state "$long" cancelled

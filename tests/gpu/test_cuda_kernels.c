@@ -416,6 +416,21 @@ int main(void)
         test_matmul(1e-2);
         g_off = 0;
         check_dev("bf16");
+        /* against the CPU backend in bf16 (the reference semantics: the
+         * same rounded operands, fp32 accumulation), through set_precision */
+        if (cpu->ops->set_precision(cpu, 1, &err) != 0 ||
+            gpu->ops->set_precision(gpu, 1, &err) != 0) {
+            fprintf(stderr, "FAIL: set_precision bf16: %s\n", err.msg);
+            failures++;
+        } else {
+            printf("-- bf16 matmuls vs the CPU's bf16 (tolerance 1e-4)\n");
+            test_matmul(1e-4);
+            g_off = 1;
+            test_matmul(1e-4);
+            g_off = 0;
+            check_dev("bf16 vs CPU bf16");
+            expect(cpu->ops->set_precision(cpu, 0, &err) == 0, "CPU bf16 off", err.msg);
+        }
         expect(kern_cuda_set_bf16(gpu, 0, &err) == 0, "bf16 off", err.msg);
         expect(gpu->in_use == 0, "bf16 operand buffers given back", "");
     }

@@ -4,7 +4,10 @@
  * largest weight; the same with activation recomputation; and the memory
  * accounting is identical, so an out-of-memory under a budget cap happens
  * at exactly the same byte on both (the OOM adaptation path then behaves
- * the same); with bf16 linear layers the losses stay within 2% of fp32. Exits 77 (skipped) with a message where no GPU is present. */
+ * the same); with bf16 linear layers (set_precision) the losses stay within
+ * 2% of fp32 and within 1e-2 of the CPU backend's bf16 run, and the peak
+ * adds exactly the bf16 operand buffers. Exits 77 (skipped) with a message
+ * where no GPU is present. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +17,7 @@
 #include "kern_device.h"
 #include "kern_discover.h"
 #include "gpu_fixture.h"
+#include "mem_plan.h"
 #include "model_gpt2.h"
 
 enum { L = 2, NH = 4, C = 64, V = 101, VP = 128, MAXT = 32, T = 32, B = 4, STEPS = 12 };
@@ -152,29 +156,61 @@ static void compare_oom(const kern_device_info *gi)
     }
 }
 
-/* bf16 linear layers: the loss curve stays within 2% of the fp32 one */
-static void compare_bf16(kern_device *gpu)
+/* bf16 linear layers (kern_ops.set_precision, as a job's "precision":
+ * "bf16" sets them): the GPU's loss curve stays within 2% of its fp32 one,
+ * and within 1e-2 of the CPU backend's bf16 run (the reference: the same
+ * rounding, fp32 accumulation); the GPU's peak is model_device_bytes plus
+ * the bf16 operand buffers plan_cuda_bf16_bytes predicts. */
+static void compare_bf16(kern_device *cpu, kern_device *gpu)
 {
-    double lf[STEPS], lb[STEPS], gf[STEPS], gb[STEPS];
-    float *pf = NULL, *pb = NULL;
-    size_t nf = 0, nb = 0;
+    double lf[STEPS], lb[STEPS], lc[STEPS], gf[STEPS], gb[STEPS], gc[STEPS];
+    float *pf = NULL, *pb = NULL, *pc = NULL;
+    size_t nf = 0, nb = 0, nc = 0;
     acc_err err = {0};
     if (train(gpu, 0, lf, gf, &pf, &nf))
         return;
-    if (kern_cuda_set_bf16(gpu, 1, &err) != 0 || train(gpu, 0, lb, gb, &pb, &nb)) {
+    kern_device_reset_peak(gpu);
+    if (gpu->ops->set_precision(gpu, 1, &err) != 0 || train(gpu, 0, lb, gb, &pb, &nb)) {
         fprintf(stderr, "FAIL: bf16 run: %s\n", err.msg);
         failures++;
         free(pf);
         return;
     }
-    kern_cuda_set_bf16(gpu, 0, &err);
+    model_config cfg = config();
+    uint64_t want = model_device_bytes(&cfg, B, T, 0) + plan_cuda_bf16_bytes(&cfg, B, T);
+    printf("bf16 GPU peak %llu, predicted %llu (model %llu + bf16 operands %llu)\n",
+           (unsigned long long)gpu->peak, (unsigned long long)want,
+           (unsigned long long)model_device_bytes(&cfg, B, T, 0),
+           (unsigned long long)plan_cuda_bf16_bytes(&cfg, B, T));
+    if (gpu->peak != want)
+        fail("bf16 peak = model_device_bytes + plan_cuda_bf16_bytes", (double)want,
+             (double)gpu->peak);
+    gpu->ops->set_precision(gpu, 0, &err);
+    if (cpu->ops->set_precision(cpu, 1, &err) != 0 || train(cpu, 0, lc, gc, &pc, &nc)) {
+        fprintf(stderr, "FAIL: CPU bf16 run: %s\n", err.msg);
+        failures++;
+        free(pf);
+        free(pb);
+        return;
+    }
+    cpu->ops->set_precision(cpu, 0, &err);
+    int same = 0;
     for (int i = 0; i < STEPS; i++) {
-        printf("bf16 step %2d loss fp32 %.6f bf16 %.6f\n", i, lf[i], lb[i]);
+        printf("bf16 step %2d loss gpu fp32 %.6f gpu bf16 %.6f cpu bf16 %.6f  |g| gpu %.6f cpu "
+               "%.6f\n", i, lf[i], lb[i], lc[i], gb[i], gc[i]);
         if (!(fabs(lf[i] - lb[i]) <= 0.02 * fabs(lf[i])))
             fail("bf16 loss within 2% of fp32", lf[i], lb[i]);
+        if (!(fabs(lc[i] - lb[i]) <= 1e-2 * fabs(lc[i])))
+            fail("GPU bf16 loss within 1e-2 of the CPU bf16 loss", lc[i], lb[i]);
+        if (!(fabs(gc[i] - gb[i]) <= 1e-2 * fabs(gc[i])))
+            fail("GPU bf16 grad norm within 1e-2 of the CPU's", gc[i], gb[i]);
+        same += lf[i] == lb[i];
     }
+    if (same == STEPS)
+        fail("bf16 changed the GPU losses", 0, same);
     free(pf);
     free(pb);
+    free(pc);
 }
 
 int main(void)
@@ -189,7 +225,7 @@ int main(void)
         return 1;
     compare_runs(cpu, gpu, 0);
     compare_runs(cpu, gpu, 1);
-    compare_bf16(gpu);
+    compare_bf16(cpu, gpu);
     kern_device_close(gpu);
     kern_device_close(cpu);
     compare_oom(&g[0]);

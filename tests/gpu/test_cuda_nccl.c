@@ -1,7 +1,9 @@
 /* GPU: the NCCL communicator over all GPUs of the machine (one rank thread
  * per GPU, each on its own kern_cuda device and stream): the all-reduce
  * leaves the exact sum in every rank's device buffer, twice in a row, and
- * counts one call per all-reduce; barrier works; after kern_nccl_abort()
+ * counts one call per all-reduce; a bucketed reduction (two span lists on
+ * the communication stream, then finish) sums exactly the spans and leaves
+ * the rest alone; barrier works; after kern_nccl_abort()
  * the all-reduce and the barrier return ACC_ECANCELLED at once and destroy
  * does not hang. With one GPU this is a one-rank communicator (identity).
  * Exits 77 (skipped) with a message where no GPU is present. */
@@ -18,6 +20,16 @@
 
 #define NELEM 1000003
 #define MAXR 8
+#define ROUNDS 3 /* the last one bucketed */
+
+static const kern_span bucket_a[2] = {{500000, 400000}, {7, 1000}};
+static const kern_span bucket_b[2] = {{2000, 3}, {900001, 100002}};
+
+static int in_buckets(int i)
+{
+    return (i >= 500000 && i < 900000) || (i >= 7 && i < 1007) || (i >= 2000 && i < 2003) ||
+           i >= 900001;
+}
 
 typedef struct rank_arg {
     int rank, nranks;
@@ -40,12 +52,18 @@ static void *rank_main(void *p)
         kern_nccl_abort(a->comm);
         goto out;
     }
-    for (int round = 0; round < 2; round++) {
+    for (int round = 0; round < ROUNDS; round++) {
+        int bucketed = round == ROUNDS - 1;
         /* small integers: the fp32 sum is exact whatever the order */
         for (int i = 0; i < NELEM; i++)
             h[i] = (float)((i % 97) + a->rank * 3 + round);
         d->ops->upload(d, buf, h, NELEM * sizeof *h);
-        int rc = kern_nccl_allreduce(a->comm, a->rank, buf, NELEM);
+        int rc = bucketed ? kern_nccl_reduce_start(a->comm, a->rank, buf, bucket_a, 2)
+                          : kern_nccl_allreduce(a->comm, a->rank, buf, NELEM);
+        if (rc == 0 && bucketed)
+            rc = kern_nccl_reduce_start(a->comm, a->rank, buf, bucket_b, 2);
+        if (rc == 0 && bucketed)
+            rc = kern_nccl_reduce_finish(a->comm, a->rank);
         if (rc != 0) {
             kern_nccl_error(a->comm, &err);
             fprintf(stderr, "rank %d: allreduce rc %d %s\n", a->rank, rc, err.msg);
@@ -58,6 +76,8 @@ static void *rank_main(void *p)
             float want = 0;
             for (int r = 0; r < a->nranks; r++)
                 want += (float)((i % 97) + r * 3 + round);
+            if (bucketed && !in_buckets(i))
+                want = (float)((i % 97) + a->rank * 3 + round);
             if (h[i] != want) {
                 fprintf(stderr, "rank %d round %d [%d]: %g != %g\n", a->rank, round, i, h[i],
                         want);
@@ -110,10 +130,11 @@ int main(void)
         pthread_join(th[r], NULL);
         failures += args[r].failures;
     }
-    printf("%d rank(s), %llu all-reduce calls\n", nr,
-           (unsigned long long)kern_nccl_allreduce_calls(c));
-    if (kern_nccl_allreduce_calls(c) != 2) {
-        fprintf(stderr, "FAIL: expected 2 all-reduce calls\n");
+    printf("%d rank(s), %llu reductions, %llu buckets\n", nr,
+           (unsigned long long)kern_nccl_allreduce_calls(c),
+           (unsigned long long)kern_nccl_bucket_calls(c));
+    if (kern_nccl_allreduce_calls(c) != ROUNDS || kern_nccl_bucket_calls(c) != ROUNDS + 1) {
+        fprintf(stderr, "FAIL: expected %d reductions and %d buckets\n", ROUNDS, ROUNDS + 1);
         failures++;
     }
     /* abort: everything returns ACC_ECANCELLED without waiting for peers */

@@ -182,6 +182,74 @@ static void test_open_by_kind(void **state)
     assert_null(c);
 }
 
+/* Bucketed reduction: several span lists per reduction, each summed in
+ * rank order on every rank; floats outside the spans untouched; starts and
+ * finishes counted apart; a bad span list refused. */
+enum { SPAN_LEN = 500 };
+static const kern_span bucket_a[2] = {{400, 50}, {10, 90}}; /* any order */
+static const kern_span bucket_b[3] = {{100, 1}, {480, 20}, {200, 0}};
+
+typedef struct span_arg {
+    kern_comm *comm;
+    int rank;
+    float buf[SPAN_LEN];
+    int rc[3];
+} span_arg;
+
+static void *span_rank(void *p)
+{
+    span_arg *a = p;
+    for (size_t i = 0; i < SPAN_LEN; i++)
+        a->buf[i] = value(a->rank, 0, i);
+    a->rc[0] = kern_comm_reduce_start(a->comm, a->rank, a->buf, bucket_a, 2);
+    a->rc[1] = kern_comm_reduce_start(a->comm, a->rank, a->buf, bucket_b, 3);
+    a->rc[2] = kern_comm_reduce_finish(a->comm, a->rank);
+    return NULL;
+}
+
+static int in_spans(size_t i)
+{
+    return (i >= 400 && i < 450) || (i >= 10 && i < 100) || i == 100 || i >= 480;
+}
+
+static void test_bucketed_spans(void **state)
+{
+    kern_comm *c;
+    acc_err err = {0};
+    assert_int_equal(kern_comm_create(R, &c, &err), 0);
+    pthread_t th[R];
+    span_arg *a = calloc(R, sizeof *a);
+    assert_non_null(a);
+    for (int r = 0; r < R; r++) {
+        a[r].comm = c;
+        a[r].rank = r;
+        assert_int_equal(pthread_create(&th[r], NULL, span_rank, &a[r]), 0);
+    }
+    for (int r = 0; r < R; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(a[r].rc[k], 0);
+    for (size_t i = 0; i < SPAN_LEN; i++) {
+        float sum = value(0, 0, i);
+        for (int r = 1; r < R; r++)
+            sum += value(r, 0, i);
+        for (int r = 0; r < R; r++)
+            assert_true(a[r].buf[i] == (in_spans(i) ? sum : value(r, 0, i)));
+    }
+    assert_int_equal(kern_comm_allreduce_calls(c), 1);
+    assert_int_equal(kern_comm_bucket_calls(c), 2);
+    /* a plain all-reduce is one bucket and one reduction */
+    kern_span none[1];
+    assert_int_equal(kern_comm_reduce_start(c, 0, a[0].buf, none, 0), ACC_EINVAL);
+    assert_int_equal(kern_comm_reduce_start(c, 0, a[0].buf, NULL, 1), ACC_EINVAL);
+    assert_int_equal(kern_comm_reduce_start(c, 0, a[0].buf, bucket_a, KERN_COMM_MAX_SPANS + 1),
+                     ACC_EINVAL);
+    assert_int_equal(kern_comm_bucket_calls(c), 2);
+    free(a);
+    kern_comm_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -190,6 +258,7 @@ int main(void)
         cmocka_unit_test(test_abort_mid_reduction),
         cmocka_unit_test(test_single_rank),
         cmocka_unit_test(test_open_by_kind),
+        cmocka_unit_test(test_bucketed_spans),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -152,6 +152,302 @@ static void test_matmul(void **state)
     fd_check(mm_obj, &c, c.b, OC, db, 1e-4, "matmul dbias");
 }
 
+/* ------------------------------------------------------------------ bf16 */
+
+static float from_bits(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static uint32_t to_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+/* kern_bf16_round: to nearest, ties to even, on every kind of value */
+static const struct {
+    uint32_t in, out;
+} bf16_cases[] = {
+    {0x3f800000u, 0x3f800000u}, /* 1: already bf16 */
+    {0x3f808000u, 0x3f800000u}, /* 1 + 2^-8: a tie, to the even 1 */
+    {0x3f818000u, 0x3f820000u}, /* 1 + 3 2^-8: a tie, to the even 1 + 2^-6 */
+    {0x3f808001u, 0x3f810000u}, /* just above the tie: up */
+    {0x3f807fffu, 0x3f800000u}, /* just below the tie: down */
+    {0xbf808000u, 0xbf800000u}, /* negative ties: to even, sign kept */
+    {0xbf818000u, 0xbf820000u},
+    {0xbf80c000u, 0xbf810000u}, /* negative, above the tie: away from 0 */
+    {0x40490fdbu, 0x40490000u}, /* pi -> 3.140625 */
+    {0xc0490fdbu, 0xc0490000u}, /* -pi */
+    {0x3fffffffu, 0x40000000u}, /* carry into the exponent: 2 */
+    {0x00000000u, 0x00000000u}, /* +0 */
+    {0x80000000u, 0x80000000u}, /* -0 */
+    {0x7f800000u, 0x7f800000u}, /* +Inf */
+    {0xff800000u, 0xff800000u}, /* -Inf */
+    {0x7f7f7fffu, 0x7f7f0000u}, /* below the tie under bf16's largest */
+    {0x7f7f8000u, 0x7f800000u}, /* tie above bf16's largest, odd: overflows to Inf */
+    {0x7f7fffffu, 0x7f800000u}, /* FLT_MAX -> Inf */
+    {0xff7fffffu, 0xff800000u}, /* -FLT_MAX -> -Inf */
+    {0x00000001u, 0x00000000u}, /* smallest subnormal -> 0 */
+    {0x00008000u, 0x00000000u}, /* subnormal tie, even: down to 0 */
+    {0x00018000u, 0x00020000u}, /* subnormal tie, odd: up */
+    {0x0000c000u, 0x00010000u}, /* subnormal above the tie: smallest bf16 subnormal */
+    {0x00012345u, 0x00010000u}, /* subnormal, below the tie */
+    {0x807fffffu, 0x80800000u}, /* largest negative subnormal -> -FLT_MIN */
+    {0x00800000u, 0x00800000u}, /* FLT_MIN: bf16 */
+};
+
+static const uint32_t bf16_nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u,
+                                     0x7f80ffffu, 0x7fffffffu};
+
+static void test_bf16_round(void **state)
+{
+    for (size_t i = 0; i < sizeof bf16_cases / sizeof *bf16_cases; i++) {
+        uint32_t got = to_bits(kern_bf16_round(from_bits(bf16_cases[i].in)));
+        if (got != bf16_cases[i].out)
+            print_error("bf16(0x%08x) = 0x%08x, want 0x%08x\n", bf16_cases[i].in, got,
+                        bf16_cases[i].out);
+        assert_true(got == bf16_cases[i].out);
+    }
+    /* NaN stays NaN, even when its payload is only in the dropped bits
+     * (plain truncation would turn 0x7f800001 into Inf) */
+    for (size_t i = 0; i < sizeof bf16_nans / sizeof *bf16_nans; i++) {
+        float r = kern_bf16_round(from_bits(bf16_nans[i]));
+        assert_true(isnan(r));
+        assert_true((to_bits(r) & 0xffffu) == 0);
+        assert_true((to_bits(r) >> 31) == (bf16_nans[i] >> 31));
+    }
+    /* idempotent, and at most half a bf16 ulp (2^-8 relative) away */
+    rng r;
+    rng_seed(&r, 11, 1);
+    for (int i = 0; i < 100000; i++) {
+        float x = (float)(rng_normal(&r) * exp(8.0 * rng_normal(&r)));
+        float y = kern_bf16_round(x);
+        assert_true(kern_bf16_round(y) == y);
+        assert_true(fabs((double)y - x) <= ldexp(fabs((double)x), -8));
+    }
+}
+
+/* A bf16 device's products see the rounded operands, bit for bit: row n
+ * of x holds edge value n at column n % MC_ and zeros elsewhere, w is the
+ * identity, so out[n, n % MC_] = bf16(x) * 1 exactly (the other terms are
+ * 0 * 0). MC_ = 11 puts the values in every lane of the backend's 4-wide
+ * rounding and in its scalar tail; the weight gradient (dout transposed)
+ * sees them the same way. */
+static void test_bf16_matmul_rounds_operands(void **state)
+{
+    enum { NC = sizeof bf16_cases / sizeof *bf16_cases, NE = NC + 6, MC_ = 11 };
+    kern_device_info info = {.kind = KERN_DEV_CPU, .name = "cpu0"};
+    kern_device *d;
+    acc_err err = {0};
+    assert_int_equal(kern_device_open(&info, 2, &d, &err), 0);
+    assert_int_equal(d->ops->set_precision(d, 1, &err), 0);
+    static float x[NE * MC_], w[MC_ * MC_], out[NE * MC_], dw[MC_ * MC_];
+    uint32_t in[NE], want[NE];
+    for (int i = 0; i < NE; i++) {
+        in[i] = i < NC ? bf16_cases[i].in : bf16_nans[i - NC];
+        want[i] = i < NC ? bf16_cases[i].out : 0x7fc00000u;
+    }
+    memset(x, 0, sizeof x);
+    memset(w, 0, sizeof w);
+    for (int n = 0; n < NE; n++)
+        x[n * MC_ + n % MC_] = from_bits(in[n]);
+    for (int c = 0; c < MC_; c++)
+        w[c * MC_ + c] = 1.0f;
+    d->ops->matmul_fwd(d, out, x, w, NULL, NE, MC_, MC_);
+    for (int n = 0; n < NE; n++) {
+        uint32_t got = to_bits(out[n * MC_ + n % MC_]), wb = want[n];
+        if (n >= NC) { /* NaN in, NaN out */
+            assert_true(isnan(from_bits(got)));
+            continue;
+        }
+        if (wb == 0x80000000u) /* -0 * 1 + 0 * 0: either zero */
+            got &= 0x7fffffffu, wb = 0;
+        if (got != wb)
+            print_error("bf16 matmul of 0x%08x: 0x%08x, want 0x%08x\n", in[n], got, wb);
+        assert_true(got == wb);
+    }
+    /* the weight gradient rounds dout: dw[o, c] += sum_n bf16(dout[n, o]) bf16(x'[n, c])
+     * with dout = x (edge values), x' = rows of the identity (row n: 1 at n % MC_) */
+    static float eye[NE * MC_];
+    memset(eye, 0, sizeof eye);
+    for (int n = 0; n < NE; n++)
+        eye[n * MC_ + n % MC_] = 1.0f;
+    for (int n = 0; n < NE; n++) {
+        memset(dw, 0, sizeof dw);
+        /* one row at a time, so each dw element is one product */
+        d->ops->matmul_bwd(d, NULL, dw, NULL, x + n * MC_, eye + n * MC_, w, 1, MC_, MC_);
+        int o = n % MC_;
+        uint32_t got = to_bits(dw[o * MC_ + o]), wb = want[n];
+        if (n >= NC) {
+            assert_true(isnan(from_bits(got)));
+            continue;
+        }
+        if (wb == 0x80000000u)
+            got &= 0x7fffffffu, wb = 0;
+        assert_true(got == wb);
+    }
+    /* the weight operand is rounded too: 1 x (1 + 2^-8) -> 1 */
+    float one = 1.0f, wt = from_bits(0x3f808000u), o1;
+    d->ops->matmul_fwd(d, &o1, &one, &wt, NULL, 1, 1, 1);
+    assert_true(o1 == 1.0f);
+    /* and back in fp32 it is not */
+    assert_int_equal(d->ops->set_precision(d, 0, &err), 0);
+    d->ops->matmul_fwd(d, &o1, &one, &wt, NULL, 1, 1, 1);
+    assert_true(o1 == wt);
+    kern_device_close(d);
+}
+
+/* sum_k bf16(a[i,k]) bf16(b[j,k]) in double, with sum_k |.| for the bound;
+ * a row i at a + i*sai + k*sak, b row j at b + j*sbj + k*sbk */
+static void ref_bf16_dot(const float *a, size_t sai, size_t sak, const float *b, size_t sbj,
+                         size_t sbk, int I, int J, int K, int round, double *out, double *absum)
+{
+    for (int i = 0; i < I; i++)
+        for (int j = 0; j < J; j++) {
+            double s = 0, sa = 0;
+            for (int k = 0; k < K; k++) {
+                float av = a[i * sai + k * sak], bv = b[j * sbj + k * sbk];
+                if (round)
+                    av = kern_bf16_round(av), bv = kern_bf16_round(bv);
+                s += (double)av * bv;
+                sa += fabs((double)av * bv);
+            }
+            out[(size_t)i * J + j] = s;
+            absum[(size_t)i * J + j] = sa;
+        }
+}
+
+/* got - base vs want: fp32 accumulation of bf16 x bf16 products, so within
+ * a few fp32 roundings of the sum of |terms| (and of the base added to) */
+static void assert_fp32_of(const float *got, const float *base, const double *want,
+                           const double *absum, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        double b = base ? base[i] : 0.0;
+        double tol = 1e-5 * (absum[i] + fabs(b)) + 1e-30;
+        if (!(fabs((double)got[i] - (b + want[i])) <= tol)) {
+            print_error("%s[%zu]: got %.9g want %.9g (tol %.3g)\n", what, i, got[i],
+                        b + want[i], tol);
+            fail();
+        }
+    }
+}
+
+/* ||got - base - want|| / ||want|| */
+static double rel_err(const float *got, const float *base, const double *want, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)got[i] - (base ? base[i] : 0.0) - want[i];
+        num += e * e;
+        den += want[i] * want[i];
+    }
+    return sqrt(num / den);
+}
+
+/* matmul_fwd / matmul_bwd in bf16, shapes past the 256-wide panels in
+ * every dimension (rows, channels, output channels, and N as the weight
+ * gradient's inner dimension): equal, to fp32 accumulation, to a double
+ * reference on bf16-rounded operands, and a bf16-sized distance (not 0)
+ * from the fp32 products. */
+static void test_bf16_matmul(void **state)
+{
+    enum { MN = 300, MC = 264, MOC = 280 };
+    kern_device_info info = {.kind = KERN_DEV_CPU, .name = "cpu0"};
+    kern_device *d;
+    acc_err err = {0};
+    assert_int_equal(kern_device_open(&info, 2, &d, &err), 0);
+    rng r;
+    rng_seed(&r, 5, 3);
+    float *x = malloc(sizeof(float) * MN * MC), *w = malloc(sizeof(float) * MOC * MC);
+    float *b = malloc(sizeof(float) * MOC), *g = malloc(sizeof(float) * MN * MOC);
+    float *out = malloc(sizeof(float) * MN * MOC), *out32 = malloc(sizeof(float) * MN * MOC);
+    float *dx = malloc(sizeof(float) * MN * MC), *bx = malloc(sizeof(float) * MN * MC);
+    float *dw = malloc(sizeof(float) * MOC * MC), *bw = malloc(sizeof(float) * MOC * MC);
+    float *db = malloc(sizeof(float) * MOC), *bb = malloc(sizeof(float) * MOC);
+    size_t big = (size_t)MN * MOC > (size_t)MOC * MC ? (size_t)MN * MOC : (size_t)MOC * MC;
+    big = big > (size_t)MN * MC ? big : (size_t)MN * MC;
+    double *want = malloc(sizeof(double) * big), *absum = malloc(sizeof(double) * big);
+    double *want32 = malloc(sizeof(double) * big), *abs32 = malloc(sizeof(double) * big);
+    assert_true(x && w && b && g && out && out32 && dx && bx && dw && bw && db && bb && want &&
+                absum && want32 && abs32);
+    fill(&r, x, NULL, (size_t)MN * MC, 1);
+    fill(&r, w, NULL, (size_t)MOC * MC, 0.5);
+    fill(&r, b, NULL, MOC, 0.5);
+    fill(&r, g, NULL, (size_t)MN * MOC, 1);
+
+    /* fp32 first: the untouched path, for the bitwise check after */
+    d->ops->matmul_fwd(d, out32, x, w, b, MN, MC, MOC);
+    uint64_t in_use = d->in_use;
+    assert_int_equal(d->ops->set_precision(d, 1, &err), 0);
+    assert_true(d->in_use == in_use); /* the scratch is outside the budget */
+
+    /* forward: out = bf16(x) bf16(w)^T + b (bias in fp32) */
+    d->ops->matmul_fwd(d, out, x, w, b, MN, MC, MOC);
+    ref_bf16_dot(x, MC, 1, w, MC, 1, MN, MOC, MC, 1, want, absum);
+    for (int n = 0; n < MN; n++)
+        for (int o = 0; o < MOC; o++)
+            want[(size_t)n * MOC + o] += b[o], absum[(size_t)n * MOC + o] += fabs(b[o]);
+    assert_fp32_of(out, NULL, want, absum, (size_t)MN * MOC, "bf16 matmul out");
+    ref_bf16_dot(x, MC, 1, w, MC, 1, MN, MOC, MC, 0, want32, abs32);
+    for (int n = 0; n < MN; n++)
+        for (int o = 0; o < MOC; o++)
+            want32[(size_t)n * MOC + o] += b[o];
+    double e_fwd = rel_err(out, NULL, want32, (size_t)MN * MOC);
+
+    /* backward, accumulating onto a non-zero base */
+    fill(&r, bx, NULL, (size_t)MN * MC, 1);
+    fill(&r, bw, NULL, (size_t)MOC * MC, 1);
+    fill(&r, bb, NULL, MOC, 1);
+    memcpy(dx, bx, sizeof(float) * MN * MC);
+    memcpy(dw, bw, sizeof(float) * MOC * MC);
+    memcpy(db, bb, sizeof(float) * MOC);
+    d->ops->matmul_bwd(d, dx, dw, db, g, x, w, MN, MC, MOC);
+    /* dinp[n,c] += sum_o bf16(g[n,o]) bf16(w[o,c]) */
+    ref_bf16_dot(g, MOC, 1, w, 1, MC, MN, MC, MOC, 1, want, absum);
+    assert_fp32_of(dx, bx, want, absum, (size_t)MN * MC, "bf16 matmul dinp");
+    ref_bf16_dot(g, MOC, 1, w, 1, MC, MN, MC, MOC, 0, want32, abs32);
+    double e_dx = rel_err(dx, bx, want32, (size_t)MN * MC);
+    /* dw[o,c] += sum_n bf16(g[n,o]) bf16(x[n,c]) */
+    ref_bf16_dot(g, 1, MOC, x, 1, MC, MOC, MC, MN, 1, want, absum);
+    assert_fp32_of(dw, bw, want, absum, (size_t)MOC * MC, "bf16 matmul dw");
+    ref_bf16_dot(g, 1, MOC, x, 1, MC, MOC, MC, MN, 0, want32, abs32);
+    double e_dw = rel_err(dw, bw, want32, (size_t)MOC * MC);
+    /* dbias += colsum(dout), fp32 on the unrounded gradient */
+    for (int o = 0; o < MOC; o++) {
+        double s = 0, sa = 0;
+        for (int n = 0; n < MN; n++)
+            s += g[(size_t)n * MOC + o], sa += fabs(g[(size_t)n * MOC + o]);
+        want[o] = s;
+        absum[o] = sa;
+    }
+    assert_fp32_of(db, bb, want, absum, MOC, "bf16 matmul dbias");
+    /* without dinp / dbias */
+    memcpy(dw, bw, sizeof(float) * MOC * MC);
+    d->ops->matmul_bwd(d, NULL, dw, NULL, g, x, w, MN, MC, MOC);
+    ref_bf16_dot(g, 1, MOC, x, 1, MC, MOC, MC, MN, 1, want, absum);
+    assert_fp32_of(dw, bw, want, absum, (size_t)MOC * MC, "bf16 matmul dw alone");
+
+    /* the rounding really happened: a bf16-sized distance from fp32 */
+    print_message("bf16 vs fp32 products, relative: out %.3g, dinp %.3g, dw %.3g\n", e_fwd,
+                  e_dx, e_dw);
+    assert_true(e_fwd > 1e-3 && e_fwd < 1e-2);
+    assert_true(e_dx > 1e-3 && e_dx < 1e-2);
+    assert_true(e_dw > 1e-3 && e_dw < 1e-2);
+
+    /* back to fp32: bit for bit what it computed before */
+    assert_int_equal(d->ops->set_precision(d, 0, &err), 0);
+    d->ops->matmul_fwd(d, out, x, w, b, MN, MC, MOC);
+    assert_memory_equal(out, out32, sizeof(float) * MN * MOC);
+    kern_device_close(d);
+    free(x), free(w), free(b), free(g), free(out), free(out32), free(dx), free(bx);
+    free(dw), free(bw), free(db), free(bb), free(want), free(absum), free(want32), free(abs32);
+}
+
 /* ------------------------------------------------------------- layernorm */
 
 typedef struct ln_ctx {
@@ -528,6 +824,8 @@ int main(void)
         cmocka_unit_test(test_encoder),  cmocka_unit_test(test_xent),
         cmocka_unit_test(test_adamw),    cmocka_unit_test(test_sumsq_and_add),
         cmocka_unit_test(test_memory_accounting),
+        cmocka_unit_test(test_bf16_round), cmocka_unit_test(test_bf16_matmul_rounds_operands),
+        cmocka_unit_test(test_bf16_matmul),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

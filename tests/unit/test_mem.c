@@ -83,6 +83,9 @@ typedef struct inject {
     int fired;
 } inject;
 
+/* Gradient bucket size of the runs below (0: the trainer's default). */
+static size_t run_bucket_bytes;
+
 static int inject_oom(void *ctx, int rank, int step, int micro, int m)
 {
     inject *in = ctx;
@@ -115,6 +118,7 @@ static void run_job_inject(const job_spec *s, const uint64_t *budgets, run_out *
     r->h.step_samples = r->samples;
     r->h.final_params = r->params;
     r->h.final_params_cap = cap;
+    r->h.bucket_bytes = run_bucket_bytes;
     if (in != NULL) {
         r->h.inject_oom = inject_oom;
         r->h.oom_ctx = in;
@@ -265,15 +269,23 @@ static void test_oom_one_rank_of_two(void **state)
 static void test_oom_mid_step(void **state)
 {
     enum { B = 16 };
-    for (int w = 1; w <= 2; w++) {
+    /* pass 3: w = 2 again, 4 blocks, one bucket per block, so the rank that
+     * fits has started buckets in its last backward before the one that
+     * ran out joins with all of its buckets at once */
+    for (int pass = 1; pass <= 3; pass++) {
+        int w = pass == 3 ? 2 : pass;
         job_spec s;
         fx_tiny_spec(&s, text_path, B, 4, B / (4 * w), w);
         s.max_steps = STEPS;
         s.oom_adapt = true;
+        if (pass == 3)
+            s.model.n_layer = 4;
         uint64_t big[2] = {1ull << 30, 1ull << 30};
-        inject in = {.rank = w - 1, .step = 1, .micro = 1, .m = 4};
+        inject in = {.rank = w - 1, .step = 1, .micro = B / (4 * w) - 1, .m = 4};
         run_out r, want;
+        run_bucket_bytes = pass == 3 ? 1 : 0;
         run_job_inject(&s, big, &r, -1, -1, &in);
+        run_bucket_bytes = 0;
         assert_ok(&r, &s);
         run_job(&s, big, &want, 4, B / (4 * w));
         assert_ok(&want, &s);
@@ -283,6 +295,9 @@ static void test_oom_mid_step(void **state)
         assert_int_equal(r.h.final_micro, 2);
         assert_int_equal(r.h.final_accum, B / (2 * w));
         assert_same_run(&r, &want, B);
+        /* one reduction per attempt; buckets: 4 per attempt when cut */
+        assert_int_equal(r.h.allreduce_calls, STEPS + 1);
+        assert_int_equal(r.h.bucket_calls, pass == 3 ? 4 * (STEPS + 1) : STEPS + 1);
         run_free(&r);
         run_free(&want);
     }
@@ -547,6 +562,63 @@ static void test_peak_flat_in_accum(void **state)
     }
 }
 
+/* bf16 on CPU devices: the rounding scratch is outside the budget, so the
+ * planner's prediction is still the measured peak to the byte, in stored
+ * and recompute modes, and the OOM adaptation works as in fp32. The CUDA
+ * figure (plan_cuda_bf16_bytes) at GPT-2 124M, m = 16, T = 1024: A side
+ * 16384 x 50304, B side 16384 x 3072, 2 bytes each. */
+static void test_planner_bf16(void **state)
+{
+    for (int rec = 0; rec < 2; rec++) {
+        job_spec s;
+        fx_tiny_spec(&s, text_path, 4, 2, 1, 2);
+        s.max_steps = 2;
+        s.activation_checkpointing = rec;
+        s.precision = SPEC_BF16;
+        uint64_t pred = 0;
+        acc_err err = {0};
+        assert_int_equal(plan_device_bytes(&s, 2, rec, &pred, &err), 0);
+        uint64_t big[2] = {1ull << 30, 1ull << 30};
+        run_out r;
+        run_job(&s, big, &r, 2, 1);
+        assert_ok(&r, &s);
+        print_message("bf16 %s: predicted %" PRIu64 ", measured %" PRIu64 " %" PRIu64 "\n",
+                      rec ? "recompute" : "stored", pred, r.h.mem_peak[0], r.h.mem_peak[1]);
+        assert_true(r.h.mem_peak[0] == pred && r.h.mem_peak[1] == pred);
+        run_free(&r);
+    }
+    /* out of memory at m = 4 in bf16: down to 2, same losses as m = 2 */
+    job_spec s, ref;
+    fx_tiny_spec(&s, text_path, 4, 4, 1, 1);
+    s.max_steps = STEPS;
+    s.oom_adapt = true;
+    s.precision = SPEC_BF16;
+    ref = s;
+    ref.micro_batch = 2;
+    ref.accum_steps = 2;
+    uint64_t budget = budget_for(&s, 2, 0), big = 1ull << 30;
+    run_out r, want;
+    run_job(&s, &budget, &r, 2, 2);
+    assert_ok(&r, &s);
+    run_job(&ref, &big, &want, 2, 2);
+    assert_ok(&want, &ref);
+    assert_int_equal(r.h.final_micro, 2);
+    assert_int_equal(r.h.oom_adjusts, 1);
+    for (int k = 0; k < STEPS; k++)
+        assert_true(fabs(r.loss[k] - want.loss[k]) <= 1e-5 * fabs(want.loss[k]));
+    run_free(&r);
+    run_free(&want);
+    /* the CUDA bf16 operand buffers */
+    model_config g = {.max_seq_len = 1024, .vocab_size = 50257, .padded_vocab_size = 50304,
+                      .n_layer = 12, .n_head = 12, .channels = 768};
+    assert_true(plan_cuda_bf16_bytes(&g, 16, 1024) ==
+                2ull * (16384ull * 50304 + 16384ull * 3072));
+    /* small vocabulary: the MLP's 4C is the wide side; B side: max(Vp C, 4C C, N 4C) */
+    model_config t = {.max_seq_len = 16, .vocab_size = 64, .padded_vocab_size = 64,
+                      .n_layer = 1, .n_head = 2, .channels = 32};
+    assert_true(plan_cuda_bf16_bytes(&t, 1, 4) == 2ull * (4 * 128 + 128 * 32));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -560,6 +632,7 @@ int main(void)
         cmocka_unit_test(test_planner_candidates),
         cmocka_unit_test(test_micro_auto),
         cmocka_unit_test(test_peak_flat_in_accum),
+        cmocka_unit_test(test_planner_bf16),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -416,6 +416,103 @@ static void test_seed_init(void **state)
     kern_device_close(dev);
 }
 
+/* The gradient spans of the bucketed reduction: any cut of the layers into
+ * buckets, plus the ends once, covers the gradient buffer (spare slots
+ * included) exactly once; model_backward_notify reports layers last to
+ * first, then -1, and computes the same gradients as model_backward. */
+static void count_spans(const kern_span *sp, int n, unsigned char *hits, size_t total)
+{
+    assert_true(n <= MODEL_MAX_GRAD_SPANS);
+    for (int k = 0; k < n; k++) {
+        assert_true(sp[k].off + sp[k].n <= total);
+        for (size_t i = 0; i < sp[k].n; i++)
+            hits[sp[k].off + i]++;
+    }
+}
+
+typedef struct notify_log {
+    int layers[16];
+    int n;
+} notify_log;
+
+static void log_layer(void *ctx, int layer)
+{
+    notify_log *l = ctx;
+    if (l->n < 16)
+        l->layers[l->n] = layer;
+    l->n++;
+}
+
+static void test_grad_spans(void **state)
+{
+    enum { NL = 4 };
+    kern_device_info info = {.kind = KERN_DEV_CPU, .name = "cpu0", .mem_total = 0};
+    kern_device *dev;
+    acc_err err = {0};
+    assert_int_equal(kern_device_open(&info, 1, &dev, &err), 0);
+    spec_model sm = spec_for_file();
+    sm.n_layer = NL;
+    sm.n_embd = 32;
+    sm.n_head = 4;
+    sm.padded_vocab_size = 16;
+    model_config cfg;
+    assert_int_equal(model_config_from_spec(&sm, &cfg, &err), 0);
+    model_gpt2 *m;
+    assert_int_equal(model_create(dev, &cfg, 1, T, &m, &err), 0);
+    assert_int_equal(model_init_seed(m, 3, &err), 0);
+    size_t total = m->nparams + MODEL_GRAD_EXTRA;
+    unsigned char *hits = calloc(total, 1);
+    assert_non_null(hits);
+    /* cuts: {4}, {2,2}, {1,1,1,1}, {3,1}: bucket boundaries from the top */
+    static const int cuts[4][NL + 1] = {{4, 0}, {4, 2, 0}, {4, 3, 2, 1, 0}, {4, 1, 0}};
+    for (int c = 0; c < 4; c++) {
+        memset(hits, 0, total);
+        kern_span sp[MODEL_MAX_GRAD_SPANS];
+        int j = 0;
+        for (; cuts[c][j] != 0; j++) {
+            int n = model_grad_spans(m, cuts[c][j + 1], cuts[c][j], 0, sp);
+            assert_int_equal(n, 12);
+            count_spans(sp, n, hits, total);
+        }
+        count_spans(sp, model_grad_spans(m, 0, 0, 1, sp), hits, total);
+        for (size_t i = 0; i < total; i++)
+            if (hits[i] != 1)
+                fail_msg("cut %d: float %zu covered %d times", c, i, hits[i]);
+    }
+    assert_int_equal(model_block_params(&cfg) * NL + m->tensor_off[2] +
+                         (m->nparams - m->tensor_off[14]),
+                     m->nparams);
+    free(hits);
+
+    /* notify order and the same gradients as the plain backward */
+    int tok[T], tgt[T];
+    float w[T];
+    for (int t = 0; t < T; t++) {
+        tok[t] = (t * 5) % V;
+        tgt[t] = (t * 5 + 1) % V;
+        w[t] = 1.0f / T;
+    }
+    double loss;
+    float *g1 = malloc(m->nparams * sizeof *g1);
+    assert_non_null(g1);
+    model_zero_grad(m);
+    model_forward(m, tok, tgt, w, 1, 1, &loss);
+    model_backward(m, 1);
+    memcpy(g1, m->grads, m->nparams * sizeof *g1);
+    model_zero_grad(m);
+    model_forward(m, tok, tgt, w, 1, 1, &loss);
+    notify_log log = {0};
+    model_backward_notify(m, 1, log_layer, &log);
+    assert_int_equal(log.n, NL + 1);
+    for (int i = 0; i < NL; i++)
+        assert_int_equal(log.layers[i], NL - 1 - i);
+    assert_int_equal(log.layers[NL], -1);
+    assert_memory_equal(g1, m->grads, m->nparams * sizeof *g1);
+    free(g1);
+    model_free(m);
+    kern_device_close(dev);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -423,6 +520,7 @@ int main(void)
         cmocka_unit_test(test_gradient_check),
         cmocka_unit_test(test_bad_checkpoints),
         cmocka_unit_test(test_seed_init),
+        cmocka_unit_test(test_grad_spans),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -53,7 +53,10 @@ typedef struct run_out {
     int status;
 } run_out;
 
-static void run_split(const job_spec *s, run_out *r, train_mask_fn mask)
+/* Run `s` on CPU devices; bucket_bytes: the gradient bucket size (0: the
+ * trainer's default). */
+static void run_split_buckets(const job_spec *s, run_out *r, train_mask_fn mask,
+                              size_t bucket_bytes)
 {
     kern_device_info devs[4];
     fx_devices(devs, s->devices, 1ull << 30);
@@ -70,6 +73,7 @@ static void run_split(const job_spec *s, run_out *r, train_mask_fn mask)
     r->h.step_samples = r->samples;
     r->h.final_params = r->params;
     r->h.final_params_cap = cap;
+    r->h.bucket_bytes = bucket_bytes;
     trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = 1};
     acc_err err = {0};
     r->status = trainer_run_sync(&o, &r->h, &err);
@@ -77,6 +81,11 @@ static void run_split(const job_spec *s, run_out *r, train_mask_fn mask)
         print_error("run failed: %s\n", err.msg);
     assert_int_equal(r->status, 0);
     assert_int_equal(r->h.steps_done, s->max_steps);
+}
+
+static void run_split(const job_spec *s, run_out *r, train_mask_fn mask)
+{
+    run_split_buckets(s, r, mask, 0);
 }
 
 static void run_free(run_out *r)
@@ -145,6 +154,59 @@ static void test_split_invariance(void **state)
     assert_true(fx_rel_diff(init.params, runs[0].params, init.h.nparams) > 1e-4);
     run_free(&init);
     for (int i = 0; i < 4; i++)
+        run_free(&runs[i]);
+}
+
+/* bf16 keeps invariant 1, to what bf16 allows: the rounding is elementwise,
+ * so the split does not change which operands a sample's products see, and
+ * the losses of (m=4,a=1,w=1) and (m=1,a=2,w=2) agree to float rounding
+ * (1e-5; measured ~3e-6). The weights agree to 1e-3 (measured 2e-4), not
+ * fp32's 1e-5 (~1e-7): the splits sum in different fp32 orders (as in
+ * fp32), and bf16 rounding turns the few one-ulp differences that sit at a
+ * bf16 rounding boundary into 2^-8 steps; the odd gradient element near 0
+ * then changes sign, and AdamW's first steps move it by +-lr either way
+ * (3 of 34k weights after one step, each by 2 lr; every other weight
+ * agrees to ~1e-7). Any bf16 implementation does this; the GPU's too. The
+ * split difference must stay far below the bf16-vs-fp32 difference. */
+static void test_split_invariance_bf16(void **state)
+{
+    enum { B4 = 4 };
+    static const int splits[2][3] = {{4, 1, 1}, {1, 2, 2}};
+    run_out runs[2];
+    for (int i = 0; i < 2; i++) {
+        job_spec s;
+        fx_tiny_spec(&s, text_path, B4, splits[i][0], splits[i][1], splits[i][2]);
+        s.max_steps = STEPS;
+        s.precision = SPEC_BF16;
+        run_split(&s, &runs[i], NULL);
+    }
+    for (int k = 0; k < STEPS; k++) {
+        double rel = fabs(runs[0].loss[k] - runs[1].loss[k]) / fabs(runs[0].loss[k]);
+        print_message("bf16 step %d: loss %.9g vs %.9g (rel %.3g)\n", k, runs[0].loss[k],
+                      runs[1].loss[k], rel);
+        assert_true(rel <= 1e-5);
+    }
+    assert_int_equal(runs[0].h.nparams, runs[1].h.nparams);
+    double rel = fx_rel_diff(runs[0].params, runs[1].params, runs[0].h.nparams);
+    print_message("bf16 final weights: relative difference %.3g\n", rel);
+    assert_true(rel <= 1e-3);
+    assert_memory_equal(runs[0].samples, runs[1].samples, STEPS * B4 * sizeof *runs[0].samples);
+    /* the same split in fp32 ends elsewhere: bf16 was in effect */
+    job_spec s;
+    fx_tiny_spec(&s, text_path, B4, 4, 1, 1);
+    s.max_steps = STEPS;
+    run_out f32;
+    run_split(&s, &f32, NULL);
+    double d32 = fx_rel_diff(f32.params, runs[0].params, f32.h.nparams);
+    print_message("bf16 vs fp32 final weights: relative difference %.3g\n", d32);
+    for (int k = 0; k < STEPS; k++) {
+        print_message("fp32 step %d: loss %.9g (bf16 %.9g, rel %.3g)\n", k, f32.loss[k],
+                      runs[0].loss[k], fabs(f32.loss[k] - runs[0].loss[k]) / f32.loss[k]);
+        assert_true(f32.loss[k] != runs[0].loss[k]);
+    }
+    assert_true(d32 > 2 * rel);
+    run_free(&f32);
+    for (int i = 0; i < 2; i++)
         run_free(&runs[i]);
 }
 
@@ -274,6 +336,42 @@ static void test_one_allreduce_per_step(void **state)
         run_split(&s, &r, NULL);
         assert_int_equal(r.h.allreduce_calls, 3);
         run_free(&r);
+    }
+}
+
+/* The step's reduction cut into buckets that start during the last
+ * micro-step's backward (one per block here) gives the very same bits as
+ * one bucket: the CPU sum is elementwise in rank order whatever the cut.
+ * Still one reduction per step; the buckets are counted. */
+static void test_bucketed_reduction(void **state)
+{
+    static const int splits[2][3] = {{2, 2, 2}, {1, 2, 4}};
+    for (int i = 0; i < 2; i++) {
+        job_spec s;
+        fx_tiny_spec(&s, text_path, BATCH, splits[i][0], splits[i][1], splits[i][2]);
+        s.model.n_layer = 4;
+        s.max_steps = STEPS;
+        run_out one, per_block, pairs;
+        run_split_buckets(&s, &one, NULL, 0);       /* default: the tiny model fits one bucket */
+        run_split_buckets(&s, &per_block, NULL, 1); /* every block its own bucket */
+        model_config cfg;
+        acc_err err = {0};
+        assert_int_equal(model_config_from_spec(&s.model, &cfg, &err), 0);
+        run_split_buckets(&s, &pairs, NULL, 2 * model_block_params(&cfg) * sizeof(float));
+        assert_int_equal(one.h.bucket_calls, STEPS);
+        assert_int_equal(per_block.h.bucket_calls, STEPS * 4); /* layers 3, 2, 1; 0 + ends */
+        assert_int_equal(pairs.h.bucket_calls, STEPS * 2);     /* layers 3-2; 1-0 + ends */
+        const run_out *cut[2] = {&per_block, &pairs};
+        for (int c = 0; c < 2; c++) {
+            assert_int_equal(cut[c]->h.allreduce_calls, STEPS);
+            assert_memory_equal(one.loss, cut[c]->loss, sizeof one.loss);
+            assert_memory_equal(one.norm, cut[c]->norm, sizeof one.norm);
+            assert_int_equal(one.h.nparams, cut[c]->h.nparams);
+            assert_memory_equal(one.params, cut[c]->params, one.h.nparams * sizeof(float));
+        }
+        run_free(&one);
+        run_free(&per_block);
+        run_free(&pairs);
     }
 }
 
@@ -465,8 +563,10 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_invariance),
+        cmocka_unit_test(test_split_invariance_bf16),
         cmocka_unit_test(test_loss_normalisation),
         cmocka_unit_test(test_one_allreduce_per_step),
+        cmocka_unit_test(test_bucketed_reduction),
         cmocka_unit_test(test_memory_flat_in_accum),
         cmocka_unit_test(test_events_and_done),
         cmocka_unit_test(test_cancel),
