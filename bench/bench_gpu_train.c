@@ -16,8 +16,14 @@
  * shorter runs at the same m, and planned_bytes_m{1,2,4,8,16} (fp32 model,
  * model_device_bytes). Exits 0 with a message where no GPU is present.
  *
+ * Then, unless --profile-steps is 0, a short profiled run (main precision,
+ * same m): each op's GPU time per step from CUDA events around it
+ * (kern_cuda_set_profile), as "RESULT prof_<op>_ms" lines with its share
+ * of the step, to say where the time goes.
+ *
  *   bench_gpu_train [--micro M] [--steps S] [--warmup W] [--precision bf16|tf32|fp32]
  *                   [--other-steps S]   (steps of the other precisions; 0 skips them)
+ *                   [--profile-steps S] (default 3; 0 skips the profile)
  */
 #include <math.h>
 #include <stdio.h>
@@ -37,10 +43,32 @@ typedef struct run_out {
     double tok_s, mfu, loss0, loss_last;
     unsigned long long peak;
     int micro;
+    int profile;                        /* in: record per-op times */
+    double prof_ms[KERN_CUDA_PROF_OPS]; /* out: summed over the timed steps */
+    int prof_calls[KERN_CUDA_PROF_OPS];
+    const char *prof_name[KERN_CUDA_PROF_OPS];
+    double step_ms;                     /* out: median step */
 } run_out;
 
 enum { P_BF16, P_TF32, P_FP32 };
 static const char *const prec_name[] = {"bf16", "tf32", "fp32"};
+
+/* Add this step's per-op times to r (reading also waits for the stream). */
+static int read_profile(kern_device *d, run_out *r)
+{
+    double ms[KERN_CUDA_PROF_OPS];
+    int calls[KERN_CUDA_PROF_OPS];
+    acc_err err = {0};
+    if (kern_cuda_profile_read(d, ms, calls, r->prof_name, &err) != KERN_CUDA_PROF_OPS) {
+        fprintf(stderr, "profile read: %s\n", err.msg);
+        return 1;
+    }
+    for (int k = 0; k < KERN_CUDA_PROF_OPS; k++) {
+        r->prof_ms[k] += ms[k];
+        r->prof_calls[k] += calls[k];
+    }
+    return 0;
+}
 
 static int run(const kern_device_info *gi, const model_config *cfg, int micro, int steps,
                int warmup, int prec, run_out *r)
@@ -89,6 +117,11 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
     int rc = 0;
     kern_device_reset_peak(d);
     for (int step = -warmup; step < steps; step++) {
+        if (step == 0 && r->profile && kern_cuda_set_profile(d, 1, &err) != 0) {
+            fprintf(stderr, "profile: %s\n", err.msg);
+            rc = 1;
+            break;
+        }
         for (size_t i = 0; i < bt; i++) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
             tok[i] = (int)((s >> 33) % (uint64_t)cfg->vocab_size);
@@ -107,6 +140,10 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
             break;
         }
         double el = bench_now() - t0;
+        if (step >= 0 && r->profile && read_profile(d, r) != 0) {
+            rc = 1;
+            break;
+        }
         if (step == -warmup)
             r->loss0 = loss;
         r->loss_last = loss;
@@ -119,6 +156,7 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
     if (rc == 0) {
         qsort(dt, (size_t)steps, sizeof *dt, bench_cmp_double);
         double med = steps % 2 ? dt[steps / 2] : 0.5 * (dt[steps / 2 - 1] + dt[steps / 2]);
+        r->step_ms = 1e3 * med;
         r->tok_s = (double)bt / med;
         r->mfu = 100.0 * r->tok_s * flops_tok / PEAK_FLOPS;
         r->peak = (unsigned long long)d->peak;
@@ -130,9 +168,33 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
     return rc;
 }
 
+/* A short run with every op timed: per-step ms and share of the step. */
+static int print_profile(const kern_device_info *gi, const model_config *cfg, int micro,
+                         int steps, int prec)
+{
+    run_out p = {.profile = 1};
+    if (run(gi, cfg, micro, steps, 1, prec, &p) != 0)
+        return 1;
+    double sum = 0.0;
+    printf("profile (%s, m=%d, %d steps; median step %.1f ms):\n", prec_name[prec], micro, steps,
+           p.step_ms);
+    for (int k = 0; k < KERN_CUDA_PROF_OPS; k++) {
+        if (p.prof_calls[k] == 0)
+            continue;
+        double per = p.prof_ms[k] / steps;
+        if (strcmp(p.prof_name[k], "to_bf16") != 0) /* inside the matmuls */
+            sum += per;
+        printf("RESULT prof_%s_ms %.2f (%.1f%%, %d calls/step)\n", p.prof_name[k], per,
+               100.0 * per / p.step_ms, p.prof_calls[k] / steps);
+    }
+    printf("RESULT prof_ops_total_ms %.2f of %.2f (the rest: host gaps, launches)\n", sum,
+           p.step_ms);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    int micro = 16, steps = 10, warmup = 2, prec = P_BF16, other_steps = 4;
+    int micro = 16, steps = 10, warmup = 2, prec = P_BF16, other_steps = 4, prof_steps = 3;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (v == NULL) {
@@ -147,6 +209,8 @@ int main(int argc, char **argv)
             warmup = atoi(v);
         else if (strcmp(a, "--other-steps") == 0)
             other_steps = atoi(v);
+        else if (strcmp(a, "--profile-steps") == 0)
+            prof_steps = atoi(v);
         else if (strcmp(a, "--precision") == 0 && strcmp(v, "bf16") == 0)
             prec = P_BF16;
         else if (strcmp(a, "--precision") == 0 && strcmp(v, "tf32") == 0)
@@ -197,5 +261,7 @@ int main(int argc, char **argv)
         printf("RESULT %s_mfu_pct %.2f\n", prec_name[p], f.mfu);
         printf("RESULT %s_peak_bytes %llu\n", prec_name[p], f.peak);
     }
+    if (prof_steps > 0)
+        return print_profile(&g[0], &cfg, r.micro, prof_steps, prec);
     return 0;
 }

@@ -8,7 +8,10 @@
  * ranks then run side by side and a rank never uses more than `threads`
  * cores. Reductions (bias, LayerNorm and embedding gradients, sums of
  * squares) are split over fixed index ranges and summed in a fixed order, so
- * results do not depend on the thread count.
+ * they do not depend on the thread count. The products do, in the last
+ * bits: OpenBLAS picks its kernel blocking by the rows of a call, and a
+ * rank's threads each multiply a slice of the rows. The same job with the
+ * same threads per device gives the same bits (docs/engine.md).
  *
  * bf16 (set_precision): matmul_fwd / matmul_bwd round both operands of each
  * product to bf16 and accumulate in fp32 (bf16_gemm below: blocked, rounded

@@ -81,6 +81,9 @@ typedef struct cu_impl {
     int nblocks, cap;
     unsigned long long reserved;
     double *scratch; /* [0] loss sum, [1] sum of squares */
+    int prof_on;             /* kern_cuda_set_profile */
+    struct prof_rec *prof;   /* event pairs recorded since the last read */
+    int prof_n, prof_cap;
     int err_code;
     char err_msg[480];
 } cu_impl;
@@ -146,6 +149,60 @@ static bool cu_enter(kern_device *d)
         if (!cu_enter(d))           \
             return;                 \
     } while (0)
+
+/* ---- per-op GPU time for benchmarks (kern_cuda_set_profile): a pair of
+ * events around each op on the stream; nothing when off */
+enum {
+    KP_ZERO, KP_COPY, KP_UPLOAD, KP_ENC_FWD, KP_ENC_BWD, KP_LN_FWD, KP_LN_BWD, KP_MM_FWD,
+    KP_MM_BWD, KP_ATT_FWD, KP_ATT_BWD, KP_GELU_FWD, KP_GELU_BWD, KP_ADD, KP_XENT, KP_ADAMW,
+    KP_SUMSQ, KP_TO_BF16, KP_N
+};
+static const char *const kp_name[KP_N] = {
+    "zero", "copy", "upload", "encoder_fwd", "encoder_bwd", "layernorm_fwd", "layernorm_bwd",
+    "matmul_fwd", "matmul_bwd", "attention_fwd", "attention_bwd", "gelu_fwd", "gelu_bwd", "add",
+    "xent", "adamw", "sumsq", "to_bf16"};
+
+static_assert(KP_N == KERN_CUDA_PROF_OPS, "kern_cuda.h's op count");
+
+struct prof_rec {
+    int op;
+    cudaEvent_t a, b;
+};
+
+/* Records the op's start at construction and its end at scope exit. Event
+ * failures are ignored: profiling must never change what the op does. */
+struct prof_scope {
+    cu_impl *im;
+    int idx;
+    prof_scope(kern_device *d, int op) : im(IM(d)), idx(-1)
+    {
+        if (!im->prof_on)
+            return;
+        if (im->prof_n == im->prof_cap) {
+            int cap = im->prof_cap ? 2 * im->prof_cap : 1024;
+            prof_rec *p = (prof_rec *)realloc(im->prof, (size_t)cap * sizeof *p);
+            if (p == NULL)
+                return;
+            for (int i = im->prof_cap; i < cap; i++)
+                p[i].a = p[i].b = NULL;
+            im->prof = p;
+            im->prof_cap = cap;
+        }
+        prof_rec *r = &im->prof[im->prof_n];
+        if ((r->a == NULL && cudaEventCreate(&r->a) != cudaSuccess) ||
+            (r->b == NULL && cudaEventCreate(&r->b) != cudaSuccess))
+            return;
+        r->op = op;
+        if (cudaEventRecord(r->a, im->stream) == cudaSuccess)
+            idx = im->prof_n++;
+    }
+    ~prof_scope()
+    {
+        if (idx >= 0)
+            (void)cudaEventRecord(im->prof[idx].b, im->stream);
+    }
+};
+#define PROF(d, op) prof_scope prof_scope_((d), (op))
 
 static unsigned grid_for(size_t n, unsigned threads)
 {
@@ -270,18 +327,21 @@ static void cu_free(kern_device *d, void *p)
 static void cu_zero(kern_device *d, void *p, size_t bytes)
 {
     CU_LIVE(d);
+    PROF(d, KP_ZERO);
     CU_OK(d, cudaMemsetAsync(p, 0, bytes, IM(d)->stream));
 }
 
 static void cu_copy(kern_device *d, void *dst, const void *src, size_t bytes)
 {
     CU_LIVE(d);
+    PROF(d, KP_COPY);
     CU_OK(d, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, IM(d)->stream));
 }
 
 static void cu_upload(kern_device *d, void *dst, const void *host, size_t bytes)
 {
     CU_LIVE(d);
+    PROF(d, KP_UPLOAD);
     if (CU_OK(d, cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, IM(d)->stream)))
         CU_OK(d, cudaStreamSynchronize(IM(d)->stream));
 }
@@ -393,6 +453,7 @@ static void cu_encoder_fwd(kern_device *d, float *out, const int *tok, const flo
                            const float *wpe, int B, int T, int C)
 {
     CU_LIVE(d);
+    PROF(d, KP_ENC_FWD);
     size_t total = (size_t)B * T * C;
     k_encoder_fwd<<<grid_for(total, 256), 256, 0, IM(d)->stream>>>(out, tok, wte, wpe, T, C,
                                                                    total);
@@ -403,6 +464,7 @@ static void cu_encoder_bwd(kern_device *d, float *dwte, float *dwpe, const float
                            const int *tok, int B, int T, int C)
 {
     CU_LIVE(d);
+    PROF(d, KP_ENC_BWD);
     if (B <= 0 || T <= 0 || C <= 0)
         return;
     size_t tc = (size_t)T * C, total = (size_t)B * T * C;
@@ -512,6 +574,7 @@ static void cu_layernorm_fwd(kern_device *d, float *out, float *mean, float *rst
                              const float *inp, const float *w, const float *b, int N, int C)
 {
     CU_LIVE(d);
+    PROF(d, KP_LN_FWD);
     if (N <= 0)
         return;
     k_layernorm_fwd<<<(unsigned)((N + 7) / 8), 256, 0, IM(d)->stream>>>(out, mean, rstd, inp, w,
@@ -524,6 +587,7 @@ static void cu_layernorm_bwd(kern_device *d, float *dinp, float *dw, float *db,
                              const float *mean, const float *rstd, int N, int C)
 {
     CU_LIVE(d);
+    PROF(d, KP_LN_BWD);
     if (N <= 0)
         return;
     k_layernorm_bwd_inp<<<(unsigned)((N + 7) / 8), 256, 0, IM(d)->stream>>>(dinp, dout, inp, w,
@@ -701,6 +765,7 @@ static void *bf_scratch(kern_device *d, int which, size_t bytes)
 /* copy a row-major fp32 operand [rows, cols] (leading dimension ld) to bf16 */
 static const void *to_bf16(kern_device *d, int which, const float *src, int rows, int cols, int ld)
 {
+    PROF(d, KP_TO_BF16);
     size_t total = (size_t)rows * cols;
     __nv_bfloat16 *dst = (__nv_bfloat16 *)bf_scratch(d, which, total * sizeof *dst);
     if (dst == NULL)
@@ -753,6 +818,7 @@ static void cu_matmul_fwd(kern_device *d, float *out, const float *inp, const fl
                           const float *bias, int N, int C, int OC)
 {
     CU_LIVE(d);
+    PROF(d, KP_MM_FWD);
     if (N <= 0)
         return;
     /* the bias epilogue wants a 16-byte aligned bias; else a separate pass */
@@ -772,6 +838,7 @@ static void cu_matmul_bwd(kern_device *d, float *dinp, float *dw, float *dbias,
                           int OC)
 {
     CU_LIVE(d);
+    PROF(d, KP_MM_BWD);
     if (N <= 0)
         return;
     if (dinp != NULL) /* dinp[N,C] += dout[N,OC] w[OC,C] */
@@ -832,6 +899,7 @@ static void cu_attention_fwd(kern_device *d, float *out, float *att, const float
                              int T, int C, int NH)
 {
     CU_LIVE(d);
+    PROF(d, KP_ATT_FWD);
     if (B <= 0 || T <= 0)
         return;
     int hs = C / NH, ld = 3 * C;
@@ -856,6 +924,7 @@ static void cu_attention_bwd(kern_device *d, float *dqkv, float *datt, const flo
                              const float *qkv, const float *att, int B, int T, int C, int NH)
 {
     CU_LIVE(d);
+    PROF(d, KP_ATT_BWD);
     if (B <= 0 || T <= 0)
         return;
     int hs = C / NH, ld = 3 * C;
@@ -925,6 +994,7 @@ __global__ void k_add(float *out, const float *a, const float *b, size_t n)
 static void cu_gelu_fwd(kern_device *d, float *out, const float *inp, size_t n)
 {
     CU_LIVE(d);
+    PROF(d, KP_GELU_FWD);
     k_gelu_fwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, inp, n);
     CU_LAUNCHED(d, "gelu_fwd");
 }
@@ -933,6 +1003,7 @@ static void cu_gelu_bwd(kern_device *d, float *dinp, const float *inp, const flo
                         size_t n)
 {
     CU_LIVE(d);
+    PROF(d, KP_GELU_BWD);
     k_gelu_bwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(dinp, inp, dout, n);
     CU_LAUNCHED(d, "gelu_bwd");
 }
@@ -940,6 +1011,7 @@ static void cu_gelu_bwd(kern_device *d, float *dinp, const float *inp, const flo
 static void cu_add(kern_device *d, float *out, const float *a, const float *b, size_t n)
 {
     CU_LIVE(d);
+    PROF(d, KP_ADD);
     k_add<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, a, b, n);
     CU_LAUNCHED(d, "add");
 }
@@ -985,6 +1057,7 @@ static void cu_xent(kern_device *d, float *logits, float *losses, double *loss_s
 {
     *loss_sum = 0.0;
     CU_LIVE(d);
+    PROF(d, KP_XENT);
     cu_impl *im = IM(d);
     if (!CU_OK(d, cudaMemsetAsync(im->scratch, 0, sizeof(double), im->stream)))
         return;
@@ -1022,6 +1095,7 @@ static void cu_adamw(kern_device *d, float *p, const float *g, float *m, float *
                      float grad_scale, int t)
 {
     CU_LIVE(d);
+    PROF(d, KP_ADAMW);
     /* bias corrections on the host, exactly as the CPU backend computes them */
     float ic1 = 1.0f / (1.0f - powf(beta1, (float)t));
     float ic2 = 1.0f / (1.0f - powf(beta2, (float)t));
@@ -1046,6 +1120,7 @@ static double cu_sumsq(kern_device *d, const float *x, size_t n)
 {
     if (!cu_enter(d))
         return 0.0;
+    PROF(d, KP_SUMSQ);
     cu_impl *im = IM(d);
     double h = 0.0;
     if (!CU_OK(d, cudaMemsetAsync(im->scratch + 1, 0, sizeof(double), im->stream)))
@@ -1071,6 +1146,13 @@ static void cu_teardown(kern_device *d)
         (void)cudaSetDevice(im->ordinal);
         if (im->stream != NULL)
             (void)cudaStreamSynchronize(im->stream);
+        for (int i = 0; i < im->prof_cap; i++) {
+            if (im->prof[i].a != NULL)
+                (void)cudaEventDestroy(im->prof[i].a);
+            if (im->prof[i].b != NULL)
+                (void)cudaEventDestroy(im->prof[i].b);
+        }
+        free(im->prof);
         for (int i = 0; i < im->nblocks; i++)
             (void)cudaFree(im->blocks[i].ptr);
         free(im->blocks);
@@ -1257,4 +1339,35 @@ extern "C" int kern_cuda_bf16_reserve(kern_device *d, size_t a_bytes, size_t b_b
         return rc;
     }
     return kern_cuda_last_error(d, err);
+}
+
+extern "C" int kern_cuda_set_profile(kern_device *d, int on, acc_err *err)
+{
+    IM(d)->prof_on = on != 0;
+    IM(d)->prof_n = 0;
+    return kern_cuda_last_error(d, err);
+}
+
+extern "C" int kern_cuda_profile_read(kern_device *d, double *ms, int *calls, const char **names,
+                                      acc_err *err)
+{
+    cu_impl *im = IM(d);
+    for (int k = 0; k < KP_N; k++) {
+        ms[k] = 0.0;
+        calls[k] = 0;
+        names[k] = kp_name[k];
+    }
+    if (!cu_enter(d) || !CU_OK(d, cudaStreamSynchronize(im->stream))) {
+        kern_cuda_last_error(d, err);
+        return -1;
+    }
+    for (int i = 0; i < im->prof_n; i++) {
+        float t = 0.0f;
+        if (cudaEventElapsedTime(&t, im->prof[i].a, im->prof[i].b) == cudaSuccess) {
+            ms[im->prof[i].op] += t;
+            calls[im->prof[i].op]++;
+        }
+    }
+    im->prof_n = 0;
+    return KP_N;
 }

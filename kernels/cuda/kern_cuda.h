@@ -64,6 +64,17 @@ unsigned long long kern_cuda_reserved(kern_device *d);
  * returned (ACC_EOOM), not sticky, so the trainer can adapt. Buffers that
  * a later product finds too small still grow (sticky on failure). */
 int kern_cuda_bf16_reserve(kern_device *d, size_t a_bytes, size_t b_bytes, acc_err *err);
+/* Per-op GPU time, for benchmarks: on = 1 records a pair of CUDA events
+ * around every op on the device's stream (off: nothing is recorded). */
+#define KERN_CUDA_PROF_OPS 18
+int kern_cuda_set_profile(kern_device *d, int on, acc_err *err);
+/* Waits for the stream, then fills ms[k], calls[k], names[k] (static
+ * strings) for the KERN_CUDA_PROF_OPS ops over what was recorded since the
+ * last read (or set_profile), and forgets it. Returns KERN_CUDA_PROF_OPS,
+ * or -1 with err. "to_bf16" (the bf16 operand conversions) runs inside
+ * matmul_fwd / matmul_bwd: its time is part of theirs, shown apart. */
+int kern_cuda_profile_read(kern_device *d, double *ms, int *calls, const char **names,
+                           acc_err *err);
 /* Free bytes on the whole GPU now (cudaMemGetInfo: other processes' use
  * included); 0 with a sticky error if the query fails. */
 unsigned long long kern_cuda_free_bytes(kern_device *d);
