@@ -106,8 +106,10 @@ typedef struct kern_ops {
      * the products in fp32 into the fp32 outputs / gradients (the bias add
      * and dbias stay fp32; gradients still accumulate +=). Weights,
      * gradients, optimizer state, activations and every other kernel
-     * (attention's internal products included) stay fp32, so bf16 = 1 is
-     * the same function on every backend and the CPU is the reference.
+     * stay fp32, so bf16 = 1 is the same function on every backend and the
+     * CPU is the reference -- except attention's internal products, fp32 on
+     * the CPU, which the CUDA backend runs on TF32 tensor cores in bf16 mode
+     * (finer than bf16; within the bf16 tolerance of the GPU tests).
      * Called once after open, before any kernel (tests may switch it again
      * between kernels). 0, or an error (ACC_ENOMEM / ACC_EDEVICE) in err.
      * Memory: the CPU backend rounds operand panels into a fixed-size host
