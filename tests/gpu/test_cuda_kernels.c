@@ -212,6 +212,15 @@ static void test_matmul(double tol)
     drop(&inp), drop(&w), drop(&bias), drop(&out), drop(&dout), drop(&dinp), drop(&dw), drop(&db);
 }
 
+/* matmuls with aligned operands, then with operands off the 16-byte grid */
+static void test_matmul_offsets(double tol)
+{
+    test_matmul(tol);
+    g_off = 1;
+    test_matmul(tol);
+    g_off = 0;
+}
+
 static void test_attention(double tol)
 {
     size_t natt = (size_t)B * NH * T * T;
@@ -411,13 +420,10 @@ int main(void)
         failures++;
     } else {
         printf("-- bf16 matmuls (tolerance 1e-2)\n");
-        test_matmul(1e-2);
+        test_matmul_offsets(1e-2);
         /* bf16 mode runs attention's products on TF32 tensor cores */
         printf("-- attention in bf16 mode: TF32 products (tolerance 1e-2)\n");
         test_attention(1e-2);
-        g_off = 1;
-        test_matmul(1e-2);
-        g_off = 0;
         check_dev("bf16");
         /* against the CPU backend in bf16 (the reference semantics: the
          * same rounded operands, fp32 accumulation), through set_precision */
@@ -427,10 +433,7 @@ int main(void)
             failures++;
         } else {
             printf("-- bf16 matmuls vs the CPU's bf16 (tolerance 1e-4)\n");
-            test_matmul(1e-4);
-            g_off = 1;
-            test_matmul(1e-4);
-            g_off = 0;
+            test_matmul_offsets(1e-4);
             check_dev("bf16 vs CPU bf16");
             expect(cpu->ops->set_precision(cpu, 0, &err) == 0, "CPU bf16 off", err.msg);
         }
@@ -445,10 +448,7 @@ int main(void)
         return 1;
     }
     printf("-- cuBLAS sgemm only (ACCUMD_CUDA_NO_LT=1)\n");
-    test_matmul(TOL);
-    g_off = 1;
-    test_matmul(TOL);
-    g_off = 0;
+    test_matmul_offsets(TOL);
     unsetenv("ACCUMD_CUDA_NO_LT");
     check_dev("sgemm path");
     kern_device_close(gpu);
