@@ -53,6 +53,7 @@ typedef struct cu_block {
 /* a cuBLASLt algorithm chosen for one problem shape (heuristic cache) */
 typedef struct lt_key {
     int M, N, K, ta, tb, bias, tf32, beta1, bf16;
+    int lda, ldb, ldc;
     unsigned al_a, al_b, al_c;
 } lt_key;
 
@@ -401,10 +402,13 @@ __device__ double block_sum_d(double v, double *sh)
     return warp_sum_d(v);
 }
 
-/* e^x as in kern_cpu.c: 2^n p(r), degree-6 Taylor p, x clamped to [-87, 88] */
+/* e^x as in kern_cpu.c: 2^n p(r), degree-6 Taylor p, x clamped to [-87, 88].
+ * The clamp is written as the CPU's comparisons, not fminf/fmaxf, so that a
+ * NaN stays NaN (fmaxf(NaN, -87) is -87) and a diverged run shows it. */
 __device__ __forceinline__ float exp_poly(float x)
 {
-    x = fminf(fmaxf(x, -87.0f), 88.0f);
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
     float t = x * 1.44269504f;
     int n = (int)(t + 128.5f) - 128;
     float r = x - (float)n * 0.693145752f - (float)n * 1.42860677e-6f;
@@ -628,7 +632,7 @@ static bool key_eq(const lt_key *a, const lt_key *b)
 {
     return a->M == b->M && a->N == b->N && a->K == b->K && a->ta == b->ta && a->tb == b->tb &&
            a->bias == b->bias && a->tf32 == b->tf32 && a->beta1 == b->beta1 &&
-           a->bf16 == b->bf16 &&
+           a->bf16 == b->bf16 && a->lda == b->lda && a->ldb == b->ldb && a->ldc == b->ldc &&
            a->al_a == b->al_a && a->al_b == b->al_b && a->al_c == b->al_c;
 }
 
@@ -641,6 +645,8 @@ static int lt_gemm(kern_device *d, bool ta, bool tb, int M, int N, int K, const 
                    bool bf16)
 {
     cu_impl *im = IM(d);
+    if (im->err_code != 0) /* an earlier product of the same op failed */
+        return -1;
     if (im->lt == NULL)
         return 0;
     cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -659,6 +665,7 @@ static int lt_gemm(kern_device *d, bool ta, bool tb, int M, int N, int K, const 
     memset(&key, 0, sizeof key);
     key.M = M, key.N = N, key.K = K, key.ta = ta, key.tb = tb, key.bias = bias != NULL;
     key.tf32 = im->tf32, key.beta1 = beta != 0.0f, key.bf16 = bf16;
+    key.lda = lda, key.ldb = ldb, key.ldc = ldc;
     cudaDataType_t ab = bf16 ? CUDA_R_16BF : CUDA_R_32F;
     if (bf16)
         ct = CUBLAS_COMPUTE_32F; /* bf16 products, fp32 accumulation */
@@ -780,7 +787,7 @@ static const void *to_bf16(kern_device *d, int which, const float *src, int rows
  * fp32 C. Returns whether cuBLASLt did it (with the bias, if given). */
 static bool lin_gemm(kern_device *d, bool ta, bool tb, int M, int N, int K, const float *A,
                      int lda, const float *B, int ldb, float beta, float *C, int ldc,
-                     const float *bias)
+                     const float *bias, const void *a16_done)
 {
     cu_impl *im = IM(d);
     if (!im->bf16) {
@@ -792,7 +799,8 @@ static bool lin_gemm(kern_device *d, bool ta, bool tb, int M, int N, int K, cons
         return r == 1;
     }
     int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-    const void *a16 = to_bf16(d, 0, A, ar, ac, lda);
+    /* a16_done: A's dense bf16 copy already made (matmul_bwd's dout) */
+    const void *a16 = a16_done != NULL ? a16_done : to_bf16(d, 0, A, ar, ac, lda);
     const void *b16 = a16 != NULL ? to_bf16(d, 1, B, br, bc, ldb) : NULL;
     if (b16 == NULL)
         return false;
@@ -823,7 +831,7 @@ static void cu_matmul_fwd(kern_device *d, float *out, const float *inp, const fl
         return;
     /* the bias epilogue wants a 16-byte aligned bias; else a separate pass */
     const float *ep = bias != NULL && (uintptr_t)bias % 16 == 0 ? bias : NULL;
-    bool fused = lin_gemm(d, false, true, N, OC, C, inp, C, w, C, 0.0f, out, OC, ep);
+    bool fused = lin_gemm(d, false, true, N, OC, C, inp, C, w, C, 0.0f, out, OC, ep, NULL);
     if (IM(d)->err_code != 0)
         return;
     if (bias != NULL && !(fused && ep != NULL)) {
@@ -841,10 +849,15 @@ static void cu_matmul_bwd(kern_device *d, float *dinp, float *dw, float *dbias,
     PROF(d, KP_MM_BWD);
     if (N <= 0)
         return;
+    /* bf16: both products read the same dense [N, OC] copy of dout, made
+     * once (the output layer's is m T Vp elements) */
+    const void *dout16 = IM(d)->bf16 ? to_bf16(d, 0, dout, N, OC, OC) : NULL;
+    if (IM(d)->bf16 && dout16 == NULL)
+        return;
     if (dinp != NULL) /* dinp[N,C] += dout[N,OC] w[OC,C] */
-        lin_gemm(d, false, false, N, C, OC, dout, OC, w, C, 1.0f, dinp, C, NULL);
+        lin_gemm(d, false, false, N, C, OC, dout, OC, w, C, 1.0f, dinp, C, NULL, dout16);
     /* dw[OC,C] += dout^T inp */
-    lin_gemm(d, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dw, C, NULL);
+    lin_gemm(d, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dw, C, NULL, dout16);
     if (IM(d)->err_code != 0)
         return;
     if (dbias != NULL)
