@@ -10,7 +10,9 @@ sources and docs (the GPU machine has no /usr/share/common-licenses).
 Only the Python standard library: that machine has no curl to rely on.
 
 usage: gpu-daemon.py ACCUMD REPO_ROOT STATE_DIR
-(GPU_DAEMON_DEVICES=cpu GPU_DAEMON_STEPS=2 try it on a machine without a GPU)
+(GPU_DAEMON_DEVICES=cpu GPU_DAEMON_STEPS=2 try it on a machine without a GPU;
+GPU_DAEMON_DEADLINE: seconds each job may take, default 150; GPU_DAEMON_LIBS:
+a library path for accumd only)
 Exit status: 0 when both jobs succeeded, 1 otherwise.
 """
 import glob
@@ -24,12 +26,16 @@ import urllib.error
 import urllib.request
 
 
+# no proxy from the environment may capture 127.0.0.1
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def http(base, method, path, body=None):
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(base + path, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with OPENER.open(req, timeout=30) as r:
             return r.status, json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"null")
@@ -54,9 +60,13 @@ def start_daemon(accumd, state):
     if os.path.exists(addr):
         os.unlink(addr)
     log = open(os.path.join(state, "daemon.log"), "a")
+    env = dict(os.environ)
+    if os.environ.get("GPU_DAEMON_LIBS"):  # the carried libraries, for accumd only
+        env["LD_LIBRARY_PATH"] = os.environ["GPU_DAEMON_LIBS"] + (
+            ":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     p = subprocess.Popen([accumd, "--set", "listen=127.0.0.1:0", "--set", "state_dir=" + state,
                           "--set", "devices=" + os.environ.get("GPU_DAEMON_DEVICES", "cuda")],
-                         stdout=log, stderr=log)
+                         stdout=log, stderr=log, env=env)
     for _ in range(300):
         if p.poll() is not None:
             tail = open(os.path.join(state, "daemon.log")).read().splitlines()[-5:]
@@ -87,7 +97,12 @@ def job_spec(name, precision):
     }
 
 
-def run_job(base, precision, deadline_s=150):
+def num(x, fmt):
+    """A figure, or "null" where the daemon reported none (a diverged loss)."""
+    return fmt % x if isinstance(x, (int, float)) else "null"
+
+
+def run_job(base, precision, deadline_s=int(os.environ.get("GPU_DAEMON_DEADLINE", "150"))):
     code, j = http(base, "POST", "/v1/jobs", job_spec("gpu-check-" + precision, precision))
     if code != 201:
         print("RESULT daemon_%s_submit FAIL %s %s" % (precision, code, j))
@@ -105,11 +120,15 @@ def run_job(base, precision, deadline_s=150):
     _, m = http(base, "GET", "/v1/jobs/%s/metrics" % jid)
     steps = m.get("steps", []) if isinstance(m, dict) else []
     if steps:
-        tps = [s["tokens_per_s"] for s in steps[5:]] or [s["tokens_per_s"] for s in steps]
-        print("RESULT daemon_%s_loss %.4f -> %.4f (%d steps)" % (precision, steps[0]["loss"],
-                                                                steps[-1]["loss"], len(steps)))
-        print("RESULT daemon_%s_tokens_per_s %.0f" % (precision, statistics.median(tps)))
-        print("RESULT daemon_%s_peak_bytes %d" % (precision, max(s["mem_peak_bytes"] for s in steps)))
+        tps = [s.get("tokens_per_s") for s in steps[5:]] or [s.get("tokens_per_s") for s in steps]
+        tps = [t for t in tps if isinstance(t, (int, float))]
+        peaks = [s.get("mem_peak_bytes") or 0 for s in steps]
+        print("RESULT daemon_%s_loss %s -> %s (%d steps)" % (
+            precision, num(steps[0].get("loss"), "%.4f"), num(steps[-1].get("loss"), "%.4f"),
+            len(steps)))
+        print("RESULT daemon_%s_tokens_per_s %s" % (
+            precision, num(statistics.median(tps), "%.0f") if tps else "null"))
+        print("RESULT daemon_%s_peak_bytes %d" % (precision, max(peaks)))
     return state == "succeeded"
 
 

@@ -3,7 +3,8 @@
 # needs on a GPU machine that has no Debian packages and no network: the .deb
 # files of accumd's libraries (and meson, pkgconf) downloaded with apt-get and
 # unpacked with dpkg -x into .deps/root, an ignored folder that the device run
-# carries. Idempotent.
+# carries (.deps/root only: with .deps/debs the carry would pass 64 MiB).
+# Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(
@@ -14,13 +15,17 @@ PKGS=(
     meson pkgconf pkgconf-bin libpkgconf3
 )
 mkdir -p .deps/debs .deps/root
-grep -qx '/.deps/' .gitignore 2>/dev/null || true
 if [ ! -f .deps/debs/.done ] || [ "$(cat .deps/debs/.done)" != "${PKGS[*]}" ]; then
     (cd .deps/debs && rm -f ./*.deb && apt-get download "${PKGS[@]}")
     echo "${PKGS[*]}" >.deps/debs/.done
 fi
 rm -rf .deps/root && mkdir -p .deps/root
 for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/root; done
+# links to absolute paths (libz.so -> /lib/.../libz.so.1.2.13) would point
+# into the GPU machine's own /lib: make them relative, inside the root
+find .deps/root -type l -lname '/*' | while read -r l; do
+    ln -sfn "$(realpath -m --relative-to="$(dirname "$l")" ".deps/root$(readlink "$l")")" "$l"
+done
 # static archives, LAPACK and docs are not needed: keep the carry small
 find .deps/root -name '*.a' -delete
 rm -rf .deps/root/usr/share/doc .deps/root/usr/share/man .deps/root/usr/share/locale \

@@ -703,10 +703,13 @@ static int reduce_grads(rank_state *rs, acc_err *err)
     int fin = kern_comm_reduce_finish(rs->t->comm, rs->rank);
     if (rc == 0)
         rc = fin;
-    if (rc != 0)
-        return acc_err_set(err, rc, "", rc == ACC_ECANCELLED ? "cancelled"
-                                                             : "gradient all-reduce failed");
-    return 0;
+    if (rc == 0 || rc == ACC_ECANCELLED)
+        return rc == 0 ? 0 : acc_err_set(err, rc, "", "cancelled");
+    /* say why: a kernel fault shows up as a failed wait, so the device's
+     * own error first, then the communicator's */
+    if (rs->dev->ops->last_error(rs->dev, err) != 0 || kern_comm_error(rs->t->comm, err) != 0)
+        return rc;
+    return acc_err_set(err, rc, "", "gradient all-reduce failed");
 }
 
 /* One attempt at optimizer step `step`. *oom is set when any rank ran out

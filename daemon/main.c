@@ -160,6 +160,12 @@ int main(int argc, char **argv)
     }
     /* a file size limit must fail the write (EFBIG), not kill the daemon */
     signal(SIGXFSZ, SIG_IGN);
+    /* NCCL: make every connection when a job's communicator is created
+     * (one thread, before the ranks start), not lazily in a rank's first
+     * collective, where a peer that never arrives (cancelled, failed in
+     * step 0) would block it beyond the reach of an abort. Set before any
+     * thread exists; an operator's own setting wins. */
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     if (log_init(d.conf.log_level, d.conf.log_file[0] ? d.conf.log_file : NULL) != 0) {
         fprintf(stderr, "accumd: cannot open log_file %s: %m\n", d.conf.log_file);
         return 1;

@@ -43,7 +43,10 @@ int kern_comm_open(const kern_device_info *devs, int n, kern_comm **out, acc_err
         return kern_comm_create(n, out, err);
 #ifdef ACCUMD_HAVE_CUDA
     int ordinals[KERN_MAX_DEVICES];
-    for (int i = 0; i < n && i < KERN_MAX_DEVICES; i++) {
+    if (n > KERN_MAX_DEVICES)
+        return acc_err_set(err, ACC_EINVAL, "devices", "at most %d devices per communicator",
+                           KERN_MAX_DEVICES);
+    for (int i = 0; i < n; i++) {
         if (devs[i].kind != KERN_DEV_CUDA)
             return acc_err_set(err, ACC_EINVAL, "devices", "a job's devices must all be of one kind");
         ordinals[i] = devs[i].index;
@@ -142,4 +145,15 @@ uint64_t kern_comm_allreduce_calls(kern_comm *c)
 uint64_t kern_comm_bucket_calls(kern_comm *c)
 {
     return NCCL_OR_CPU(c, kern_nccl_bucket_calls(c->nccl), kern_comm_cpu_bucket_calls(c->cpu));
+}
+
+int kern_comm_error(kern_comm *c, acc_err *err)
+{
+#ifdef ACCUMD_HAVE_CUDA
+    if (c->nccl != NULL)
+        return kern_nccl_error(c->nccl, err);
+#endif
+    (void)c;
+    (void)err;
+    return 0;
 }

@@ -70,6 +70,10 @@ int kern_comm_barrier(kern_comm *c);
 void kern_comm_abort(kern_comm *c);
 int kern_comm_aborted(kern_comm *c);
 
+/* The communicator's first failure (NCCL's message): 0, or its code with
+ * the message in err. Shared memory never fails this way. */
+int kern_comm_error(kern_comm *c, acc_err *err);
+
 /* Reductions (kern_comm_allreduce or reduce_finish calls) so far. */
 uint64_t kern_comm_allreduce_calls(kern_comm *c);
 /* Bucket starts (kern_comm_reduce_start, one per allreduce) so far. */

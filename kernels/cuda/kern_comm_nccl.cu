@@ -98,13 +98,18 @@ extern "C" int kern_nccl_create(int nranks, const int *ordinals, kern_nccl **out
  * is left to report them to). */
 static void release_streams(kern_nccl *c)
 {
-    for (int r = 0; c->cstreams != NULL && r < c->nranks; r++) {
-        if (c->cstreams[r] == NULL)
+    for (int r = 0; c->cstreams != NULL && c->ev_ready != NULL && c->ev_done != NULL &&
+                    c->ordinals != NULL && r < c->nranks;
+         r++) {
+        if (c->cstreams[r] == NULL && c->ev_ready[r] == NULL && c->ev_done[r] == NULL)
             continue;
         (void)cudaSetDevice(c->ordinals[r]);
-        (void)cudaEventDestroy(c->ev_ready[r]);
-        (void)cudaEventDestroy(c->ev_done[r]);
-        (void)cudaStreamDestroy(c->cstreams[r]);
+        if (c->ev_ready[r] != NULL)
+            (void)cudaEventDestroy(c->ev_ready[r]);
+        if (c->ev_done[r] != NULL)
+            (void)cudaEventDestroy(c->ev_done[r]);
+        if (c->cstreams[r] != NULL)
+            (void)cudaStreamDestroy(c->cstreams[r]);
     }
 }
 
@@ -182,11 +187,21 @@ static bool rank_ready(kern_nccl *c, int rank)
            c->cstreams[rank] != NULL && c->comms[rank] != NULL;
 }
 
+/* Once aborted, a rank that returns must not leave its own collectives
+ * (an earlier bucket waiting for a peer that left) running on the GPU:
+ * its teardown would wait for them forever. */
+static int cancelled(kern_nccl *c, int rank)
+{
+    if (rank >= 0 && rank < c->nranks)
+        abort_own(c, rank);
+    return ACC_ECANCELLED;
+}
+
 extern "C" int kern_nccl_reduce_start(kern_nccl *c, int rank, float *base, const kern_span *spans,
                                       int nspans)
 {
     if (kern_nccl_aborted(c))
-        return ACC_ECANCELLED;
+        return cancelled(c, rank);
     if (!rank_ready(c, rank))
         return ACC_ESTATE;
     if (rank == 0)
@@ -225,6 +240,9 @@ static int wait_event(kern_nccl *c, int rank, cudaEvent_t ev)
             NCU_OK(c, q);
             return fail_rank(c, rank);
         }
+        /* "not ready" is recorded as the thread's last error: clear it, or
+         * the device's next kernel-launch check would report it */
+        (void)cudaGetLastError();
         ncclResult_t ae = ncclSuccess;
         if (!NC_OK(c, ncclCommGetAsyncError(comm, &ae)) ||
             (ae != ncclSuccess && ae != ncclInProgress)) {
@@ -244,7 +262,7 @@ static int wait_event(kern_nccl *c, int rank, cudaEvent_t ev)
 extern "C" int kern_nccl_reduce_finish(kern_nccl *c, int rank)
 {
     if (kern_nccl_aborted(c))
-        return ACC_ECANCELLED;
+        return cancelled(c, rank);
     if (!rank_ready(c, rank))
         return ACC_ESTATE;
     if (rank == 0)

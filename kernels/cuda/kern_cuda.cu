@@ -129,7 +129,15 @@ static bool cu_ok_blas(kern_device *d, cublasStatus_t rc, const char *what, cons
 
 #define CU_OK(d, call) cu_ok_rt((d), (call), #call, __FILE__, __LINE__)
 #define BL_OK(d, call) cu_ok_blas((d), (call), #call, __FILE__, __LINE__)
-#define CU_LAUNCHED(d, name) cu_ok_rt((d), cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
+/* A launch never legitimately fails with "not ready": that is a query's
+ * result left as the thread's last error (an event or stream polled by
+ * another module, e.g. the NCCL wait), not this launch's. */
+static cudaError_t launch_error(void)
+{
+    cudaError_t e = cudaGetLastError();
+    return e == cudaErrorNotReady ? cudaSuccess : e;
+}
+#define CU_LAUNCHED(d, name) cu_ok_rt((d), launch_error(), "launch of " name, __FILE__, __LINE__)
 /* Ops may come from a thread whose current device is another GPU (a test
  * or a benchmark driving several devices): make this one current. false
  * once the device has a sticky error. */

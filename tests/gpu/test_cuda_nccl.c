@@ -3,7 +3,7 @@
  * leaves the exact sum in every rank's device buffer, twice in a row, and
  * counts one call per all-reduce; a bucketed reduction (two span lists on
  * the communication stream, then finish) sums exactly the spans and leaves
- * the rest alone; barrier works; after kern_nccl_abort()
+ * the rest alone, and a kernel launched right after the wait succeeds; barrier works; after kern_nccl_abort()
  * the all-reduce and the barrier return ACC_ECANCELLED at once and destroy
  * does not hang. With one GPU this is a one-rank communicator (identity).
  * Exits 77 (skipped) with a message where no GPU is present. */
@@ -64,6 +64,10 @@ static void *rank_main(void *p)
             rc = kern_nccl_reduce_start(a->comm, a->rank, buf, bucket_b, 2);
         if (rc == 0 && bucketed)
             rc = kern_nccl_reduce_finish(a->comm, a->rank);
+        /* a kernel right after the wait: the polled "not ready" must not be
+         * left behind as a launch failure (kern_cuda_last_error below) */
+        if (rc == 0 && bucketed)
+            (void)d->ops->sumsq(d, buf, 16);
         if (rc != 0) {
             kern_nccl_error(a->comm, &err);
             fprintf(stderr, "rank %d: allreduce rc %d %s\n", a->rank, rc, err.msg);
