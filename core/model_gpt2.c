@@ -164,27 +164,28 @@ typedef struct act_slot {
 } act_slot;
 
 enum {
-    A_ENCODED, A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_ATTY, A_ATT, A_ATTPROJ, A_RESID2,
+    A_ENCODED, A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_ATTY, A_LSE, A_ATTPROJ, A_RESID2,
     A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FCH, A_FCH_GELU, A_FCPROJ, A_RESID3, A_LNF,
     A_LNF_MEAN, A_LNF_RSTD, A_LOGITS, A_LOSSES, A_DRESID, A_DLN, A_DATTY, A_DQKV,
-    A_DBIG1, A_DBIG2, A_DATT, A_TOKENS, A_TARGETS, A_WEIGHTS, A_COUNT
+    A_DBIG1, A_DBIG2, A_ATT_SCRATCH, A_TOKENS, A_TARGETS, A_WEIGHTS, A_COUNT
 };
 
 static size_t act_counts(const model_config *c, int B, int T, int recompute, size_t *cnt)
 {
     size_t BT = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->n_layer;
     size_t Ls = recompute ? 1 : L; /* layers whose inner activations are kept */
-    size_t att = (size_t)B * c->n_head * T * T;
+    size_t lse = (size_t)B * c->n_head * T;
     size_t per[A_COUNT] = {
         [A_ENCODED] = BT * C, [A_LN1] = Ls * BT * C, [A_LN1_MEAN] = Ls * BT,
         [A_LN1_RSTD] = Ls * BT, [A_QKV] = Ls * BT * 3 * C, [A_ATTY] = Ls * BT * C,
-        [A_ATT] = Ls * att, [A_ATTPROJ] = Ls * BT * C, [A_RESID2] = Ls * BT * C,
+        [A_LSE] = Ls * lse, [A_ATTPROJ] = Ls * BT * C, [A_RESID2] = Ls * BT * C,
         [A_LN2] = Ls * BT * C, [A_LN2_MEAN] = Ls * BT, [A_LN2_RSTD] = Ls * BT,
         [A_FCH] = Ls * BT * 4 * C, [A_FCH_GELU] = Ls * BT * 4 * C, [A_FCPROJ] = Ls * BT * C,
         [A_RESID3] = L * BT * C, [A_LNF] = BT * C, [A_LNF_MEAN] = BT, [A_LNF_RSTD] = BT,
         [A_LOGITS] = BT * (size_t)c->padded_vocab_size, [A_LOSSES] = BT,
         [A_DRESID] = BT * C, [A_DLN] = BT * C, [A_DATTY] = BT * C, [A_DQKV] = BT * 3 * C,
-        [A_DBIG1] = BT * 4 * C, [A_DBIG2] = BT * 4 * C, [A_DATT] = att,
+        [A_DBIG1] = BT * 4 * C, [A_DBIG2] = BT * 4 * C,
+        [A_ATT_SCRATCH] = KERN_ATT_SCRATCH(T, c->n_head),
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT,
     };
     size_t total = 0;
@@ -229,7 +230,7 @@ static void carve_acts(model_gpt2 *m)
     a->ln1_rstd = ptr[A_LN1_RSTD];
     a->qkv = ptr[A_QKV];
     a->atty = ptr[A_ATTY];
-    a->att = ptr[A_ATT];
+    a->lse = ptr[A_LSE];
     a->attproj = ptr[A_ATTPROJ];
     a->resid2 = ptr[A_RESID2];
     a->ln2 = ptr[A_LN2];
@@ -250,7 +251,7 @@ static void carve_acts(model_gpt2 *m)
     a->dqkv = ptr[A_DQKV];
     a->dbig1 = ptr[A_DBIG1];
     a->dbig2 = ptr[A_DBIG2];
-    a->datt = ptr[A_DATT];
+    a->att_scratch = ptr[A_ATT_SCRATCH];
     a->tokens = ptr[A_TOKENS];
     a->targets = ptr[A_TARGETS];
     a->weights = ptr[A_WEIGHTS];
@@ -427,7 +428,7 @@ static float *P(const model_gpt2 *m, float *base, int tensor, int layer, size_t 
 /* One block's activations: layer l's slot (slot 0 in recompute mode) and
  * its output on the residual stream (always layer l's own). */
 typedef struct block_acts {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *attproj, *resid2;
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *attproj, *resid2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj, *resid3;
 } block_acts;
 
@@ -435,12 +436,12 @@ static block_acts block_at(const model_gpt2 *m, int l)
 {
     const model_acts *a = &m->a;
     size_t C = (size_t)m->cfg.channels, bt = (size_t)m->B * m->T; /* sized for m->B */
-    size_t att_l = (size_t)m->B * m->cfg.n_head * m->T * m->T;
+    size_t lse_l = (size_t)m->B * m->cfg.n_head * m->T;
     size_t s = m->recompute ? 0 : (size_t)l;
     block_acts b = {
         .ln1 = a->ln1 + s * bt * C, .ln1_mean = a->ln1_mean + s * bt,
         .ln1_rstd = a->ln1_rstd + s * bt, .qkv = a->qkv + s * bt * 3 * C,
-        .atty = a->atty + s * bt * C, .att = a->att + s * att_l,
+        .atty = a->atty + s * bt * C, .lse = a->lse + s * lse_l,
         .attproj = a->attproj + s * bt * C, .resid2 = a->resid2 + s * bt * C,
         .ln2 = a->ln2 + s * bt * C, .ln2_mean = a->ln2_mean + s * bt,
         .ln2_rstd = a->ln2_rstd + s * bt, .fch = a->fch + s * bt * 4 * C,
@@ -469,7 +470,7 @@ static void block_forward(model_gpt2 *m, int l, int B)
                      P(m, p, P_LN1B, l, C_), (int)BT, C);
     k->matmul_fwd(d, b.qkv, b.ln1, P(m, p, P_QKVW, l, 3 * C_ * C_), P(m, p, P_QKVB, l, 3 * C_),
                   (int)BT, C, 3 * C);
-    k->attention_fwd(d, b.atty, b.att, b.qkv, B, T, C, NH);
+    k->attention_fwd(d, b.atty, b.lse, m->a.att_scratch, b.qkv, B, T, C, NH);
     k->matmul_fwd(d, b.attproj, b.atty, P(m, p, P_ATTPROJW, l, C_ * C_),
                   P(m, p, P_ATTPROJB, l, C_), (int)BT, C, C);
     k->add(d, b.resid2, resid, b.attproj, BT * C_);
@@ -533,7 +534,7 @@ static void block_backward(model_gpt2 *m, int l, int B)
     k->matmul_bwd(d, a->datty, P(m, g, P_ATTPROJW, l, C_ * C_), P(m, g, P_ATTPROJB, l, C_),
                   a->dresid, b.atty, P(m, p, P_ATTPROJW, l, C_ * C_), (int)BT, C, C);
     k->zero(d, a->dqkv, BT * 3 * C_ * sizeof(float));
-    k->attention_bwd(d, a->dqkv, a->datt, a->datty, b.qkv, b.att, B, T, C, NH);
+    k->attention_bwd(d, a->dqkv, a->att_scratch, a->datty, b.qkv, b.lse, B, T, C, NH);
     k->zero(d, a->dln, BT * C_ * sizeof(float));
     k->matmul_bwd(d, a->dln, P(m, g, P_QKVW, l, 3 * C_ * C_), P(m, g, P_QKVB, l, 3 * C_),
                   a->dqkv, b.ln1, P(m, p, P_QKVW, l, 3 * C_ * C_), (int)BT, C, 3 * C);

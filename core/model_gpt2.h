@@ -55,7 +55,7 @@ typedef struct model_acts {
     float *ln1, *ln1_mean, *ln1_rstd;                   /* [L,BT,C], [L,BT] */
     float *qkv;                                         /* [L,BT,3C] */
     float *atty;                                        /* [L,BT,C] */
-    float *att;                                         /* [L,B,NH,T,T] */
+    float *lse;                                         /* [L,B,NH,T] attention rows' log-sum-exp */
     float *attproj, *resid2;                            /* [L,BT,C] */
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fch, *fch_gelu;                              /* [L,BT,4C] */
@@ -64,7 +64,8 @@ typedef struct model_acts {
     float *logits;                                      /* [BT,Vp] */
     float *losses;                                      /* [BT] */
     /* backward scratch, one layer at a time */
-    float *dresid, *dln, *datty, *dqkv, *dbig1, *dbig2, *datt;
+    float *dresid, *dln, *datty, *dqkv, *dbig1, *dbig2;
+    float *att_scratch;                                 /* KERN_ATT_SCRATCH(T, NH): fwd and bwd */
     /* inputs */
     int *tokens, *targets;
     float *weights;

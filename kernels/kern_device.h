@@ -60,13 +60,18 @@ typedef struct kern_ops {
     void (*matmul_bwd)(kern_device *d, float *dinp, float *dw, float *dbias, const float *dout,
                        const float *inp, const float *w, int N, int C, int OC);
 
-    /* causal multi-head attention. qkv[B,T,3C] holds q,k,v; att[B,NH,T,T]
-     * keeps the probabilities for the backward; out[B,T,C] */
-    void (*attention_fwd)(kern_device *d, float *out, float *att, const float *qkv,
-                          int B, int T, int C, int NH);
-    /* dqkv += ...; datt is scratch of att's size */
-    void (*attention_bwd)(kern_device *d, float *dqkv, float *datt, const float *dout,
-                          const float *qkv, const float *att, int B, int T, int C, int NH);
+    /* Causal multi-head attention, without keeping the T x T probabilities:
+     * qkv[B,T,3C] holds q,k,v; out[B,T,C]; lse[B,NH,T] keeps each row's
+     * log-sum-exp of its scaled scores (s_u = q.k_u / sqrt(hs), u <= t), all
+     * the backward needs to rebuild the probabilities p_u = exp(s_u - lse).
+     * scratch: KERN_ATT_SCRATCH(T, NH) floats, one sequence's worth (all
+     * heads), any contents before and after. */
+    void (*attention_fwd)(kern_device *d, float *out, float *lse, float *scratch,
+                          const float *qkv, int B, int T, int C, int NH);
+    /* dqkv += ...; the probabilities are recomputed from qkv and lse (one
+     * more q k^T per sequence); same scratch */
+    void (*attention_bwd)(kern_device *d, float *dqkv, float *scratch, const float *dout,
+                          const float *qkv, const float *lse, int B, int T, int C, int NH);
 
     /* GELU, tanh approximation (GPT-2's) */
     void (*gelu_fwd)(kern_device *d, float *out, const float *inp, size_t n);
@@ -157,6 +162,11 @@ void kern_device_mem_info(kern_device *d, kern_mem_info *out);
  * (ACC_EOOM returned) and accounted before the step runs. A no-op (0)
  * elsewhere: the CPU's bf16 scratch is fixed and outside the budget. */
 int kern_device_bf16_scratch(kern_device *d, uint64_t a_bytes, uint64_t b_bytes, acc_err *err);
+
+/* Floats of attention scratch: two T x T matrices per head of one sequence
+ * (scores / probabilities and their gradient). Independent of B: the
+ * sequences go one after another, the heads side by side. */
+#define KERN_ATT_SCRATCH(T, NH) (2 * (size_t)(NH) * (size_t)(T) * (size_t)(T))
 
 /* The CPU backend (kernels/cpu/kern_cpu.c). */
 int kern_cpu_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err);

@@ -875,7 +875,9 @@ static void cu_matmul_bwd(kern_device *d, float *dinp, float *dw, float *dbias,
 /* ------------------------------------------------------------- attention */
 
 /* one warp per row (b, h, t) of att: scale, causal softmax, zero above t */
-__global__ void k_causal_softmax(float *att, int T, float scale, size_t rows)
+/* scores -> probabilities in place (scaled, causal: 0 above the diagonal),
+ * and each row's log-sum-exp (in double: fast-math's logf is approximate) */
+__global__ void k_causal_softmax(float *att, float *lse, int T, float scale, size_t rows)
 {
     size_t row = blockIdx.x * (size_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
@@ -893,9 +895,26 @@ __global__ void k_causal_softmax(float *att, int T, float scale, size_t rows)
         a[u] = e;
         s += e;
     }
-    float inv = __fdiv_rn(1.0f, warp_sum(s));
+    float sum = warp_sum(s);
+    float inv = __fdiv_rn(1.0f, sum);
     for (int u = lane; u < T; u += 32)
         a[u] = u <= t ? a[u] * inv : 0.0f;
+    if (lane == 0)
+        lse[row] = (float)((double)mx + log((double)sum));
+}
+
+/* scores -> the forward's probabilities, rebuilt from each row's lse */
+__global__ void k_causal_probs(float *att, const float *lse, int T, float scale, size_t rows)
+{
+    size_t row = blockIdx.x * (size_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows)
+        return;
+    int t = (int)(row % T);
+    float *a = att + row * T;
+    float l = lse[row];
+    for (int u = lane; u < T; u += 32)
+        a[u] = u <= t ? exp_poly(a[u] * scale - l) : 0.0f;
 }
 
 /* da <- att * (da - <att, da>) * scale on u <= t, 0 above */
@@ -935,8 +954,11 @@ static void attn_math_end(kern_device *d, bool switched)
         BL_OK(d, cublasSetMathMode(IM(d)->blas, CUBLAS_DEFAULT_MATH));
 }
 
-static void cu_attention_fwd(kern_device *d, float *out, float *att, const float *qkv, int B,
-                             int T, int C, int NH)
+/* One sequence at a time, its heads batched: the scratch holds that
+ * sequence's T x T probabilities (and their gradient) for all heads, so no
+ * layer keeps a T x T matrix; the backward rebuilds them from lse. */
+static void cu_attention_fwd(kern_device *d, float *out, float *lse, float *scratch,
+                             const float *qkv, int B, int T, int C, int NH)
 {
     CU_LIVE(d);
     PROF(d, KP_ATT_FWD);
@@ -945,25 +967,25 @@ static void cu_attention_fwd(kern_device *d, float *out, float *att, const float
     int hs = C / NH, ld = 3 * C;
     long long tt = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
+    size_t rows = (size_t)NH * T; /* one sequence, all heads */
     bool tc = attn_math_begin(d);
-    for (int b = 0; b < B; b++) { /* scores = q k^T, batched over heads */
+    for (int b = 0; b < B && IM(d)->err_code == 0; b++) {
         const float *q = qkv + (size_t)b * T * ld;
-        rm_gemm(d, false, true, T, T, hs, q, ld, hs, q + C, ld, hs, 0.0f,
-                att + (size_t)b * NH * tt, T, tt, NH);
-    }
-    size_t rows = (size_t)B * NH * T;
-    k_causal_softmax<<<(unsigned)((rows + 7) / 8), 256, 0, IM(d)->stream>>>(att, T, scale, rows);
-    CU_LAUNCHED(d, "causal_softmax");
-    for (int b = 0; b < B; b++) { /* out = att v */
-        const float *q = qkv + (size_t)b * T * ld;
-        rm_gemm(d, false, false, T, hs, T, att + (size_t)b * NH * tt, T, tt, q + 2 * C, ld, hs,
-                0.0f, out + (size_t)b * T * C, C, hs, NH);
+        /* scores = q k^T, batched over heads */
+        rm_gemm(d, false, true, T, T, hs, q, ld, hs, q + C, ld, hs, 0.0f, scratch, T, tt, NH);
+        k_causal_softmax<<<(unsigned)((rows + 7) / 8), 256, 0, IM(d)->stream>>>(
+            scratch, lse + (size_t)b * rows, T, scale, rows);
+        if (!CU_LAUNCHED(d, "causal_softmax"))
+            break;
+        /* out = att v */
+        rm_gemm(d, false, false, T, hs, T, scratch, T, tt, q + 2 * C, ld, hs, 0.0f,
+                out + (size_t)b * T * C, C, hs, NH);
     }
     attn_math_end(d, tc);
 }
 
-static void cu_attention_bwd(kern_device *d, float *dqkv, float *datt, const float *dout,
-                             const float *qkv, const float *att, int B, int T, int C, int NH)
+static void cu_attention_bwd(kern_device *d, float *dqkv, float *scratch, const float *dout,
+                             const float *qkv, const float *lse, int B, int T, int C, int NH)
 {
     CU_LIVE(d);
     PROF(d, KP_ATT_BWD);
@@ -972,26 +994,28 @@ static void cu_attention_bwd(kern_device *d, float *dqkv, float *datt, const flo
     int hs = C / NH, ld = 3 * C;
     long long tt = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
+    size_t rows = (size_t)NH * T;
+    float *att = scratch, *datt = scratch + (size_t)NH * tt;
+    unsigned grid = (unsigned)((rows + 7) / 8);
     bool tc = attn_math_begin(d);
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < B && IM(d)->err_code == 0; b++) {
         const float *q = qkv + (size_t)b * T * ld, *g = dout + (size_t)b * T * C;
-        const float *a = att + (size_t)b * NH * tt;
-        float *da = datt + (size_t)b * NH * tt, *dq = dqkv + (size_t)b * T * ld;
-        /* datt = dout v^T; dv += att^T dout */
-        rm_gemm(d, false, true, T, T, hs, g, C, hs, q + 2 * C, ld, hs, 0.0f, da, T, tt, NH);
-        rm_gemm(d, true, false, T, hs, T, a, T, tt, g, C, hs, 1.0f, dq + 2 * C, ld, hs, NH);
-    }
-    size_t rows = (size_t)B * NH * T;
-    k_softmax_bwd<<<(unsigned)((rows + 7) / 8), 256, 0, IM(d)->stream>>>(datt, att, T, scale,
-                                                                         rows);
-    CU_LAUNCHED(d, "softmax_bwd");
-    for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * T * ld;
-        const float *da = datt + (size_t)b * NH * tt;
         float *dq = dqkv + (size_t)b * T * ld;
+        /* the forward's probabilities, rebuilt from q k^T and lse */
+        rm_gemm(d, false, true, T, T, hs, q, ld, hs, q + C, ld, hs, 0.0f, att, T, tt, NH);
+        k_causal_probs<<<grid, 256, 0, IM(d)->stream>>>(att, lse + (size_t)b * rows, T, scale,
+                                                       rows);
+        if (!CU_LAUNCHED(d, "causal_probs"))
+            break;
+        /* datt = dout v^T; dv += att^T dout */
+        rm_gemm(d, false, true, T, T, hs, g, C, hs, q + 2 * C, ld, hs, 0.0f, datt, T, tt, NH);
+        rm_gemm(d, true, false, T, hs, T, att, T, tt, g, C, hs, 1.0f, dq + 2 * C, ld, hs, NH);
+        k_softmax_bwd<<<grid, 256, 0, IM(d)->stream>>>(datt, att, T, scale, rows);
+        if (!CU_LAUNCHED(d, "softmax_bwd"))
+            break;
         /* dq += dpre k; dk += dpre^T q */
-        rm_gemm(d, false, false, T, hs, T, da, T, tt, q + C, ld, hs, 1.0f, dq, ld, hs, NH);
-        rm_gemm(d, true, false, T, hs, T, da, T, tt, q, ld, hs, 1.0f, dq + C, ld, hs, NH);
+        rm_gemm(d, false, false, T, hs, T, datt, T, tt, q + C, ld, hs, 1.0f, dq, ld, hs, NH);
+        rm_gemm(d, true, false, T, hs, T, datt, T, tt, q, ld, hs, 1.0f, dq + C, ld, hs, NH);
     }
     attn_math_end(d, tc);
 }
