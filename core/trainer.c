@@ -707,9 +707,10 @@ static int reduce_grads(rank_state *rs, acc_err *err)
         return rc == 0 ? 0 : acc_err_set(err, rc, "", "cancelled");
     /* say why: a kernel fault shows up as a failed wait, so the device's
      * own error first, then the communicator's */
-    if (rs->dev->ops->last_error(rs->dev, err) != 0 || kern_comm_error(rs->t->comm, err) != 0)
-        return rc;
-    return acc_err_set(err, rc, "", "gradient all-reduce failed");
+    int why = rs->dev->ops->last_error(rs->dev, err);
+    if (why == 0)
+        why = kern_comm_error(rs->t->comm, err);
+    return why != 0 ? why : acc_err_set(err, rc, "", "gradient all-reduce failed");
 }
 
 /* One attempt at optimizer step `step`. *oom is set when any rank ran out

@@ -198,17 +198,23 @@ struct prof_scope {
             im->prof_cap = cap;
         }
         prof_rec *r = &im->prof[im->prof_n];
+        /* a failed event call also sets the thread's last CUDA error, which
+         * the next launch check would report: clear it */
         if ((r->a == NULL && cudaEventCreate(&r->a) != cudaSuccess) ||
-            (r->b == NULL && cudaEventCreate(&r->b) != cudaSuccess))
+            (r->b == NULL && cudaEventCreate(&r->b) != cudaSuccess)) {
+            (void)cudaGetLastError();
             return;
+        }
         r->op = op;
         if (cudaEventRecord(r->a, im->stream) == cudaSuccess)
             idx = im->prof_n++;
+        else
+            (void)cudaGetLastError();
     }
     ~prof_scope()
     {
-        if (idx >= 0)
-            (void)cudaEventRecord(im->prof[idx].b, im->stream);
+        if (idx >= 0 && cudaEventRecord(im->prof[idx].b, im->stream) != cudaSuccess)
+            (void)cudaGetLastError();
     }
 };
 #define PROF(d, op) prof_scope prof_scope_((d), (op))
@@ -874,8 +880,7 @@ static void cu_matmul_bwd(kern_device *d, float *dinp, float *dw, float *dbias,
 
 /* ------------------------------------------------------------- attention */
 
-/* one warp per row (b, h, t) of att: scale, causal softmax, zero above t */
-/* scores -> probabilities in place (scaled, causal: 0 above the diagonal),
+/* One warp per row (head, t) of one sequence: scores -> probabilities in place (scaled, causal: 0 above the diagonal),
  * and each row's log-sum-exp (in double: fast-math's logf is approximate) */
 __global__ void k_causal_softmax(float *att, float *lse, int T, float scale, size_t rows)
 {
@@ -1434,6 +1439,8 @@ extern "C" int kern_cuda_profile_read(kern_device *d, double *ms, int *calls, co
         if (cudaEventElapsedTime(&t, im->prof[i].a, im->prof[i].b) == cudaSuccess) {
             ms[im->prof[i].op] += t;
             calls[im->prof[i].op]++;
+        } else {
+            (void)cudaGetLastError();
         }
     }
     im->prof_n = 0;
