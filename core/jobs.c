@@ -528,10 +528,11 @@ static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
         acc_log(ACC_LOG_WARN, "jobs", "job %s: %s", j->id, err.msg);
     json_t *loss = isfinite(ev->loss) ? json_real(ev->loss) : json_null();
     emit(j, "step",
-         json_pack("{s:i, s:o, s:f, s:f, s:f, s:i, s:i, s:o, s:o}", "step", ev->step, "loss", loss, "lr", ev->lr,
-                   "grad_norm", isfinite(ev->grad_norm) ? ev->grad_norm : -1.0, "tokens_per_s", ev->tokens_per_s,
-                   "micro_batch", ev->micro_batch, "accum_steps", ev->accum_steps, "mem_in_use",
-                   mem_array(ev->mem_in_use, nr), "mem_peak", mem_array(ev->mem_peak, nr)),
+         json_pack("{s:i, s:o, s:f, s:f, s:f, s:i, s:i, s:o, s:o, s:o, s:o}", "step", ev->step, "loss", loss,
+                   "lr", ev->lr, "grad_norm", isfinite(ev->grad_norm) ? ev->grad_norm : -1.0, "tokens_per_s",
+                   ev->tokens_per_s, "micro_batch", ev->micro_batch, "accum_steps", ev->accum_steps,
+                   "mem_in_use", mem_array(ev->mem_in_use, nr), "mem_peak", mem_array(ev->mem_peak, nr),
+                   "mem_reserved", mem_array(ev->mem_reserved, nr), "mem_free", mem_array(ev->mem_free, nr)),
          false);
 }
 

@@ -32,6 +32,12 @@ echo "$job" | jq -e '.loss > 0 and .finished_at != null and .error == null' >/de
 last=$(echo "$job" | jq .last_event)
 timeout 20 curl -sN "$BASE/v1/jobs/$id/events?format=ndjson" >"$ACC_TMP/nd"
 jq -e . "$ACC_TMP/nd" >/dev/null || fail "NDJSON lines are not JSON"
+# step events carry the device memory: accounted, held, free (CPU: held = in
+# use, free = the 256 MiB budget minus in use)
+jq -se '[.[] | select(.type == "step")] | length == 6 and all(.[];
+        .mem_in_use[0] > 0 and .mem_reserved[0] == .mem_in_use[0] and
+        .mem_free[0] == 268435456 - .mem_in_use[0])' "$ACC_TMP/nd" >/dev/null ||
+    fail "step memory fields: $(grep -m1 '"step"' "$ACC_TMP/nd")"
 expect_eq "ndjson lines" "$(wc -l <"$ACC_TMP/nd")" "$last"
 since=$(timeout 20 curl -sN "$BASE/v1/jobs/$id/events?format=ndjson&since=$((last - 2))" | jq -r .seq | tr '\n' ' ')
 expect_eq "since" "$since" "$((last - 1)) $last "
