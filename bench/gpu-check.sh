@@ -11,7 +11,7 @@
 # It builds with -Dcuda=enabled, runs the GPU tests (CUDA kernels, the model
 # and the whole trainer against the CPU reference, NCCL), each on its own
 # with its own limit, then the GPU benchmark (GPT-2 124M: tokens/s, MFU, a
-# per-op profile), then the daemon itself with devices = cuda
+# per-op profile), then the daemon itself with devices = auto
 # (bench/gpu-daemon.py: an fp32 and a bf16 job over HTTP), and prints a short
 # table last. Every limit is cut to what is left of the budget, so a hang
 # costs its own step, never the table. $OUT (the device tool), else
@@ -132,7 +132,8 @@ for b in "$build"/bench/bench_gpu*; do
     elif ! grep -q '^RESULT ' "$work/$name.txt"; then row "$name" "" "$(head -1 "$work/$name.txt")"; fi
 done
 
-# --- the daemon itself on the GPU: devices = cuda, jobs over HTTP (fp32, bf16)
+# --- the daemon itself on the GPU: devices = auto (the GPUs once they pass the
+# self-test), jobs over HTTP (fp32, bf16)
 t0=$SECONDS
 dstate=$work/daemon
 mkdir -p "$dstate"
@@ -144,6 +145,6 @@ rc=$?
 { echo "---- gpu-daemon (exit $rc)"; cat "$work/gpu-daemon.txt"; } >>"$LOG"
 cp "$dstate/daemon.log" "$OUTDIR/gpu-daemon-accumd.log" 2>/dev/null
 while read -r _ key val; do row "$key" "" "$val"; done < <(grep '^RESULT ' "$work/gpu-daemon.txt")
-row "daemon on GPU (devices = cuda)" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$((SECONDS - t0)) s"
+row "daemon on GPU (devices = auto)" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$((SECONDS - t0)) s"
 
 summary

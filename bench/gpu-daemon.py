@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The daemon on a GPU, end to end, for bench/gpu-check.sh.
 
-Starts ACCUMD with devices = cuda on a private state directory, submits a
+Starts ACCUMD with devices = auto (the default: the GPUs only if they pass
+the daemon's self-test against the CPU) on a private state directory, submits a
 GPT-2 (byte vocabulary) job over HTTP in fp32 and in bf16, waits for each to
 finish, and prints `RESULT key value` lines: the final state and loss, the
 median tokens/s of the steps after the first few, the device's peak memory,
@@ -10,6 +11,7 @@ sources and docs (the GPU machine has no /usr/share/common-licenses).
 Only the Python standard library: that machine has no curl to rely on.
 
 usage: gpu-daemon.py ACCUMD REPO_ROOT STATE_DIR
+Without GPU_DAEMON_DEVICES, devices = auto must have taken the GPUs.
 (GPU_DAEMON_DEVICES=cpu GPU_DAEMON_STEPS=2 try it on a machine without a GPU;
 GPU_DAEMON_DEADLINE: seconds each job may take, default 150; GPU_DAEMON_LIBS:
 a library path for accumd only)
@@ -65,7 +67,7 @@ def start_daemon(accumd, state):
         env["LD_LIBRARY_PATH"] = os.environ["GPU_DAEMON_LIBS"] + (
             ":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     p = subprocess.Popen([accumd, "--set", "listen=127.0.0.1:0", "--set", "state_dir=" + state,
-                          "--set", "devices=" + os.environ.get("GPU_DAEMON_DEVICES", "cuda")],
+                          "--set", "devices=" + os.environ.get("GPU_DAEMON_DEVICES", "auto")],
                          stdout=log, stderr=log, env=env)
     for _ in range(300):
         if p.poll() is not None:
@@ -142,10 +144,18 @@ def main():
     p, base = start_daemon(accumd, state)
     ok = True
     try:
+        for line in open(os.path.join(state, "daemon.log")):
+            if "self-test" in line:
+                print("RESULT daemon_selftest %s" % line.strip()[:200])
         _, d = http(base, "GET", "/v1/devices")
+        kinds = set()
         for dev in d.get("devices", []):
+            kinds.add(dev.get("kind"))
             print("RESULT daemon_device %s %s %s GiB" % (dev.get("kind"), dev.get("name"),
                                                         round(dev.get("memory_total_bytes", 0) / 2**30, 1)))
+        if "GPU_DAEMON_DEVICES" not in os.environ and kinds != {"cuda"}:
+            print("RESULT daemon_devices FAIL devices = auto did not take the GPUs (see the self-test)")
+            ok = False
         for precision in ("fp32", "bf16"):
             ok = run_job(base, precision) and ok
     finally:

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "kern_selftest.h"
 #include "log.h"
 
 /* Write "host:port" of the bound socket so tools and tests find a daemon
@@ -71,6 +72,30 @@ static void start_watchdog(acc_daemon *d)
     uv_timer_start(&d->watchdog, on_watchdog, every, every ? every : 1);
 }
 
+/* Before jobs train on the GPUs, the CUDA backend computes a set of inputs
+ * on the first one and on the CPU and the results are compared (every op,
+ * kern_selftest.h): a driver, toolkit or backend that computes wrong here
+ * is found at start, not in a job's loss curve. With devices = auto a
+ * failure means CPU devices (false); devices = cuda keeps the GPUs, loudly. */
+static bool gpus_pass_selftest(acc_daemon *d, kern_want want)
+{
+    acc_err e = {0};
+    const kern_device_info *g = &d->devices[0];
+    if (kern_selftest_device(g, &e) == 0) {
+        acc_log(ACC_LOG_INFO, "devices", "cuda:%d %s: self-test against the CPU passed", g->index,
+                g->name);
+        return true;
+    }
+    if (want == KERN_WANT_CUDA) {
+        acc_log(ACC_LOG_ERROR, "devices", "devices = cuda: self-test failed, jobs may compute wrong "
+                "results on the GPUs: %s", e.msg);
+        return true;
+    }
+    acc_log(ACC_LOG_WARN, "devices", "devices = auto: the GPUs failed the self-test, using CPU "
+            "devices: %s", e.msg);
+    return false;
+}
+
 static int discover_devices(acc_daemon *d, acc_err *err)
 {
     kern_want want = d->conf.devices == CONF_DEVICES_CUDA  ? KERN_WANT_CUDA
@@ -80,12 +105,11 @@ static int discover_devices(acc_daemon *d, acc_err *err)
                            KERN_MAX_DEVICES, &d->ndevices, err);
     if (rc != 0)
         return rc;
-    if (want == KERN_WANT_AUTO && kern_cuda_built() && !kern_cuda_trains())
-        acc_log(ACC_LOG_INFO, "devices", "devices = auto: CPU devices; the CUDA training backend is "
-                "built but not yet validated on a GPU, devices = cuda selects it (docs/cuda.md)");
-    if (want == KERN_WANT_CUDA && !kern_cuda_trains())
-        acc_log(ACC_LOG_WARN, "devices", "devices = cuda: the CUDA training backend has not yet "
-                "passed bench/gpu-check.sh on a GPU (docs/cuda.md)");
+    if (d->ndevices > 0 && d->devices[0].kind == KERN_DEV_CUDA && !gpus_pass_selftest(d, want))
+        rc = kern_discover(KERN_WANT_CPU, d->conf.cpu_devices, d->conf.cpu_device_memory,
+                           d->devices, KERN_MAX_DEVICES, &d->ndevices, err);
+    if (rc != 0)
+        return rc;
     for (int i = 0; i < d->ndevices; i++) {
         const kern_device_info *k = &d->devices[i];
         if (k->kind == KERN_DEV_CUDA)

@@ -2,11 +2,6 @@
 
 #include <stdio.h>
 
-bool kern_cuda_trains(void)
-{
-    return false; /* the CUDA kern_ops are compiled but not yet run on a GPU (docs/cuda.md) */
-}
-
 bool kern_cuda_built(void)
 {
 #ifdef ACCUMD_HAVE_CUDA
@@ -37,10 +32,8 @@ int kern_discover(kern_want want, int cpu_devices, uint64_t cpu_device_memory,
         int rc = kern_cuda_query(out, max, n, err);
         if (rc != 0)
             return rc;
-        /* "auto" takes the GPUs only once jobs can train on them (see
-         * kern_cuda_trains); until then it keeps CPU devices, so the daemon
-         * works on a GPU server too. "cuda" lists them regardless. */
-        if (*n > 0 && (want == KERN_WANT_CUDA || kern_cuda_trains()))
+        /* the daemon checks them (kern_selftest) before "auto" trusts them */
+        if (*n > 0)
             return 0;
         *n = 0;
 #endif

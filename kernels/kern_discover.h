@@ -1,10 +1,9 @@
 /* kern_discover: which devices this machine has.
  *
- * Lists CUDA GPUs (when the build has CUDA, a driver answers and the CUDA
- * training backend is enabled, or the config says cuda) or, when there are
- * none or the config says so, `cpu_devices` CPU devices: slices of the
- * host, each with its own memory budget. This is the only place that decides
- * the kind of the devices the scheduler places jobs on.
+ * Lists CUDA GPUs (when the build has CUDA and a driver answers) or, when
+ * there are none or the config says cpu, `cpu_devices` CPU devices: slices
+ * of the host, each with its own memory budget. The daemon then checks GPUs
+ * against the CPU (kern_selftest.h) before `devices = auto` uses them.
  */
 #ifndef ACC_KERN_DISCOVER_H
 #define ACC_KERN_DISCOVER_H
@@ -39,10 +38,6 @@ int kern_discover(kern_want want, int cpu_devices, uint64_t cpu_device_memory,
 
 /* True when this binary was built with the CUDA backend. */
 bool kern_cuda_built(void);
-
-/* True when jobs can train on CUDA devices (kern_device_open opens them).
- * Until then `devices = auto` uses CPU devices even where GPUs exist. */
-bool kern_cuda_trains(void);
 
 /* CUDA backend: list GPUs. Returns 0 with *n = 0 when no driver or GPU is
  * present (that is not an error); only defined in CUDA builds. */

@@ -1,0 +1,122 @@
+/* kern_selftest: a device that computes what the CPU computes passes; one
+ * that gets a single op wrong (a forward off by 0.1%, a backward that
+ * forgets an output) fails, naming that op; a device fault wins over the
+ * numbers. The same check the daemon runs on a GPU before `devices = auto`
+ * uses it, here with CPU devices and a deliberately broken copy of the CPU
+ * ops table. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <string.h>
+
+#include "kern_device.h"
+#include "kern_selftest.h"
+
+static const kern_ops *cpu_ops; /* the real table, for the broken wrappers */
+
+static kern_device *open_cpu(int threads)
+{
+    kern_device_info info = {.kind = KERN_DEV_CPU, .index = 0, .mem_total = 0};
+    strcpy(info.name, "cpu0");
+    kern_device *d = NULL;
+    acc_err err = {0};
+    assert_int_equal(kern_device_open(&info, threads, &d, &err), 0);
+    cpu_ops = d->ops;
+    return d;
+}
+
+static void gelu_off_by_a_little(kern_device *d, float *out, const float *inp, size_t n)
+{
+    cpu_ops->gelu_fwd(d, out, inp, n);
+    for (size_t i = 0; i < n; i++) /* CPU device memory is host memory */
+        out[i] *= 1.001f;
+}
+
+static void matmul_bwd_without_dbias(kern_device *d, float *dinp, float *dw, float *dbias,
+                                     const float *dout, const float *inp, const float *w, int N,
+                                     int C, int OC)
+{
+    cpu_ops->matmul_bwd(d, dinp, dw, NULL, dout, inp, w, N, C, OC);
+}
+
+static int always_faulted(kern_device *d, acc_err *err)
+{
+    return acc_err_set(err, ACC_EDEVICE, "devices", "device %s: an illegal address (simulated)",
+                       d->info.name);
+}
+
+static void test_cpu_passes(void **state)
+{
+    kern_device *a = open_cpu(2), *b = open_cpu(1); /* other thread counts: other sums */
+    acc_err err = {0};
+    assert_int_equal(kern_selftest(a, b, KERN_SELFTEST_TOL, &err), 0);
+    assert_int_equal(a->in_use, 0); /* everything it allocated is freed */
+    assert_int_equal(b->in_use, 0);
+    kern_device_close(a);
+    kern_device_close(b);
+    kern_device_info info = {.kind = KERN_DEV_CPU, .index = 1, .mem_total = 0};
+    strcpy(info.name, "cpu1");
+    assert_int_equal(kern_selftest_device(&info, &err), 0);
+}
+
+/* run the self-test with one op of `dev` replaced; return the message */
+static int run_broken(kern_ops *broken, acc_err *err)
+{
+    kern_device *dev = open_cpu(1), *ref = open_cpu(1);
+    const kern_ops *real = dev->ops;
+    dev->ops = broken;
+    int rc = kern_selftest(dev, ref, KERN_SELFTEST_TOL, err);
+    dev->ops = real;
+    kern_device_close(dev);
+    kern_device_close(ref);
+    return rc;
+}
+
+static void test_wrong_forward_fails(void **state)
+{
+    kern_device *d = open_cpu(1);
+    kern_ops broken = *d->ops;
+    kern_device_close(d);
+    broken.gelu_fwd = gelu_off_by_a_little;
+    acc_err err = {0};
+    assert_int_equal(run_broken(&broken, &err), ACC_EDEVICE);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "gelu_fwd differs"));
+    assert_string_equal(err.field, "devices");
+}
+
+static void test_wrong_backward_fails(void **state)
+{
+    kern_device *d = open_cpu(1);
+    kern_ops broken = *d->ops;
+    kern_device_close(d);
+    broken.matmul_bwd = matmul_bwd_without_dbias;
+    acc_err err = {0};
+    assert_int_equal(run_broken(&broken, &err), ACC_EDEVICE);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "matmul_bwd dbias"));
+}
+
+static void test_fault_wins(void **state)
+{
+    kern_device *d = open_cpu(1);
+    kern_ops broken = *d->ops;
+    kern_device_close(d);
+    broken.last_error = always_faulted;
+    acc_err err = {0};
+    assert_int_equal(run_broken(&broken, &err), ACC_EDEVICE);
+    assert_non_null(strstr(err.msg, "illegal address"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu_passes),
+        cmocka_unit_test(test_wrong_forward_fails),
+        cmocka_unit_test(test_wrong_backward_fails),
+        cmocka_unit_test(test_fault_wins),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
