@@ -408,9 +408,10 @@ static void cpu_matmul_bwd(kern_device *d, float *dinp, float *dw, float *dbias,
     }
 }
 
-/* ---- attention: one sequence after another, its heads side by side (one
- * per task, each with its own two T x T slices of the scratch, so writes
- * never overlap). The products go through sgemm on the strided q/k/v views
+/* ---- attention: one (sequence, head) pair per task, over all pairs at once;
+ * each thread works in its own two T x T slices of the scratch (the
+ * scratch has NH pairs of slices, so at most NH threads), so writes never
+ * overlap and no pair depends on which thread ran it. The products go through sgemm on the strided q/k/v views
  * of qkv; the scores above the diagonal are computed and then ignored
  * (0 there), which costs less than the scalar loops it replaces. Only the
  * rows' log-sum-exp is kept for the backward, which rebuilds the
@@ -453,23 +454,28 @@ static void causal_probs_rows(float *att, const float *lse, int T, float scale)
     }
 }
 
+/* Threads for attention: the scratch has one pair of slices per head. */
+static int attention_threads(const kern_device *d, int NH)
+{
+    return d->threads < NH ? d->threads : NH;
+}
+
 static void cpu_attention_fwd(kern_device *d, float *out, float *lse, float *scratch,
                               const float *qkv, int B, int T, int C, int NH)
 {
     int hs = C / NH, ld = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
     size_t tt = (size_t)T * T;
-    for (int b = 0; b < B; b++) {
-#pragma omp parallel for num_threads(d->threads)
-        for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * ld + h * hs;
-            float *a = scratch + 2 * (size_t)h * tt;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q, ld, q + C,
-                        ld, 0.0f, a, T);
-            causal_softmax_rows(a, lse + ((size_t)b * NH + h) * T, T, scale);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T,
-                        q + 2 * C, ld, 0.0f, out + (size_t)b * T * C + h * hs, C);
-        }
+#pragma omp parallel for num_threads(attention_threads(d, NH)) schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * T * ld + h * hs;
+        float *a = scratch + 2 * (size_t)omp_get_thread_num() * tt;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q, ld, q + C, ld,
+                    0.0f, a, T);
+        causal_softmax_rows(a, lse + (size_t)bh * T, T, scale);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, q + 2 * C,
+                    ld, 0.0f, out + (size_t)b * T * C + h * hs, C);
     }
 }
 
@@ -479,40 +485,39 @@ static void cpu_attention_bwd(kern_device *d, float *dqkv, float *scratch, const
     int hs = C / NH, ld = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
     size_t tt = (size_t)T * T;
-    for (int b = 0; b < B; b++) {
-#pragma omp parallel for num_threads(d->threads)
-        for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * ld + h * hs;
-            const float *g = dout + (size_t)b * T * C + h * hs;
-            float *dq = dqkv + (size_t)b * T * ld + h * hs;
-            float *a = scratch + 2 * (size_t)h * tt, *da = a + tt;
-            /* the forward's probabilities, rebuilt */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q, ld, q + C,
-                        ld, 0.0f, a, T);
-            causal_probs_rows(a, lse + ((size_t)b * NH + h) * T, T, scale);
-            /* through out = att v: datt = dout v^T, dv += att^T dout */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, g, C,
-                        q + 2 * C, ld, 0.0f, da, T);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, g, C,
-                        1.0f, dq + 2 * C, ld);
-            /* through the softmax: dpre = att (datt - <att, datt>) * scale, in place */
-            for (int t = 0; t < T; t++) {
-                const float *ar = a + (size_t)t * T;
-                float *dr = da + (size_t)t * T;
-                float dot = 0.0f;
-                for (int u = 0; u <= t; u++)
-                    dot += ar[u] * dr[u];
-                for (int u = 0; u <= t; u++)
-                    dr[u] = ar[u] * (dr[u] - dot) * scale;
-                for (int u = t + 1; u < T; u++)
-                    dr[u] = 0.0f;
-            }
-            /* through the scores q k^T: dq += dpre k, dk += dpre^T q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T,
-                        q + C, ld, 1.0f, dq, ld);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, q, ld,
-                        1.0f, dq + C, ld);
+#pragma omp parallel for num_threads(attention_threads(d, NH)) schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * T * ld + h * hs;
+        const float *g = dout + (size_t)b * T * C + h * hs;
+        float *dq = dqkv + (size_t)b * T * ld + h * hs;
+        float *a = scratch + 2 * (size_t)omp_get_thread_num() * tt, *da = a + tt;
+        /* the forward's probabilities, rebuilt */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q, ld, q + C,
+                    ld, 0.0f, a, T);
+        causal_probs_rows(a, lse + (size_t)bh * T, T, scale);
+        /* through out = att v: datt = dout v^T, dv += att^T dout */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, g, C,
+                    q + 2 * C, ld, 0.0f, da, T);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, g, C,
+                    1.0f, dq + 2 * C, ld);
+        /* through the softmax: dpre = att (datt - <att, datt>) * scale, in place */
+        for (int t = 0; t < T; t++) {
+            const float *ar = a + (size_t)t * T;
+            float *dr = da + (size_t)t * T;
+            float dot = 0.0f;
+            for (int u = 0; u <= t; u++)
+                dot += ar[u] * dr[u];
+            for (int u = 0; u <= t; u++)
+                dr[u] = ar[u] * (dr[u] - dot) * scale;
+            for (int u = t + 1; u < T; u++)
+                dr[u] = 0.0f;
         }
+        /* through the scores q k^T: dq += dpre k, dk += dpre^T q */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T,
+                    q + C, ld, 1.0f, dq, ld);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, q, ld,
+                    1.0f, dq + C, ld);
     }
 }
 
