@@ -74,11 +74,18 @@ static int run_broken(kern_ops *broken, acc_err *err)
     return rc;
 }
 
-static void test_wrong_forward_fails(void **state)
+/* a copy of the CPU ops table, to break one op of */
+static kern_ops cpu_table(void)
 {
     kern_device *d = open_cpu(1);
-    kern_ops broken = *d->ops;
+    kern_ops t = *d->ops;
     kern_device_close(d);
+    return t;
+}
+
+static void test_wrong_forward_fails(void **state)
+{
+    kern_ops broken = cpu_table();
     broken.gelu_fwd = gelu_off_by_a_little;
     acc_err err = {0};
     assert_int_equal(run_broken(&broken, &err), ACC_EDEVICE);
@@ -89,9 +96,7 @@ static void test_wrong_forward_fails(void **state)
 
 static void test_wrong_backward_fails(void **state)
 {
-    kern_device *d = open_cpu(1);
-    kern_ops broken = *d->ops;
-    kern_device_close(d);
+    kern_ops broken = cpu_table();
     broken.matmul_bwd = matmul_bwd_without_dbias;
     acc_err err = {0};
     assert_int_equal(run_broken(&broken, &err), ACC_EDEVICE);
@@ -101,9 +106,7 @@ static void test_wrong_backward_fails(void **state)
 
 static void test_fault_wins(void **state)
 {
-    kern_device *d = open_cpu(1);
-    kern_ops broken = *d->ops;
-    kern_device_close(d);
+    kern_ops broken = cpu_table();
     broken.last_error = always_faulted;
     acc_err err = {0};
     assert_int_equal(run_broken(&broken, &err), ACC_EDEVICE);
