@@ -147,4 +147,16 @@ cp "$dstate/daemon.log" "$OUTDIR/gpu-daemon-accumd.log" 2>/dev/null
 while read -r _ key val; do row "$key" "" "$val"; done < <(grep '^RESULT ' "$work/gpu-daemon.txt")
 row "daemon on GPU (devices = auto)" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$((SECONDS - t0)) s"
 
+# --- with time left: throughput at a larger micro batch (fewer, larger products)
+b=$build/bench/bench_gpu_train
+if [ -x "$b" ] && [ $((T_END - SECONDS)) -gt 90 ]; then
+    withlibs timeout -k 10 "$(left 80)" "$b" --micro 32 --steps 6 --other-steps 0 --profile-steps 0 \
+        >"$work/bench_m32.txt" 2>&1
+    rc=$?
+    { echo "---- bench_gpu_train --micro 32 (exit $rc)"; cat "$work/bench_m32.txt"; } >>"$LOG"
+    while read -r _ key val; do
+        case $key in tokens_per_s | mfu_pct | peak_bytes | micro) row "bench_gpu_train m32 $key" "" "$val" ;; esac
+    done < <(grep '^RESULT ' "$work/bench_m32.txt")
+fi
+
 summary

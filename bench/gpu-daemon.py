@@ -154,10 +154,12 @@ def main():
             print("RESULT daemon_device %s %s %s GiB" % (dev.get("kind"), dev.get("name"),
                                                         round(dev.get("memory_total_bytes", 0) / 2**30, 1)))
         if "GPU_DAEMON_DEVICES" not in os.environ and kinds != {"cuda"}:
+            # no point training the GPU-sized jobs on CPU devices: say so and stop
             print("RESULT daemon_devices FAIL devices = auto did not take the GPUs (see the self-test)")
             ok = False
-        for precision in ("fp32", "bf16"):
-            ok = run_job(base, precision) and ok
+        else:
+            for precision in ("fp32", "bf16"):
+                ok = run_job(base, precision) and ok
     finally:
         p.terminate()
         try:
