@@ -114,7 +114,12 @@ static void route_devices(api_server *s, const api_request *req, api_response *r
         }
         json_array_append_new(a, o);
     }
-    resp_json_obj(resp, 200, json_pack("{s:o}", "devices", a ? a : json_array()));
+    json_t *body = json_pack("{s:o}", "devices", a ? a : json_array());
+    if (body != NULL && m->gpu_check >= 0) /* the start-up self-test's verdict */
+        json_object_set_new(body, "gpu_selftest",
+                            json_pack("{s:b, s:s}", "passed", m->gpu_check == 1, "message",
+                                      m->gpu_check_msg));
+    resp_json_obj(resp, 200, body);
 }
 
 /* ---- /v1/jobs --------------------------------------------------------------- */

@@ -148,6 +148,7 @@ int jobs_init(jobs_mgr *m, const acc_conf *conf, const kern_device_info *devs, i
               void (*wake)(void *), void *wake_ctx, acc_err *err)
 {
     memset(m, 0, sizeof *m);
+    m->gpu_check = -1; /* no GPU self-test until the daemon says so */
     m->conf = conf;
     m->devs = devs;
     m->ndev = ndev;

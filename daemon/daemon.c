@@ -81,9 +81,15 @@ static bool gpus_pass_selftest(acc_daemon *d, kern_want want)
 {
     acc_err e = {0};
     const kern_device_info *g = &d->devices[0];
-    if (kern_selftest_device(g, &e) == 0) {
-        acc_log(ACC_LOG_INFO, "devices", "cuda:%d %s: self-test against the CPU passed", g->index,
-                g->name);
+    d->gpu_check = kern_selftest_device(g, &e) == 0;
+    if (d->gpu_check)
+        snprintf(d->gpu_check_msg, sizeof d->gpu_check_msg,
+                 "cuda:%d %.100s: self-test against the CPU passed", g->index, g->name);
+    else
+        snprintf(d->gpu_check_msg, sizeof d->gpu_check_msg, "cuda:%d %.100s: %.380s", g->index,
+                 g->name, e.msg);
+    if (d->gpu_check) {
+        acc_log(ACC_LOG_INFO, "devices", "%s", d->gpu_check_msg);
         return true;
     }
     if (want == KERN_WANT_CUDA) {
@@ -101,6 +107,7 @@ static int discover_devices(acc_daemon *d, acc_err *err)
     kern_want want = d->conf.devices == CONF_DEVICES_CUDA  ? KERN_WANT_CUDA
                      : d->conf.devices == CONF_DEVICES_CPU ? KERN_WANT_CPU
                                                            : KERN_WANT_AUTO;
+    d->gpu_check = -1;
     int rc = kern_discover(want, d->conf.cpu_devices, d->conf.cpu_device_memory, d->devices,
                            KERN_MAX_DEVICES, &d->ndevices, err);
     if (rc != 0)
@@ -212,6 +219,8 @@ static int start_jobs(acc_daemon *d, acc_err *err)
     if ((rc = jobs_init(&d->jobs, &d->conf, d->devices, d->ndevices, wake_loop, d, err)) != 0)
         return rc;
     d->jobs_on = true;
+    d->jobs.gpu_check = d->gpu_check;
+    snprintf(d->jobs.gpu_check_msg, sizeof d->jobs.gpu_check_msg, "%s", d->gpu_check_msg);
     return 0;
 }
 

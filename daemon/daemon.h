@@ -37,6 +37,8 @@ typedef struct acc_daemon {
     api_server *api;
     kern_device_info devices[KERN_MAX_DEVICES];
     int ndevices;
+    int gpu_check;            /* the start-up self-test: -1 none, 0 failed, 1 passed */
+    char gpu_check_msg[512];  /* its verdict, as /v1/devices shows it */
     jobs_mgr jobs;
     bool jobs_on;
     uv_async_t wake;       /* trainer events are queued */

@@ -54,6 +54,8 @@ echo "$m" | jq -e '.steps[0].loss > 0 and .steps[5].step == 6 and .steps[0].mem_
 # devices
 d=$(curl -s "$BASE/v1/devices")
 echo "$d" | jq -e '.devices | length == 1' >/dev/null || fail "devices: $d"
+# devices = cpu: no GPU self-test ran, so no verdict to show
+echo "$d" | jq -e 'has("gpu_selftest") | not' >/dev/null || fail "gpu_selftest without GPUs: $d"
 echo "$d" | jq -e '.devices[0].kind == "cpu" and .devices[0].memory_total_bytes == 268435456 and .devices[0].memory_peak_bytes > 0' \
     >/dev/null || fail "device fields: $d"
 # idle: nothing held, the whole budget free
