@@ -148,6 +148,10 @@ def main():
             if "self-test" in line:
                 print("RESULT daemon_selftest %s" % line.strip()[:200])
         _, d = http(base, "GET", "/v1/devices")
+        st = d.get("gpu_selftest") if isinstance(d, dict) else None
+        if st:
+            print("RESULT daemon_gpu_selftest %s %s" % ("passed" if st.get("passed") else "FAILED",
+                                                       st.get("message", "")[:160]))
         kinds = set()
         for dev in d.get("devices", []):
             kinds.add(dev.get("kind"))
