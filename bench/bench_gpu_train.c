@@ -24,6 +24,8 @@
  *   bench_gpu_train [--micro M] [--steps S] [--warmup W] [--precision bf16|tf32|fp32]
  *                   [--other-steps S]   (steps of the other precisions; 0 skips them)
  *                   [--profile-steps S] (default 3; 0 skips the profile)
+ *                   [--flash]           (bf16: the EXPERIMENTAL tiled attention,
+ *                                        kern_cuda_set_flash)
  */
 #include <math.h>
 #include <stdio.h>
@@ -44,6 +46,7 @@ typedef struct run_out {
     unsigned long long peak;
     int micro;
     int profile;                        /* in: record per-op times */
+    int flash;                          /* in: tiled attention (bf16) */
     double prof_ms[KERN_CUDA_PROF_OPS]; /* out: summed over the timed steps */
     int prof_calls[KERN_CUDA_PROF_OPS];
     const char *prof_name[KERN_CUDA_PROF_OPS];
@@ -82,7 +85,8 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
         return 1;
     }
     if (kern_cuda_set_tf32(d, prec == P_TF32, &err) != 0 ||
-        kern_cuda_set_bf16(d, prec == P_BF16, &err) != 0) {
+        kern_cuda_set_bf16(d, prec == P_BF16, &err) != 0 ||
+        kern_cuda_set_flash(d, r->flash, &err) != 0) {
         fprintf(stderr, "precision %s: %s\n", prec_name[prec], err.msg);
         kern_device_close(d);
         return 1;
@@ -170,9 +174,9 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
 
 /* A short run with every op timed: per-step ms and share of the step. */
 static int print_profile(const kern_device_info *gi, const model_config *cfg, int micro,
-                         int steps, int prec)
+                         int steps, int prec, int flash)
 {
-    run_out p = {.profile = 1};
+    run_out p = {.profile = 1, .flash = flash};
     if (run(gi, cfg, micro, steps, 1, prec, &p) != 0) {
         /* the figures above stand; the profile is extra */
         printf("RESULT prof_failed see the output above\n");
@@ -198,8 +202,13 @@ static int print_profile(const kern_device_info *gi, const model_config *cfg, in
 int main(int argc, char **argv)
 {
     int micro = 16, steps = 10, warmup = 2, prec = P_BF16, other_steps = 4, prof_steps = 3;
+    int flash = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--flash") == 0) {
+            flash = 1;
+            continue;
+        }
         if (v == NULL) {
             fprintf(stderr, "%s needs a value\n", a);
             return 2;
@@ -245,10 +254,10 @@ int main(int argc, char **argv)
     for (int mm = 1; mm <= 16; mm *= 2)
         printf("RESULT planned_bytes_m%d %llu\n", mm,
                (unsigned long long)model_device_bytes(&cfg, mm, 1024, 0));
-    run_out r = {0};
+    run_out r = {.flash = flash};
     if (run(&g[0], &cfg, micro, steps, warmup, prec, &r) != 0)
         return 1;
-    printf("RESULT precision %s\n", prec_name[prec]);
+    printf("RESULT precision %s%s\n", prec_name[prec], flash ? " (tiled attention)" : "");
     printf("RESULT micro %d\n", r.micro);
     printf("RESULT tokens_per_s %.0f\n", r.tok_s);
     printf("RESULT mfu_pct %.2f\n", r.mfu);
@@ -257,7 +266,7 @@ int main(int argc, char **argv)
     for (int p = 0; p < 3 && other_steps > 0; p++) {
         if (p == prec)
             continue;
-        run_out f = {0};
+        run_out f = {.flash = flash};
         if (run(&g[0], &cfg, r.micro, other_steps, 1, p, &f) != 0)
             return 1;
         printf("RESULT %s_tokens_per_s %.0f\n", prec_name[p], f.tok_s);
@@ -265,6 +274,6 @@ int main(int argc, char **argv)
         printf("RESULT %s_peak_bytes %llu\n", prec_name[p], f.peak);
     }
     if (prof_steps > 0)
-        return print_profile(&g[0], &cfg, r.micro, prof_steps, prec);
+        return print_profile(&g[0], &cfg, r.micro, prof_steps, prec, flash);
     return 0;
 }

@@ -147,8 +147,19 @@ cp "$dstate/daemon.log" "$OUTDIR/gpu-daemon-accumd.log" 2>/dev/null
 while read -r _ key val; do row "$key" "" "$val"; done < <(grep '^RESULT ' "$work/gpu-daemon.txt")
 row "daemon on GPU (devices = auto)" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$((SECONDS - t0)) s"
 
-# --- with time left: throughput at a larger micro batch (fewer, larger products)
+# --- with time left: the EXPERIMENTAL tiled attention (gpu_cuda_flash above
+# says whether it is right), then a larger micro batch
 b=$build/bench/bench_gpu_train
+if [ -x "$b" ] && [ $((T_END - SECONDS)) -gt 90 ]; then
+    withlibs timeout -k 10 "$(left 80)" "$b" --flash --steps 6 --other-steps 0 --profile-steps 3 \
+        >"$work/bench_flash.txt" 2>&1
+    rc=$?
+    { echo "---- bench_gpu_train --flash (exit $rc)"; cat "$work/bench_flash.txt"; } >>"$LOG"
+    while read -r _ key val; do
+        case $key in tokens_per_s | mfu_pct | loss_first_last | prof_attention_*) row "flash $key" "" "$val" ;; esac
+    done < <(grep '^RESULT ' "$work/bench_flash.txt")
+    [ $rc -eq 0 ] || row "bench_gpu_train --flash" FAIL "exit $rc"
+fi
 if [ -x "$b" ] && [ $((T_END - SECONDS)) -gt 90 ]; then
     withlibs timeout -k 10 "$(left 80)" "$b" --micro 32 --steps 6 --other-steps 0 --profile-steps 0 \
         >"$work/bench_m32.txt" 2>&1

@@ -534,7 +534,7 @@ static void block_backward(model_gpt2 *m, int l, int B)
     k->matmul_bwd(d, a->datty, P(m, g, P_ATTPROJW, l, C_ * C_), P(m, g, P_ATTPROJB, l, C_),
                   a->dresid, b.atty, P(m, p, P_ATTPROJW, l, C_ * C_), (int)BT, C, C);
     k->zero(d, a->dqkv, BT * 3 * C_ * sizeof(float));
-    k->attention_bwd(d, a->dqkv, a->att_scratch, a->datty, b.qkv, b.lse, B, T, C, NH);
+    k->attention_bwd(d, a->dqkv, a->att_scratch, a->datty, b.qkv, b.lse, b.atty, B, T, C, NH);
     k->zero(d, a->dln, BT * C_ * sizeof(float));
     k->matmul_bwd(d, a->dln, P(m, g, P_QKVW, l, 3 * C_ * C_), P(m, g, P_QKVB, l, 3 * C_),
                   a->dqkv, b.ln1, P(m, p, P_QKVW, l, 3 * C_ * C_), (int)BT, C, 3 * C);

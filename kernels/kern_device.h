@@ -69,9 +69,11 @@ typedef struct kern_ops {
     void (*attention_fwd)(kern_device *d, float *out, float *lse, float *scratch,
                           const float *qkv, int B, int T, int C, int NH);
     /* dqkv += ...; the probabilities are recomputed from qkv and lse (one
-     * more q k^T per sequence); same scratch */
+     * more q k^T per sequence); same scratch. out is the forward's output
+     * (a tiled backward needs rowsum(dout * out); others may ignore it). */
     void (*attention_bwd)(kern_device *d, float *dqkv, float *scratch, const float *dout,
-                          const float *qkv, const float *lse, int B, int T, int C, int NH);
+                          const float *qkv, const float *lse, const float *out, int B, int T,
+                          int C, int NH);
 
     /* GELU, tanh approximation (GPT-2's) */
     void (*gelu_fwd)(kern_device *d, float *out, const float *inp, size_t n);

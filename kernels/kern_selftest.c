@@ -208,8 +208,8 @@ static void test_attention(st_ctx *c)
     st_cmp(c, "attention_fwd", &out);
     st_cmp(c, "attention_fwd lse", &lse);
     st_buf dout = st_new(c, (size_t)N * C, -1, 1), dqkv = st_new(c, (size_t)N * 3 * C, -1, 1);
-    BOTH(c, D->ops->attention_bwd(D, F(dqkv, d), F(scr, d), F(dout, d), F(qkv, d), F(lse, d), B, T, C, NH),
-         D->ops->attention_bwd(D, F(dqkv, r), F(scr, r), F(dout, r), F(qkv, r), F(lse, r), B, T, C, NH));
+    BOTH(c, D->ops->attention_bwd(D, F(dqkv, d), F(scr, d), F(dout, d), F(qkv, d), F(lse, d), F(out, d), B, T, C, NH),
+         D->ops->attention_bwd(D, F(dqkv, r), F(scr, r), F(dout, r), F(qkv, r), F(lse, r), F(out, r), B, T, C, NH));
     st_cmp(c, "attention_bwd", &dqkv);
     st_buf *all[] = {&qkv, &out, &lse, &scr, &dout, &dqkv};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)

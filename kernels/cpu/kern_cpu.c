@@ -480,7 +480,8 @@ static void cpu_attention_fwd(kern_device *d, float *out, float *lse, float *scr
 }
 
 static void cpu_attention_bwd(kern_device *d, float *dqkv, float *scratch, const float *dout,
-                              const float *qkv, const float *lse, int B, int T, int C, int NH)
+                              const float *qkv, const float *lse, const float *out, int B,
+                              int T, int C, int NH)
 {
     int hs = C / NH, ld = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);

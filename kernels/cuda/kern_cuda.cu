@@ -39,6 +39,7 @@ extern "C" {
 #include "kern_device.h"
 }
 #include "kern_cuda.h"
+#include "kern_cuda_flash.h"
 
 #define CU_MARGIN (512ull << 20) /* left free on the GPU: context, cuBLAS, NCCL */
 #define CU_SMALL (1ull << 20)    /* blocks below this round to 512 B, others to 2 MiB */
@@ -76,6 +77,7 @@ typedef struct cu_impl {
     int lt_n, lt_next;
     int tf32;
     int bf16;                /* linear-layer products in bf16 (kern_cuda_set_bf16) */
+    int flash;               /* bf16 mode: tiled tensor-core attention (kern_cuda_set_flash) */
     void *bf_a, *bf_b;       /* their bf16 operand copies, accounted, grown on demand */
     size_t bf_a_bytes, bf_b_bytes;
     cu_block *blocks;
@@ -959,6 +961,13 @@ static void attn_math_end(kern_device *d, bool switched)
         BL_OK(d, cublasSetMathMode(IM(d)->blas, CUBLAS_DEFAULT_MATH));
 }
 
+/* The tiled kernels (kern_cuda_flash.cu) compute bf16 attention: only in
+ * bf16 mode, when switched on, for the head size they support. */
+static bool use_flash(kern_device *d, int C, int NH)
+{
+    return IM(d)->flash && IM(d)->bf16 && kern_cuda_flash_supported(C, NH);
+}
+
 /* One sequence at a time, its heads batched: the scratch holds that
  * sequence's T x T probabilities (and their gradient) for all heads, so no
  * layer keeps a T x T matrix; the backward rebuilds them from lse. */
@@ -969,6 +978,11 @@ static void cu_attention_fwd(kern_device *d, float *out, float *lse, float *scra
     PROF(d, KP_ATT_FWD);
     if (B <= 0 || T <= 0)
         return;
+    if (use_flash(d, C, NH)) {
+        cu_ok_rt(d, kern_cuda_flash_fwd(IM(d)->stream, out, lse, qkv, B, T, C, NH),
+                 "flash attention forward", __FILE__, __LINE__);
+        return;
+    }
     int hs = C / NH, ld = 3 * C;
     long long tt = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
@@ -990,12 +1004,18 @@ static void cu_attention_fwd(kern_device *d, float *out, float *lse, float *scra
 }
 
 static void cu_attention_bwd(kern_device *d, float *dqkv, float *scratch, const float *dout,
-                             const float *qkv, const float *lse, int B, int T, int C, int NH)
+                             const float *qkv, const float *lse, const float *out, int B, int T,
+                             int C, int NH)
 {
     CU_LIVE(d);
     PROF(d, KP_ATT_BWD);
     if (B <= 0 || T <= 0)
         return;
+    if (use_flash(d, C, NH)) {
+        cu_ok_rt(d, kern_cuda_flash_bwd(IM(d)->stream, dqkv, dout, qkv, lse, out, B, T, C, NH),
+                 "flash attention backward", __FILE__, __LINE__);
+        return;
+    }
     int hs = C / NH, ld = 3 * C;
     long long tt = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
@@ -1317,6 +1337,8 @@ extern "C" int kern_cuda_open(const kern_device_info *info, int threads, kern_de
         !CU_OK(d, cudaMalloc((void **)&im->scratch, 2 * sizeof(double))) ||
         !CU_OK(d, cudaMemGetInfo(&fr, &tot)))
         return open_fail(d, err);
+    const char *fl = getenv("ACCUMD_CUDA_FLASH"); /* experimental: kern_cuda_flash.h */
+    im->flash = fl != NULL && strcmp(fl, "1") == 0;
     const char *nolt = getenv("ACCUMD_CUDA_NO_LT"); /* debugging: cublasSgemm only */
     if (nolt == NULL || strcmp(nolt, "1") != 0) {
         if (!BL_OK(d, cublasLtCreate(&im->lt)) ||
@@ -1445,4 +1467,10 @@ extern "C" int kern_cuda_profile_read(kern_device *d, double *ms, int *calls, co
     }
     im->prof_n = 0;
     return KP_N;
+}
+
+extern "C" int kern_cuda_set_flash(kern_device *d, int on, acc_err *err)
+{
+    IM(d)->flash = on != 0;
+    return kern_cuda_last_error(d, err);
 }

@@ -64,6 +64,12 @@ unsigned long long kern_cuda_reserved(kern_device *d);
  * returned (ACC_EOOM), not sticky, so the trainer can adapt. Buffers that
  * a later product finds too small still grow (sticky on failure). */
 int kern_cuda_bf16_reserve(kern_device *d, size_t a_bytes, size_t b_bytes, acc_err *err);
+/* EXPERIMENTAL (not yet run on a GPU): in bf16 mode, attention through the
+ * tiled tensor-core kernels of kern_cuda_flash.h (head size 64) instead of
+ * cuBLAS on one sequence's T x T scores. Off by default; also on at open
+ * with ACCUMD_CUDA_FLASH=1 in the environment. */
+int kern_cuda_set_flash(kern_device *d, int on, acc_err *err);
+
 /* Per-op GPU time, for benchmarks: on = 1 records a pair of CUDA events
  * around every op on the device's stream (off: nothing is recorded). */
 #define KERN_CUDA_PROF_OPS 18

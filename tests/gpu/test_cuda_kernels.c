@@ -236,11 +236,32 @@ static void test_attention(double tol)
     gpu->ops->upload(gpu, lse.g, h, nlse * sizeof *h);
     free(h);
     buf2 dout = rnd((size_t)N * C, -1, 1), dqkv = rnd((size_t)N * 3 * C, -1, 1);
-    cpu->ops->attention_bwd(cpu, dqkv.c, scr.c, dout.c, qkv.c, lse.c, B, T, C, NH);
-    gpu->ops->attention_bwd(gpu, dqkv.g, scr.g, dout.g, qkv.g, lse.g, B, T, C, NH);
+    cpu->ops->attention_bwd(cpu, dqkv.c, scr.c, dout.c, qkv.c, lse.c, out.c, B, T, C, NH);
+    gpu->ops->attention_bwd(gpu, dqkv.g, scr.g, dout.g, qkv.g, lse.g, out.g, B, T, C, NH);
     cmp("attention_bwd dqkv (+=)", &dqkv, tol);
     drop(&qkv), drop(&out), drop(&lse), drop(&scr), drop(&dout), drop(&dqkv);
 }
+
+#ifdef GPU_TEST_FLASH_ONLY
+/* The tiled tensor-core attention (bf16 mode, head size 64) against the
+ * CPU's fp32 attention: T = 100 (a partial tile) and 192 (three whole). */
+static void test_flash_attention(int FT, double tol)
+{
+    enum { FB = 2, FC = 128, FNH = 2 };
+    size_t n = (size_t)FB * FT, nlse = (size_t)FB * FNH * FT;
+    buf2 qkv = rnd(n * 3 * FC, -2, 2), out = rnd(n * FC, -1, 1), lse = rnd(nlse, -1, 1);
+    buf2 scr = rnd(KERN_ATT_SCRATCH(FT, FNH), -1, 1);
+    cpu->ops->attention_fwd(cpu, out.c, lse.c, scr.c, qkv.c, FB, FT, FC, FNH);
+    gpu->ops->attention_fwd(gpu, out.g, lse.g, scr.g, qkv.g, FB, FT, FC, FNH);
+    cmp("flash attention_fwd out", &out, tol);
+    cmp("flash attention_fwd lse", &lse, tol);
+    buf2 dout = rnd(n * FC, -1, 1), dqkv = rnd(n * 3 * FC, -1, 1);
+    cpu->ops->attention_bwd(cpu, dqkv.c, scr.c, dout.c, qkv.c, lse.c, out.c, FB, FT, FC, FNH);
+    gpu->ops->attention_bwd(gpu, dqkv.g, scr.g, dout.g, qkv.g, lse.g, out.g, FB, FT, FC, FNH);
+    cmp("flash attention_bwd dqkv (+=)", &dqkv, tol);
+    drop(&qkv), drop(&out), drop(&lse), drop(&scr), drop(&dout), drop(&dqkv);
+}
+#endif
 
 static void test_pointwise(void)
 {
@@ -387,6 +408,23 @@ int main(void)
         return 1;
     printf("GPU %s (sm_%d%d), budget %llu bytes\n", g[0].name, g[0].cc_major, g[0].cc_minor,
            (unsigned long long)gpu->budget);
+#ifdef GPU_TEST_FLASH_ONLY
+    /* EXPERIMENTAL, its own program (gpu_cuda_flash) so that a fault here
+     * cannot take the other kernels' verdicts with it: the tiled bf16
+     * tensor-core attention against the CPU's fp32 attention */
+    if (kern_cuda_set_bf16(gpu, 1, &err) != 0 || kern_cuda_set_flash(gpu, 1, &err) != 0) {
+        fprintf(stderr, "FAIL: bf16 + flash: %s\n", err.msg);
+        return 1;
+    }
+    printf("-- tiled bf16 attention, kern_cuda_flash (tolerance 1e-2)\n");
+    test_flash_attention(100, 1e-2);
+    test_flash_attention(192, 1e-2);
+    check_dev("flash attention");
+    kern_device_close(gpu);
+    kern_device_close(cpu);
+    printf(failures ? "%d check(s) failed\n" : "flash attention checks passed\n", failures);
+    return failures ? 1 : 0;
+#endif
     test_encoder();
     test_layernorm();
     test_matmul(TOL);

@@ -575,7 +575,7 @@ static void test_attention(void **state)
     memcpy(dqkv, base, sizeof dqkv);
     for (size_t i = 0; i < KERN_ATT_SCRATCH(T, NH); i++)
         scratch[i] = -1e30f;
-    d->ops->attention_bwd(d, dqkv, scratch, g, qkv, lse, B, T, C, NH);
+    d->ops->attention_bwd(d, dqkv, scratch, g, qkv, lse, out, B, T, C, NH);
     sub_base(dqkv, base, N * 3 * C);
     fd_check(at_obj, &c, c.qkv, N * 3 * C, dqkv, 1e-4, "attention dqkv");
 }
