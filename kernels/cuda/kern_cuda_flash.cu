@@ -100,7 +100,8 @@ __global__ void __launch_bounds__(NW * 32)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     fwd_smem &sm = *reinterpret_cast<fwd_smem *>(smem_raw);
-    int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    /* the last query tiles see the most keys: start them first */
+    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = lane >> 1, half = lane & 1;
     int q0 = qt * TILE, qi = q0 + warp * 16 + r;
@@ -220,17 +221,18 @@ __global__ void __launch_bounds__(NW * 32)
         for (int c = 0; c < 32; c++)
             sm.ds[rq * LDB + half * 32 + c] = __float2bfloat16_rn(p[c] * (srow[c] - row_d) * scale);
         __syncthreads(); /* every warp's P and dS rows: dK and dV sum over all 64 queries */
-        for (int n = 0; n < 4; n++)
-            for (int kk = 0; kk < 4; kk++) {
-                frag_a_col fpt, fdst; /* P^T, dS^T: keys of this warp x queries kk */
+        for (int kk = 0; kk < 4; kk++) {
+            frag_a_col fpt, fdst; /* P^T, dS^T: keys of this warp x queries kk */
+            wmma::load_matrix_sync(fpt, sm.p + (kk * 16) * LDB + warp * 16, LDB);
+            wmma::load_matrix_sync(fdst, sm.ds + (kk * 16) * LDB + warp * 16, LDB);
+            for (int n = 0; n < 4; n++) {
                 frag_b_row fdo, fq;
-                wmma::load_matrix_sync(fpt, sm.p + (kk * 16) * LDB + warp * 16, LDB);
                 wmma::load_matrix_sync(fdo, sm.dout + (kk * 16) * LDB + n * 16, LDB);
                 wmma::mma_sync(dv[n], fpt, fdo, dv[n]);
-                wmma::load_matrix_sync(fdst, sm.ds + (kk * 16) * LDB + warp * 16, LDB);
                 wmma::load_matrix_sync(fq, sm.q + (kk * 16) * LDB + n * 16, LDB);
                 wmma::mma_sync(dk[n], fdst, fq, dk[n]);
             }
+        }
         /* dQ (this warp's 16 queries) += dS K, added across key tiles */
         mm_ab(sm.acc[warp], sm.ds + warp * 16 * LDB, sm.k, false);
         __syncwarp();
