@@ -103,7 +103,8 @@ if [ -n "$missing" ]; then row "shared libraries" FAIL "$missing"; else row "sha
 
 # --- GPU tests: CUDA vs CPU reference, each on its own with its own limit, so
 # one that hangs (a collective) costs its limit, not the rest of the check
-for exe in "$build"/tests/test_gpu_*; do
+# (the experimental tiled attention last)
+for exe in $(ls "$build"/tests/test_gpu_* | grep -v flash) "$build"/tests/test_gpu_cuda_flash; do
     [ -f "$exe" ] && [ -x "$exe" ] || continue
     t=${exe##*/test_gpu_}
     t0=$SECONDS
