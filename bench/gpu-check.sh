@@ -104,7 +104,7 @@ if [ -n "$missing" ]; then row "shared libraries" FAIL "$missing"; else row "sha
 # --- GPU tests: CUDA vs CPU reference, each on its own with its own limit, so
 # one that hangs (a collective) costs its limit, not the rest of the check
 # (the experimental tiled attention last)
-for exe in $(ls "$build"/tests/test_gpu_* | grep -v flash) "$build"/tests/test_gpu_cuda_flash; do
+for exe in $(ls -d "$build"/tests/test_gpu_* | grep -v flash) "$build"/tests/test_gpu_cuda_flash; do
     [ -f "$exe" ] && [ -x "$exe" ] || continue
     t=${exe##*/test_gpu_}
     t0=$SECONDS
