@@ -460,6 +460,13 @@ static int attention_threads(const kern_device *d, int NH)
     return d->threads < NH ? d->threads : NH;
 }
 
+/* a[T,T] = q k^T for one (sequence, head) view of qkv (row stride 3C) */
+static void qk_scores(float *a, const float *q, int T, int C, int hs)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q, 3 * C, q + C, 3 * C,
+                0.0f, a, T);
+}
+
 static void cpu_attention_fwd(kern_device *d, float *out, float *lse, float *scratch,
                               const float *qkv, int B, int T, int C, int NH)
 {
@@ -471,8 +478,7 @@ static void cpu_attention_fwd(kern_device *d, float *out, float *lse, float *scr
         int b = bh / NH, h = bh % NH;
         const float *q = qkv + (size_t)b * T * ld + h * hs;
         float *a = scratch + 2 * (size_t)omp_get_thread_num() * tt;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q, ld, q + C, ld,
-                    0.0f, a, T);
+        qk_scores(a, q, T, C, hs);
         causal_softmax_rows(a, lse + (size_t)bh * T, T, scale);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, q + 2 * C,
                     ld, 0.0f, out + (size_t)b * T * C + h * hs, C);
@@ -494,8 +500,7 @@ static void cpu_attention_bwd(kern_device *d, float *dqkv, float *scratch, const
         float *dq = dqkv + (size_t)b * T * ld + h * hs;
         float *a = scratch + 2 * (size_t)omp_get_thread_num() * tt, *da = a + tt;
         /* the forward's probabilities, rebuilt */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q, ld, q + C,
-                    ld, 0.0f, a, T);
+        qk_scores(a, q, T, C, hs);
         causal_probs_rows(a, lse + (size_t)bh * T, T, scale);
         /* through out = att v: datt = dout v^T, dv += att^T dout */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, g, C,
