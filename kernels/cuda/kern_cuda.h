@@ -53,7 +53,7 @@ int kern_cuda_set_tf32(kern_device *d, int on, acc_err *err);
  * The bf16 operand copies are device allocations counted in in_use / peak
  * (up to m*T*Vp*2 bytes for the output layer's gradient), grown on first
  * use; failing to grow them is a sticky ACC_EOOM (plan_cuda_bf16_bytes in
- * core/mem_plan.h predicts them). Off by default. It is the device's
+ * core/train/mem_plan.h predicts them). Off by default. It is the device's
  * ops->set_precision, which a job's "precision": "bf16" calls. */
 int kern_cuda_set_bf16(kern_device *d, int on, acc_err *err);
 
