@@ -69,15 +69,10 @@ typedef struct kv_list {
 } kv_list;
 
 static void arm_timer(api_server *s);
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
 static void on_ping(uv_timer_t *t);
+
+
+static void arm_timer(api_server *s);
 
 static void on_poll(uv_poll_t *h, int status, int events)
 {
@@ -375,24 +370,8 @@ static enum MHD_Result kv_add(void *cls, enum MHD_ValueKind kind, const char *ke
     return MHD_YES;
 }
 
-/* The unescaping of the path and the query: %HH, except %00, which stays
- * as it is. MHD hands the path to the handler as a C string: a decoded NUL
- * would cut it short (j000001%00 would name j000001). */
-static size_t unescape(void *cls, struct MHD_Connection *conn, char *s)
-{
-    char *w = s;
-    for (const char *r = s; *r; r++) {
-        int hi, lo;
-        if (r[0] == '%' && (hi = hexval(r[1])) >= 0 && (lo = hexval(r[2])) >= 0 && (hi | lo) != 0) {
-            *w++ = (char)(hi * 16 + lo);
-            r += 2;
-        } else {
-            *w++ = *r;
-        }
-    }
-    *w = '\0';
-    return (size_t)(w - s);
-}
+/* MHD's unescaping of the path and the query pairs: api_unescape(). */
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *s) { return api_unescape(s); }
 
 static void route(api_server *s, struct MHD_Connection *conn, const char *url, const char *method,
                   req_ctx *rc, api_response *resp)

@@ -71,6 +71,11 @@ int api_query_u64(const api_request *in, const char *key, uint64_t max, uint64_t
 /* A request header's value (case-insensitive name), NULL when absent. */
 const char *api_header(const api_request *in, const char *name);
 
+/* Percent-decode `s` in place (%HH), except %00, which stays as it is: the
+ * server hands the path on as a C string, and a decoded NUL would cut it
+ * short (j000001%00 would name j000001). Returns the new length. */
+size_t api_unescape(char *s);
+
 /* `in` (len bytes) as printable text: valid UTF-8 kept, control characters
  * and bytes that are not UTF-8 as \xNN; truncated to fit `n` (always
  * NUL-terminated, never inside an escape or a character). */

@@ -1,6 +1,7 @@
 /* api_routes: the v1 routing table (DESIGN.md "HTTP API v1").
  *
  *   GET  /healthz                    liveness (no token ever)
+ *   (and HEAD wherever GET is)
  *   GET  /metrics                    Prometheus text
  *   GET  /v1/devices                 devices, memory, holder
  *   GET  /v1/jobs[?state=S]          list
