@@ -263,8 +263,14 @@ static void pend_unlink(api_server *s, conn_rec *c)
 {
     if (!c->pending)
         return;
-    if (c->prev) c->prev->next = c->next; else s->pend_head = c->next;
-    if (c->next) c->next->prev = c->prev; else s->pend_tail = c->prev;
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        s->pend_head = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    else
+        s->pend_tail = c->prev;
     c->prev = c->next = NULL;
     c->pending = false;
     s->npending--;
@@ -295,7 +301,10 @@ static void pend_start(api_server *s, conn_rec *c)
     c->headers_done = false;
     c->pending = true;
     c->prev = s->pend_tail;
-    if (s->pend_tail) s->pend_tail->next = c; else s->pend_head = c;
+    if (s->pend_tail != NULL)
+        s->pend_tail->next = c;
+    else
+        s->pend_head = c;
     s->pend_tail = c;
     s->npending++;
     /* the reserve: past the cap, the oldest pending connection makes room */
@@ -441,15 +450,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             cr->headers_done = true;
         api_response early = {.status = 0};
         if (raw_nul(rc, version, &early) || refuse_early(s, conn, url, &early)) {
-            rc->answered = true;
-            if (cr != NULL)
-                pend_unlink(s, cr);
+            rc->answered = true; /* still pending: a body may follow, under request_timeout */
             log_request(method, url, early.status);
             return queue(s, conn, &early);
         }
         return MHD_YES; /* headers only; the body (if any) comes next */
     }
     if (rc->answered) { /* refused from the headers: drop the body */
+        conn_rec *cr = rec_of(conn);
+        if (*upload_size == 0 && cr != NULL)
+            pend_unlink(s, cr);
         *upload_size = 0;
         return MHD_YES;
     }

@@ -3,11 +3,13 @@
 # (a header line a second, or a body byte a second) are held to
 # header_timeout / request_timeout as a whole, and never take every slot:
 # while 150 of them (more than max_connections_per_ip) keep coming back for
-# 10 s, /healthz and a job listing are still answered. Loopback only,
+# 10 s, /healthz and a job listing are still answered (50 slots are kept
+# for clients that have sent their request). Loopback only,
 # bounded: the trickler stops itself after 10 s.
 . "$(dirname "$0")/lib.sh"
 
-acc_start --set max_connections_per_ip=100 --set header_timeout=3 --set request_timeout=5
+acc_start --set max_connections_per_ip=100 --set max_pending_connections=50 --set header_timeout=3 \
+    --set request_timeout=5
 port=${BASE##*:}
 
 # trickle.py PORT N_HEADER N_BODY SECONDS COMEBACK(0/1): slow clients, each
