@@ -735,17 +735,27 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
  * keeps objects in insertion order); arrays add no component. */
 static bool find_real(const json_t *j, double v, const char *prefix, char *path, size_t n)
 {
-    if (json_is_real(j))
-        return json_real_value(j) == v && (snprintf(path, n, "%s", prefix), true);
+    if (json_is_real(j)) {
+        if (json_real_value(j) != v)
+            return false;
+        snprintf(path, n, "%s", prefix ? prefix : "");
+        return true;
+    }
     char f[128];
     if (json_is_array(j)) {
         size_t i;
         json_t *e;
-        json_array_foreach((json_t *)j, i, e) if (find_real(e, v, prefix, path, n)) return true;
+        json_array_foreach((json_t *)j, i, e) {
+            if (find_real(e, v, prefix, path, n))
+                return true;
+        }
     } else if (json_is_object(j)) {
         const char *k;
         json_t *e;
-        json_object_foreach((json_t *)j, k, e) if (find_real(e, v, field(f, sizeof f, prefix, k), path, n)) return true;
+        json_object_foreach((json_t *)j, k, e) {
+            if (find_real(e, v, field(f, sizeof f, prefix, k), path, n))
+                return true;
+        }
     }
     return false;
 }
