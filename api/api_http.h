@@ -10,7 +10,12 @@
  * Before any body is read, the server refuses what it can from the headers
  * alone: 401 without the bearer token (every path but /healthz, when the
  * config requires it) and 413 for a Content-Length over max_body. It counts
- * answers by status code for /metrics. Long-lived event streams
+ * answers by status code for /metrics. A connection must send its whole
+ * request header within header_timeout and its whole request within
+ * request_timeout, counted from its start (or the end of its previous
+ * request), however slowly it trickles; at most max_pending_connections
+ * are still sending (past that the oldest is closed), so a flood of slow
+ * clients never takes the slots of the others. Long-lived event streams
  * (api_stream.c) are suspended MHD connections resumed by their job's event
  * ring: no thread and no polling per watcher.
  */
@@ -30,10 +35,22 @@ struct MHD_Response;
 struct evring;
 typedef struct api_server api_server;
 
+/* A query pair or a header as the client sent it (unescaped), with real
+ * lengths: a NUL inside shows as a length longer than strlen(). */
+typedef struct api_kv {
+    const char *key, *value;     /* value NULL: a bare query key, no '=' */
+    size_t key_len, value_len;
+} api_kv;
+
 typedef struct api_request {
     const char *method;          /* "GET", "POST", ... */
     const char *path;            /* without the query string */
-    struct MHD_Connection *conn; /* for query arguments and headers */
+    size_t path_len;
+    struct MHD_Connection *conn; /* for streams (NULL when fuzzing) */
+    const api_kv *query;         /* query pairs, in order */
+    size_t nquery;
+    const api_kv *headers;
+    size_t nheaders;
     const char *body;            /* NUL-terminated, body_len bytes */
     size_t body_len;
     bool body_too_big;
@@ -69,6 +86,14 @@ void *api_server_app(const api_server *s);
 /* Answers sent with HTTP status `code` since start (100..599). */
 uint64_t api_server_count(const api_server *s, int code);
 const acc_conf *api_server_conf(const api_server *s);
+
+/* Whether requests need the bearer token: require_token, or forced on
+ * because the socket bound is not a loopback address. */
+bool api_server_requires_token(const api_server *s);
+
+/* Connections closed for missing header_timeout / request_timeout or to
+ * keep the reserve (max_pending_connections), since start. */
+uint64_t api_server_evicted(const api_server *s);
 
 /* Run MHD soon (after a connection was resumed outside its callbacks). */
 void api_server_kick(api_server *s);

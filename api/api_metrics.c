@@ -127,6 +127,10 @@ static void http_section(mbuf *b, const api_server *s)
         if (n > 0)
             put(b, "accumd_http_requests_total{code=\"%d\"} %llu\n", code, (unsigned long long)n);
     }
+    head(b, "accumd_http_connections_closed_total", "counter",
+         "Connections closed for sending their request too slowly (header_timeout, request_timeout) "
+         "or to keep a reserve (max_pending_connections).");
+    put(b, "accumd_http_connections_closed_total %llu\n", (unsigned long long)api_server_evicted(s));
 }
 
 char *api_metrics_text(api_server *s, size_t *len)

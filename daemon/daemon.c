@@ -248,7 +248,7 @@ int daemon_init(acc_daemon *d, acc_err *err)
         return rc;
     start_watchdog(d);
     acc_log(ACC_LOG_INFO, "daemon", "accumd listening on %s port %d, state in %s%s", d->conf.listen_host,
-            api_server_port(d->api), d->conf.state_dir, d->conf.require_token ? ", token required" : "");
+            api_server_port(d->api), d->conf.state_dir, api_server_requires_token(d->api) ? ", token required" : "");
     sd_notifyf(0, "READY=1\nSTATUS=listening on %s port %d", d->conf.listen_host, api_server_port(d->api));
     update_status(d);
     return 0;

@@ -53,6 +53,7 @@ static void print_conf(const acc_conf *c)
            "token_file = %s\nrequire_token = %s\ndevices = %s\ncpu_devices = %d\n"
            "cpu_device_memory = %llu\ncpu_threads_per_device = %d\nmax_body = %llu\n"
            "max_connections = %d\nmax_connections_per_ip = %d\nconnection_timeout = %d\n"
+           "header_timeout = %d\nrequest_timeout = %d\nmax_pending_connections = %d\n"
            "shutdown_grace = %d\ncheckpoint_keep = %d\nevent_ring = %d\nlog_level = %s\n"
            "log_file = %s\n",
            c->listen, c->state_dir, c->data_roots, c->output_root, c->token_file,
@@ -60,7 +61,8 @@ static void print_conf(const acc_conf *c)
            c->devices == CONF_DEVICES_AUTO ? "auto" : c->devices == CONF_DEVICES_CUDA ? "cuda" : "cpu",
            c->cpu_devices, (unsigned long long)c->cpu_device_memory, c->cpu_threads_per_device,
            (unsigned long long)c->max_body, c->max_connections, c->max_connections_per_ip,
-           c->connection_timeout, c->shutdown_grace, c->checkpoint_keep, c->event_ring,
+           c->connection_timeout, c->header_timeout, c->request_timeout, c->max_pending_connections,
+           c->shutdown_grace, c->checkpoint_keep, c->event_ring,
            c->log_level, c->log_file);
 }
 

@@ -19,6 +19,16 @@ int job_state_parse(const char *name)
     return -1;
 }
 
+bool job_id_valid(const char *s, size_t len)
+{
+    if (len < 7 || len >= 32 || s[0] != 'j')
+        return false;
+    for (size_t i = 1; i < len; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+    return true;
+}
+
 bool job_state_final(job_state s) { return s == JOB_SUCCEEDED || s == JOB_FAILED || s == JOB_CANCELLED; }
 
 double job_now(void)

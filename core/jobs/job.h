@@ -59,6 +59,9 @@ const char *job_state_name(job_state s);
 /* -1 when the name is unknown. */
 int job_state_parse(const char *name);
 bool job_state_final(job_state s);
+/* The job id grammar: 'j' and 6 to 30 digits ("j000001"), nothing else
+ * (no NUL, no slash): every route and the store check ids with it. */
+bool job_id_valid(const char *s, size_t len);
 
 /* Append a step to the history (grows; ACC_ENOMEM on failure). */
 int job_add_metric(job *j, const job_metric *m, acc_err *err);
