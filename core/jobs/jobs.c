@@ -279,6 +279,10 @@ static int validate(jobs_mgr *m, const char *text, size_t len, job_spec *s, acc_
     sched_devs(m, sd);
     if ((rc = sched_can_ever_fit(sd, m->ndev, s->devices, err)) != 0)
         return rc;
+    if (m->conf->user_max_devices > 0 && s->devices > m->conf->user_max_devices)
+        return acc_err_set(err, ACC_EINVAL, "devices",
+                           "devices %d can never be placed: over user_max_devices %d (devices one user may hold at once)",
+                           s->devices, m->conf->user_max_devices);
     return trainer_check_spec(s, err);
 }
 
@@ -315,6 +319,12 @@ static int persist_new(jobs_mgr *m, job *j, acc_err *err)
 
 int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **out, json_t **plan, acc_err *err)
 {
+    return jobs_submit_as(m, NULL, text, len, dry_run, out, plan, err);
+}
+
+int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len, bool dry_run, job **out,
+                   json_t **plan, acc_err *err)
+{
     job_spec *s = malloc(sizeof *s);
     if (s == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
@@ -340,6 +350,7 @@ int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **o
     free(s);
     j->submit_seq = m->next_submit;
     snprintf(j->id, sizeof j->id, "j%06llu", (unsigned long long)j->submit_seq);
+    snprintf(j->owner, sizeof j->owner, "%s", owner ? owner : "");
     set_output_dir(m, j);
     j->submitted_at = job_now();
     j->cur_micro = j->spec.micro_batch;
@@ -442,6 +453,57 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
     set_state(j, JOB_RUNNING, msg);
 }
 
+/* The owners of the jobs as small indexes for the scheduler: what each
+ * runs and holds now, and when each last had a job start. */
+typedef struct owner_tab {
+    const char **name;
+    int *running, *devices;
+    uint64_t *last;          /* microseconds of the latest started_at */
+    int n;
+} owner_tab;
+
+static int owner_index(owner_tab *t, const char *name)
+{
+    for (int i = 0; i < t->n; i++)
+        if (!strcmp(t->name[i], name))
+            return i;
+    t->name[t->n] = name;
+    t->running[t->n] = t->devices[t->n] = 0;
+    t->last[t->n] = 0;
+    return t->n++;
+}
+
+static void owner_tab_free(owner_tab *t)
+{
+    free(t->name);
+    free(t->running);
+    free(t->devices);
+    free(t->last);
+}
+
+static int owner_tab_build(const jobs_mgr *m, owner_tab *t)
+{
+    size_t n = m->njobs;
+    *t = (owner_tab){.name = calloc(n, sizeof *t->name), .running = calloc(n, sizeof *t->running),
+                     .devices = calloc(n, sizeof *t->devices), .last = calloc(n, sizeof *t->last)};
+    if (t->name == NULL || t->running == NULL || t->devices == NULL || t->last == NULL) {
+        owner_tab_free(t);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const job *j = m->jobs[i];
+        int u = owner_index(t, j->owner);
+        uint64_t started = j->started_at > 0 ? (uint64_t)(j->started_at * 1e6) : 0;
+        if (started > t->last[u])
+            t->last[u] = started;
+        if (j->tr != NULL) { /* holds its devices until its workers end */
+            t->running[u]++;
+            t->devices[u] += j->ndev;
+        }
+    }
+    return 0;
+}
+
 void jobs_schedule(jobs_mgr *m)
 {
     if (m->draining)
@@ -452,23 +514,30 @@ void jobs_schedule(jobs_mgr *m)
     if (nq == 0)
         return;
     sched_req *q = calloc(nq, sizeof *q);
-    if (q == NULL) {
+    owner_tab ot;
+    if (q == NULL || owner_tab_build(m, &ot) != 0) {
+        free(q);
         acc_log(ACC_LOG_ERROR, "sched", "out of memory planning %zu jobs", nq);
         return;
     }
     size_t k = 0;
     for (size_t i = 0; i < m->njobs; i++) {
         job *j = m->jobs[i];
-        if (j->state == JOB_QUEUED)
-            q[k++] = (sched_req){.want = j->spec.devices, .prio = j->spec.priority, .submit = j->submit_seq,
-                                 .job = j};
+        if (j->state != JOB_QUEUED)
+            continue;
+        int u = owner_index(&ot, j->owner);
+        q[k++] = (sched_req){.want = j->spec.devices, .prio = j->spec.priority, .submit = j->submit_seq,
+                             .job = j, .user = u, .user_last = ot.last[u]};
     }
     sched_dev sd[KERN_MAX_DEVICES];
     sched_devs(m, sd);
-    sched_plan(sd, m->ndev, q, (int)nq);
+    sched_limits lim = {.max_running = m->conf->user_max_running, .max_devices = m->conf->user_max_devices,
+                        .nusers = ot.n, .running = ot.running, .devices = ot.devices};
+    sched_plan_users(sd, m->ndev, q, (int)nq, &lim);
     for (size_t i = 0; i < nq; i++)
         if (q[i].start)
             start_job(m, q[i].job, &q[i]);
+    owner_tab_free(&ot);
     free(q);
 }
 
