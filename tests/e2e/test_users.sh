@@ -152,6 +152,16 @@ grep -q "audit: bob (user) cancel $a1: forbidden" "$STATE/daemon.log" || fail "j
 acc_stop
 ok "audit log: all 13 actions in state_dir/audit.log and the journal"
 
+# owners survive a restart (status.json); the audit log is appended to
+acc_start --set users_file="$USERS" --set require_token=true --set cpu_devices=2 --set cpu_device_memory=256M
+expect_eq "owner after a restart" "$(as "$BOB" "$BASE/v1/jobs/$a1" | jq -r .owner)" alice
+expect_eq "bob still may not cancel alice's jobs" "$(code_as "$BOB" DELETE "/v1/jobs/$a2")" 403
+acc_stop
+expect_eq "audit appended after the restart" "$(wc -l <"$STATE/audit.log")" 14
+expect_eq "the first 13 unchanged" "$(head -13 "$STATE/audit.log" | jq -r '"\(.user) \(.role) \(.action) \(.job) \(.result)"' | md5sum)" \
+    "$(md5sum <"$ACC_TMP/audit")"
+ok "owners persist across a restart; the audit log is appended to"
+
 # ---- fair order: one device, a burst of three from each, round robin -------
 keep=$STATE
 STATE=$ACC_TMP/state2
@@ -177,5 +187,5 @@ expect_eq "run order" "$order" "alice bob alice bob alice bob"
 grep -q "anonymous (user) cancel $id: forbidden" "$STATE/daemon.log" || fail "anonymous cancel not audited"
 acc_stop
 # the audit log of the first daemon is still whole (append-only)
-expect_eq "first audit log kept" "$(wc -l <"$keep/audit.log")" 13
+expect_eq "first audit log kept" "$(wc -l <"$keep/audit.log")" 14
 ok "fair order: alice bob alice bob alice bob; anonymous is a plain user; wrong token 401"
