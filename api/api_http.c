@@ -438,6 +438,20 @@ void *api_server_app(const api_server *s) { return s->app; }
 
 api_audit *api_server_audit(api_server *s) { return &s->audit; }
 
+int api_server_reload_users(api_server *s, acc_err *err)
+{
+    if (s == NULL || s->conf->users_file[0] == '\0')
+        return 0;
+    api_users fresh;
+    int rc = api_users_load(s->conf->users_file, &fresh, err);
+    if (rc != 0)
+        return rc; /* the users of before stay */
+    api_users_free(&s->users);
+    s->users = fresh;
+    s->have_users = true;
+    return 0;
+}
+
 void api_server_quiesce(api_server *s)
 {
     if (s == NULL || s->mhd == NULL)

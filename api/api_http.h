@@ -146,6 +146,8 @@ int api_audit_open(api_audit *a, const char *state_dir, acc_err *err);
 void api_audit_close(api_audit *a);
 void api_audit_record(api_audit *a, const api_ident *who, const char *action, const char *job_id,
                       const char *result, const char *message);
+/* Read users_file again (SIGHUP); on an error the old users stay. */
+int api_server_reload_users(api_server *s, acc_err *err);
 /* The server's audit log, for the routes. */
 api_audit *api_server_audit(api_server *s);
 

@@ -10,8 +10,9 @@
  * daemon never stores a user's token, only its hash; `accumd --hash-token`
  * and `accumctl user add` make the lines. Lookup hashes the presented token
  * and compares it with every entry in constant time, so neither the answer
- * nor its time says how close a guess came. The file is read once at start;
- * a bad line stops the start with its line number.
+ * nor its time says how close a guess came. The file is read at start (a
+ * bad line stops the start with its line number) and again on SIGHUP (a
+ * bad file then keeps the users of before).
  */
 #include <ctype.h>
 #include <openssl/evp.h>

@@ -474,7 +474,7 @@ int ctl_cmd_user_add(const ctl *c, const ctl_opts *o, const char *name)
     printf("%s\n%s\n", token, line);
     fprintf(stderr,
             "accumctl: line 1 is %s's token (give it to them: ACCUMD_TOKEN or --token); line 2 %s; "
-            "accumd reads the users file at start\n",
+            "accumd reads the users file at start and on SIGHUP (systemctl reload accumd)\n",
             name, o->users_file ? "was appended to the users file" : "goes into the users file (users_file)");
     return 0;
 }

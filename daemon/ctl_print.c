@@ -304,9 +304,11 @@ void ctl_print_plan(const json_t *plan)
     if (json_is_object(p)) {
         char devs[256];
         fmt_devices(json_object_get(p, "devices"), devs, sizeof devs);
-        printf("placement:  %s on %s (%s), %d queued job(s) before it\n",
+        printf("placement:  %s on %s (%s), %d queued job(s) before it%s\n",
                json_is_true(json_object_get(p, "starts_now")) ? "starts now" : "waits", devs, str(p, "kind", "?"),
-               (int)num(p, "queued_before", 0));
+               (int)num(p, "queued_before", 0),
+               json_is_true(json_object_get(p, "over_user_limit")) ? "; waits for its owner's share (user_max_*)"
+                                                                   : "");
     }
     if (json_is_number(json_object_get(plan, "device_memory_bytes"))) {
         char mem[32], peak[32];

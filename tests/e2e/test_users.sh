@@ -71,6 +71,13 @@ expect_eq "alice's first" "$s" running
 read -r a2 s <<<"$(submit_as "$ALICE" "$SHORT")"
 expect_eq "alice's second waits for her share (a device is free)" "$s" queued
 expect_eq "a free device" "$(as "$ROOT" "$BASE/v1/devices" | jq '[.devices[] | select(.job == null)] | length')" 1
+# the dry run says so, per owner
+plan=$(as "$ALICE" -X POST --data-binary "$SHORT" "$BASE/v1/jobs?dry_run=1")
+jq -e '.placement.starts_now == false and .placement.over_user_limit == true' <<<"$plan" >/dev/null ||
+    fail "alice's dry run: $plan"
+plan=$(as "$BOB" -X POST --data-binary "$SHORT" "$BASE/v1/jobs?dry_run=1")
+jq -e '.placement.starts_now == true and .placement.over_user_limit == false' <<<"$plan" >/dev/null ||
+    fail "bob's dry run: $plan"
 read -r b1 s <<<"$(submit_as "$BOB" "$LONG")"
 expect_eq "bob's first starts on the free device" "$s" running
 expect_eq "owner in the job view" "$(as "$BOB" "$BASE/v1/jobs/$a1" | jq -r .owner)" alice
@@ -178,6 +185,27 @@ expect_eq "anonymous reads" "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/v1/
 expect_eq "anonymous cancels alice's" "$(curl -s -o "$ACC_TMP/body" -w '%{http_code}' -X DELETE "$BASE/v1/jobs/$id")" 403
 grep -q 'you are anonymous (role user)' "$ACC_TMP/body" || fail "anonymous 403: $(cat "$ACC_TMP/body")"
 expect_eq "a wrong token with a users file, even on loopback" "$(code_as "nope$BOB" GET /v1/jobs)" 401
+# a user added while the daemon runs: SIGHUP reads the file again; a bad
+# file then keeps the users of before
+CAROL=$("$ACCUMCTL" user add carol --users-file "$USERS" 2>/dev/null | head -1)
+expect_eq "carol before SIGHUP" "$(code_as "$CAROL" GET /v1/jobs)" 401
+kill -HUP "$ACC_PID"
+for _ in $(seq 1 100); do
+    [ "$(code_as "$CAROL" GET /v1/jobs)" = 200 ] && break
+    sleep 0.05
+done
+expect_eq "carol after SIGHUP" "$(code_as "$CAROL" GET /v1/jobs)" 200
+cp "$USERS" "$ACC_TMP/users.good"
+echo "dave wizard sha256:00" >>"$USERS"
+kill -HUP "$ACC_PID"
+for _ in $(seq 1 100); do
+    grep -q 'users_file not reloaded' "$STATE/daemon.log" && break
+    sleep 0.05
+done
+grep -q "users_file not reloaded, the users of before stay: .*users:6: role must be admin or user" "$STATE/daemon.log" ||
+    fail "bad reload: $(grep auth "$STATE/daemon.log" | tail -2)"
+expect_eq "carol after a bad reload" "$(code_as "$CAROL" GET /v1/jobs)" 200
+cp "$ACC_TMP/users.good" "$USERS"
 expect_eq "the admin cancels the blocker" "$(code_as "$ROOT" DELETE "/v1/jobs/$blocker")" 202
 for j in $(as "$ROOT" "$BASE/v1/jobs" | jq -r '.jobs[] | select(.name | startswith("fair")) | .id'); do
     wait_final "$j"
