@@ -34,6 +34,15 @@ out=$(timeout 30 "$ACCUMD" --set listen=127.0.0.1:0 --set state_dir="$ACC_TMP/ba
     --set users_file="$ACC_TMP/bad.users" 2>&1) && fail "started with a bad users file"
 grep -q "bad.users:2: role must be admin or user, got 'superuser'" <<<"$out" || fail "bad users file: $out"
 
+# the new keys through --check-config
+out=$("$ACCUMD" --set users_file="$USERS" --set user_max_running=2 --set user_max_devices=3 --check-config) ||
+    fail "--check-config with the user keys"
+grep -qx "users_file = $USERS" <<<"$out" && grep -qx 'user_max_running = 2' <<<"$out" &&
+    grep -qx 'user_max_devices = 3' <<<"$out" || fail "check-config: $out"
+out=$("$ACCUMD" --set user_max_running=-1 --check-config 2>&1)
+expect_eq "a negative limit" "$?" 2
+grep -q 'user_max_running must be an integer in \[0,' <<<"$out" || fail "user_max_running=-1: $out"
+
 as() { local t=$1; shift; curl -s -H "Authorization: Bearer $t" "$@"; }
 # submit_as TOKEN SPEC: prints "id state"
 submit_as() {
