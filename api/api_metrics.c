@@ -108,7 +108,7 @@ static void users_section(mbuf *b, const jobs_mgr *m)
 {
     size_t n = m->njobs, nu = 0;
     const char **names = calloc(n ? n : 1, sizeof *names);
-    int *counts = calloc((n ? n : 1) * (JOB_NSTATES + 1), sizeof *counts);
+    int *counts = calloc(n ? n : 1, (JOB_NSTATES + 1) * sizeof *counts); /* calloc checks n * size */
     if (names == NULL || counts == NULL) {
         free(names);
         free(counts);

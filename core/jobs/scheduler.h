@@ -18,6 +18,8 @@
  * starves another's first job. Per-user limits (running jobs, devices at
  * once) hold a job back while its owner is at the limit; such a job waits
  * for its owner's share and does not block the queue of other users.
+ * Backfill still judges which running jobs are "behind" the head by
+ * (priority, submission): running jobs carry no fair-order key.
  */
 #ifndef ACC_SCHEDULER_H
 #define ACC_SCHEDULER_H
