@@ -43,6 +43,9 @@ struct api_server {
     int open_handles;
     bool require_token;    /* conf's, or forced: the bound address is not loopback */
     char token[128];
+    api_users users;       /* from users_file; empty without one */
+    bool have_users;
+    api_audit audit;
     uint64_t counts[600];  /* answers by HTTP status */
     api_stream *streams;
     conn_rec *pend_head, *pend_tail;
@@ -59,6 +62,7 @@ typedef struct req_ctx {
     bool started;    /* the headers were seen */
     const char *raw_uri; /* the request target as read (on_uri), and its strlen then */
     size_t raw_len;
+    api_ident who;
 } req_ctx;
 
 /* The query pairs or headers of a request, with their real lengths. */
@@ -229,13 +233,45 @@ static int body_append(req_ctx *rc, const char *data, size_t n, uint64_t max)
     return 0;
 }
 
+static void set_ident(api_ident *who, const char *name, int role)
+{
+    snprintf(who->name, sizeof who->name, "%s", name);
+    who->role = role;
+}
+
+/* Who asks (see api_http.h); false when the token is missing but required,
+ * or given and nobody's. Without a users file a wrong token on an open
+ * loopback is ignored, as before users existed. */
+static bool identify(api_server *s, struct MHD_Connection *conn, api_ident *who)
+{
+    const char *tok = api_auth_bearer(conn);
+    if (tok != NULL && api_auth_ok(conn, s->token)) {
+        set_ident(who, API_TOKEN_ADMIN, API_ROLE_ADMIN);
+        return true;
+    }
+    const api_user *u = tok != NULL && s->have_users ? api_users_find(&s->users, tok) : NULL;
+    if (u != NULL) {
+        set_ident(who, u->name, u->role);
+        return true;
+    }
+    if (s->require_token || (tok != NULL && s->have_users))
+        return false;
+    set_ident(who, API_ANONYMOUS, s->have_users ? API_ROLE_USER : API_ROLE_ADMIN);
+    return true;
+}
+
 /* What can be refused before reading a body: a missing or wrong token
  * (everything but /healthz), a declared body over max_body. */
-static bool refuse_early(api_server *s, struct MHD_Connection *conn, const char *url, api_response *r)
+static bool refuse_early(api_server *s, struct MHD_Connection *conn, const char *url, api_response *r,
+                         api_ident *who)
 {
-    if (s->require_token && strcmp(url, "/healthz") != 0 && !api_auth_ok(conn, s->token)) {
+    if (strcmp(url, "/healthz") == 0) {
+        set_ident(who, API_ANONYMOUS, API_ROLE_USER);
+    } else if (!identify(s, conn, who)) {
         api_resp_error(r, MHD_HTTP_UNAUTHORIZED, "unauthorized", NULL,
-                       "missing or wrong bearer token (Authorization: Bearer <token from token_file>)");
+                       s->have_users ? "missing or wrong bearer token (Authorization: Bearer <your token, as "
+                                       "listed hashed in users_file>)"
+                                     : "missing or wrong bearer token (Authorization: Bearer <token from token_file>)");
         return true;
     }
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -388,7 +424,7 @@ static void route(api_server *s, struct MHD_Connection *conn, const char *url, c
     kv_list q = {0}, h = {0};
     MHD_get_connection_values_n(conn, MHD_GET_ARGUMENT_KIND, kv_add, &q);
     MHD_get_connection_values_n(conn, MHD_HEADER_KIND, kv_add, &h);
-    api_request req = {.method = method, .path = url, .path_len = strlen(url), .conn = conn,
+    api_request req = {.who = &rc->who, .method = method, .path = url, .path_len = strlen(url), .conn = conn,
                        .query = q.v, .nquery = q.n, .headers = h.v, .nheaders = h.n,
                        .body = rc->body ? rc->body : "", .body_len = rc->len, .body_too_big = rc->too_big};
     if (q.failed || h.failed)
@@ -449,7 +485,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (cr != NULL)
             cr->headers_done = true;
         api_response early = {.status = 0};
-        if (raw_nul(rc, version, &early) || refuse_early(s, conn, url, &early)) {
+        if (raw_nul(rc, version, &early) || refuse_early(s, conn, url, &early, &rc->who)) {
             rc->answered = true; /* still pending: a body may follow, under request_timeout */
             log_request(method, url, early.status);
             return queue(s, conn, &early);
@@ -549,7 +585,20 @@ int api_server_start(api_server **out, uv_loop_t *loop, const acc_conf *conf, vo
     s->loop = loop;
     s->conf = conf;
     s->app = app;
+    s->audit.fd = -1;
     if (api_auth_load(conf, s->token, sizeof s->token, err) != 0) {
+        free(s);
+        return err ? err->code : ACC_EIO;
+    }
+    if (conf->users_file[0] != '\0') {
+        if (api_users_load(conf->users_file, &s->users, err) != 0) {
+            free(s);
+            return err ? err->code : ACC_EINVAL;
+        }
+        s->have_users = true;
+    }
+    if (api_audit_open(&s->audit, conf->state_dir, err) != 0) {
+        api_users_free(&s->users);
         free(s);
         return err ? err->code : ACC_EIO;
     }
@@ -568,6 +617,8 @@ int api_server_start(api_server **out, uv_loop_t *loop, const acc_conf *conf, vo
                               MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
                               MHD_OPTION_END);
     if (s->mhd == NULL) {
+        api_users_free(&s->users);
+        api_audit_close(&s->audit);
         free(s);
         return acc_err_set(err, ACC_EIO, "listen", "cannot listen on %s (address in use or not permitted)",
                            conf->listen);
@@ -586,6 +637,8 @@ int api_server_start(api_server **out, uv_loop_t *loop, const acc_conf *conf, vo
     }
     if (rc != 0) {
         MHD_stop_daemon(s->mhd);
+        api_users_free(&s->users);
+        api_audit_close(&s->audit);
         free(s);
         return acc_err_set(err, ACC_EIO, NULL, "cannot watch the HTTP server: %s", uv_strerror(rc));
     }
@@ -632,6 +685,22 @@ void api_server_kick(api_server *s)
 
 void *api_server_app(const api_server *s) { return s->app; }
 
+api_audit *api_server_audit(api_server *s) { return &s->audit; }
+
+int api_server_reload_users(api_server *s, acc_err *err)
+{
+    if (s == NULL || s->conf->users_file[0] == '\0')
+        return 0;
+    api_users fresh;
+    int rc = api_users_load(s->conf->users_file, &fresh, err);
+    if (rc != 0)
+        return rc; /* the users of before stay */
+    api_users_free(&s->users);
+    s->users = fresh;
+    s->have_users = true;
+    return 0;
+}
+
 void api_server_quiesce(api_server *s)
 {
     if (s == NULL || s->mhd == NULL)
@@ -643,11 +712,18 @@ void api_server_quiesce(api_server *s)
         close(fd);
 }
 
+static void server_free(api_server *s)
+{
+    api_users_free(&s->users);
+    api_audit_close(&s->audit);
+    free(s);
+}
+
 static void on_handle_closed(uv_handle_t *h)
 {
     api_server *s = h->data;
     if (--s->open_handles == 0)
-        free(s);
+        server_free(s);
 }
 
 void api_server_stop(api_server *s)
@@ -667,6 +743,6 @@ void api_server_stop(api_server *s)
         uv_close((uv_handle_t *)&s->ping, on_handle_closed);
         uv_close((uv_handle_t *)&s->reap, on_handle_closed);
     } else {
-        free(s);
+        server_free(s);
     }
 }

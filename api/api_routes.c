@@ -131,7 +131,7 @@ static void route_submit(api_server *s, const api_request *req, const api_call *
         api_resp_error(resp, 400, "invalid", NULL, "empty body: send the job spec as JSON");
         return;
     }
-    if (jobs_submit(m, req->body, req->body_len, dry, &j, &plan, &err) != 0) {
+    if (jobs_submit_as(m, req->who->name, req->body, req->body_len, dry, &j, &plan, &err) != 0) {
         api_resp_from_err(resp, &err);
         return;
     }
@@ -139,6 +139,7 @@ static void route_submit(api_server *s, const api_request *req, const api_call *
         resp_json_obj(resp, 200, plan);
         return;
     }
+    api_audit_record(api_server_audit(s), req->who, "submit", j->id, "ok", j->spec.name);
     snprintf(resp->location, sizeof resp->location, "/v1/jobs/%s", j->id);
     resp_json_obj(resp, 201, job_to_json(j, true, m->devs));
 }
@@ -155,6 +156,8 @@ static void route_events(api_server *s, const api_request *req, const api_call *
         api_resp_error(resp, 500, "internal", NULL, "out of memory");
 }
 
+static void route_cancel(api_server *s, const api_request *req, api_response *resp, job *j);
+
 static void route_job(api_server *s, const api_request *req, const api_call *c, api_response *resp)
 {
     jobs_mgr *m = api_server_app(s);
@@ -169,11 +172,29 @@ static void route_job(api_server *s, const api_request *req, const api_call *c, 
     case API_R_JOB_GET: resp_json_obj(resp, 200, job_to_json(j, true, m->devs)); return;
     default: break;
     }
+    route_cancel(s, req, resp, j);
+}
+
+/* Only the owner or an admin may cancel; everyone may read. */
+static void route_cancel(api_server *s, const api_request *req, api_response *resp, job *j)
+{
+    jobs_mgr *m = api_server_app(s);
+    api_audit *audit = api_server_audit(s);
+    if (req->who->role != API_ROLE_ADMIN && strcmp(req->who->name, j->owner) != 0) {
+        api_resp_error(resp, 403, "forbidden", NULL,
+                       "only the job's owner or an admin may cancel it: job %s is %s's, you are %s (role %s)",
+                       j->id, j->owner[0] ? j->owner : "nobody", req->who->name, api_role_name(req->who->role));
+        api_audit_record(audit, req->who, "cancel", j->id, "forbidden", "not the owner, not an admin");
+        return;
+    }
     acc_err err = {0};
     if (jobs_cancel(m, j, &err) != 0) {
+        api_audit_record(audit, req->who, "cancel", j->id, acc_err_name(err.code), err.msg);
         api_resp_from_err(resp, &err);
         return;
     }
+    api_audit_record(audit, req->who, "cancel", j->id, "ok",
+                     job_state_final(j->state) ? "cancelled while queued" : "stop requested");
     json_t *o = job_to_json(j, false, m->devs);
     if (o != NULL)
         json_object_set_new(o, "cancel_requested", json_true());

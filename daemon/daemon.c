@@ -29,10 +29,13 @@ static void on_signal(uv_signal_t *h, int signum)
 {
     acc_daemon *d = h->data;
     if (signum == SIGHUP) {
+        acc_err e = {0};
         if (log_reopen() != 0)
             acc_log(ACC_LOG_WARN, "daemon", "SIGHUP: cannot reopen the log: %m");
         else
             acc_log(ACC_LOG_INFO, "daemon", "SIGHUP: log reopened");
+        if (api_server_reload_users(d->api, &e) != 0)
+            acc_log(ACC_LOG_ERROR, "auth", "SIGHUP: users_file not reloaded, the users of before stay: %s", e.msg);
         return;
     }
     daemon_stop(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");

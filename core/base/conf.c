@@ -18,7 +18,8 @@ const char *const conf_keys[] = {
     "cpu_threads_per_device", "max_body", "max_connections",
     "max_connections_per_ip", "connection_timeout", "header_timeout",
     "request_timeout", "max_pending_connections", "shutdown_grace",
-    "checkpoint_keep", "event_ring", "log_level", "log_file", NULL,
+    "checkpoint_keep", "event_ring", "log_level", "log_file",
+    "users_file", "user_max_running", "user_max_devices", NULL,
 };
 
 void conf_defaults(acc_conf *c)
@@ -246,6 +247,16 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         snprintf(c->log_file, sizeof c->log_file, "%s", v);
         return 0;
     }
+    if (!strcmp(key, "users_file")) {
+        if (strlen(v) >= sizeof c->users_file)
+            return acc_err_set(err, ACC_EINVAL, key, "users_file is too long");
+        snprintf(c->users_file, sizeof c->users_file, "%s", v);
+        return 0;
+    }
+    if (!strcmp(key, "user_max_running"))
+        return parse_int(key, v, 0, 1 << 20, &c->user_max_running, err);
+    if (!strcmp(key, "user_max_devices"))
+        return parse_int(key, v, 0, 1 << 20, &c->user_max_devices, err);
     return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);
 }
 

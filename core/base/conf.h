@@ -43,6 +43,9 @@ typedef struct acc_conf {
     int event_ring;              /* events kept in memory per job */
     char log_level[16];          /* error | warn | info | debug */
     char log_file[PATH_MAX];     /* "" = stderr (journald); else appended, reopened on SIGHUP */
+    char users_file[PATH_MAX];   /* "" = no users: the token_file's token is the admin */
+    int user_max_running;        /* jobs running at once per user, 0 = no limit */
+    int user_max_devices;        /* devices held at once per user, 0 = no limit */
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;

@@ -99,6 +99,7 @@ json_t *job_to_json(const job *j, bool full, const kern_device_info *devs)
                           "last_event", (json_int_t)(j->ring.next_seq - 1));
     if (o == NULL)
         return NULL;
+    json_object_set_new(o, "owner", j->owner[0] ? json_string(j->owner) : json_null());
     if (j->err_msg[0])
         json_object_set_new(o, "error", json_pack("{s:s, s:s}", "code", j->err_code, "message", j->err_msg));
     else
@@ -112,12 +113,15 @@ json_t *job_to_json(const job *j, bool full, const kern_device_info *devs)
 
 json_t *job_status_json(const job *j)
 {
-    return json_pack("{s:s, s:s, s:I, s:f, s:f, s:f, s:i, s:o, s:i, s:i, s:s, s:s, s:i}", "id", j->id, "state",
+    json_t *o = json_pack("{s:s, s:s, s:I, s:f, s:f, s:f, s:i, s:o, s:i, s:i, s:s, s:s, s:i}", "id", j->id, "state",
                      job_state_name(j->state), "submit_seq", (json_int_t)j->submit_seq, "submitted_at",
                      j->submitted_at, "started_at", j->started_at, "finished_at", j->finished_at, "step", j->step,
                      "loss", j->have_loss ? num_or_null(j->last_loss) : json_null(), "micro_batch", j->cur_micro,
                      "accum_steps", j->cur_accum, "error_code", j->err_code, "error", j->err_msg, "restarts",
                      j->restarts);
+    if (o != NULL && j->owner[0])
+        json_object_set_new(o, "owner", json_string(j->owner));
+    return o;
 }
 
 void job_status_apply(job *j, const json_t *st)
@@ -142,6 +146,7 @@ void job_status_apply(job *j, const json_t *st)
     snprintf(j->err_code, sizeof j->err_code, "%s", json_string_value(json_object_get(st, "error_code")) ?: "");
     snprintf(j->err_msg, sizeof j->err_msg, "%s", json_string_value(json_object_get(st, "error")) ?: "");
     j->restarts = (int)json_integer_value(json_object_get(st, "restarts"));
+    snprintf(j->owner, sizeof j->owner, "%s", json_string_value(json_object_get(st, "owner")) ?: "");
 }
 
 json_t *job_metrics_json(const job *j)

@@ -28,8 +28,11 @@ typedef struct job_metric {
 
 typedef struct jobs_mgr jobs_mgr;
 
+#define JOB_OWNER_MAX 64 /* user names: 1..63 characters */
+
 typedef struct job {
     char id[32];
+    char owner[JOB_OWNER_MAX]; /* who submitted it ("" for jobs from before users) */
     uint64_t submit_seq;
     double submitted_at, started_at, finished_at; /* unix seconds, 0 = not yet */
     job_spec spec;
