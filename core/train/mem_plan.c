@@ -67,26 +67,27 @@ int plan_check_sizes(const job_spec *spec, acc_err *err)
     if (rc != 0)
         return rc;
     int T = spec->model.seq_len, w = spec->devices > 0 ? spec->devices : 1;
+    /* the starting split ("auto": the planner picks among rows whose
+     * saturated sizes cannot fit, so m = 1 is what must be computable) */
     int m0 = spec->micro_batch > 0 ? spec->micro_batch : 1;
     int mmax = spec->train_batch_size / w > m0 ? spec->train_batch_size / w : m0;
-    uint64_t state, acts, host;
+    uint64_t state, acts = 0, host;
     if ((rc = state_bytes(&cfg, &state, err)) != 0)
         return rc;
-    /* the starting split, and the largest the run may move up to */
-    for (int rec = 1; rec >= 0; rec--) { /* stored (rec = 0) last: the largest */
-        if ((rc = model_act_bytes(&cfg, m0, T, rec, &acts, err)) != 0 ||
-            (rc = model_act_bytes(&cfg, mmax, T, rec, &acts, err)) != 0)
-            return rc;
-    }
-    /* host batch buffers: inputs, targets (int) and weights (float) of mmax x T */
-    if (acc_mul_u64(acc_sat_mul_u64((uint64_t)mmax, (uint64_t)T), sizeof(int), &host) ||
-        host > SIZE_MAX / 3)
-        return acc_err_set(err, ACC_EINVAL, "model.seq_len",
-                           "the host batch buffers of %d x %d tokens overflow", mmax, T);
-    uint64_t total;
-    if (acc_add_u64(state, acts, &total))
+    /* both modes: an out-of-memory may switch recomputation on */
+    for (int rec = 1; rc == 0 && rec >= 0; rec--) /* stored (rec = 0) last: the larger */
+        rc = model_act_bytes(&cfg, m0, T, rec, &acts, err);
+    if (rc != 0)
+        return rc;
+    if (acc_add_u64(state, acts, &state))
         return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
                            "a device's bytes overflow 64-bit sizes");
+    /* the trainer's host batch buffers: inputs, targets, weights of the
+     * largest split (mmax x T, 4 bytes each) */
+    if (acc_mul_u64(acc_sat_mul_u64((uint64_t)mmax, (uint64_t)T), 3 * sizeof(int), &host) ||
+        host > SIZE_MAX)
+        return acc_err_set(err, ACC_EINVAL, "train_batch_size",
+                           "the host batch buffers of %d x %d tokens overflow", mmax, T);
     return 0;
 }
 
