@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "adamw.h"
+#include "batch_split.h"
 #include "checked.h"
 #include "trainer.h"
 
@@ -135,24 +136,21 @@ uint64_t plan_usable_bytes(uint64_t budget)
 
 int plan_next_smaller_micro(int per_rank, int m)
 {
-    for (int d = m - 1; d >= 1; d--)
-        if (per_rank % d == 0)
-            return d;
-    return 0;
+    batch_split s = {.B = per_rank, .m = m, .a = 1, .w = 1};
+    return batch_split_smaller_micro(&s);
 }
 
 int plan_next_larger_micro(int per_rank, int m)
 {
-    for (int d = m + 1; d <= per_rank; d++)
-        if (per_rank % d == 0)
-            return d;
-    return 0;
+    batch_split s = {.B = per_rank, .m = m, .a = 1, .w = 1};
+    return batch_split_larger_micro(&s);
 }
 
-static plan_row make_row(const model_config *cfg, const job_spec *spec, int per_rank, int m,
+static plan_row make_row(const model_config *cfg, const job_spec *spec, const batch_split *split,
                          bool recompute, uint64_t usable, kern_dev_kind kind)
 {
-    plan_row r = {.micro_batch = m, .accum_steps = per_rank / m, .recompute = recompute};
+    int m = split->m;
+    plan_row r = {.micro_batch = m, .accum_steps = split->a, .recompute = recompute};
     r.state_bytes = plan_state_bytes(cfg);
     r.act_bytes = plan_act_bytes(cfg, kind, spec->precision, m, spec->model.seq_len, recompute);
     r.peak_bytes = acc_sat_add_u64(r.state_bytes, r.act_bytes); /* UINT64_MAX never fits */
@@ -193,14 +191,17 @@ int plan_candidates_on(const job_spec *spec, kern_dev_kind kind, uint64_t budget
     if (rc != 0)
         return rc;
     int per_rank = spec->train_batch_size / spec->devices;
+    batch_split one, split;
+    if ((rc = batch_split_make(spec->train_batch_size, 1, per_rank, spec->devices, 0, &one, err)) != 0)
+        return rc;
     uint64_t usable = plan_usable_bytes(budget);
     bool rec = spec->activation_checkpointing;
     for (int m = 1; m <= per_rank && *n < max; m++)
-        if (per_rank % m == 0)
-            rows[(*n)++] = make_row(&cfg, spec, per_rank, m, rec, usable, kind);
+        if (batch_split_with_micro(&one, m, &split) == 0)
+            rows[(*n)++] = make_row(&cfg, spec, &split, rec, usable, kind);
     int nmain = *n;
     if (!rec && spec->oom_adapt && *n < max)
-        rows[(*n)++] = make_row(&cfg, spec, per_rank, 1, true, usable, kind);
+        rows[(*n)++] = make_row(&cfg, spec, &one, true, usable, kind);
     *chosen = pick(rows, nmain, *n);
     return 0;
 }
