@@ -219,8 +219,9 @@ const model_family *model_family_by_hf_type(const char *type);
 const model_family *model_family_default(void);
 /* The family of a config (cfg->family, or the default). */
 const model_family *model_family_of(const model_config *cfg);
-/* The registered families' names, "gpt2, llama", for error messages. */
-const char *model_family_names(void);
+/* The registered families' names, "gpt2, llama", into buf[n] (for error
+ * messages); returns buf. */
+const char *model_family_names(char *buf, size_t n);
 /* The i-th registered family (i >= 0), NULL past the last. */
 const model_family *model_family_at(int i);
 
