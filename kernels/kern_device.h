@@ -27,6 +27,25 @@
 
 typedef struct kern_device kern_device;
 
+/* What kern_device_mem_info reports (see there). */
+typedef struct kern_mem_info {
+    uint64_t reserved, free_bytes;
+} kern_mem_info;
+
+/* A model's linear-layer products for some number of tokens, as a backend
+ * sizes its workspace from them: the most elements of any A-side operand
+ * (activations, output gradients: rows x inner) and of any B-side operand
+ * (weights, the weight gradient's input), over forward and backward.
+ * Saturated at UINT64_MAX (checked.h). */
+typedef struct kern_gemm_extent {
+    uint64_t a_elems, b_elems;
+} kern_gemm_extent;
+
+/* A backend's per-micro-batch workspace: two buffers (bytes). */
+typedef struct kern_workspace {
+    uint64_t a_bytes, b_bytes;
+} kern_workspace;
+
 typedef struct kern_ops {
     const char *backend; /* "cpu", "cuda" */
 
@@ -106,6 +125,20 @@ typedef struct kern_ops {
      * void, so the trainer asks once a step. CPU devices never fail here. */
     int (*last_error)(kern_device *d, acc_err *err);
 
+    /* What the device holds beyond the accounting (kern_device_mem_info).
+     * NULL: reserved = in use, free = the budget left. */
+    void (*mem_info)(kern_device *d, kern_mem_info *out);
+    /* The backend's per-micro-batch workspace, beyond the model's own
+     * allocations: for the linear layers' largest operands `e` in bf16 mode
+     * or not, the bytes it will allocate (two buffers, A and B side). A pure
+     * function of its arguments, callable without a device (the planner
+     * reaches it through kern_backend_ops). NULL: no workspace (0, 0). */
+    void (*workspace_size)(const kern_gemm_extent *e, int bf16, kern_workspace *out);
+    /* Allocate that workspace now, exactly (0, 0 frees it), so that an
+     * out-of-memory there is the recoverable kind (ACC_EOOM returned) and it
+     * is accounted before the step runs. NULL: nothing to allocate (0). */
+    int (*workspace_reserve)(kern_device *d, const kern_workspace *w, acc_err *err);
+
     /* Precision of the linear layers: bf16 = 0 (the default after open) is
      * fp32 throughout; bf16 = 1 makes matmul_fwd and matmul_bwd round BOTH
      * operands of each of their products to bf16 (kern_bf16_round:
@@ -120,7 +153,7 @@ typedef struct kern_ops {
      * Called once after open, before any kernel (tests may switch it again
      * between kernels). 0, or an error (ACC_ENOMEM / ACC_EDEVICE) in err.
      * Memory: the CPU backend rounds operand panels into a fixed-size host
-     * scratch (KERN_CPU_BF16_SCRATCH bytes per kernel thread) allocated
+     * scratch (KERN_CPU_BF16_SCRATCH, kern_cpu.h, bytes per kernel thread) allocated
      * here and freed at close -- outside the device budget, like CUDA's
      * cuBLASLt workspace, so the planner's prediction stays exact. The
      * CUDA backend's bf16 operand copies are accounted device allocations
@@ -153,35 +186,27 @@ void kern_device_reset_peak(kern_device *d);
  * still free on the device (CUDA: cudaMemGetInfo, other processes' use
  * included; CPU: the budget left). Cheap enough for once a step; call from
  * the device's own thread. */
-typedef struct kern_mem_info {
-    uint64_t reserved, free_bytes;
-} kern_mem_info;
 void kern_device_mem_info(kern_device *d, kern_mem_info *out);
 
-/* Size the backend's per-micro-batch workspace exactly: on CUDA devices in
- * bf16 the two operand buffers (mem_plan.h plan_cuda_bf16_split; 0, 0
- * frees them), so they are allocated where an out-of-memory is recoverable
- * (ACC_EOOM returned) and accounted before the step runs. A no-op (0)
- * elsewhere: the CPU's bf16 scratch is fixed and outside the budget. */
-int kern_device_bf16_scratch(kern_device *d, uint64_t a_bytes, uint64_t b_bytes, acc_err *err);
+/* The backend's per-micro-batch workspace (kern_ops.workspace_size /
+ * workspace_reserve; both no-ops where the table leaves them NULL): on CUDA
+ * devices in bf16 the two operand buffers, elsewhere none (the CPU's bf16
+ * scratch is fixed and outside the budget). */
+void kern_workspace_size(const kern_ops *ops, const kern_gemm_extent *e, int bf16,
+                         kern_workspace *out);
+int kern_device_workspace_reserve(kern_device *d, const kern_workspace *w, acc_err *err);
+
+/* A backend's ops table without opening a device, for pure queries
+ * (workspace_size): CPU devices get the CPU table; CUDA devices get the
+ * CUDA backend's planning table (kernels/cuda/kern_cuda_plan.c, plain C, in
+ * every build, so a build without CUDA plans for CUDA devices the same
+ * way), whose kernels are NULL. NULL for an unknown kind. */
+const kern_ops *kern_backend_ops(kern_dev_kind kind);
 
 /* Floats of attention scratch: two T x T matrices per head of one sequence
  * (scores / probabilities and their gradient). Independent of B: the
  * sequences go one after another, the heads side by side. */
 #define KERN_ATT_SCRATCH(T, NH) (2 * (size_t)(NH) * (size_t)(T) * (size_t)(T))
-
-/* The CPU backend (kernels/cpu/kern_cpu.c). */
-int kern_cpu_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err);
-
-/* The CPU backend's bf16 products are tiled: KERN_CPU_BF16_TILE x
- * KERN_CPU_BF16_TILE blocks of the output, KERN_CPU_BF16_DEPTH-deep slices
- * of the inner dimension. Its scratch per kernel thread holds the rounded
- * copies of one slice of each operand: two TILE x DEPTH float panels,
- * KERN_CPU_BF16_SCRATCH bytes (1 MiB). Allocated by set_precision(bf16 = 1),
- * host memory outside the budget. */
-#define KERN_CPU_BF16_TILE 512
-#define KERN_CPU_BF16_DEPTH 256
-#define KERN_CPU_BF16_SCRATCH (2u * KERN_CPU_BF16_TILE * KERN_CPU_BF16_DEPTH * sizeof(float))
 
 /* x rounded to the nearest bf16 value (ties to even), returned as the fp32
  * holding it: the upper 16 bits of the result are the bf16 value, the lower

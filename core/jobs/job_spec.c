@@ -17,6 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch_split.h"
+#include "model.h"
+
 #define SPEC_MAX_DEVICES 256
 #define SPEC_MAX_BATCH (1 << 24)
 
@@ -306,7 +309,12 @@ static int parse_model(const json_t *m, const acc_conf *conf, spec_model *out, a
 {
     static const char *const keys[] = {"arch", "n_layer", "n_head", "n_embd", "seq_len", "vocab_size",
                                        "padded_vocab_size", "init_from", NULL};
-    static const char *const archs[] = {"gpt2", NULL};
+    /* one list: the model registry's families (model.h) */
+    const char *archs[16];
+    int na = 0;
+    for (const model_family *f; na < 15 && (f = model_family_at(na)) != NULL; na++)
+        archs[na] = f->name;
+    archs[na] = NULL;
     int rc, arch = 0;
     bool init;
     if ((rc = check_keys(m, "model", keys, err)) || (rc = get_choice(m, "model", "arch", archs, &arch, err)) ||
@@ -579,9 +587,7 @@ static int resolve_batch(const batch_in *b, job_spec *out, acc_err *err)
     long B = b->B.given ? b->B.v : 0, m = b->m.given ? b->m.v : 0, a = b->a.given ? b->a.v : 0;
     out->micro_auto = b->m.is_auto;
     if (B && m && a) {
-        if (B != m * a * w)
-            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
-                               "train_batch_size %ld != %ld * %ld * %d (micro * accum * world)", B, m, a, w);
+        /* all three given: batch_split_make below checks B = m a w */
     } else if (B && m) {
         if (B % (m * w) != 0)
             return acc_err_set(err, ACC_EINVAL, "train_batch_size",
@@ -609,9 +615,13 @@ static int resolve_batch(const batch_in *b, job_spec *out, acc_err *err)
     }
     if (B > SPEC_MAX_BATCH)
         return acc_err_set(err, ACC_EINVAL, "train_batch_size", "train_batch_size %ld is over %d", B, SPEC_MAX_BATCH);
-    out->train_batch_size = (int)B;
-    out->micro_batch = (int)m;
-    out->accum_steps = (int)a;
+    batch_split bs; /* the one rule, B = m a w (batch_split.h) */
+    int rc = batch_split_make((int)B, (int)m, (int)a, w, 0, &bs, err);
+    if (rc != 0)
+        return rc;
+    out->train_batch_size = bs.B;
+    out->micro_batch = bs.m;
+    out->accum_steps = bs.a;
     return 0;
 }
 
@@ -640,13 +650,13 @@ static void set_defaults(job_spec *s)
 
 static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
 {
-    json_t *model, *data, *optim, *lrs, *oom;
+    json_t *jmodel, *data, *optim, *lrs, *oom;
     int rc;
-    if ((rc = get_object(root, NULL, "model", &model, err)) || (rc = get_object(root, NULL, "data", &data, err)) ||
+    if ((rc = get_object(root, NULL, "model", &jmodel, err)) || (rc = get_object(root, NULL, "data", &data, err)) ||
         (rc = get_object(root, NULL, "optimizer", &optim, err)) ||
         (rc = get_object(root, NULL, "lr_schedule", &lrs, err)) || (rc = get_object(root, NULL, "oom", &oom, err)))
         return rc;
-    if (model != NULL && (rc = parse_model(model, conf, &out->model, err)))
+    if (jmodel != NULL && (rc = parse_model(jmodel, conf, &out->model, err)))
         return rc;
     if (data == NULL)
         return acc_err_set(err, ACC_EINVAL, "data", "data is required (at least data.train)");

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kern_device.h"
+#include "kern_cpu.h"
 
 /* Kernels never read floating-point exception flags or errno, so GCC may
  * if-convert float selects (GELU's clamps): without it the GELU loops stay
@@ -774,6 +774,11 @@ static const kern_ops cpu_ops = {
     .last_error = cpu_last_error,
     .set_precision = cpu_set_precision,
 };
+
+const kern_ops *kern_cpu_ops(void)
+{
+    return &cpu_ops;
+}
 
 int kern_cpu_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err)
 {

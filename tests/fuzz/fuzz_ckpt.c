@@ -3,23 +3,25 @@
  * ckpt-00000001/state.safetensors, the rest as model.safetensors. Then what
  * a resume does: ckpt_find_latest over the output directory, ckpt_peek
  * (metadata only), ckpt_load into a tiny model, and what init_from does:
- * ckpt_weights_shape and ckpt_load_weights on the model file. Seeds are
+ * model_gpt2_safetensors_shape and ckpt_load_weights on the model file. Seeds are
  * real checkpoints of that model (make_seeds.c). */
 #include <limits.h>
 #include <stdint.h>
 
 #include "ckpt.h"
+#include "model_gpt2.h"
 #include "fuzz_ckpt_model.h"
 #include "fuzz_io.h"
 
-static model_gpt2 *model;
+static model *fm;
+static adamw *fopt;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    model = fuzz_ckpt_model();
+    fm = fuzz_ckpt_model(&fopt);
     char d[128];
     snprintf(d, sizeof d, "%s/out", fuzz_dir());
     mkdir(d, 0700);
@@ -47,9 +49,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     (void)ckpt_find_latest(out, found, sizeof found, &err);
     (void)ckpt_resolve(out, found, sizeof found, &err);
     (void)ckpt_peek(dir, &st, &err);
-    (void)ckpt_load(dir, model, &st, &err);
+    (void)ckpt_load(dir, fm, fopt, &st, &err);
     int nl, ch, voc, seq;
-    (void)ckpt_weights_shape(mp, &nl, &ch, &voc, &seq, &err);
-    (void)ckpt_load_weights(mp, model, &err);
+    (void)model_gpt2_safetensors_shape(mp, &nl, &ch, &voc, &seq, &err);
+    (void)ckpt_load_weights(mp, fm, &err);
     return 0;
 }

@@ -36,12 +36,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: make_seeds CKPT_CORPUS_DIR SAFETENSORS_CORPUS_DIR\n");
         return 2;
     }
-    model_gpt2 *m = fuzz_ckpt_model();
+    adamw *opt = NULL;
+    model *m = fuzz_ckpt_model(&opt);
     ckpt_state st = {.step = 1, .adam_t = 1, .micro_batch = 1, .accum_steps = 2, .seed = 7};
     char out[128], path[PATH_MAX], p[PATH_MAX + 32];
     acc_err err = {0};
     snprintf(out, sizeof out, "%s/out", fuzz_dir());
-    if (ckpt_save(out, m, &st, "{\"name\":\"seed\"}", 1, path, sizeof path, &err) != 0) {
+    if (ckpt_save(out, m, opt, &st, "{\"name\":\"seed\"}", 1, path, sizeof path, &err) != 0) {
         fprintf(stderr, "make_seeds: %s\n", err.msg);
         return 1;
     }
@@ -62,6 +63,7 @@ int main(int argc, char **argv)
     free(s);
     free(w);
     kern_device *dev = m->dev;
+    adamw_free(opt);
     model_free(m);
     kern_device_close(dev);
     return 0;
