@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "api_ui.h"
 #include "log.h"
 
 #define API_PING_MS 15000 /* keep-alive comment on idle event streams */
@@ -162,6 +163,10 @@ static enum MHD_Result queue(api_server *s, struct MHD_Connection *conn, api_res
         MHD_add_response_header(mr, MHD_HTTP_HEADER_LOCATION, r->location);
     if (r->allow != NULL)
         MHD_add_response_header(mr, MHD_HTTP_HEADER_ALLOW, r->allow);
+    if (r->etag != NULL)
+        MHD_add_response_header(mr, MHD_HTTP_HEADER_ETAG, r->etag);
+    if (r->cache_control != NULL)
+        MHD_add_response_header(mr, MHD_HTTP_HEADER_CACHE_CONTROL, r->cache_control);
     if (r->status == MHD_HTTP_UNAUTHORIZED)
         MHD_add_response_header(mr, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"accumd\"");
     count(s, r->status);
@@ -193,10 +198,11 @@ static int body_append(req_ctx *rc, const char *data, size_t n, uint64_t max)
 }
 
 /* What can be refused before reading a body: a missing or wrong token
- * (everything but /healthz), a declared body over max_body. */
+ * (everything but /healthz and the dashboard's static files, which hold no
+ * data: api_ui.h), a declared body over max_body. */
 static bool refuse_early(api_server *s, struct MHD_Connection *conn, const char *url, api_response *r)
 {
-    if (s->conf->require_token && strcmp(url, "/healthz") != 0 && !api_auth_ok(conn, s->token)) {
+    if (s->conf->require_token && strcmp(url, "/healthz") != 0 && !ui_path(url) && !api_auth_ok(conn, s->token)) {
         api_resp_error(r, MHD_HTTP_UNAUTHORIZED, "unauthorized", NULL,
                        "missing or wrong bearer token (Authorization: Bearer <token from token_file>)");
         return true;

@@ -11,6 +11,7 @@
  *   GET  /v1/jobs/{id}/events        SSE (or ?format=ndjson), resumable by
  *                                    Last-Event-ID or ?since=N
  *   GET  /v1/jobs/{id}/metrics       step history
+ *   GET  /, /ui/...                  the dashboard's static files (api_ui.c)
  *
  * The app pointer of the server is the jobs manager. Handlers run on the
  * loop thread and never block.
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "api_http.h"
+#include "api_ui.h"
 #include "jobs.h"
 
 static void resp_json_obj(api_response *resp, int status, json_t *o)
@@ -287,6 +289,8 @@ void api_route(api_server *s, const api_request *req, api_response *resp)
             method_not_allowed(req, resp, "GET, POST");
     } else if (!strncmp(p, "/v1/jobs/", 9)) {
         route_job(s, req, resp, p + 9);
+    } else if (ui_path(p)) {
+        ui_route(req, resp);
     } else {
         api_resp_error(resp, 404, "not_found", NULL, "no route for %s %s", req->method, req->path);
     }
