@@ -308,7 +308,10 @@
       const [jr, dr] = await Promise.all([apiJSON('/v1/jobs'), apiJSON('/v1/devices')]);
       if (!jr.ok) { setStatus('jobs: HTTP ' + jr.status, true); return; }
       const jobs = jr.body.jobs.slice().reverse(); /* newest first */
-      const steps = await Promise.all(jobs.map((j) => (j.state === 'queued' ? null : latestStep(j))));
+      /* tokens/s: the running jobs' newest step each poll, the others' once */
+      const steps = [];
+      for (let i = 0; i < jobs.length; i += 4)
+        steps.push(...await Promise.all(jobs.slice(i, i + 4).map((j) => (j.state === 'queued' ? null : latestStep(j)))));
       tbody.replaceChildren(...(jobs.length ? jobs.map((j, i) => jobRow(j, steps[i]))
         : [el('tr', {}, el('td', { colspan: 10, class: 'empty' }, 'No jobs yet. Submit one.'))]));
       $('#jobs-count').textContent = `${jobs.length} job${jobs.length === 1 ? '' : 's'}`;
@@ -435,7 +438,7 @@
       grad: makeChart('grad', chartsBox, 'Gradient norm', [{ label: 'grad norm', stroke: COLORS[3], width: 1.5, value: (u, v) => fmtNum(v, 3) }], mo),
       tps: makeChart('tps', chartsBox, 'Tokens / s', [{ label: 'tokens/s', stroke: COLORS[5], width: 1.5, value: (u, v) => fmtRate(v) }],
         Object.assign({ yAxis: { values: (u, vs) => vs.map(fmtRate) } }, mo)),
-      mem: makeChart('mem', chartsBox, 'Device memory (log scale): in use, peak (dashed), budget',
+      mem: makeChart('mem', chartsBox, 'Device memory: in use, peak (dashed), budget (log scale)',
         [].concat(...devNames.map((n, i) => [
           { label: n + ' in use', stroke: COLORS[i % COLORS.length], width: 1.5, value: (u, v) => fmtBytes(v) },
           { label: n + ' peak', stroke: COLORS[i % COLORS.length], dash: [6, 4], width: 1, value: (u, v) => fmtBytes(v) }]),
@@ -505,7 +508,7 @@
           touch();
           return;
         case 'oom_adjust':
-          markers.push({ kind: 'oom_adjust', step: ev.step });
+          markers.push({ kind: 'oom_adjust', step: ev.step + 1 }); /* step: the 0-based step that ran out */
           logLine(ev, `out of memory at step ${ev.step}: ${split(ev.from)} -> ${split(ev.to)}${ev.recompute ? ' (recompute)' : ''}, asked ${fmtBytes(ev.bytes_asked)}, free ${fmtBytes(ev.bytes_free)}`);
           touch();
           return;
