@@ -438,7 +438,7 @@
       grad: makeChart('grad', chartsBox, 'Gradient norm', [{ label: 'grad norm', stroke: COLORS[3], width: 1.5, value: (u, v) => fmtNum(v, 3) }], mo),
       tps: makeChart('tps', chartsBox, 'Tokens / s', [{ label: 'tokens/s', stroke: COLORS[5], width: 1.5, value: (u, v) => fmtRate(v) }],
         Object.assign({ yAxis: { values: (u, vs) => vs.map(fmtRate) } }, mo)),
-      mem: makeChart('mem', chartsBox, 'Device memory: in use, peak (dashed), budget (log scale)',
+      mem: makeChart('mem', chartsBox, 'Device memory vs budget (log scale)',
         [].concat(...devNames.map((n, i) => [
           { label: n + ' in use', stroke: COLORS[i % COLORS.length], width: 1.5, value: (u, v) => fmtBytes(v) },
           { label: n + ' peak', stroke: COLORS[i % COLORS.length], dash: [6, 4], width: 1, value: (u, v) => fmtBytes(v) }]),
@@ -486,7 +486,7 @@
 
     function logLine(ev, text) {
       const t = ev.time ? ev.time.slice(11, 23) : '';
-      logBox.append(el('div', { class: ev.type + (ev.state === 'failed' ? ' failed' : '') }, el('span', { class: 't' }, t + ' '), text));
+      logBox.append(el('div', { class: 'ev-' + ev.type + (ev.state === 'failed' ? ' ev-failed' : '') }, el('span', { class: 't' }, t + ' '), text));
       while (logBox.childNodes.length > LOG_MAX) logBox.firstChild.remove();
       if (logBox.scrollHeight - logBox.scrollTop - logBox.clientHeight < 80) logBox.scrollTop = logBox.scrollHeight;
     }
