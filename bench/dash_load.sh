@@ -51,7 +51,7 @@ state() { curl -s "$B/v1/jobs/$1" | jq -r .state; }
 wait_done() { while case $(state "$1") in running|queued) true;; *) false;; esac; do sleep 0.2; done; }
 step_time() { # seconds per step from the run's median tokens/s
     curl -s "$B/v1/jobs/$1/metrics" |
-        jq '(.steps | map(.tokens_per_s) | sort | .[length / 2 | floor]) as $t | 16 * 128 / $t'
+        jq '(.steps | map(.tokens_per_s) | sort | .[length / 2 | floor]) as $t | 16 * 128 / $t * 10000 | round / 10000'
 }
 # one emulated job page: the stream, and the job polled every 2 s
 fake_page() {
