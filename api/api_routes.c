@@ -263,6 +263,10 @@ static void route_job(api_server *s, const api_request *req, api_response *resp,
 
 void api_route(api_server *s, const api_request *req, api_response *resp)
 {
+    if (ui_path(req->path)) { /* the dashboard's static files (api_ui.c) */
+        ui_route(req, resp);
+        return;
+    }
     const char *p = req->path;
     bool get = is_method(req, "GET") || is_method(req, "HEAD");
     if (!strcmp(p, "/healthz")) {
@@ -289,8 +293,6 @@ void api_route(api_server *s, const api_request *req, api_response *resp)
             method_not_allowed(req, resp, "GET, POST");
     } else if (!strncmp(p, "/v1/jobs/", 9)) {
         route_job(s, req, resp, p + 9);
-    } else if (ui_path(p)) {
-        ui_route(req, resp);
     } else {
         api_resp_error(resp, 404, "not_found", NULL, "no route for %s %s", req->method, req->path);
     }

@@ -455,7 +455,7 @@
     let dirty = false, timer = null;
     function redraw() {
       timer = null;
-      if (!dirty) return;
+      if (!dirty || document.hidden) return; /* a hidden tab draws when shown */
       dirty = false;
       const col = (f) => steps.map((s) => { const v = f(rec.get(s)); return v == null ? null : v; });
       charts.loss.setData([steps.slice(), col((r) => r.loss), col((r) => r.val_loss)]);
@@ -475,6 +475,9 @@
       if (!timer) timer = setTimeout(redraw, 200);
     }
     cleanups.push(() => clearTimeout(timer));
+    const onVisible = () => { if (!document.hidden && dirty) touch(); };
+    document.addEventListener('visibilitychange', onVisible);
+    cleanups.push(() => document.removeEventListener('visibilitychange', onVisible));
 
     /* the history first (the ring may not hold the oldest steps) */
     if (mr.ok) {
