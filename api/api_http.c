@@ -167,6 +167,10 @@ static enum MHD_Result queue(api_server *s, struct MHD_Connection *conn, api_res
         MHD_add_response_header(mr, MHD_HTTP_HEADER_ETAG, r->etag);
     if (r->cache_control != NULL)
         MHD_add_response_header(mr, MHD_HTTP_HEADER_CACHE_CONTROL, r->cache_control);
+    if (r->csp != NULL) {
+        MHD_add_response_header(mr, "Content-Security-Policy", r->csp);
+        MHD_add_response_header(mr, "X-Content-Type-Options", "nosniff");
+    }
     if (r->status == MHD_HTTP_UNAUTHORIZED)
         MHD_add_response_header(mr, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"accumd\"");
     count(s, r->status);

@@ -6,6 +6,11 @@
 #include <string.h>
 
 #define UI_INDEX "/ui/index.html"
+/* the page loads and talks only to this daemon, and is never framed (its
+ * cancel button cannot be clickjacked) */
+#define UI_CSP                                                                                     \
+    "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; " \
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 bool ui_path(const char *path)
 {
@@ -56,6 +61,7 @@ static void ui_body(api_response *resp, int status, const ui_asset *a, size_t le
     resp->body_len = len;
     resp->etag = a->etag;
     resp->cache_control = "no-cache";
+    resp->csp = UI_CSP;
 }
 
 void ui_route(const api_request *req, api_response *resp)

@@ -5,7 +5,9 @@
  * at build time by api/ui_embed.py; nothing is read from disk at run time.
  * Answers carry the file's Content-Type, a strong ETag and
  * "Cache-Control: no-cache" (a browser revalidates and gets 304 while the
- * daemon's build is the same). These paths need no bearer token: they are
+ * daemon's build is the same), a Content-Security-Policy that lets the page
+ * load and fetch from this daemon only and never be framed, and nosniff.
+ * These paths need no bearer token: they are
  * the same files for everyone and hold no job data; the page asks for the
  * token when the API answers 401.
  */

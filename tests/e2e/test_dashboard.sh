@@ -50,6 +50,8 @@ TOKEN=$(cat "$STATE/token")
 h=$(curl -s -D - -o "$ACC_TMP/index" "$BASE/")
 echo "$h" | grep -q '^HTTP/1.1 200' || fail "GET /: $h"
 echo "$h" | grep -qi '^Content-Type: text/html; charset=utf-8' || fail "GET / type: $h"
+echo "$h" | grep -qi "^Content-Security-Policy: default-src 'none'; script-src 'self';" || fail "GET / CSP: $h"
+echo "$h" | grep -qi '^X-Content-Type-Options: nosniff' || fail "GET / nosniff: $h"
 grep -q '<script src="/ui/app.js">' "$ACC_TMP/index" || fail "GET / is not the dashboard"
 cmp -s "$ACC_TMP/index" "$ACCUMD_SRC/api/ui/index.html" || fail "GET / differs from api/ui/index.html"
 for f in app.js:text/javascript app.css:text/css vendor/uplot/uPlot.iife.min.js:text/javascript vendor/uplot/uPlot.min.css:text/css; do

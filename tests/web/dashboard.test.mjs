@@ -4,16 +4,18 @@
 // Checked, each against the API read here independently:
 //  - the token is asked (a wrong one is asked again), kept in sessionStorage,
 //    not asked after a reload;
-//  - the list shows the long job running (with tokens/s) and the finished one;
+//  - the list shows the long job running (with tokens/s, its step moving on)
+//    and the finished one; the devices page shows both devices held by it;
 //  - the job page's loss chart gains points as steps arrive, at the losses of
 //    /v1/jobs/{id}/metrics; eval points; the memory chart's budget line is the
 //    devices' memory_total_bytes and the in-use lines lie under it; the
 //    out-of-memory and checkpoint events are marked;
-//  - a bad spec's 400 message is shown next to the line of the field it
-//    names; a good spec shows the plan, then is submitted from the page;
+//  - a bad spec (uploaded as a file) has its 400 message shown under the line
+//    of the field it names; a good spec shows the plan, then is submitted;
 //  - cancel asks first ("keep running" sends nothing), then cancels.
 // Screenshots: $ART/dashboard-job.png, $ART/dashboard-list.png. Errors in
-// the page fail the test (bar the 401 and 400 answers it provokes).
+// the page fail the test (bar the 401 and 400 answers it provokes), a
+// breach of the page's Content-Security-Policy included.
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -69,7 +71,30 @@ try {
   assert.match(cells[4], /^\d+ \/ 1000000$/, 'step / max_steps');
   assert.equal(cells[7], '4 × 2 × 2', 'split after the OOM adjustment');
   assert.equal(cells[8], 'cpu0, cpu1');
-  ok(`list: ${env.JOB} running (${cells[4]}, ${cells[6]} tokens/s, split ${cells[7]}), ${env.DONE_JOB} succeeded`);
+  await page.waitForFunction(([id, before]) => {
+    const td = document.querySelector(`tr[data-job="${id}"] td:nth-child(5)`);
+    return td && td.textContent !== before;
+  }, [env.JOB, cells[4]]);
+  const later = await longRow.locator('td').nth(4).textContent();
+  assert.ok(parseInt(later, 10) > parseInt(cells[4], 10), `the list's step moves on: ${cells[4]} -> ${later}`);
+  ok(`list: ${env.JOB} running (${cells[4]} -> ${later}, ${cells[6]} tokens/s, split ${cells[7]}), ${env.DONE_JOB} succeeded`);
+
+  // ---- the devices page: both devices held by the long job, memory as the API says
+  await page.click('a[data-nav="devices"]');
+  const units = { B: 1, KiB: 1024, MiB: 1024 ** 2, GiB: 1024 ** 3 };
+  const bytes = (t) => { const [n, u] = t.split(' '); return Number(n) * units[u]; };
+  const apiDevs = (await api('/v1/devices')).body.devices;
+  for (const d of apiDevs) {
+    const row = page.locator(`#devices tr[data-device="${d.name}"]`);
+    await row.waitFor();
+    const c = await row.locator('td').allTextContents();
+    assert.equal(c[2], env.JOB, `${d.name} held by the long job`);
+    assert.ok(Math.abs(bytes(c[8]) - d.memory_total_bytes) < 0.01 * d.memory_total_bytes, `${d.name} total ${c[8]}`);
+    assert.ok(bytes(c[4]) > 0 && bytes(c[4]) <= bytes(c[8]), `${d.name} in use ${c[4]}`);
+  }
+  await page.click('a[data-nav="jobs"]');
+  await longRow.waitFor();
+  ok('devices page: both devices held by the long job');
 
   // ---- the job page: live charts
   await page.click(`a[href="#/job/${env.JOB}"]`);
@@ -122,7 +147,8 @@ try {
     optimizer: { type: 'adamw', lr: 'fast' } }, null, 2);
   const want = (await api('/v1/jobs?dry_run=1', { method: 'POST', body: bad })).body.error;
   assert.equal(want.field, 'optimizer.lr');
-  await page.fill('#spec', bad);
+  await page.setInputFiles('#spec-file', { name: 'bad.json', mimeType: 'application/json', buffer: Buffer.from(bad) });
+  await page.waitForFunction((t) => document.querySelector('#spec').value === t, bad);
   await page.click('#check');
   const fe = page.locator('li.at-fault .field-error[data-field="optimizer.lr"]');
   await fe.waitFor();
@@ -130,7 +156,7 @@ try {
   const line = bad.split('\n').findIndex((l) => l.includes('"lr"')) + 1;
   assert.equal(await page.locator('li.at-fault').getAttribute('data-line'), String(line));
   assert.equal(await page.locator('#submit').isDisabled(), true, 'submit stays off after a failed check');
-  ok(`bad spec: "${want.message}" shown under line ${line} ("lr")`);
+  ok(`bad spec (uploaded): "${want.message}" shown under line ${line} ("lr")`);
 
   const good = JSON.stringify({ name: 'from-the-page', model: { n_layer: 1, n_head: 2, n_embd: 32, seq_len: 32, vocab_size: 256 },
     data: { train: 'gpl.txt' }, train_batch_size: 8, train_micro_batch_size_per_gpu: 2, devices: 2, max_steps: 1000000 }, null, 2);
