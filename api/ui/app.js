@@ -278,6 +278,7 @@
   function leaveView() {
     for (const f of cleanups) { try { f(); } catch (e) { /* ignore */ } }
     cleanups = [];
+    setStatus('');
     for (const k of Object.keys(hook.charts)) delete hook.charts[k];
     hook.markers = [];
   }

@@ -13,7 +13,7 @@
 //  - a bad spec (uploaded as a file) has its 400 message shown under the line
 //    of the field it names; a good spec shows the plan, then is submitted;
 //  - cancel asks first ("keep running" sends nothing), then cancels.
-// Screenshots: $ART/dashboard-job.png, $ART/dashboard-list.png. Errors in
+// Screenshots: $ART/dashboard-{job,list,submit}.png. Errors in
 // the page fail the test (bar the 401 and 400 answers it provokes), a
 // breach of the page's Content-Security-Policy included.
 import assert from 'node:assert/strict';
@@ -156,6 +156,7 @@ try {
   const line = bad.split('\n').findIndex((l) => l.includes('"lr"')) + 1;
   assert.equal(await page.locator('li.at-fault').getAttribute('data-line'), String(line));
   assert.equal(await page.locator('#submit').isDisabled(), true, 'submit stays off after a failed check');
+  await page.screenshot({ path: path.join(env.ART, 'dashboard-submit.png'), clip: { x: 0, y: 0, width: 1400, height: 660 } });
   ok(`bad spec (uploaded): "${want.message}" shown under line ${line} ("lr")`);
 
   const good = JSON.stringify({ name: 'from-the-page', model: { n_layer: 1, n_head: 2, n_embd: 32, seq_len: 32, vocab_size: 256 },
@@ -179,7 +180,8 @@ try {
   await longRow.waitFor();
   await page.locator(`tr[data-job="${env.DONE_JOB}"][data-state="succeeded"]`).waitFor();
   await page.locator('#devices tr[data-device="cpu1"]').waitFor();
-  await page.screenshot({ path: path.join(env.ART, 'dashboard-list.png'), fullPage: true });
+  const bottom = await hook(() => Math.ceil(document.querySelector('main').getBoundingClientRect().bottom));
+  await page.screenshot({ path: path.join(env.ART, 'dashboard-list.png'), clip: { x: 0, y: 0, width: 1400, height: Math.min(1000, bottom) } });
   ok('list: succeeded, running, queued; devices panel');
 
   // ---- cancel, with a confirmation
