@@ -136,8 +136,9 @@
 
   /* Read a job's event stream (SSE over fetch) and call onEvent(type, obj)
    * for each event; resumes after the last id on a dropped connection and
-   * returns after the `done` event or when `signal` aborts. */
-  async function streamEvents(id, onEvent, signal, onState) {
+   * returns after the `done` event, when a stream ends and isOver() says the
+   * job is final, or when `signal` aborts. */
+  async function streamEvents(id, onEvent, signal, onState, isOver) {
     let lastId = null;
     while (!signal.aborted) {
       const q = lastId != null ? `?since=${lastId}` : '';
@@ -191,7 +192,9 @@
       } finally {
         hook.streams--;
       }
-      if (sawDone) { onState('finished'); return; }
+      /* no `done`: the connection dropped, or the job was final before this
+       * daemon started (its ring holds nothing to end with) */
+      if (sawDone || (await isOver().catch(() => false))) { onState('finished'); return; }
       onState('reconnecting');
       await sleep(1000);
     }
@@ -547,7 +550,8 @@
 
     const ctl = new AbortController();
     cleanups.push(() => ctl.abort());
-    streamEvents(id, onEvent, ctl.signal, (s) => setStatus('events: ' + s, s !== 'live' && s !== 'finished'));
+    streamEvents(id, onEvent, ctl.signal, (s) => setStatus('events: ' + s, s !== 'live' && s !== 'finished'),
+      async () => { const r = await apiJSON('/v1/jobs/' + encodeURIComponent(id)); return r.ok && isFinal(r.body.state); });
     /* the job's own view for what the stream does not carry (finish time, error) */
     every(POLL_MS, async () => {
       const r = await apiJSON('/v1/jobs/' + encodeURIComponent(id));
