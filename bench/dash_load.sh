@@ -9,8 +9,10 @@
 #    every 2 s, /metrics and /devices once), and, with BROWSER_PAGES=1, with
 #    20 real job pages in headless Chromium on this same machine (then the
 #    browser's own CPU time, 5 charts redrawn per page per step, is in the
-#    figure: on a 2-core host it swamps the training); runs alternate,
-#    median tokens/s of each run;
+#    figure: on a 2-core host it swamps the training); runs alternate;
+#    for each run the step time (from its median tokens/s) and the daemon's
+#    CPU time per step (/proc/PID/stat, user + system), which a busy host
+#    disturbs far less than the wall-clock step time;
 # 2. the time from POST /v1/jobs to the new job's row in an open job list
 #    (headless Chromium, the page polls every 2 s), 10 submissions.
 # The browser parts need node, chromium and playwright-core (installed as
@@ -49,6 +51,9 @@ job() { # NAME STEPS
 submit() { curl -s -X POST --data-binary "$(job "$1" "$2")" "$B/v1/jobs" | jq -r .id; }
 state() { curl -s "$B/v1/jobs/$1" | jq -r .state; }
 wait_done() { while case $(state "$1") in running|queued) true;; *) false;; esac; do sleep 0.2; done; }
+# the daemon's CPU time so far (user + system, clock ticks): unlike the step
+# time, it hardly depends on what else the machine runs
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$pid/stat"; }
 step_time() { # seconds per step from the run's median tokens/s
     curl -s "$B/v1/jobs/$1/metrics" |
         jq '(.steps | map(.tokens_per_s) | sort | .[length / 2 | floor]) as $t | 16 * 128 / $t * 10000 | round / 10000'
@@ -89,7 +94,11 @@ run() { # KIND NAME
         for _ in $(seq 1 1200); do [ -f "$tmp/ready" ] && break; sleep 0.1; done ;;
     esac
     curl -s -o /dev/null -X DELETE "$B/v1/jobs/$blk"
+    while [ "$(state "$j")" = queued ]; do sleep 0.05; done
+    local c0 c1
+    c0=$(cpu_ticks)
     wait_done "$j"
+    c1=$(cpu_ticks)
     if [ "$1" = pages ]; then
         wait "${bg[@]}"
         bg=()
@@ -97,7 +106,8 @@ run() { # KIND NAME
         [ "$live" = "$PAGES" ] || echo "warning: only $live of $PAGES pages got steps" >&2
     fi
     stop_bg
-    step_time "$j"
+    echo "$(step_time "$j") $(awk -v a="$c0" -v b="$c1" -v n="$STEPS" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN { printf "%.4f", (b - a) / hz / n }')"
 }
 declare -A t
 for round in 1 2; do
@@ -106,13 +116,22 @@ for round in 1 2; do
     if [ "${BROWSER_PAGES:-0}" = 1 ] && [ $browser = yes ]; then t[pages$round]=$(run pages "pages$round"); fi
 done
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.1f%%", (b / a - 1) * 100 }'; }
-echo "| run ($STEPS steps, B=16, 2x128 GPT-2, 1 CPU device) | round 1 s/step | round 2 s/step | vs none (1, 2) |"
-echo "|---|---|---|---|"
-echo "| no job page open | ${t[none1]} | ${t[none2]} | |"
-echo "| $PAGES emulated job pages (curl: SSE + GET every 2 s) | ${t[curl1]} | ${t[curl2]} | $(pct "${t[none1]}" "${t[curl1]}"), $(pct "${t[none2]}" "${t[curl2]}") |"
-if [ -n "${t[pages1]:-}" ]; then
-    echo "| $PAGES job pages in headless Chromium (same machine) | ${t[pages1]} | ${t[pages2]} | $(pct "${t[none1]}" "${t[pages1]}"), $(pct "${t[none2]}" "${t[pages2]}") |"
-fi
+f1() { echo "${1%% *}"; }   # step time of a "step_time cpu_per_step" pair
+f2() { echo "${1##* }"; }   # CPU seconds per step
+row() { # LABEL KIND
+    local a=${t[${2}1]} b=${t[${2}2]}
+    if [ "$2" = none ]; then
+        echo "| $1 | $(f1 "$a") | $(f1 "$b") | | $(f2 "$a") | $(f2 "$b") | |"
+    else
+        echo "| $1 | $(f1 "$a") | $(f1 "$b") | $(pct "$(f1 "${t[none1]}")" "$(f1 "$a")"), $(pct "$(f1 "${t[none2]}")" "$(f1 "$b")") |" \
+             "$(f2 "$a") | $(f2 "$b") | $(pct "$(f2 "${t[none1]}")" "$(f2 "$a")"), $(pct "$(f2 "${t[none2]}")" "$(f2 "$b")") |"
+    fi
+}
+echo "| run ($STEPS steps, B=16, 2x128 GPT-2, 1 CPU device) | s/step, round 1 | round 2 | vs none | daemon CPU s/step, round 1 | round 2 | vs none |"
+echo "|---|---|---|---|---|---|---|"
+row "no job page open" none
+row "$PAGES emulated job pages (curl: SSE + GET every 2 s)" curl
+if [ -n "${t[pages1]:-}" ]; then row "$PAGES job pages in headless Chromium (same machine)" pages; fi
 if [ $browser = yes ]; then
     ms=$(BASE=$B PW=$PW MODE=list N=10 SPEC="$(job listed 1)" node "$SRC/bench/dash_bench.mjs")
     echo
