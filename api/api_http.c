@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "api_parse.h"
+#include "api_ui.h"
 #include "log.h"
 
 #define API_PING_MS 15000 /* keep-alive comment on idle event streams */
@@ -203,6 +204,14 @@ static enum MHD_Result queue(api_server *s, struct MHD_Connection *conn, api_res
         MHD_add_response_header(mr, MHD_HTTP_HEADER_LOCATION, r->location);
     if (r->allow != NULL)
         MHD_add_response_header(mr, MHD_HTTP_HEADER_ALLOW, r->allow);
+    if (r->etag != NULL)
+        MHD_add_response_header(mr, MHD_HTTP_HEADER_ETAG, r->etag);
+    if (r->cache_control != NULL)
+        MHD_add_response_header(mr, MHD_HTTP_HEADER_CACHE_CONTROL, r->cache_control);
+    if (r->csp != NULL) {
+        MHD_add_response_header(mr, "Content-Security-Policy", r->csp);
+        MHD_add_response_header(mr, "X-Content-Type-Options", "nosniff");
+    }
     if (r->status == MHD_HTTP_UNAUTHORIZED)
         MHD_add_response_header(mr, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"accumd\"");
     count(s, r->status);
@@ -261,11 +270,12 @@ static bool identify(api_server *s, struct MHD_Connection *conn, api_ident *who)
 }
 
 /* What can be refused before reading a body: a missing or wrong token
- * (everything but /healthz), a declared body over max_body. */
+ * (everything but /healthz and the dashboard's static files, which hold no
+ * data: api_ui.h), a declared body over max_body. */
 static bool refuse_early(api_server *s, struct MHD_Connection *conn, const char *url, api_response *r,
                          api_ident *who)
 {
-    if (strcmp(url, "/healthz") == 0) {
+    if (strcmp(url, "/healthz") == 0 || ui_path(url)) {
         set_ident(who, API_ANONYMOUS, API_ROLE_USER);
     } else if (!identify(s, conn, who)) {
         api_resp_error(r, MHD_HTTP_UNAUTHORIZED, "unauthorized", NULL,

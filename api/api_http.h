@@ -97,6 +97,9 @@ typedef struct api_response {
     size_t body_len;
     char location[256];          /* Location header when non-empty */
     const char *allow;           /* Allow header (405) when non-NULL */
+    const char *etag;            /* ETag header when non-NULL (api_ui.c) */
+    const char *cache_control;   /* Cache-Control header when non-NULL */
+    const char *csp;             /* Content-Security-Policy (and nosniff) when non-NULL */
     struct api_stream *stream;   /* an event stream instead of a body */
 } api_response;
 

@@ -12,6 +12,7 @@
  *   GET  /v1/jobs/{id}/events        SSE (or ?format=ndjson), resumable by
  *                                    Last-Event-ID or ?since=N
  *   GET  /v1/jobs/{id}/metrics       step history
+ *   GET  /, /ui/...                  the dashboard's static files (api_ui.c)
  *
  * HEAD is answered wherever GET is (the same headers, no body). The path,
  * the method and every query parameter and header a route reads are parsed
@@ -27,6 +28,7 @@
 
 #include "api_http.h"
 #include "api_parse.h"
+#include "api_ui.h"
 #include "jobs.h"
 
 static void resp_json_obj(api_response *resp, int status, json_t *o)
@@ -203,6 +205,10 @@ static void route_cancel(api_server *s, const api_request *req, api_response *re
 
 void api_route(api_server *s, const api_request *req, api_response *resp)
 {
+    if (ui_path(req->path)) { /* the dashboard's static files (api_ui.c) */
+        ui_route(req, resp);
+        return;
+    }
     api_call c;
     if (api_parse_request(req, &c, resp) != 0)
         return;
