@@ -8,7 +8,9 @@
  * alloc are device pointers: the host reaches them only through upload /
  * download (on CPU devices they happen to be host memory).
  *
- * The kernels are the GPT-2 building blocks. Shapes: N rows (tokens, B*T),
+ * The kernels are the GPT-2 building blocks, then the LLaMA family's
+ * (RMSNorm, RoPE, SwiGLU, grouped-query attention: the end of kern_ops,
+ * optional per backend). Shapes: N rows (tokens, B*T),
  * C channels, OC output channels, NH heads, V real vocabulary, Vp padded
  * vocabulary. Every backward ACCUMULATES into its weight gradients (+=), so
  * micro-steps sum in place; activation gradients are accumulated as noted.
@@ -26,6 +28,25 @@
 #include "kern_discover.h"
 
 typedef struct kern_device kern_device;
+
+/* What kern_device_mem_info reports (see there). */
+typedef struct kern_mem_info {
+    uint64_t reserved, free_bytes;
+} kern_mem_info;
+
+/* A model's linear-layer products for some number of tokens, as a backend
+ * sizes its workspace from them: the most elements of any A-side operand
+ * (activations, output gradients: rows x inner) and of any B-side operand
+ * (weights, the weight gradient's input), over forward and backward.
+ * Saturated at UINT64_MAX (checked.h). */
+typedef struct kern_gemm_extent {
+    uint64_t a_elems, b_elems;
+} kern_gemm_extent;
+
+/* A backend's per-micro-batch workspace: two buffers (bytes). */
+typedef struct kern_workspace {
+    uint64_t a_bytes, b_bytes;
+} kern_workspace;
 
 typedef struct kern_ops {
     const char *backend; /* "cpu", "cuda" */
@@ -106,6 +127,20 @@ typedef struct kern_ops {
      * void, so the trainer asks once a step. CPU devices never fail here. */
     int (*last_error)(kern_device *d, acc_err *err);
 
+    /* What the device holds beyond the accounting (kern_device_mem_info).
+     * NULL: reserved = in use, free = the budget left. */
+    void (*mem_info)(kern_device *d, kern_mem_info *out);
+    /* The backend's per-micro-batch workspace, beyond the model's own
+     * allocations: for the linear layers' largest operands `e` in bf16 mode
+     * or not, the bytes it will allocate (two buffers, A and B side). A pure
+     * function of its arguments, callable without a device (the planner
+     * reaches it through kern_backend_ops). NULL: no workspace (0, 0). */
+    void (*workspace_size)(const kern_gemm_extent *e, int bf16, kern_workspace *out);
+    /* Allocate that workspace now, exactly (0, 0 frees it), so that an
+     * out-of-memory there is the recoverable kind (ACC_EOOM returned) and it
+     * is accounted before the step runs. NULL: nothing to allocate (0). */
+    int (*workspace_reserve)(kern_device *d, const kern_workspace *w, acc_err *err);
+
     /* Precision of the linear layers: bf16 = 0 (the default after open) is
      * fp32 throughout; bf16 = 1 makes matmul_fwd and matmul_bwd round BOTH
      * operands of each of their products to bf16 (kern_bf16_round:
@@ -126,6 +161,78 @@ typedef struct kern_ops {
      * CUDA backend's bf16 operand copies are accounted device allocations
      * grown on first use (kern_cuda.h, docs/cuda.md). */
     int (*set_precision)(kern_device *d, int bf16, acc_err *err);
+
+    /* ---- The LLaMA family's ops (kernels/cpu/kern_cpu_llama.c,
+     * kernels/cuda/kern_cuda_llama.cu). Optional for a backend: NULL means
+     * it lacks them, and kern_llama_ops_check() turns that into an error
+     * for the caller (the self-test skips them on such a device). fp32
+     * always: bf16 mode (set_precision) changes only matmul_fwd/bwd.
+     * Shapes: N rows (B*T tokens), C channels, NH query heads, NKV key/value
+     * heads (NH a multiple of NKV; NKV == NH is plain multi-head attention),
+     * hs head size (even), I the MLP's intermediate size. */
+
+    /* out[n,:] = wte[tok[n],:] (a token embedding without positions) */
+    void (*embed_fwd)(kern_device *d, float *out, const int *tok, const float *wte, int N,
+                      int C);
+    /* dwte[tok[n],:] += dout[n,:] */
+    void (*embed_bwd)(kern_device *d, float *dwte, const float *dout, const int *tok, int N,
+                      int C);
+
+    /* RMSNorm per row: rstd[n] = 1 / sqrt(mean_c(inp[n,c]^2) + eps) (kept
+     * for the backward), out[n,c] = inp[n,c] * rstd[n] * w[c]. out may not
+     * alias inp. */
+    void (*rmsnorm_fwd)(kern_device *d, float *out, float *rstd, const float *inp,
+                        const float *w, float eps, int N, int C);
+    /* dinp += ..., dw += ... (from the forward's inp and rstd) */
+    void (*rmsnorm_bwd)(kern_device *d, float *dinp, float *dw, const float *dout,
+                        const float *inp, const float *w, const float *rstd, int N, int C);
+
+    /* Rotary position embedding, Hugging Face's rotate-half layout: in each
+     * head of x[B,T,H,hs] the pairs are (i, i + hs/2), i < hs/2, rotated by
+     * the angle p * inv_freq[i] of the token's position p:
+     *   out[i]        = x[i] cos - x[i + hs/2] sin
+     *   out[i + hs/2] = x[i + hs/2] cos + x[i] sin
+     * cos_t, sin_t: [P, hs/2] device tables, row p = position p
+     * (kern_rope_table in kern_rope.h builds them on the host). pos: [B*T]
+     * device ints, the position of token (b,t) (packed sequences restart
+     * them), each in [0, P); NULL means p = t. Call once for q (H = NH) and
+     * once for k (H = NKV). out may be inp (in place). */
+    void (*rope_fwd)(kern_device *d, float *out, const float *inp, const float *cos_t,
+                     const float *sin_t, const int *pos, int B, int T, int H, int hs);
+    /* The transpose (rotation by -angle): dinp = R^T dout, OVERWRITTEN, not
+     * accumulated (RoPE has no weights; the model runs it in place on the
+     * attention's dq / dk before the projections' backward). dinp may be
+     * dout (in place). */
+    void (*rope_bwd)(kern_device *d, float *dinp, const float *dout, const float *cos_t,
+                     const float *sin_t, const int *pos, int B, int T, int H, int hs);
+
+    /* SwiGLU's gate: out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + e^-x);
+     * gate, up, out: [N, I], n = N * I elements. out may be gate or up. */
+    void (*swiglu_fwd)(kern_device *d, float *out, const float *gate, const float *up,
+                       size_t n);
+    /* dgate += dout * up * silu'(gate), dup += dout * silu(gate) */
+    void (*swiglu_bwd)(kern_device *d, float *dgate, float *dup, const float *dout,
+                       const float *gate, const float *up, size_t n);
+
+    /* Grouped-query causal attention, without keeping the T x T
+     * probabilities. Separate buffers (the LLaMA projections are separate):
+     * q[B,T,NH,hs], k and v [B,T,NKV,hs], out[B,T,NH,hs]; query head h
+     * attends with key/value head h / (NH / NKV). Scores s_u = q.k_u /
+     * sqrt(hs), u <= t (causal within the B sequences; packed documents
+     * inside one sequence see each other, as in Hugging Face without a
+     * document mask). lse[B,NH,T] keeps each row's log-sum-exp for the
+     * backward. scratch: KERN_ATT_SCRATCH(T, NH) floats (one sequence, all
+     * query heads), any contents before and after. */
+    void (*gqa_attention_fwd)(kern_device *d, float *out, float *lse, float *scratch,
+                              const float *q, const float *k, const float *v, int B, int T,
+                              int NH, int NKV, int hs);
+    /* dq += ..., dk += ..., dv += ... (dk, dv summed over the group's query
+     * heads); probabilities rebuilt from q, k and lse; same scratch. out is
+     * the forward's output (a tiled backward needs rowsum(dout * out)). */
+    void (*gqa_attention_bwd)(kern_device *d, float *dq, float *dk, float *dv, float *scratch,
+                              const float *dout, const float *q, const float *k,
+                              const float *v, const float *lse, const float *out, int B,
+                              int T, int NH, int NKV, int hs);
 } kern_ops;
 
 struct kern_device {
@@ -153,22 +260,32 @@ void kern_device_reset_peak(kern_device *d);
  * still free on the device (CUDA: cudaMemGetInfo, other processes' use
  * included; CPU: the budget left). Cheap enough for once a step; call from
  * the device's own thread. */
-typedef struct kern_mem_info {
-    uint64_t reserved, free_bytes;
-} kern_mem_info;
 void kern_device_mem_info(kern_device *d, kern_mem_info *out);
 
-/* Size the backend's per-micro-batch workspace exactly: on CUDA devices in
- * bf16 the two operand buffers (mem_plan.h plan_cuda_bf16_split; 0, 0
- * frees them), so they are allocated where an out-of-memory is recoverable
- * (ACC_EOOM returned) and accounted before the step runs. A no-op (0)
- * elsewhere: the CPU's bf16 scratch is fixed and outside the budget. */
+/* The backend's per-micro-batch workspace (kern_ops.workspace_size /
+ * workspace_reserve; both no-ops where the table leaves them NULL): on CUDA
+ * devices in bf16 the two operand buffers, elsewhere none (the CPU's bf16
+ * scratch is fixed and outside the budget). */
+void kern_workspace_size(const kern_ops *ops, const kern_gemm_extent *e, int bf16,
+                         kern_workspace *out);
+int kern_device_workspace_reserve(kern_device *d, const kern_workspace *w, acc_err *err);
+
+/* A backend's ops table without opening a device, for pure queries
+ * (workspace_size): the table of `kind`, or NULL when this build has no
+ * such backend. */
+const kern_ops *kern_backend_ops(kern_dev_kind kind);
+
+/* (being replaced by kern_device_workspace_reserve) */
 int kern_device_bf16_scratch(kern_device *d, uint64_t a_bytes, uint64_t b_bytes, acc_err *err);
 
 /* Floats of attention scratch: two T x T matrices per head of one sequence
  * (scores / probabilities and their gradient). Independent of B: the
  * sequences go one after another, the heads side by side. */
 #define KERN_ATT_SCRATCH(T, NH) (2 * (size_t)(NH) * (size_t)(T) * (size_t)(T))
+
+/* 0 when d's backend has every LLaMA-family op of kern_ops; otherwise
+ * ACC_EDEVICE naming the device, its backend and the first missing op. */
+int kern_llama_ops_check(const kern_device *d, acc_err *err);
 
 /* The CPU backend (kernels/cpu/kern_cpu.c). */
 int kern_cpu_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err);

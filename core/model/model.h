@@ -1,0 +1,356 @@
+/* model: model families behind one table, and the generic model handle.
+ *
+ * A family (GPT-2, LLaMA, ...) is a const model_family table, in the style
+ * of ggml-backend-impl.h: REQUIRED entries every family fills, OPTIONAL ones
+ * that may be NULL (the generic code then uses the default stated at the
+ * entry, or refuses the operation with a clear error). Everything outside
+ * core/model/ -- trainer, planner, checkpoints, spec validation -- talks to
+ * a model through the functions below, never to a family's own header, so
+ * adding a family is one file (core/model/model_<family>.c), one line in the
+ * registry (model.c) and one in core/model/meson.build.
+ *
+ * Config. model_config is one struct for every family; a field a family does
+ * not use is ignored, and 0 means "the family's default" wherever a default
+ * is stated, so a designated initializer naming only GPT-2's fields is a
+ * valid GPT-2 config. It comes from the spec's "model" object
+ * (model_config_from_spec), from a native checkpoint file named by
+ * "model.init_from" (model_config_from_file: llm.c .bin, safetensors), or
+ * from a Hugging Face config.json (model_config_from_hf, by "model_type").
+ *
+ * Layout. The parameters are ONE flat float buffer; the family describes it
+ * as a list of named tensors (model_tensor): Hugging Face name, Hugging Face
+ * shape, offset and count in the buffer, layer (-1: not in a block), and the
+ * optimizer's flags (decays, trains). The gradient buffer has the same
+ * layout followed by `grad_tail` floats the CALLER owns (the trainer keeps
+ * its step slots there so they ride the one all-reduce): the model zeroes
+ * and reduces them with the rest but never reads or writes them otherwise.
+ * Checkpoints, Hugging Face output, the optimizer and the bucketed gradient
+ * reduction all walk the layout; none knows a family's tensors.
+ *
+ * Bytes. model_state_bytes and model_act_bytes are the device bytes the
+ * model allocates (parameters + gradients + tail; activations for B x T),
+ * overflow-checked: a size past 2^64 is ACC_EINVAL naming the spec field,
+ * never a wrapped small number (checked.h). Nothing else is allocated by
+ * the model, so they are exact.
+ *
+ * Handle. model_create allocates parameters and gradients (zeroed) through
+ * the device's budget, and activations for B x T when B > 0; the
+ * activations can be freed and re-allocated for another micro batch or
+ * recompute mode (model_acts_alloc) keeping the weights, so a job adapts to
+ * an out-of-memory mid-run. A model is used by one thread (its rank's).
+ *
+ * Forward / backward. model_forward(want_grad = 1) leaves what the backward
+ * needs in the activations (per-token weights carry the loss normalisation);
+ * model_backward ADDS this micro-batch's gradients to grads (+=), so
+ * micro-steps accumulate in place. model_backward_notify reports, through
+ * `done(ctx, l)`, when the gradients of layers l..L-1 (and of every
+ * non-block tensor the backward has finished with, e.g. a final norm) are
+ * complete, for l = L-1 down to 0, then done(ctx, -1) once every gradient
+ * is; the bucketed reduction starts a bucket as soon as its spans are
+ * complete (model_grad_spans).
+ */
+#ifndef ACC_MODEL_H
+#define ACC_MODEL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "job_spec.h"
+#include "kern_device.h"
+#include "kern_span.h"
+#include "safetensors.h"
+
+typedef struct model_family model_family;
+typedef struct model model;
+
+/* ---- config */
+
+typedef enum model_rope_scaling {
+    MODEL_ROPE_NONE = 0,   /* plain rotary embedding */
+    MODEL_ROPE_LINEAR,     /* positions divided by rope_factor */
+    MODEL_ROPE_LLAMA3,     /* LLaMA-3 frequency-dependent scaling */
+} model_rope_scaling;
+
+#define MODEL_TYPE_MAX 32
+
+typedef struct model_config {
+    /* the family; NULL: the default family (model_family_default, "gpt2") */
+    const model_family *family;
+    /* Hugging Face "model_type" this config came from or is written as
+     * ("gpt2", "llama", "mistral", "qwen2"); "": the family's name */
+    char model_type[MODEL_TYPE_MAX];
+    int n_layer;
+    int n_head;
+    int n_kv_head;          /* key/value heads (grouped-query attention); 0: n_head */
+    int channels;           /* hidden size (n_embd, hidden_size) */
+    int head_dim;           /* 0: channels / n_head */
+    int intermediate_size;  /* MLP width; 0: the family's default (GPT-2: 4 channels) */
+    int vocab_size;         /* real vocabulary (tokens the data may hold) */
+    int padded_vocab_size;  /* rows of the embedding / lm_head, >= vocab_size; 0: vocab_size */
+    int max_seq_len;        /* positions (GPT-2: rows of wpe; LLaMA: max_position_embeddings) */
+    double norm_eps;        /* LayerNorm / RMSNorm epsilon; 0: the family's default */
+    double rope_theta;      /* rotary base; 0: the family's default (10000) */
+    model_rope_scaling rope_scaling;
+    double rope_factor;            /* linear / llama3: factor */
+    double rope_low_freq_factor;   /* llama3 */
+    double rope_high_freq_factor;  /* llama3 */
+    int rope_original_max_pos;     /* llama3: original_max_position_embeddings */
+    bool tie_word_embeddings;      /* lm_head is the token embedding (GPT-2: always) */
+    bool attention_bias;           /* q/k/v projections have biases (Qwen2; GPT-2: always) */
+    bool mlp_bias;                 /* MLP projections have biases (GPT-2: always) */
+} model_config;
+
+/* ---- layout */
+
+#define MODEL_NAME_MAX 96
+#define MODEL_MAX_DIMS 4
+/* Most spans model_grad_spans writes (one reduction group). */
+#define MODEL_MAX_GRAD_SPANS KERN_COMM_MAX_SPANS
+
+/* One named tensor of the flat parameter buffer. */
+typedef struct model_tensor {
+    char name[MODEL_NAME_MAX];  /* Hugging Face name, e.g. "h.0.attn.c_attn.weight" */
+    int ndim;
+    int64_t shape[MODEL_MAX_DIMS]; /* Hugging Face shape (as stored in its files) */
+    size_t offset;              /* floats into params (and grads) */
+    size_t count;               /* floats it occupies in the buffer: prod(shape), or
+                                 * more when the buffer pads it (padded vocabulary rows,
+                                 * kept zero, never in a file) */
+    int layer;                  /* transformer block, or -1 (embeddings, final norm) */
+    bool decays;                /* AdamW weight decay applies */
+    bool trains;                /* the optimizer updates it (false: frozen) */
+    bool transposed;            /* 2-D, stored [shape[0], shape[1]] in files but
+                                 * [shape[1], shape[0]] in the buffer (GPT-2 Conv1D) */
+} model_tensor;
+
+typedef struct model_layout {
+    model_tensor *t;            /* ascending offset, contiguous, no overlap */
+    int n;
+    size_t nparams;             /* floats of the buffer (sum of counts) */
+} model_layout;
+
+/* ---- the family table */
+
+/* The largest operand of each side of the family's linear-layer products
+ * (forward and backward) for n_tokens tokens, in elements: what a backend's
+ * per-micro-batch workspace is sized from (kern_ops.workspace_size). */
+typedef kern_gemm_extent model_gemm_extent;
+
+struct model_family {
+    const char *name;                 /* the spec's "model.arch" ("gpt2", "llama") */
+    const char *const *hf_model_types;/* Hugging Face "model_type"s it reads, NULL-ended */
+
+    /* REQUIRED: config from the spec's model object (shape keys, no file);
+     * checks it (model_config_check semantics), errors name "model.<key>". */
+    int (*config_from_spec)(const spec_model *sm, model_config *cfg, acc_err *err);
+    /* REQUIRED: is this a config the family can build? (shape >= 1,
+     * divisibility, vocab <= padded vocab, ...); errors name "model.<key>". */
+    int (*config_check)(const model_config *cfg, acc_err *err);
+    /* REQUIRED: the parameter layout of `cfg` (allocates out->t; free with
+     * model_layout_free). ACC_EINVAL naming the field when a size overflows. */
+    int (*layout)(const model_config *cfg, model_layout *out, acc_err *err);
+    /* REQUIRED: device bytes of the activations for B x T tokens (B >= 1) in
+     * recompute mode or not: exactly what acts_alloc allocates. Overflow:
+     * ACC_EINVAL naming the field. */
+    int (*act_bytes)(const model_config *cfg, int B, int T, int recompute, uint64_t *bytes,
+                     acc_err *err);
+    /* REQUIRED: the linear layers' largest operands for n_tokens (saturated
+     * at UINT64_MAX on overflow). */
+    void (*gemm_extent)(const model_config *cfg, uint64_t n_tokens, model_gemm_extent *out);
+    /* REQUIRED: allocate the activations for m->B x m->T in m->recompute mode
+     * (m->B, m->T, m->recompute are set by the caller) and keep them in the
+     * family's state; ACC_EOOM from the device leaves nothing allocated. */
+    int (*acts_alloc)(model *m, acc_err *err);
+    /* REQUIRED: free them (no-op when none). */
+    void (*acts_free)(model *m);
+    /* REQUIRED: forward over nseq <= m->B sequences of m->T tokens; host
+     * arrays tokens/targets/weights of nseq*T; *loss_sum = sum(weight * token
+     * loss) (double). want_grad: keep what backward needs. */
+    void (*forward)(model *m, const int *tokens, const int *targets, const float *weights,
+                    int nseq, int want_grad, double *loss_sum);
+    /* REQUIRED: add the micro-batch's gradients to m->grads; done may be NULL
+     * (see model_backward_notify above for its contract). */
+    void (*backward)(model *m, int nseq, void (*done)(void *ctx, int layer), void *ctx);
+    /* REQUIRED: the family's seeded initialisation into host params[nparams]
+     * (all zero on entry; padded rows stay zero). Deterministic in seed. */
+    int (*init_host)(const model *m, uint64_t seed, float *params, acc_err *err);
+
+    /* OPTIONAL: device bytes of parameters + gradients (tail excluded);
+     * NULL: 2 * nparams * sizeof(float). */
+    int (*param_bytes)(const model_config *cfg, uint64_t *bytes, acc_err *err);
+    /* OPTIONAL: the family's state beside the handle (allocated at create,
+     * freed at free); NULL: none (m->impl stays NULL until acts_alloc). */
+    int (*create)(model *m, acc_err *err);
+    void (*destroy)(model *m);
+    /* OPTIONAL: config from a Hugging Face config.json (already parsed; the
+     * caller names the file in errors: field "model.from"). NULL: the family
+     * reads no Hugging Face directories. */
+    int (*config_from_hf)(const json_t *hf, model_config *cfg, acc_err *err);
+    /* OPTIONAL: write the family's keys of cfg into a config.json object
+     * (the caller keeps the input's other keys). NULL: cannot write one. */
+    int (*config_to_hf)(const model_config *cfg, json_t *hf, acc_err *err);
+    /* OPTIONAL: config from a native checkpoint file named by init_from
+     * (checked against the spec; errors name "model.init_from"). NULL:
+     * init_from is refused for this family. */
+    int (*config_from_file)(const char *path, const spec_model *sm, model_config *cfg,
+                            acc_err *err);
+    /* OPTIONAL: weights from that file into host params[nparams]. NULL:
+     * model_load_file refuses. */
+    int (*load_file_host)(const model *m, const char *path, float *params, acc_err *err);
+};
+
+/* ---- registry */
+
+/* The family of a spec's "model.arch" ("" or NULL: the default, gpt2);
+ * NULL when unknown. */
+const model_family *model_family_by_arch(const char *arch);
+/* The family reading Hugging Face model_type `type`; NULL when none. */
+const model_family *model_family_by_hf_type(const char *type);
+/* The default family (gpt2). */
+const model_family *model_family_default(void);
+/* The family of a config (cfg->family, or the default). */
+const model_family *model_family_of(const model_config *cfg);
+/* The registered families' names, "gpt2, llama", for error messages. */
+const char *model_family_names(void);
+/* The i-th registered family (i >= 0), NULL past the last. */
+const model_family *model_family_at(int i);
+
+/* ---- config */
+
+/* Config from the spec's model object (arch through the registry; the
+ * error for an unknown arch names "model.arch" and lists the families). */
+int model_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err);
+/* Config from the native checkpoint file `path` (init_from), checked
+ * against the spec's shape keys; family from sm->arch. */
+int model_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
+                           acc_err *err);
+/* Config from a parsed Hugging Face config.json: family by its
+ * "model_type" (unknown: ACC_EINVAL, field "model.from"). */
+int model_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err);
+/* The family's config_check. */
+int model_config_check(const model_config *cfg, acc_err *err);
+
+/* ---- layout (generic: walks the family's layout) */
+
+int model_layout_build(const model_config *cfg, model_layout *out, acc_err *err);
+void model_layout_free(model_layout *l);
+/* The tensor called `name`, or NULL. */
+const model_tensor *model_layout_find(const model_layout *l, const char *name);
+/* Floats of block `layer`'s tensors (a block's share of the gradients). */
+size_t model_layout_layer_floats(const model_layout *l, int layer);
+/* Append a tensor at the end of the buffer (for families' layout()):
+ * shape of ndim dims, `count` floats in the buffer (0: prod(shape));
+ * grows l->t. Overflow or host OOM: an error naming `field`. */
+int model_layout_add(model_layout *l, int *cap, const char *name, int layer, int ndim,
+                     const int64_t *shape, size_t count, bool decays, bool trains,
+                     bool transposed, const char *field, acc_err *err);
+
+/* Parameters of a config (the layout's nparams); 0 when the config is invalid. */
+size_t model_num_params(const model_config *cfg);
+/* Floats of one transformer block (0 when invalid). */
+size_t model_block_params(const model_config *cfg);
+
+/* ---- bytes (overflow-checked; ACC_EINVAL naming a field on overflow) */
+
+/* Parameters + gradients + grad_tail floats, as model_create_ex allocates. */
+int model_state_bytes(const model_config *cfg, size_t grad_tail, uint64_t *bytes, acc_err *err);
+/* Activations for B x T (0 when B = 0). */
+int model_act_bytes(const model_config *cfg, int B, int T, int recompute, uint64_t *bytes,
+                    acc_err *err);
+/* The linear layers' largest operands for n_tokens (saturated). */
+void model_gemm_extent_of(const model_config *cfg, uint64_t n_tokens, model_gemm_extent *out);
+
+/* ---- the handle */
+
+struct model {
+    const model_family *family;
+    kern_device *dev;
+    model_config cfg;
+    model_layout layout;
+    size_t nparams;       /* layout.nparams */
+    size_t grad_tail;     /* floats past the gradients, the caller's */
+    float *params;        /* [nparams], device */
+    float *grads;         /* [nparams + grad_tail], device, accumulated += */
+    int B, T;             /* activations are sized for B x T (B = 0: none) */
+    int recompute;        /* activation recomputation on */
+    uint64_t act_bytes;   /* device bytes of the activations now */
+    void *impl;           /* the family's state (activations, views) */
+};
+
+/* Floats past the gradients model_create reserves for its caller. */
+#define MODEL_GRAD_EXTRA 16
+
+typedef struct model_opts {
+    int B, T;             /* activations for B x T now (B = 0: later) */
+    size_t grad_tail;     /* floats the caller owns past the gradients */
+} model_opts;
+
+/* Allocate parameters and gradients (zeroed), then activations for B x T
+ * (stored mode) when B > 0. T must be in [1, cfg->max_seq_len]. */
+int model_create_ex(kern_device *dev, const model_config *cfg, const model_opts *o, model **out,
+                    acc_err *err);
+/* model_create_ex with grad_tail = MODEL_GRAD_EXTRA. */
+int model_create(kern_device *dev, const model_config *cfg, int B, int T, model **out,
+                 acc_err *err);
+void model_free(model *m);
+/* (Re)allocate the activations for B sequences, recompute mode or not; the
+ * old ones are freed first. ACC_EOOM leaves the model without activations
+ * (m->B = 0) but with its parameters and gradients intact. */
+int model_acts_alloc(model *m, int B, int recompute, acc_err *err);
+void model_acts_free(model *m);
+
+/* The family's seeded init, uploaded. */
+int model_init_seed(model *m, uint64_t seed, acc_err *err);
+/* Weights from init_from's native file (family's load_file_host). */
+int model_load_file(model *m, const char *path, acc_err *err);
+
+void model_forward(model *m, const int *tokens, const int *targets, const float *weights,
+                   int nseq, int want_grad, double *loss_sum);
+void model_backward(model *m, int nseq);
+typedef void (*model_grads_done_fn)(void *ctx, int layer);
+void model_backward_notify(model *m, int nseq, model_grads_done_fn done, void *ctx);
+
+/* The gradient buffer's spans for layers [lo, hi) (none when lo == hi)
+ * and, with `ends`, every tensor outside the blocks plus the caller's tail:
+ * adjacent tensors merged, ascending. Buckets that cover [0, L) once plus
+ * the ends once cover [0, nparams + grad_tail) exactly once. Writes at most
+ * MODEL_MAX_GRAD_SPANS; returns how many (-1 if more were needed). */
+int model_grad_spans(const model *m, int lo, int hi, int ends, kern_span *out);
+
+void model_zero_grad(model *m);
+/* Sum of squares of the parameter gradients (not the tail). */
+double model_grad_sumsq(model *m);
+
+/* The tensor called `name`, or NULL. */
+const model_tensor *model_find_tensor(const model *m, const char *name);
+
+/* ---- weights by layout (host side; checkpoints and Hugging Face files) */
+
+/* Tensor t of the host buffer params as it is stored in files: prod(shape)
+ * floats into out (transposed back for `transposed`, padding dropped). */
+void model_tensor_to_file(const model_tensor *t, const float *params, float *out);
+/* The inverse: prod(shape) floats of a file into the host buffer (padding
+ * left as it is). */
+void model_tensor_from_file(const model_tensor *t, const float *in, float *params);
+/* Floats of a tensor in files: prod(shape). */
+size_t model_tensor_file_count(const model_tensor *t);
+
+/* Device <-> host copies of the whole parameter buffer. */
+void model_params_download(const model *m, float *host);
+void model_params_upload(model *m, const float *host);
+
+/* Every tensor of layout `l` from an open safetensors file into the host
+ * buffer params[nparams] (zeroed first, so padding is 0): by name, F32, the
+ * layout's shape. A missing tensor or a wrong dtype / shape is ACC_EINVAL
+ * naming `field` and the file (`path`) and the tensor. */
+int model_safetensors_read(const model_layout *l, const st_file *f, const char *path,
+                           const char *field, float *params, acc_err *err);
+/* Write the host buffer params as one safetensors file under the layout's
+ * names and shapes (F32), with metadata md[nmd]; atomic (st_write). */
+int model_safetensors_write(const model_layout *l, const float *params, const char *path,
+                            const st_meta *md, int nmd, acc_err *err);
+
+#endif
