@@ -14,7 +14,7 @@
  * mfu_pct, peak_bytes, micro, precision (the main run), then
  * tf32_tokens_per_s, tf32_mfu_pct, fp32_tokens_per_s, fp32_mfu_pct from
  * shorter runs at the same m, and planned_bytes_m{1,2,4,8,16} (fp32 model,
- * model_device_bytes). Exits 0 with a message where no GPU is present.
+ * plan_peak_bytes). Exits 0 with a message where no GPU is present.
  *
  * Then, unless --profile-steps is 0, a short profiled run (main precision,
  * same m): each op's GPU time per step from CUDA events around it
@@ -36,6 +36,8 @@
 #include "kern_cuda.h"
 #include "kern_device.h"
 #include "kern_discover.h"
+#include "adamw.h"
+#include "mem_plan.h"
 #include "model_gpt2.h"
 #include "bench_util.h"
 
@@ -104,8 +106,10 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
         printf("m=%d: %s; halving m\n", micro, err.msg);
         micro /= 2;
     }
-    if (model_init_seed(m, 1337, &err) != 0) {
+    adamw *opt = NULL;
+    if (adamw_create(d, 0, m->nparams, &opt, &err) != 0 || model_init_seed(m, 1337, &err) != 0) {
         fprintf(stderr, "init: %s\n", err.msg);
+        adamw_free(opt);
         model_free(m);
         kern_device_close(d);
         return 1;
@@ -137,7 +141,7 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
         model_zero_grad(m);
         model_forward(m, tok, tgt, w, micro, 1, &loss);
         model_backward(m, micro);
-        model_adamw(m, 3e-4f, &o, 1.0f);
+        adamw_step(opt, &m->layout, m->params, m->grads, 3e-4f, &o, 1.0f);
         if (kern_cuda_sync(d, &err) != 0) {
             fprintf(stderr, "step %d: %s\n", step, err.msg);
             rc = 1;
@@ -167,6 +171,7 @@ static int run(const kern_device_info *gi, const model_config *cfg, int micro, i
         r->micro = micro;
     }
     free(tok), free(tgt), free(w), free(dt);
+    adamw_free(opt);
     model_free(m);
     kern_device_close(d);
     return rc;
@@ -253,7 +258,7 @@ int main(int argc, char **argv)
            model_num_params(&cfg));
     for (int mm = 1; mm <= 16; mm *= 2)
         printf("RESULT planned_bytes_m%d %llu\n", mm,
-               (unsigned long long)model_device_bytes(&cfg, mm, 1024, 0));
+               (unsigned long long)plan_peak_bytes(&cfg, mm, 1024, 0));
     run_out r = {.flash = flash};
     if (run(&g[0], &cfg, micro, steps, warmup, prec, &r) != 0)
         return 1;

@@ -1,9 +1,8 @@
 /* kern_device: opens a device of the kind kern_discover listed. */
 #include "kern_device.h"
 
-#ifdef ACCUMD_HAVE_CUDA
+#include "kern_cpu.h"
 #include "kern_cuda.h"
-#endif
 
 int kern_device_open(const kern_device_info *info, int threads, kern_device **out,
                      acc_err *err)
@@ -38,27 +37,34 @@ void kern_device_reset_peak(kern_device *d)
 
 void kern_device_mem_info(kern_device *d, kern_mem_info *out)
 {
-#ifdef ACCUMD_HAVE_CUDA
-    if (d->info.kind == KERN_DEV_CUDA) {
-        out->reserved = kern_cuda_reserved(d);
-        out->free_bytes = kern_cuda_free_bytes(d);
+    if (d->ops->mem_info != NULL) {
+        d->ops->mem_info(d, out);
         return;
     }
-#endif
     out->reserved = d->in_use;
     out->free_bytes = d->budget > d->in_use ? d->budget - d->in_use : 0;
 }
 
-int kern_device_bf16_scratch(kern_device *d, uint64_t a_bytes, uint64_t b_bytes, acc_err *err)
+void kern_workspace_size(const kern_ops *ops, const kern_gemm_extent *e, int bf16,
+                         kern_workspace *out)
 {
-#ifdef ACCUMD_HAVE_CUDA
-    if (d->info.kind == KERN_DEV_CUDA)
-        return kern_cuda_bf16_reserve(d, (size_t)a_bytes, (size_t)b_bytes, err);
-#endif
-    (void)a_bytes;
-    (void)b_bytes;
-    (void)err;
-    return 0;
+    out->a_bytes = out->b_bytes = 0;
+    if (ops != NULL && ops->workspace_size != NULL)
+        ops->workspace_size(e, bf16, out);
+}
+
+int kern_device_workspace_reserve(kern_device *d, const kern_workspace *w, acc_err *err)
+{
+    return d->ops->workspace_reserve != NULL ? d->ops->workspace_reserve(d, w, err) : 0;
+}
+
+const kern_ops *kern_backend_ops(kern_dev_kind kind)
+{
+    switch (kind) {
+    case KERN_DEV_CPU: return kern_cpu_ops();
+    case KERN_DEV_CUDA: return &kern_cuda_plan_ops;
+    default: return NULL;
+    }
 }
 
 int kern_llama_ops_check(const kern_device *d, acc_err *err)

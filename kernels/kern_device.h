@@ -155,7 +155,7 @@ typedef struct kern_ops {
      * Called once after open, before any kernel (tests may switch it again
      * between kernels). 0, or an error (ACC_ENOMEM / ACC_EDEVICE) in err.
      * Memory: the CPU backend rounds operand panels into a fixed-size host
-     * scratch (KERN_CPU_BF16_SCRATCH bytes per kernel thread) allocated
+     * scratch (KERN_CPU_BF16_SCRATCH, kern_cpu.h, bytes per kernel thread) allocated
      * here and freed at close -- outside the device budget, like CUDA's
      * cuBLASLt workspace, so the planner's prediction stays exact. The
      * CUDA backend's bf16 operand copies are accounted device allocations
@@ -271,12 +271,11 @@ void kern_workspace_size(const kern_ops *ops, const kern_gemm_extent *e, int bf1
 int kern_device_workspace_reserve(kern_device *d, const kern_workspace *w, acc_err *err);
 
 /* A backend's ops table without opening a device, for pure queries
- * (workspace_size): the table of `kind`, or NULL when this build has no
- * such backend. */
+ * (workspace_size): CPU devices get the CPU table; CUDA devices get the
+ * CUDA backend's planning table (kernels/cuda/kern_cuda_plan.c, plain C, in
+ * every build, so a build without CUDA plans for CUDA devices the same
+ * way), whose kernels are NULL. NULL for an unknown kind. */
 const kern_ops *kern_backend_ops(kern_dev_kind kind);
-
-/* (being replaced by kern_device_workspace_reserve) */
-int kern_device_bf16_scratch(kern_device *d, uint64_t a_bytes, uint64_t b_bytes, acc_err *err);
 
 /* Floats of attention scratch: two T x T matrices per head of one sequence
  * (scores / probabilities and their gradient). Independent of B: the
@@ -286,19 +285,6 @@ int kern_device_bf16_scratch(kern_device *d, uint64_t a_bytes, uint64_t b_bytes,
 /* 0 when d's backend has every LLaMA-family op of kern_ops; otherwise
  * ACC_EDEVICE naming the device, its backend and the first missing op. */
 int kern_llama_ops_check(const kern_device *d, acc_err *err);
-
-/* The CPU backend (kernels/cpu/kern_cpu.c). */
-int kern_cpu_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err);
-
-/* The CPU backend's bf16 products are tiled: KERN_CPU_BF16_TILE x
- * KERN_CPU_BF16_TILE blocks of the output, KERN_CPU_BF16_DEPTH-deep slices
- * of the inner dimension. Its scratch per kernel thread holds the rounded
- * copies of one slice of each operand: two TILE x DEPTH float panels,
- * KERN_CPU_BF16_SCRATCH bytes (1 MiB). Allocated by set_precision(bf16 = 1),
- * host memory outside the budget. */
-#define KERN_CPU_BF16_TILE 512
-#define KERN_CPU_BF16_DEPTH 256
-#define KERN_CPU_BF16_SCRATCH (2u * KERN_CPU_BF16_TILE * KERN_CPU_BF16_DEPTH * sizeof(float))
 
 /* x rounded to the nearest bf16 value (ties to even), returned as the fp32
  * holding it: the upper 16 bits of the result are the bf16 value, the lower

@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model.h"
+
 #define SPEC_MAX_DEVICES 256
 #define SPEC_MAX_BATCH (1 << 24)
 
@@ -306,7 +308,12 @@ static int parse_model(const json_t *m, const acc_conf *conf, spec_model *out, a
 {
     static const char *const keys[] = {"arch", "n_layer", "n_head", "n_embd", "seq_len", "vocab_size",
                                        "padded_vocab_size", "init_from", NULL};
-    static const char *const archs[] = {"gpt2", NULL};
+    /* one list: the model registry's families (model.h) */
+    const char *archs[16];
+    int na = 0;
+    for (const model_family *f; na < 15 && (f = model_family_at(na)) != NULL; na++)
+        archs[na] = f->name;
+    archs[na] = NULL;
     int rc, arch = 0;
     bool init;
     if ((rc = check_keys(m, "model", keys, err)) || (rc = get_choice(m, "model", "arch", archs, &arch, err)) ||
@@ -634,13 +641,13 @@ static void set_defaults(job_spec *s)
 
 static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
 {
-    json_t *model, *data, *optim, *lrs, *oom;
+    json_t *jmodel, *data, *optim, *lrs, *oom;
     int rc;
-    if ((rc = get_object(root, NULL, "model", &model, err)) || (rc = get_object(root, NULL, "data", &data, err)) ||
+    if ((rc = get_object(root, NULL, "model", &jmodel, err)) || (rc = get_object(root, NULL, "data", &data, err)) ||
         (rc = get_object(root, NULL, "optimizer", &optim, err)) ||
         (rc = get_object(root, NULL, "lr_schedule", &lrs, err)) || (rc = get_object(root, NULL, "oom", &oom, err)))
         return rc;
-    if (model != NULL && (rc = parse_model(model, conf, &out->model, err)))
+    if (jmodel != NULL && (rc = parse_model(jmodel, conf, &out->model, err)))
         return rc;
     if (data == NULL)
         return acc_err_set(err, ACC_EINVAL, "data", "data is required (at least data.train)");

@@ -200,6 +200,12 @@ struct model_family {
     /* OPTIONAL: weights from that file into host params[nparams]. NULL:
      * model_load_file refuses. */
     int (*load_file_host)(const model *m, const char *path, float *params, acc_err *err);
+    /* OPTIONAL: the device logits [nseq * T, padded_vocab_size] of the last
+     * forward with want_grad = 0 (for tests and tools). NULL: none. */
+    const float *(*logits)(const model *m);
+    /* OPTIONAL: the device per-token losses [nseq * T] (-log p(target)) of
+     * the last forward. NULL: none. */
+    const float *(*token_losses)(const model *m);
 };
 
 /* ---- registry */
@@ -315,7 +321,9 @@ void model_backward_notify(model *m, int nseq, model_grads_done_fn done, void *c
 
 /* The gradient buffer's spans for layers [lo, hi) (none when lo == hi)
  * and, with `ends`, every tensor outside the blocks plus the caller's tail:
- * adjacent tensors merged, ascending. Buckets that cover [0, L) once plus
+ * ascending, neighbours in memory merged while the layer does not go down
+ * (a layer-major layout: one span per bucket; GPT-2's tensor-major one:
+ * one span per block tensor). Buckets that cover [0, L) once plus
  * the ends once cover [0, nparams + grad_tail) exactly once. Writes at most
  * MODEL_MAX_GRAD_SPANS; returns how many (-1 if more were needed). */
 int model_grad_spans(const model *m, int lo, int hi, int ends, kern_span *out);
@@ -326,6 +334,12 @@ double model_grad_sumsq(model *m);
 
 /* The tensor called `name`, or NULL. */
 const model_tensor *model_find_tensor(const model *m, const char *name);
+/* The family's logits of the last forward (want_grad = 0), device memory;
+ * NULL when the family does not expose them or there are no activations. */
+const float *model_logits(const model *m);
+/* The family's per-token losses of the last forward, device memory; NULL
+ * when not exposed or there are no activations. */
+const float *model_token_losses(const model *m);
 
 /* ---- weights by layout (host side; checkpoints and Hugging Face files) */
 

@@ -8,53 +8,63 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checked.h"
 #include "fsutil.h"
 #include "rng.h"
 
+/* The 16 tensor groups, in llm.c's order (a block group holds all layers). */
 enum {
     P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB,
-    P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB,
+    P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB, P_NGROUPS
 };
 
 #define HEADER_INTS 256
 
-int model_tensor_decays(int i)
+/* Hugging Face name (%d = layer), file shape in units of C (0: see below),
+ * and whether the group is a Conv1D matrix (transposed) / decays. */
+typedef struct group_def {
+    const char *name;
+    int in_mult, out_mult; /* matrices: file [in*C, out*C]; vectors: [out*C] */
+    bool matrix;
+} group_def;
+
+static const group_def groups[P_NGROUPS] = {
+    [P_WTE] = {"wte.weight", 0, 0, true},
+    [P_WPE] = {"wpe.weight", 0, 0, true},
+    [P_LN1W] = {"h.%d.ln_1.weight", 0, 1, false},
+    [P_LN1B] = {"h.%d.ln_1.bias", 0, 1, false},
+    [P_QKVW] = {"h.%d.attn.c_attn.weight", 1, 3, true},
+    [P_QKVB] = {"h.%d.attn.c_attn.bias", 0, 3, false},
+    [P_ATTPROJW] = {"h.%d.attn.c_proj.weight", 1, 1, true},
+    [P_ATTPROJB] = {"h.%d.attn.c_proj.bias", 0, 1, false},
+    [P_LN2W] = {"h.%d.ln_2.weight", 0, 1, false},
+    [P_LN2B] = {"h.%d.ln_2.bias", 0, 1, false},
+    [P_FCW] = {"h.%d.mlp.c_fc.weight", 1, 4, true},
+    [P_FCB] = {"h.%d.mlp.c_fc.bias", 0, 4, false},
+    [P_FCPROJW] = {"h.%d.mlp.c_proj.weight", 4, 1, true},
+    [P_FCPROJB] = {"h.%d.mlp.c_proj.bias", 0, 1, false},
+    [P_LNFW] = {"ln_f.weight", 0, 1, false},
+    [P_LNFB] = {"ln_f.bias", 0, 1, false},
+};
+
+static int group_layered(int g)
 {
-    return i == P_WTE || i == P_WPE || i == P_QKVW || i == P_ATTPROJW || i == P_FCW ||
-           i == P_FCPROJW;
+    return g >= P_LN1W && g <= P_FCPROJB;
 }
 
-static void tensor_sizes(const model_config *c, size_t *sz)
+/* The group of the k-th tensor of the layout (L layers). */
+static int group_of(int k, int L)
 {
-    size_t C = (size_t)c->channels, L = (size_t)c->n_layer;
-    sz[P_WTE] = (size_t)c->padded_vocab_size * C;
-    sz[P_WPE] = (size_t)c->max_seq_len * C;
-    sz[P_LN1W] = L * C;
-    sz[P_LN1B] = L * C;
-    sz[P_QKVW] = L * 3 * C * C;
-    sz[P_QKVB] = L * 3 * C;
-    sz[P_ATTPROJW] = L * C * C;
-    sz[P_ATTPROJB] = L * C;
-    sz[P_LN2W] = L * C;
-    sz[P_LN2B] = L * C;
-    sz[P_FCW] = L * 4 * C * C;
-    sz[P_FCB] = L * 4 * C;
-    sz[P_FCPROJW] = L * C * 4 * C;
-    sz[P_FCPROJB] = L * C;
-    sz[P_LNFW] = C;
-    sz[P_LNFB] = C;
+    if (k < 2)
+        return k;
+    if (k < 2 + 12 * L)
+        return P_LN1W + (k - 2) / L;
+    return P_LNFW + (k - 2 - 12 * L);
 }
 
-size_t model_num_params(const model_config *cfg)
-{
-    size_t sz[MODEL_NTENSORS], n = 0;
-    tensor_sizes(cfg, sz);
-    for (int i = 0; i < MODEL_NTENSORS; i++)
-        n += sz[i];
-    return n;
-}
+/* ---- config */
 
-static int check_shape(const model_config *c, acc_err *err)
+static int gpt2_check(const model_config *c, acc_err *err)
 {
     if (c->n_layer < 1 || c->n_head < 1 || c->channels < 1 || c->max_seq_len < 1)
         return acc_err_set(err, ACC_EINVAL, "model",
@@ -66,20 +76,127 @@ static int check_shape(const model_config *c, acc_err *err)
         return acc_err_set(err, ACC_EINVAL, "model.padded_vocab_size",
                            "padded_vocab_size %d must be >= vocab_size %d >= 1",
                            c->padded_vocab_size, c->vocab_size);
+    if ((c->n_kv_head != 0 && c->n_kv_head != c->n_head) ||
+        (c->head_dim != 0 && c->head_dim * c->n_head != c->channels))
+        return acc_err_set(err, ACC_EINVAL, "model.n_head",
+                           "gpt2 has n_head key/value heads of n_embd / n_head channels");
+    if (c->intermediate_size != 0 && (int64_t)c->intermediate_size != 4 * (int64_t)c->channels)
+        return acc_err_set(err, ACC_EINVAL, "model", "gpt2's MLP is 4 * n_embd wide");
     return 0;
 }
 
-int model_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err)
+static int gpt2_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err)
 {
-    if (sm->arch[0] != '\0' && strcmp(sm->arch, "gpt2") != 0)
-        return acc_err_set(err, ACC_EINVAL, "model.arch", "unknown arch \"%s\" (gpt2)", sm->arch);
     cfg->max_seq_len = sm->seq_len;
     cfg->vocab_size = sm->vocab_size;
     cfg->padded_vocab_size = sm->padded_vocab_size > 0 ? sm->padded_vocab_size : sm->vocab_size;
     cfg->n_layer = sm->n_layer;
     cfg->n_head = sm->n_head;
     cfg->channels = sm->n_embd;
-    return check_shape(cfg, err);
+    cfg->tie_word_embeddings = cfg->attention_bias = cfg->mlp_bias = true;
+    return gpt2_check(cfg, err);
+}
+
+/* A positive int member of a Hugging Face config (absent: `def`, if >= 0). */
+static int hf_int(const json_t *hf, const char *key, int def, int *out, acc_err *err)
+{
+    const json_t *v = json_object_get(hf, key);
+    if ((v == NULL || json_is_null(v)) && def >= 0) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX)
+        return acc_err_set(err, ACC_EINVAL, "model.from",
+                           "config.json: \"%s\" must be an integer in [1, 2^31)", key);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+static int gpt2_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
+{
+    int rc = hf_int(hf, "n_layer", -1, &cfg->n_layer, err);
+    if (rc == 0)
+        rc = hf_int(hf, "n_head", -1, &cfg->n_head, err);
+    if (rc == 0)
+        rc = hf_int(hf, "n_embd", -1, &cfg->channels, err);
+    if (rc == 0)
+        rc = hf_int(hf, "vocab_size", -1, &cfg->vocab_size, err);
+    if (rc == 0)
+        rc = hf_int(hf, "n_positions", 1024, &cfg->max_seq_len, err);
+    if (rc == 0)
+        rc = hf_int(hf, "n_inner", 0, &cfg->intermediate_size, err);
+    if (rc != 0)
+        return rc;
+    const json_t *eps = json_object_get(hf, "layer_norm_epsilon");
+    cfg->norm_eps = json_is_number(eps) ? json_number_value(eps) : 1e-5;
+    cfg->padded_vocab_size = cfg->vocab_size;
+    cfg->tie_word_embeddings = cfg->attention_bias = cfg->mlp_bias = true;
+    rc = gpt2_check(cfg, err);
+    if (rc != 0 && err != NULL)
+        snprintf(err->field, sizeof err->field, "model.from");
+    return rc;
+}
+
+static int gpt2_config_to_hf(const model_config *cfg, json_t *hf, acc_err *err)
+{
+    json_t *arch = json_pack("[s]", "GPT2LMHeadModel");
+    int bad = arch == NULL;
+    bad |= json_object_set_new(hf, "architectures", arch) != 0;
+    bad |= json_object_set_new(hf, "model_type", json_string("gpt2")) != 0;
+    bad |= json_object_set_new(hf, "n_layer", json_integer(cfg->n_layer)) != 0;
+    bad |= json_object_set_new(hf, "n_head", json_integer(cfg->n_head)) != 0;
+    bad |= json_object_set_new(hf, "n_embd", json_integer(cfg->channels)) != 0;
+    bad |= json_object_set_new(hf, "vocab_size", json_integer(cfg->vocab_size)) != 0;
+    bad |= json_object_set_new(hf, "n_positions", json_integer(cfg->max_seq_len)) != 0;
+    bad |= json_object_set_new(hf, "n_ctx", json_integer(cfg->max_seq_len)) != 0;
+    bad |= json_object_set_new(hf, "layer_norm_epsilon", json_real(1e-5)) != 0;
+    bad |= json_object_set_new(hf, "tie_word_embeddings", json_true()) != 0;
+    return bad ? acc_err_set(err, ACC_ENOMEM, "", "out of host memory for config.json") : 0;
+}
+
+/* ---- layout */
+
+static int gpt2_layout(const model_config *c, model_layout *out, acc_err *err)
+{
+    int64_t C = c->channels;
+    int L = c->n_layer, cap = 0, rc = 0;
+    char name[MODEL_NAME_MAX];
+    for (int g = 0; rc == 0 && g < P_NGROUPS; g++) {
+        const group_def *d = &groups[g];
+        int layers = group_layered(g) ? L : 1;
+        for (int l = 0; rc == 0 && l < layers; l++) {
+            int64_t shape[2];
+            int ndim = 2;
+            size_t count = 0;
+            snprintf(name, sizeof name, d->name, l);
+            if (g == P_WTE) { /* the file drops the padded rows */
+                shape[0] = c->vocab_size;
+                shape[1] = C;
+                count = (size_t)c->padded_vocab_size * (size_t)C;
+            } else if (g == P_WPE) {
+                shape[0] = c->max_seq_len;
+                shape[1] = C;
+            } else if (d->matrix) {
+                shape[0] = d->in_mult * C;
+                shape[1] = d->out_mult * C;
+            } else {
+                ndim = 1;
+                shape[0] = d->out_mult * C;
+            }
+            rc = model_layout_add(out, &cap, name, group_layered(g) ? l : -1, ndim, shape, count,
+                                  d->matrix, true, d->matrix && g != P_WTE && g != P_WPE,
+                                  "model.n_embd", err);
+        }
+    }
+    return rc;
+}
+
+/* ---- native files: llm.c .bin, safetensors */
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
 static int read_header(FILE *f, const char *path, int32_t *h, acc_err *err)
@@ -116,8 +233,8 @@ static int config_matches(const model_config *c, const spec_model *sm, const cha
     return 0;
 }
 
-int model_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
-                           acc_err *err)
+static int config_from_llmc(const char *path, const spec_model *sm, model_config *cfg,
+                            acc_err *err)
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL)
@@ -137,12 +254,20 @@ int model_config_from_file(const char *path, const spec_model *sm, model_config 
     cfg->n_head = h[5];
     cfg->channels = h[6];
     cfg->padded_vocab_size = h[7] > 0 ? h[7] : h[3];
-    if ((rc = check_shape(cfg, err)) != 0) {
+    cfg->tie_word_embeddings = cfg->attention_bias = cfg->mlp_bias = true;
+    if ((rc = gpt2_check(cfg, err)) != 0) {
         if (err != NULL)
             snprintf(err->field, sizeof err->field, "model.init_from");
         return rc;
     }
-    uint64_t want = (uint64_t)HEADER_INTS * 4 + (uint64_t)model_num_params(cfg) * 4;
+    model_layout l;
+    if ((rc = model_layout_build(cfg, &l, err)) != 0) {
+        if (err != NULL)
+            snprintf(err->field, sizeof err->field, "model.init_from");
+        return rc;
+    }
+    uint64_t want = acc_sat_add_u64((uint64_t)HEADER_INTS * 4, acc_sat_mul_u64(l.nparams, 4));
+    model_layout_free(&l);
     if ((uint64_t)size < want)
         return acc_err_set(err, ACC_EINVAL, "model.init_from",
                            "%s: %ld bytes, its header needs %llu", path, size,
@@ -150,18 +275,196 @@ int model_config_from_file(const char *path, const spec_model *sm, model_config 
     return config_matches(cfg, sm, path, err);
 }
 
-/* ---- activation layout
+int model_gpt2_safetensors_shape(const char *path, int *n_layer, int *channels, int *vocab,
+                                 int *max_seq_len, acc_err *err)
+{
+    st_file *f;
+    if (st_open(path, &f, err) != 0)
+        return acc_err_set(err, ACC_EINVAL, "model.init_from", "%s", err ? err->msg : "unreadable");
+    st_tensor wte, wpe, t;
+    int rc = 0;
+    if (st_get(f, "wte.weight", &wte, NULL) != 0 || st_get(f, "wpe.weight", &wpe, NULL) != 0 ||
+        wte.ndim != 2 || wpe.ndim != 2)
+        rc = acc_err_set(err, ACC_EINVAL, "model.init_from",
+                         "%s is not a GPT-2 checkpoint (no wte.weight / wpe.weight)", path);
+    int layers = 0;
+    char name[MODEL_NAME_MAX];
+    while (rc == 0 && layers < 100000) {
+        snprintf(name, sizeof name, "h.%d.ln_1.weight", layers);
+        if (st_get(f, name, &t, NULL) != 0)
+            break;
+        layers++;
+    }
+    if (rc == 0 && (wte.shape[0] > INT32_MAX || wte.shape[1] > INT32_MAX || wpe.shape[0] > INT32_MAX))
+        rc = acc_err_set(err, ACC_EINVAL, "model.init_from", "%s: tensor shapes out of range",
+                         path);
+    if (rc == 0) {
+        *n_layer = layers;
+        *channels = (int)wte.shape[1];
+        *vocab = (int)wte.shape[0];
+        *max_seq_len = (int)wpe.shape[0];
+    }
+    st_close(f);
+    return rc;
+}
+
+/* init_from a safetensors GPT-2: the spec's shape, checked against the
+ * file; wpe keeps the file's rows. */
+static int config_from_safetensors(const char *path, const spec_model *sm, model_config *cfg,
+                                   acc_err *err)
+{
+    int layers, channels, vocab, max_seq;
+    int rc = gpt2_config_from_spec(sm, cfg, err);
+    if (rc == 0)
+        rc = model_gpt2_safetensors_shape(path, &layers, &channels, &vocab, &max_seq, err);
+    if (rc != 0)
+        return rc;
+    if (layers != cfg->n_layer || channels != cfg->channels || vocab != cfg->vocab_size ||
+        max_seq < sm->seq_len)
+        return acc_err_set(err, ACC_EINVAL, "model.init_from",
+                           "%s has n_layer %d, n_embd %d, vocab %d, %d positions; the spec asks for "
+                           "%d, %d, %d, seq_len %d", path, layers, channels, vocab, max_seq,
+                           cfg->n_layer, cfg->channels, cfg->vocab_size, sm->seq_len);
+    cfg->max_seq_len = max_seq;
+    return 0;
+}
+
+static int gpt2_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
+                                 acc_err *err)
+{
+    return ends_with(path, ".safetensors") ? config_from_safetensors(path, sm, cfg, err)
+                                           : config_from_llmc(path, sm, cfg, err);
+}
+
+static int load_llmc_host(const model *m, const char *path, float *host, acc_err *err)
+{
+    const char *field = "model.init_from";
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return acc_err_set(err, ACC_EINVAL, field, "cannot open %s: %s", path, strerror(errno));
+    int32_t h[HEADER_INTS];
+    int rc = read_header(f, path, h, err);
+    if (rc == 0 && (h[2] != m->cfg.max_seq_len || h[3] != m->cfg.vocab_size ||
+                    h[4] != m->cfg.n_layer || h[5] != m->cfg.n_head || h[6] != m->cfg.channels ||
+                    (h[7] > 0 ? h[7] : h[3]) != m->cfg.padded_vocab_size))
+        rc = acc_err_set(err, ACC_EINVAL, field, "%s: header does not match the model", path);
+    if (rc == 0 && fread(host, sizeof *host, m->nparams, f) != m->nparams)
+        rc = acc_err_set(err, ACC_EINVAL, field, "%s: truncated parameters", path);
+    fclose(f);
+    return rc;
+}
+
+static int load_safetensors_host(const model *m, const char *path, float *host, acc_err *err)
+{
+    st_file *f;
+    int rc = st_open(path, &f, err);
+    if (rc != 0)
+        return acc_err_set(err, ACC_EINVAL, "model.init_from", "%s", err ? err->msg : "unreadable");
+    rc = model_safetensors_read(&m->layout, f, path, "model.init_from", host, err);
+    st_close(f);
+    return rc;
+}
+
+static int gpt2_load_file_host(const model *m, const char *path, float *host, acc_err *err)
+{
+    return ends_with(path, ".safetensors") ? load_safetensors_host(m, path, host, err)
+                                           : load_llmc_host(m, path, host, err);
+}
+
+int model_load_llmc(model *m, const char *path, acc_err *err)
+{
+    float *host = malloc(m->nparams * sizeof *host);
+    if (host == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "model.init_from", "out of host memory loading %s",
+                           path);
+    int rc = load_llmc_host(m, path, host, err);
+    if (rc == 0)
+        model_params_upload(m, host);
+    free(host);
+    return rc;
+}
+
+int model_save_llmc(const model *m, const char *path, acc_err *err)
+{
+    float *host = malloc(m->nparams * sizeof *host);
+    if (host == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory saving %s", path);
+    model_params_download(m, host);
+    int32_t h[HEADER_INTS] = {MODEL_LLMC_MAGIC, MODEL_LLMC_VERSION, m->cfg.max_seq_len,
+                              m->cfg.vocab_size, m->cfg.n_layer, m->cfg.n_head,
+                              m->cfg.channels, m->cfg.padded_vocab_size};
+    fsu_chunk c[2] = {{h, sizeof h}, {host, m->nparams * sizeof *host}};
+    int rc = fsu_write_atomic_chunks(path, c, 2, err);
+    free(host);
+    return rc;
+}
+
+/* ---- seeded init: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
+ * biases 0, LayerNorm weights 1, padded wte rows 0; the draws walk the
+ * layout in order (llm.c's), padded rows included, so the weights are a
+ * function of (config, seed) only. */
+
+static int gpt2_init_host(const model *m, uint64_t seed, float *host, acc_err *err)
+{
+    (void)err;
+    rng r;
+    rng_seed(&r, seed, 0x1417ULL);
+    double resid_std = 0.02 / sqrt(2.0 * m->cfg.n_layer);
+    for (int k = 0; k < m->layout.n; k++) {
+        const model_tensor *t = &m->layout.t[k];
+        int g = group_of(k, m->cfg.n_layer);
+        float *p = host + t->offset;
+        int is_ln_w = g == P_LN1W || g == P_LN2W || g == P_LNFW;
+        double std = (g == P_ATTPROJW || g == P_FCPROJW) ? resid_std : 0.02;
+        for (size_t j = 0; j < t->count; j++)
+            p[j] = is_ln_w ? 1.0f : t->decays ? (float)(std * rng_normal(&r)) : 0.0f;
+    }
+    /* padded vocabulary rows stay zero: they are never a target */
+    size_t C = (size_t)m->cfg.channels;
+    memset(host + (size_t)m->cfg.vocab_size * C, 0,
+           (size_t)(m->cfg.padded_vocab_size - m->cfg.vocab_size) * C * sizeof *host);
+    return 0;
+}
+
+/* ---- activations
  *
  * Stored mode keeps every layer's activations for the backward. Recompute
  * mode keeps only each layer's output on the residual stream (resid3, L
- * copies) plus ONE layer's worth of the rest (slot 0), and model_backward
- * re-runs a block's forward from its stored input before its backward. The
- * kernels are deterministic, so both modes give the same bits. */
+ * copies) plus ONE layer's worth of the rest (slot 0), and the backward
+ * re-runs a block's forward from its stored input before its backward. */
 
-typedef struct act_slot {
-    size_t off, count;
-    int is_int;
-} act_slot;
+typedef struct gpt2_acts {
+    float *encoded;                                     /* [BT,C] */
+    float *ln1, *ln1_mean, *ln1_rstd;                   /* [L,BT,C], [L,BT] */
+    float *qkv;                                         /* [L,BT,3C] */
+    float *atty;                                        /* [L,BT,C] */
+    float *lse;                                         /* [L,B,NH,T] attention rows' log-sum-exp */
+    float *attproj, *resid2;                            /* [L,BT,C] */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu;                              /* [L,BT,4C] */
+    float *fcproj, *resid3;                             /* [L,BT,C] */
+    float *lnf, *lnf_mean, *lnf_rstd;                   /* [BT,C], [BT] */
+    float *logits;                                      /* [BT,Vp] */
+    float *losses;                                      /* [BT] */
+    /* backward scratch, one layer at a time */
+    float *dresid, *dln, *datty, *dqkv, *dbig1, *dbig2;
+    float *att_scratch;                                 /* KERN_ATT_SCRATCH(T, NH): fwd and bwd */
+    /* inputs */
+    int *tokens, *targets;
+    float *weights;
+} gpt2_acts;
+
+/* The family's state: where each group starts, and the activations. */
+typedef struct gpt2_state {
+    size_t off[P_NGROUPS];
+    void *act_mem;
+    gpt2_acts a;
+} gpt2_state;
+
+static gpt2_state *G(const model *m)
+{
+    return m->impl;
+}
 
 enum {
     A_ENCODED, A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_ATTY, A_LSE, A_ATTPROJ, A_RESID2,
@@ -170,60 +473,81 @@ enum {
     A_DBIG1, A_DBIG2, A_ATT_SCRATCH, A_TOKENS, A_TARGETS, A_WEIGHTS, A_COUNT
 };
 
-static size_t act_counts(const model_config *c, int B, int T, int recompute, size_t *cnt)
+/* Floats of each activation array for B x T (saturated), and the bytes of
+ * them all, each rounded up to 16 floats (64-byte aligned arrays). */
+static uint64_t act_counts(const model_config *c, int B, int T, int recompute, uint64_t *cnt)
 {
-    size_t BT = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->n_layer;
-    size_t Ls = recompute ? 1 : L; /* layers whose inner activations are kept */
-    size_t lse = (size_t)B * c->n_head * T;
-    size_t per[A_COUNT] = {
-        [A_ENCODED] = BT * C, [A_LN1] = Ls * BT * C, [A_LN1_MEAN] = Ls * BT,
-        [A_LN1_RSTD] = Ls * BT, [A_QKV] = Ls * BT * 3 * C, [A_ATTY] = Ls * BT * C,
-        [A_LSE] = Ls * lse, [A_ATTPROJ] = Ls * BT * C, [A_RESID2] = Ls * BT * C,
-        [A_LN2] = Ls * BT * C, [A_LN2_MEAN] = Ls * BT, [A_LN2_RSTD] = Ls * BT,
-        [A_FCH] = Ls * BT * 4 * C, [A_FCH_GELU] = Ls * BT * 4 * C, [A_FCPROJ] = Ls * BT * C,
-        [A_RESID3] = L * BT * C, [A_LNF] = BT * C, [A_LNF_MEAN] = BT, [A_LNF_RSTD] = BT,
-        [A_LOGITS] = BT * (size_t)c->padded_vocab_size, [A_LOSSES] = BT,
-        [A_DRESID] = BT * C, [A_DLN] = BT * C, [A_DATTY] = BT * C, [A_DQKV] = BT * 3 * C,
-        [A_DBIG1] = BT * 4 * C, [A_DBIG2] = BT * 4 * C,
-        [A_ATT_SCRATCH] = KERN_ATT_SCRATCH(T, c->n_head),
+    uint64_t BT = acc_sat_mul_u64((uint64_t)B, (uint64_t)T), C = (uint64_t)c->channels;
+    uint64_t L = (uint64_t)c->n_layer, NH = (uint64_t)c->n_head;
+    uint64_t Ls = recompute ? 1 : L; /* layers whose inner activations are kept */
+    uint64_t btc = acc_sat_mul_u64(BT, C), lbtc = acc_sat_mul_u64(Ls, btc);
+    uint64_t lbt = acc_sat_mul_u64(Ls, BT);
+    uint64_t lse = acc_sat_mul_u64(BT, NH);
+    uint64_t per[A_COUNT] = {
+        [A_ENCODED] = btc, [A_LN1] = lbtc, [A_LN1_MEAN] = lbt,
+        [A_LN1_RSTD] = lbt, [A_QKV] = acc_sat_mul_u64(lbtc, 3), [A_ATTY] = lbtc,
+        [A_LSE] = acc_sat_mul_u64(Ls, lse), [A_ATTPROJ] = lbtc, [A_RESID2] = lbtc,
+        [A_LN2] = lbtc, [A_LN2_MEAN] = lbt, [A_LN2_RSTD] = lbt,
+        [A_FCH] = acc_sat_mul_u64(lbtc, 4), [A_FCH_GELU] = acc_sat_mul_u64(lbtc, 4),
+        [A_FCPROJ] = lbtc, [A_RESID3] = acc_sat_mul_u64(L, btc), [A_LNF] = btc,
+        [A_LNF_MEAN] = BT, [A_LNF_RSTD] = BT,
+        [A_LOGITS] = acc_sat_mul_u64(BT, (uint64_t)c->padded_vocab_size), [A_LOSSES] = BT,
+        [A_DRESID] = btc, [A_DLN] = btc, [A_DATTY] = btc, [A_DQKV] = acc_sat_mul_u64(btc, 3),
+        [A_DBIG1] = acc_sat_mul_u64(btc, 4), [A_DBIG2] = acc_sat_mul_u64(btc, 4),
+        /* KERN_ATT_SCRATCH(T, NH), checked */
+        [A_ATT_SCRATCH] = acc_sat_mul3_u64(2 * NH, (uint64_t)T, (uint64_t)T),
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT,
     };
-    size_t total = 0;
+    uint64_t total = 0;
     for (int i = 0; i < A_COUNT; i++) {
         cnt[i] = per[i];
-        total += (per[i] + 15) / 16 * 16; /* keep every array 64-byte aligned */
+        total = acc_sat_add_u64(total, acc_sat_round_up_u64(per[i], 16));
     }
-    return total * sizeof(float);
+    return acc_sat_mul_u64(total, sizeof(float));
 }
 
-uint64_t model_state_bytes(const model_config *cfg)
+static int gpt2_act_bytes(const model_config *cfg, int B, int T, int recompute, uint64_t *bytes,
+                          acc_err *err)
 {
-    uint64_t params = model_num_params(cfg) * sizeof(float);
-    return 3 * params + (params + MODEL_GRAD_EXTRA * sizeof(float));
+    uint64_t cnt[A_COUNT];
+    *bytes = act_counts(cfg, B, T, recompute, cnt);
+    if (*bytes != ACC_SIZE_OVERFLOW && *bytes <= SIZE_MAX)
+        return 0;
+    /* name what made it overflow: the sequence alone, or the micro batch */
+    int one = act_counts(cfg, 1, T, recompute, cnt) == ACC_SIZE_OVERFLOW;
+    return acc_err_set(err, ACC_EINVAL, one ? "model.seq_len" : "train_micro_batch_size_per_gpu",
+                       "the activations for micro batch %d x seq_len %d overflow 64-bit sizes",
+                       B, T);
 }
 
-uint64_t model_act_bytes(const model_config *cfg, int B, int T, int recompute)
+static void gpt2_gemm_extent(const model_config *c, uint64_t n, model_gemm_extent *out)
 {
-    size_t cnt[A_COUNT];
-    return B > 0 ? act_counts(cfg, B, T, recompute, cnt) : 0;
+    uint64_t C = (uint64_t)c->channels, vp = (uint64_t)c->padded_vocab_size;
+    uint64_t c4 = acc_sat_mul_u64(4, C);
+    uint64_t wide = c4 > vp ? c4 : vp;
+    /* A side: N x max(4C, Vp) (fc / fc-proj activations, the logits' gradient);
+     * B side: max(Vp C, 4C C, N 4C) (wte, the MLP weights, fc-proj's input) */
+    uint64_t b = acc_sat_mul_u64(vp, C), w = acc_sat_mul_u64(c4, C), x = acc_sat_mul_u64(n, c4);
+    if (w > b)
+        b = w;
+    if (x > b)
+        b = x;
+    out->a_elems = acc_sat_mul_u64(n, wide);
+    out->b_elems = b;
 }
 
-uint64_t model_device_bytes(const model_config *cfg, int B, int T, int recompute)
+static void carve_acts(model *m)
 {
-    return model_state_bytes(cfg) + model_act_bytes(cfg, B, T, recompute);
-}
-
-static void carve_acts(model_gpt2 *m)
-{
-    size_t cnt[A_COUNT];
+    gpt2_state *s = G(m);
+    uint64_t cnt[A_COUNT];
     act_counts(&m->cfg, m->B, m->T, m->recompute, cnt);
     void *ptr[A_COUNT];
-    char *p = m->act_mem;
+    char *p = s->act_mem;
     for (int i = 0; i < A_COUNT; i++) {
         ptr[i] = p;
-        p += (cnt[i] + 15) / 16 * 16 * sizeof(float);
+        p += (cnt[i] + 15) / 16 * 16 * sizeof(float); /* checked by act_bytes */
     }
-    model_acts *a = &m->a;
+    gpt2_acts *a = &s->a;
     a->encoded = ptr[A_ENCODED];
     a->ln1 = ptr[A_LN1];
     a->ln1_mean = ptr[A_LN1_MEAN];
@@ -257,172 +581,57 @@ static void carve_acts(model_gpt2 *m)
     a->weights = ptr[A_WEIGHTS];
 }
 
-void model_acts_free(model_gpt2 *m)
+static int gpt2_create(model *m, acc_err *err)
 {
-    if (m->act_mem != NULL)
-        m->dev->ops->free(m->dev, m->act_mem);
-    m->act_mem = NULL;
-    m->act_bytes = 0;
-    m->B = 0;
-    memset(&m->a, 0, sizeof m->a);
+    gpt2_state *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+    int L = m->cfg.n_layer;
+    for (int k = 0; k < m->layout.n; k++) {
+        int g = group_of(k, L);
+        if (!group_layered(g) || m->layout.t[k].layer == 0)
+            s->off[g] = m->layout.t[k].offset;
+    }
+    m->impl = s;
+    return 0;
 }
 
-int model_acts_alloc(model_gpt2 *m, int B, int recompute, acc_err *err)
+static void gpt2_destroy(model *m)
 {
-    model_acts_free(m);
-    if (B < 1)
-        return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
-                           "micro batch %d must be >= 1", B);
-    size_t cnt[A_COUNT];
-    size_t bytes = act_counts(&m->cfg, B, m->T, recompute, cnt);
-    int rc = m->dev->ops->alloc(m->dev, bytes, &m->act_mem, err);
+    free(m->impl);
+    m->impl = NULL;
+}
+
+static void gpt2_acts_free(model *m)
+{
+    gpt2_state *s = G(m);
+    if (s == NULL)
+        return;
+    if (s->act_mem != NULL)
+        m->dev->ops->free(m->dev, s->act_mem);
+    s->act_mem = NULL;
+    memset(&s->a, 0, sizeof s->a);
+}
+
+static int gpt2_acts_alloc(model *m, acc_err *err)
+{
+    gpt2_state *s = G(m);
+    size_t bytes = (size_t)m->act_bytes; /* checked by act_bytes */
+    int rc = m->dev->ops->alloc(m->dev, bytes, &s->act_mem, err);
     if (rc != 0) {
-        m->act_mem = NULL;
+        s->act_mem = NULL;
         return rc;
     }
-    m->dev->ops->zero(m->dev, m->act_mem, bytes);
-    m->act_bytes = bytes;
-    m->B = B;
-    m->recompute = recompute;
+    m->dev->ops->zero(m->dev, s->act_mem, bytes);
     carve_acts(m);
     return 0;
 }
 
-static int alloc_state(model_gpt2 *m, acc_err *err)
-{
-    size_t pb = m->nparams * sizeof(float), gb = pb + MODEL_GRAD_EXTRA * sizeof(float);
-    kern_device *dev = m->dev;
-    const kern_ops *k = dev->ops;
-    int rc = k->alloc(dev, pb, (void **)&m->params, err);
-    if (rc == 0)
-        rc = k->alloc(dev, gb, (void **)&m->grads, err);
-    if (rc == 0)
-        rc = k->alloc(dev, pb, (void **)&m->adam_m, err);
-    if (rc == 0)
-        rc = k->alloc(dev, pb, (void **)&m->adam_v, err);
-    if (rc != 0)
-        return rc;
-    k->zero(dev, m->params, pb);
-    k->zero(dev, m->grads, gb);
-    k->zero(dev, m->adam_m, pb);
-    k->zero(dev, m->adam_v, pb);
-    return 0;
-}
-
-int model_create(kern_device *dev, const model_config *cfg, int B, int T, model_gpt2 **out,
-                 acc_err *err)
-{
-    *out = NULL;
-    if (T > cfg->max_seq_len || B < 0 || T < 1)
-        return acc_err_set(err, ACC_EINVAL, "model.seq_len", "seq_len %d with max_seq_len %d",
-                           T, cfg->max_seq_len);
-    model_gpt2 *m = calloc(1, sizeof *m);
-    if (m == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
-    m->cfg = *cfg;
-    m->dev = dev;
-    m->T = T;
-    tensor_sizes(cfg, m->tensor_size);
-    for (int i = 0; i < MODEL_NTENSORS; i++) {
-        m->tensor_off[i] = m->nparams;
-        m->nparams += m->tensor_size[i];
-    }
-    int rc = alloc_state(m, err);
-    if (rc == 0 && B > 0)
-        rc = model_acts_alloc(m, B, 0, err);
-    if (rc != 0) {
-        model_free(m);
-        return rc;
-    }
-    *out = m;
-    return 0;
-}
-
-void model_free(model_gpt2 *m)
-{
-    if (m == NULL)
-        return;
-    const kern_ops *k = m->dev->ops;
-    model_acts_free(m);
-    k->free(m->dev, m->adam_v);
-    k->free(m->dev, m->adam_m);
-    k->free(m->dev, m->grads);
-    k->free(m->dev, m->params);
-    free(m);
-}
-
-/* ---- parameters in and out */
-
-int model_init_seed(model_gpt2 *m, uint64_t seed, acc_err *err)
-{
-    float *host = malloc(m->nparams * sizeof *host);
-    if (host == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for init");
-    rng r;
-    rng_seed(&r, seed, 0x1417ULL);
-    double resid_std = 0.02 / sqrt(2.0 * m->cfg.n_layer);
-    for (int i = 0; i < MODEL_NTENSORS; i++) {
-        float *t = host + m->tensor_off[i];
-        size_t n = m->tensor_size[i];
-        int is_ln_w = i == P_LN1W || i == P_LN2W || i == P_LNFW;
-        int is_matrix = model_tensor_decays(i);
-        double std = (i == P_ATTPROJW || i == P_FCPROJW) ? resid_std : 0.02;
-        for (size_t j = 0; j < n; j++)
-            t[j] = is_ln_w ? 1.0f : is_matrix ? (float)(std * rng_normal(&r)) : 0.0f;
-    }
-    /* padded vocabulary rows stay zero: they are never a target */
-    size_t C = (size_t)m->cfg.channels;
-    memset(host + (size_t)m->cfg.vocab_size * C, 0,
-           (size_t)(m->cfg.padded_vocab_size - m->cfg.vocab_size) * C * sizeof *host);
-    m->dev->ops->upload(m->dev, m->params, host, m->nparams * sizeof *host);
-    free(host);
-    return 0;
-}
-
-int model_load_llmc(model_gpt2 *m, const char *path, acc_err *err)
-{
-    const char *field = "model.init_from";
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return acc_err_set(err, ACC_EINVAL, field, "cannot open %s: %s", path, strerror(errno));
-    int32_t h[HEADER_INTS];
-    int rc = read_header(f, path, h, err);
-    if (rc == 0 && (h[2] != m->cfg.max_seq_len || h[3] != m->cfg.vocab_size ||
-                    h[4] != m->cfg.n_layer || h[5] != m->cfg.n_head || h[6] != m->cfg.channels ||
-                    (h[7] > 0 ? h[7] : h[3]) != m->cfg.padded_vocab_size))
-        rc = acc_err_set(err, ACC_EINVAL, field, "%s: header does not match the model", path);
-    float *host = NULL;
-    if (rc == 0 && (host = malloc(m->nparams * sizeof *host)) == NULL)
-        rc = acc_err_set(err, ACC_ENOMEM, field, "out of host memory loading %s", path);
-    if (rc == 0 && fread(host, sizeof *host, m->nparams, f) != m->nparams)
-        rc = acc_err_set(err, ACC_EINVAL, field, "%s: truncated parameters", path);
-    fclose(f);
-    if (rc == 0)
-        m->dev->ops->upload(m->dev, m->params, host, m->nparams * sizeof *host);
-    free(host);
-    return rc;
-}
-
-int model_save_llmc(const model_gpt2 *m, const char *path, acc_err *err)
-{
-    float *host = malloc(m->nparams * sizeof *host);
-    if (host == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory saving %s", path);
-    m->dev->ops->download(m->dev, host, m->params, m->nparams * sizeof *host);
-    int32_t h[HEADER_INTS] = {MODEL_LLMC_MAGIC, MODEL_LLMC_VERSION, m->cfg.max_seq_len,
-                              m->cfg.vocab_size, m->cfg.n_layer, m->cfg.n_head,
-                              m->cfg.channels, m->cfg.padded_vocab_size};
-    fsu_chunk c[2] = {{h, sizeof h}, {host, m->nparams * sizeof *host}};
-    int rc = fsu_write_atomic_chunks(path, c, 2, err);
-    free(host);
-    return rc;
-}
-
 /* ---- forward / backward */
 
-static float *P(const model_gpt2 *m, float *base, int tensor, int layer, size_t per_layer)
+static float *P(const model *m, float *base, int tensor, int layer, size_t per_layer)
 {
-    return base + m->tensor_off[tensor] + (size_t)layer * per_layer;
+    return base + G(m)->off[tensor] + (size_t)layer * per_layer;
 }
 
 /* One block's activations: layer l's slot (slot 0 in recompute mode) and
@@ -432,9 +641,9 @@ typedef struct block_acts {
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj, *resid3;
 } block_acts;
 
-static block_acts block_at(const model_gpt2 *m, int l)
+static block_acts block_at(const model *m, int l)
 {
-    const model_acts *a = &m->a;
+    const gpt2_acts *a = &G(m)->a;
     size_t C = (size_t)m->cfg.channels, bt = (size_t)m->B * m->T; /* sized for m->B */
     size_t lse_l = (size_t)m->B * m->cfg.n_head * m->T;
     size_t s = m->recompute ? 0 : (size_t)l;
@@ -452,13 +661,13 @@ static block_acts block_at(const model_gpt2 *m, int l)
 }
 
 /* The residual stream entering block l. */
-static float *block_input(const model_gpt2 *m, int l)
+static float *block_input(const model *m, int l)
 {
     size_t bt = (size_t)m->B * m->T;
-    return l == 0 ? m->a.encoded : m->a.resid3 + (size_t)(l - 1) * bt * m->cfg.channels;
+    return l == 0 ? G(m)->a.encoded : G(m)->a.resid3 + (size_t)(l - 1) * bt * m->cfg.channels;
 }
 
-static void block_forward(model_gpt2 *m, int l, int B)
+static void block_forward(model *m, int l, int B)
 {
     kern_device *d = m->dev;
     const kern_ops *k = d->ops;
@@ -470,7 +679,7 @@ static void block_forward(model_gpt2 *m, int l, int B)
                      P(m, p, P_LN1B, l, C_), (int)BT, C);
     k->matmul_fwd(d, b.qkv, b.ln1, P(m, p, P_QKVW, l, 3 * C_ * C_), P(m, p, P_QKVB, l, 3 * C_),
                   (int)BT, C, 3 * C);
-    k->attention_fwd(d, b.atty, b.lse, m->a.att_scratch, b.qkv, B, T, C, NH);
+    k->attention_fwd(d, b.atty, b.lse, G(m)->a.att_scratch, b.qkv, B, T, C, NH);
     k->matmul_fwd(d, b.attproj, b.atty, P(m, p, P_ATTPROJW, l, C_ * C_),
                   P(m, p, P_ATTPROJB, l, C_), (int)BT, C, C);
     k->add(d, b.resid2, resid, b.attproj, BT * C_);
@@ -484,12 +693,12 @@ static void block_forward(model_gpt2 *m, int l, int B)
     k->add(d, b.resid3, b.resid2, b.fcproj, BT * C_);
 }
 
-void model_forward(model_gpt2 *m, const int *tokens, const int *targets, const float *weights,
+static void gpt2_forward(model *m, const int *tokens, const int *targets, const float *weights,
                    int nseq, int want_grad, double *loss_sum)
 {
     kern_device *d = m->dev;
     const kern_ops *k = d->ops;
-    model_acts *a = &m->a;
+    gpt2_acts *a = &G(m)->a;
     int B = nseq, T = m->T, C = m->cfg.channels, L = m->cfg.n_layer;
     int Vp = m->cfg.padded_vocab_size;
     size_t BT = (size_t)B * T;
@@ -509,11 +718,11 @@ void model_forward(model_gpt2 *m, const int *tokens, const int *targets, const f
 }
 
 /* dresid holds d(block output) on entry and d(block input) on exit. */
-static void block_backward(model_gpt2 *m, int l, int B)
+static void block_backward(model *m, int l, int B)
 {
     kern_device *d = m->dev;
     const kern_ops *k = d->ops;
-    model_acts *a = &m->a;
+    gpt2_acts *a = &G(m)->a;
     int T = m->T, C = m->cfg.channels, NH = m->cfg.n_head;
     size_t BT = (size_t)B * T, C_ = (size_t)C;
     float *p = m->params, *g = m->grads, *resid_in = block_input(m, l);
@@ -542,16 +751,11 @@ static void block_backward(model_gpt2 *m, int l, int B)
                      resid_in, P(m, p, P_LN1W, l, C_), b.ln1_mean, b.ln1_rstd, (int)BT, C);
 }
 
-void model_backward(model_gpt2 *m, int nseq)
-{
-    model_backward_notify(m, nseq, NULL, NULL);
-}
-
-void model_backward_notify(model_gpt2 *m, int nseq, model_grads_done_fn done, void *ctx)
+static void gpt2_backward(model *m, int nseq, void (*done)(void *ctx, int layer), void *ctx)
 {
     kern_device *d = m->dev;
     const kern_ops *k = d->ops;
-    model_acts *a = &m->a;
+    gpt2_acts *a = &G(m)->a;
     int B = nseq, T = m->T, C = m->cfg.channels, L = m->cfg.n_layer;
     int Vp = m->cfg.padded_vocab_size;
     size_t BT = (size_t)B * T, C_ = (size_t)C;
@@ -579,49 +783,37 @@ void model_backward_notify(model_gpt2 *m, int nseq, model_grads_done_fn done, vo
         done(ctx, -1);
 }
 
-size_t model_block_params(const model_config *cfg)
+static const float *gpt2_logits(const model *m)
 {
-    size_t sz[MODEL_NTENSORS], n = 0;
-    tensor_sizes(cfg, sz);
-    for (int i = P_LN1W; i <= P_FCPROJB; i++)
-        n += sz[i] / (size_t)cfg->n_layer;
-    return n;
+    return G(m)->a.logits;
 }
 
-int model_grad_spans(const model_gpt2 *m, int lo, int hi, int ends, kern_span *out)
+static const float *gpt2_token_losses(const model *m)
 {
-    int n = 0;
-    size_t L = (size_t)m->cfg.n_layer;
-    if (ends) /* wte, wpe: the buffer's start */
-        out[n++] = (kern_span){0, m->tensor_off[P_LN1W]};
-    for (int i = P_LN1W; hi > lo && i <= P_FCPROJB; i++) {
-        size_t per = m->tensor_size[i] / L;
-        out[n++] = (kern_span){m->tensor_off[i] + (size_t)lo * per, (size_t)(hi - lo) * per};
-    }
-    if (ends) /* lnfw, lnfb and the spare slots: the buffer's end */
-        out[n++] = (kern_span){m->tensor_off[P_LNFW],
-                               m->nparams + MODEL_GRAD_EXTRA - m->tensor_off[P_LNFW]};
-    return n;
+    return G(m)->a.losses;
 }
 
-void model_zero_grad(model_gpt2 *m)
-{
-    m->dev->ops->zero(m->dev, m->grads, (m->nparams + MODEL_GRAD_EXTRA) * sizeof(float));
-}
+static const char *const gpt2_hf_types[] = {"gpt2", NULL};
 
-double model_grad_sumsq(model_gpt2 *m)
-{
-    return m->dev->ops->sumsq(m->dev, m->grads, m->nparams);
-}
-
-void model_adamw(model_gpt2 *m, float lr, const spec_optim *o, float grad_scale)
-{
-    m->adam_t++;
-    for (int i = 0; i < MODEL_NTENSORS; i++) {
-        size_t off = m->tensor_off[i];
-        float wd = model_tensor_decays(i) ? (float)o->weight_decay : 0.0f;
-        m->dev->ops->adamw(m->dev, m->params + off, m->grads + off, m->adam_m + off,
-                           m->adam_v + off, m->tensor_size[i], lr, (float)o->beta1,
-                           (float)o->beta2, (float)o->eps, wd, grad_scale, m->adam_t);
-    }
-}
+const model_family model_family_gpt2 = {
+    .name = "gpt2",
+    .hf_model_types = gpt2_hf_types,
+    .config_from_spec = gpt2_config_from_spec,
+    .config_check = gpt2_check,
+    .layout = gpt2_layout,
+    .act_bytes = gpt2_act_bytes,
+    .gemm_extent = gpt2_gemm_extent,
+    .acts_alloc = gpt2_acts_alloc,
+    .acts_free = gpt2_acts_free,
+    .forward = gpt2_forward,
+    .backward = gpt2_backward,
+    .init_host = gpt2_init_host,
+    .create = gpt2_create,
+    .destroy = gpt2_destroy,
+    .config_from_hf = gpt2_config_from_hf,
+    .config_to_hf = gpt2_config_to_hf,
+    .config_from_file = gpt2_config_from_file,
+    .load_file_host = gpt2_load_file_host,
+    .logits = gpt2_logits,
+    .token_losses = gpt2_token_losses,
+};

@@ -12,104 +12,18 @@
 #include "fsutil.h"
 #include "safetensors.h"
 
-#define NAME_LEN 64
 #define STATE_FORMAT "accumd-state-1"
 
-/* The Hugging Face name and orientation of each of the model's 16 tensors
- * (llm.c order, see model_gpt2.h). Matrices are stored [out, in] by the
- * model and [in, out] (Conv1D) by GPT-2 checkpoints. */
-typedef struct hf_tensor {
-    const char *name;    /* printf format, %d = layer */
-    int layered;
-    int out_mult, in_mult; /* matrices: out = out_mult*C, in = in_mult*C; 0 = vector/embedding */
-} hf_tensor;
+/* The weights go to model.safetensors under the family's layout (names,
+ * file shapes and orientation: model.h), so this file knows no family. */
 
-static const hf_tensor hf_map[MODEL_NTENSORS] = {
-    {"wte.weight", 0, 0, 0},
-    {"wpe.weight", 0, 0, 0},
-    {"h.%d.ln_1.weight", 1, 0, 0},
-    {"h.%d.ln_1.bias", 1, 0, 0},
-    {"h.%d.attn.c_attn.weight", 1, 3, 1},
-    {"h.%d.attn.c_attn.bias", 1, 0, 0},
-    {"h.%d.attn.c_proj.weight", 1, 1, 1},
-    {"h.%d.attn.c_proj.bias", 1, 0, 0},
-    {"h.%d.ln_2.weight", 1, 0, 0},
-    {"h.%d.ln_2.bias", 1, 0, 0},
-    {"h.%d.mlp.c_fc.weight", 1, 4, 1},
-    {"h.%d.mlp.c_fc.bias", 1, 0, 0},
-    {"h.%d.mlp.c_proj.weight", 1, 1, 4},
-    {"h.%d.mlp.c_proj.bias", 1, 0, 0},
-    {"ln_f.weight", 0, 0, 0},
-    {"ln_f.bias", 0, 0, 0},
-};
-
-/* One HF tensor: where it lives in the model's flat layout and its shape. */
-typedef struct hf_slot {
-    char name[NAME_LEN];
-    size_t off, count;   /* floats, in the model layout */
-    int ndim;
-    int64_t shape[2];    /* HF shape */
-    int transpose;       /* model [shape[1], shape[0]] <-> HF [shape[0], shape[1]] */
-} hf_slot;
-
-static int n_slots(const model_config *c)
+static int download_all(const model *m, const adamw *opt, float **params, float **mom1,
+                        float **mom2, acc_err *err)
 {
-    int n = 0;
-    for (int i = 0; i < MODEL_NTENSORS; i++)
-        n += hf_map[i].layered ? c->n_layer : 1;
-    return n;
-}
-
-static void build_slots(const model_gpt2 *m, hf_slot *s)
-{
-    const model_config *c = &m->cfg;
-    int64_t C = c->channels;
-    int k = 0;
-    for (int i = 0; i < MODEL_NTENSORS; i++) {
-        const hf_tensor *h = &hf_map[i];
-        int layers = h->layered ? c->n_layer : 1;
-        size_t per = m->tensor_size[i] / (size_t)layers;
-        for (int l = 0; l < layers; l++, k++) {
-            hf_slot *t = &s[k];
-            snprintf(t->name, sizeof t->name, h->name, l);
-            t->off = m->tensor_off[i] + (size_t)l * per;
-            t->count = per;
-            t->transpose = h->out_mult > 0;
-            if (t->transpose) {
-                t->ndim = 2;
-                t->shape[0] = h->in_mult * C;
-                t->shape[1] = h->out_mult * C;
-            } else if (i == 0) { /* wte without its padded rows */
-                t->ndim = 2;
-                t->shape[0] = c->vocab_size;
-                t->shape[1] = C;
-                t->count = (size_t)c->vocab_size * (size_t)C;
-            } else if (i == 1) {
-                t->ndim = 2;
-                t->shape[0] = c->max_seq_len;
-                t->shape[1] = C;
-            } else {
-                t->ndim = 1;
-                t->shape[0] = (int64_t)per;
-            }
-        }
-    }
-}
-
-/* dst[c][r] = src[r][c] for a rows x cols matrix */
-static void transpose(float *dst, const float *src, size_t rows, size_t cols)
-{
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++)
-            dst[c * rows + r] = src[r * cols + c];
-}
-
-static int download_all(const model_gpt2 *m, float **params, float **mom1, float **mom2, acc_err *err)
-{
-    size_t bytes = m->nparams * sizeof(float);
+    size_t bytes = m->nparams * sizeof(float), mbytes = (opt->hi - opt->lo) * sizeof(float);
     *params = malloc(bytes);
-    *mom1 = malloc(bytes);
-    *mom2 = malloc(bytes);
+    *mom1 = malloc(mbytes);
+    *mom2 = malloc(mbytes);
     if (*params == NULL || *mom1 == NULL || *mom2 == NULL) {
         free(*params);
         free(*mom1);
@@ -117,49 +31,26 @@ static int download_all(const model_gpt2 *m, float **params, float **mom1, float
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for a checkpoint");
     }
     kern_device *d = m->dev;
-    d->ops->download(d, *params, m->params, bytes);
-    d->ops->download(d, *mom1, m->adam_m, bytes);
-    d->ops->download(d, *mom2, m->adam_v, bytes);
+    model_params_download(m, *params);
+    d->ops->download(d, *mom1, opt->m, mbytes);
+    d->ops->download(d, *mom2, opt->v, mbytes);
     return 0;
 }
 
-static int write_model_file(const char *path, const model_gpt2 *m, const float *params, int step,
+static int write_model_file(const char *path, const model *m, const float *params, int step,
                             acc_err *err)
 {
-    int n = n_slots(&m->cfg);
-    hf_slot *s = calloc((size_t)n, sizeof *s);
-    st_tensor *t = calloc((size_t)n, sizeof *t);
-    float *hf = malloc(m->nparams * sizeof *hf); /* transposed copies */
-    int rc = 0;
-    if (s == NULL || t == NULL || hf == NULL)
-        rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory for a checkpoint");
-    if (rc == 0) {
-        build_slots(m, s);
-        for (int i = 0; i < n; i++) {
-            const float *src = params + s[i].off;
-            if (s[i].transpose) {
-                transpose(hf + s[i].off, src, (size_t)s[i].shape[1], (size_t)s[i].shape[0]);
-                src = hf + s[i].off;
-            }
-            t[i] = (st_tensor){.name = s[i].name, .dtype = ST_F32, .ndim = s[i].ndim,
-                               .shape = {s[i].shape[0], s[i].shape[1]}, .data = src,
-                               .nbytes = s[i].count * sizeof(float)};
-        }
-        char step_s[24];
-        snprintf(step_s, sizeof step_s, "%d", step);
-        st_meta md[] = {{"format", "pt"}, {"step", step_s}, {"producer", "accumd"}};
-        rc = st_write(path, t, n, md, 3, err);
-    }
-    free(hf);
-    free(t);
-    free(s);
-    return rc;
+    char step_s[24];
+    snprintf(step_s, sizeof step_s, "%d", step);
+    st_meta md[] = {{"format", "pt"}, {"step", step_s}, {"producer", "accumd"}};
+    return model_safetensors_write(&m->layout, params, path, md, 3, err);
 }
 
-static int write_state_file(const char *path, const model_gpt2 *m, const float *mom1,
-                            const float *mom2, const ckpt_state *st, const char *spec_json,
-                            acc_err *err)
+static int write_state_file(const char *path, const model *m, const adamw *opt,
+                            const float *mom1, const float *mom2, const ckpt_state *st,
+                            const char *spec_json, acc_err *err)
 {
+    size_t nmom = opt->hi - opt->lo;
     const model_config *c = &m->cfg;
     char v[12][32];
     snprintf(v[0], 32, "%d", st->step);
@@ -182,10 +73,10 @@ static int write_state_file(const char *path, const model_gpt2 *m, const float *
         {"max_seq_len", v[11]},   {"spec", spec_json ? spec_json : "{}"},
     };
     st_tensor t[2] = {
-        {.name = "adam.m", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams},
-         .data = mom1, .nbytes = m->nparams * sizeof(float)},
-        {.name = "adam.v", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams},
-         .data = mom2, .nbytes = m->nparams * sizeof(float)},
+        {.name = "adam.m", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)nmom},
+         .data = mom1, .nbytes = nmom * sizeof(float)},
+        {.name = "adam.v", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)nmom},
+         .data = mom2, .nbytes = nmom * sizeof(float)},
     };
     return st_write(path, t, 2, md, (int)(sizeof md / sizeof md[0]), err);
 }
@@ -261,7 +152,7 @@ static void prune(const char *dir, int keep)
     free(steps);
 }
 
-int ckpt_save(const char *output_dir, const model_gpt2 *m, const ckpt_state *st,
+int ckpt_save(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
               const char *spec_json, int keep, char *path_out, size_t path_n, acc_err *err)
 {
     char final[PATH_MAX], partial[PATH_MAX + 16], file[PATH_MAX + 64];
@@ -276,14 +167,14 @@ int ckpt_save(const char *output_dir, const model_gpt2 *m, const ckpt_state *st,
         return acc_err_set(err, ACC_EIO, "", "checkpoint at step %d: mkdir %s: %s", st->step,
                            partial, strerror(errno));
     float *params, *mom1, *mom2;
-    rc = download_all(m, &params, &mom1, &mom2, err);
+    rc = download_all(m, opt, &params, &mom1, &mom2, err);
     if (rc == 0) {
         snprintf(file, sizeof file, "%s/model.safetensors", partial);
         rc = write_model_file(file, m, params, st->step, err);
     }
     if (rc == 0) {
         snprintf(file, sizeof file, "%s/state.safetensors", partial);
-        rc = write_state_file(file, m, mom1, mom2, st, spec_json, err);
+        rc = write_state_file(file, m, opt, mom1, mom2, st, spec_json, err);
     }
     if (rc == 0) {
         free(params);
@@ -345,39 +236,7 @@ static int check_shape_meta(const st_file *f, const model_config *c, acc_err *er
     return 0;
 }
 
-static int read_weights(const st_file *f, const char *path, const model_gpt2 *m, float *params,
-                        acc_err *err)
-{
-    int n = n_slots(&m->cfg);
-    hf_slot *s = calloc((size_t)n, sizeof *s);
-    if (s == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
-    build_slots(m, s);
-    memset(params, 0, m->nparams * sizeof *params); /* padded wte rows stay 0 */
-    int rc = 0;
-    for (int i = 0; rc == 0 && i < n; i++) {
-        st_tensor t;
-        rc = st_get(f, s[i].name, &t, err);
-        if (rc != 0) {
-            rc = acc_err_set(err, ACC_EINVAL, "model.init_from", "%s has no tensor %s", path, s[i].name);
-            break;
-        }
-        if (t.dtype != ST_F32 || t.ndim != s[i].ndim || t.shape[0] != s[i].shape[0] ||
-            (t.ndim == 2 && t.shape[1] != s[i].shape[1])) {
-            rc = acc_err_set(err, ACC_EINVAL, "model.init_from",
-                             "%s: tensor %s has the wrong dtype or shape for this model", path, s[i].name);
-            break;
-        }
-        if (s[i].transpose)
-            transpose(params + s[i].off, t.data, (size_t)s[i].shape[0], (size_t)s[i].shape[1]);
-        else
-            memcpy(params + s[i].off, t.data, s[i].count * sizeof(float));
-    }
-    free(s);
-    return rc;
-}
-
-int ckpt_load_weights(const char *path, model_gpt2 *m, acc_err *err)
+int ckpt_load_weights(const char *path, model *m, acc_err *err)
 {
     st_file *f;
     int rc = st_open(path, &f, err);
@@ -387,45 +246,15 @@ int ckpt_load_weights(const char *path, model_gpt2 *m, acc_err *err)
     if (params == NULL)
         rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
     if (rc == 0)
-        rc = read_weights(f, path, m, params, err);
+        rc = model_safetensors_read(&m->layout, f, path, "model.init_from", params, err);
     if (rc == 0)
-        m->dev->ops->upload(m->dev, m->params, params, m->nparams * sizeof *params);
+        model_params_upload(m, params);
     free(params);
     st_close(f);
     return rc;
 }
 
-int ckpt_weights_shape(const char *path, int *n_layer, int *channels, int *vocab,
-                       int *max_seq_len, acc_err *err)
-{
-    st_file *f;
-    if (st_open(path, &f, err) != 0)
-        return acc_err_set(err, ACC_EINVAL, "model.init_from", "%s", err ? err->msg : "unreadable");
-    st_tensor wte, wpe, t;
-    int rc = 0;
-    if (st_get(f, "wte.weight", &wte, NULL) != 0 || st_get(f, "wpe.weight", &wpe, NULL) != 0 ||
-        wte.ndim != 2 || wpe.ndim != 2)
-        rc = acc_err_set(err, ACC_EINVAL, "model.init_from",
-                         "%s is not a GPT-2 checkpoint (no wte.weight / wpe.weight)", path);
-    int layers = 0;
-    char name[NAME_LEN];
-    while (rc == 0 && layers < 100000) {
-        snprintf(name, sizeof name, "h.%d.ln_1.weight", layers);
-        if (st_get(f, name, &t, NULL) != 0)
-            break;
-        layers++;
-    }
-    if (rc == 0) {
-        *n_layer = layers;
-        *channels = (int)wte.shape[1];
-        *vocab = (int)wte.shape[0];
-        *max_seq_len = (int)wpe.shape[0];
-    }
-    st_close(f);
-    return rc;
-}
-
-int ckpt_load(const char *dir, model_gpt2 *m, ckpt_state *st, acc_err *err)
+int ckpt_load(const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *err)
 {
     char path[PATH_MAX + 32];
     st_file *mf = NULL, *sf = NULL;
@@ -445,7 +274,7 @@ int ckpt_load(const char *dir, model_gpt2 *m, ckpt_state *st, acc_err *err)
         rc = meta_int(sf, keys[i], &v[i], err);
     st_tensor tm, tv;
     if (rc == 0 && (st_get(sf, "adam.m", &tm, err) != 0 || st_get(sf, "adam.v", &tv, err) != 0 ||
-                    tm.nbytes != m->nparams * sizeof(float) || tv.nbytes != tm.nbytes))
+                    tm.nbytes != (opt->hi - opt->lo) * sizeof(float) || tv.nbytes != tm.nbytes))
         rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: optimizer state does not match the model", path);
     if (rc == 0) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -454,13 +283,13 @@ int ckpt_load(const char *dir, model_gpt2 *m, ckpt_state *st, acc_err *err)
     if (rc == 0 && ((params = malloc(m->nparams * sizeof *params)) == NULL))
         rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
     if (rc == 0)
-        rc = read_weights(mf, path, m, params, err);
+        rc = model_safetensors_read(&m->layout, mf, path, "model.init_from", params, err);
     if (rc == 0) {
         kern_device *d = m->dev;
-        d->ops->upload(d, m->params, params, m->nparams * sizeof *params);
-        d->ops->upload(d, m->adam_m, tm.data, tm.nbytes);
-        d->ops->upload(d, m->adam_v, tv.data, tv.nbytes);
-        m->adam_t = (int)v[1];
+        model_params_upload(m, params);
+        d->ops->upload(d, opt->m, tm.data, tm.nbytes);
+        d->ops->upload(d, opt->v, tv.data, tv.nbytes);
+        opt->t = (int)v[1];
         *st = (ckpt_state){.step = (int)v[0], .adam_t = (int)v[1], .micro_batch = (int)v[2],
                            .accum_steps = (int)v[3], .seed = (uint64_t)v[4], .recompute = v[5] != 0};
     }

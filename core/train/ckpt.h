@@ -1,12 +1,14 @@
 /* ckpt: training checkpoints, in safetensors.
  *
  * A checkpoint is a directory <output_dir>/ckpt-<step, 8 digits>/ holding
- *   model.safetensors  the weights under Hugging Face GPT-2 names
- *                      ("wte.weight", "h.0.attn.c_attn.weight", ...; Conv1D
+ *   model.safetensors  the weights under the family's Hugging Face names and
+ *                      file shapes (the model's layout, model.h: GPT-2's
+ *                      "wte.weight", "h.0.attn.c_attn.weight", ...; Conv1D
  *                      matrices stored [in, out] as transformers expects,
  *                      wte without the padded rows), F32;
  *   state.safetensors  what an exact continuation needs besides the weights:
- *                      the AdamW moments in the model's own flat layout, and
+ *                      the AdamW moments (adamw.h) in the model's own flat
+ *                      layout, and
  *                      metadata: step, adam_t, the (micro, accum) split, the
  *                      seed, the model shape, the spec.
  * The directory is written as ckpt-<step>.partial, every file fsynced, then
@@ -25,7 +27,8 @@
 #include <stdint.h>
 
 #include "err.h"
-#include "model_gpt2.h"
+#include "adamw.h"
+#include "model.h"
 
 typedef struct ckpt_state {
     int step;            /* optimizer steps completed */
@@ -36,16 +39,17 @@ typedef struct ckpt_state {
     bool recompute;      /* activation recomputation in force */
 } ckpt_state;
 
-/* Write a checkpoint of model `m` (rank 0's replica) and `st` under
+/* Write a checkpoint of model `m` (rank 0's replica), its optimizer `opt`
+ * (the whole buffer's moments) and `st` under
  * `output_dir`, then keep only the newest `keep` checkpoints there.
  * `spec_json` (may be NULL) is stored for reference. The path of the new
  * checkpoint directory is written to path_out. */
-int ckpt_save(const char *output_dir, const model_gpt2 *m, const ckpt_state *st,
+int ckpt_save(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
               const char *spec_json, int keep, char *path_out, size_t path_n, acc_err *err);
 
 /* Load weights, moments and state from checkpoint directory `dir` into `m`
- * (whose shape must match). */
-int ckpt_load(const char *dir, model_gpt2 *m, ckpt_state *st, acc_err *err);
+ * and `opt` (whose shapes must match; opt->t := the saved adam_t). */
+int ckpt_load(const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *err);
 
 /* The newest checkpoint under output_dir that opens and verifies; partial
  * ones are removed, unreadable ones skipped (and named in *skipped_msg when
@@ -62,12 +66,8 @@ int ckpt_peek(const char *dir, ckpt_state *st, acc_err *err);
 int ckpt_resolve(const char *path, char *dir_out, size_t dir_n, acc_err *err);
 
 /* Load only the weights from a model.safetensors written by accumd or by
- * Hugging Face GPT-2 tooling (for init_from). Padded wte rows are zeroed. */
-int ckpt_load_weights(const char *path, model_gpt2 *m, acc_err *err);
-
-/* Read the model shape of a safetensors GPT-2 file (for init_from checks):
- * n_layer, channels, vocab rows, max_seq_len. */
-int ckpt_weights_shape(const char *path, int *n_layer, int *channels, int *vocab,
-                       int *max_seq_len, acc_err *err);
+ * Hugging Face tooling (for init_from), by the model's layout. Padding
+ * (e.g. padded wte rows) is zeroed. */
+int ckpt_load_weights(const char *path, model *m, acc_err *err);
 
 #endif

@@ -3,42 +3,42 @@
 
 #include <string.h>
 
-#include "ckpt.h"
-
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
-/* init_from a safetensors GPT-2: the spec's shape, checked against the file;
- * wpe keeps the file's rows. */
-static int config_from_safetensors(const job_spec *spec, model_config *cfg, acc_err *err)
-{
-    const char *path = spec->model.init_from;
-    int layers, channels, vocab, max_seq;
-    int rc = model_config_from_spec(&spec->model, cfg, err);
-    if (rc == 0)
-        rc = ckpt_weights_shape(path, &layers, &channels, &vocab, &max_seq, err);
-    if (rc != 0)
-        return rc;
-    if (layers != cfg->n_layer || channels != cfg->channels || vocab != cfg->vocab_size ||
-        max_seq < spec->model.seq_len)
-        return acc_err_set(err, ACC_EINVAL, "model.init_from",
-                           "%s has n_layer %d, n_embd %d, vocab %d, %d positions; the spec asks for "
-                           "%d, %d, %d, seq_len %d", path, layers, channels, vocab, max_seq,
-                           cfg->n_layer, cfg->channels, cfg->vocab_size, spec->model.seq_len);
-    cfg->max_seq_len = max_seq;
-    return 0;
-}
+#include "adamw.h"
+#include "checked.h"
+#include "trainer.h"
 
 int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
 {
     if (spec->model.init_from[0] != '\0')
-        return ends_with(spec->model.init_from, ".safetensors")
-                   ? config_from_safetensors(spec, cfg, err)
-                   : model_config_from_file(spec->model.init_from, &spec->model, cfg, err);
+        return model_config_from_file(spec->model.init_from, &spec->model, cfg, err);
     return model_config_from_spec(&spec->model, cfg, err);
+}
+
+/* The state's bytes, or an error naming the field. */
+static int state_bytes(const model_config *cfg, uint64_t *bytes, acc_err *err)
+{
+    uint64_t model_b, opt_b;
+    int rc = model_state_bytes(cfg, TRAIN_SLOTS, &model_b, err);
+    if (rc == 0)
+        rc = adamw_state_bytes(0, model_num_params(cfg), &opt_b, err);
+    if (rc == 0 && acc_add_u64(model_b, opt_b, bytes))
+        rc = acc_err_set(err, ACC_EINVAL, "model", "the model's state overflows 64-bit sizes");
+    if (rc != 0)
+        *bytes = ACC_SIZE_OVERFLOW;
+    return rc;
+}
+
+uint64_t plan_state_bytes(const model_config *cfg)
+{
+    uint64_t b;
+    state_bytes(cfg, &b, NULL);
+    return b;
+}
+
+uint64_t plan_peak_bytes(const model_config *cfg, int micro_batch, int seq_len, bool recompute)
+{
+    return acc_sat_add_u64(plan_state_bytes(cfg), plan_act_bytes(cfg, KERN_DEV_CPU, SPEC_FP32,
+                                                                 micro_batch, seq_len, recompute));
 }
 
 int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uint64_t *bytes,
@@ -50,39 +50,79 @@ int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uin
         return rc;
     if (micro_batch < 1)
         return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu", "must be >= 1");
-    *bytes = model_device_bytes(&cfg, micro_batch, spec->model.seq_len, recompute);
+    uint64_t state, acts;
+    if ((rc = state_bytes(&cfg, &state, err)) != 0 ||
+        (rc = model_act_bytes(&cfg, micro_batch, spec->model.seq_len, recompute, &acts, err)) != 0)
+        return rc;
+    if (acc_add_u64(state, acts, bytes))
+        return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
+                           "a device's bytes overflow 64-bit sizes");
     return 0;
+}
+
+int plan_check_sizes(const job_spec *spec, acc_err *err)
+{
+    model_config cfg;
+    int rc = plan_model_config(spec, &cfg, err);
+    if (rc != 0)
+        return rc;
+    int T = spec->model.seq_len, w = spec->devices > 0 ? spec->devices : 1;
+    int m0 = spec->micro_batch > 0 ? spec->micro_batch : 1;
+    int mmax = spec->train_batch_size / w > m0 ? spec->train_batch_size / w : m0;
+    uint64_t state, acts, host;
+    if ((rc = state_bytes(&cfg, &state, err)) != 0)
+        return rc;
+    /* the starting split, and the largest the run may move up to */
+    for (int rec = 1; rec >= 0; rec--) { /* stored (rec = 0) last: the largest */
+        if ((rc = model_act_bytes(&cfg, m0, T, rec, &acts, err)) != 0 ||
+            (rc = model_act_bytes(&cfg, mmax, T, rec, &acts, err)) != 0)
+            return rc;
+    }
+    /* host batch buffers: inputs, targets (int) and weights (float) of mmax x T */
+    if (acc_mul_u64(acc_sat_mul_u64((uint64_t)mmax, (uint64_t)T), sizeof(int), &host) ||
+        host > SIZE_MAX / 3)
+        return acc_err_set(err, ACC_EINVAL, "model.seq_len",
+                           "the host batch buffers of %d x %d tokens overflow", mmax, T);
+    uint64_t total;
+    if (acc_add_u64(state, acts, &total))
+        return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
+                           "a device's bytes overflow 64-bit sizes");
+    return 0;
+}
+
+void plan_workspace(const model_config *cfg, const kern_ops *ops, spec_precision precision,
+                    int micro_batch, int seq_len, kern_workspace *out)
+{
+    model_gemm_extent e;
+    model_gemm_extent_of(cfg, acc_sat_mul_u64((uint64_t)micro_batch, (uint64_t)seq_len), &e);
+    kern_workspace_size(ops, &e, precision == SPEC_BF16, out);
 }
 
 void plan_cuda_bf16_split(const model_config *cfg, int micro_batch, int seq_len, uint64_t *a,
                           uint64_t *b)
 {
-    uint64_t n = (uint64_t)micro_batch * (uint64_t)seq_len;
-    uint64_t c = (uint64_t)cfg->channels, vp = (uint64_t)cfg->padded_vocab_size;
-    uint64_t wide = 4 * c > vp ? 4 * c : vp;
-    uint64_t bb = vp * c;
-    if (4 * c * c > bb)
-        bb = 4 * c * c;
-    if (n * 4 * c > bb)
-        bb = n * 4 * c;
-    *a = 2 * n * wide;
-    *b = 2 * bb;
+    kern_workspace ws;
+    plan_workspace(cfg, kern_backend_ops(KERN_DEV_CUDA), SPEC_BF16, micro_batch, seq_len, &ws);
+    *a = ws.a_bytes;
+    *b = ws.b_bytes;
 }
 
 uint64_t plan_cuda_bf16_bytes(const model_config *cfg, int micro_batch, int seq_len)
 {
     uint64_t a, b;
     plan_cuda_bf16_split(cfg, micro_batch, seq_len, &a, &b);
-    return a + b;
+    return acc_sat_add_u64(a, b);
 }
 
 uint64_t plan_act_bytes(const model_config *cfg, kern_dev_kind kind, spec_precision precision,
                         int micro_batch, int seq_len, bool recompute)
 {
-    uint64_t acts = model_act_bytes(cfg, micro_batch, seq_len, recompute);
-    if (kind == KERN_DEV_CUDA && precision == SPEC_BF16)
-        acts += plan_cuda_bf16_bytes(cfg, micro_batch, seq_len);
-    return acts;
+    uint64_t acts;
+    if (model_act_bytes(cfg, micro_batch, seq_len, recompute, &acts, NULL) != 0)
+        return ACC_SIZE_OVERFLOW;
+    kern_workspace ws;
+    plan_workspace(cfg, kern_backend_ops(kind), precision, micro_batch, seq_len, &ws);
+    return acc_sat_add_u64(acts, acc_sat_add_u64(ws.a_bytes, ws.b_bytes));
 }
 
 uint64_t plan_usable_bytes(uint64_t budget)
@@ -112,9 +152,9 @@ static plan_row make_row(const model_config *cfg, const job_spec *spec, int per_
                          bool recompute, uint64_t usable, kern_dev_kind kind)
 {
     plan_row r = {.micro_batch = m, .accum_steps = per_rank / m, .recompute = recompute};
-    r.state_bytes = model_state_bytes(cfg);
+    r.state_bytes = plan_state_bytes(cfg);
     r.act_bytes = plan_act_bytes(cfg, kind, spec->precision, m, spec->model.seq_len, recompute);
-    r.peak_bytes = r.state_bytes + r.act_bytes;
+    r.peak_bytes = acc_sat_add_u64(r.state_bytes, r.act_bytes); /* UINT64_MAX never fits */
     r.fits = r.peak_bytes <= usable;
     return r;
 }
@@ -147,6 +187,8 @@ int plan_candidates_on(const job_spec *spec, kern_dev_kind kind, uint64_t budget
                            spec->train_batch_size, spec->devices);
     model_config cfg;
     int rc = plan_model_config(spec, &cfg, err);
+    if (rc == 0)
+        rc = plan_check_sizes(spec, err);
     if (rc != 0)
         return rc;
     int per_rank = spec->train_batch_size / spec->devices;

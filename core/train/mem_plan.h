@@ -1,13 +1,20 @@
 /* mem_plan: the memory planner. Predicts one device's peak bytes for a job
  * spec and a micro batch, and lists the splits a job could run with.
  *
- * The prediction is the engine's own layout (model_gpt2.h): parameters,
- * gradients (+ spare slots), two AdamW moments, and activations for
- * micro_batch x seq_len tokens (all layers stored, or one layer plus each
- * block's output in recompute mode), plus the backend's workspace (none on
- * CPU devices, in fp32 and in bf16 alike). Nothing else is allocated while a job trains, so on CPU
- * devices the prediction is the measured peak to the byte; it does not
- * depend on gradient_accumulation_steps.
+ * The prediction is the model family's own byte functions (model.h:
+ * parameters + gradients + the trainer's slots, model_state_bytes;
+ * activations for micro_batch x seq_len tokens, model_act_bytes, all
+ * layers stored or recomputed), the optimizer's (adamw.h: two moments),
+ * and the backend's per-micro-batch workspace, which the backend itself
+ * sizes from the family's largest linear-layer operands (kern_ops
+ * workspace_size: none on CPU devices, the bf16 operand buffers on CUDA in
+ * bf16). Nothing else is allocated while a job trains, so on CPU devices
+ * the prediction is the measured peak to the byte; it does not depend on
+ * gradient_accumulation_steps.
+ *
+ * Every size is overflow-checked (checked.h): a byte count past 2^64 is
+ * UINT64_MAX here (it fits no budget), and plan_check_sizes() turns it into
+ * ACC_EINVAL naming the spec field, so such a spec is refused at submit.
  *
  * A candidate micro batch m divides B / w (so a = B / (m w) is whole); it
  * fits a budget when its peak is at most budget minus PLAN_MARGIN_PCT
@@ -25,7 +32,7 @@
 #include "err.h"
 #include "job_spec.h"
 #include "kern_discover.h"
-#include "model_gpt2.h"
+#include "model.h"
 
 #define PLAN_MARGIN_PCT 5   /* safety margin kept free of the budget */
 #define PLAN_MAX_ROWS 256   /* enough for every divisor of B/w below 10^7 */
@@ -41,8 +48,28 @@ typedef struct plan_row {
     bool fits;              /* peak <= budget * (100 - PLAN_MARGIN_PCT) / 100 */
 } plan_row;
 
-/* The spec's model config (from the spec, or from init_from's header). */
+/* The spec's model config (from the spec, or from init_from's file). */
 int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err);
+
+/* A rank's state, independent of the micro batch: the model's parameters,
+ * gradients and the trainer's slots (model_state_bytes with TRAIN_SLOTS)
+ * plus the AdamW moments of the whole buffer. UINT64_MAX on overflow. */
+uint64_t plan_state_bytes(const model_config *cfg);
+/* State + activations for micro batch m on a CPU device (no workspace):
+ * the rank's whole peak there. UINT64_MAX on overflow. */
+uint64_t plan_peak_bytes(const model_config *cfg, int micro_batch, int seq_len, bool recompute);
+
+/* The sizes a job of this spec computes from user numbers, checked: the
+ * rank's state, the activations of its starting split (and of the largest
+ * micro batch it may move up to), the host batch buffers. ACC_EINVAL naming
+ * the field when one overflows 64 bits (or the host's size_t). */
+int plan_check_sizes(const job_spec *spec, acc_err *err);
+
+/* The backend's per-micro-batch workspace for micro_batch x seq_len
+ * tokens on a backend with ops table `ops` (kern_ops.workspace_size over
+ * the family's gemm extent); 0, 0 when ops is NULL. */
+void plan_workspace(const model_config *cfg, const kern_ops *ops, spec_precision precision,
+                    int micro_batch, int seq_len, kern_workspace *out);
 
 /* Predicted per-device peak for (spec, micro_batch, recompute). */
 int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uint64_t *bytes,
@@ -50,16 +77,17 @@ int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uin
 
 /* CUDA devices with precision bf16 only: the device bytes of the CUDA
  * backend's two bf16 operand buffers (kern_cuda.cu lin_gemm), which are
- * accounted allocations that model_device_bytes does not count. Each holds
+ * accounted allocations that the model's bytes do not count (the CUDA
+ * table's workspace_size, computed here without a GPU). Each holds
  * the largest bf16 copy of one operand side over the linear layers'
  * products for micro_batch x seq_len tokens (N = m T):
  *   A side: N x max(4C, Vp)  (fc / fc-proj activations, the logits' gradient)
  *   B side: max(Vp C, 4C C, N 4C)  (wte, the MLP weights, fc-proj's input)
  * times 2 bytes. They grow on first use and are kept, so after the first
- * step a CUDA bf16 rank's peak is model_device_bytes + this. 0 on CPU
+ * step a CUDA bf16 rank's peak is plan_peak_bytes + this. 0 on CPU
  * devices (their rounding scratch is fixed and outside the budget) and in
  * fp32. The trainer sizes them exactly, up front, when it allocates the
- * activations (kern_device_bf16_scratch), so that an out-of-memory there is
+ * activations (kern_device_workspace_reserve), so that an out-of-memory there is
  * the recoverable kind; plan_act_bytes() counts them for CUDA devices. It is
  * checked against the GPU's accounting in tests/gpu/test_cuda_model.c. */
 uint64_t plan_cuda_bf16_bytes(const model_config *cfg, int micro_batch, int seq_len);
@@ -68,8 +96,9 @@ void plan_cuda_bf16_split(const model_config *cfg, int micro_batch, int seq_len,
                           uint64_t *b);
 
 /* Bytes a device of `kind` allocates for micro_batch x seq_len beyond the
- * state: the activations (model_act_bytes) plus, on CUDA in bf16, the
- * operand buffers. The whole per-m part of the peak. */
+ * state: the activations (model_act_bytes) plus the backend's workspace
+ * (on CUDA in bf16, the operand buffers). The whole per-m part of the
+ * peak. UINT64_MAX on overflow. */
 uint64_t plan_act_bytes(const model_config *cfg, kern_dev_kind kind, spec_precision precision,
                         int micro_batch, int seq_len, bool recompute);
 

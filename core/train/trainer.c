@@ -44,8 +44,10 @@
 #include "data.h"
 #include "kern_comm.h"
 #include "kern_device.h"
+#include "adamw.h"
+#include "checked.h"
 #include "mem_plan.h"
-#include "model_gpt2.h"
+#include "model.h"
 #include "optim.h"
 #include "trainer_run.h"
 
@@ -57,7 +59,9 @@ typedef struct oom_record {
     char device[128];
 } oom_record;
 
-/* Spare slots of the gradient buffer (past the parameters). */
+/* The trainer's span at the end of the gradient buffer (TRAIN_SLOTS
+ * floats past the parameters' gradients, model_opts.grad_tail): what it
+ * means is the trainer's alone; the model only zeroes and reduces it. */
 enum { SLOT_LOSS = 0, SLOT_OOM = 2, SLOT_EVAL = 4 };
 
 /* One bucket of the step's gradient reduction: started once the backward of
@@ -119,13 +123,14 @@ typedef struct rank_state {
     trainer *t;
     int rank;
     kern_device *dev;
-    model_gpt2 *model;
+    model *model;
+    adamw *opt;       /* the AdamW moments of the whole buffer */
     data_order order;
     int m, a;         /* the split now: micro batch, accumulation steps */
     int recompute;    /* activation recomputation now */
     int done;         /* optimizer steps applied to this rank's weights */
     int oom_ceiling;  /* smallest micro batch that ran out of memory (0 = none) */
-    float extra[MODEL_GRAD_EXTRA]; /* host copy of the gradient buffer's spare slots */
+    float extra[TRAIN_SLOTS]; /* host copy of the trainer's slots */
     grad_bucket *buckets; /* the reduction plan, [nbuckets], last one after_layer -1 */
     int nbuckets;
     int next_bucket;  /* first bucket not yet started this step */
@@ -216,6 +221,8 @@ int trainer_check_spec(const job_spec *spec, acc_err *err)
     int rc = check_batch(spec, err);
     if (rc == 0)
         rc = resolve_config(spec, &cfg, err);
+    if (rc == 0) /* every size from the spec's numbers fits 64 bits */
+        rc = plan_check_sizes(spec, err);
     data_source *tr = NULL, *va = NULL;
     if (rc == 0)
         rc = open_data(spec, &tr, &va, err);
@@ -235,7 +242,7 @@ int trainer_device_bytes(const job_spec *spec, uint64_t *bytes, acc_err *err)
 /* The state alone does not fit: no split can help. */
 static int state_oom(rank_state *rs, acc_err *err)
 {
-    uint64_t need = model_state_bytes(&rs->t->cfg);
+    uint64_t need = plan_state_bytes(&rs->t->cfg);
     return acc_err_set(err, ACC_EOOM, "",
                        "out of memory: parameters, gradients and AdamW state need %llu bytes "
                        "per device, device %s has a budget of %llu bytes",
@@ -243,27 +250,19 @@ static int state_oom(rank_state *rs, acc_err *err)
                        (unsigned long long)rs->dev->budget);
 }
 
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 /* The starting weights: a checkpoint to resume (weights, moments, step),
- * else init_from (llm.c .bin or safetensors), else the seed. */
+ * else init_from (the family's native file), else the seed. */
 static int init_weights(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
     if (t->resume_dir[0] != '\0') {
         ckpt_state st;
-        return ckpt_load(t->resume_dir, rs->model, &st, err);
+        return ckpt_load(t->resume_dir, rs->model, rs->opt, &st, err);
     }
     if (s->model.init_from[0] == '\0')
         return model_init_seed(rs->model, s->seed, err);
-    if (ends_with(s->model.init_from, ".safetensors"))
-        return ckpt_load_weights(s->model.init_from, rs->model, err);
-    return model_load_llmc(rs->model, s->model.init_from, err);
+    return model_load_file(rs->model, s->model.init_from, err);
 }
 
 /* Cut the gradient buffer into buckets of about `bytes` each, walking the
@@ -272,25 +271,31 @@ static int init_weights(rank_state *rs, acc_err *err)
  * is the final bucket. */
 static int plan_buckets(rank_state *rs, size_t bytes, acc_err *err)
 {
-    const model_gpt2 *m = rs->model;
+    const model *m = rs->model;
     int L = m->cfg.n_layer;
-    size_t layer_bytes = model_block_params(&m->cfg) * sizeof(float);
     rs->buckets = calloc((size_t)L + 1, sizeof *rs->buckets);
     if (rs->buckets == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the bucket plan");
     int n = 0, hi = L;
+    size_t acc = 0; /* bytes of layers [l, hi) */
     for (int l = L - 1; l >= 1; l--) {
-        if ((size_t)(hi - l) * layer_bytes < bytes)
+        acc += model_layout_layer_floats(&m->layout, l) * sizeof(float);
+        if (acc < bytes)
             continue;
         grad_bucket *b = &rs->buckets[n++];
         b->after_layer = l;
         b->nspans = model_grad_spans(m, l, hi, 0, b->spans);
         hi = l;
+        acc = 0;
+        if (b->nspans < 0)
+            return acc_err_set(err, ACC_EINTERNAL, "", "a gradient bucket needs too many spans");
     }
     grad_bucket *last = &rs->buckets[n++];
     last->after_layer = -1;
     last->nspans = model_grad_spans(m, 0, hi, 1, last->spans);
     rs->nbuckets = n;
+    if (last->nspans < 0)
+        return acc_err_set(err, ACC_EINTERNAL, "", "a gradient bucket needs too many spans");
     return 0;
 }
 
@@ -308,7 +313,10 @@ static int rank_setup(rank_state *rs, acc_err *err)
         rc = rs->dev->ops->set_precision(rs->dev, s->precision == SPEC_BF16, err);
     if (rc == 0)
         rc = kern_comm_bind(t->comm, rs->rank, rs->dev, err);
-    if (rc == 0 && (rc = model_create(rs->dev, &t->cfg, 0, T, &rs->model, err)) == ACC_EOOM)
+    model_opts mo = {.B = 0, .T = T, .grad_tail = TRAIN_SLOTS};
+    if (rc == 0 && (rc = model_create_ex(rs->dev, &t->cfg, &mo, &rs->model, err)) == ACC_EOOM)
+        return state_oom(rs, err);
+    if (rc == 0 && (rc = adamw_create(rs->dev, 0, rs->model->nparams, &rs->opt, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0)
         rc = init_weights(rs, err);
@@ -324,9 +332,13 @@ static int rank_setup(rank_state *rs, acc_err *err)
     int mmax = s->train_batch_size / t->nranks;
     if (mmax < m)
         mmax = m;
-    rs->inputs = malloc((size_t)mmax * T * sizeof *rs->inputs);
-    rs->targets = malloc((size_t)mmax * T * sizeof *rs->targets);
-    rs->weights = malloc((size_t)mmax * T * sizeof *rs->weights);
+    uint64_t tokens;
+    if (acc_mul_u64((uint64_t)mmax, (uint64_t)T, &tokens) || tokens > SIZE_MAX / sizeof(int))
+        return acc_err_set(err, ACC_EINVAL, "model.seq_len",
+                           "host batch buffers of %d x %d tokens overflow", mmax, T);
+    rs->inputs = malloc((size_t)tokens * sizeof *rs->inputs);
+    rs->targets = malloc((size_t)tokens * sizeof *rs->targets);
+    rs->weights = malloc((size_t)tokens * sizeof *rs->weights);
     rs->mask = malloc((size_t)T);
     if (!rs->sample || !rs->inputs || !rs->targets || !rs->weights || !rs->mask)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for batch buffers");
@@ -342,6 +354,7 @@ static void rank_teardown(rank_state *rs)
     free(rs->mask);
     free(rs->buckets);
     data_order_free(&rs->order);
+    adamw_free(rs->opt);
     model_free(rs->model);
     kern_device_close(rs->dev);
 }
@@ -453,7 +466,7 @@ static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
     }
     /* reduced in device memory (a GPU collective needs it there): the
      * gradient buffer's spare slots, free between steps */
-    model_gpt2 *md = rs->model;
+    model *md = rs->model;
     kern_device *dev = rs->dev;
     float *slots = md->grads + md->nparams + SLOT_EVAL;
     float buf[2];
@@ -537,10 +550,11 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
-    ckpt_state st = {.step = step, .adam_t = rs->model->adam_t, .micro_batch = rs->m,
+    ckpt_state st = {.step = step, .adam_t = rs->opt->t, .micro_batch = rs->m,
                      .accum_steps = rs->a, .seed = s->seed, .recompute = rs->recompute != 0};
     char path[PATH_MAX];
-    int rc = ckpt_save(s->output_dir, rs->model, &st, NULL, t->keep, path, sizeof path, err);
+    int rc = ckpt_save(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep, path, sizeof path,
+                       err);
     if (rc == 0)
         emit_simple(t, TEV_CHECKPOINT, step, 0.0, path);
     return rc;
@@ -551,11 +565,12 @@ static void finish_step(rank_state *rs, int step, double t0)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
-    model_gpt2 *m = rs->model;
+    model *m = rs->model;
     double loss = get_double(rs->extra + SLOT_LOSS);
     double norm = sqrt(model_grad_sumsq(m));
     double lr = optim_lr(s, step);
-    model_adamw(m, (float)lr, &s->optim, (float)optim_clip_scale(norm, s->optim.grad_clip));
+    adamw_step(rs->opt, &m->layout, m->params, m->grads, (float)lr, &s->optim,
+               (float)optim_clip_scale(norm, s->optim.grad_clip));
     model_zero_grad(m);
     rs->done = step + 1;
     if (rs->rank != 0)
@@ -597,14 +612,15 @@ static uint64_t rank_act_bytes(const rank_state *rs, int m)
                           t->spec.model.seq_len, rs->recompute);
 }
 
-/* Activations for m, then the backend's workspace sized for m. */
+/* Activations for m, then the backend's workspace sized for m (the
+ * planner's own function, so prediction and allocation agree). */
 static int alloc_acts(rank_state *rs, acc_err *err)
 {
-    model_gpt2 *m = rs->model;
-    uint64_t a, b;
-    plan_cuda_bf16_split(&rs->t->cfg, rs->m, m->T, &a, &b);
+    model *m = rs->model;
+    kern_workspace ws;
+    plan_workspace(&rs->t->cfg, rs->dev->ops, rs->t->spec.precision, rs->m, m->T, &ws);
     int rc = model_acts_alloc(m, rs->m, rs->recompute, err);
-    if (rc == 0 && (rc = kern_device_bf16_scratch(rs->dev, a, b, err)) != 0)
+    if (rc == 0 && (rc = kern_device_workspace_reserve(rs->dev, &ws, err)) != 0)
         model_acts_free(m);
     return rc;
 }
@@ -613,14 +629,15 @@ static int alloc_acts(rank_state *rs, acc_err *err)
  * ACC_EOOM is not returned but recorded in `rec`, for the agreement. */
 static int ensure_acts(rank_state *rs, oom_record *rec, acc_err *err)
 {
-    model_gpt2 *m = rs->model;
+    model *m = rs->model;
     kern_device *d = rs->dev;
     if (m->B == rs->m && m->recompute == rs->recompute)
         return 0;
     /* the old ones go first, so "free" below is measured without them */
     model_acts_free(m);
     acc_err e = {0};
-    int rc = kern_device_bf16_scratch(d, 0, 0, &e);
+    const kern_workspace none = {0, 0};
+    int rc = kern_device_workspace_reserve(d, &none, &e);
     if (rc == 0)
         rc = alloc_acts(rs, &e);
     if (rc == ACC_EOOM) {
@@ -634,11 +651,11 @@ static int ensure_acts(rank_state *rs, oom_record *rec, acc_err *err)
     return rc;
 }
 
-/* The spare slots (loss sum, out-of-memory flag) go to device memory
+/* The trainer's slots (loss sum, out-of-memory flag) go to device memory
  * before the final bucket, which carries them. */
 static void stage_slots(rank_state *rs)
 {
-    model_gpt2 *m = rs->model;
+    model *m = rs->model;
     memset(rs->extra, 0, sizeof rs->extra);
     put_double(rs->extra + SLOT_LOSS, rs->step_loss_sum);
     rs->extra[SLOT_OOM] = rs->step_oom ? 1.0f : 0.0f;
@@ -669,7 +686,7 @@ static void grads_done(void *ctx, int layer)
  * them and is recorded in `rec`. */
 static int run_micro_steps(rank_state *rs, int step, oom_record *rec, acc_err *err)
 {
-    model_gpt2 *m = rs->model;
+    model *m = rs->model;
     double n_total = count_targets(rs, step);
     for (int micro = 0; micro < rs->a; micro++) {
         if (check_cancel(rs->t) != 0)
@@ -718,7 +735,7 @@ static int reduce_grads(rank_state *rs, acc_err *err)
 static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
 {
     trainer *t = rs->t;
-    model_gpt2 *m = rs->model;
+    model *m = rs->model;
     double t0 = now_s();
     oom_record rec = {0};
     rs->step_loss_sum = 0.0;
@@ -755,7 +772,7 @@ static const oom_record *first_oom(const trainer *t)
 static int oom_fail(rank_state *rs, const oom_record *r, const char *why, acc_err *err)
 {
     const model_config *cfg = &rs->t->cfg;
-    uint64_t state = model_state_bytes(cfg);
+    uint64_t state = plan_state_bytes(cfg);
     uint64_t acts = rank_act_bytes(rs, rs->m);
     return acc_err_set(err, ACC_EOOM, "",
                        "out of memory at micro batch %d%s: a device needs %llu bytes "
@@ -864,7 +881,7 @@ static void maybe_raise_micro(rank_state *rs, int done)
     int up = plan_next_larger_micro(per_rank, rs->m);
     if (up == 0 || (rs->oom_ceiling != 0 && up >= rs->oom_ceiling))
         return;
-    uint64_t need = model_state_bytes(&t->cfg) + rank_act_bytes(rs, up);
+    uint64_t need = acc_sat_add_u64(plan_state_bytes(&t->cfg), rank_act_bytes(rs, up));
     uint64_t usable = plan_usable_bytes(t->min_budget);
     if (need > usable)
         return;
@@ -932,15 +949,15 @@ static int rank_run(rank_state *rs, acc_err *err)
         return rc;
     if (rs->rank == 0)
         emit_log(t, 0,
-                 "gpt2 %.2fM parameters, %llu training samples; micro batch %d x %d "
+                 "%s %.2fM parameters, %llu training samples; micro batch %d x %d "
                  "accumulation steps x %d devices%s; %.1f MiB on each %s device "
                  "(%.1f state + %.1f activations), %d threads, %s%s%s",
-                 (double)rs->model->nparams / 1e6,
+                 rs->model->family->name, (double)rs->model->nparams / 1e6,
                  (unsigned long long)data_num_samples(t->train), rs->m, rs->a, t->nranks,
                  rs->recompute ? ", activation recomputation" : "",
-                 (double)(model_state_bytes(&t->cfg) + rank_act_bytes(rs, rs->m)) /
+                 (double)(plan_state_bytes(&t->cfg) + rank_act_bytes(rs, rs->m)) /
                      (1024.0 * 1024.0),
-                 rs->dev->ops->backend, (double)model_state_bytes(&t->cfg) / (1024.0 * 1024.0),
+                 rs->dev->ops->backend, (double)plan_state_bytes(&t->cfg) / (1024.0 * 1024.0),
                  (double)rank_act_bytes(rs, rs->m) / (1024.0 * 1024.0),
                  t->threads,
                  s->precision == SPEC_BF16 ? "precision bf16 (bf16 matmul operands, fp32 accumulation)"

@@ -31,6 +31,10 @@
 #include "kern_discover.h"
 
 #define TRAIN_MAX_RANKS 16
+/* Floats of the trainer's span at the end of the gradient buffer (the
+ * step's loss sum, the out-of-memory flag, the eval sum), which ride the
+ * step's one all-reduce; see trainer.c. */
+#define TRAIN_SLOTS 16
 /* Gradient bucket size of the step's reduction (PyTorch DDP's default):
  * GPT-2 124M gets one bucket per block, a small model a single bucket. */
 #define TRAIN_BUCKET_BYTES ((size_t)25 << 20)

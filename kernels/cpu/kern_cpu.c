@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern_cpu.h"
 #include "kern_cpu_llama.h"
 #include "kern_device.h"
 
@@ -786,6 +787,11 @@ static const kern_ops cpu_ops = {
     .gqa_attention_fwd = kern_cpu_gqa_attention_fwd,
     .gqa_attention_bwd = kern_cpu_gqa_attention_bwd,
 };
+
+const kern_ops *kern_cpu_ops(void)
+{
+    return &cpu_ops;
+}
 
 int kern_cpu_open(const kern_device_info *info, int threads, kern_device **out, acc_err *err)
 {

@@ -1277,6 +1277,21 @@ static int cu_set_precision(kern_device *d, int bf16, acc_err *err)
     return kern_cuda_set_bf16(d, bf16, err);
 }
 
+static void cu_mem_info(kern_device *d, kern_mem_info *out)
+{
+    out->reserved = kern_cuda_reserved(d);
+    out->free_bytes = kern_cuda_free_bytes(d);
+}
+
+static int cu_workspace_reserve(kern_device *d, const kern_workspace *w, acc_err *err)
+{
+    if (w->a_bytes > SIZE_MAX || w->b_bytes > SIZE_MAX)
+        return acc_err_set(err, ACC_EOOM, "", "device %s: workspace of %llu + %llu bytes",
+                           d->info.name, (unsigned long long)w->a_bytes,
+                           (unsigned long long)w->b_bytes);
+    return kern_cuda_bf16_reserve(d, (size_t)w->a_bytes, (size_t)w->b_bytes, err);
+}
+
 static const kern_ops cuda_ops = {
     /* .backend = */ "cuda",
     /* .alloc = */ cu_alloc,
@@ -1301,6 +1316,9 @@ static const kern_ops cuda_ops = {
     /* .sumsq = */ cu_sumsq,
     /* .close = */ cu_close,
     /* .last_error = */ kern_cuda_last_error,
+    /* .mem_info = */ cu_mem_info,
+    /* .workspace_size = */ kern_cuda_workspace_size,
+    /* .workspace_reserve = */ cu_workspace_reserve,
     /* .set_precision = */ cu_set_precision,
 };
 

@@ -24,6 +24,7 @@
 #define ACC_KERN_CUDA_H
 
 #include "err.h"
+#include "kern_device.h"
 #include "kern_discover.h"
 
 #ifdef __cplusplus
@@ -81,6 +82,15 @@ int kern_cuda_set_profile(kern_device *d, int on, acc_err *err);
  * matmul_fwd / matmul_bwd: its time is part of theirs, shown apart. */
 int kern_cuda_profile_read(kern_device *d, double *ms, int *calls, const char **names,
                            acc_err *err);
+/* The backend's workspace for linear-layer operands `e` (kern_ops
+ * workspace_size): in bf16 the two operand buffers, 2 bytes per element of
+ * each side's largest operand (lin_gemm), saturated; 0, 0 in fp32. Plain C
+ * (kern_cuda_plan.c), in every build. */
+void kern_cuda_workspace_size(const kern_gemm_extent *e, int bf16, kern_workspace *out);
+/* A table holding only backend "cuda" and workspace_size, for planning
+ * without a GPU (kern_backend_ops). */
+extern const kern_ops kern_cuda_plan_ops;
+
 /* Free bytes on the whole GPU now (cudaMemGetInfo: other processes' use
  * included); 0 with a sticky error if the query fails. */
 unsigned long long kern_cuda_free_bytes(kern_device *d);

@@ -29,6 +29,7 @@ static inline int gpu_list_or_skip(kern_device_info *g, int *n)
 /* A CPU reference device and the first GPU, side by side (kern_cuda.h must
  * be included before this header). Returns 0, or 1 with a message. */
 #ifdef ACC_KERN_CUDA_H
+#include "kern_cpu.h"
 #include "kern_device.h"
 
 static inline int gpu_open_pair(const kern_device_info *g, kern_device **cpu, kern_device **gpu)

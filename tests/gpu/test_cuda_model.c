@@ -13,10 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern_cpu.h"
 #include "kern_cuda.h"
 #include "kern_device.h"
 #include "kern_discover.h"
 #include "gpu_fixture.h"
+#include "adamw.h"
 #include "mem_plan.h"
 #include "model_gpt2.h"
 
@@ -43,8 +45,10 @@ static int train(kern_device *d, int recompute, double *losses, double *gnorm, f
 {
     model_config cfg = config();
     model_gpt2 *m = NULL;
+    adamw *opt = NULL;
     acc_err err = {0};
     if (model_create(d, &cfg, recompute ? 0 : B, T, &m, &err) != 0 ||
+        adamw_create(d, 0, m->nparams, &opt, &err) != 0 ||
         (recompute && model_acts_alloc(m, B, 1, &err) != 0) || model_init_seed(m, 1234, &err)) {
         fprintf(stderr, "FAIL: model on %s: %s\n", d->ops->backend, err.msg);
         failures++;
@@ -76,7 +80,7 @@ static int train(kern_device *d, int recompute, double *losses, double *gnorm, f
         }
         losses[step] = sum;
         gnorm[step] = sqrt(model_grad_sumsq(m));
-        model_adamw(m, 1e-3f, &o, 1.0f);
+        adamw_step(opt, &m->layout, m->params, m->grads, 1e-3f, &o, 1.0f);
     }
     *np = m->nparams;
     *params = malloc(m->nparams * sizeof(float));
@@ -85,6 +89,7 @@ static int train(kern_device *d, int recompute, double *losses, double *gnorm, f
         fprintf(stderr, "FAIL: CUDA error: %s\n", err.msg);
         failures++;
     }
+    adamw_free(opt);
     model_free(m);
     free(tok), free(tgt), free(w);
     return 0;
@@ -121,7 +126,7 @@ static void compare_runs(kern_device *cpu, kern_device *gpu, int recompute)
 static void compare_oom(const kern_device_info *gi)
 {
     model_config cfg = config();
-    uint64_t need = model_device_bytes(&cfg, B, T, 0);
+    uint64_t need = plan_peak_bytes(&cfg, B, T, 0);
     for (int k = 0; k < 2; k++) {
         uint64_t cap = need - (uint64_t)k; /* fits, then one byte short */
         int rc[2];
@@ -141,10 +146,14 @@ static void compare_oom(const kern_device_info *gi)
                 return;
             }
             model_gpt2 *m = NULL;
+            adamw *opt = NULL;
             rc[g] = model_create(d, &cfg, B, T, &m, &err);
+            if (rc[g] == 0)
+                rc[g] = adamw_create(d, 0, m->nparams, &opt, &err);
             printf("cap %llu on %s: rc %d %s (peak %llu)\n", (unsigned long long)cap,
                    d->ops->backend, rc[g], rc[g] ? err.msg : "",
                    (unsigned long long)d->peak);
+            adamw_free(opt);
             if (m != NULL)
                 model_free(m);
             kern_device_close(d);
@@ -159,7 +168,7 @@ static void compare_oom(const kern_device_info *gi)
 /* bf16 linear layers (kern_ops.set_precision, as a job's "precision":
  * "bf16" sets them): the GPU's loss curve stays within 2% of its fp32 one,
  * and within 1e-2 of the CPU backend's bf16 run (the reference: the same
- * rounding, fp32 accumulation); the GPU's peak is model_device_bytes plus
+ * rounding, fp32 accumulation); the GPU's peak is plan_peak_bytes plus
  * the bf16 operand buffers plan_cuda_bf16_bytes predicts. */
 static void compare_bf16(kern_device *cpu, kern_device *gpu)
 {
@@ -177,13 +186,13 @@ static void compare_bf16(kern_device *cpu, kern_device *gpu)
         return;
     }
     model_config cfg = config();
-    uint64_t want = model_device_bytes(&cfg, B, T, 0) + plan_cuda_bf16_bytes(&cfg, B, T);
+    uint64_t want = plan_peak_bytes(&cfg, B, T, 0) + plan_cuda_bf16_bytes(&cfg, B, T);
     printf("bf16 GPU peak %llu, predicted %llu (model %llu + bf16 operands %llu)\n",
            (unsigned long long)gpu->peak, (unsigned long long)want,
-           (unsigned long long)model_device_bytes(&cfg, B, T, 0),
+           (unsigned long long)plan_peak_bytes(&cfg, B, T, 0),
            (unsigned long long)plan_cuda_bf16_bytes(&cfg, B, T));
     if (gpu->peak != want)
-        fail("bf16 peak = model_device_bytes + plan_cuda_bf16_bytes", (double)want,
+        fail("bf16 peak = plan_peak_bytes + plan_cuda_bf16_bytes", (double)want,
              (double)gpu->peak);
     gpu->ops->set_precision(gpu, 0, &err);
     if (cpu->ops->set_precision(cpu, 1, &err) != 0 || train(cpu, 0, lc, gc, &pc, &nc)) {

@@ -139,7 +139,7 @@ int main(void)
             fprintf(stderr, "FAIL: config: %s\n", err.msg);
             return 1;
         }
-        uint64_t state = model_state_bytes(&cfg);
+        uint64_t state = plan_state_bytes(&cfg);
         cpu.mem_total = state + plan_act_bytes(&cfg, KERN_DEV_CPU, s.precision, 2, s.model.seq_len, 0);
         gpu.mem_total = state + plan_act_bytes(&cfg, KERN_DEV_CUDA, s.precision, 2, s.model.seq_len, 0);
         run rc, rg;

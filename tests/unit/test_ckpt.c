@@ -20,6 +20,43 @@
 #include "model_gpt2.h"
 #include "safetensors.h"
 
+/* Each model's optimizer (AdamW moments live beside the model, adamw.h). */
+#define MAX_MODELS 8
+static model *models[MAX_MODELS];
+static adamw *opts[MAX_MODELS];
+
+static adamw *OPT(const model *m)
+{
+    for (int i = 0; i < MAX_MODELS; i++)
+        if (models[i] == m)
+            return opts[i];
+    fail_msg("model without an optimizer");
+    return NULL;
+}
+
+static void attach_opt(model *m)
+{
+    acc_err err = {0};
+    for (int i = 0; i < MAX_MODELS; i++)
+        if (models[i] == NULL) {
+            models[i] = m;
+            assert_int_equal(adamw_create(m->dev, 0, m->nparams, &opts[i], &err), 0);
+            return;
+        }
+    fail_msg("too many models");
+}
+
+static void free_model(model *m)
+{
+    for (int i = 0; i < MAX_MODELS; i++)
+        if (models[i] == m) {
+            adamw_free(opts[i]);
+            models[i] = NULL;
+            opts[i] = NULL;
+        }
+    model_free(m);
+}
+
 static char dir[256];
 
 typedef struct fixture {
@@ -56,13 +93,14 @@ static model_gpt2 *make_model(fixture *fx, uint64_t seed)
     model_gpt2 *m = NULL;
     acc_err err = {0};
     assert_int_equal(model_create(fx->dev, &fx->cfg, 2, 8, &m, &err), 0);
+    attach_opt(m);
     assert_int_equal(model_init_seed(m, seed, &err), 0);
     /* distinctive moments */
     for (size_t i = 0; i < m->nparams; i++) {
-        m->adam_m[i] = (float)i * 1e-3f;
-        m->adam_v[i] = (float)(m->nparams - i) * 1e-4f;
+        OPT(m)->m[i] = (float)i * 1e-3f;
+        OPT(m)->v[i] = (float)(m->nparams - i) * 1e-4f;
     }
-    m->adam_t = 7;
+    OPT(m)->t = 7;
     return m;
 }
 
@@ -76,20 +114,20 @@ static void test_round_trip(void **state)
     acc_err err = {0};
     char out[300];
     snprintf(out, sizeof out, "%s/rt", dir);
-    assert_int_equal(ckpt_save(out, a, &st, "{\"name\":\"x\"}", 2, path, sizeof path, &err), 0);
+    assert_int_equal(ckpt_save(out, a, OPT(a), &st, "{\"name\":\"x\"}", 2, path, sizeof path, &err), 0);
     assert_non_null(strstr(path, "ckpt-00000012"));
     ckpt_state got = {0};
-    assert_int_equal(ckpt_load(path, b, &got, &err), 0);
+    assert_int_equal(ckpt_load(path, b, OPT(b), &got, &err), 0);
     assert_memory_equal(a->params, b->params, a->nparams * sizeof(float));
-    assert_memory_equal(a->adam_m, b->adam_m, a->nparams * sizeof(float));
-    assert_memory_equal(a->adam_v, b->adam_v, a->nparams * sizeof(float));
-    assert_int_equal(b->adam_t, 7);
+    assert_memory_equal(OPT(a)->m, OPT(b)->m, a->nparams * sizeof(float));
+    assert_memory_equal(OPT(a)->v, OPT(b)->v, a->nparams * sizeof(float));
+    assert_int_equal(OPT(b)->t, 7);
     assert_int_equal(got.step, 12);
     assert_int_equal(got.micro_batch, 2);
     assert_int_equal(got.accum_steps, 4);
     assert_true(got.seed == 99 && got.recompute);
-    model_free(a);
-    model_free(b);
+    free_model(a);
+    free_model(b);
 }
 
 static void test_hf_layout(void **state)
@@ -100,7 +138,7 @@ static void test_hf_layout(void **state)
     char path[PATH_MAX], file[PATH_MAX + 32], out[300];
     acc_err err = {0};
     snprintf(out, sizeof out, "%s/hf", dir);
-    assert_int_equal(ckpt_save(out, a, &st, NULL, 2, path, sizeof path, &err), 0);
+    assert_int_equal(ckpt_save(out, a, OPT(a), &st, NULL, 2, path, sizeof path, &err), 0);
     snprintf(file, sizeof file, "%s/model.safetensors", path);
     st_file *f;
     assert_int_equal(st_open(file, &f, &err), 0);
@@ -112,7 +150,7 @@ static void test_hf_layout(void **state)
     assert_true(t.shape[0] == C && t.shape[1] == 3 * C);
     /* HF [in, out][i][o] == model [out, in][o][i] for layer 1 of qkvw */
     const float *hf = t.data;
-    const float *qkvw1 = a->params + a->tensor_off[4] + (size_t)3 * C * C;
+    const float *qkvw1 = a->params + model_find_tensor(a, "h.1.attn.c_attn.weight")->offset;
     for (int o = 0; o < 3 * C; o++)
         for (int i = 0; i < C; i++)
             assert_true(hf[i * 3 * C + o] == qkvw1[o * C + i]);
@@ -136,10 +174,10 @@ static void test_hf_layout(void **state)
     assert_int_equal(ckpt_load_weights(file, b, &err), 0);
     assert_memory_equal(a->params, b->params, a->nparams * sizeof(float));
     int nl, ch, voc, sl;
-    assert_int_equal(ckpt_weights_shape(file, &nl, &ch, &voc, &sl, &err), 0);
+    assert_int_equal(model_gpt2_safetensors_shape(file, &nl, &ch, &voc, &sl, &err), 0);
     assert_true(nl == 2 && ch == C && voc == 20 && sl == 8);
-    model_free(a);
-    model_free(b);
+    free_model(a);
+    free_model(b);
 }
 
 static void test_keep_partial_and_corrupt(void **state)
@@ -151,7 +189,7 @@ static void test_keep_partial_and_corrupt(void **state)
     snprintf(out, sizeof out, "%s/keep", dir);
     for (int s = 1; s <= 4; s++) {
         ckpt_state st = {.step = s * 10, .micro_batch = 1, .accum_steps = 1};
-        assert_int_equal(ckpt_save(out, a, &st, NULL, 2, path, sizeof path, &err), 0);
+        assert_int_equal(ckpt_save(out, a, OPT(a), &st, NULL, 2, path, sizeof path, &err), 0);
     }
     snprintf(p, sizeof p, "%s/ckpt-00000020", out);
     assert_int_equal(access(p, F_OK), -1); /* pruned */
@@ -179,7 +217,7 @@ static void test_keep_partial_and_corrupt(void **state)
     /* nothing there at all */
     snprintf(p, sizeof p, "%s/none", dir);
     assert_int_equal(ckpt_find_latest(p, path, sizeof path, &err), ACC_ENOTFOUND);
-    model_free(a);
+    free_model(a);
 }
 
 static void test_shape_mismatch_refused(void **state)
@@ -190,16 +228,17 @@ static void test_shape_mismatch_refused(void **state)
     acc_err err = {0};
     snprintf(out, sizeof out, "%s/shape", dir);
     ckpt_state st = {.step = 3, .micro_batch = 1, .accum_steps = 1};
-    assert_int_equal(ckpt_save(out, a, &st, NULL, 2, path, sizeof path, &err), 0);
+    assert_int_equal(ckpt_save(out, a, OPT(a), &st, NULL, 2, path, sizeof path, &err), 0);
     model_config other = fx->cfg;
     other.channels = 16;
     model_gpt2 *b = NULL;
     assert_int_equal(model_create(fx->dev, &other, 2, 8, &b, &err), 0);
+    attach_opt(b);
     ckpt_state got;
-    assert_int_equal(ckpt_load(path, b, &got, &err), ACC_EINVAL);
+    assert_int_equal(ckpt_load(path, b, OPT(b), &got, &err), ACC_EINVAL);
     assert_non_null(strstr(err.msg, "channels"));
-    model_free(a);
-    model_free(b);
+    free_model(a);
+    free_model(b);
 }
 
 int main(void)

@@ -183,7 +183,7 @@ static model_config config_of(const job_spec *s)
 static uint64_t budget_for(const job_spec *s, int m, int recompute)
 {
     model_config cfg = config_of(s);
-    return model_device_bytes(&cfg, m, s->model.seq_len, recompute) + 256;
+    return plan_peak_bytes(&cfg, m, s->model.seq_len, recompute) + 256;
 }
 
 static void test_oom_adapts_in_first_step(void **state)
@@ -216,8 +216,8 @@ static void test_oom_adapts_in_first_step(void **state)
     assert_int_equal(e->to_accum, 2);
     assert_false(e->recompute);
     model_config cfg = config_of(&s);
-    assert_int_equal(e->bytes_asked, model_act_bytes(&cfg, 8, s.model.seq_len, 0));
-    assert_int_equal(e->bytes_free, budget - model_state_bytes(&cfg));
+    assert_int_equal(e->bytes_asked, plan_act_bytes(&cfg, KERN_DEV_CPU, SPEC_FP32, 8, s.model.seq_len, 0));
+    assert_int_equal(e->bytes_free, budget - plan_state_bytes(&cfg));
     assert_int_equal(r.ev.last_adjust.to_micro, 2);
     print_message("%s\n", r.ev.last_adjust.msg);
     /* every step reports the adapted split */
@@ -313,7 +313,7 @@ static void test_oom_at_m1_recomputes(void **state)
     ref = s;
     uint64_t budget = budget_for(&s, 1, 1); /* recompute fits, stored does not */
     model_config cfg = config_of(&s);
-    assert_true(budget < model_device_bytes(&cfg, 1, s.model.seq_len, 0));
+    assert_true(budget < plan_peak_bytes(&cfg, 1, s.model.seq_len, 0));
     uint64_t big = 1ull << 30;
     run_out r, want;
     run_job(&s, &budget, &r, 1, 4);
@@ -338,7 +338,7 @@ static void test_oom_fails_with_numbers(void **state)
     s.max_steps = STEPS;
     s.oom_adapt = true;
     model_config cfg = config_of(&s);
-    uint64_t need = model_device_bytes(&cfg, 1, s.model.seq_len, 1);
+    uint64_t need = plan_peak_bytes(&cfg, 1, s.model.seq_len, 1);
     uint64_t budget = need - 1000;
     run_out r;
     run_job(&s, &budget, &r, 1, 4);
@@ -363,17 +363,17 @@ static void test_oom_fails_with_numbers(void **state)
     assert_int_equal(r.h.oom_adjusts, 0);
     assert_non_null(strstr(r.err.msg, "oom.adapt is off"));
     snprintf(num, sizeof num, "%" PRIu64 " bytes",
-             model_device_bytes(&cfg, 2, s.model.seq_len, 0));
+             plan_peak_bytes(&cfg, 2, s.model.seq_len, 0));
     assert_non_null(strstr(r.err.msg, num));
     run_free(&r);
 
     /* the weights themselves do not fit: no split helps */
     s.oom_adapt = true;
-    budget = model_state_bytes(&cfg) - 1;
+    budget = plan_state_bytes(&cfg) - 1;
     run_job(&s, &budget, &r, 2, 2);
     print_message("%s\n", r.err.msg);
     assert_int_equal(r.status, ACC_EOOM);
-    snprintf(num, sizeof num, "%" PRIu64 " bytes", model_state_bytes(&cfg));
+    snprintf(num, sizeof num, "%" PRIu64 " bytes", plan_state_bytes(&cfg));
     assert_non_null(strstr(r.err.msg, num));
     run_free(&r);
 }
@@ -395,7 +395,7 @@ static void test_activation_checkpointing(void **state)
     assert_ok(&recomp, &rc);
     assert_same_run(&recomp, &stored, B);
     model_config cfg = config_of(&s);
-    uint64_t state_b = model_state_bytes(&cfg);
+    uint64_t state_b = plan_state_bytes(&cfg);
     double act_s = (double)(stored.h.mem_peak[0] - state_b);
     double act_r = (double)(recomp.h.mem_peak[0] - state_b);
     print_message("n_layer 4, m 4, T 16: activations %.0f KiB stored, %.0f KiB recomputed "
@@ -469,13 +469,13 @@ static void test_planner_candidates(void **state)
     s.oom_adapt = true;
     model_config cfg = config_of(&s);
     int T = s.model.seq_len;
-    uint64_t peak4 = model_device_bytes(&cfg, 4, T, 0);
+    uint64_t peak4 = plan_peak_bytes(&cfg, 4, T, 0);
     plan_row rows[PLAN_MAX_ROWS];
     int n = 0, chosen = -1;
     acc_err err = {0};
     /* m = 4 fits with the 5% margin, m = 8 does not */
     uint64_t budget = peak4 * 100 / 95 + 100;
-    assert_true(model_device_bytes(&cfg, 8, T, 0) > plan_usable_bytes(budget));
+    assert_true(plan_peak_bytes(&cfg, 8, T, 0) > plan_usable_bytes(budget));
     assert_int_equal(plan_candidates(&s, budget, rows, PLAN_MAX_ROWS, &n, &chosen, &err), 0);
     assert_int_equal(n, 5);
     static const int want_m[] = {1, 2, 4, 8, 1};
@@ -494,7 +494,7 @@ static void test_planner_candidates(void **state)
     assert_int_equal(plan_candidates(&s, peak4, rows, PLAN_MAX_ROWS, &n, &chosen, &err), 0);
     assert_int_equal(rows[chosen].micro_batch, 2);
     /* only recomputation fits */
-    budget = model_device_bytes(&cfg, 1, T, 1) * 100 / 95 + 100;
+    budget = plan_peak_bytes(&cfg, 1, T, 1) * 100 / 95 + 100;
     assert_int_equal(plan_candidates(&s, budget, rows, PLAN_MAX_ROWS, &n, &chosen, &err), 0);
     assert_int_equal(chosen, 4);
     assert_true(rows[chosen].recompute);
@@ -523,7 +523,7 @@ static void test_micro_auto(void **state)
     acc_err err = {0};
     assert_int_equal(trainer_check_spec(&s, &err), 0);
     model_config cfg = config_of(&s);
-    uint64_t b = model_device_bytes(&cfg, 4, s.model.seq_len, 0) * 100 / 95 + 100;
+    uint64_t b = plan_peak_bytes(&cfg, 4, s.model.seq_len, 0) * 100 / 95 + 100;
     uint64_t budgets[2] = {1ull << 30, b}; /* the smallest budget decides */
     run_out r;
     run_job(&s, budgets, &r, 4, 2);

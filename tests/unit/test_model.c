@@ -261,6 +261,22 @@ static model_gpt2 *load_model(fx *f, kern_device **dev)
     return m;
 }
 
+/* Where a GPT-2 tensor group starts (its layer-0 tensor, llm.c order),
+ * and its floats over all layers. */
+static size_t toff(const model *m, const char *name)
+{
+    const model_tensor *t = model_find_tensor(m, name);
+    assert_non_null(t);
+    return t->offset;
+}
+
+static size_t tsize(const model *m, const char *name)
+{
+    const model_tensor *t = model_find_tensor(m, name);
+    assert_non_null(t);
+    return t->count * (size_t)(t->layer >= 0 ? m->cfg.n_layer : 1);
+}
+
 /* ------------------------------------------------ tests */
 
 static void test_checkpoint_logits(void **state)
@@ -279,7 +295,7 @@ static void test_checkpoint_logits(void **state)
     for (size_t i = 0; i < (size_t)B * T * VP; i++)
         mx = fmax(mx, fabs(want[i]));
     for (size_t i = 0; i < (size_t)B * T * VP; i++)
-        worst = fmax(worst, fabs(m->a.logits[i] - want[i]));
+        worst = fmax(worst, fabs(model_logits(m)[i] - want[i]));
     print_message("logits: max |ref| %.4g, max |diff| %.3g\n", mx, worst);
     assert_true(mx > 0.1);
     assert_true(worst <= 1e-5 * mx);
@@ -396,18 +412,18 @@ static void test_seed_init(void **state)
     assert_int_equal(model_init_seed(b, 5, &err), 0);
     assert_memory_equal(a->params, b->params, a->nparams * sizeof(float));
     /* std of the qkv weights ~0.02, of the residual projections ~0.02/sqrt(2L) */
-    size_t off = a->tensor_off[4], n = a->tensor_size[4];
+    size_t off = toff(a, "h.0.attn.c_attn.weight"), n = tsize(a, "h.0.attn.c_attn.weight");
     double s = 0;
     for (size_t i = 0; i < n; i++)
         s += (double)a->params[off + i] * a->params[off + i];
     assert_true(fabs(sqrt(s / n) - 0.02) < 0.002);
-    off = a->tensor_off[12], n = a->tensor_size[12];
+    off = toff(a, "h.0.mlp.c_proj.weight"), n = tsize(a, "h.0.mlp.c_proj.weight");
     s = 0;
     for (size_t i = 0; i < n; i++)
         s += (double)a->params[off + i] * a->params[off + i];
     assert_true(fabs(sqrt(s / n) - 0.02 / sqrt(8.0)) < 0.001);
-    assert_true(a->params[a->tensor_off[2]] == 1.0f); /* ln1w */
-    assert_true(a->params[a->tensor_off[3]] == 0.0f); /* ln1b */
+    assert_true(a->params[toff(a, "h.0.ln_1.weight")] == 1.0f); /* ln1w */
+    assert_true(a->params[toff(a, "h.0.ln_1.bias")] == 0.0f); /* ln1b */
     assert_int_equal(model_init_seed(b, 6, &err), 0);
     assert_memory_not_equal(a->params, b->params, a->nparams * sizeof(float));
     model_free(a);
@@ -479,8 +495,8 @@ static void test_grad_spans(void **state)
             if (hits[i] != 1)
                 fail_msg("cut %d: float %zu covered %d times", c, i, hits[i]);
     }
-    assert_int_equal(model_block_params(&cfg) * NL + m->tensor_off[2] +
-                         (m->nparams - m->tensor_off[14]),
+    assert_int_equal(model_block_params(&cfg) * NL + toff(m, "h.0.ln_1.weight") +
+                         (m->nparams - toff(m, "ln_f.weight")),
                      m->nparams);
     free(hits);
 

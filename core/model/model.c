@@ -1,0 +1,583 @@
+/* model: see model.h. The generic half: the registry, layout walking, the
+ * handle's buffers, byte counts, weights by layout. Nothing here knows a
+ * family's tensors. */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checked.h"
+
+/* ---- registry: one line per family */
+
+extern const model_family model_family_gpt2;
+
+static const model_family *const families[] = {
+    &model_family_gpt2,
+    NULL,
+};
+
+const model_family *model_family_at(int i)
+{
+    int n = (int)(sizeof families / sizeof families[0]) - 1;
+    return i >= 0 && i < n ? families[i] : NULL;
+}
+
+const model_family *model_family_default(void)
+{
+    return families[0];
+}
+
+const model_family *model_family_by_arch(const char *arch)
+{
+    if (arch == NULL || arch[0] == '\0')
+        return model_family_default();
+    for (int i = 0; families[i] != NULL; i++)
+        if (strcmp(families[i]->name, arch) == 0)
+            return families[i];
+    return NULL;
+}
+
+const model_family *model_family_by_hf_type(const char *type)
+{
+    if (type == NULL)
+        return NULL;
+    for (int i = 0; families[i] != NULL; i++)
+        for (const char *const *t = families[i]->hf_model_types; t != NULL && *t != NULL; t++)
+            if (strcmp(*t, type) == 0)
+                return families[i];
+    return NULL;
+}
+
+const model_family *model_family_of(const model_config *cfg)
+{
+    return cfg->family != NULL ? cfg->family : model_family_default();
+}
+
+const char *model_family_names(void)
+{
+    /* built once from a constant table: the same text every time */
+    static char names[256];
+    if (names[0] == '\0') {
+        size_t at = 0;
+        for (int i = 0; families[i] != NULL && at < sizeof names; i++)
+            at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
+                                   families[i]->name);
+    }
+    return names;
+}
+
+/* ---- config */
+
+static void set_family(model_config *cfg, const model_family *f)
+{
+    cfg->family = f;
+    if (cfg->model_type[0] == '\0')
+        snprintf(cfg->model_type, sizeof cfg->model_type, "%s", f->name);
+}
+
+int model_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err)
+{
+    const model_family *f = model_family_by_arch(sm->arch);
+    memset(cfg, 0, sizeof *cfg);
+    if (f == NULL)
+        return acc_err_set(err, ACC_EINVAL, "model.arch", "unknown arch \"%s\" (%s)", sm->arch,
+                           model_family_names());
+    int rc = f->config_from_spec(sm, cfg, err);
+    if (rc == 0)
+        set_family(cfg, f);
+    return rc;
+}
+
+int model_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
+                           acc_err *err)
+{
+    const model_family *f = model_family_by_arch(sm->arch);
+    memset(cfg, 0, sizeof *cfg);
+    if (f == NULL)
+        return acc_err_set(err, ACC_EINVAL, "model.arch", "unknown arch \"%s\" (%s)", sm->arch,
+                           model_family_names());
+    if (f->config_from_file == NULL)
+        return acc_err_set(err, ACC_EINVAL, "model.init_from",
+                           "arch %s cannot start from a checkpoint file", f->name);
+    int rc = f->config_from_file(path, sm, cfg, err);
+    if (rc == 0)
+        set_family(cfg, f);
+    return rc;
+}
+
+int model_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    const char *type = json_string_value(json_object_get(hf, "model_type"));
+    if (type == NULL)
+        return acc_err_set(err, ACC_EINVAL, "model.from", "config.json has no \"model_type\"");
+    const model_family *f = model_family_by_hf_type(type);
+    if (f == NULL || f->config_from_hf == NULL)
+        return acc_err_set(err, ACC_EINVAL, "model.from",
+                           "config.json: unsupported model_type \"%s\" (families: %s)", type,
+                           model_family_names());
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", type);
+    int rc = f->config_from_hf(hf, cfg, err);
+    if (rc == 0)
+        set_family(cfg, f);
+    return rc;
+}
+
+int model_config_check(const model_config *cfg, acc_err *err)
+{
+    return model_family_of(cfg)->config_check(cfg, err);
+}
+
+/* ---- layout */
+
+int model_layout_add(model_layout *l, int *cap, const char *name, int layer, int ndim,
+                     const int64_t *shape, size_t count, bool decays, bool trains,
+                     bool transposed, const char *field, acc_err *err)
+{
+    if (ndim < 1 || ndim > MODEL_MAX_DIMS)
+        return acc_err_set(err, ACC_EINTERNAL, field, "tensor %s: %d dims", name, ndim);
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 1 || acc_mul_u64(n, (uint64_t)shape[i], &n))
+            return acc_err_set(err, ACC_EINVAL, field, "tensor %s: size out of range", name);
+    }
+    if (count == 0)
+        count = (size_t)n;
+    uint64_t end, bytes;
+    if (count < n || acc_add_u64(l->nparams, count, &end) || acc_mul_u64(end, 2 * sizeof(float), &bytes))
+        return acc_err_set(err, ACC_EINVAL, field,
+                           "the model's parameters overflow 64-bit sizes at tensor %s", name);
+    if (l->n == *cap) {
+        int nc = *cap ? 2 * *cap : 32;
+        model_tensor *t = realloc(l->t, (size_t)nc * sizeof *t);
+        if (t == NULL)
+            return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the layout");
+        l->t = t;
+        *cap = nc;
+    }
+    model_tensor *t = &l->t[l->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    t->offset = l->nparams;
+    t->count = count;
+    t->layer = layer;
+    t->decays = decays;
+    t->trains = trains;
+    t->transposed = transposed && ndim == 2;
+    l->nparams = (size_t)end;
+    return 0;
+}
+
+int model_layout_build(const model_config *cfg, model_layout *out, acc_err *err)
+{
+    memset(out, 0, sizeof *out);
+    const model_family *f = model_family_of(cfg);
+    int rc = f->config_check(cfg, err);
+    if (rc == 0)
+        rc = f->layout(cfg, out, err);
+    if (rc != 0)
+        model_layout_free(out);
+    return rc;
+}
+
+void model_layout_free(model_layout *l)
+{
+    free(l->t);
+    memset(l, 0, sizeof *l);
+}
+
+const model_tensor *model_layout_find(const model_layout *l, const char *name)
+{
+    for (int i = 0; i < l->n; i++)
+        if (strcmp(l->t[i].name, name) == 0)
+            return &l->t[i];
+    return NULL;
+}
+
+size_t model_layout_layer_floats(const model_layout *l, int layer)
+{
+    size_t n = 0;
+    for (int i = 0; i < l->n; i++)
+        if (l->t[i].layer == layer)
+            n += l->t[i].count;
+    return n;
+}
+
+size_t model_num_params(const model_config *cfg)
+{
+    model_layout l;
+    if (model_layout_build(cfg, &l, NULL) != 0)
+        return 0;
+    size_t n = l.nparams;
+    model_layout_free(&l);
+    return n;
+}
+
+size_t model_block_params(const model_config *cfg)
+{
+    model_layout l;
+    if (model_layout_build(cfg, &l, NULL) != 0)
+        return 0;
+    size_t n = model_layout_layer_floats(&l, 0);
+    model_layout_free(&l);
+    return n;
+}
+
+/* ---- bytes */
+
+int model_state_bytes(const model_config *cfg, size_t grad_tail, uint64_t *bytes, acc_err *err)
+{
+    const model_family *f = model_family_of(cfg);
+    *bytes = ACC_SIZE_OVERFLOW;
+    uint64_t pg;
+    int rc = f->config_check(cfg, err);
+    if (rc != 0)
+        return rc;
+    if (f->param_bytes != NULL) {
+        rc = f->param_bytes(cfg, &pg, err);
+    } else {
+        model_layout l;
+        if ((rc = model_layout_build(cfg, &l, err)) != 0)
+            return rc;
+        /* model_layout_add checked 2 * nparams * 4 */
+        pg = (uint64_t)l.nparams * 2 * sizeof(float);
+        model_layout_free(&l);
+    }
+    if (rc != 0)
+        return rc;
+    uint64_t tail;
+    if (acc_mul_u64(grad_tail, sizeof(float), &tail) || acc_add_u64(pg, tail, bytes))
+        return acc_err_set(err, ACC_EINVAL, "model", "the model's state overflows 64-bit sizes");
+    return 0;
+}
+
+int model_act_bytes(const model_config *cfg, int B, int T, int recompute, uint64_t *bytes,
+                    acc_err *err)
+{
+    *bytes = 0;
+    if (B <= 0)
+        return 0;
+    if (T < 1)
+        return acc_err_set(err, ACC_EINVAL, "model.seq_len", "seq_len %d must be >= 1", T);
+    const model_family *f = model_family_of(cfg);
+    int rc = f->config_check(cfg, err);
+    if (rc == 0)
+        rc = f->act_bytes(cfg, B, T, recompute, bytes, err);
+    if (rc != 0)
+        *bytes = ACC_SIZE_OVERFLOW;
+    return rc;
+}
+
+void model_gemm_extent_of(const model_config *cfg, uint64_t n_tokens, model_gemm_extent *out)
+{
+    model_family_of(cfg)->gemm_extent(cfg, n_tokens, out);
+}
+
+/* ---- the handle */
+
+int model_acts_alloc(model *m, int B, int recompute, acc_err *err)
+{
+    model_acts_free(m);
+    if (B < 1)
+        return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
+                           "micro batch %d must be >= 1", B);
+    uint64_t bytes;
+    int rc = model_act_bytes(&m->cfg, B, m->T, recompute, &bytes, err);
+    if (rc != 0)
+        return rc;
+    m->B = B;
+    m->recompute = recompute;
+    m->act_bytes = bytes;
+    if ((rc = m->family->acts_alloc(m, err)) != 0) {
+        m->B = 0;
+        m->act_bytes = 0;
+    }
+    return rc;
+}
+
+void model_acts_free(model *m)
+{
+    m->family->acts_free(m);
+    m->B = 0;
+    m->act_bytes = 0;
+}
+
+static int alloc_buffers(model *m, acc_err *err)
+{
+    kern_device *dev = m->dev;
+    const kern_ops *k = dev->ops;
+    /* model_state_bytes checked these sizes */
+    size_t pb = m->nparams * sizeof(float), gb = (m->nparams + m->grad_tail) * sizeof(float);
+    int rc = k->alloc(dev, pb, (void **)&m->params, err);
+    if (rc == 0)
+        rc = k->alloc(dev, gb, (void **)&m->grads, err);
+    if (rc != 0)
+        return rc;
+    k->zero(dev, m->params, pb);
+    k->zero(dev, m->grads, gb);
+    return 0;
+}
+
+int model_create_ex(kern_device *dev, const model_config *cfg, const model_opts *o, model **out,
+                    acc_err *err)
+{
+    *out = NULL;
+    if (o->T > cfg->max_seq_len || o->B < 0 || o->T < 1)
+        return acc_err_set(err, ACC_EINVAL, "model.seq_len", "seq_len %d with max_seq_len %d",
+                           o->T, cfg->max_seq_len);
+    uint64_t state;
+    int rc = model_state_bytes(cfg, o->grad_tail, &state, err);
+    if (rc != 0)
+        return rc;
+    model *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+    m->family = model_family_of(cfg);
+    m->dev = dev;
+    m->cfg = *cfg;
+    m->cfg.family = m->family;
+    m->T = o->T;
+    m->grad_tail = o->grad_tail;
+    rc = model_layout_build(cfg, &m->layout, err);
+    if (rc == 0) {
+        m->nparams = m->layout.nparams;
+        rc = alloc_buffers(m, err);
+    }
+    if (rc == 0 && m->family->create != NULL)
+        rc = m->family->create(m, err);
+    if (rc == 0 && o->B > 0)
+        rc = model_acts_alloc(m, o->B, 0, err);
+    if (rc != 0) {
+        model_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+int model_create(kern_device *dev, const model_config *cfg, int B, int T, model **out,
+                 acc_err *err)
+{
+    model_opts o = {.B = B, .T = T, .grad_tail = MODEL_GRAD_EXTRA};
+    return model_create_ex(dev, cfg, &o, out, err);
+}
+
+void model_free(model *m)
+{
+    if (m == NULL)
+        return;
+    const kern_ops *k = m->dev->ops;
+    model_acts_free(m);
+    if (m->family->destroy != NULL)
+        m->family->destroy(m);
+    if (m->grads != NULL)
+        k->free(m->dev, m->grads);
+    if (m->params != NULL)
+        k->free(m->dev, m->params);
+    model_layout_free(&m->layout);
+    free(m);
+}
+
+int model_init_seed(model *m, uint64_t seed, acc_err *err)
+{
+    float *host = calloc(m->nparams, sizeof *host);
+    if (host == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for init");
+    int rc = m->family->init_host(m, seed, host, err);
+    if (rc == 0)
+        model_params_upload(m, host);
+    free(host);
+    return rc;
+}
+
+int model_load_file(model *m, const char *path, acc_err *err)
+{
+    if (m->family->load_file_host == NULL)
+        return acc_err_set(err, ACC_EINVAL, "model.init_from",
+                           "arch %s cannot start from a checkpoint file", m->family->name);
+    float *host = calloc(m->nparams, sizeof *host);
+    if (host == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "model.init_from", "out of host memory loading %s",
+                           path);
+    int rc = m->family->load_file_host(m, path, host, err);
+    if (rc == 0)
+        model_params_upload(m, host);
+    free(host);
+    return rc;
+}
+
+void model_forward(model *m, const int *tokens, const int *targets, const float *weights,
+                   int nseq, int want_grad, double *loss_sum)
+{
+    m->family->forward(m, tokens, targets, weights, nseq, want_grad, loss_sum);
+}
+
+void model_backward(model *m, int nseq)
+{
+    m->family->backward(m, nseq, NULL, NULL);
+}
+
+void model_backward_notify(model *m, int nseq, model_grads_done_fn done, void *ctx)
+{
+    m->family->backward(m, nseq, done, ctx);
+}
+
+/* Append span [off, off + len) to out, merged into the last one when
+ * `merge` and they touch; -1 once out is full. */
+static int push_span(kern_span *out, int n, size_t off, size_t len, int merge)
+{
+    if (n < 0 || len == 0)
+        return n;
+    if (merge && n > 0 && out[n - 1].off + out[n - 1].n == off) {
+        out[n - 1].n += len;
+        return n;
+    }
+    if (n >= MODEL_MAX_GRAD_SPANS)
+        return -1;
+    out[n] = (kern_span){off, len};
+    return n + 1;
+}
+
+int model_grad_spans(const model *m, int lo, int hi, int ends, kern_span *out)
+{
+    /* Walk the layout (ascending offsets) and merge neighbours in memory,
+     * but only while the layer does not go down: a layer-major layout
+     * (all of block l, then block l + 1) gives one span per bucket, a
+     * tensor-major one (llm.c's: one tensor of every block, then the next
+     * tensor) one span per block tensor. */
+    int n = 0, prev = -2;
+    const model_layout *l = &m->layout;
+    for (int i = 0; i < l->n; i++) {
+        const model_tensor *t = &l->t[i];
+        int in = t->layer < 0 ? ends : (t->layer >= lo && t->layer < hi);
+        if (!in)
+            continue;
+        n = push_span(out, n, t->offset, t->count, t->layer >= prev);
+        prev = t->layer;
+    }
+    if (ends)
+        n = push_span(out, n, m->nparams, m->grad_tail, 1);
+    return n;
+}
+
+void model_zero_grad(model *m)
+{
+    m->dev->ops->zero(m->dev, m->grads, (m->nparams + m->grad_tail) * sizeof(float));
+}
+
+double model_grad_sumsq(model *m)
+{
+    return m->dev->ops->sumsq(m->dev, m->grads, m->nparams);
+}
+
+const model_tensor *model_find_tensor(const model *m, const char *name)
+{
+    return model_layout_find(&m->layout, name);
+}
+
+const float *model_logits(const model *m)
+{
+    return m->family->logits != NULL && m->B > 0 ? m->family->logits(m) : NULL;
+}
+
+const float *model_token_losses(const model *m)
+{
+    return m->family->token_losses != NULL && m->B > 0 ? m->family->token_losses(m) : NULL;
+}
+
+/* ---- weights by layout */
+
+size_t model_tensor_file_count(const model_tensor *t)
+{
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= (size_t)t->shape[i]; /* checked by model_layout_add */
+    return n;
+}
+
+void model_tensor_to_file(const model_tensor *t, const float *params, float *out)
+{
+    const float *src = params + t->offset;
+    if (!t->transposed) {
+        memcpy(out, src, model_tensor_file_count(t) * sizeof *out);
+        return;
+    }
+    /* buffer [shape[1], shape[0]] -> file [shape[0], shape[1]] */
+    size_t rows = (size_t)t->shape[1], cols = (size_t)t->shape[0];
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++)
+            out[c * rows + r] = src[r * cols + c];
+}
+
+void model_tensor_from_file(const model_tensor *t, const float *in, float *params)
+{
+    float *dst = params + t->offset;
+    if (!t->transposed) {
+        memcpy(dst, in, model_tensor_file_count(t) * sizeof *dst);
+        return;
+    }
+    /* file [shape[0], shape[1]] -> buffer [shape[1], shape[0]] */
+    size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1];
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++)
+            dst[c * rows + r] = in[r * cols + c];
+}
+
+void model_params_download(const model *m, float *host)
+{
+    m->dev->ops->download(m->dev, host, m->params, m->nparams * sizeof *host);
+}
+
+void model_params_upload(model *m, const float *host)
+{
+    m->dev->ops->upload(m->dev, m->params, host, m->nparams * sizeof *host);
+}
+
+int model_safetensors_read(const model_layout *l, const st_file *f, const char *path,
+                           const char *field, float *params, acc_err *err)
+{
+    memset(params, 0, l->nparams * sizeof *params); /* padding stays 0 */
+    for (int i = 0; i < l->n; i++) {
+        const model_tensor *mt = &l->t[i];
+        st_tensor t;
+        if (st_get(f, mt->name, &t, NULL) != 0)
+            return acc_err_set(err, ACC_EINVAL, field, "%s has no tensor %s", path, mt->name);
+        int same = t.dtype == ST_F32 && t.ndim == mt->ndim;
+        for (int d = 0; same && d < t.ndim; d++)
+            same = t.shape[d] == mt->shape[d];
+        if (!same)
+            return acc_err_set(err, ACC_EINVAL, field,
+                               "%s: tensor %s has the wrong dtype or shape for this model", path,
+                               mt->name);
+        model_tensor_from_file(mt, t.data, params);
+    }
+    return 0;
+}
+
+int model_safetensors_write(const model_layout *l, const float *params, const char *path,
+                            const st_meta *md, int nmd, acc_err *err)
+{
+    st_tensor *t = calloc((size_t)l->n, sizeof *t);
+    float *file = malloc(l->nparams * sizeof *file); /* file-order copies */
+    int rc = 0;
+    if (t == NULL || file == NULL)
+        rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory writing %s", path);
+    for (int i = 0; rc == 0 && i < l->n; i++) {
+        const model_tensor *mt = &l->t[i];
+        float *dst = file + mt->offset;
+        model_tensor_to_file(mt, params, dst);
+        t[i] = (st_tensor){.name = mt->name, .dtype = ST_F32, .ndim = mt->ndim, .data = dst,
+                           .nbytes = model_tensor_file_count(mt) * sizeof(float)};
+        for (int d = 0; d < mt->ndim; d++)
+            t[i].shape[d] = mt->shape[d];
+    }
+    if (rc == 0)
+        rc = st_write(path, t, l->n, md, nmd, err);
+    free(file);
+    free(t);
+    return rc;
+}

@@ -1,0 +1,66 @@
+/* adamw: the AdamW optimizer over a model's parameter layout.
+ *
+ * An adamw owns the two moments and the step count for the element range
+ * [lo, hi) of a flat parameter buffer: the whole buffer for a replica, or
+ * later one rank's ZeRO shard (adamw_shard). A step walks the layout's
+ * tensors that meet the range, skips those that do not train, and applies
+ * decoupled weight decay only where the layout says `decays`; adjacent
+ * tensors with the same flags go to the kernel as one run (the update is
+ * elementwise, so the runs' cut does not change a bit). The model knows
+ * nothing of it: it only holds params and grads.
+ *
+ * Memory: 2 * (hi - lo) floats on the device, through its budget.
+ */
+#ifndef ACC_ADAMW_H
+#define ACC_ADAMW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "job_spec.h"
+#include "kern_device.h"
+#include "model.h"
+
+typedef struct adamw {
+    kern_device *dev;
+    size_t lo, hi;      /* elements [lo, hi) of the parameter buffer */
+    float *m, *v;       /* [hi - lo] first and second moments, device */
+    int t;              /* steps taken */
+} adamw;
+
+/* ---- shard arithmetic (pure)
+ *
+ * Rank r of w owns [adamw_shard_lo(n, r, w), adamw_shard_lo(n, r + 1, w)).
+ * Invariant: for w >= 1 the ranges of ranks 0..w-1 are in order, disjoint
+ * and cover [0, n) exactly (lo(0) = 0, lo(w) = n); each holds floor(n/w)
+ * or ceil(n/w) elements, the first n % w ranks one more. No overflow for
+ * any n (no n * r product). */
+static inline size_t adamw_shard_lo(size_t n, int rank, int world)
+{
+    size_t w = (size_t)world, r = (size_t)rank;
+    return r * (n / w) + (r < n % w ? r : n % w);
+}
+
+static inline void adamw_shard(size_t n, int rank, int world, size_t *lo, size_t *hi)
+{
+    *lo = adamw_shard_lo(n, rank, world);
+    *hi = adamw_shard_lo(n, rank + 1, world);
+}
+
+/* Device bytes of the moments for (hi - lo) elements; overflow-checked
+ * (ACC_EINVAL, field "model"). */
+int adamw_state_bytes(size_t lo, size_t hi, uint64_t *bytes, acc_err *err);
+
+/* Moments (zeroed) for [lo, hi) on dev; t = 0. ACC_EOOM from the device. */
+int adamw_create(kern_device *dev, size_t lo, size_t hi, adamw **out, acc_err *err);
+void adamw_free(adamw *a);
+
+/* One step: t += 1, then for each trainable run of the layout inside
+ * [lo, hi): p -= lr * (adam(g * grad_scale) + wd * p), wd = the spec's
+ * weight_decay where the tensor decays, else 0. params and grads are the
+ * model's device buffers (indexed by absolute element). */
+void adamw_step(adamw *a, const model_layout *l, float *params, const float *grads, float lr,
+                const spec_optim *o, float grad_scale);
+
+#endif
