@@ -602,6 +602,24 @@ static int copy_side_files(const char *src, const char *dir, acc_err *err)
     return 0;
 }
 
+int hf_save_side(const char *dir, const hf_save_opts *o, acc_err *err)
+{
+    char path[PATH_MAX + 64];
+    json_t *c = o->config ? json_deep_copy(o->config) : json_object();
+    int rc = 0;
+    if (c == NULL || json_object_set_new(c, "torch_dtype", json_string(hf_torch_dtype(o->dtype))) != 0)
+        rc = acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (rc == 0)
+        rc = write_json(path, c, err);
+    json_decref(c);
+    if (rc == 0 && o->src_dir != NULL)
+        rc = copy_side_files(o->src_dir, dir, err);
+    if (rc == 0)
+        rc = fsu_fsync_dir(dir, err);
+    return rc;
+}
+
 int hf_save(const char *dir, const hf_tensor *t, int n, hf_fill_fn fill, void *ctx,
             const hf_save_opts *o, acc_err *err)
 {
@@ -620,20 +638,8 @@ int hf_save(const char *dir, const hf_tensor *t, int n, hf_fill_fn fill, void *c
     if (rc == 0)
         rc = write_shards(dir, t, n, bytes, &fc, o->max_shard_bytes ? o->max_shard_bytes : HF_SHARD_DEFAULT,
                           err);
-    char path[PATH_MAX + 64];
-    if (rc == 0) {
-        json_t *c = o->config ? json_deep_copy(o->config) : json_object();
-        if (c == NULL || json_object_set_new(c, "torch_dtype", json_string(hf_torch_dtype(o->dtype))) != 0)
-            rc = acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        if (rc == 0)
-            rc = write_json(path, c, err);
-        json_decref(c);
-    }
-    if (rc == 0 && o->src_dir != NULL)
-        rc = copy_side_files(o->src_dir, dir, err);
     if (rc == 0)
-        rc = fsu_fsync_dir(dir, err);
+        rc = hf_save_side(dir, o, err);
     free(fc.stage);
     free(bytes);
     if (rc != 0 && err != NULL && strstr(err->msg, dir) == NULL)

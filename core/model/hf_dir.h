@@ -109,6 +109,10 @@ typedef struct hf_save_opts {
     const char *src_dir;      /* copy generation_config.json and tokenizer files from it (may be NULL) */
 } hf_save_opts;
 
+/* Only the directory's side files: config.json (o->config with torch_dtype
+ * = o->dtype) and the files copied from o->src_dir; `dir` must exist. */
+int hf_save_side(const char *dir, const hf_save_opts *o, acc_err *err);
+
 /* Write the directory `dir` (created when absent). */
 int hf_save(const char *dir, const hf_tensor *t, int n, hf_fill_fn fill, void *ctx,
             const hf_save_opts *o, acc_err *err);

@@ -229,6 +229,26 @@ static int output_config(const model *m, const char *src_dir, json_t **out, acc_
     return 0;
 }
 
+uint64_t model_hf_bytes(const model *m, st_dtype d)
+{
+    uint64_t b = 0;
+    for (int i = 0; i < m->layout.n; i++) /* counts checked by the layout */
+        b += (uint64_t)model_tensor_file_count(&m->layout.t[i]) * st_dtype_size(d);
+    return b;
+}
+
+int model_hf_save_config(const model *m, const char *dir, const model_hf_save_opts *o,
+                         acc_err *err)
+{
+    json_t *config = NULL;
+    int rc = output_config(m, o->src_dir, &config, err);
+    hf_save_opts ho = {.dtype = o->dtype, .config = config, .src_dir = o->src_dir};
+    if (rc == 0)
+        rc = hf_save_side(dir, &ho, err);
+    json_decref(config);
+    return rc;
+}
+
 int model_hf_save(const model *m, const char *dir, const model_hf_save_opts *o, acc_err *err)
 {
     const model_layout *l = &m->layout;

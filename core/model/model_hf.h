@@ -45,6 +45,15 @@ typedef struct model_hf_save_opts {
                                * its generation_config.json and tokenizer files copied (NULL: none) */
 } model_hf_save_opts;
 
+/* Bytes of m's tensors on disk in dtype d (for the choice to shard). */
+uint64_t model_hf_bytes(const model *m, st_dtype d);
+
+/* Only config.json (o->src_dir's keys kept, the family's over them,
+ * torch_dtype = o->dtype) and the side files, into the existing `dir`:
+ * makes a directory holding model.safetensors a Hugging Face directory. */
+int model_hf_save_config(const model *m, const char *dir, const model_hf_save_opts *o,
+                         acc_err *err);
+
 /* m's weights as the Hugging Face directory `dir` (created). */
 int model_hf_save(const model *m, const char *dir, const model_hf_save_opts *o, acc_err *err);
 

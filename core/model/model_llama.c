@@ -76,7 +76,7 @@ static int llama_check(const model_config *c, acc_err *err)
     if (rc != 0 && err != NULL) {
         char key[sizeof err->field];
         snprintf(key, sizeof key, "%s", err->field);
-        snprintf(err->field, sizeof err->field, "model.%s", key);
+        snprintf(err->field, sizeof err->field, "model.%.100s", key);
     }
     return rc;
 }
@@ -96,11 +96,12 @@ static int llama_config_from_spec(const spec_model *sm, model_config *cfg, acc_e
     cfg->n_layer = sm->n_layer;
     cfg->n_head = sm->n_head;
     cfg->channels = sm->n_embd;
-    if (cfg->intermediate_size == 0) /* LLaMA's 8/3 C, rounded up to 64 */
-        cfg->intermediate_size =
-            (int)(((int64_t)sm->n_embd * 8 / 3 + 63) / 64 * 64 > INT32_MAX
-                      ? 1
-                      : ((int64_t)sm->n_embd * 8 / 3 + 63) / 64 * 64);
+    cfg->n_kv_head = sm->n_kv_head;
+    cfg->intermediate_size = sm->intermediate_size;
+    if (cfg->intermediate_size == 0) { /* LLaMA's 8/3 C, rounded up to 64 */
+        int64_t w = ((int64_t)sm->n_embd * 8 / 3 + 63) / 64 * 64;
+        cfg->intermediate_size = w > INT32_MAX / 2 ? 0 : (int)w;
+    }
     if (cfg->norm_eps == 0)
         cfg->norm_eps = 1e-5;
     if (cfg->model_type[0] == '\0')
@@ -709,6 +710,11 @@ const float *model_llama_logits(const model *m)
     return S(m)->a.ptr[A_LOGITS];
 }
 
+static const float *llama_token_losses(const model *m)
+{
+    return S(m) == NULL || S(m)->act_mem == NULL ? NULL : S(m)->a.ptr[A_LOSSES];
+}
+
 static const char *const llama_hf_types[] = {"llama", "mistral", "qwen2", NULL};
 
 const model_family model_family_llama = {
@@ -728,4 +734,6 @@ const model_family model_family_llama = {
     .destroy = llama_destroy,
     .config_from_hf = llama_config_from_hf,
     .config_to_hf = llama_config_to_hf,
+    .logits = model_llama_logits,
+    .token_losses = llama_token_losses,
 };

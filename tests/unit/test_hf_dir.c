@@ -108,7 +108,7 @@ static void write_file(const char *path, const tdef *t, int n)
 
 static void write_config(const char *dir, json_t *cfg)
 {
-    char path[512];
+    char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     assert_int_equal(json_dump_file(cfg, path, 0), 0);
     json_decref(cfg);
@@ -118,7 +118,7 @@ static void write_config(const char *dir, json_t *cfg)
 static const char *make_dir(const char *name, json_t *cfg, const tdef *t, int n, int shards)
 {
     static char dir[512];
-    char path[600];
+    char path[1024];
     snprintf(dir, sizeof dir, "%s/%s", root, name);
     assert_int_equal(fsu_mkdir_p(dir, 0750, NULL), 0);
     write_config(dir, cfg);
@@ -242,7 +242,7 @@ static void test_bad_checkpoints(void **state)
                  "model.embed_tokens.weight", NULL);
 
     const char *d = make_dir("shard", base_config(), t, n, 3);
-    char path[600];
+    char path[1024];
     snprintf(path, sizeof path, "%s/model-00002-of-00003.safetensors", d);
     assert_int_equal(unlink(path), 0);
     expect_error(d, "shard/model.safetensors.index.json", "model-00002-of-00003.safetensors",
@@ -275,7 +275,7 @@ static void test_header_only(void **state)
     tdef t[16];
     int n = base_tensors(t);
     const char *d = make_dir("hdr", base_config(), t, n, 1);
-    char path[600];
+    char path[1024];
     snprintf(path, sizeof path, "%s/model.safetensors", d);
     FILE *f = fopen(path, "r+b");
     assert_non_null(f);
@@ -348,13 +348,13 @@ static void test_save_sharded(void **state)
     hf_tensor ht[16];
     for (int i = 0; i < n; i++) {
         memset(&ht[i], 0, sizeof ht[i]);
-        snprintf(ht[i].name, sizeof ht[i].name, "%s", t[i].name);
+        snprintf(ht[i].name, sizeof ht[i].name, "%.95s", t[i].name);
         ht[i].ndim = t[i].c ? 2 : 1;
         ht[i].shape[0] = t[i].r;
         ht[i].shape[1] = t[i].c;
     }
     const char *srcdir = make_dir("src", base_config(), t, n, 1);
-    char path[600], out[600];
+    char path[1024], out[512];
     snprintf(path, sizeof path, "%s/tokenizer.json", srcdir);
     assert_int_equal(fsu_write_atomic(path, "{\"x\":1}", 7, NULL), 0);
     snprintf(out, sizeof out, "%s/saved", root);
