@@ -65,4 +65,23 @@ first2=$(acc_curl "$BASE/v1/jobs/$id2/metrics" | jq '.steps[0].loss')
 jq -en "$first2 < $first" >/dev/null || fail "the second job did not start from the trained weights: $first2 vs $first"
 ok "the output directory loads back (reference loss $loss; a job from it starts at $first2 < $first)"
 
+# kill -9 mid-run: the LLaMA job resumes from its last checkpoint and ends
+# with the step history of an uninterrupted run (exact on CPU)
+spec_k='{"name":"kill","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"train_micro_batch_size_per_gpu":2,"max_steps":60,"checkpoint_interval":15,"seed":5}'
+ref=$(acc_submit "$spec_k")
+acc_wait_state "$ref" succeeded 300
+ref_hist=$(acc_curl "$BASE/v1/jobs/$ref/metrics" | jq -c '[.steps[] | [.step, .loss]]')
+kid=$(acc_submit "$spec_k")
+acc_wait_step "$kid" 20
+acc_kill9
+[ "$(jq -r .state "$STATE/jobs/$kid/status.json")" = running ] || fail "the job ended before the kill"
+acc_start --set cpu_devices=1 --set cpu_device_memory=512M
+acc_wait_state "$kid" succeeded 300
+grep -q 'resumed from' "$STATE/jobs/$kid/events.ndjson" || fail "no resume after the restart"
+expect_eq "step history after kill -9 and resume" \
+    "$(acc_curl "$BASE/v1/jobs/$kid/metrics" | jq -c '[.steps[] | [.step, .loss]]')" "$ref_hist"
+acc_curl "$BASE/v1/jobs/$kid" | jq -e '.outputs.model | endswith("ckpt-00000060")' >/dev/null ||
+    fail "outputs after resume: $(acc_curl "$BASE/v1/jobs/$kid" | jq -c .outputs)"
+ok "kill -9 at step >= 20, resumed: the same $(echo "$ref_hist" | jq length)-step history"
+
 acc_stop
