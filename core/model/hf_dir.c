@@ -509,7 +509,7 @@ static int tensor_bytes(const hf_tensor *t, int n, st_dtype d, uint64_t *bytes, 
 
 static int write_json(const char *path, const json_t *j, acc_err *err)
 {
-    char *text = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
     if (text == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory writing %s", path);
     size_t len = strlen(text);

@@ -18,7 +18,7 @@ acc_data
     fail "make_tiny_llama"
 "$PY" "$SUP/make_tiny_llama.py" "$STATE/data/broken" --variant big --bad missing ||
     fail "make_tiny_llama --bad"
-acc_start --set cpu_devices=1 --set cpu_device_memory=512M
+acc_start --set cpu_devices=1 --set cpu_device_memory=512M --set cpu_threads_per_device=1
 
 # a bad checkpoint: 400 at submit, naming the file and the tensor
 spec_bad='{"name":"bad","model":{"from":"broken","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"max_steps":2}'
@@ -75,7 +75,7 @@ kid=$(acc_submit "$spec_k")
 acc_wait_step "$kid" 20
 acc_kill9
 [ "$(jq -r .state "$STATE/jobs/$kid/status.json")" = running ] || fail "the job ended before the kill"
-acc_start --set cpu_devices=1 --set cpu_device_memory=512M
+acc_start --set cpu_devices=1 --set cpu_device_memory=512M --set cpu_threads_per_device=1
 acc_wait_state "$kid" succeeded 300
 grep -q 'resumed from' "$STATE/jobs/$kid/events.ndjson" || fail "no resume after the restart"
 expect_eq "step history after kill -9 and resume" \
