@@ -168,9 +168,19 @@ static int out_tensors(outbuf *b, const model *m, const float *src, const char *
     return rc;
 }
 
+static void out_free(outbuf *b)
+{
+    for (int i = 0; i < b->n; i++) {
+        free((void *)b->t[i].data);
+        free(b->names[i]);
+    }
+    free(b->t);
+    free(b->names);
+}
+
 static int read_batch(const char *path, int **tok, int **tgt, int *B, int *T, acc_err *err)
 {
-    st_file *f;
+    st_file *f = NULL;
     int rc = st_open(path, &f, err);
     st_tensor a, b;
     if (rc == 0 && (st_get(f, "tokens", &a, err) != 0 || st_get(f, "targets", &b, err) != 0 ||
@@ -184,8 +194,7 @@ static int read_batch(const char *path, int **tok, int **tgt, int *B, int *T, ac
         memcpy(*tok, a.data, a.nbytes);
         memcpy(*tgt, b.data, b.nbytes);
     }
-    if (rc == 0 || f != NULL)
-        st_close(f);
+    st_close(f);
     return rc;
 }
 
@@ -256,6 +265,8 @@ int main(int argc, char **argv)
         int64_t n[1] = {o.steps};
         out_add(&ob, "losses", losses, 1, n);
         free(losses);
+        d->ops->free(d, a.m);
+        d->ops->free(d, a.v);
     }
     if (st_write(o.out, ob.t, ob.n, NULL, 0, &err) != 0)
         return die("write", &err);
@@ -265,5 +276,13 @@ int main(int argc, char **argv)
             return die("save", &err);
     }
     printf("hf_dump: %s: loss %.9g, %zu parameters\n", o.dir, loss, m->nparams);
+    out_free(&ob);
+    free(lg);
+    free(logits);
+    free(w);
+    free(tok);
+    free(tgt);
+    model_free(m);
+    kern_device_close(d);
     return 0;
 }
