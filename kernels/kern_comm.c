@@ -1,5 +1,5 @@
-/* kern_comm: see kern_comm.h. Forwards each call to the shared-memory or
- * the NCCL communicator. */
+/* kern_comm: see kern_comm.h. Opens the communicator of the job's kind of
+ * devices and forwards each call through its kern_comm_ops table. */
 #include "kern_comm.h"
 
 #include <stdlib.h>
@@ -7,40 +7,36 @@
 #include "kern_comm_cpu.h"
 #ifdef ACCUMD_HAVE_CUDA
 #include "kern_comm_nccl.h"
-#include "kern_cuda.h"
 #endif
 
 struct kern_comm {
-    kern_comm_cpu *cpu;
-#ifdef ACCUMD_HAVE_CUDA
-    kern_nccl *nccl;
-#endif
+    const kern_comm_ops *ops;
+    void *impl;
 };
 
-#ifdef ACCUMD_HAVE_CUDA
-#define NCCL_OR_CPU(c, nccl_call, cpu_call) ((c)->nccl != NULL ? (nccl_call) : (cpu_call))
-#else
-#define NCCL_OR_CPU(c, nccl_call, cpu_call) (cpu_call)
-#endif
-
-int kern_comm_create(int nranks, kern_comm **out, acc_err *err)
+static int wrap(const kern_comm_ops *ops, void *impl, kern_comm **out, acc_err *err)
 {
     kern_comm *c = calloc(1, sizeof *c);
-    if (c == NULL)
+    if (c == NULL) {
+        ops->destroy(impl);
         return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
-    int rc = kern_comm_cpu_create(nranks, &c->cpu, err);
-    if (rc != 0) {
-        free(c);
-        return rc;
     }
+    c->ops = ops;
+    c->impl = impl;
     *out = c;
     return 0;
 }
 
-int kern_comm_open(const kern_device_info *devs, int n, kern_comm **out, acc_err *err)
+int kern_comm_create(int nranks, kern_comm **out, acc_err *err)
 {
-    if (n < 1 || devs[0].kind != KERN_DEV_CUDA)
-        return kern_comm_create(n, out, err);
+    kern_comm_cpu *cpu;
+    int rc = kern_comm_cpu_create(nranks, &cpu, err);
+    return rc != 0 ? rc : wrap(&kern_comm_cpu_ops, cpu, out, err);
+}
+
+/* The NCCL communicator of n CUDA devices (CUDA builds only). */
+static int open_nccl(const kern_device_info *devs, int n, kern_comm **out, acc_err *err)
+{
 #ifdef ACCUMD_HAVE_CUDA
     int ordinals[KERN_MAX_DEVICES];
     if (n > KERN_MAX_DEVICES)
@@ -51,47 +47,40 @@ int kern_comm_open(const kern_device_info *devs, int n, kern_comm **out, acc_err
             return acc_err_set(err, ACC_EINVAL, "devices", "a job's devices must all be of one kind");
         ordinals[i] = devs[i].index;
     }
-    kern_comm *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
-    int rc = kern_nccl_create(n, ordinals, &c->nccl, err);
-    if (rc != 0) {
-        free(c);
-        return rc;
-    }
-    *out = c;
-    return 0;
+    kern_nccl *nccl;
+    int rc = kern_nccl_create(n, ordinals, &nccl, err);
+    return rc != 0 ? rc : wrap(&kern_comm_nccl_ops, nccl, out, err);
 #else
+    (void)devs;
+    (void)n;
+    (void)out;
     return acc_err_set(err, ACC_EDEVICE, "devices", "this accumd was built without CUDA");
 #endif
+}
+
+int kern_comm_open(const kern_device_info *devs, int n, kern_comm **out, acc_err *err)
+{
+    if (n < 1 || devs[0].kind != KERN_DEV_CUDA)
+        return kern_comm_create(n, out, err);
+    return open_nccl(devs, n, out, err);
 }
 
 void kern_comm_destroy(kern_comm *c)
 {
     if (c == NULL)
         return;
-#ifdef ACCUMD_HAVE_CUDA
-    if (c->nccl != NULL)
-        kern_nccl_destroy(c->nccl);
-#endif
-    if (c->cpu != NULL)
-        kern_comm_cpu_destroy(c->cpu);
+    c->ops->destroy(c->impl);
     free(c);
 }
 
 int kern_comm_bind(kern_comm *c, int rank, kern_device *dev, acc_err *err)
 {
-#ifdef ACCUMD_HAVE_CUDA
-    if (c->nccl != NULL)
-        return kern_nccl_bind(c->nccl, rank, kern_cuda_stream(dev), err);
-#endif
-    return 0;
+    return c->ops->bind != NULL ? c->ops->bind(c->impl, rank, dev, err) : 0;
 }
 
 int kern_comm_allreduce(kern_comm *c, int rank, float *buf, size_t n)
 {
-    return NCCL_OR_CPU(c, kern_nccl_allreduce(c->nccl, rank, buf, n),
-                       kern_comm_cpu_allreduce(c->cpu, rank, buf, n));
+    return c->ops->allreduce(c->impl, rank, buf, n);
 }
 
 static int check_spans(const kern_span *spans, int nspans)
@@ -106,54 +95,40 @@ int kern_comm_reduce_start(kern_comm *c, int rank, float *base, const kern_span 
 {
     if (check_spans(spans, nspans) != 0)
         return ACC_EINVAL;
-    return NCCL_OR_CPU(c, kern_nccl_reduce_start(c->nccl, rank, base, spans, nspans),
-                       kern_comm_cpu_reduce_spans(c->cpu, rank, base, spans, nspans));
+    return c->ops->reduce_start(c->impl, rank, base, spans, nspans);
 }
 
 int kern_comm_reduce_finish(kern_comm *c, int rank)
 {
-    return NCCL_OR_CPU(c, kern_nccl_reduce_finish(c->nccl, rank),
-                       kern_comm_cpu_reduce_finish(c->cpu, rank));
+    return c->ops->reduce_finish(c->impl, rank);
 }
 
 int kern_comm_barrier(kern_comm *c)
 {
-    return NCCL_OR_CPU(c, kern_nccl_barrier(c->nccl), kern_comm_cpu_barrier(c->cpu));
+    return c->ops->barrier(c->impl);
 }
 
 void kern_comm_abort(kern_comm *c)
 {
-#ifdef ACCUMD_HAVE_CUDA
-    if (c->nccl != NULL) {
-        kern_nccl_abort(c->nccl);
-        return;
-    }
-#endif
-    kern_comm_cpu_abort(c->cpu);
+    c->ops->abort(c->impl);
 }
 
 int kern_comm_aborted(kern_comm *c)
 {
-    return NCCL_OR_CPU(c, kern_nccl_aborted(c->nccl), kern_comm_cpu_aborted(c->cpu));
+    return c->ops->aborted(c->impl);
 }
 
 uint64_t kern_comm_allreduce_calls(kern_comm *c)
 {
-    return NCCL_OR_CPU(c, kern_nccl_allreduce_calls(c->nccl), kern_comm_cpu_allreduce_calls(c->cpu));
+    return c->ops->allreduce_calls(c->impl);
 }
 
 uint64_t kern_comm_bucket_calls(kern_comm *c)
 {
-    return NCCL_OR_CPU(c, kern_nccl_bucket_calls(c->nccl), kern_comm_cpu_bucket_calls(c->cpu));
+    return c->ops->bucket_calls(c->impl);
 }
 
 int kern_comm_error(kern_comm *c, acc_err *err)
 {
-#ifdef ACCUMD_HAVE_CUDA
-    if (c->nccl != NULL)
-        return kern_nccl_error(c->nccl, err);
-#endif
-    (void)c;
-    (void)err;
-    return 0;
+    return c->ops->error != NULL ? c->ops->error(c->impl, err) : 0;
 }

@@ -26,6 +26,13 @@
  *
  * Counting: kern_comm_allreduce_calls() counts reductions (finishes),
  * kern_comm_bucket_calls() counts starts, each once per call, not per rank.
+ *
+ * Implementations: each communicator implements the one declared set
+ * kern_comm_ops below (libuv's src/unix/internal.h style: one list of
+ * operations, one file per implementation): kernels/cpu/kern_comm_cpu.c
+ * (kern_comm_cpu_ops) and, in CUDA builds, kernels/cuda/kern_comm_nccl.cu
+ * (kern_comm_nccl_ops). kern_comm.c forwards every kern_comm_* call through
+ * the table of the communicator it opened; nothing else picks one.
  */
 #ifndef ACC_KERN_COMM_H
 #define ACC_KERN_COMM_H
@@ -78,5 +85,33 @@ int kern_comm_error(kern_comm *c, acc_err *err);
 uint64_t kern_comm_allreduce_calls(kern_comm *c);
 /* Bucket starts (kern_comm_reduce_start, one per allreduce) so far. */
 uint64_t kern_comm_bucket_calls(kern_comm *c);
+
+/* ---- the declared set of a communicator implementation
+ *
+ * Each entry has the contract of the kern_comm_* call of the same name
+ * above, on the implementation's own state `impl`. Spans are checked by
+ * kern_comm.c before reduce_start. All entries are required except those
+ * marked OPTIONAL. */
+typedef struct kern_comm_ops {
+    const char *name;    /* "shm", "nccl" */
+    void (*destroy)(void *impl);
+    /* OPTIONAL: NULL = nothing to bind (0) */
+    int (*bind)(void *impl, int rank, kern_device *dev, acc_err *err);
+    int (*allreduce)(void *impl, int rank, float *buf, size_t n);
+    int (*reduce_start)(void *impl, int rank, float *base, const kern_span *spans, int nspans);
+    int (*reduce_finish)(void *impl, int rank);
+    int (*barrier)(void *impl);
+    void (*abort)(void *impl);
+    int (*aborted)(void *impl);
+    /* OPTIONAL: NULL = never fails this way (0) */
+    int (*error)(void *impl, acc_err *err);
+    uint64_t (*allreduce_calls)(void *impl);
+    uint64_t (*bucket_calls)(void *impl);
+} kern_comm_ops;
+
+/* Shared memory between CPU ranks (kernels/cpu/kern_comm_cpu.c). */
+extern const kern_comm_ops kern_comm_cpu_ops;
+/* NCCL between GPU ranks (kernels/cuda/kern_comm_nccl.cu, CUDA builds). */
+extern const kern_comm_ops kern_comm_nccl_ops;
 
 #endif

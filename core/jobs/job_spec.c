@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch_split.h"
 #include "model.h"
 #include "model_hf.h"
 
@@ -631,9 +632,7 @@ static int resolve_batch(const batch_in *b, job_spec *out, acc_err *err)
     long B = b->B.given ? b->B.v : 0, m = b->m.given ? b->m.v : 0, a = b->a.given ? b->a.v : 0;
     out->micro_auto = b->m.is_auto;
     if (B && m && a) {
-        if (B != m * a * w)
-            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
-                               "train_batch_size %ld != %ld * %ld * %d (micro * accum * world)", B, m, a, w);
+        /* all three given: batch_split_make below checks B = m a w */
     } else if (B && m) {
         if (B % (m * w) != 0)
             return acc_err_set(err, ACC_EINVAL, "train_batch_size",
@@ -661,9 +660,13 @@ static int resolve_batch(const batch_in *b, job_spec *out, acc_err *err)
     }
     if (B > SPEC_MAX_BATCH)
         return acc_err_set(err, ACC_EINVAL, "train_batch_size", "train_batch_size %ld is over %d", B, SPEC_MAX_BATCH);
-    out->train_batch_size = (int)B;
-    out->micro_batch = (int)m;
-    out->accum_steps = (int)a;
+    batch_split bs; /* the one rule, B = m a w (batch_split.h) */
+    int rc = batch_split_make((int)B, (int)m, (int)a, w, 0, &bs, err);
+    if (rc != 0)
+        return rc;
+    out->train_batch_size = bs.B;
+    out->micro_batch = bs.m;
+    out->accum_steps = bs.a;
     return 0;
 }
 

@@ -200,6 +200,13 @@ static void sched_devs(const jobs_mgr *m, sched_dev *sd)
     }
 }
 
+/* A byte count for JSON (signed 64-bit): an overflowed (saturated) size
+ * shows as the largest value, never as a negative or wrapped one. */
+static json_int_t bytes_json(uint64_t b)
+{
+    return b > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)b;
+}
+
 /* The planner's table for a dry run: each candidate micro batch with its
  * predicted peak per device and whether it fits the smallest budget of the
  * devices of that kind (less the planner's margin). */
@@ -221,7 +228,7 @@ static json_t *plan_json(const job_spec *s, kern_dev_kind kind, uint64_t budget,
         const plan_row *r = &rows[i];
         json_array_append_new(arr, json_pack("{s:i, s:i, s:b, s:I, s:b}", "micro_batch", r->micro_batch,
                                              "accum_steps", r->accum_steps, "recompute", r->recompute,
-                                             "predicted_peak_bytes", (json_int_t)r->peak_bytes, "fits", r->fits));
+                                             "predicted_peak_bytes", bytes_json(r->peak_bytes), "fits", r->fits));
         /* the split this job would start with: its own m, or the planner's pick for "auto" */
         bool mine = s->micro_auto ? i == chosen
                                   : (r->micro_batch == s->micro_batch && r->recompute == s->activation_checkpointing);
@@ -253,7 +260,7 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s)
     for (int i = 0; i < s->devices; i++) {
         if (r.start)
             json_array_append_new(devs, json_string(m->devs[r.placed[i]].name));
-        json_array_append_new(mem, json_integer((json_int_t)peak));
+        json_array_append_new(mem, json_integer(bytes_json(peak)));
     }
     int queued_before = 0;
     for (size_t i = 0; i < m->njobs; i++)

@@ -57,17 +57,16 @@ const model_family *model_family_of(const model_config *cfg)
     return cfg->family != NULL ? cfg->family : model_family_default();
 }
 
-const char *model_family_names(void)
+const char *model_family_names(char *buf, size_t n)
 {
-    /* built once from a constant table: the same text every time */
-    static char names[256];
-    if (names[0] == '\0') {
-        size_t at = 0;
-        for (int i = 0; families[i] != NULL && at < sizeof names; i++)
-            at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
-                                   families[i]->name);
+    size_t at = 0;
+    if (n > 0)
+        buf[0] = '\0';
+    for (int i = 0; families[i] != NULL && at < n; i++) {
+        int w = snprintf(buf + at, n - at, "%s%s", i ? ", " : "", families[i]->name);
+        at += w > 0 ? (size_t)w : 0;
     }
-    return names;
+    return buf;
 }
 
 /* ---- config */
@@ -81,11 +80,12 @@ static void set_family(model_config *cfg, const model_family *f)
 
 int model_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err)
 {
+    char names[256];
     const model_family *f = model_family_by_arch(sm->arch);
     memset(cfg, 0, sizeof *cfg);
     if (f == NULL)
         return acc_err_set(err, ACC_EINVAL, "model.arch", "unknown arch \"%s\" (%s)", sm->arch,
-                           model_family_names());
+                           model_family_names(names, sizeof names));
     int rc = f->config_from_spec(sm, cfg, err);
     if (rc == 0)
         set_family(cfg, f);
@@ -95,11 +95,12 @@ int model_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err
 int model_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
                            acc_err *err)
 {
+    char names[256];
     const model_family *f = model_family_by_arch(sm->arch);
     memset(cfg, 0, sizeof *cfg);
     if (f == NULL)
         return acc_err_set(err, ACC_EINVAL, "model.arch", "unknown arch \"%s\" (%s)", sm->arch,
-                           model_family_names());
+                           model_family_names(names, sizeof names));
     if (f->config_from_file == NULL)
         return acc_err_set(err, ACC_EINVAL, "model.init_from",
                            "arch %s cannot start from a checkpoint file", f->name);
@@ -111,6 +112,7 @@ int model_config_from_file(const char *path, const spec_model *sm, model_config 
 
 int model_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
 {
+    char names[256];
     memset(cfg, 0, sizeof *cfg);
     const char *type = json_string_value(json_object_get(hf, "model_type"));
     if (type == NULL)
@@ -119,7 +121,7 @@ int model_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
     if (f == NULL || f->config_from_hf == NULL)
         return acc_err_set(err, ACC_EINVAL, "model.from",
                            "config.json: unsupported model_type \"%s\" (families: %s)", type,
-                           model_family_names());
+                           model_family_names(names, sizeof names));
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", type);
     int rc = f->config_from_hf(hf, cfg, err);
     if (rc == 0)

@@ -161,10 +161,12 @@ struct model_family {
      * at UINT64_MAX on overflow). */
     void (*gemm_extent)(const model_config *cfg, uint64_t n_tokens, model_gemm_extent *out);
     /* REQUIRED: allocate the activations for m->B x m->T in m->recompute mode
-     * (m->B, m->T, m->recompute are set by the caller) and keep them in the
-     * family's state; ACC_EOOM from the device leaves nothing allocated. */
+     * (m->B, m->T, m->recompute and m->act_bytes = act_bytes(...) are set by
+     * the caller, model_acts_alloc) and keep them in the family's state;
+     * ACC_EOOM from the device leaves nothing allocated. */
     int (*acts_alloc)(model *m, acc_err *err);
-    /* REQUIRED: free them (no-op when none). */
+    /* REQUIRED: free them (no-op when none; also called with m->impl NULL,
+     * before create or after a failed one). */
     void (*acts_free)(model *m);
     /* REQUIRED: forward over nseq <= m->B sequences of m->T tokens; host
      * arrays tokens/targets/weights of nseq*T; *loss_sum = sum(weight * token
@@ -219,8 +221,9 @@ const model_family *model_family_by_hf_type(const char *type);
 const model_family *model_family_default(void);
 /* The family of a config (cfg->family, or the default). */
 const model_family *model_family_of(const model_config *cfg);
-/* The registered families' names, "gpt2, llama", for error messages. */
-const char *model_family_names(void);
+/* The registered families' names, "gpt2, llama", into buf[n] (for error
+ * messages); returns buf. */
+const char *model_family_names(char *buf, size_t n);
 /* The i-th registered family (i >= 0), NULL past the last. */
 const model_family *model_family_at(int i);
 

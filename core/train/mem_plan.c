@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "adamw.h"
+#include "batch_split.h"
 #include "checked.h"
 #include "model_hf.h"
 #include "trainer.h"
@@ -70,26 +71,27 @@ int plan_check_sizes(const job_spec *spec, acc_err *err)
     if (rc != 0)
         return rc;
     int T = spec->model.seq_len, w = spec->devices > 0 ? spec->devices : 1;
+    /* the starting split ("auto": the planner picks among rows whose
+     * saturated sizes cannot fit, so m = 1 is what must be computable) */
     int m0 = spec->micro_batch > 0 ? spec->micro_batch : 1;
     int mmax = spec->train_batch_size / w > m0 ? spec->train_batch_size / w : m0;
-    uint64_t state, acts, host;
+    uint64_t state, acts = 0, host;
     if ((rc = state_bytes(&cfg, &state, err)) != 0)
         return rc;
-    /* the starting split, and the largest the run may move up to */
-    for (int rec = 1; rec >= 0; rec--) { /* stored (rec = 0) last: the largest */
-        if ((rc = model_act_bytes(&cfg, m0, T, rec, &acts, err)) != 0 ||
-            (rc = model_act_bytes(&cfg, mmax, T, rec, &acts, err)) != 0)
-            return rc;
-    }
-    /* host batch buffers: inputs, targets (int) and weights (float) of mmax x T */
-    if (acc_mul_u64(acc_sat_mul_u64((uint64_t)mmax, (uint64_t)T), sizeof(int), &host) ||
-        host > SIZE_MAX / 3)
-        return acc_err_set(err, ACC_EINVAL, "model.seq_len",
-                           "the host batch buffers of %d x %d tokens overflow", mmax, T);
-    uint64_t total;
-    if (acc_add_u64(state, acts, &total))
+    /* both modes: an out-of-memory may switch recomputation on */
+    for (int rec = 1; rc == 0 && rec >= 0; rec--) /* stored (rec = 0) last: the larger */
+        rc = model_act_bytes(&cfg, m0, T, rec, &acts, err);
+    if (rc != 0)
+        return rc;
+    if (acc_add_u64(state, acts, &state))
         return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
                            "a device's bytes overflow 64-bit sizes");
+    /* the trainer's host batch buffers: inputs, targets, weights of the
+     * largest split (mmax x T, 4 bytes each) */
+    if (acc_mul_u64(acc_sat_mul_u64((uint64_t)mmax, (uint64_t)T), 3 * sizeof(int), &host) ||
+        host > SIZE_MAX)
+        return acc_err_set(err, ACC_EINVAL, "train_batch_size",
+                           "the host batch buffers of %d x %d tokens overflow", mmax, T);
     return 0;
 }
 
@@ -137,24 +139,21 @@ uint64_t plan_usable_bytes(uint64_t budget)
 
 int plan_next_smaller_micro(int per_rank, int m)
 {
-    for (int d = m - 1; d >= 1; d--)
-        if (per_rank % d == 0)
-            return d;
-    return 0;
+    batch_split s = {.B = per_rank, .m = m, .a = 1, .w = 1};
+    return batch_split_smaller_micro(&s);
 }
 
 int plan_next_larger_micro(int per_rank, int m)
 {
-    for (int d = m + 1; d <= per_rank; d++)
-        if (per_rank % d == 0)
-            return d;
-    return 0;
+    batch_split s = {.B = per_rank, .m = m, .a = 1, .w = 1};
+    return batch_split_larger_micro(&s);
 }
 
-static plan_row make_row(const model_config *cfg, const job_spec *spec, int per_rank, int m,
+static plan_row make_row(const model_config *cfg, const job_spec *spec, const batch_split *split,
                          bool recompute, uint64_t usable, kern_dev_kind kind)
 {
-    plan_row r = {.micro_batch = m, .accum_steps = per_rank / m, .recompute = recompute};
+    int m = split->m;
+    plan_row r = {.micro_batch = m, .accum_steps = split->a, .recompute = recompute};
     r.state_bytes = plan_state_bytes(cfg);
     r.act_bytes = plan_act_bytes(cfg, kind, spec->precision, m, spec->model.seq_len, recompute);
     r.peak_bytes = acc_sat_add_u64(r.state_bytes, r.act_bytes); /* UINT64_MAX never fits */
@@ -195,14 +194,17 @@ int plan_candidates_on(const job_spec *spec, kern_dev_kind kind, uint64_t budget
     if (rc != 0)
         return rc;
     int per_rank = spec->train_batch_size / spec->devices;
+    batch_split one, split;
+    if ((rc = batch_split_make(spec->train_batch_size, 1, per_rank, spec->devices, 0, &one, err)) != 0)
+        return rc;
     uint64_t usable = plan_usable_bytes(budget);
     bool rec = spec->activation_checkpointing;
     for (int m = 1; m <= per_rank && *n < max; m++)
-        if (per_rank % m == 0)
-            rows[(*n)++] = make_row(&cfg, spec, per_rank, m, rec, usable, kind);
+        if (batch_split_with_micro(&one, m, &split) == 0)
+            rows[(*n)++] = make_row(&cfg, spec, &split, rec, usable, kind);
     int nmain = *n;
     if (!rec && spec->oom_adapt && *n < max)
-        rows[(*n)++] = make_row(&cfg, spec, per_rank, 1, true, usable, kind);
+        rows[(*n)++] = make_row(&cfg, spec, &one, true, usable, kind);
     *chosen = pick(rows, nmain, *n);
     return 0;
 }

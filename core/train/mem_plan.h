@@ -60,9 +60,10 @@ uint64_t plan_state_bytes(const model_config *cfg);
 uint64_t plan_peak_bytes(const model_config *cfg, int micro_batch, int seq_len, bool recompute);
 
 /* The sizes a job of this spec computes from user numbers, checked: the
- * rank's state, the activations of its starting split (and of the largest
- * micro batch it may move up to), the host batch buffers. ACC_EINVAL naming
- * the field when one overflows 64 bits (or the host's size_t). */
+ * rank's state, the activations of its starting split in both modes (m = 1
+ * for "auto", whose larger candidates saturate and so never fit), the host
+ * batch buffers. ACC_EINVAL naming the field when one overflows 64 bits
+ * (or the host's size_t). trainer_check_spec (submit) calls it. */
 int plan_check_sizes(const job_spec *spec, acc_err *err);
 
 /* The backend's per-micro-batch workspace for micro_batch x seq_len

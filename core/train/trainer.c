@@ -45,6 +45,7 @@
 #include "kern_comm.h"
 #include "kern_device.h"
 #include "adamw.h"
+#include "batch_split.h"
 #include "checked.h"
 #include "mem_plan.h"
 #include "model.h"
@@ -127,7 +128,7 @@ typedef struct rank_state {
     model *model;
     adamw *opt;       /* the AdamW moments of the whole buffer */
     data_order order;
-    int m, a;         /* the split now: micro batch, accumulation steps */
+    batch_split split; /* the split now (B = m a w; OOM lowers m, "auto" raises it) */
     int recompute;    /* activation recomputation now */
     int done;         /* optimizer steps applied to this rank's weights */
     int oom_ceiling;  /* smallest micro batch that ran out of memory (0 = none) */
@@ -181,16 +182,11 @@ static int check_batch(const job_spec *s, acc_err *err)
     if (s->micro_auto && s->devices >= 1 && s->train_batch_size >= 1 &&
         s->train_batch_size % s->devices == 0 && s->micro_batch < 1)
         return 0; /* the planner picks m at trainer_start */
-    if (s->micro_batch < 1 || s->accum_steps < 1 || s->devices < 1)
-        return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
-                           "micro batch, accumulation steps and devices must be >= 1");
-    if (s->devices > TRAIN_MAX_RANKS)
-        return acc_err_set(err, ACC_EINVAL, "devices", "at most %d devices per job",
-                           TRAIN_MAX_RANKS);
-    if ((long long)s->micro_batch * s->accum_steps * s->devices != s->train_batch_size)
-        return acc_err_set(err, ACC_EINVAL, "train_batch_size",
-                           "train_batch_size %d != %d * %d * %d (micro * accum * world)",
-                           s->train_batch_size, s->micro_batch, s->accum_steps, s->devices);
+    batch_split split;
+    int rc = batch_split_make(s->train_batch_size, s->micro_batch, s->accum_steps, s->devices,
+                              TRAIN_MAX_RANKS, &split, err);
+    if (rc != 0)
+        return rc;
     if (s->max_steps < 0)
         return acc_err_set(err, ACC_EINVAL, "max_steps", "must be >= 0");
     return 0;
@@ -307,11 +303,13 @@ static int rank_setup(rank_state *rs, acc_err *err)
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
     int T = s->model.seq_len, m = s->micro_batch;
-    rs->m = m;
-    rs->a = s->accum_steps;
+    int rc = batch_split_make(s->train_batch_size, m, s->accum_steps, t->nranks, TRAIN_MAX_RANKS,
+                              &rs->split, err);
+    if (rc != 0)
+        return rc;
     rs->recompute = t->recompute0;
     omp_set_num_threads(t->threads);
-    int rc = kern_device_open(&t->devs[rs->rank], t->threads, &rs->dev, err);
+    rc = kern_device_open(&t->devs[rs->rank], t->threads, &rs->dev, err);
     if (rc == 0) /* bf16: the linear layers' products (kern_device.h) */
         rc = rs->dev->ops->set_precision(rs->dev, s->precision == SPEC_BF16, err);
     if (rc == 0)
@@ -394,8 +392,8 @@ static double count_targets(rank_state *rs, int step)
 static void load_micro(rank_state *rs, int step, int micro, double n_total)
 {
     const job_spec *s = &rs->t->spec;
-    int T = s->model.seq_len, m = rs->m;
-    int per_rank = m * rs->a;
+    int T = s->model.seq_len, m = rs->split.m;
+    int per_rank = batch_split_per_rank(&rs->split);
     float w = n_total > 0 ? (float)(1.0 / n_total) : 0.0f;
     for (int pos = 0; pos < m; pos++) {
         uint64_t slot = data_slot((uint64_t)step, s->train_batch_size, per_rank, m, rs->rank,
@@ -446,7 +444,7 @@ static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
-    int T = s->model.seq_len, m = rs->m;
+    int T = s->model.seq_len, m = rs->split.m;
     int nb = s->eval_batches > 0 ? s->eval_batches : 1;
     uint64_t total = (uint64_t)nb * (uint64_t)s->train_batch_size;
     uint64_t lo = total * (uint64_t)rs->rank / (uint64_t)t->nranks;
@@ -498,8 +496,8 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
     ev->lr = lr;
     ev->grad_norm = norm;
     ev->tokens_per_s = seconds > 0 ? (double)s->train_batch_size * s->model.seq_len / seconds : 0;
-    ev->micro_batch = rs->m;
-    ev->accum_steps = rs->a;
+    ev->micro_batch = rs->split.m;
+    ev->accum_steps = rs->split.a;
     ev->nranks = t->nranks;
     for (int r = 0; r < t->nranks; r++) {
         ev->mem_in_use[r] = atomic_load_explicit(&t->mem_in_use[r], memory_order_relaxed);
@@ -553,8 +551,8 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
-    ckpt_state st = {.step = step, .adam_t = rs->opt->t, .micro_batch = rs->m,
-                     .accum_steps = rs->a, .seed = s->seed, .recompute = rs->recompute != 0};
+    ckpt_state st = {.step = step, .adam_t = rs->opt->t, .micro_batch = rs->split.m,
+                     .accum_steps = rs->split.a, .seed = s->seed, .recompute = rs->recompute != 0};
     char path[PATH_MAX];
     int rc = ckpt_save_hf(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep,
                           s->model.from[0] ? s->model.from : NULL, path, sizeof path,
@@ -604,7 +602,7 @@ static int injected_oom(rank_state *rs, int step, int micro)
 {
     train_hooks *h = rs->t->hooks;
     return h != NULL && h->inject_oom != NULL &&
-           h->inject_oom(h->oom_ctx, rs->rank, step, micro, rs->m);
+           h->inject_oom(h->oom_ctx, rs->rank, step, micro, rs->split.m);
 }
 
 /* The per-micro-batch part of this rank's device bytes at micro batch m:
@@ -622,8 +620,8 @@ static int alloc_acts(rank_state *rs, acc_err *err)
 {
     model *m = rs->model;
     kern_workspace ws;
-    plan_workspace(&rs->t->cfg, rs->dev->ops, rs->t->spec.precision, rs->m, m->T, &ws);
-    int rc = model_acts_alloc(m, rs->m, rs->recompute, err);
+    plan_workspace(&rs->t->cfg, rs->dev->ops, rs->t->spec.precision, rs->split.m, m->T, &ws);
+    int rc = model_acts_alloc(m, rs->split.m, rs->recompute, err);
     if (rc == 0 && (rc = kern_device_workspace_reserve(rs->dev, &ws, err)) != 0)
         model_acts_free(m);
     return rc;
@@ -635,7 +633,7 @@ static int ensure_acts(rank_state *rs, oom_record *rec, acc_err *err)
 {
     model *m = rs->model;
     kern_device *d = rs->dev;
-    if (m->B == rs->m && m->recompute == rs->recompute)
+    if (m->B == rs->split.m && m->recompute == rs->recompute)
         return 0;
     /* the old ones go first, so "free" below is measured without them */
     model_acts_free(m);
@@ -645,7 +643,7 @@ static int ensure_acts(rank_state *rs, oom_record *rec, acc_err *err)
     if (rc == 0)
         rc = alloc_acts(rs, &e);
     if (rc == ACC_EOOM) {
-        record_oom(rs, rank_act_bytes(rs, rs->m), rec);
+        record_oom(rs, rank_act_bytes(rs, rs->split.m), rec);
         return 0;
     }
     if (rc != 0 && err != NULL)
@@ -692,7 +690,7 @@ static int run_micro_steps(rank_state *rs, int step, oom_record *rec, acc_err *e
 {
     model *m = rs->model;
     double n_total = count_targets(rs, step);
-    for (int micro = 0; micro < rs->a; micro++) {
+    for (int micro = 0; micro < rs->split.a; micro++) {
         if (check_cancel(rs->t) != 0)
             return acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
         if (injected_oom(rs, step, micro)) {
@@ -701,12 +699,12 @@ static int run_micro_steps(rank_state *rs, int step, oom_record *rec, acc_err *e
         }
         load_micro(rs, step, micro, n_total);
         double part;
-        model_forward(m, rs->inputs, rs->targets, rs->weights, rs->m, 1, &part);
+        model_forward(m, rs->inputs, rs->targets, rs->weights, rs->split.m, 1, &part);
         rs->step_loss_sum += part;
-        if (micro == rs->a - 1)
-            model_backward_notify(m, rs->m, grads_done, rs);
+        if (micro == rs->split.a - 1)
+            model_backward_notify(m, rs->split.m, grads_done, rs);
         else
-            model_backward(m, rs->m);
+            model_backward(m, rs->split.m);
     }
     return 0;
 }
@@ -777,12 +775,12 @@ static int oom_fail(rank_state *rs, const oom_record *r, const char *why, acc_er
 {
     const model_config *cfg = &rs->t->cfg;
     uint64_t state = plan_state_bytes(cfg);
-    uint64_t acts = rank_act_bytes(rs, rs->m);
+    uint64_t acts = rank_act_bytes(rs, rs->split.m);
     return acc_err_set(err, ACC_EOOM, "",
                        "out of memory at micro batch %d%s: a device needs %llu bytes "
                        "(%llu of weights, gradients and AdamW state + %llu of activations), "
                        "device %s has a budget of %llu bytes (%llu free when %llu were asked); %s",
-                       rs->m, rs->recompute ? " with activation recomputation" : "",
+                       rs->split.m, rs->recompute ? " with activation recomputation" : "",
                        (unsigned long long)(state + acts), (unsigned long long)state,
                        (unsigned long long)acts, r->device, (unsigned long long)r->budget,
                        (unsigned long long)r->free_bytes, (unsigned long long)r->asked, why);
@@ -800,10 +798,10 @@ static void emit_oom_adjust(rank_state *rs, int step, int from_m, int from_a,
     ev->nranks = t->nranks;
     ev->from_micro = from_m;
     ev->from_accum = from_a;
-    ev->to_micro = rs->m;
-    ev->to_accum = rs->a;
-    ev->micro_batch = rs->m;
-    ev->accum_steps = rs->a;
+    ev->to_micro = rs->split.m;
+    ev->to_accum = rs->split.a;
+    ev->micro_batch = rs->split.m;
+    ev->accum_steps = rs->split.a;
     ev->recompute = rs->recompute;
     ev->bytes_asked = r->asked;
     ev->bytes_free = r->free_bytes;
@@ -812,7 +810,7 @@ static void emit_oom_adjust(rank_state *rs, int step, int from_m, int from_a,
              "micro batch %d x %d accumulation steps -> %d x %d%s; redoing the step",
              r->device, step + 1, (unsigned long long)r->asked,
              (unsigned long long)r->free_bytes, (unsigned long long)r->budget, from_m, from_a,
-             rs->m, rs->a, rs->recompute ? " with activation recomputation" : "");
+             rs->split.m, rs->split.a, rs->recompute ? " with activation recomputation" : "");
     emit(t, ev);
     free(ev);
 }
@@ -826,17 +824,15 @@ static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
     model_zero_grad(rs->model);
     model_acts_free(rs->model);
     oom_record r = *first_oom(t);
-    int from_m = rs->m, from_a = rs->a;
-    int per_rank = s->train_batch_size / t->nranks;
-    int next = plan_next_smaller_micro(per_rank, rs->m);
+    int from_m = rs->split.m, from_a = rs->split.a;
+    int next = batch_split_smaller_micro(&rs->split);
     int rc = 0;
-    if (rs->oom_ceiling == 0 || rs->m < rs->oom_ceiling)
-        rs->oom_ceiling = rs->m; /* never move back up to a size that failed */
+    if (rs->oom_ceiling == 0 || rs->split.m < rs->oom_ceiling)
+        rs->oom_ceiling = rs->split.m; /* never move back up to a size that failed */
     if (!s->oom_adapt)
         rc = oom_fail(rs, &r, "oom.adapt is off", err);
     else if (next > 0) {
-        rs->m = next;
-        rs->a = per_rank / next;
+        batch_split_with_micro(&rs->split, next, &rs->split); /* next divides B / w */
     } else if (!rs->recompute)
         rs->recompute = 1;
     else
@@ -878,21 +874,18 @@ static int train_step(rank_state *rs, int step, acc_err *err)
 static void maybe_raise_micro(rank_state *rs, int done)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
     if (!t->auto_split)
         return;
-    int per_rank = s->train_batch_size / t->nranks;
-    int up = plan_next_larger_micro(per_rank, rs->m);
+    int up = batch_split_larger_micro(&rs->split);
     if (up == 0 || (rs->oom_ceiling != 0 && up >= rs->oom_ceiling))
         return;
     uint64_t need = acc_sat_add_u64(plan_state_bytes(&t->cfg), rank_act_bytes(rs, up));
     uint64_t usable = plan_usable_bytes(t->min_budget);
     if (need > usable)
         return;
-    int from_m = rs->m, from_a = rs->a;
+    int from_m = rs->split.m, from_a = rs->split.a;
     model_acts_free(rs->model);
-    rs->m = up;
-    rs->a = per_rank / up;
+    batch_split_with_micro(&rs->split, up, &rs->split); /* up divides B / w */
     if (rs->rank != 0)
         return;
     train_event *ev = calloc(1, sizeof *ev);
@@ -902,8 +895,8 @@ static void maybe_raise_micro(rank_state *rs, int done)
     ev->step = done;
     ev->from_micro = from_m;
     ev->from_accum = from_a;
-    ev->to_micro = rs->m;
-    ev->to_accum = rs->a;
+    ev->to_micro = rs->split.m;
+    ev->to_accum = rs->split.a;
     ev->recompute = rs->recompute != 0;
     ev->bytes_asked = need;
     ev->bytes_free = usable;
@@ -957,19 +950,19 @@ static int rank_run(rank_state *rs, acc_err *err)
                  "accumulation steps x %d devices%s; %.1f MiB on each %s device "
                  "(%.1f state + %.1f activations), %d threads, %s%s%s",
                  rs->model->family->name, (double)rs->model->nparams / 1e6,
-                 (unsigned long long)data_num_samples(t->train), rs->m, rs->a, t->nranks,
+                 (unsigned long long)data_num_samples(t->train), rs->split.m, rs->split.a, t->nranks,
                  rs->recompute ? ", activation recomputation" : "",
-                 (double)(plan_state_bytes(&t->cfg) + rank_act_bytes(rs, rs->m)) /
+                 (double)(plan_state_bytes(&t->cfg) + rank_act_bytes(rs, rs->split.m)) /
                      (1024.0 * 1024.0),
                  rs->dev->ops->backend, (double)plan_state_bytes(&t->cfg) / (1024.0 * 1024.0),
-                 (double)rank_act_bytes(rs, rs->m) / (1024.0 * 1024.0),
+                 (double)rank_act_bytes(rs, rs->split.m) / (1024.0 * 1024.0),
                  t->threads,
                  s->precision == SPEC_BF16 ? "precision bf16 (bf16 matmul operands, fp32 accumulation)"
                                            : "precision fp32",
                  t->plan_note[0] ? "; " : "", t->plan_note);
     if (rs->rank == 0 && t->resume_dir[0] != '\0')
         emit_log(t, t->start_step, "resumed from %s at step %d (micro batch %d x %d accumulation steps%s)",
-                 t->resume_dir, t->start_step, rs->m, rs->a,
+                 t->resume_dir, t->start_step, rs->split.m, rs->split.a,
                  rs->recompute ? ", activation recomputation" : "");
     double t0 = now_s();
     rs->done = t->start_step;
@@ -991,8 +984,8 @@ static int rank_run(rank_state *rs, acc_err *err)
     }
     train_hooks *h = t->hooks;
     if (rs->rank == 0 && h != NULL) {
-        h->final_micro = rs->m;
-        h->final_accum = rs->a;
+        h->final_micro = rs->split.m;
+        h->final_accum = rs->split.a;
         h->final_recompute = rs->recompute;
         h->seconds = now_s() - t0;
         h->nparams = rs->model->nparams;
@@ -1128,10 +1121,13 @@ static int find_resume(trainer *t, acc_err *err)
     if (st.step > s->max_steps)
         return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s is at step %d, past max_steps %d",
                            dir, st.step, s->max_steps);
-    int per_rank = s->train_batch_size / s->devices;
-    if (st.micro_batch >= 1 && s->train_batch_size % s->devices == 0 && per_rank % st.micro_batch == 0) {
-        s->micro_batch = st.micro_batch;
-        s->accum_steps = per_rank / st.micro_batch;
+    batch_split any, saved;
+    if (s->devices >= 1 && s->train_batch_size % s->devices == 0 &&
+        batch_split_make(s->train_batch_size, 1, s->train_batch_size / s->devices, s->devices, 0,
+                         &any, NULL) == 0 &&
+        batch_split_with_micro(&any, st.micro_batch, &saved) == 0) {
+        s->micro_batch = saved.m;
+        s->accum_steps = saved.a;
         s->micro_auto = false;
     }
     t->recompute0 = t->recompute0 || st.recompute;

@@ -6,6 +6,8 @@
 
 #include "kern_comm_cpu.h"
 
+#include "kern_comm.h"
+
 #define COMM_MAX_RANKS 64
 
 struct kern_comm_cpu {
@@ -213,3 +215,36 @@ int kern_comm_cpu_allreduce(kern_comm_cpu *c, int rank, float *buf, size_t n)
     int fin = kern_comm_cpu_reduce_finish(c, rank);
     return rc != 0 ? rc : fin;
 }
+
+/* ---- the declared set (kern_comm.h) */
+
+static void shm_destroy(void *c) { kern_comm_cpu_destroy(c); }
+static int shm_allreduce(void *c, int rank, float *buf, size_t n)
+{
+    return kern_comm_cpu_allreduce(c, rank, buf, n);
+}
+static int shm_reduce_start(void *c, int rank, float *base, const kern_span *spans, int nspans)
+{
+    return kern_comm_cpu_reduce_spans(c, rank, base, spans, nspans);
+}
+static int shm_reduce_finish(void *c, int rank) { return kern_comm_cpu_reduce_finish(c, rank); }
+static int shm_barrier(void *c) { return kern_comm_cpu_barrier(c); }
+static void shm_abort(void *c) { kern_comm_cpu_abort(c); }
+static int shm_aborted(void *c) { return kern_comm_cpu_aborted(c); }
+static uint64_t shm_allreduce_calls(void *c) { return kern_comm_cpu_allreduce_calls(c); }
+static uint64_t shm_bucket_calls(void *c) { return kern_comm_cpu_bucket_calls(c); }
+
+const kern_comm_ops kern_comm_cpu_ops = {
+    .name = "shm",
+    .destroy = shm_destroy,
+    .bind = NULL, /* CPU ranks share the host's memory: nothing to bind */
+    .allreduce = shm_allreduce,
+    .reduce_start = shm_reduce_start,
+    .reduce_finish = shm_reduce_finish,
+    .barrier = shm_barrier,
+    .abort = shm_abort,
+    .aborted = shm_aborted,
+    .error = NULL, /* shared memory never fails this way */
+    .allreduce_calls = shm_allreduce_calls,
+    .bucket_calls = shm_bucket_calls,
+};

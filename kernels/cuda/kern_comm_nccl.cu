@@ -11,6 +11,11 @@
 
 #include "kern_comm_nccl.h"
 
+extern "C" {
+#include "kern_comm.h" /* the declared set this file implements */
+}
+#include "kern_cuda.h"
+
 struct kern_nccl {
     int nranks;
     ncclComm_t *comms;      /* NULL once that rank aborted its own */
@@ -335,3 +340,41 @@ extern "C" int kern_nccl_error(kern_nccl *c, acc_err *err)
     pthread_mutex_unlock(&c->mu);
     return code;
 }
+
+/* ---- the declared set (kern_comm.h) */
+
+static void nc_destroy(void *c) { kern_nccl_destroy((kern_nccl *)c); }
+static int nc_bind(void *c, int rank, kern_device *dev, acc_err *err)
+{
+    return kern_nccl_bind((kern_nccl *)c, rank, kern_cuda_stream(dev), err);
+}
+static int nc_allreduce(void *c, int rank, float *buf, size_t n)
+{
+    return kern_nccl_allreduce((kern_nccl *)c, rank, buf, n);
+}
+static int nc_reduce_start(void *c, int rank, float *base, const kern_span *spans, int nspans)
+{
+    return kern_nccl_reduce_start((kern_nccl *)c, rank, base, spans, nspans);
+}
+static int nc_reduce_finish(void *c, int rank) { return kern_nccl_reduce_finish((kern_nccl *)c, rank); }
+static int nc_barrier(void *c) { return kern_nccl_barrier((kern_nccl *)c); }
+static void nc_abort(void *c) { kern_nccl_abort((kern_nccl *)c); }
+static int nc_aborted(void *c) { return kern_nccl_aborted((kern_nccl *)c); }
+static int nc_error(void *c, acc_err *err) { return kern_nccl_error((kern_nccl *)c, err); }
+static uint64_t nc_allreduce_calls(void *c) { return kern_nccl_allreduce_calls((kern_nccl *)c); }
+static uint64_t nc_bucket_calls(void *c) { return kern_nccl_bucket_calls((kern_nccl *)c); }
+
+extern "C" const kern_comm_ops kern_comm_nccl_ops = {
+    /* .name = */ "nccl",
+    /* .destroy = */ nc_destroy,
+    /* .bind = */ nc_bind,
+    /* .allreduce = */ nc_allreduce,
+    /* .reduce_start = */ nc_reduce_start,
+    /* .reduce_finish = */ nc_reduce_finish,
+    /* .barrier = */ nc_barrier,
+    /* .abort = */ nc_abort,
+    /* .aborted = */ nc_aborted,
+    /* .error = */ nc_error,
+    /* .allreduce_calls = */ nc_allreduce_calls,
+    /* .bucket_calls = */ nc_bucket_calls,
+};

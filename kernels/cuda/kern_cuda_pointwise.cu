@@ -1,0 +1,66 @@
+/* kern_cuda_pointwise: GELU and the residual add, for the CUDA backend (kern_cuda_impl.cuh). */
+#include "kern_cuda_impl.cuh"
+
+/* -------------------------------------------------------------- pointwise */
+
+#define GELU_S 0.7978845608028654f
+
+__device__ __forceinline__ float fast_tanh(float u)
+{
+    return 1.0f - __fdiv_rn(2.0f, exp_poly(2.0f * u) + 1.0f);
+}
+
+__global__ void k_gelu_fwd(float *out, const float *inp, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + fast_tanh(GELU_S * (x + 0.044715f * x * x * x)));
+    }
+}
+
+__global__ void k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float x = inp[i];
+        float th = fast_tanh(GELU_S * (x + 0.044715f * x * x * x));
+        float sech2 = 1.0f - th * th;
+        float xc = fminf(fmaxf(x, -20.0f), 20.0f);
+        float dg = 0.5f * (1.0f + th) +
+                   0.5f * xc * sech2 * GELU_S * (1.0f + 3.0f * 0.044715f * xc * xc);
+        dinp[i] += dg * dout[i];
+    }
+}
+
+__global__ void k_add(float *out, const float *a, const float *b, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+void cu_gelu_fwd(kern_device *d, float *out, const float *inp, size_t n)
+{
+    CU_LIVE(d);
+    PROF(d, KP_GELU_FWD);
+    k_gelu_fwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, inp, n);
+    CU_LAUNCHED(d, "gelu_fwd");
+}
+
+void cu_gelu_bwd(kern_device *d, float *dinp, const float *inp, const float *dout,
+                        size_t n)
+{
+    CU_LIVE(d);
+    PROF(d, KP_GELU_BWD);
+    k_gelu_bwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(dinp, inp, dout, n);
+    CU_LAUNCHED(d, "gelu_bwd");
+}
+
+void cu_add(kern_device *d, float *out, const float *a, const float *b, size_t n)
+{
+    CU_LIVE(d);
+    PROF(d, KP_ADD);
+    k_add<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, a, b, n);
+    CU_LAUNCHED(d, "add");
+}
