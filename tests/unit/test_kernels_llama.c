@@ -50,7 +50,10 @@ enum { B = 2, T = 7, NH = 4, NKV = 2, HS = 8, HALF = HS / 2, C = 24, I = 20, V =
 #endif
 
 typedef struct fx {
-    kern_device *dev;
+    kern_device *dev; /* two kernel threads: the ops under test */
+    kern_device *one; /* one thread: the finite differences' thousands of
+                       * forwards (same bits: test_threads_do_not_matter),
+                       * without an OpenMP join per call on a busy machine */
     rng r;
 } fx;
 
@@ -59,7 +62,8 @@ static int setup(void **state)
     static fx f;
     kern_device_info info = {.kind = KERN_DEV_CPU, .index = 0, .name = "cpu0", .mem_total = 0};
     acc_err err = {0};
-    if (kern_device_open(&info, 2, &f.dev, &err) != 0)
+    if (kern_device_open(&info, 2, &f.dev, &err) != 0 ||
+        kern_device_open(&info, 1, &f.one, &err) != 0)
         return -1;
     rng_seed(&f.r, 15, 2);
     *state = &f;
@@ -70,6 +74,7 @@ static int teardown(void **state)
 {
     fx *f = *state;
     kern_device_close(f->dev);
+    kern_device_close(f->one);
     return 0;
 }
 
@@ -249,6 +254,7 @@ static void test_rmsnorm(void **state)
     d->ops->rmsnorm_bwd(d, dx, dw, g, c.xf, c.wf, rstd, N, C);
     sub_base(dx, bx, N * C);
     sub_base(dw, bw, C);
+    c.d = f->one; /* the finite differences' forwards */
     fd_both(rms_ref, rms_op, &c, c.x, c.xf, N * C, dx, "rmsnorm dinp");
     fd_both(rms_ref, rms_op, &c, c.w, c.wf, C, dw, "rmsnorm dw");
 }
@@ -449,6 +455,7 @@ static void rope_case(fx *f, const int *pos, const char *what)
     memcpy(dx2, g, sizeof dx2);
     d->ops->rope_bwd(d, dx2, dx2, c.ct, c.st, pos, B, T, NH, HS);
     assert_memory_equal(dx, dx2, sizeof dx);
+    c.d = f->one; /* the finite differences' forwards */
     fd_both(rope_ref, rope_op, &c, c.x, c.xf, QN, dx, "rope dinp");
     /* a rotation: the backward undoes the forward */
     double back[QN];
@@ -540,6 +547,7 @@ static void test_swiglu(void **state)
     d->ops->swiglu_bwd(d, dg, du, g, c.gatef, c.upf, N * I);
     sub_base(dg, bg, N * I);
     sub_base(du, bu, N * I);
+    c.d = f->one; /* the finite differences' forwards */
     fd_both(sw_ref, sw_op, &c, c.gate, c.gatef, N * I, dg, "swiglu dgate");
     fd_both(sw_ref, sw_op, &c, c.up, c.upf, N * I, du, "swiglu dup");
 }
@@ -634,6 +642,7 @@ static void gqa_case(fx *f, int nkv)
     sub_base(dq, bq, QN);
     sub_base(dk, bk, kn);
     sub_base(dv, bv, kn);
+    c.d = f->one; /* the finite differences' forwards */
     fd_both(gq_ref, gq_op, &c, c.q, c.qf, QN, dq, "gqa dq");
     fd_both(gq_ref, gq_op, &c, c.k, c.kf, kn, dk, "gqa dk");
     fd_both(gq_ref, gq_op, &c, c.v, c.vf, kn, dv, "gqa dv");
@@ -741,6 +750,66 @@ static void test_mha_is_gpt2_attention(void **state)
     assert_close(dv, want + 2 * QN, QN, 1e-6, "mha vs attention dv");
 }
 
+/* ------------------------------------------------------ thread counts */
+
+/* Every op's result is bitwise the same with 1 and 3 kernel threads (row /
+ * element splits, fixed column blocks for dw and dwte, one (sequence, head)
+ * or (sequence, key/value head) per task for attention). */
+typedef struct run_out {
+    float emb[N * C], dwte[V * C], rms[N * C], rstd[N], dx[N * C], dw[C];
+    float rope[QN], drope[QN], sw[N * I], dg[N * I], du[N * I];
+    float att[QN], lse[B * NH * T], dq[QN], dk[KN], dv[KN];
+} run_out;
+
+static void run_all(kern_device *d, run_out *o, int seed)
+{
+    static float x[N * C], w[C], g[N * C], gate[N * I], up[N * I], gi[N * I];
+    static float q[QN], k[KN], v[KN], gq[QN], ct[P * HALF], st[P * HALF];
+    static float scr[KERN_ATT_SCRATCH(T, NH)];
+    int tok[N], pos[N];
+    rng r;
+    rng_seed(&r, (uint64_t)seed, 3);
+    for (int n = 0; n < N; n++) {
+        tok[n] = (int)rng_below(&r, 3);
+        pos[n] = (n * 7) % P;
+    }
+    fill(&r, x, NULL, N * C, 1), fill(&r, w, NULL, C, 1), fill(&r, g, NULL, N * C, 1);
+    fill(&r, gate, NULL, N * I, 2), fill(&r, up, NULL, N * I, 1), fill(&r, gi, NULL, N * I, 1);
+    fill(&r, q, NULL, QN, 1), fill(&r, k, NULL, KN, 1), fill(&r, v, NULL, KN, 1);
+    fill(&r, gq, NULL, QN, 1);
+    acc_err err = {0};
+    assert_int_equal(kern_rope_table(&ROPE_LLAMA3, P, HS, ct, st, &err), 0);
+    memset(o, 0, sizeof *o);
+    const kern_ops *K = d->ops;
+    K->embed_fwd(d, o->emb, tok, x, N, C); /* x as a table of N rows */
+    K->embed_bwd(d, o->dwte, g, tok, N, C);
+    K->rmsnorm_fwd(d, o->rms, o->rstd, x, w, EPS, N, C);
+    K->rmsnorm_bwd(d, o->dx, o->dw, g, x, w, o->rstd, N, C);
+    K->rope_fwd(d, o->rope, q, ct, st, pos, B, T, NH, HS);
+    K->rope_bwd(d, o->drope, gq, ct, st, pos, B, T, NH, HS);
+    K->swiglu_fwd(d, o->sw, gate, up, N * I);
+    K->swiglu_bwd(d, o->dg, o->du, gi, gate, up, N * I);
+    K->gqa_attention_fwd(d, o->att, o->lse, scr, q, k, v, B, T, NH, NKV, HS);
+    K->gqa_attention_bwd(d, o->dq, o->dk, o->dv, scr, gq, q, k, v, o->lse, o->att, B, T, NH,
+                         NKV, HS);
+}
+
+static void test_threads_do_not_matter(void **state)
+{
+    (void)state;
+    static run_out a, b;
+    kern_device_info info = {.kind = KERN_DEV_CPU, .index = 0, .name = "cpu0", .mem_total = 0};
+    acc_err err = {0};
+    kern_device *d1 = NULL, *d3 = NULL;
+    assert_int_equal(kern_device_open(&info, 1, &d1, &err), 0);
+    assert_int_equal(kern_device_open(&info, 3, &d3, &err), 0);
+    run_all(d1, &a, 99);
+    run_all(d3, &b, 99);
+    assert_memory_equal(&a, &b, sizeof a);
+    kern_device_close(d1);
+    kern_device_close(d3);
+}
+
 /* ------------------------------------------------------ ops availability */
 
 static void test_ops_check(void **state)
@@ -769,6 +838,7 @@ int main(void)
         cmocka_unit_test(test_gqa_gradients),
         cmocka_unit_test(test_gqa_is_repeated_mha),
         cmocka_unit_test(test_mha_is_gpt2_attention),
+        cmocka_unit_test(test_threads_do_not_matter),
         cmocka_unit_test(test_ops_check),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
