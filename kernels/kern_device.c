@@ -66,3 +66,29 @@ const kern_ops *kern_backend_ops(kern_dev_kind kind)
     default: return NULL;
     }
 }
+
+int kern_llama_ops_check(const kern_device *d, acc_err *err)
+{
+    const kern_ops *o = d->ops;
+    const struct {
+        const char *name;
+        int present;
+    } ops[] = {
+        {"embed_fwd", o->embed_fwd != NULL},
+        {"embed_bwd", o->embed_bwd != NULL},
+        {"rmsnorm_fwd", o->rmsnorm_fwd != NULL},
+        {"rmsnorm_bwd", o->rmsnorm_bwd != NULL},
+        {"rope_fwd", o->rope_fwd != NULL},
+        {"rope_bwd", o->rope_bwd != NULL},
+        {"swiglu_fwd", o->swiglu_fwd != NULL},
+        {"swiglu_bwd", o->swiglu_bwd != NULL},
+        {"gqa_attention_fwd", o->gqa_attention_fwd != NULL},
+        {"gqa_attention_bwd", o->gqa_attention_bwd != NULL},
+    };
+    for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
+        if (!ops[i].present)
+            return acc_err_set(err, ACC_EDEVICE, "devices",
+                               "device %s (%s backend) lacks the LLaMA family's op %s",
+                               d->info.name, o->backend, ops[i].name);
+    return 0;
+}

@@ -8,7 +8,9 @@
  * alloc are device pointers: the host reaches them only through upload /
  * download (on CPU devices they happen to be host memory).
  *
- * The kernels are the GPT-2 building blocks. Shapes: N rows (tokens, B*T),
+ * The kernels are the GPT-2 building blocks, then the LLaMA family's
+ * (RMSNorm, RoPE, SwiGLU, grouped-query attention: the end of kern_ops,
+ * optional per backend). Shapes: N rows (tokens, B*T),
  * C channels, OC output channels, NH heads, V real vocabulary, Vp padded
  * vocabulary. Every backward ACCUMULATES into its weight gradients (+=), so
  * micro-steps sum in place; activation gradients are accumulated as noted.
@@ -159,6 +161,78 @@ typedef struct kern_ops {
      * CUDA backend's bf16 operand copies are accounted device allocations
      * grown on first use (kern_cuda.h, docs/cuda.md). */
     int (*set_precision)(kern_device *d, int bf16, acc_err *err);
+
+    /* ---- The LLaMA family's ops (kernels/cpu/kern_cpu_llama.c,
+     * kernels/cuda/kern_cuda_llama.cu). Optional for a backend: NULL means
+     * it lacks them, and kern_llama_ops_check() turns that into an error
+     * for the caller (the self-test skips them on such a device). fp32
+     * always: bf16 mode (set_precision) changes only matmul_fwd/bwd.
+     * Shapes: N rows (B*T tokens), C channels, NH query heads, NKV key/value
+     * heads (NH a multiple of NKV; NKV == NH is plain multi-head attention),
+     * hs head size (even), I the MLP's intermediate size. */
+
+    /* out[n,:] = wte[tok[n],:] (a token embedding without positions) */
+    void (*embed_fwd)(kern_device *d, float *out, const int *tok, const float *wte, int N,
+                      int C);
+    /* dwte[tok[n],:] += dout[n,:] */
+    void (*embed_bwd)(kern_device *d, float *dwte, const float *dout, const int *tok, int N,
+                      int C);
+
+    /* RMSNorm per row: rstd[n] = 1 / sqrt(mean_c(inp[n,c]^2) + eps) (kept
+     * for the backward), out[n,c] = inp[n,c] * rstd[n] * w[c]. out may not
+     * alias inp. */
+    void (*rmsnorm_fwd)(kern_device *d, float *out, float *rstd, const float *inp,
+                        const float *w, float eps, int N, int C);
+    /* dinp += ..., dw += ... (from the forward's inp and rstd) */
+    void (*rmsnorm_bwd)(kern_device *d, float *dinp, float *dw, const float *dout,
+                        const float *inp, const float *w, const float *rstd, int N, int C);
+
+    /* Rotary position embedding, Hugging Face's rotate-half layout: in each
+     * head of x[B,T,H,hs] the pairs are (i, i + hs/2), i < hs/2, rotated by
+     * the angle p * inv_freq[i] of the token's position p:
+     *   out[i]        = x[i] cos - x[i + hs/2] sin
+     *   out[i + hs/2] = x[i + hs/2] cos + x[i] sin
+     * cos_t, sin_t: [P, hs/2] device tables, row p = position p
+     * (kern_rope_table in kern_rope.h builds them on the host). pos: [B*T]
+     * device ints, the position of token (b,t) (packed sequences restart
+     * them), each in [0, P); NULL means p = t. Call once for q (H = NH) and
+     * once for k (H = NKV). out may be inp (in place). */
+    void (*rope_fwd)(kern_device *d, float *out, const float *inp, const float *cos_t,
+                     const float *sin_t, const int *pos, int B, int T, int H, int hs);
+    /* The transpose (rotation by -angle): dinp = R^T dout, OVERWRITTEN, not
+     * accumulated (RoPE has no weights; the model runs it in place on the
+     * attention's dq / dk before the projections' backward). dinp may be
+     * dout (in place). */
+    void (*rope_bwd)(kern_device *d, float *dinp, const float *dout, const float *cos_t,
+                     const float *sin_t, const int *pos, int B, int T, int H, int hs);
+
+    /* SwiGLU's gate: out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + e^-x);
+     * gate, up, out: [N, I], n = N * I elements. out may be gate or up. */
+    void (*swiglu_fwd)(kern_device *d, float *out, const float *gate, const float *up,
+                       size_t n);
+    /* dgate += dout * up * silu'(gate), dup += dout * silu(gate) */
+    void (*swiglu_bwd)(kern_device *d, float *dgate, float *dup, const float *dout,
+                       const float *gate, const float *up, size_t n);
+
+    /* Grouped-query causal attention, without keeping the T x T
+     * probabilities. Separate buffers (the LLaMA projections are separate):
+     * q[B,T,NH,hs], k and v [B,T,NKV,hs], out[B,T,NH,hs]; query head h
+     * attends with key/value head h / (NH / NKV). Scores s_u = q.k_u /
+     * sqrt(hs), u <= t (causal within the B sequences; packed documents
+     * inside one sequence see each other, as in Hugging Face without a
+     * document mask). lse[B,NH,T] keeps each row's log-sum-exp for the
+     * backward. scratch: KERN_ATT_SCRATCH(T, NH) floats (one sequence, all
+     * query heads), any contents before and after. */
+    void (*gqa_attention_fwd)(kern_device *d, float *out, float *lse, float *scratch,
+                              const float *q, const float *k, const float *v, int B, int T,
+                              int NH, int NKV, int hs);
+    /* dq += ..., dk += ..., dv += ... (dk, dv summed over the group's query
+     * heads); probabilities rebuilt from q, k and lse; same scratch. out is
+     * the forward's output (a tiled backward needs rowsum(dout * out)). */
+    void (*gqa_attention_bwd)(kern_device *d, float *dq, float *dk, float *dv, float *scratch,
+                              const float *dout, const float *q, const float *k,
+                              const float *v, const float *lse, const float *out, int B,
+                              int T, int NH, int NKV, int hs);
 } kern_ops;
 
 struct kern_device {
@@ -207,6 +281,10 @@ const kern_ops *kern_backend_ops(kern_dev_kind kind);
  * (scores / probabilities and their gradient). Independent of B: the
  * sequences go one after another, the heads side by side. */
 #define KERN_ATT_SCRATCH(T, NH) (2 * (size_t)(NH) * (size_t)(T) * (size_t)(T))
+
+/* 0 when d's backend has every LLaMA-family op of kern_ops; otherwise
+ * ACC_EDEVICE naming the device, its backend and the first missing op. */
+int kern_llama_ops_check(const kern_device *d, acc_err *err);
 
 /* x rounded to the nearest bf16 value (ties to even), returned as the fp32
  * holding it: the upper 16 bits of the result are the bf16 value, the lower

@@ -3,6 +3,8 @@
  * compared. Backward ops take each device's own forward results. */
 #include "kern_selftest.h"
 
+#include "kern_rope.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -265,6 +267,130 @@ static void test_xent(st_ctx *c)
         st_free(c, all[i]);
 }
 
+/* ---- the LLaMA family's ops: past a warp in the head size and the rows,
+ * GQA with two query heads per key/value head, llama3 rotary tables with
+ * positions that restart (packed sequences) */
+enum { LNH = 4, LNKV = 2, LHS = 34, LI = 80, LP = T + 8 };
+#define LQ ((size_t)N * LNH * LHS)
+#define LK ((size_t)N * LNKV * LHS)
+
+/* the rotary tables and a positions array, uploaded to both */
+static void st_rope_inputs(st_ctx *c, st_buf *ct, st_buf *sn, st_buf *pos)
+{
+    *ct = st_new(c, (size_t)LP * LHS / 2, 0, 0);
+    *sn = st_new(c, (size_t)LP * LHS / 2, 0, 0);
+    *pos = st_ints(c, N, 1);
+    float *hc = malloc(ct->bytes), *hs = malloc(sn->bytes);
+    int hp[N];
+    acc_err e = {0};
+    kern_rope_cfg cfg = {.theta = 500000.0, .type = KERN_ROPE_LLAMA3, .factor = 8.0,
+                         .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+                         .original_max_pos = 64};
+    int rc = hc == NULL || hs == NULL
+                 ? acc_err_set(&e, ACC_ENOMEM, "", "self-test: out of host memory")
+                 : kern_rope_table(&cfg, LP, LHS, hc, hs, &e);
+    if (rc != 0) {
+        fail_alloc(c, rc, &e);
+    } else if (st_ready(c, ct) && st_ready(c, sn) && st_ready(c, pos)) {
+        for (int n = 0; n < N; n++)
+            hp[n] = n % T < T / 2 ? n % T : n % T - T / 2 + 5; /* restarts at 5 */
+        c->dev->ops->upload(c->dev, ct->d, hc, ct->bytes);
+        c->ref->ops->upload(c->ref, ct->r, hc, ct->bytes);
+        c->dev->ops->upload(c->dev, sn->d, hs, sn->bytes);
+        c->ref->ops->upload(c->ref, sn->r, hs, sn->bytes);
+        c->dev->ops->upload(c->dev, pos->d, hp, sizeof hp);
+        c->ref->ops->upload(c->ref, pos->r, hp, sizeof hp);
+    }
+    free(hc);
+    free(hs);
+}
+
+static void test_llama_norm_mlp(st_ctx *c)
+{
+    st_buf tok = st_ints(c, N, V), wte = st_new(c, (size_t)VP * C, -1, 1);
+    st_buf x = st_new(c, (size_t)N * C, 0, 0);
+    BOTH(c, D->ops->embed_fwd(D, F(x, d), I(tok, d), F(wte, d), N, C),
+         D->ops->embed_fwd(D, F(x, r), I(tok, r), F(wte, r), N, C));
+    st_cmp(c, "embed_fwd", &x);
+    st_buf dx = st_new(c, (size_t)N * C, -1, 1);
+    BOTH(c, D->ops->embed_bwd(D, F(wte, d), F(dx, d), I(tok, d), N, C),
+         D->ops->embed_bwd(D, F(wte, r), F(dx, r), I(tok, r), N, C));
+    st_cmp(c, "embed_bwd dwte", &wte);
+    st_buf out = st_new(c, (size_t)N * C, 0, 0), rstd = st_new(c, N, 0, 0);
+    st_buf w = st_new(c, C, 0.5f, 1.5f), dw = st_new(c, C, -1, 1);
+    st_buf dout = st_new(c, (size_t)N * C, -1, 1);
+    BOTH(c, D->ops->rmsnorm_fwd(D, F(out, d), F(rstd, d), F(x, d), F(w, d), 1e-6f, N, C),
+         D->ops->rmsnorm_fwd(D, F(out, r), F(rstd, r), F(x, r), F(w, r), 1e-6f, N, C));
+    st_cmp(c, "rmsnorm_fwd", &out);
+    st_cmp(c, "rmsnorm_fwd rstd", &rstd);
+    BOTH(c, D->ops->rmsnorm_bwd(D, F(dx, d), F(dw, d), F(dout, d), F(x, d), F(w, d), F(rstd, d), N, C),
+         D->ops->rmsnorm_bwd(D, F(dx, r), F(dw, r), F(dout, r), F(x, r), F(w, r), F(rstd, r), N, C));
+    st_cmp(c, "rmsnorm_bwd dinp", &dx);
+    st_cmp(c, "rmsnorm_bwd dw", &dw);
+    size_t n = (size_t)N * LI;
+    st_buf gate = st_new(c, n, -6, 6), up = st_new(c, n, -2, 2), h = st_new(c, n, 0, 0);
+    st_buf dh = st_new(c, n, -1, 1), dgate = st_new(c, n, -1, 1), dup = st_new(c, n, -1, 1);
+    BOTH(c, D->ops->swiglu_fwd(D, F(h, d), F(gate, d), F(up, d), n),
+         D->ops->swiglu_fwd(D, F(h, r), F(gate, r), F(up, r), n));
+    st_cmp(c, "swiglu_fwd", &h);
+    BOTH(c, D->ops->swiglu_bwd(D, F(dgate, d), F(dup, d), F(dh, d), F(gate, d), F(up, d), n),
+         D->ops->swiglu_bwd(D, F(dgate, r), F(dup, r), F(dh, r), F(gate, r), F(up, r), n));
+    st_cmp(c, "swiglu_bwd dgate", &dgate);
+    st_cmp(c, "swiglu_bwd dup", &dup);
+    st_buf *all[] = {&tok, &wte, &x, &dx, &out, &rstd, &w, &dw, &dout,
+                     &gate, &up, &h, &dh, &dgate, &dup};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        st_free(c, all[i]);
+}
+
+static void test_llama_attention(st_ctx *c)
+{
+    st_buf ct, sn, pos;
+    st_rope_inputs(c, &ct, &sn, &pos);
+    st_buf q = st_new(c, LQ, -2, 2), k = st_new(c, LK, -2, 2), v = st_new(c, LK, -2, 2);
+    /* q rotated in place at the given positions, k out of place at t */
+    BOTH(c, D->ops->rope_fwd(D, F(q, d), F(q, d), F(ct, d), F(sn, d), I(pos, d), B, T, LNH, LHS),
+         D->ops->rope_fwd(D, F(q, r), F(q, r), F(ct, r), F(sn, r), I(pos, r), B, T, LNH, LHS));
+    st_cmp(c, "rope_fwd (positions)", &q);
+    st_buf kr = st_new(c, LK, 0, 0);
+    BOTH(c, D->ops->rope_fwd(D, F(kr, d), F(k, d), F(ct, d), F(sn, d), NULL, B, T, LNKV, LHS),
+         D->ops->rope_fwd(D, F(kr, r), F(k, r), F(ct, r), F(sn, r), NULL, B, T, LNKV, LHS));
+    st_cmp(c, "rope_fwd", &kr);
+    st_buf out = st_new(c, LQ, 0, 0), lse = st_new(c, (size_t)B * LNH * T, 0, 0);
+    st_buf scr = st_new(c, KERN_ATT_SCRATCH(T, LNH), -1, 1);
+    BOTH(c, D->ops->gqa_attention_fwd(D, F(out, d), F(lse, d), F(scr, d), F(q, d), F(kr, d), F(v, d), B, T, LNH, LNKV, LHS),
+         D->ops->gqa_attention_fwd(D, F(out, r), F(lse, r), F(scr, r), F(q, r), F(kr, r), F(v, r), B, T, LNH, LNKV, LHS));
+    st_cmp(c, "gqa_attention_fwd", &out);
+    st_cmp(c, "gqa_attention_fwd lse", &lse);
+    st_buf dout = st_new(c, LQ, -1, 1), dq = st_new(c, LQ, -1, 1);
+    st_buf dk = st_new(c, LK, -1, 1), dv = st_new(c, LK, -1, 1);
+    BOTH(c, D->ops->gqa_attention_bwd(D, F(dq, d), F(dk, d), F(dv, d), F(scr, d), F(dout, d), F(q, d), F(kr, d), F(v, d), F(lse, d), F(out, d), B, T, LNH, LNKV, LHS),
+         D->ops->gqa_attention_bwd(D, F(dq, r), F(dk, r), F(dv, r), F(scr, r), F(dout, r), F(q, r), F(kr, r), F(v, r), F(lse, r), F(out, r), B, T, LNH, LNKV, LHS));
+    st_cmp(c, "gqa_attention_bwd dq", &dq);
+    st_cmp(c, "gqa_attention_bwd dk", &dk);
+    st_cmp(c, "gqa_attention_bwd dv", &dv);
+    BOTH(c, D->ops->rope_bwd(D, F(dq, d), F(dq, d), F(ct, d), F(sn, d), I(pos, d), B, T, LNH, LHS),
+         D->ops->rope_bwd(D, F(dq, r), F(dq, r), F(ct, r), F(sn, r), I(pos, r), B, T, LNH, LHS));
+    st_cmp(c, "rope_bwd (positions, in place)", &dq);
+    BOTH(c, D->ops->rope_bwd(D, F(k, d), F(dk, d), F(ct, d), F(sn, d), NULL, B, T, LNKV, LHS),
+         D->ops->rope_bwd(D, F(k, r), F(dk, r), F(ct, r), F(sn, r), NULL, B, T, LNKV, LHS));
+    st_cmp(c, "rope_bwd", &k);
+    st_buf *all[] = {&ct, &sn, &pos, &q, &k, &v, &kr, &out, &lse, &scr, &dout, &dq, &dk, &dv};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        st_free(c, all[i]);
+}
+
+/* A backend without the LLaMA ops (NULL entries) is tested without them:
+ * kern_llama_ops_check tells the caller that needs them. */
+static void test_llama(st_ctx *c)
+{
+    acc_err e = {0};
+    if (kern_llama_ops_check(c->dev, &e) != 0)
+        return;
+    test_llama_norm_mlp(c);
+    test_llama_attention(c);
+}
+
 int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
 {
     st_ctx c = {.dev = dev, .ref = ref, .tol = tol, .rng = 20261202, .err = err};
@@ -273,6 +399,7 @@ int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
     test_attention(&c);
     test_pointwise(&c);
     test_xent(&c);
+    test_llama(&c);
     acc_err e = {0};
     int rc = dev->ops->last_error(dev, &e); /* a fault wins: the numbers mean nothing then */
     if (rc != 0) {

@@ -99,6 +99,78 @@ int fsu_write_atomic_chunks(const char *path, const fsu_chunk *c, int n, acc_err
     return fsu_fsync_parent(path, err);
 }
 
+int fsu_atomic_open(fsu_atomic *a, const char *path, acc_err *err)
+{
+    a->fd = -1;
+    a->tmp[0] = '\0';
+    if (snprintf(a->path, sizeof a->path, "%s", path) >= (int)sizeof a->path)
+        return acc_err_set(err, ACC_EINVAL, NULL, "path too long: %s", path);
+    snprintf(a->tmp, sizeof a->tmp, "%s.partial", path);
+    a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (a->fd < 0) {
+        int rc = acc_err_set(err, ACC_EIO, NULL, "create %s: %s", a->tmp, strerror(errno));
+        a->tmp[0] = '\0';
+        return rc;
+    }
+    return 0;
+}
+
+int fsu_atomic_commit(fsu_atomic *a, acc_err *err)
+{
+    int rc = 0;
+    if (fsync(a->fd) != 0)
+        rc = acc_err_set(err, ACC_EIO, NULL, "fsync %s: %s", a->tmp, strerror(errno));
+    if (close(a->fd) != 0 && rc == 0)
+        rc = acc_err_set(err, ACC_EIO, NULL, "close %s: %s", a->tmp, strerror(errno));
+    a->fd = -1;
+    if (rc == 0 && rename(a->tmp, a->path) != 0)
+        rc = acc_err_set(err, ACC_EIO, NULL, "rename %s: %s", a->path, strerror(errno));
+    if (rc != 0) {
+        unlink(a->tmp);
+        return rc;
+    }
+    a->tmp[0] = '\0';
+    return fsu_fsync_parent(a->path, err);
+}
+
+void fsu_atomic_abort(fsu_atomic *a)
+{
+    if (a->fd >= 0)
+        close(a->fd);
+    a->fd = -1;
+    if (a->tmp[0] != '\0')
+        unlink(a->tmp);
+    a->tmp[0] = '\0';
+}
+
+int fsu_copy_file(const char *src, const char *dst, acc_err *err)
+{
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0)
+        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s", src,
+                           strerror(errno));
+    fsu_atomic a;
+    int rc = fsu_atomic_open(&a, dst, err);
+    char buf[1 << 16];
+    while (rc == 0) {
+        ssize_t r = read(in, buf, sizeof buf);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            rc = acc_err_set(err, ACC_EIO, NULL, "read %s: %s", src, strerror(errno));
+        if (r <= 0)
+            break;
+        rc = fsu_write_all(a.fd, buf, (size_t)r, err);
+    }
+    close(in);
+    if (rc == 0)
+        rc = fsu_atomic_commit(&a, err);
+    fsu_atomic_abort(&a);
+    if (rc != 0)
+        acc_err_prefix(err, "copying %s to %s", src, dst);
+    return rc;
+}
+
 int fsu_write_atomic(const char *path, const void *data, size_t len, acc_err *err)
 {
     fsu_chunk c = {data, len};

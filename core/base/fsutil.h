@@ -35,6 +35,22 @@ typedef struct fsu_chunk {
 } fsu_chunk;
 int fsu_write_atomic_chunks(const char *path, const fsu_chunk *c, int n, acc_err *err);
 
+/* A file written in pieces, atomically: fsu_atomic_open creates `path` +
+ * ".partial" (mode 0640), the caller writes a.fd (fsu_write_all, pwrite),
+ * fsu_atomic_commit fsyncs, renames over `path` and fsyncs the directory;
+ * fsu_atomic_abort (also after a failed commit: a no-op then) removes the
+ * temp file. */
+typedef struct fsu_atomic {
+    int fd;
+    char path[4096], tmp[4096 + 16];
+} fsu_atomic;
+int fsu_atomic_open(fsu_atomic *a, const char *path, acc_err *err);
+int fsu_atomic_commit(fsu_atomic *a, acc_err *err);
+void fsu_atomic_abort(fsu_atomic *a);
+
+/* Copy regular file `src` to `dst` atomically and durably (streamed, any size). */
+int fsu_copy_file(const char *src, const char *dst, acc_err *err);
+
 /* Write all of `len` bytes to fd, retrying short writes and EINTR. */
 int fsu_write_all(int fd, const void *data, size_t len, acc_err *err);
 

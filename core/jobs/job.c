@@ -69,6 +69,52 @@ int job_add_metric(job *j, const job_metric *m, acc_err *err)
     return 0;
 }
 
+int job_add_output(job *j, const char *path, int keep, acc_err *err)
+{
+    if (keep < 1 || keep > JOB_MAX_OUTPUTS)
+        keep = JOB_MAX_OUTPUTS;
+    char *dup = strdup(path);
+    if (dup == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    for (int i = 0; i < j->noutputs; i++) /* a step redone after a resume: the same path */
+        if (!strcmp(j->outputs[i], path)) {
+            free(j->outputs[i]);
+            memmove(&j->outputs[i], &j->outputs[i + 1], (size_t)(j->noutputs - i - 1) * sizeof *j->outputs);
+            j->noutputs--;
+            break;
+        }
+    while (j->noutputs >= keep) { /* pruned by the trainer too */
+        free(j->outputs[0]);
+        memmove(&j->outputs[0], &j->outputs[1], (size_t)(j->noutputs - 1) * sizeof *j->outputs);
+        j->noutputs--;
+    }
+    j->outputs[j->noutputs++] = dup;
+    return 0;
+}
+
+void job_free_outputs(job *j)
+{
+    for (int i = 0; i < j->noutputs; i++)
+        free(j->outputs[i]);
+    j->noutputs = 0;
+}
+
+static json_t *outputs_array(const job *j)
+{
+    json_t *a = json_array();
+    for (int i = 0; a != NULL && i < j->noutputs; i++)
+        json_array_append_new(a, json_string(j->outputs[i]));
+    return a;
+}
+
+/* The final model is the checkpoint of the last step (written at the end). */
+static json_t *outputs_json(const job *j)
+{
+    bool final = j->state == JOB_SUCCEEDED && j->noutputs > 0;
+    return json_pack("{s:o, s:o}", "model", final ? json_string(j->outputs[j->noutputs - 1]) : json_null(),
+                     "checkpoints", outputs_array(j));
+}
+
 /* JSON has no NaN: a diverged loss is reported as null. */
 static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
@@ -107,18 +153,19 @@ json_t *job_to_json(const job *j, bool full, const kern_device_info *devs)
     if (full) {
         json_t *spec = json_loads(j->spec_json, 0, NULL);
         json_object_set_new(o, "spec", spec ? spec : json_null());
+        json_object_set_new(o, "outputs", outputs_json(j));
     }
     return o;
 }
 
 json_t *job_status_json(const job *j)
 {
-    json_t *o = json_pack("{s:s, s:s, s:I, s:f, s:f, s:f, s:i, s:o, s:i, s:i, s:s, s:s, s:i}", "id", j->id, "state",
+    json_t *o = json_pack("{s:s, s:s, s:I, s:f, s:f, s:f, s:i, s:o, s:i, s:i, s:s, s:s, s:i, s:o}", "id", j->id, "state",
                      job_state_name(j->state), "submit_seq", (json_int_t)j->submit_seq, "submitted_at",
                      j->submitted_at, "started_at", j->started_at, "finished_at", j->finished_at, "step", j->step,
                      "loss", j->have_loss ? num_or_null(j->last_loss) : json_null(), "micro_batch", j->cur_micro,
                      "accum_steps", j->cur_accum, "error_code", j->err_code, "error", j->err_msg, "restarts",
-                     j->restarts);
+                     j->restarts, "outputs", outputs_array(j));
     if (o != NULL && j->owner[0])
         json_object_set_new(o, "owner", json_string(j->owner));
     return o;
@@ -146,6 +193,11 @@ void job_status_apply(job *j, const json_t *st)
     snprintf(j->err_code, sizeof j->err_code, "%s", json_string_value(json_object_get(st, "error_code")) ?: "");
     snprintf(j->err_msg, sizeof j->err_msg, "%s", json_string_value(json_object_get(st, "error")) ?: "");
     j->restarts = (int)json_integer_value(json_object_get(st, "restarts"));
+    json_t *outs = json_object_get(st, "outputs"), *o;
+    size_t i;
+    job_free_outputs(j);
+    json_array_foreach(outs, i, o) if (json_is_string(o))
+        job_add_output(j, json_string_value(o), JOB_MAX_OUTPUTS, NULL);
     snprintf(j->owner, sizeof j->owner, "%s", json_string_value(json_object_get(st, "owner")) ?: "");
 }
 

@@ -28,6 +28,9 @@ typedef struct job_metric {
 
 typedef struct jobs_mgr jobs_mgr;
 
+/* Checkpoint paths a job lists under "outputs" (the newest ones, as many as
+ * the daemon keeps, at most this many). */
+#define JOB_MAX_OUTPUTS 16
 #define JOB_OWNER_MAX 64 /* user names: 1..63 characters */
 
 typedef struct job {
@@ -55,6 +58,8 @@ typedef struct job {
     trainer *tr;
     bool cancel_requested;
     bool stop_for_shutdown; /* cancelled by SIGTERM: stays "running" on disk */
+    char *outputs[JOB_MAX_OUTPUTS]; /* checkpoint directories written, oldest first */
+    int noutputs;
     jobs_mgr *mgr;
 } job;
 
@@ -69,7 +74,14 @@ bool job_id_valid(const char *s, size_t len);
 /* Append a step to the history (grows; ACC_ENOMEM on failure). */
 int job_add_metric(job *j, const job_metric *m, acc_err *err);
 
-/* The API form: summary (list) or full (with the spec). `devs` names devices. */
+/* A checkpoint directory was written: list it, keeping the newest `keep`
+ * (at most JOB_MAX_OUTPUTS). ACC_ENOMEM leaves the list as it was. */
+int job_add_output(job *j, const char *path, int keep, acc_err *err);
+void job_free_outputs(job *j);
+
+/* The API form: summary (list) or full (with the spec and "outputs": the
+ * final model's directory, once the job succeeded, and the checkpoints',
+ * each a Hugging Face directory). `devs` names devices. */
 json_t *job_to_json(const job *j, bool full, const kern_device_info *devs);
 /* The status.json form, and back (for reload). */
 json_t *job_status_json(const job *j);

@@ -19,6 +19,7 @@
 
 #include "batch_split.h"
 #include "model.h"
+#include "model_hf.h"
 
 #define SPEC_MAX_DEVICES 256
 #define SPEC_MAX_BATCH (1 << 24)
@@ -305,16 +306,64 @@ static int check_path(char *path, size_t n, const char *roots, const char *f, bo
 
 /* ---- sections ------------------------------------------------------------- */
 
+/* "model": {"from": DIR, "seq_len": T}: a Hugging Face directory under
+ * data_roots; its headers are read now (model_hf_validate), never its data,
+ * so a bad checkpoint is a 400 naming the file and the key or tensor. */
+static int parse_model_from(const json_t *m, const acc_conf *conf, spec_model *out, acc_err *err)
+{
+    static const char *const keys[] = {"from", "seq_len", "arch", NULL};
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)m, key, v) {
+        char f[128];
+        if (!key_allowed(key, keys))
+            return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, "model", key),
+                               "%s cannot be given with model.from (config.json has the model's sizes)", f);
+    }
+    char arch[sizeof out->arch] = "";
+    bool present, seq = json_object_get(m, "seq_len") != NULL;
+    int rc;
+    if ((rc = get_str(m, "model", "from", false, out->from, sizeof out->from, &present, err)) ||
+        (rc = get_str(m, "model", "arch", true, arch, sizeof arch, NULL, err)) ||
+        (rc = get_int(m, "model", "seq_len", 2, 1 << 20, &out->seq_len, err)) ||
+        (rc = check_path(out->from, sizeof out->from, conf->data_roots, "model.from", true, err)))
+        return rc;
+    model_config c;
+    if ((rc = model_hf_validate(out->from, &c, err)) != 0)
+        return rc;
+    const char *family = model_family_of(&c)->name;
+    if (arch[0] != '\0' && strcmp(arch, family) != 0)
+        return acc_err_set(err, ACC_EINVAL, "model.arch", "model.arch is %s, %s/config.json is a %s model",
+                           arch, out->from, family);
+    if (!seq && out->seq_len > c.max_seq_len)
+        out->seq_len = c.max_seq_len;
+    if (out->seq_len > c.max_seq_len)
+        return acc_err_set(err, ACC_EINVAL, "model.seq_len", "model.seq_len %d is over the model's %d positions",
+                           out->seq_len, c.max_seq_len);
+    snprintf(out->arch, sizeof out->arch, "%s", family);
+    out->n_layer = c.n_layer;
+    out->n_head = c.n_head;
+    out->n_embd = c.channels;
+    out->vocab_size = c.vocab_size;
+    out->padded_vocab_size = c.padded_vocab_size;
+    out->n_kv_head = c.n_kv_head;
+    out->intermediate_size = c.intermediate_size;
+    return 0;
+}
+
 static int parse_model(const json_t *m, const acc_conf *conf, spec_model *out, acc_err *err)
 {
     static const char *const keys[] = {"arch", "n_layer", "n_head", "n_embd", "seq_len", "vocab_size",
-                                       "padded_vocab_size", "init_from", NULL};
+                                       "padded_vocab_size", "init_from", "n_kv_head", "intermediate_size",
+                                       "from", NULL};
     /* one list: the model registry's families (model.h) */
     const char *archs[16];
     int na = 0;
     for (const model_family *f; na < 15 && (f = model_family_at(na)) != NULL; na++)
         archs[na] = f->name;
     archs[na] = NULL;
+    if (json_object_get(m, "from") != NULL)
+        return parse_model_from(m, conf, out, err);
     int rc, arch = 0;
     bool init;
     if ((rc = check_keys(m, "model", keys, err)) || (rc = get_choice(m, "model", "arch", archs, &arch, err)) ||
@@ -324,7 +373,9 @@ static int parse_model(const json_t *m, const acc_conf *conf, spec_model *out, a
         (rc = get_int(m, "model", "seq_len", 2, 1 << 20, &out->seq_len, err)) ||
         (rc = get_int(m, "model", "vocab_size", 2, 1 << 24, &out->vocab_size, err)) ||
         (rc = get_int(m, "model", "padded_vocab_size", 0, 1 << 24, &out->padded_vocab_size, err)) ||
-        (rc = get_str(m, "model", "init_from", true, out->init_from, sizeof out->init_from, &init, err)))
+        (rc = get_str(m, "model", "init_from", true, out->init_from, sizeof out->init_from, &init, err)) ||
+        (rc = get_int(m, "model", "n_kv_head", 0, 256, &out->n_kv_head, err)) ||
+        (rc = get_int(m, "model", "intermediate_size", 0, 1 << 20, &out->intermediate_size, err)))
         return rc;
     snprintf(out->arch, sizeof out->arch, "%s", archs[arch]);
     if (out->n_embd % out->n_head != 0)

@@ -43,6 +43,10 @@ typedef struct spec_model {
     int vocab_size;        /* tokens of the data (256 for byte-level text) */
     int padded_vocab_size; /* rows of the embedding; >= vocab_size (default = vocab_size) */
     char init_from[PATH_MAX]; /* "" or an llm.c .bin / .safetensors file */
+    int n_kv_head;         /* llama: key/value heads (0 = n_head) */
+    int intermediate_size; /* llama: MLP width (0 = the family's default) */
+    char from[PATH_MAX];   /* "" or a Hugging Face model directory (resolved); the
+                            * sizes above are then config.json's */
 } spec_model;
 
 typedef struct spec_data {

@@ -118,6 +118,7 @@ static void job_delete(job *j)
         close(j->ev_fd);
     evring_free(&j->ring);
     free(j->metrics);
+    job_free_outputs(j);
     free(j->spec_json);
     free(j);
 }
@@ -721,6 +722,7 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
         break;
     case TEV_CHECKPOINT:
         emit(j, "checkpoint", json_pack("{s:i, s:s}", "step", ev->step, "path", ev->path), true);
+        job_add_output(j, ev->path, m->conf->checkpoint_keep, NULL); /* the job view's outputs */
         break;
     case TEV_LOG:
         if (!strncmp(ev->msg, "resumed from", 12))

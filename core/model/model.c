@@ -12,9 +12,11 @@
 /* ---- registry: one line per family */
 
 extern const model_family model_family_gpt2;
+extern const model_family model_family_llama;
 
 static const model_family *const families[] = {
     &model_family_gpt2,
+    &model_family_llama,
     NULL,
 };
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -16,9 +17,12 @@
 #define ST_MAX_HEADER (64u << 20)
 
 struct st_file {
-    uint8_t *buf;       /* the whole file */
+    uint8_t *buf;       /* the whole file, mapped read-only (NULL: header only) */
     size_t size;
-    const uint8_t *data; /* after the header */
+    size_t data_start;  /* 8 + header length */
+    const uint8_t *data; /* after the header (NULL: header only) */
+    char *hdr;           /* the JSON header's bytes */
+    size_t hdr_len;
     size_t data_len;
     json_t *header;
     int n;
@@ -178,8 +182,7 @@ int st_write(const char *path, const st_tensor *t, int n, const st_meta *meta, i
 static int cmp_offset(const void *a, const void *b)
 {
     const st_tensor *x = a, *y = b;
-    const uint8_t *px = x->data, *py = y->data;
-    return px < py ? -1 : px > py;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
 static int parse_entry(st_file *f, const char *name, json_t *e, st_tensor *t, acc_err *err)
@@ -207,7 +210,8 @@ static int parse_entry(st_file *f, const char *name, json_t *e, st_tensor *t, ac
         numel * st_dtype_size(t->dtype) != (uint64_t)(en - b))
         return acc_err_set(err, ACC_EINVAL, name, "tensor %s: byte range [%lld, %lld) does not match "
                            "its shape or the file", name, (long long)b, (long long)en);
-    t->data = f->data + b;
+    t->offset = (size_t)b;
+    t->data = f->data != NULL ? f->data + b : NULL;
     t->nbytes = (size_t)(en - b);
     return 0;
 }
@@ -236,16 +240,16 @@ static int parse_header(st_file *f, acc_err *err)
         f->n++;
     }
     qsort(f->tensors, (size_t)f->n, sizeof *f->tensors, cmp_offset);
-    const uint8_t *expect = f->data;
+    size_t expect = 0;
     for (int i = 0; i < f->n; i++) { /* ranges must tile the data: no gaps, no overlap */
-        if ((const uint8_t *)f->tensors[i].data != expect)
+        if (f->tensors[i].offset != expect)
             return acc_err_set(err, ACC_EINVAL, f->tensors[i].name,
                                "tensor %s: byte ranges overlap or leave gaps", f->tensors[i].name);
         expect += f->tensors[i].nbytes;
     }
-    if (expect != f->data + f->data_len)
+    if (expect != f->data_len)
         return acc_err_set(err, ACC_EINVAL, NULL, "file has %zu bytes after the last tensor",
-                           (size_t)(f->data + f->data_len - expect));
+                           f->data_len - expect);
     return 0;
 }
 
@@ -269,64 +273,71 @@ static int verify_crc(st_file *f, acc_err *err)
     return 0;
 }
 
-static int read_file(const char *path, st_file *f, acc_err *err)
+/* Map the file (or, header only, read its first 8 + header bytes). */
+static int open_file(const char *path, st_file *f, int header_only, acc_err *err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s",
                            path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return acc_err_set(err, ACC_EIO, NULL, "%s is not a regular file", path);
+    int rc = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        rc = acc_err_set(err, ACC_EIO, NULL, "%s is not a regular file", path);
+    else if ((uint64_t)st.st_size < 8 || (uint64_t)st.st_size > SIZE_MAX)
+        rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: too short for safetensors", path);
+    uint8_t len8[8];
+    uint64_t hl = 0;
+    if (rc == 0) {
+        f->size = (size_t)st.st_size;
+        if (pread(fd, len8, 8, 0) != 8)
+            rc = acc_err_set(err, ACC_EIO, NULL, "%s: short read", path);
+        for (int b = 0; rc == 0 && b < 8; b++)
+            hl |= (uint64_t)len8[b] << (8 * b);
+        if (rc == 0 && (hl > ST_MAX_HEADER || hl > f->size - 8))
+            rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: header length %llu is larger than the file",
+                             path, (unsigned long long)hl);
     }
-    f->size = (size_t)st.st_size;
-    f->buf = malloc(f->size ? f->size : 1);
-    if (f->buf == NULL) {
-        close(fd);
-        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory reading %s", path);
+    if (rc == 0) {
+        f->data_start = 8 + (size_t)hl;
+        f->data_len = f->size - f->data_start;
+        f->hdr = malloc((size_t)hl + 1);
+        if (f->hdr == NULL)
+            rc = acc_err_set(err, ACC_ENOMEM, NULL, "out of memory reading %s", path);
+        else if (pread(fd, f->hdr, (size_t)hl, 8) != (ssize_t)hl)
+            rc = acc_err_set(err, ACC_EIO, NULL, "%s: short read", path);
+        else
+            f->hdr_len = (size_t)hl;
     }
-    size_t got = 0;
-    while (got < f->size) {
-        ssize_t r = read(fd, f->buf + got, f->size - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        got += (size_t)r;
+    if (rc == 0 && !header_only) {
+        void *p = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED)
+            rc = acc_err_set(err, errno == ENOMEM ? ACC_ENOMEM : ACC_EIO, NULL, "mmap %s: %s", path,
+                             strerror(errno));
+        else {
+            f->buf = p;
+            f->data = f->buf + f->data_start;
+        }
     }
     close(fd);
-    if (got != f->size)
-        return acc_err_set(err, ACC_EIO, NULL, "%s: short read", path);
-    return 0;
+    return rc;
 }
 
-int st_open(const char *path, st_file **out, acc_err *err)
+static int open_any(const char *path, st_file **out, int header_only, acc_err *err)
 {
     st_file *f = calloc(1, sizeof *f);
     if (f == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
-    int rc = read_file(path, f, err);
-    if (rc == 0 && f->size < 8)
-        rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: too short for safetensors", path);
-    uint64_t hl = 0;
-    for (int b = 0; rc == 0 && b < 8; b++)
-        hl |= (uint64_t)f->buf[b] << (8 * b);
-    if (rc == 0 && (hl > ST_MAX_HEADER || hl > f->size - 8))
-        rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: header length %llu is larger than the file",
-                         path, (unsigned long long)hl);
+    int rc = open_file(path, f, header_only, err);
     if (rc == 0) {
         json_error_t je;
-        f->header = json_loadb((const char *)f->buf + 8, (size_t)hl, 0, &je);
+        f->header = json_loadb(f->hdr, f->hdr_len, 0, &je);
         if (!json_is_object(f->header))
             rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: header is not a JSON object: %s", path, je.text);
     }
-    if (rc == 0) {
-        f->data = f->buf + 8 + hl;
-        f->data_len = f->size - 8 - (size_t)hl;
-        rc = parse_header(f, err);
-    }
     if (rc == 0)
+        rc = parse_header(f, err);
+    if (rc == 0 && !header_only)
         rc = verify_crc(f, err);
     if (rc != 0) {
         if (err != NULL && strstr(err->msg, path) == NULL)
@@ -338,13 +349,22 @@ int st_open(const char *path, st_file **out, acc_err *err)
     return 0;
 }
 
+int st_open(const char *path, st_file **out, acc_err *err) { return open_any(path, out, 0, err); }
+
+int st_open_header(const char *path, st_file **out, acc_err *err)
+{
+    return open_any(path, out, 1, err);
+}
+
 void st_close(st_file *f)
 {
     if (f == NULL)
         return;
     json_decref(f->header);
     free(f->tensors);
-    free(f->buf);
+    free(f->hdr);
+    if (f->buf != NULL)
+        munmap(f->buf, f->size);
     free(f);
 }
 
@@ -372,4 +392,198 @@ int st_at(const st_file *f, int i, st_tensor *out)
         return ACC_ENOTFOUND;
     *out = f->tensors[i];
     return 0;
+}
+
+/* ---- dtype conversion */
+
+static float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static uint16_t f32_to_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0x1f)
+        u = sign | 0x7f800000u | (m << 13); /* inf, NaN */
+    else if (e != 0)
+        u = sign | ((e + 112) << 23) | (m << 13);
+    else if (m == 0)
+        u = sign;
+    else { /* subnormal: normalise */
+        e = 113;
+        while (!(m & 0x400)) {
+            m <<= 1;
+            e--;
+        }
+        u = sign | (e << 23) | ((m & 0x3ff) << 13);
+    }
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static uint16_t f32_to_f16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) /* rounds past 65504: inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x38800000u) { /* below the smallest normal: subnormal or zero */
+        float f;
+        memcpy(&f, &a, sizeof f);
+        /* units of 2^-24, rounded to nearest even by the FPU */
+        float scaled = f * 16777216.0f;
+        uint32_t m = (uint32_t)scaled;
+        float rest = scaled - (float)m;
+        if (rest > 0.5f || (rest == 0.5f && (m & 1u)))
+            m++;
+        return (uint16_t)(sign | m);
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - (112u << 23);
+    return (uint16_t)(sign | (r >> 13));
+}
+
+int st_to_f32(const st_tensor *t, float *dst, size_t count, acc_err *err)
+{
+    size_t es = st_dtype_size(t->dtype);
+    if (es == 0 || t->nbytes / es != count || t->nbytes % es != 0)
+        return acc_err_set(err, ACC_EINVAL, t->name, "tensor %s: %zu bytes of %s are not %zu values",
+                           t->name, t->nbytes, st_dtype_name(t->dtype), count);
+    const uint8_t *p = t->data;
+    switch (t->dtype) {
+    case ST_F32:
+        memcpy(dst, p, count * sizeof *dst);
+        return 0;
+    case ST_BF16:
+        for (size_t i = 0; i < count; i++)
+            dst[i] = bf16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+        return 0;
+    case ST_F16:
+        for (size_t i = 0; i < count; i++)
+            dst[i] = f16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+        return 0;
+    default:
+        return acc_err_set(err, ACC_EINVAL, t->name, "tensor %s: dtype %s is not F32, BF16 or F16",
+                           t->name, st_dtype_name(t->dtype));
+    }
+}
+
+int st_from_f32(st_dtype d, const float *src, size_t count, void *dst, acc_err *err)
+{
+    uint8_t *p = dst;
+    switch (d) {
+    case ST_F32:
+        memcpy(dst, src, count * sizeof *src);
+        return 0;
+    case ST_BF16:
+    case ST_F16:
+        for (size_t i = 0; i < count; i++) {
+            uint16_t h = d == ST_BF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+            p[2 * i] = (uint8_t)(h & 0xff);
+            p[2 * i + 1] = (uint8_t)(h >> 8);
+        }
+        return 0;
+    default:
+        return acc_err_set(err, ACC_EINVAL, NULL, "cannot write dtype %s from floats",
+                           st_dtype_name(d));
+    }
+}
+
+void st_release(const st_file *f, const st_tensor *t)
+{
+    if (f->buf == NULL || t->data == NULL || t->nbytes == 0)
+        return;
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t base = (uintptr_t)f->buf, lo = (uintptr_t)t->data, hi = lo + t->nbytes;
+    lo = base + ((lo - base) + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg; /* whole pages only */
+    hi = base + (hi - base) / (uintptr_t)pg * (uintptr_t)pg;
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: failure only costs memory */
+}
+
+/* ---- streamed writing */
+
+int st_write_fill(const char *path, const st_tensor *t, int n, const st_meta *meta, int nmeta,
+                  st_fill_fn fill, void *ctx, acc_err *err)
+{
+    int rc = check_tensors(t, n, err);
+    if (rc != 0)
+        return rc;
+    uint64_t total = 0;
+    size_t biggest = 0;
+    for (int i = 0; i < n; i++) {
+        total += t[i].nbytes;
+        biggest = t[i].nbytes > biggest ? t[i].nbytes : biggest;
+    }
+    /* The CRC is known only after the data: write a placeholder, patch it. */
+    json_t *h = build_header(t, n, meta, nmeta, 0, total, err);
+    if (h == NULL)
+        return ACC_ENOMEM;
+    char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(h);
+    const char *mark = text ? strstr(text, "\"accumd.crc32\":\"00000000\"") : NULL;
+    if (mark == NULL) {
+        free(text);
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory writing the safetensors header");
+    }
+    size_t hl = strlen(text), padded = (hl + 7) & ~(size_t)7;
+    off_t crc_at = (off_t)(8 + (size_t)(mark - text) + strlen("\"accumd.crc32\":\""));
+    uint8_t *hdr = malloc(8 + padded), *buf = malloc(biggest ? biggest : 1);
+    fsu_atomic a = {.fd = -1};
+    if (hdr == NULL || buf == NULL)
+        rc = acc_err_set(err, ACC_ENOMEM, NULL, "out of memory writing %s", path);
+    if (rc == 0) {
+        for (int b = 0; b < 8; b++)
+            hdr[b] = (uint8_t)(((uint64_t)padded >> (8 * b)) & 0xff);
+        memcpy(hdr + 8, text, hl);
+        memset(hdr + 8 + hl, ' ', padded - hl);
+        rc = fsu_atomic_open(&a, path, err);
+    }
+    if (rc == 0)
+        rc = fsu_write_all(a.fd, hdr, 8 + padded, err);
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        rc = fill(ctx, i, buf, err);
+        const uint8_t *p = buf;
+        for (size_t left = t[i].nbytes; rc == 0 && left > 0;) {
+            uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
+            crc = crc32(crc, p, chunk);
+            p += chunk;
+            left -= chunk;
+        }
+        if (rc == 0)
+            rc = fsu_write_all(a.fd, buf, t[i].nbytes, err);
+    }
+    if (rc == 0) {
+        char hex[16];
+        snprintf(hex, sizeof hex, "%08x", (uint32_t)crc);
+        if (pwrite(a.fd, hex, 8, crc_at) != 8)
+            rc = acc_err_set(err, ACC_EIO, NULL, "write %s: %s", a.tmp, strerror(errno));
+    }
+    if (rc == 0)
+        rc = fsu_atomic_commit(&a, err);
+    fsu_atomic_abort(&a);
+    free(text);
+    free(hdr);
+    free(buf);
+    if (rc != 0 && err != NULL && strstr(err->msg, path) == NULL)
+        acc_err_prefix(err, "writing %s", path);
+    return rc;
 }

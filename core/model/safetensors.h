@@ -8,6 +8,13 @@
  * ("accumd.crc32"), which st_open() verifies, so a torn or corrupted file is
  * an error, never silently loaded. st_open() also checks that every tensor's
  * byte range matches its dtype and shape and that the ranges tile the data.
+ * Files are mapped read-only (mmap), never copied: a tensor's data points
+ * into the mapping, and st_release() drops its pages from memory once read,
+ * so a model loads one tensor at a time. Files from elsewhere (Hugging Face)
+ * carry no checksum; there is then nothing to verify. st_open_header()
+ * reads and validates the header alone (no data, no checksum): what a
+ * submit-time check needs. st_write_fill() streams tensors through a
+ * caller's fill function one at a time (any dtype, no whole-model buffer).
  */
 #ifndef ACC_SAFETENSORS_H
 #define ACC_SAFETENSORS_H
@@ -26,8 +33,10 @@ typedef struct st_tensor {
     st_dtype dtype;
     int ndim;
     int64_t shape[ST_MAX_DIMS];
-    const void *data;   /* write: source; read: points into the open file */
+    const void *data;   /* write: source; read: points into the open file
+                         * (NULL when opened header only) */
     size_t nbytes;
+    size_t offset;      /* read: byte offset from the start of the data */
 } st_tensor;
 
 typedef struct st_meta {
@@ -44,6 +53,9 @@ typedef struct st_file st_file;
 int st_open(const char *path, st_file **out, acc_err *err);
 void st_close(st_file *f);
 
+/* Header only: tensors have names, dtypes, shapes and offsets, data NULL. */
+int st_open_header(const char *path, st_file **out, acc_err *err);
+
 /* Look up a tensor by name; ACC_ENOTFOUND when absent. */
 int st_get(const st_file *f, const char *name, st_tensor *out, acc_err *err);
 
@@ -53,6 +65,22 @@ const char *st_get_meta(const st_file *f, const char *key);
 int st_count(const st_file *f);
 /* i-th tensor in file order (by data offset). */
 int st_at(const st_file *f, int i, st_tensor *out);
+
+/* Convert a tensor (F32, BF16 or F16) to `count` floats; ACC_EINVAL naming
+ * the tensor for another dtype or a count that is not its element count. */
+int st_to_f32(const st_tensor *t, float *dst, size_t count, acc_err *err);
+/* The inverse for writing: `count` floats as F32, BF16 (round to nearest
+ * even) or F16 (round to nearest even, overflow to inf) into dst. */
+int st_from_f32(st_dtype d, const float *src, size_t count, void *dst, acc_err *err);
+/* Drop a read tensor's pages from memory (the file is still mapped). */
+void st_release(const st_file *f, const st_tensor *t);
+
+/* Write `n` tensors (data ignored: fill(ctx, i, buf, err) writes tensor
+ * i's t[i].nbytes bytes into buf) with a CRC like st_write, atomically;
+ * one tensor's staging buffer at a time. */
+typedef int (*st_fill_fn)(void *ctx, int i, void *buf, acc_err *err);
+int st_write_fill(const char *path, const st_tensor *t, int n, const st_meta *meta, int nmeta,
+                  st_fill_fn fill, void *ctx, acc_err *err);
 
 size_t st_dtype_size(st_dtype d);
 const char *st_dtype_name(st_dtype d);

@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 
 #include "fsutil.h"
+#include "hf_dir.h"
+#include "model_hf.h"
 #include "safetensors.h"
 
 #define STATE_FORMAT "accumd-state-1"
@@ -152,8 +154,33 @@ static void prune(const char *dir, int keep)
     free(steps);
 }
 
+/* The weights as a Hugging Face directory's: one model.safetensors (the
+ * bytes ckpt_save always wrote) or, over 5 GB, shards with an index; then
+ * config.json and the source's tokenizer files. */
+static int write_weights(const char *dir, const model *m, const float *params, int step,
+                         const char *hf_src, acc_err *err)
+{
+    char file[PATH_MAX + 64];
+    model_hf_save_opts o = {.dtype = ST_F32, .src_dir = hf_src};
+    const model_family *f = model_family_of(&m->cfg);
+    if (model_hf_bytes(m, ST_F32) > HF_SHARD_DEFAULT)
+        return model_hf_save(m, dir, &o, err);
+    snprintf(file, sizeof file, "%s/model.safetensors", dir);
+    int rc = write_model_file(file, m, params, step, err);
+    if (rc == 0 && f->config_to_hf != NULL)
+        rc = model_hf_save_config(m, dir, &o, err);
+    return rc;
+}
+
 int ckpt_save(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
               const char *spec_json, int keep, char *path_out, size_t path_n, acc_err *err)
+{
+    return ckpt_save_hf(output_dir, m, opt, st, spec_json, keep, NULL, path_out, path_n, err);
+}
+
+int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
+                 const char *spec_json, int keep, const char *hf_src, char *path_out,
+                 size_t path_n, acc_err *err)
 {
     char final[PATH_MAX], partial[PATH_MAX + 16], file[PATH_MAX + 64];
     if (snprintf(final, sizeof final, "%s/ckpt-%08d", output_dir, st->step) >= (int)sizeof final)
@@ -168,10 +195,8 @@ int ckpt_save(const char *output_dir, const model *m, const adamw *opt, const ck
                            partial, strerror(errno));
     float *params, *mom1, *mom2;
     rc = download_all(m, opt, &params, &mom1, &mom2, err);
-    if (rc == 0) {
-        snprintf(file, sizeof file, "%s/model.safetensors", partial);
-        rc = write_model_file(file, m, params, st->step, err);
-    }
+    if (rc == 0)
+        rc = write_weights(partial, m, params, st->step, hf_src, err);
     if (rc == 0) {
         snprintf(file, sizeof file, "%s/state.safetensors", partial);
         rc = write_state_file(file, m, opt, mom1, mom2, st, spec_json, err);
@@ -254,6 +279,27 @@ int ckpt_load_weights(const char *path, model *m, acc_err *err)
     return rc;
 }
 
+/* Weights over 5 GB were written as shards (write_weights). */
+static int sharded(const char *dir)
+{
+    char path[PATH_MAX + 64];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    return stat(path, &sb) == 0;
+}
+
+static int load_sharded(const char *dir, model *m, acc_err *err)
+{
+    hf_dir *h = NULL;
+    int rc = hf_open(dir, 0, &h, err);
+    if (rc == 0)
+        rc = model_hf_check(h, &m->cfg, err);
+    if (rc == 0)
+        rc = model_hf_load(m, h, err);
+    hf_close(h);
+    return rc;
+}
+
 int ckpt_load(const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *err)
 {
     char path[PATH_MAX + 32];
@@ -276,17 +322,20 @@ int ckpt_load(const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *er
     if (rc == 0 && (st_get(sf, "adam.m", &tm, err) != 0 || st_get(sf, "adam.v", &tv, err) != 0 ||
                     tm.nbytes != (opt->hi - opt->lo) * sizeof(float) || tv.nbytes != tm.nbytes))
         rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: optimizer state does not match the model", path);
-    if (rc == 0) {
+    if (rc == 0 && sharded(dir))
+        rc = load_sharded(dir, m, err);
+    else if (rc == 0) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         rc = st_open(path, &mf, err);
+        if (rc == 0 && ((params = malloc(m->nparams * sizeof *params)) == NULL))
+            rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+        if (rc == 0)
+            rc = model_safetensors_read(&m->layout, mf, path, "model.init_from", params, err);
+        if (rc == 0)
+            model_params_upload(m, params);
     }
-    if (rc == 0 && ((params = malloc(m->nparams * sizeof *params)) == NULL))
-        rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
-    if (rc == 0)
-        rc = model_safetensors_read(&m->layout, mf, path, "model.init_from", params, err);
     if (rc == 0) {
         kern_device *d = m->dev;
-        model_params_upload(m, params);
         d->ops->upload(d, opt->m, tm.data, tm.nbytes);
         d->ops->upload(d, opt->v, tv.data, tv.nbytes);
         opt->t = (int)v[1];
@@ -305,8 +354,15 @@ int ckpt_load(const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *er
 static int verify_dir(const char *dir, acc_err *err)
 {
     char path[PATH_MAX + 32];
-    const char *files[] = {"model.safetensors", "state.safetensors"};
-    for (int i = 0; i < 2; i++) {
+    const char *files[] = {"state.safetensors", "model.safetensors"};
+    if (sharded(dir)) { /* every shard opens and its checksum verifies */
+        hf_dir *h = NULL;
+        int rc = hf_open(dir, 0, &h, err);
+        hf_close(h);
+        if (rc != 0)
+            return rc;
+    }
+    for (int i = 0; i < (sharded(dir) ? 1 : 2); i++) {
         st_file *f;
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
         int rc = st_open(path, &f, err);

@@ -47,6 +47,16 @@ typedef struct ckpt_state {
 int ckpt_save(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
               const char *spec_json, int keep, char *path_out, size_t path_n, acc_err *err);
 
+/* ckpt_save, the checkpoint also a Hugging Face directory beside its
+ * state.safetensors: config.json (from the family's config_to_hf, over
+ * hf_src's config.json keys when hf_src is given) and hf_src's
+ * generation_config.json and tokenizer files (hf_src: the job's
+ * "model.from", or NULL). Weights over 5 GB go to shards with an index
+ * (model_hf.h), read back by ckpt_load; smaller ones stay one file. */
+int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
+                 const char *spec_json, int keep, const char *hf_src, char *path_out,
+                 size_t path_n, acc_err *err);
+
 /* Load weights, moments and state from checkpoint directory `dir` into `m`
  * and `opt` (whose shapes must match; opt->t := the saved adam_t). */
 int ckpt_load(const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *err);

@@ -6,10 +6,13 @@
 #include "adamw.h"
 #include "batch_split.h"
 #include "checked.h"
+#include "model_hf.h"
 #include "trainer.h"
 
 int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
 {
+    if (spec->model.from[0] != '\0') /* a Hugging Face directory: its headers only */
+        return model_hf_validate(spec->model.from, cfg, err);
     if (spec->model.init_from[0] != '\0')
         return model_config_from_file(spec->model.init_from, &spec->model, cfg, err);
     return model_config_from_spec(&spec->model, cfg, err);

@@ -49,6 +49,7 @@
 #include "checked.h"
 #include "mem_plan.h"
 #include "model.h"
+#include "model_hf.h"
 #include "optim.h"
 #include "trainer_run.h"
 
@@ -256,6 +257,8 @@ static int init_weights(rank_state *rs, acc_err *err)
         ckpt_state st;
         return ckpt_load(t->resume_dir, rs->model, rs->opt, &st, err);
     }
+    if (s->model.from[0] != '\0') /* a Hugging Face directory, one tensor at a time */
+        return model_hf_load_dir(rs->model, s->model.from, err);
     if (s->model.init_from[0] == '\0')
         return model_init_seed(rs->model, s->seed, err);
     return model_load_file(rs->model, s->model.init_from, err);
@@ -551,7 +554,8 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     ckpt_state st = {.step = step, .adam_t = rs->opt->t, .micro_batch = rs->split.m,
                      .accum_steps = rs->split.a, .seed = s->seed, .recompute = rs->recompute != 0};
     char path[PATH_MAX];
-    int rc = ckpt_save(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep, path, sizeof path,
+    int rc = ckpt_save_hf(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep,
+                          s->model.from[0] ? s->model.from : NULL, path, sizeof path,
                        err);
     if (rc == 0)
         emit_simple(t, TEV_CHECKPOINT, step, 0.0, path);

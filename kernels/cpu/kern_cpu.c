@@ -29,6 +29,8 @@
 #include <string.h>
 
 #include "kern_cpu.h"
+#include "kern_cpu_llama.h"
+#include "kern_device.h"
 
 /* Kernels never read floating-point exception flags or errno, so GCC may
  * if-convert float selects (GELU's clamps): without it the GELU loops stay
@@ -773,6 +775,17 @@ static const kern_ops cpu_ops = {
     .close = cpu_close,
     .last_error = cpu_last_error,
     .set_precision = cpu_set_precision,
+    /* the LLaMA family's ops: kern_cpu_llama.c */
+    .embed_fwd = kern_cpu_embed_fwd,
+    .embed_bwd = kern_cpu_embed_bwd,
+    .rmsnorm_fwd = kern_cpu_rmsnorm_fwd,
+    .rmsnorm_bwd = kern_cpu_rmsnorm_bwd,
+    .rope_fwd = kern_cpu_rope_fwd,
+    .rope_bwd = kern_cpu_rope_bwd,
+    .swiglu_fwd = kern_cpu_swiglu_fwd,
+    .swiglu_bwd = kern_cpu_swiglu_bwd,
+    .gqa_attention_fwd = kern_cpu_gqa_attention_fwd,
+    .gqa_attention_bwd = kern_cpu_gqa_attention_bwd,
 };
 
 const kern_ops *kern_cpu_ops(void)

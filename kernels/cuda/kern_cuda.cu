@@ -26,6 +26,7 @@
  * No global mutable state: everything lives in the device's cu_impl.
  */
 #include "kern_cuda_impl.cuh"
+#include "kern_cuda_llama.h"
 
 /* ---------------------------------------------------------------- memory */
 
@@ -256,7 +257,30 @@ static const kern_ops cuda_ops = {
     /* .workspace_size = */ kern_cuda_workspace_size,
     /* .workspace_reserve = */ cu_workspace_reserve,
     /* .set_precision = */ cu_set_precision,
+    /* the LLaMA family's ops: kern_cuda_llama.cu */
+    /* .embed_fwd = */ kern_cuda_embed_fwd,
+    /* .embed_bwd = */ kern_cuda_embed_bwd,
+    /* .rmsnorm_fwd = */ kern_cuda_rmsnorm_fwd,
+    /* .rmsnorm_bwd = */ kern_cuda_rmsnorm_bwd,
+    /* .rope_fwd = */ kern_cuda_rope_fwd,
+    /* .rope_bwd = */ kern_cuda_rope_bwd,
+    /* .swiglu_fwd = */ kern_cuda_swiglu_fwd,
+    /* .swiglu_bwd = */ kern_cuda_swiglu_bwd,
+    /* .gqa_attention_fwd = */ kern_cuda_gqa_attention_fwd,
+    /* .gqa_attention_bwd = */ kern_cuda_gqa_attention_bwd,
 };
+
+/* the op files' hooks into the device state (kern_cuda_llama.h) */
+extern "C" bool kern_cuda_enter(kern_device *d)
+{
+    return cu_enter(d);
+}
+
+extern "C" bool kern_cuda_check(kern_device *d, cudaError_t e, const char *what,
+                                const char *file, int line)
+{
+    return cu_ok_rt(d, e == cudaErrorNotReady ? cudaSuccess : e, what, file, line);
+}
 
 static int open_fail(kern_device *d, acc_err *err)
 {

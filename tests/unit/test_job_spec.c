@@ -143,7 +143,7 @@ static void test_errors_name_the_field(void **state)
     expect_field(f, "\"train_batch_size\":8,\"optimizer\":{\"momentum\":0.9}", "optimizer.momentum");
     expect_field(f, "\"train_batch_size\":8,\"model\":{\"n_head\":3,\"n_embd\":64}", "model.n_embd");
     expect_field(f, "\"train_batch_size\":8,\"model\":{\"n_layer\":0}", "model.n_layer");
-    expect_field(f, "\"train_batch_size\":8,\"model\":{\"arch\":\"llama\"}", "model.arch");
+    expect_field(f, "\"train_batch_size\":8,\"model\":{\"arch\":\"falcon\"}", "model.arch");
     expect_field(f, "\"train_batch_size\":8,\"model\":[1]", "model");
     expect_field(f, "\"train_batch_size\":8,\"devices\":0", "devices");
     expect_field(f, "\"train_batch_size\":8,\"devices\":true", "devices");

@@ -41,6 +41,21 @@ static void matmul_bwd_without_dbias(kern_device *d, float *dinp, float *dw, flo
     cpu_ops->matmul_bwd(d, dinp, dw, NULL, dout, inp, w, N, C, OC);
 }
 
+/* GQA's backward that forgets dk (writes it to a scratch buffer) */
+static void gqa_bwd_without_dk(kern_device *d, float *dq, float *dk, float *dv, float *scratch,
+                               const float *dout, const float *q, const float *k,
+                               const float *v, const float *lse, const float *out, int B, int T,
+                               int NH, int NKV, int hs)
+{
+    float *junk = NULL;
+    acc_err err = {0};
+    size_t bytes = (size_t)B * T * NKV * hs * sizeof(float);
+    assert_int_equal(d->ops->alloc(d, bytes, (void **)&junk, &err), 0);
+    cpu_ops->gqa_attention_bwd(d, dq, junk, dv, scratch, dout, q, k, v, lse, out, B, T, NH, NKV,
+                               hs);
+    d->ops->free(d, junk);
+}
+
 static int always_faulted(kern_device *d, acc_err *err)
 {
     return acc_err_set(err, ACC_EDEVICE, "devices", "device %s: an illegal address (simulated)",
@@ -113,6 +128,34 @@ static void test_fault_wins(void **state)
     assert_non_null(strstr(err.msg, "illegal address"));
 }
 
+static void test_wrong_llama_op_fails(void **state)
+{
+    kern_ops broken = cpu_table();
+    broken.gqa_attention_bwd = gqa_bwd_without_dk;
+    acc_err err = {0};
+    assert_int_equal(run_broken(&broken, &err), ACC_EDEVICE);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "gqa_attention_bwd dk"));
+}
+
+/* a backend without the LLaMA family's ops still passes its GPT-2 ops; the
+ * caller that needs them hears it from kern_llama_ops_check */
+static void test_without_llama_ops_passes(void **state)
+{
+    kern_ops lacking = cpu_table();
+    lacking.rmsnorm_fwd = NULL;
+    lacking.gqa_attention_bwd = NULL;
+    acc_err err = {0};
+    assert_int_equal(run_broken(&lacking, &err), 0);
+    kern_device *d = open_cpu(1);
+    const kern_ops *real = d->ops;
+    d->ops = &lacking;
+    assert_int_equal(kern_llama_ops_check(d, &err), ACC_EDEVICE);
+    assert_non_null(strstr(err.msg, "rmsnorm_fwd"));
+    d->ops = real;
+    kern_device_close(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -120,6 +163,8 @@ int main(void)
         cmocka_unit_test(test_wrong_forward_fails),
         cmocka_unit_test(test_wrong_backward_fails),
         cmocka_unit_test(test_fault_wins),
+        cmocka_unit_test(test_wrong_llama_op_fails),
+        cmocka_unit_test(test_without_llama_ops_passes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

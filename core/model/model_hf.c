@@ -1,0 +1,274 @@
+/* model_hf: see model_hf.h. */
+#include "model_hf.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsutil.h"
+
+static const char *const ignore_suffixes[] = {".rotary_emb.inv_freq", ".attn.bias",
+                                              ".attn.masked_bias", NULL};
+
+/* An error from a family's config reader ("config.json: ...") or the layout,
+ * with the directory in front. */
+static int in_dir(const hf_dir *h, int rc, acc_err *err)
+{
+    if (rc != 0 && err != NULL) {
+        if (strstr(err->msg, hf_path(h)) == NULL)
+            acc_err_prefix(err, "%s", hf_path(h));
+        if (rc == ACC_EINVAL)
+            snprintf(err->field, sizeof err->field, "%s", HF_FIELD);
+    }
+    return rc;
+}
+
+int model_hf_config(const hf_dir *h, model_config *cfg, acc_err *err)
+{
+    const char *family;
+    int rc = hf_family(h, &family, err);
+    if (rc != 0)
+        return rc;
+    memset(cfg, 0, sizeof *cfg);
+    return in_dir(h, model_config_from_hf(hf_config(h), cfg, err), err);
+}
+
+/* GPT2LMHeadModel's state dict names its tensors "transformer.*". */
+static const char *name_prefix(const hf_dir *h, const model_layout *l)
+{
+    static const char pre[] = "transformer.";
+    char n[HF_NAME_LEN + 16];
+    if (l->n == 0 || hf_has(h, l->t[0].name))
+        return "";
+    snprintf(n, sizeof n, "%s%s", pre, l->t[0].name);
+    return hf_has(h, n) ? pre : "";
+}
+
+/* The layout as hf_dir's expected tensors (+ an optional tied lm_head). */
+static int wanted(const hf_dir *h, const model_layout *l, hf_tensor **out, int *n, acc_err *err)
+{
+    const char *pre = name_prefix(h, l);
+    hf_tensor *w = calloc((size_t)l->n + 1, sizeof *w);
+    if (w == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of host memory");
+    for (int i = 0; i < l->n; i++) {
+        const model_tensor *t = &l->t[i];
+        snprintf(w[i].name, sizeof w[i].name, "%s%s", pre, t->name);
+        w[i].ndim = t->ndim;
+        for (int d = 0; d < t->ndim && d < 2; d++)
+            w[i].shape[d] = t->shape[d];
+    }
+    *n = l->n;
+    if (model_layout_find(l, "lm_head.weight") == NULL && l->n > 0 && l->t[0].ndim == 2) {
+        hf_tensor *e = &w[(*n)++]; /* tied: some exporters write the copy anyway */
+        snprintf(e->name, sizeof e->name, "lm_head.weight");
+        e->ndim = 2;
+        e->shape[0] = l->t[0].shape[0];
+        e->shape[1] = l->t[0].shape[1];
+        e->optional = 1;
+    }
+    *out = w;
+    return 0;
+}
+
+int model_hf_check(const hf_dir *h, const model_config *cfg, acc_err *err)
+{
+    model_layout l = {0};
+    int rc = in_dir(h, model_layout_build(cfg, &l, err), err);
+    hf_tensor *w = NULL;
+    int n = 0;
+    if (rc == 0)
+        rc = wanted(h, &l, &w, &n, err);
+    if (rc == 0)
+        rc = hf_check(h, w, n, ignore_suffixes, err);
+    free(w);
+    model_layout_free(&l);
+    return rc;
+}
+
+int model_hf_validate(const char *dir, model_config *cfg, acc_err *err)
+{
+    hf_dir *h;
+    int rc = hf_open(dir, 1, &h, err);
+    if (rc != 0)
+        return rc;
+    model_config c;
+    rc = model_hf_config(h, &c, err);
+    if (rc == 0)
+        rc = model_hf_check(h, &c, err);
+    if (rc == 0 && cfg != NULL)
+        *cfg = c;
+    hf_close(h);
+    return rc;
+}
+
+static size_t largest_tensor(const model_layout *l)
+{
+    size_t n = 1;
+    for (int i = 0; i < l->n; i++) {
+        size_t c = model_tensor_file_count(&l->t[i]);
+        n = c > n ? c : n;
+    }
+    return n;
+}
+
+/* file [r, c] -> buffer [c, r] */
+static void transpose(float *dst, const float *src, size_t r, size_t c)
+{
+    for (size_t i = 0; i < r; i++)
+        for (size_t j = 0; j < c; j++)
+            dst[j * r + i] = src[i * c + j];
+}
+
+int model_hf_load(model *m, const hf_dir *h, acc_err *err)
+{
+    const model_layout *l = &m->layout;
+    const char *pre = name_prefix(h, l);
+    size_t big = largest_tensor(l);
+    float *buf = malloc(big * sizeof *buf), *tb = NULL;
+    int rc = buf == NULL ? acc_err_set(err, ACC_ENOMEM, "", "out of host memory loading %s",
+                                       hf_path(h))
+                         : 0;
+    kern_device *d = m->dev;
+    for (int i = 0; rc == 0 && i < l->n; i++) {
+        const model_tensor *t = &l->t[i];
+        char name[HF_NAME_LEN + 16];
+        snprintf(name, sizeof name, "%s%s", pre, t->name);
+        size_t n = model_tensor_file_count(t);
+        rc = hf_read(h, name, buf, n, err);
+        const float *src = buf;
+        if (rc == 0 && t->transposed) {
+            if (tb == NULL && (tb = malloc(big * sizeof *tb)) == NULL) {
+                rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory loading %s", hf_path(h));
+                break;
+            }
+            transpose(tb, buf, (size_t)t->shape[0], (size_t)t->shape[1]);
+            src = tb;
+        }
+        if (rc == 0) /* padding rows past n stay as model_create left them: 0 */
+            d->ops->upload(d, m->params + t->offset, src, n * sizeof *src);
+    }
+    free(tb);
+    free(buf);
+    return rc;
+}
+
+int model_hf_load_dir(model *m, const char *dir, acc_err *err)
+{
+    hf_dir *h;
+    int rc = hf_open(dir, 0, &h, err);
+    if (rc != 0)
+        return rc;
+    model_config c;
+    rc = model_hf_config(h, &c, err);
+    if (rc == 0 && (c.family != m->cfg.family || c.n_layer != m->cfg.n_layer ||
+                    c.channels != m->cfg.channels || c.vocab_size != m->cfg.vocab_size ||
+                    c.n_head != m->cfg.n_head || c.intermediate_size != m->cfg.intermediate_size))
+        rc = acc_err_set(err, ACC_EINVAL, HF_FIELD, "%s/config.json describes another model",
+                         hf_path(h));
+    if (rc == 0)
+        rc = model_hf_check(h, &m->cfg, err);
+    if (rc == 0)
+        rc = model_hf_load(m, h, err);
+    hf_close(h);
+    return rc;
+}
+
+/* ---- saving */
+
+typedef struct save_ctx {
+    const model *m;
+    float *tb; /* transpose staging */
+} save_ctx;
+
+static int fill_tensor(void *vctx, int i, float *buf, acc_err *err)
+{
+    (void)err;
+    save_ctx *s = vctx;
+    const model_tensor *t = &s->m->layout.t[i];
+    size_t n = model_tensor_file_count(t);
+    kern_device *d = s->m->dev;
+    if (!t->transposed) {
+        d->ops->download(d, buf, s->m->params + t->offset, n * sizeof *buf);
+        return 0;
+    }
+    /* buffer [shape[1], shape[0]] -> file [shape[0], shape[1]] */
+    d->ops->download(d, s->tb, s->m->params + t->offset, n * sizeof *buf);
+    transpose(buf, s->tb, (size_t)t->shape[1], (size_t)t->shape[0]);
+    return 0;
+}
+
+static int output_config(const model *m, const char *src_dir, json_t **out, acc_err *err)
+{
+    json_t *c = NULL;
+    if (src_dir != NULL) {
+        char path[PATH_MAX + 16], *text;
+        size_t len;
+        snprintf(path, sizeof path, "%s/config.json", src_dir);
+        if (fsu_read_all(path, &text, &len, 16u << 20, NULL) == 0) {
+            c = json_loadb(text, len, 0, NULL);
+            free(text);
+        }
+        if (!json_is_object(c)) {
+            json_decref(c);
+            c = NULL;
+        }
+    }
+    if (c == NULL && (c = json_object()) == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+    const model_family *f = model_family_of(&m->cfg);
+    int rc = f->config_to_hf ? f->config_to_hf(&m->cfg, c, err)
+                             : acc_err_set(err, ACC_EINVAL, "model.arch",
+                                           "family %s cannot write a config.json", f->name);
+    if (rc != 0) {
+        json_decref(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+uint64_t model_hf_bytes(const model *m, st_dtype d)
+{
+    uint64_t b = 0;
+    for (int i = 0; i < m->layout.n; i++) /* counts checked by the layout */
+        b += (uint64_t)model_tensor_file_count(&m->layout.t[i]) * st_dtype_size(d);
+    return b;
+}
+
+int model_hf_save_config(const model *m, const char *dir, const model_hf_save_opts *o,
+                         acc_err *err)
+{
+    json_t *config = NULL;
+    int rc = output_config(m, o->src_dir, &config, err);
+    hf_save_opts ho = {.dtype = o->dtype, .config = config, .src_dir = o->src_dir};
+    if (rc == 0)
+        rc = hf_save_side(dir, &ho, err);
+    json_decref(config);
+    return rc;
+}
+
+int model_hf_save(const model *m, const char *dir, const model_hf_save_opts *o, acc_err *err)
+{
+    const model_layout *l = &m->layout;
+    hf_tensor *t = calloc((size_t)l->n + 1, sizeof *t);
+    save_ctx s = {.m = m, .tb = malloc(largest_tensor(l) * sizeof(float))};
+    json_t *config = NULL;
+    int rc = t == NULL || s.tb == NULL ? acc_err_set(err, ACC_ENOMEM, "", "out of host memory")
+                                       : output_config(m, o->src_dir, &config, err);
+    for (int i = 0; rc == 0 && i < l->n; i++) {
+        snprintf(t[i].name, sizeof t[i].name, "%s", l->t[i].name);
+        t[i].ndim = l->t[i].ndim;
+        for (int d = 0; d < t[i].ndim && d < 2; d++)
+            t[i].shape[d] = l->t[i].shape[d];
+    }
+    hf_save_opts ho = {.dtype = o->dtype, .max_shard_bytes = o->max_shard_bytes, .config = config,
+                       .src_dir = o->src_dir};
+    if (rc == 0)
+        rc = hf_save(dir, t, l->n, fill_tensor, &s, &ho, err);
+    json_decref(config);
+    free(s.tb);
+    free(t);
+    return rc;
+}

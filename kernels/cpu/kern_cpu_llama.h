@@ -1,0 +1,32 @@
+/* kern_cpu_llama: the CPU backend's LLaMA-family ops, the end of the "cpu"
+ * kern_ops table (semantics: kern_device.h; notes: kern_cpu_llama.c). */
+#ifndef ACC_KERN_CPU_LLAMA_H
+#define ACC_KERN_CPU_LLAMA_H
+
+#include "kern_device.h"
+
+void kern_cpu_embed_fwd(kern_device *d, float *out, const int *tok, const float *wte, int N,
+                        int C);
+void kern_cpu_embed_bwd(kern_device *d, float *dwte, const float *dout, const int *tok, int N,
+                        int C);
+void kern_cpu_rmsnorm_fwd(kern_device *d, float *out, float *rstd, const float *inp,
+                          const float *w, float eps, int N, int C);
+void kern_cpu_rmsnorm_bwd(kern_device *d, float *dinp, float *dw, const float *dout,
+                          const float *inp, const float *w, const float *rstd, int N, int C);
+void kern_cpu_rope_fwd(kern_device *d, float *out, const float *inp, const float *cos_t,
+                       const float *sin_t, const int *pos, int B, int T, int H, int hs);
+void kern_cpu_rope_bwd(kern_device *d, float *dinp, const float *dout, const float *cos_t,
+                       const float *sin_t, const int *pos, int B, int T, int H, int hs);
+void kern_cpu_swiglu_fwd(kern_device *d, float *out, const float *gate, const float *up,
+                         size_t n);
+void kern_cpu_swiglu_bwd(kern_device *d, float *dgate, float *dup, const float *dout,
+                         const float *gate, const float *up, size_t n);
+void kern_cpu_gqa_attention_fwd(kern_device *d, float *out, float *lse, float *scratch,
+                                const float *q, const float *k, const float *v, int B, int T,
+                                int NH, int NKV, int hs);
+void kern_cpu_gqa_attention_bwd(kern_device *d, float *dq, float *dk, float *dv,
+                                float *scratch, const float *dout, const float *q,
+                                const float *k, const float *v, const float *lse,
+                                const float *out, int B, int T, int NH, int NKV, int hs);
+
+#endif

@@ -1,0 +1,55 @@
+/* kern_cuda_llama: the CUDA backend's LLaMA-family ops, the end of the
+ * "cuda" kern_ops table (semantics: kern_device.h, with the CPU backend
+ * kernels/cpu/kern_cpu_llama.c as the reference; notes in
+ * kern_cuda_llama.cu). Every op queues on the device's stream; a launch
+ * failure becomes the device's sticky error (kern_cuda.h).
+ *
+ * kern_cuda.cu provides the two hooks the op files need into its device
+ * state: kern_cuda_enter (no sticky error yet, and the device current on
+ * the calling thread) and kern_cuda_check (keep a CUDA error as sticky).
+ * Included by .cu files only.
+ */
+#ifndef ACC_KERN_CUDA_LLAMA_H
+#define ACC_KERN_CUDA_LLAMA_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+typedef struct kern_device kern_device;
+
+/* kern_cuda.cu: false when the device already failed or cannot be made
+ * current (then the op does nothing) */
+extern "C" bool kern_cuda_enter(kern_device *d);
+/* kern_cuda.cu: true for cudaSuccess (and a stale cudaErrorNotReady left by
+ * a query elsewhere); otherwise keeps `e` as the sticky error, naming
+ * `what`, and returns false */
+extern "C" bool kern_cuda_check(kern_device *d, cudaError_t e, const char *what,
+                                const char *file, int line);
+
+extern "C" {
+void kern_cuda_embed_fwd(kern_device *d, float *out, const int *tok, const float *wte, int N,
+                         int C);
+void kern_cuda_embed_bwd(kern_device *d, float *dwte, const float *dout, const int *tok, int N,
+                         int C);
+void kern_cuda_rmsnorm_fwd(kern_device *d, float *out, float *rstd, const float *inp,
+                           const float *w, float eps, int N, int C);
+void kern_cuda_rmsnorm_bwd(kern_device *d, float *dinp, float *dw, const float *dout,
+                           const float *inp, const float *w, const float *rstd, int N, int C);
+void kern_cuda_rope_fwd(kern_device *d, float *out, const float *inp, const float *cos_t,
+                        const float *sin_t, const int *pos, int B, int T, int H, int hs);
+void kern_cuda_rope_bwd(kern_device *d, float *dinp, const float *dout, const float *cos_t,
+                        const float *sin_t, const int *pos, int B, int T, int H, int hs);
+void kern_cuda_swiglu_fwd(kern_device *d, float *out, const float *gate, const float *up,
+                          size_t n);
+void kern_cuda_swiglu_bwd(kern_device *d, float *dgate, float *dup, const float *dout,
+                          const float *gate, const float *up, size_t n);
+void kern_cuda_gqa_attention_fwd(kern_device *d, float *out, float *lse, float *scratch,
+                                 const float *q, const float *k, const float *v, int B, int T,
+                                 int NH, int NKV, int hs);
+void kern_cuda_gqa_attention_bwd(kern_device *d, float *dq, float *dk, float *dv,
+                                 float *scratch, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *lse,
+                                 const float *out, int B, int T, int NH, int NKV, int hs);
+}
+
+#endif

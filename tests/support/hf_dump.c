@@ -1,0 +1,288 @@
+/* hf_dump: load a Hugging Face model directory into accumd on one CPU
+ * device and dump what the reference (llama_ref.py) computes, for the
+ * comparison driver (llama_check.py).
+ *
+ * Usage: hf_dump DIR BATCH OUT [--steps N] [--lr X] [--wd X] [--beta1 X]
+ *                [--beta2 X] [--eps X] [--recompute] [--bf16] [--micro M]
+ *                [--save DIR2 [--dtype float32|bfloat16|float16] [--shard BYTES]]
+ *                [--threads N]
+ *   BATCH: safetensors with I32 "tokens" and "targets" [B, T].
+ *   OUT (safetensors, F32): "logits" [B, T, V], "loss" [1], "grad.NAME"
+ *   (file shape) of the mean loss at the loaded weights, "param.NAME" (the
+ *   loaded weights, file shape), "losses" [N] before each of N AdamW steps
+ *   (weight decay on the tensors the layout marks), and the same names for
+ *   a second run split into micro batches of M sequences (--micro: the
+ *   gradients accumulate over B / M micro-steps; "losses" is from that run).
+ *   --save writes the weights after the steps as a Hugging Face directory.
+ * Exit 0, or 1 with the error on stderr.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_device.h"
+#include "model.h"
+#include "model_hf.h"
+#include "model_llama.h"
+#include "safetensors.h"
+
+typedef struct opts {
+    const char *dir, *batch, *out, *save;
+    int steps, recompute, bf16, micro, threads;
+    double lr, wd, beta1, beta2, eps;
+    uint64_t shard;
+    st_dtype dtype;
+} opts;
+
+static int die(const char *what, const acc_err *e)
+{
+    fprintf(stderr, "hf_dump: %s: %s (field %s)\n", what, e->msg, e->field);
+    return 1;
+}
+
+static int parse(int argc, char **argv, opts *o)
+{
+    if (argc < 4)
+        return -1;
+    *o = (opts){.dir = argv[1], .batch = argv[2], .out = argv[3], .lr = 1e-3, .beta1 = 0.9,
+                .beta2 = 0.999, .eps = 1e-8, .dtype = ST_F32, .threads = 1};
+    for (int i = 4; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--recompute"))
+            o->recompute = 1;
+        else if (!strcmp(a, "--bf16"))
+            o->bf16 = 1;
+        else if (v == NULL)
+            return -1;
+        else if (!strcmp(a, "--steps"))
+            o->steps = atoi(v), i++;
+        else if (!strcmp(a, "--micro"))
+            o->micro = atoi(v), i++;
+        else if (!strcmp(a, "--threads"))
+            o->threads = atoi(v), i++;
+        else if (!strcmp(a, "--lr"))
+            o->lr = atof(v), i++;
+        else if (!strcmp(a, "--wd"))
+            o->wd = atof(v), i++;
+        else if (!strcmp(a, "--beta1"))
+            o->beta1 = atof(v), i++;
+        else if (!strcmp(a, "--beta2"))
+            o->beta2 = atof(v), i++;
+        else if (!strcmp(a, "--eps"))
+            o->eps = atof(v), i++;
+        else if (!strcmp(a, "--save"))
+            o->save = v, i++;
+        else if (!strcmp(a, "--shard"))
+            o->shard = strtoull(v, NULL, 10), i++;
+        else if (!strcmp(a, "--dtype")) {
+            if (hf_dtype_of(v, "--dtype", &o->dtype, NULL) != 0)
+                return -1;
+            i++;
+        } else
+            return -1;
+    }
+    return 0;
+}
+
+/* The model's state for the steps: AdamW moments, walked by layout. */
+typedef struct adam {
+    float *m, *v;
+    int t;
+} adam;
+
+static void adam_step(model *m, adam *a, const opts *o)
+{
+    kern_device *d = m->dev;
+    a->t++;
+    for (int i = 0; i < m->layout.n; i++) {
+        const model_tensor *t = &m->layout.t[i];
+        d->ops->adamw(d, m->params + t->offset, m->grads + t->offset, a->m + t->offset,
+                      a->v + t->offset, t->count, (float)o->lr, (float)o->beta1, (float)o->beta2,
+                      (float)o->eps, t->decays ? (float)o->wd : 0.0f, 1.0f, a->t);
+    }
+}
+
+/* One step's forward + backward over B sequences in micro batches of mb:
+ * the mean loss over all B*T tokens (weights 1 / (B*T)). */
+static double step_grads(model *m, const int *tok, const int *tgt, float *w, int B, int T, int mb)
+{
+    model_zero_grad(m);
+    double total = 0;
+    for (int s = 0; s < B; s += mb) {
+        double ls = 0;
+        model_forward(m, tok + (size_t)s * T, tgt + (size_t)s * T, w, mb, 1, &ls);
+        model_backward(m, mb);
+        total += ls;
+    }
+    return total;
+}
+
+typedef struct outbuf {
+    st_tensor *t;
+    int n, cap;
+    char **names;
+} outbuf;
+
+static int out_add(outbuf *b, const char *name, const float *data, int ndim, const int64_t *shape)
+{
+    if (b->n == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 64;
+        b->t = realloc(b->t, (size_t)b->cap * sizeof *b->t);
+        b->names = realloc(b->names, (size_t)b->cap * sizeof *b->names);
+        if (b->t == NULL || b->names == NULL)
+            return -1;
+    }
+    size_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        n *= (size_t)shape[d];
+    float *copy = malloc(n * sizeof *copy + 1);
+    b->names[b->n] = strdup(name);
+    if (copy == NULL || b->names[b->n] == NULL)
+        return -1;
+    memcpy(copy, data, n * sizeof *copy);
+    st_tensor *t = &b->t[b->n++];
+    *t = (st_tensor){.name = b->names[b->n - 1], .dtype = ST_F32, .ndim = ndim, .data = copy,
+                     .nbytes = n * sizeof(float)};
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    return 0;
+}
+
+/* Every layout tensor of the device buffer `src` as "prefix.NAME". */
+static int out_tensors(outbuf *b, const model *m, const float *src, const char *prefix)
+{
+    float *host = malloc(m->nparams * sizeof *host), *file = malloc(m->nparams * sizeof *file);
+    if (host == NULL || file == NULL)
+        return -1;
+    m->dev->ops->download(m->dev, host, src, m->nparams * sizeof *host);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < m->layout.n; i++) {
+        const model_tensor *t = &m->layout.t[i];
+        char name[MODEL_NAME_MAX + 16];
+        snprintf(name, sizeof name, "%s.%s", prefix, t->name);
+        model_tensor_to_file(t, host, file);
+        rc = out_add(b, name, file, t->ndim, t->shape);
+    }
+    free(host);
+    free(file);
+    return rc;
+}
+
+static void out_free(outbuf *b)
+{
+    for (int i = 0; i < b->n; i++) {
+        free((void *)b->t[i].data);
+        free(b->names[i]);
+    }
+    free(b->t);
+    free(b->names);
+}
+
+static int read_batch(const char *path, int **tok, int **tgt, int *B, int *T, acc_err *err)
+{
+    st_file *f = NULL;
+    int rc = st_open(path, &f, err);
+    st_tensor a, b;
+    if (rc == 0 && (st_get(f, "tokens", &a, err) != 0 || st_get(f, "targets", &b, err) != 0 ||
+                    a.dtype != ST_I32 || a.ndim != 2 || b.nbytes != a.nbytes))
+        rc = acc_err_set(err, ACC_EINVAL, "", "%s: want I32 tokens and targets [B, T]", path);
+    if (rc == 0) {
+        *B = (int)a.shape[0];
+        *T = (int)a.shape[1];
+        *tok = malloc(a.nbytes);
+        *tgt = malloc(b.nbytes);
+        memcpy(*tok, a.data, a.nbytes);
+        memcpy(*tgt, b.data, b.nbytes);
+    }
+    st_close(f);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    opts o;
+    if (parse(argc, argv, &o) != 0) {
+        fprintf(stderr, "usage: hf_dump DIR BATCH OUT [options] (see the source)\n");
+        return 2;
+    }
+    acc_err err = {0};
+    int *tok = NULL, *tgt = NULL, B = 0, T = 0;
+    if (read_batch(o.batch, &tok, &tgt, &B, &T, &err) != 0)
+        return die("batch", &err);
+    model_config cfg;
+    if (model_hf_validate(o.dir, &cfg, &err) != 0)
+        return die("validate", &err);
+    kern_device_info info = {.kind = KERN_DEV_CPU, .mem_total = 8ull << 30};
+    snprintf(info.name, sizeof info.name, "cpu0");
+    kern_device *d;
+    if (kern_device_open(&info, o.threads, &d, &err) != 0)
+        return die("device", &err);
+    if (o.bf16 && d->ops->set_precision(d, 1, &err) != 0)
+        return die("bf16", &err);
+    int mb = o.micro > 0 ? o.micro : B;
+    model *m;
+    if (model_create(d, &cfg, 0, T, &m, &err) != 0 || model_acts_alloc(m, mb, o.recompute, &err) != 0)
+        return die("model", &err);
+    if (model_hf_load_dir(m, o.dir, &err) != 0)
+        return die("load", &err);
+
+    size_t BT = (size_t)B * T;
+    float *w = malloc(BT * sizeof *w);
+    for (size_t i = 0; i < BT; i++)
+        w[i] = 1.0f / (float)BT;
+    outbuf ob = {0};
+    int V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    if (out_tensors(&ob, m, m->params, "param") != 0)
+        return 1;
+    /* logits of the first micro batch's worth at a time, trimmed to V */
+    float *lg = malloc((size_t)mb * T * Vp * sizeof *lg), *logits = malloc(BT * V * sizeof *logits);
+    for (int s = 0; s < B && m->family == &model_family_llama; s += mb) {
+        double ls;
+        model_forward(m, tok + (size_t)s * T, tgt + (size_t)s * T, w, mb, 0, &ls);
+        d->ops->download(d, lg, model_llama_logits(m), (size_t)mb * T * Vp * sizeof *lg);
+        for (size_t r = 0; r < (size_t)mb * T; r++)
+            memcpy(logits + ((size_t)s * T + r) * V, lg + r * Vp, (size_t)V * sizeof *lg);
+    }
+    int64_t lshape[3] = {B, T, V}, one[1] = {1};
+    out_add(&ob, "logits", logits, 3, lshape);
+    float loss = (float)step_grads(m, tok, tgt, w, B, T, mb);
+    out_add(&ob, "loss", &loss, 1, one);
+    if (out_tensors(&ob, m, m->grads, "grad") != 0)
+        return 1;
+    if (o.steps > 0) {
+        adam a = {0};
+        size_t bytes = m->nparams * sizeof(float);
+        if (d->ops->alloc(d, bytes, (void **)&a.m, &err) != 0 ||
+            d->ops->alloc(d, bytes, (void **)&a.v, &err) != 0)
+            return die("adam", &err);
+        d->ops->zero(d, a.m, bytes);
+        d->ops->zero(d, a.v, bytes);
+        float *losses = malloc((size_t)o.steps * sizeof *losses);
+        for (int s = 0; s < o.steps; s++) {
+            losses[s] = (float)step_grads(m, tok, tgt, w, B, T, mb);
+            adam_step(m, &a, &o);
+        }
+        int64_t n[1] = {o.steps};
+        out_add(&ob, "losses", losses, 1, n);
+        free(losses);
+        d->ops->free(d, a.m);
+        d->ops->free(d, a.v);
+    }
+    if (st_write(o.out, ob.t, ob.n, NULL, 0, &err) != 0)
+        return die("write", &err);
+    if (o.save != NULL) {
+        model_hf_save_opts so = {.dtype = o.dtype, .max_shard_bytes = o.shard, .src_dir = o.dir};
+        if (model_hf_save(m, o.save, &so, &err) != 0)
+            return die("save", &err);
+    }
+    printf("hf_dump: %s: loss %.9g, %zu parameters\n", o.dir, loss, m->nparams);
+    out_free(&ob);
+    free(lg);
+    free(logits);
+    free(w);
+    free(tok);
+    free(tgt);
+    model_free(m);
+    kern_device_close(d);
+    return 0;
+}
