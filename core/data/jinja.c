@@ -1258,8 +1258,12 @@ static jj_node *parse_body(parser *p, const char *const *ends)
     for (;;) {
         token *t = cur(p);
         if (t->kind == T_EOF) {
-            if (ends)
-                jj_fail(p->a, t->line, t->col, "end of template: expected '{%% %s %%}'", ends[0]);
+            if (ends) {
+                int last = 0;
+                while (ends[last + 1])
+                    last++;
+                jj_fail(p->a, t->line, t->col, "end of template: expected '{%% %s %%}'", ends[last]);
+            }
             break;
         }
         if (t->kind == T_TEXT) {
