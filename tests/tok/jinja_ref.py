@@ -108,6 +108,11 @@ CONSTRUCTS = [
     "{% for m in messages %}{% generation %}[{{ m.role }}]{% endgeneration %}{% endfor %}",
     "{{ bos_token }}{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok",
     "line1\r\nline2\n",
+    "{% set x = 1 %}{% for i in [1, 2] %}{% set x = x + i %}{{ x }}{% endfor %}{{ x }}",
+    "{% set ns = namespace(a=[]) %}{% macro m(x) %}{{ x }}{{ messages | length }}{% endmacro %}{% for i in [1] %}{{ m(i) }}{% endfor %}",
+    "{{ strftime_now('%Y') }} {{ messages[0].content | tojson }} {{ [messages[0].role] + ['x'] }} {{ 'ab' * 3 }} {{ -3 | abs }}",
+    "{%- for message in messages -%}\n    {%- if message['role'] == 'user' -%}\n        {{ '[U] ' + message['content'] + '\\n' }}\n    {%- else -%}\n        {{ '[A] ' + message['content'] }}\n    {%- endif %}\n{% endfor -%}\n",
+    "{% if messages|length > 1 and messages[1]['role'] is defined %}\n  indented {{ messages[1]['role'] }}\n{% endif %}\n  {{ 1 }}  \n{% for x in 'ab' %}  {{ x }}\n{% endfor %}",
 ]
 
 VARS = {"bos_token": "<s>", "eos_token": "</s>"}

@@ -34,4 +34,40 @@ done
 "$py" "$here/jinja_ref.py" cases "$work/cases.jsonl" "${specs[@]}"
 "$py" "$here/jinja_ref.py" render "$work/cases.jsonl" > "$work/ref.jsonl"
 "$dump" render "$work/cases.jsonl" > "$work/ours.jsonl"
-"$py" "$here/jinja_compare.py" "$work/ours.jsonl" "$work/ref.jsonl"
+"$py" "$here/jinja_compare.py" "$work/ours.jsonl" "$work/ref.jsonl" || exit 1
+
+# Masks and ids on the real tokenizers: accumd's render tokenized without
+# special tokens must be Hugging Face's ids of that text; loss on assistant
+# turns only; BOS only where the template writes it.
+"$py" -c "
+import json, sys
+sys.path.insert(0, '$here')
+from jinja_ref import CONVERSATIONS
+with open('$work/convs.jsonl', 'w', encoding='utf-8') as f:
+    for c in CONVERSATIONS:
+        if any(m['role'] == 'assistant' for m in c):
+            f.write(json.dumps({'messages': c}, ensure_ascii=False) + '\n')
+"
+checker=${CHAT_CHECK:?CHAT_CHECK: path of the chat_check program}
+export TOK_NODE_MODULES=$cache/node_modules
+fail=0
+mask() { # name, model, template, eot, bos, [refuse]
+    local dir=$models/tokenizer-$2/models
+    "$checker" "$dir" "$3" "$work/convs.jsonl" > "$work/mask-$1.jsonl"
+    "$py" -c "
+import json
+for l in open('$work/mask-$1.jsonl', encoding='utf-8'):
+    o = json.loads(l)
+    if 'text' in o: print(json.dumps({'text': o['text']}, ensure_ascii=False))
+" > "$work/mask-text-$1.jsonl"
+    node "$here/tok_ref.mjs" "$dir/tokenizer.json" "$work/mask-text-$1.jsonl" > "$work/mask-ref-$1.jsonl"
+    "$py" "$here/chat_mask.py" "$work/convs.jsonl" "$work/mask-$1.jsonl" "$work/mask-ref-$1.jsonl" \
+        "$1" "$4" "$5" ${6:-} || fail=1
+}
+mask llama3_1-auto llama3_1 auto '<|eot_id|>' '<|begin_of_text|>'
+mask llama3_1-llama-3 llama3_1 llama-3 '<|eot_id|>' '<|begin_of_text|>'
+mask qwen3-auto qwen3 auto '<|im_end|>' '' refuse
+mask qwen3-chatml qwen3 chatml '<|im_end|>' ''
+mask mistral-mistral llama2 mistral '</s>' '<s>'
+mask mistral-llama-2 llama2 llama-2 '</s>' '<s>'
+exit $fail
