@@ -834,7 +834,9 @@ static jj_val arith(render *r, const jj_node *n, int op, const jj_val *a, const 
         const jj_val *s = a->t == JV_STR ? a : b;
         int64_t k = a->t == JV_STR ? inum(b) : inum(a);
         buf sb = {0};
-        if (k > 0 && s->u.s.n && (uint64_t)k > r->max_output / s->u.s.n)
+        if (s->u.s.n == 0 || k <= 0)
+            return mk_str("", 0);
+        if ((uint64_t)k > r->max_output / s->u.s.n)
             FAIL(r, n, "string repetition exceeds the output bound");
         for (int64_t i = 0; i < k; i++)
             buf_add(r, &sb, s->u.s.s, s->u.s.n);
@@ -889,8 +891,12 @@ static jj_val arith(render *r, const jj_node *n, int op, const jj_val *a, const 
     case 'P': {
         if (y < 0)
             return mk_float(pow((double)x, (double)y));
+        if (x == 0 || x == 1)
+            return mk_int(y == 0 ? 1 : x);
+        if (x == -1)
+            return mk_int(y % 2 ? -1 : 1);
         int64_t acc = 1;
-        for (int64_t i = 0; i < y; i++)
+        for (int64_t i = 0; i < y; i++) /* |x| >= 2 overflows within 64 rounds */
             if (__builtin_mul_overflow(acc, x, &acc))
                 goto ovf;
         return mk_int(acc);

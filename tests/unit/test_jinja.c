@@ -109,6 +109,9 @@ static void test_bounds(void **state)
                      ACC_EINVAL);
     assert_non_null(strstr(err.msg, "output exceeds"));
     assert_int_equal(render_str("{{ 'x' * 100000000000 }}", NULL, NULL, &out, &err), ACC_EINVAL);
+    expect_out("{{ '' * 100000000000000 }}{{ 1 ** 1000000000000000000 }}{{ (-1) ** 1000000000000000001 }}", NULL, "1-1");
+    assert_int_equal(render_str("{{ 3 ** 1000000000000000000 }}", NULL, NULL, &out, &err), ACC_EINVAL);
+    assert_non_null(strstr(err.msg, "integer overflow"));
     /* recursion */
     assert_int_equal(render_str("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, NULL, &out,
                                 &err),
