@@ -108,6 +108,7 @@ CONSTRUCTS = [
     "{% for m in messages %}{% generation %}[{{ m.role }}]{% endgeneration %}{% endfor %}",
     "{{ bos_token }}{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok",
     "line1\r\nline2\n",
+    "{% filter upper %}abc {{ 1 }}{% endfilter %} {% set a, b = 1, 2 %}{{ a }}{{ b }} {% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %} {{ [1, 2, 3] | map('string') | join }} {{ messages | selectattr('role') | list | length }} {% if zz is not defined %}u{% endif %} {{ 'a' if none }}|{{ 10 - 2 - 3 }} {{ 2 ** 3 ** 2 }} {{ -2 ** 2 }} {{ 'x' ~ 1.5 }}",
     "{% set x = 1 %}{% for i in [1, 2] %}{% set x = x + i %}{{ x }}{% endfor %}{{ x }}",
     "{% set ns = namespace(a=[]) %}{% macro m(x) %}{{ x }}{{ messages | length }}{% endmacro %}{% for i in [1] %}{{ m(i) }}{% endfor %}",
     "{{ strftime_now('%Y') }} {{ messages[0].content | tojson }} {{ [messages[0].role] + ['x'] }} {{ 'ab' * 3 }} {{ -3 | abs }}",
