@@ -1,11 +1,8 @@
-/* jinja: arena, lexer and parser (jinja.h). The evaluator is jinja_eval.c.
- *
- * The lexer follows Jinja2's: the source's newlines become "\n" and one
- * trailing newline is dropped (keep_trailing_newline False); `{%-`/`{{-`/
- * `{#-` strip the whitespace before the tag, `-%}`/`-}}`/`-#}` the
- * whitespace after it; lstrip_blocks strips spaces and tabs between a line's
- * start and a block or comment tag (not `{{`, not `{%+`); trim_blocks drops
- * the first newline after a block or comment tag (not `}}`, not `+%}`).
+/* jinja: the arena, the parser and the entry point jinja_parse() (jinja.h).
+ * The source's newlines become "\n" and one trailing newline is dropped
+ * (Jinja2's keep_trailing_newline False); jinja_lex.c makes the tokens;
+ * the parser builds the tree jinja_eval.c renders, with Jinja2's grammar
+ * and operator precedence.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -84,432 +81,41 @@ void jj_fail(jj_arena *a, int line, int col, const char *fmt, ...)
     longjmp(*a->fail, 1);
 }
 
-/* ---- lexer ---------------------------------------------------------- */
-
-enum tk {
-    T_EOF, T_TEXT, T_VBEGIN, T_VEND, T_BBEGIN, T_BEND, T_NAME, T_STR, T_INT, T_FLOAT, T_OP,
-};
-
-typedef struct token {
-    int kind, line, col;
-    const char *s; /* text / name / op / decoded string */
-    size_t n;
-    int64_t i;
-    double f;
-} token;
-
-typedef struct lexer {
-    jj_arena *a;
-    const char *src;
-    size_t n, pos;
-    token *t;
-    size_t nt, cap;
-    size_t wpos; /* where(): the last position resolved, so lexing stays linear */
-    int wline, wcol;
-} lexer;
-
-static void where(lexer *lx, size_t pos, int *line, int *col)
-{
-    int l = 1, c = 1;
-    size_t i = 0;
-    if (lx->wline && pos >= lx->wpos) {
-        i = lx->wpos;
-        l = lx->wline;
-        c = lx->wcol;
-    }
-    for (; i < pos && i < lx->n; i++) {
-        if (lx->src[i] == '\n') {
-            l++;
-            c = 1;
-        } else {
-            c++;
-        }
-    }
-    lx->wpos = i;
-    lx->wline = l;
-    lx->wcol = c;
-    *line = l;
-    *col = c;
-}
-
-static token *push(lexer *lx, int kind, size_t pos)
-{
-    if (lx->nt == lx->cap) {
-        size_t cap = lx->cap ? lx->cap * 2 : 256;
-        token *t = jj_alloc(lx->a, cap * sizeof(*t));
-        if (lx->nt)
-            memcpy(t, lx->t, lx->nt * sizeof(*t));
-        lx->t = t;
-        lx->cap = cap;
-    }
-    token *t = &lx->t[lx->nt++];
-    memset(t, 0, sizeof(*t));
-    t->kind = kind;
-    where(lx, pos, &t->line, &t->col);
-    return t;
-}
-
-static int is_ws(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
-
-static void put_utf8(char *o, size_t *k, uint32_t cp)
-{
-    if (cp < 0x80) {
-        o[(*k)++] = (char)cp;
-    } else if (cp < 0x800) {
-        o[(*k)++] = (char)(0xC0 | (cp >> 6));
-        o[(*k)++] = (char)(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        o[(*k)++] = (char)(0xE0 | (cp >> 12));
-        o[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[(*k)++] = (char)(0x80 | (cp & 0x3F));
-    } else {
-        o[(*k)++] = (char)(0xF0 | (cp >> 18));
-        o[(*k)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        o[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[(*k)++] = (char)(0x80 | (cp & 0x3F));
-    }
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* A string literal: Python's unicode-escape decoding of its body. */
-static void lex_string(lexer *lx, size_t start)
-{
-    char q = lx->src[lx->pos++];
-    size_t b = lx->pos;
-    while (lx->pos < lx->n && lx->src[lx->pos] != q) {
-        if (lx->src[lx->pos] == '\\')
-            lx->pos++;
-        lx->pos++;
-    }
-    if (lx->pos >= lx->n) {
-        int l, c;
-        where(lx, start, &l, &c);
-        jj_fail(lx->a, l, c, "unterminated string literal");
-    }
-    size_t e = lx->pos++;
-    char *o = jj_alloc(lx->a, e - b + 1);
-    size_t k = 0;
-    for (size_t i = b; i < e; i++) {
-        char c = lx->src[i];
-        if (c != '\\' || i + 1 >= e) {
-            o[k++] = c;
-            continue;
-        }
-        char x = lx->src[++i];
-        int digits = 0;
-        switch (x) {
-        case 'n': o[k++] = '\n'; break;
-        case 't': o[k++] = '\t'; break;
-        case 'r': o[k++] = '\r'; break;
-        case '\\': o[k++] = '\\'; break;
-        case '\'': o[k++] = '\''; break;
-        case '"': o[k++] = '"'; break;
-        case 'a': o[k++] = '\a'; break;
-        case 'b': o[k++] = '\b'; break;
-        case 'f': o[k++] = '\f'; break;
-        case 'v': o[k++] = '\v'; break;
-        case '\n': break; /* line continuation */
-        case 'x': digits = 2; break;
-        case 'u': digits = 4; break;
-        case 'U': digits = 8; break;
-        default:
-            if (x >= '0' && x <= '7') {
-                uint32_t v = 0;
-                int m = 0;
-                while (m < 3 && i < e && lx->src[i] >= '0' && lx->src[i] <= '7')
-                    v = v * 8 + (uint32_t)(lx->src[i++] - '0'), m++;
-                i--;
-                put_utf8(o, &k, v);
-            } else {
-                o[k++] = '\\';
-                o[k++] = x;
-            }
-        }
-        if (digits) {
-            uint32_t v = 0;
-            for (int d = 0; d < digits; d++) {
-                int h = i + 1 + (size_t)d < e ? hexval(lx->src[i + 1 + d]) : -1;
-                if (h < 0) {
-                    int l, cc;
-                    where(lx, i, &l, &cc);
-                    jj_fail(lx->a, l, cc, "truncated \\%c escape in string literal", x);
-                }
-                v = v * 16 + (uint32_t)h;
-            }
-            i += (size_t)digits;
-            if (v > 0x10FFFF || (v >= 0xD800 && v < 0xE000)) {
-                int l, cc;
-                where(lx, i, &l, &cc);
-                jj_fail(lx->a, l, cc, "escape \\%c%x in string literal is not a Unicode scalar", x, v);
-            }
-            put_utf8(o, &k, v);
-        }
-    }
-    o[k] = 0;
-    token *t = push(lx, T_STR, start);
-    t->s = o;
-    t->n = k;
-}
-
-static const char *const ops3[] = {NULL};
-static const char *const ops2[] = {"==", "!=", "<=", ">=", "//", "**", NULL};
-static const char ops1[] = "+-*/%~<>=.,:|()[]{}";
-
-/* Tokens of one tag up to its end; returns the end's whitespace sign. */
-static void lex_tag(lexer *lx, int vtag)
-{
-    int depth = 0;
-    (void)ops3;
-    for (;;) {
-        while (lx->pos < lx->n && is_ws(lx->src[lx->pos]))
-            lx->pos++;
-        size_t p = lx->pos;
-        if (p >= lx->n) {
-            int l, c;
-            where(lx, p, &l, &c);
-            jj_fail(lx->a, l, c, "unexpected end of template inside a %s tag", vtag ? "{{ }}" : "{% %}");
-        }
-        const char *s = lx->src + p;
-        size_t left = lx->n - p;
-        char close = vtag ? '}' : '%';
-        if (depth == 0) {
-            int sign = 0;
-            size_t q = 0;
-            if ((s[0] == '-' || s[0] == '+') && left >= 3 && s[1] == close && s[2] == '}')
-                sign = s[0], q = 1;
-            if (left >= q + 2 && s[q] == close && s[q + 1] == '}') {
-                token *t = push(lx, vtag ? T_VEND : T_BEND, p);
-                t->i = sign;
-                lx->pos = p + q + 2;
-                return;
-            }
-        }
-        char c = s[0];
-        if (c == '\'' || c == '"') {
-            lex_string(lx, p);
-            continue;
-        }
-        if ((c >= '0' && c <= '9')) {
-            size_t q = 0;
-            int isf = 0;
-            while (q < left && ((s[q] >= '0' && s[q] <= '9') || s[q] == '_'))
-                q++;
-            if (q + 1 < left && s[q] == '.' && s[q + 1] >= '0' && s[q + 1] <= '9') {
-                isf = 1;
-                q++;
-                while (q < left && ((s[q] >= '0' && s[q] <= '9') || s[q] == '_'))
-                    q++;
-            }
-            if (q < left && (s[q] == 'e' || s[q] == 'E')) {
-                size_t r = q + 1;
-                if (r < left && (s[r] == '+' || s[r] == '-'))
-                    r++;
-                if (r < left && s[r] >= '0' && s[r] <= '9') {
-                    isf = 1;
-                    q = r;
-                    while (q < left && s[q] >= '0' && s[q] <= '9')
-                        q++;
-                }
-            }
-            char buf[64];
-            size_t k = 0;
-            for (size_t i = 0; i < q && k < sizeof(buf) - 1; i++)
-                if (s[i] != '_')
-                    buf[k++] = s[i];
-            buf[k] = 0;
-            token *t = push(lx, isf ? T_FLOAT : T_INT, p);
-            if (isf) {
-                t->f = strtod(buf, NULL);
-            } else {
-                errno = 0;
-                t->i = strtoll(buf, NULL, 10);
-                if (errno)
-                    jj_fail(lx->a, t->line, t->col, "integer literal %s is out of range", buf);
-            }
-            lx->pos = p + q;
-            continue;
-        }
-        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_') {
-            size_t q = 0;
-            while (q < left && ((s[q] >= 'a' && s[q] <= 'z') || (s[q] >= 'A' && s[q] <= 'Z') ||
-                                (s[q] >= '0' && s[q] <= '9') || s[q] == '_'))
-                q++;
-            token *t = push(lx, T_NAME, p);
-            t->s = jj_strndup(lx->a, s, q);
-            t->n = q;
-            lx->pos = p + q;
-            continue;
-        }
-        int done = 0;
-        for (int i = 0; ops2[i]; i++)
-            if (left >= 2 && memcmp(s, ops2[i], 2) == 0) {
-                token *t = push(lx, T_OP, p);
-                t->s = ops2[i];
-                t->n = 2;
-                lx->pos = p + 2;
-                done = 1;
-                break;
-            }
-        if (done)
-            continue;
-        const char *o = strchr(ops1, c);
-        if (c && o) {
-            token *t = push(lx, T_OP, p);
-            t->s = jj_strndup(lx->a, s, 1);
-            t->n = 1;
-            lx->pos = p + 1;
-            if (c == '(' || c == '[' || c == '{')
-                depth++;
-            else if ((c == ')' || c == ']' || c == '}') && depth > 0)
-                depth--;
-            continue;
-        }
-        int l, cc;
-        where(lx, p, &l, &cc);
-        jj_fail(lx->a, l, cc, "unexpected character '%c' in a tag", c);
-    }
-}
-
-static void push_text(lexer *lx, size_t start, const char *s, size_t n)
-{
-    if (n == 0)
-        return;
-    token *t = push(lx, T_TEXT, start);
-    t->s = s;
-    t->n = n;
-}
-
-static void lex(lexer *lx)
-{
-    int line_starting = 1;
-    int strip_next = 0; /* the previous tag ended with '-' */
-    while (lx->pos < lx->n) {
-        size_t b = lx->pos, k = b;
-        while (k + 1 < lx->n && !(lx->src[k] == '{' &&
-                                  (lx->src[k + 1] == '{' || lx->src[k + 1] == '%' || lx->src[k + 1] == '#')))
-            k++;
-        if (k + 1 >= lx->n)
-            k = lx->n;
-        const char *text = lx->src + b;
-        size_t tn = k - b;
-        if (strip_next) {
-            while (tn && is_ws(*text))
-                text++, tn--, b++;
-            strip_next = 0;
-        }
-        if (k >= lx->n) {
-            push_text(lx, b, text, tn);
-            break;
-        }
-        char kind = lx->src[k + 1];
-        char sign = k + 2 < lx->n ? lx->src[k + 2] : 0;
-        if (sign != '-' && sign != '+')
-            sign = 0;
-        if (sign == '-') {
-            while (tn && is_ws(text[tn - 1]))
-                tn--;
-        } else if (sign != '+' && kind != '{') {
-            size_t lp = tn;
-            while (lp && text[lp - 1] != '\n')
-                lp--;
-            if (lp > 0 || line_starting) {
-                size_t q = lp;
-                while (q < tn && is_ws(text[q]))
-                    q++;
-                if (q == tn)
-                    tn = lp;
-            }
-        }
-        push_text(lx, b, text, tn);
-        lx->pos = k + 2 + (sign ? 1 : 0);
-        if (kind == '#') {
-            size_t q = lx->pos;
-            while (q + 1 < lx->n && !(lx->src[q] == '#' && lx->src[q + 1] == '}'))
-                q++;
-            if (q + 1 >= lx->n) {
-                int l, c;
-                where(lx, k, &l, &c);
-                jj_fail(lx->a, l, c, "unterminated comment");
-            }
-            int minus = q > lx->pos && lx->src[q - 1] == '-';
-            lx->pos = q + 2;
-            if (minus)
-                strip_next = 1;
-            else if (lx->pos < lx->n && lx->src[lx->pos] == '\n')
-                lx->pos++;
-        } else {
-            int vtag = kind == '{';
-            size_t save = lx->pos;
-            /* {% raw %} is refused by the parser as an unknown statement */
-            lx->pos = save;
-            push(lx, vtag ? T_VBEGIN : T_BBEGIN, k);
-            lex_tag(lx, vtag);
-            int esign = (int)lx->t[lx->nt - 1].i;
-            if (esign == '-')
-                strip_next = 1;
-            else if (!vtag && esign != '+' && lx->pos < lx->n && lx->src[lx->pos] == '\n')
-                lx->pos++;
-        }
-        line_starting = lx->pos > 0 && lx->src[lx->pos - 1] == '\n';
-        if (strip_next) {
-            /* Jinja2's `-%}\s*` consumes the whitespace, so the line starts there */
-            size_t q = lx->pos;
-            while (q < lx->n && is_ws(lx->src[q]))
-                q++;
-            line_starting = q > 0 && lx->src[q - 1] == '\n';
-        }
-    }
-    push(lx, T_EOF, lx->n);
-}
-
 /* ---- parser --------------------------------------------------------- */
 
 typedef struct parser {
     jj_arena *a;
-    token *t;
+    jj_token *t;
     size_t i, nt;
     int depth;
     int in_loop;
     int has_generation;
 } parser;
 
-static token *cur(parser *p)
+static jj_token *cur(parser *p)
 {
     return &p->t[p->i];
 }
 
 static _Noreturn void perr(parser *p, const char *fmt, const char *what)
 {
-    token *t = cur(p);
+    jj_token *t = cur(p);
     jj_fail(p->a, t->line, t->col, fmt, what);
 }
 
 static int is_op(parser *p, const char *op)
 {
-    token *t = cur(p);
+    jj_token *t = cur(p);
     return t->kind == T_OP && strcmp(t->s, op) == 0;
 }
 
 static int is_name(parser *p, const char *name)
 {
-    token *t = cur(p);
+    jj_token *t = cur(p);
     return t->kind == T_NAME && strcmp(t->s, name) == 0;
 }
 
-static const char *tok_desc(token *t)
+static const char *tok_desc(jj_token *t)
 {
     switch (t->kind) {
     case T_EOF: return "end of template";
@@ -525,7 +131,7 @@ static const char *tok_desc(token *t)
 static void expect_op(parser *p, const char *op)
 {
     if (!is_op(p, op)) {
-        token *t = cur(p);
+        jj_token *t = cur(p);
         jj_fail(p->a, t->line, t->col, "expected '%s', found %s", op, tok_desc(t));
     }
     p->i++;
@@ -533,7 +139,7 @@ static void expect_op(parser *p, const char *op)
 
 static const char *expect_name(parser *p)
 {
-    token *t = cur(p);
+    jj_token *t = cur(p);
     if (t->kind != T_NAME)
         jj_fail(p->a, t->line, t->col, "expected a name, found %s", tok_desc(t));
     p->i++;
@@ -633,7 +239,7 @@ static jj_node *parse_tuple_or_expr(parser *p, int allow_empty_paren);
 
 static jj_node *parse_primary(parser *p)
 {
-    token *t = cur(p);
+    jj_token *t = cur(p);
     jj_node *n;
     enter(p);
     switch (t->kind) {
@@ -738,7 +344,7 @@ static jj_node *parse_postfix(parser *p, jj_node *n)
         if (is_op(p, ".")) {
             jj_node *m = node(p, E_ATTR);
             p->i++;
-            token *t = cur(p);
+            jj_token *t = cur(p);
             if (t->kind == T_NAME) {
                 m->str = t->s;
             } else if (t->kind == T_INT) {
@@ -818,7 +424,7 @@ static jj_node *parse_filter_expr(parser *p, jj_node *n)
                 p->i++;
             }
             m->str = expect_name(p);
-            token *t = cur(p);
+            jj_token *t = cur(p);
             if (is_op(p, "(")) {
                 parse_args(p, m);
             } else if ((t->kind == T_NAME || t->kind == T_STR || t->kind == T_INT || t->kind == T_FLOAT ||
@@ -874,7 +480,7 @@ static jj_node *parse_pow(parser *p)
 {
     jj_node *n = parse_unary(p, 1);
     while (is_op(p, "**")) {
-        token *t = cur(p);
+        jj_token *t = cur(p);
         p->i++;
         n = bin(p, 'P', n, parse_unary(p, 1), t->line, t->col);
     }
@@ -885,7 +491,7 @@ static jj_node *parse_math2(parser *p)
 {
     jj_node *n = parse_pow(p);
     for (;;) {
-        token *t = cur(p);
+        jj_token *t = cur(p);
         int op = is_op(p, "*") ? '*' : is_op(p, "/") ? '/' : is_op(p, "//") ? 'F' : is_op(p, "%") ? '%' : 0;
         if (!op)
             return n;
@@ -898,7 +504,7 @@ static jj_node *parse_concat(parser *p)
 {
     jj_node *n = parse_math2(p);
     while (is_op(p, "~")) {
-        token *t = cur(p);
+        jj_token *t = cur(p);
         p->i++;
         n = bin(p, '~', n, parse_math2(p), t->line, t->col);
     }
@@ -909,7 +515,7 @@ static jj_node *parse_math1(parser *p)
 {
     jj_node *n = parse_concat(p);
     for (;;) {
-        token *t = cur(p);
+        jj_token *t = cur(p);
         int op = is_op(p, "+") ? '+' : is_op(p, "-") ? '-' : 0;
         if (!op)
             return n;
@@ -1039,7 +645,7 @@ static jj_node *parse_body(parser *p, const char *const *ends);
 static void expect_bend(parser *p)
 {
     if (cur(p)->kind != T_BEND) {
-        token *t = cur(p);
+        jj_token *t = cur(p);
         jj_fail(p->a, t->line, t->col, "expected '%%}', found %s", tok_desc(t));
     }
     p->i++;
@@ -1055,7 +661,7 @@ static jj_node *parse_if(parser *p)
     n->a = parse_tuple_or_expr(p, 0);
     expect_bend(p);
     n->b = parse_body(p, if_ends);
-    /* cur is the name token after {% */
+    /* cur is the name jj_token after {% */
     if (is_name(p, "elif")) {
         p->i++;
         n->c = parse_if(p);
@@ -1202,7 +808,7 @@ static jj_node *parse_macro(parser *p)
 
 static jj_node *parse_statement(parser *p)
 {
-    token *t = cur(p);
+    jj_token *t = cur(p);
     if (t->kind != T_NAME)
         jj_fail(p->a, t->line, t->col, "expected a statement name, found %s", tok_desc(t));
     p->i++;
@@ -1248,7 +854,7 @@ static jj_node *parse_statement(parser *p)
     jj_fail(p->a, t->line, t->col, "statement '%s' is not supported", s);
 }
 
-/* Statements until one of `ends` (left at that name token) or EOF when
+/* Statements until one of `ends` (left at that name jj_token) or EOF when
  * ends is NULL. */
 static jj_node *parse_body(parser *p, const char *const *ends)
 {
@@ -1256,7 +862,7 @@ static jj_node *parse_body(parser *p, const char *const *ends)
     nvec kids = {0};
     enter(p);
     for (;;) {
-        token *t = cur(p);
+        jj_token *t = cur(p);
         if (t->kind == T_EOF) {
             if (ends) {
                 int last = 0;
@@ -1281,7 +887,7 @@ static jj_node *parse_body(parser *p, const char *const *ends)
             p->i++;
             nvec_push(p, &kids, n);
         } else if (t->kind == T_BBEGIN) {
-            token *nt = &p->t[p->i + 1];
+            jj_token *nt = &p->t[p->i + 1];
             if (nt->kind == T_NAME && ends) {
                 for (int k = 0; ends[k]; k++)
                     if (!strcmp(nt->s, ends[k])) {
@@ -1337,9 +943,10 @@ int jinja_parse(const char *src, size_t len, const char *field, jinja_template *
     if (n && s[n - 1] == '\n')
         n--;
     s[n] = 0;
-    lexer lx = {.a = &t->arena, .src = s, .n = n};
-    lex(&lx);
-    parser p = {.a = &t->arena, .t = lx.t, .nt = lx.nt};
+    jj_token *toks;
+    size_t ntoks;
+    jj_lex(&t->arena, s, n, &toks, &ntoks);
+    parser p = {.a = &t->arena, .t = toks, .nt = ntoks};
     t->root = parse_body(&p, NULL);
     t->has_generation = p.has_generation;
     t->arena.fail = NULL;
@@ -1360,3 +967,4 @@ int jinja_has_generation(const jinja_template *t)
 {
     return t->has_generation;
 }
+
