@@ -2,10 +2,12 @@
 #include "model_gpt2.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fsutil.h"
@@ -87,13 +89,14 @@ static int read_header(FILE *f, const char *path, int32_t *h, acc_err *err)
     const char *field = "model.init_from";
     if (fread(h, sizeof(int32_t), HEADER_INTS, f) != HEADER_INTS)
         return acc_err_set(err, ACC_EINVAL, field, "%s: shorter than the 1024-byte header", path);
+    /* messages never echo the file's bytes: it may be anything */
     if (h[0] != MODEL_LLMC_MAGIC)
         return acc_err_set(err, ACC_EINVAL, field,
-                           "%s: bad magic %d (an llm.c GPT-2 checkpoint has %d)", path, h[0],
+                           "%s: not an llm.c GPT-2 checkpoint (no magic number %d in its header)", path,
                            MODEL_LLMC_MAGIC);
     if (h[1] != MODEL_LLMC_VERSION)
         return acc_err_set(err, ACC_EINVAL, field,
-                           "%s: version %d, only fp32 version %d is supported", path, h[1],
+                           "%s: unsupported llm.c version, only fp32 version %d is supported", path,
                            MODEL_LLMC_VERSION);
     return 0;
 }
@@ -116,12 +119,51 @@ static int config_matches(const model_config *c, const spec_model *sm, const cha
     return 0;
 }
 
+/* A stdio stream over a copy of `fd` (the caller keeps fd). */
+static FILE *stream_of(int fd)
+{
+    int d = dup(fd);
+    FILE *f = d >= 0 ? fdopen(d, "rb") : NULL;
+    if (f == NULL && d >= 0)
+        close(d);
+    if (f != NULL)
+        rewind(f); /* a dup shares the offset: read from the start */
+    return f;
+}
+
+/* An unchecked open by name (tools, tests): still a regular file only. */
+static int open_regular(const char *path, int *fd, acc_err *err)
+{
+    struct stat st;
+    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (*fd < 0)
+        return acc_err_set(err, ACC_EINVAL, "model.init_from", "cannot open %s: %s", path, strerror(errno));
+    if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(*fd);
+        *fd = -1;
+        return acc_err_set(err, ACC_EINVAL, "model.init_from", "%s is not a regular file", path);
+    }
+    return 0;
+}
+
 int model_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
                            acc_err *err)
 {
-    FILE *f = fopen(path, "rb");
+    int fd;
+    int rc = open_regular(path, &fd, err);
+    if (rc != 0)
+        return rc;
+    rc = model_config_from_fd(fd, path, sm, cfg, err);
+    close(fd);
+    return rc;
+}
+
+int model_config_from_fd(int fd, const char *path, const spec_model *sm, model_config *cfg,
+                         acc_err *err)
+{
+    FILE *f = stream_of(fd);
     if (f == NULL)
-        return acc_err_set(err, ACC_EINVAL, "model.init_from", "cannot open %s: %s", path,
+        return acc_err_set(err, ACC_EINVAL, "model.init_from", "cannot read %s: %s", path,
                            strerror(errno));
     int32_t h[HEADER_INTS];
     int rc = read_header(f, path, h, err);
@@ -381,10 +423,21 @@ int model_init_seed(model_gpt2 *m, uint64_t seed, acc_err *err)
 
 int model_load_llmc(model_gpt2 *m, const char *path, acc_err *err)
 {
+    int fd;
+    int rc = open_regular(path, &fd, err);
+    if (rc != 0)
+        return rc;
+    rc = model_load_llmc_fd(m, fd, path, err);
+    close(fd);
+    return rc;
+}
+
+int model_load_llmc_fd(model_gpt2 *m, int fd, const char *path, acc_err *err)
+{
     const char *field = "model.init_from";
-    FILE *f = fopen(path, "rb");
+    FILE *f = stream_of(fd);
     if (f == NULL)
-        return acc_err_set(err, ACC_EINVAL, field, "cannot open %s: %s", path, strerror(errno));
+        return acc_err_set(err, ACC_EINVAL, field, "cannot read %s: %s", path, strerror(errno));
     int32_t h[HEADER_INTS];
     int rc = read_header(f, path, h, err);
     if (rc == 0 && (h[2] != m->cfg.max_seq_len || h[3] != m->cfg.vocab_size ||

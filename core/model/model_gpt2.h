@@ -91,6 +91,10 @@ int model_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err
 /* Config from an llm.c checkpoint header, checked against the spec. */
 int model_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
                            acc_err *err);
+/* The same from an open file (read from its start through a dup; fd stays
+ * open), e.g. one safepath.h checked; `path` names it in messages. */
+int model_config_from_fd(int fd, const char *path, const spec_model *sm, model_config *cfg,
+                         acc_err *err);
 
 /* Parameters in a config (the layout's total). */
 size_t model_num_params(const model_config *cfg);
@@ -118,6 +122,7 @@ void model_acts_free(model_gpt2 *m);
 int model_init_seed(model_gpt2 *m, uint64_t seed, acc_err *err);
 /* Parameters from an llm.c .bin (config must match model_config_from_file). */
 int model_load_llmc(model_gpt2 *m, const char *path, acc_err *err);
+int model_load_llmc_fd(model_gpt2 *m, int fd, const char *path, acc_err *err);
 /* Write the parameters as an llm.c .bin (atomically: temp, fsync, rename). */
 int model_save_llmc(const model_gpt2 *m, const char *path, acc_err *err);
 

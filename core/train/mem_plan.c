@@ -2,8 +2,10 @@
 #include "mem_plan.h"
 
 #include <string.h>
+#include <unistd.h>
 
 #include "ckpt.h"
+#include "safepath.h"
 
 static int ends_with(const char *s, const char *suffix)
 {
@@ -13,13 +15,13 @@ static int ends_with(const char *s, const char *suffix)
 
 /* init_from a safetensors GPT-2: the spec's shape, checked against the file;
  * wpe keeps the file's rows. */
-static int config_from_safetensors(const job_spec *spec, model_config *cfg, acc_err *err)
+static int config_from_safetensors(const job_spec *spec, int fd, model_config *cfg, acc_err *err)
 {
     const char *path = spec->model.init_from;
     int layers, channels, vocab, max_seq;
     int rc = model_config_from_spec(&spec->model, cfg, err);
     if (rc == 0)
-        rc = ckpt_weights_shape(path, &layers, &channels, &vocab, &max_seq, err);
+        rc = ckpt_weights_shape_fd(fd, path, &layers, &channels, &vocab, &max_seq, err);
     if (rc != 0)
         return rc;
     if (layers != cfg->n_layer || channels != cfg->channels || vocab != cfg->vocab_size ||
@@ -34,11 +36,18 @@ static int config_from_safetensors(const job_spec *spec, model_config *cfg, acc_
 
 int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
 {
-    if (spec->model.init_from[0] != '\0')
-        return ends_with(spec->model.init_from, ".safetensors")
-                   ? config_from_safetensors(spec, cfg, err)
-                   : model_config_from_file(spec->model.init_from, &spec->model, cfg, err);
-    return model_config_from_spec(&spec->model, cfg, err);
+    if (spec->model.init_from[0] == '\0')
+        return model_config_from_spec(&spec->model, cfg, err);
+    /* under the data roots, read through the descriptor checked (safepath.h) */
+    int fd;
+    int rc = sp_open_file(spec->data_roots, spec->model.init_from, "model.init_from", &fd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = ends_with(spec->model.init_from, ".safetensors")
+             ? config_from_safetensors(spec, fd, cfg, err)
+             : model_config_from_fd(fd, spec->model.init_from, &spec->model, cfg, err);
+    close(fd);
+    return rc;
 }
 
 int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uint64_t *bytes,

@@ -43,6 +43,7 @@ typedef enum train_event_kind {
     TEV_LOG,         /* free-form message */
     TEV_SPLIT_UP,    /* "auto": the micro batch was raised at a checkpoint (from/to fields) */
     TEV_DONE,        /* the run ended; always the last event */
+    TEV_CKPT_REJECTED, /* a checkpoint passed over at resume: path, msg = why */
 } train_event_kind;
 
 typedef struct train_event {
@@ -62,7 +63,8 @@ typedef struct train_event {
     int from_micro, from_accum, to_micro, to_accum;
     bool recompute;        /* activation recomputation switched on */
     uint64_t bytes_asked, bytes_free;
-    /* TEV_CHECKPOINT: path; TEV_LOG / TEV_DONE: message */
+    /* TEV_CHECKPOINT / TEV_CKPT_REJECTED: path; TEV_LOG / TEV_DONE /
+     * TEV_CKPT_REJECTED: message */
     char path[PATH_MAX];
     int status;            /* TEV_DONE: 0, ACC_ECANCELLED or an error code */
     char msg[512];
