@@ -560,7 +560,7 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
         return;
     }
     trainer_opts o = {.spec = &j->spec, .devices = devinfo, .threads_per_device = m->conf->cpu_threads_per_device,
-                      .checkpoint_keep = m->conf->checkpoint_keep,
+                      .checkpoint_keep = m->conf->checkpoint_keep, .async_start = true,
                       .on_event = on_trainer_event, .event_ctx = j};
     if (trainer_start(&o, &j->tr, &err) != 0) {
         j->tr = NULL;
@@ -834,7 +834,8 @@ static int still_fits(const jobs_mgr *m, const job *j, acc_err *err)
 {
     sched_dev sd[KERN_MAX_DEVICES];
     sched_devs(m, sd);
-    return sched_can_ever_fit(sd, m->ndev, j->spec.devices, err);
+    int rc = sched_can_ever_fit(sd, m->ndev, j->spec.devices, err);
+    return rc != 0 ? rc : check_fits_a_device(m, &j->spec, err); /* smaller devices now */
 }
 
 static void reload_one(void *ctx, const store_job_files *f)

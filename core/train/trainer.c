@@ -116,6 +116,8 @@ struct trainer {
     char plan_note[256];       /* the planner's pick for "auto", or "" */
     int steps_done;            /* written by rank 0 */
     int joined;
+    pthread_t launcher;        /* async_start: prepares, then starts the ranks */
+    int launcher_started;
 };
 
 /* Per-rank loop state. */
@@ -176,6 +178,10 @@ static void emit(trainer *t, train_event *ev)
 
 static int check_batch(const job_spec *s, acc_err *err)
 {
+    /* first: "auto" below must not skip it (the rank tables have TRAIN_MAX_RANKS entries) */
+    if (s->devices > TRAIN_MAX_RANKS)
+        return acc_err_set(err, ACC_EINVAL, "devices", "at most %d devices per job",
+                           TRAIN_MAX_RANKS);
     if (s->micro_auto && s->devices >= 1 && s->train_batch_size >= 1 &&
         s->train_batch_size % s->devices == 0 && s->micro_batch < 1)
         return 0; /* the planner picks m at trainer_start */
@@ -1034,7 +1040,7 @@ static void finish_run(trainer *t)
     ev->kind = TEV_DONE;
     ev->step = t->steps_done;
     ev->nranks = t->nranks;
-    if (t->hooks != NULL) {
+    if (t->hooks != NULL && t->comm != NULL) {
         t->hooks->allreduce_calls = kern_comm_allreduce_calls(t->comm);
         t->hooks->bucket_calls = kern_comm_bucket_calls(t->comm);
     }
@@ -1233,42 +1239,9 @@ static int prepare_spec(trainer *t, const kern_device_info *devs, acc_err *err)
     return rc;
 }
 
-int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, acc_err *err)
+/* One thread per rank; the comm is open. */
+static void spawn_ranks(trainer *t)
 {
-    *out = NULL;
-    const job_spec *s = o->spec;
-    trainer *t = calloc(1, sizeof *t);
-    if (t == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
-    t->spec = *s;
-    t->resume_fd = -1;
-    t->nranks = s->devices;
-    t->on_event = o->on_event; /* prepare_spec reports passed-over checkpoints */
-    t->event_ctx = o->event_ctx;
-    t->keep = o->checkpoint_keep > 0 ? o->checkpoint_keep : 2;
-    int rc = prepare_spec(t, o->devices, err);
-    if (rc != 0) {
-        if (t->resume_fd >= 0)
-            close(t->resume_fd);
-        free(t);
-        return rc;
-    }
-    t->threads = o->threads_per_device > 0 ? o->threads_per_device : 1;
-    t->hooks = h;
-    memcpy(t->devs, o->devices, (size_t)t->nranks * sizeof *t->devs);
-    atomic_init(&t->cancel, 0);
-    atomic_init(&t->preempt, 0);
-    atomic_init(&t->live, t->nranks);
-    if (pthread_mutex_init(&t->mu, NULL) != 0) {
-        if (t->resume_fd >= 0)
-            close(t->resume_fd);
-        free(t);
-        return acc_err_set(err, ACC_ENOMEM, "", "pthread_mutex_init failed");
-    }
-    if ((rc = kern_comm_open(t->devs, t->nranks, &t->comm, err)) != 0) {
-        trainer_destroy(t);
-        return rc;
-    }
     for (int r = 0; r < t->nranks; r++) {
         t->ranks[r].t = t;
         t->ranks[r].rank = r;
@@ -1284,6 +1257,78 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
         }
         t->ranks[r].started = 1;
     }
+}
+
+/* What a start reads from files (the resume checkpoints, init_from, the
+ * planner's model config), the communicator, then the ranks. */
+static int launch(trainer *t, acc_err *err)
+{
+    kern_comm *c = NULL;
+    int rc = prepare_spec(t, t->devs, err);
+    if (rc == 0)
+        rc = kern_comm_open(t->devs, t->nranks, &c, err);
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&t->mu); /* trainer_cancel may abort it from now on */
+    t->comm = c;
+    pthread_mutex_unlock(&t->mu);
+    spawn_ranks(t);
+    return 0;
+}
+
+/* async_start: the launch off the caller's thread; a failure ends the run
+ * with TEV_DONE carrying it, as any other failure does. */
+static void *launcher_main(void *arg)
+{
+    trainer *t = arg;
+    acc_err e = {0};
+    int rc = atomic_load(&t->cancel) ? acc_err_set(&e, ACC_ECANCELLED, "", "cancelled") : launch(t, &e);
+    if (rc != 0) {
+        record_status(t, rc, e.msg);
+        finish_run(t);
+    }
+    return NULL;
+}
+
+int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, acc_err *err)
+{
+    *out = NULL;
+    const job_spec *s = o->spec;
+    int rc = check_batch(s, err); /* devices in [1, TRAIN_MAX_RANKS] before copying them */
+    if (rc != 0)
+        return rc;
+    trainer *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+    t->spec = *s;
+    t->resume_fd = -1;
+    t->nranks = s->devices;
+    t->on_event = o->on_event; /* prepare_spec reports passed-over checkpoints */
+    t->event_ctx = o->event_ctx;
+    t->keep = o->checkpoint_keep > 0 ? o->checkpoint_keep : 2;
+    t->threads = o->threads_per_device > 0 ? o->threads_per_device : 1;
+    t->hooks = h;
+    memcpy(t->devs, o->devices, (size_t)t->nranks * sizeof *t->devs);
+    atomic_init(&t->cancel, 0);
+    atomic_init(&t->preempt, 0);
+    atomic_init(&t->live, t->nranks);
+    if (pthread_mutex_init(&t->mu, NULL) != 0) {
+        free(t);
+        return acc_err_set(err, ACC_ENOMEM, "", "pthread_mutex_init failed");
+    }
+    if (o->async_start) {
+        if (pthread_create(&t->launcher, NULL, launcher_main, t) != 0) {
+            trainer_destroy(t);
+            return acc_err_set(err, ACC_EINTERNAL, "", "cannot start the trainer's launcher thread");
+        }
+        t->launcher_started = 1;
+        *out = t;
+        return 0;
+    }
+    if ((rc = launch(t, err)) != 0) {
+        trainer_destroy(t);
+        return rc;
+    }
     *out = t;
     return 0;
 }
@@ -1296,7 +1341,10 @@ int trainer_start(const trainer_opts *o, trainer **out, acc_err *err)
 void trainer_cancel(trainer *t)
 {
     atomic_store(&t->cancel, 1);
-    kern_comm_abort(t->comm);
+    pthread_mutex_lock(&t->mu); /* the launcher may still be opening it */
+    if (t->comm != NULL)
+        kern_comm_abort(t->comm);
+    pthread_mutex_unlock(&t->mu);
 }
 
 void trainer_preempt(trainer *t)
@@ -1309,6 +1357,8 @@ void trainer_wait(trainer *t)
 {
     if (t->joined)
         return;
+    if (t->launcher_started) /* it started the ranks (or failed first) */
+        pthread_join(t->launcher, NULL);
     for (int r = 0; r < t->nranks; r++)
         if (t->ranks[r].started)
             pthread_join(t->ranks[r].thread, NULL);

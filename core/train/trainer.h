@@ -77,6 +77,11 @@ typedef struct trainer_opts {
     const kern_device_info *devices; /* spec->devices entries, one per rank */
     int threads_per_device;        /* CPU devices: kernel threads per rank */
     int checkpoint_keep;           /* checkpoints kept in output_dir (0 = 2) */
+    /* prepare on a thread of the trainer's own (find and verify the resume
+     * checkpoint, read init_from, plan, open the communicator), so that
+     * trainer_start returns at once without touching a file; a failure
+     * there is the run's TEV_DONE. false: trainer_start returns it. */
+    bool async_start;
     train_event_fn on_event;
     void *event_ctx;
 } trainer_opts;

@@ -218,6 +218,12 @@ static void test_check_spec_fields(void **state)
     snprintf(s.model.init_from, sizeof s.model.init_from, "%s", text);
     assert_int_equal(trainer_check_spec(&s, &err), ACC_EINVAL);
     assert_string_equal(err.field, "model.init_from");
+    /* more ranks than a trainer has, with micro batch "auto" too */
+    fx_tiny_spec(&s, text, 32, 1, 1, 32);
+    s.micro_auto = true;
+    s.micro_batch = 0;
+    assert_int_equal(trainer_check_spec(&s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "devices");
     unlink(text);
 }
 
