@@ -88,9 +88,12 @@ typedef struct trainer_opts {
 
 typedef struct trainer trainer;
 
-/* Check what can be checked before queuing: data and init files exist, have
- * the right format, tokens < vocab_size, the model shape is consistent.
- * ACC_EINVAL with the field ("data.train", "model.init_from"). */
+/* Check what can be checked before queuing: data and init files exist
+ * under the spec's roots (safepath.h), are regular files of the right
+ * format, tokens < vocab_size, the model shape is consistent, resume_from
+ * holds a usable checkpoint of this model not past max_steps. ACC_EINVAL
+ * with the field ("data.train", "model.init_from", "resume_from"). Reads
+ * files: never on the daemon's loop thread. */
 int trainer_check_spec(const job_spec *spec, acc_err *err);
 
 int trainer_start(const trainer_opts *o, trainer **out, acc_err *err);
