@@ -1265,6 +1265,8 @@ static int launch(trainer *t, acc_err *err)
 {
     kern_comm *c = NULL;
     int rc = prepare_spec(t, t->devs, err);
+    if (rc == 0 && atomic_load(&t->cancel)) /* stopped while it prepared */
+        rc = acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
     if (rc == 0)
         rc = kern_comm_open(t->devs, t->nranks, &c, err);
     if (rc != 0)
