@@ -10,8 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SP_ROOTS_MAX (4 * PATH_MAX)
-
 static const char *kind_name(mode_t m)
 {
     if (S_ISREG(m)) return "a regular file";
@@ -73,8 +71,8 @@ int sp_resolve(const char *roots, const char *path, const char *field, char *rea
     char abs[PATH_MAX], res[PATH_MAX], root[PATH_MAX];
     if (path == NULL || path[0] == '\0')
         return acc_err_set(err, ACC_EINVAL, field, "%s must not be empty", field);
-    int open = roots == NULL || roots[0] == '\0';
-    if (path[0] != '/' && !open) {
+    int unrestricted = roots == NULL || roots[0] == '\0';
+    if (path[0] != '/' && !unrestricted) {
         size_t l = strcspn(roots, ":");
         if (snprintf(abs, sizeof abs, "%.*s/%s", (int)l, roots, path) >= (int)sizeof abs)
             return acc_err_set(err, ACC_EINVAL, field, "%s is too long", field);
@@ -84,7 +82,7 @@ int sp_resolve(const char *roots, const char *path, const char *field, char *rea
     if (realpath(abs, res) == NULL)
         return acc_err_set(err, ACC_EINVAL, field, "%s: cannot resolve '%s': %s", field, path,
                            strerror(errno));
-    if (!open && !root_of(roots, res, root))
+    if (!unrestricted && !root_of(roots, res, root))
         return acc_err_set(err, ACC_EINVAL, field, "%s: '%s' is outside the allowed roots (%s)", field,
                            path, roots);
     if (strlen(res) >= n)
@@ -229,10 +227,4 @@ int sp_mkdirat(int dirfd, const char *name, int exclusive, int *fd, acc_err *err
     else
         close(f);
     return 0;
-}
-
-int sp_same_dir(const char *a, const char *b)
-{
-    char ra[PATH_MAX], rb[PATH_MAX];
-    return realpath(a, ra) != NULL && realpath(b, rb) != NULL && !strcmp(ra, rb);
 }

@@ -65,10 +65,6 @@ int sp_openat(int dirfd, const char *name, int want_dir, const char *field, int 
  * gets the open directory. */
 int sp_mkdirat(int dirfd, const char *name, int exclusive, int *fd, acc_err *err);
 
-/* True when `path` names a directory that resolves to exactly `root` (after
- * resolving both): e.g. resume_from naming the output root itself. */
-int sp_same_dir(const char *a, const char *b);
-
 #ifdef __cplusplus
 }
 #endif
