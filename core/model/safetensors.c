@@ -269,23 +269,16 @@ static int verify_crc(st_file *f, acc_err *err)
     return 0;
 }
 
-static int read_file(const char *path, st_file *f, acc_err *err)
+/* Read the whole file behind `fd` (not closed here). */
+static int read_fd(int fd, const char *path, st_file *f, acc_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s",
-                           path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         return acc_err_set(err, ACC_EIO, NULL, "%s is not a regular file", path);
-    }
     f->size = (size_t)st.st_size;
     f->buf = malloc(f->size ? f->size : 1);
-    if (f->buf == NULL) {
-        close(fd);
+    if (f->buf == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory reading %s", path);
-    }
     size_t got = 0;
     while (got < f->size) {
         ssize_t r = read(fd, f->buf + got, f->size - got);
@@ -295,11 +288,23 @@ static int read_file(const char *path, st_file *f, acc_err *err)
             break;
         got += (size_t)r;
     }
-    close(fd);
     if (got != f->size)
         return acc_err_set(err, ACC_EIO, NULL, "%s: short read", path);
     return 0;
 }
+
+static int read_file(const char *path, st_file *f, acc_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s",
+                           path, strerror(errno));
+    int rc = read_fd(fd, path, f, err);
+    close(fd);
+    return rc;
+}
+
+static int parse_file(st_file *f, const char *path, acc_err *err);
 
 int st_open(const char *path, st_file **out, acc_err *err)
 {
@@ -307,19 +312,51 @@ int st_open(const char *path, st_file **out, acc_err *err)
     if (f == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     int rc = read_file(path, f, err);
-    if (rc == 0 && f->size < 8)
+    if (rc == 0)
+        rc = parse_file(f, path, err);
+    if (rc != 0) {
+        st_close(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+int st_open_fd(int fd, const char *name, st_file **out, acc_err *err)
+{
+    st_file *f = calloc(1, sizeof *f);
+    if (f == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    int rc = read_fd(fd, name, f, err);
+    if (rc == 0)
+        rc = parse_file(f, name, err);
+    if (rc != 0) {
+        st_close(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+/* Header, entries and checksum of the bytes read into f->buf. */
+static int parse_file(st_file *f, const char *path, acc_err *err)
+{
+    int rc = 0;
+    if (f->size < 8)
         rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: too short for safetensors", path);
     uint64_t hl = 0;
     for (int b = 0; rc == 0 && b < 8; b++)
         hl |= (uint64_t)f->buf[b] << (8 * b);
     if (rc == 0 && (hl > ST_MAX_HEADER || hl > f->size - 8))
-        rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: header length %llu is larger than the file",
-                         path, (unsigned long long)hl);
+        rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: not safetensors (its header length is larger "
+                         "than the file)", path);
     if (rc == 0) {
         json_error_t je;
         f->header = json_loadb((const char *)f->buf + 8, (size_t)hl, 0, &je);
         if (!json_is_object(f->header))
-            rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: header is not a JSON object: %s", path, je.text);
+            /* not je.text: it quotes the file's bytes */
+            rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: header is not a JSON object (at byte %d)", path,
+                             je.position);
     }
     if (rc == 0) {
         f->data = f->buf + 8 + hl;
@@ -328,14 +365,9 @@ int st_open(const char *path, st_file **out, acc_err *err)
     }
     if (rc == 0)
         rc = verify_crc(f, err);
-    if (rc != 0) {
-        if (err != NULL && strstr(err->msg, path) == NULL)
-            acc_err_prefix(err, "%s", path);
-        st_close(f);
-        return rc;
-    }
-    *out = f;
-    return 0;
+    if (rc != 0 && err != NULL && strstr(err->msg, path) == NULL)
+        acc_err_prefix(err, "%s", path);
+    return rc;
 }
 
 void st_close(st_file *f)
