@@ -52,6 +52,23 @@ struct api_server {
     conn_rec *pend_head, *pend_tail;
     int npending;
     uint64_t evicted_total;
+    api_deferred *deferred; /* waiting for their work (api_defer) */
+    int ndeferred;
+};
+
+struct api_deferred {
+    api_deferred *prev, *next; /* the server's list, while it waits */
+    api_server *srv;           /* NULL once orphaned */
+    struct MHD_Connection *conn;
+    struct req_ctx *rc;        /* the request it answers; NULL once that is gone */
+    uv_work_t work_req;
+    api_work_fn work;
+    api_done_fn done;
+    void *ctx;
+    bool finished;             /* done() ran: resp is the answer */
+    bool orphaned;             /* the server stopped first: resp is a 503 */
+    bool work_done;            /* the thread pool is through with it */
+    api_response resp;
 };
 
 /* Per-request state kept by MHD between handler calls. */
@@ -64,6 +81,7 @@ typedef struct req_ctx {
     const char *raw_uri; /* the request target as read (on_uri), and its strlen then */
     size_t raw_len;
     api_ident who;
+    api_deferred *deferred; /* suspended until it is finished (or orphaned) */
 } req_ctx;
 
 /* The query pairs or headers of a request, with their real lengths. */
@@ -481,6 +499,121 @@ static bool raw_nul(const req_ctx *rc, const char *version, api_response *r)
     return true;
 }
 
+/* ---- deferred answers (api_defer) ------------------------------------------ */
+
+static void deferred_unlink(api_deferred *d)
+{
+    api_server *s = d->srv;
+    if (s == NULL)
+        return;
+    if (d->prev != NULL)
+        d->prev->next = d->next;
+    else if (s->deferred == d)
+        s->deferred = d->next;
+    if (d->next != NULL)
+        d->next->prev = d->prev;
+    d->prev = d->next = NULL;
+    s->ndeferred--;
+}
+
+static void deferred_free(api_deferred *d)
+{
+    free(d->resp.body);
+    free(d);
+}
+
+api_deferred *api_defer(api_server *s, api_work_fn work, api_done_fn done, void *ctx)
+{
+    api_deferred *d = s->ndeferred < API_MAX_DEFERRED ? calloc(1, sizeof *d) : NULL;
+    if (d == NULL) {
+        done(ctx, NULL, true);
+        return NULL;
+    }
+    d->srv = s;
+    d->work = work;
+    d->done = done;
+    d->ctx = ctx;
+    d->work_req.data = d;
+    d->next = s->deferred;
+    if (s->deferred != NULL)
+        s->deferred->prev = d;
+    s->deferred = d;
+    s->ndeferred++;
+    return d;
+}
+
+static void on_deferred_work(uv_work_t *w)
+{
+    api_deferred *d = w->data;
+    d->work(d->ctx);
+}
+
+static void on_deferred_done(uv_work_t *w, int status)
+{
+    api_deferred *d = w->data;
+    d->work_done = true;
+    if (d->orphaned) { /* answered 503 at the stop; the server may be gone */
+        d->done(d->ctx, NULL, true);
+        if (d->rc == NULL) /* else its request frees it */
+            deferred_free(d);
+        return;
+    }
+    d->resp.status = 500;
+    d->done(d->ctx, &d->resp, false);
+    if (status != 0 && d->resp.body == NULL)
+        api_resp_error(&d->resp, 500, "internal", NULL, "the request's work did not run: %s", uv_strerror(status));
+    d->finished = true;
+    api_server *s = d->srv;
+    deferred_unlink(d);
+    MHD_resume_connection(d->conn);
+    api_server_kick(s);
+}
+
+/* Suspend the connection and start the work; false when it cannot start. */
+static bool deferred_start(api_server *s, struct MHD_Connection *conn, req_ctx *rc, api_deferred *d)
+{
+    d->conn = conn;
+    /* its completion runs on this (the loop) thread, so not before we return */
+    int e = uv_queue_work(s->loop, &d->work_req, on_deferred_work, on_deferred_done);
+    if (e == 0) {
+        d->rc = rc;
+        rc->deferred = d;
+        MHD_suspend_connection(conn);
+        return true;
+    }
+    deferred_unlink(d);
+    d->done(d->ctx, NULL, true);
+    deferred_free(d);
+    acc_log(ACC_LOG_ERROR, "http", "cannot queue a request's work: %s", uv_strerror(e));
+    return false;
+}
+
+/* Shutdown: every waiting request gets a 503 now; its work finishes alone. */
+static void deferred_orphan_all(api_server *s)
+{
+    while (s->deferred != NULL) {
+        api_deferred *d = s->deferred;
+        deferred_unlink(d);
+        d->srv = NULL;
+        d->orphaned = true;
+        api_resp_error(&d->resp, 503, "unavailable", NULL, "the daemon is shutting down; request not done");
+        MHD_resume_connection(d->conn);
+    }
+}
+
+/* The answer of a deferred request, once resumed. */
+static enum MHD_Result deferred_answer(api_server *s, struct MHD_Connection *conn, req_ctx *rc)
+{
+    api_deferred *d = rc->deferred;
+    enum MHD_Result ok = queue(s, conn, &d->resp);
+    rc->deferred = NULL;
+    if (d->work_done)
+        deferred_free(d);
+    else
+        d->rc = NULL; /* orphaned: freed when its work completes */
+    return ok;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_size, void **con_cls)
@@ -509,6 +642,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_size = 0;
         return MHD_YES;
     }
+    if (rc->deferred != NULL) { /* resumed: finished, or a 503 at the stop */
+        if (!rc->deferred->finished && !rc->deferred->orphaned)
+            return MHD_YES; /* cannot happen: suspended until then */
+        return deferred_answer(s, conn, rc);
+    }
     if (*upload_size > 0) {
         if (body_append(rc, upload_data, *upload_size, s->conf->max_body) != 0)
             return MHD_NO;
@@ -520,6 +658,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         pend_unlink(s, cr); /* the whole request is in: no deadline while it is answered */
     api_response resp = {.status = 500};
     route(s, conn, url, method, rc, &resp);
+    if (resp.deferred != NULL) {
+        free(resp.body);
+        if (deferred_start(s, conn, rc, resp.deferred))
+            return MHD_YES; /* answered when its work is done */
+        api_resp_error(&resp, 503, "unavailable", NULL, "cannot start the request's work; try again");
+    }
     log_request(method, url, resp.stream ? 200 : resp.status);
     return queue(s, conn, &resp);
 }
@@ -533,6 +677,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         pend_start(s, cr); /* keep-alive: the next request's clock starts now */
     req_ctx *rc = *con_cls;
     if (rc != NULL) {
+        api_deferred *d = rc->deferred;
+        if (d != NULL && !d->work_done)
+            d->rc = NULL; /* orphaned, its work still runs: that frees d */
+        else if (d != NULL)
+            deferred_free(d); /* the answer was never sent */
         free(rc->body);
         free(rc);
         *con_cls = NULL;
@@ -743,6 +892,7 @@ void api_server_stop(api_server *s)
     if (s->mhd != NULL) {
         /* MHD must not be stopped with suspended connections */
         api_stream_end_all(s);
+        deferred_orphan_all(s);
         MHD_run(s->mhd);
         MHD_stop_daemon(s->mhd);
         s->mhd = NULL;

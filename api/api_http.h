@@ -90,6 +90,8 @@ typedef struct api_request {
     bool body_too_big;
 } api_request;
 
+typedef struct api_deferred api_deferred;
+
 typedef struct api_response {
     int status;
     const char *content_type;    /* default application/json */
@@ -101,6 +103,7 @@ typedef struct api_response {
     const char *cache_control;   /* Cache-Control header when non-NULL */
     const char *csp;             /* Content-Security-Policy (and nosniff) when non-NULL */
     struct api_stream *stream;   /* an event stream instead of a body */
+    api_deferred *deferred;      /* answered later (api_defer) instead of now */
 } api_response;
 
 typedef struct api_stream api_stream;
@@ -180,6 +183,24 @@ api_audit *api_server_audit(api_server *s);
 
 /* api_metrics.c: the Prometheus text exposition of /metrics. */
 char *api_metrics_text(api_server *s, size_t *len);
+
+/* Deferred answers: a route whose work may block (opening user files,
+ * scanning data) sets resp->deferred = api_defer(...) instead of a body.
+ * The connection is suspended (MHD_suspend_connection: the loop goes on
+ * serving everyone else), `work(ctx)` runs on libuv's thread pool
+ * (uv_queue_work), then `done(ctx, resp, false)` on the loop thread fills
+ * the response, the connection is resumed and the answer sent. When the
+ * server stops first, the client gets a 503 at once and `done(ctx, NULL,
+ * true)` is called once the work has finished: it must then only free.
+ * At most API_MAX_DEFERRED wait at a time (503 past that). */
+#define API_MAX_DEFERRED 64
+typedef void (*api_work_fn)(void *ctx);
+typedef void (*api_done_fn)(void *ctx, api_response *resp, bool orphaned);
+/* NULL (and `done(ctx, NULL, true)` called) when over the limit or out of memory. */
+api_deferred *api_defer(api_server *s, api_work_fn work, api_done_fn done, void *ctx);
+
+/* api_submit.c: POST /v1/jobs, validated off the loop thread (api_defer). */
+void api_submit(api_server *s, const api_request *req, api_response *resp, bool dry_run);
 
 /* Routing, implemented in api_routes.c: fill `resp` for `req`. */
 void api_route(api_server *s, const api_request *req, api_response *resp);

@@ -124,26 +124,13 @@ static void route_list(api_server *s, const api_call *c, api_response *resp)
 
 static void route_submit(api_server *s, const api_request *req, const api_call *c, api_response *resp)
 {
-    jobs_mgr *m = api_server_app(s);
     bool dry = c->dry_run;
-    acc_err err = {0};
-    job *j = NULL;
-    json_t *plan = NULL;
     if (req->body_len == 0) {
         api_resp_error(resp, 400, "invalid", NULL, "empty body: send the job spec as JSON");
         return;
     }
-    if (jobs_submit_as(m, req->who->name, req->body, req->body_len, dry, &j, &plan, &err) != 0) {
-        api_resp_from_err(resp, &err);
-        return;
-    }
-    if (dry) {
-        resp_json_obj(resp, 200, plan);
-        return;
-    }
-    api_audit_record(api_server_audit(s), req->who, "submit", j->id, "ok", j->spec.name);
-    snprintf(resp->location, sizeof resp->location, "/v1/jobs/%s", j->id);
-    resp_json_obj(resp, 201, job_to_json(j, true, m->devs));
+    /* validation opens user files: off the loop thread (api_submit.c) */
+    api_submit(s, req, resp, dry);
 }
 
 static void route_events(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)

@@ -244,12 +244,16 @@ int daemon_init(acc_daemon *d, acc_err *err)
         return rc;
     if ((rc = api_server_start(&d->api, &d->loop, &d->conf, &d->jobs, err)) != 0)
         return rc;
-    /* jobs start only once the API is up: a start that fails runs nothing */
     if ((rc = jobs_load(&d->jobs, err)) != 0)
         return rc;
-    if ((rc = write_addr_file(d, err)) != 0)
+    if ((rc = write_addr_file(d, err)) != 0) {
+        acc_err_prefix(err, "state_dir %s: cannot write accumd.addr (disk full?)", d->conf.state_dir);
         return rc;
+    }
     start_watchdog(d);
+    /* only now, with every step of the start done, may trainers run: a
+     * start that fails has started nothing that outlives it */
+    jobs_schedule(&d->jobs);
     acc_log(ACC_LOG_INFO, "daemon", "accumd listening on %s port %d, state in %s%s", d->conf.listen_host,
             api_server_port(d->api), d->conf.state_dir, api_server_requires_token(d->api) ? ", token required" : "");
     sd_notifyf(0, "READY=1\nSTATUS=listening on %s port %d", d->conf.listen_host, api_server_port(d->api));
@@ -291,7 +295,11 @@ void daemon_free(acc_daemon *d)
         return;
     if (!d->stopping)
         daemon_stop(d, "shutdown");
-    if (!d->stopped) /* init failed half-way: nothing runs yet */
+    /* every path out waits for the trainers: their events need the wake
+     * handle, which finish_stop closes (on_wake stops once none runs) */
+    if (!d->stopped && d->jobs_on && d->wake_on && jobs_count_running(&d->jobs) > 0)
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+    if (!d->stopped) /* init failed half-way: nothing runs */
         finish_stop(d);
     uv_run(&d->loop, UV_RUN_DEFAULT); /* let close callbacks run */
     if (d->jobs_on)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "rng.h"
+#include "safepath.h"
 
 typedef struct data_file {
     void *map;
@@ -30,15 +31,18 @@ struct data_source {
     uint64_t nsamples, ntokens;
 };
 
-static int map_file(const char *path, const char *field, data_file *f, acc_err *err)
+/* Open through safepath (under the roots, a regular file, no blocking)
+ * and map what was checked. */
+static int map_file(const char *roots, const char *path, const char *field, data_file *f, acc_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return acc_err_set(err, ACC_EINVAL, field, "cannot open %s: %s", path, strerror(errno));
+    int fd;
+    int rc = sp_open_file(roots, path, field, &fd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
         close(fd);
-        return acc_err_set(err, ACC_EINVAL, field, "%s is not a regular file", path);
+        return acc_err_set(err, ACC_EINVAL, field, "%s: cannot stat %s: %s", field, path, strerror(errno));
     }
     f->map_len = (size_t)st.st_size;
     if (f->map_len == 0) {
@@ -63,31 +67,32 @@ static int check_shard(const char *path, const char *field, int vocab, data_file
                            path, hdr);
     int32_t h[DATA_HEADER_INTS];
     memcpy(h, f->map, hdr);
+    /* messages never echo the file's bytes: it may not be a shard at all */
     if (h[0] != DATA_SHARD_MAGIC)
         return acc_err_set(err, ACC_EINVAL, field,
-                           "%s: bad magic %d (a token shard starts with %d)", path, h[0],
+                           "%s: not a token shard (its header lacks the magic number %d)", path,
                            DATA_SHARD_MAGIC);
     if (h[1] != DATA_SHARD_VERSION)
-        return acc_err_set(err, ACC_EINVAL, field, "%s: unsupported version %d (want %d)",
-                           path, h[1], DATA_SHARD_VERSION);
+        return acc_err_set(err, ACC_EINVAL, field, "%s: unsupported shard version (want %d)",
+                           path, DATA_SHARD_VERSION);
     if (h[2] < 0 || (uint64_t)h[2] * 2 > f->map_len - hdr)
         return acc_err_set(err, ACC_EINVAL, field,
-                           "%s: header says %d tokens but the file holds %zu", path, h[2],
+                           "%s: the header's token count does not match the file's %zu tokens", path,
                            (f->map_len - hdr) / 2);
     f->tokens = (const uint16_t *)((const char *)f->map + hdr);
     f->ntokens = (uint64_t)h[2];
     for (uint64_t i = 0; i < f->ntokens; i++)
         if (f->tokens[i] >= vocab)
             return acc_err_set(err, ACC_EINVAL, field,
-                               "%s: token %u at position %llu is >= vocab_size %d", path,
-                               f->tokens[i], (unsigned long long)i, vocab);
+                               "%s: the token at position %llu is >= vocab_size %d", path,
+                               (unsigned long long)i, vocab);
     return 0;
 }
 
-static int open_one(data_source *ds, const char *path, const char *field, int vocab,
+static int open_one(data_source *ds, const char *roots, const char *path, const char *field, int vocab,
                     data_file *f, acc_err *err)
 {
-    int rc = map_file(path, field, f, err);
+    int rc = map_file(roots, path, field, f, err);
     if (rc != 0)
         return rc;
     if (ds->fmt == SPEC_DATA_TEXT) {
@@ -121,6 +126,12 @@ static int expand_paths(const char *path, spec_data_format fmt, const char *fiel
 int data_open(const char *path, spec_data_format fmt, int seq_len, int vocab_size,
               const char *field, data_source **out, acc_err *err)
 {
+    return data_open_under("", path, fmt, seq_len, vocab_size, field, out, err);
+}
+
+int data_open_under(const char *roots, const char *path, spec_data_format fmt, int seq_len,
+                    int vocab_size, const char *field, data_source **out, acc_err *err)
+{
     *out = NULL;
     if (path == NULL || path[0] == '\0')
         return acc_err_set(err, ACC_EINVAL, field, "no data path given");
@@ -145,7 +156,7 @@ int data_open(const char *path, spec_data_format fmt, int seq_len, int vocab_siz
     }
     for (size_t i = 0; rc == 0 && i < g.gl_pathc; i++) {
         ds->nfiles++;
-        rc = open_one(ds, g.gl_pathv[i], field, vocab_size, &ds->files[i], err);
+        rc = open_one(ds, roots, g.gl_pathv[i], field, vocab_size, &ds->files[i], err);
     }
     if (rc == 0 && ds->nsamples == 0)
         rc = acc_err_set(err, ACC_EINVAL, field,

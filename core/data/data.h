@@ -14,8 +14,9 @@
  * trainer deals a step's slots to (rank, micro-step, position) with
  * data_slot(). So the samples of step k depend on (seed, B, k) only.
  *
- * Every problem (missing, short, wrong magic or version, token >= vocab)
- * is ACC_EINVAL with the field the caller names ("data.train").
+ * Every problem (missing, short, wrong magic or version, token >= vocab,
+ * outside the roots, not a regular file) is ACC_EINVAL with the field the
+ * caller names ("data.train"); messages never quote the file's bytes.
  */
 #ifndef ACC_DATA_H
 #define ACC_DATA_H
@@ -34,6 +35,11 @@ typedef struct data_source data_source;
 
 int data_open(const char *path, spec_data_format fmt, int seq_len, int vocab_size,
               const char *field, data_source **out, acc_err *err);
+/* The same, every file (each glob match) opened under `roots` (safepath.h:
+ * resolved and checked after expansion, a regular file, read through the
+ * descriptor that was checked); data_open has no roots. */
+int data_open_under(const char *roots, const char *path, spec_data_format fmt, int seq_len,
+                    int vocab_size, const char *field, data_source **out, acc_err *err);
 void data_close(data_source *ds);
 
 uint64_t data_num_samples(const data_source *ds);

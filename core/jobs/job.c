@@ -1,10 +1,12 @@
 /* job: see job.h. */
 #include "job.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 static const char *const state_names[JOB_NSTATES] = {"queued", "running", "succeeded", "failed", "cancelled"};
@@ -168,6 +170,12 @@ json_t *job_status_json(const job *j)
                      j->restarts, "outputs", outputs_array(j));
     if (o != NULL && j->owner[0])
         json_object_set_new(o, "owner", json_string(j->owner));
+    /* the job's unique id: its checkpoints carry it (ckpt.h) */
+    if (o != NULL && j->spec.job_uid[0] != '\0') {
+        json_object_set_new(o, "uid", json_string(j->spec.job_uid));
+        if (j->spec.adopt_unnamed)
+            json_object_set_new(o, "uid_adopts_unnamed", json_true());
+    }
     return o;
 }
 
@@ -199,6 +207,41 @@ void job_status_apply(job *j, const json_t *st)
     json_array_foreach(outs, i, o) if (json_is_string(o))
         job_add_output(j, json_string_value(o), JOB_MAX_OUTPUTS, NULL);
     snprintf(j->owner, sizeof j->owner, "%s", json_string_value(json_object_get(st, "owner")) ?: "");
+    const char *uid = json_string_value(json_object_get(st, "uid"));
+    if (uid != NULL && job_uid_valid(uid)) {
+        snprintf(j->spec.job_uid, sizeof j->spec.job_uid, "%s", uid);
+        j->spec.adopt_unnamed = json_is_true(json_object_get(st, "uid_adopts_unnamed"));
+    }
+}
+
+bool job_uid_valid(const char *uid)
+{
+    size_t n = strlen(uid);
+    if (n != JOB_UID_HEX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((uid[i] >= '0' && uid[i] <= '9') || (uid[i] >= 'a' && uid[i] <= 'f')))
+            return false;
+    return true;
+}
+
+int job_uid_mint(char *out, size_t n, acc_err *err)
+{
+    uint8_t b[JOB_UID_HEX / 2];
+    size_t got = 0;
+    while (got < sizeof b) {
+        ssize_t r = getrandom(b + got, sizeof b - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return acc_err_set(err, ACC_EINTERNAL, NULL, "getrandom: %s", strerror(errno));
+        got += (size_t)r;
+    }
+    if (n < JOB_UID_HEX + 1)
+        return acc_err_set(err, ACC_EINTERNAL, NULL, "uid buffer too small");
+    for (size_t i = 0; i < sizeof b; i++)
+        snprintf(out + 2 * i, 3, "%02x", b[i]);
+    return 0;
 }
 
 json_t *job_metrics_json(const job *j)

@@ -86,6 +86,13 @@ json_t *job_to_json(const job *j, bool full, const kern_device_info *devs);
 /* The status.json form, and back (for reload). */
 json_t *job_status_json(const job *j);
 void job_status_apply(job *j, const json_t *status);
+/* The job's unique id (job_spec.job_uid): 128 random bits as 32 lowercase
+ * hex digits, minted at submission, persisted with the status ("uid") and
+ * written into each of its checkpoints. */
+#define JOB_UID_HEX 32
+int job_uid_mint(char *out, size_t n, acc_err *err);
+bool job_uid_valid(const char *uid);
+
 /* The metrics history as a JSON object. */
 json_t *job_metrics_json(const job *j);
 

@@ -10,6 +10,8 @@
  */
 #include "job_spec.h"
 
+#include "safepath.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -231,73 +233,42 @@ static int get_batch(const json_t *obj, const char *prefix, const char *key, bat
 
 /* ---- paths ---------------------------------------------------------------- */
 
-static bool under_root(const char *real, const char *root)
-{
-    char rr[PATH_MAX];
-    if (realpath(root, rr) == NULL)
-        return false;
-    size_t n = strlen(rr);
-    if (n == 1 && rr[0] == '/')
-        return true;
-    return !strncmp(real, rr, n) && (real[n] == '/' || real[n] == '\0');
-}
-
-static bool under_any_root(const char *real, const char *roots)
-{
-    char buf[4 * PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", roots);
-    char *save = NULL;
-    for (char *r = strtok_r(buf, ":", &save); r != NULL; r = strtok_r(NULL, ":", &save))
-        if (r[0] != '\0' && under_root(real, r))
-            return true;
-    return false;
-}
-
-static void first_root(const char *roots, char *dst, size_t n)
-{
-    const char *colon = strchr(roots, ':');
-    size_t l = colon ? (size_t)(colon - roots) : strlen(roots);
-    snprintf(dst, n, "%.*s", (int)l, roots);
-}
-
 /* Resolve `path` (relative ones against the first root) and require it under
- * one of `roots`. A glob (token shards) is checked through its directory. */
-static int check_path(char *path, size_t n, const char *roots, const char *f, bool must_exist, acc_err *err)
+ * one of `roots` (safepath.h). A glob (token shards) is checked through its
+ * directory here; data_open checks every match again when it opens it. */
+static int check_path(char *path, size_t n, const char *roots, const char *f, acc_err *err)
 {
     char abs[PATH_MAX], real[PATH_MAX];
     if (path[0] == '\0')
         return acc_err_set(err, ACC_EINVAL, f, "%s must not be empty", f);
     if (path[0] != '/') {
-        char root[PATH_MAX];
-        first_root(roots, root, sizeof root);
-        if (snprintf(abs, sizeof abs, "%s/%s", root, path) >= (int)sizeof abs)
+        size_t l = strcspn(roots, ":");
+        if (snprintf(abs, sizeof abs, "%.*s/%s", (int)l, roots, path) >= (int)sizeof abs)
             return acc_err_set(err, ACC_EINVAL, f, "%s is too long", f);
     } else {
         snprintf(abs, sizeof abs, "%s", path);
     }
-    bool glob = strpbrk(abs, "*?[") != NULL;
-    char *slash = strrchr(abs, '/');
-    char leaf[PATH_MAX] = "";
-    if (glob || !must_exist) {
-        /* check the directory; the leaf may be a pattern or not exist yet */
-        if (slash == NULL || slash == abs)
+    int rc;
+    if (strpbrk(abs, "*?[") == NULL) {
+        rc = sp_resolve(roots, abs, f, real, sizeof real, err);
+    } else {
+        /* the directory must resolve under a root; the leaf is a pattern */
+        char *slash = strrchr(abs, '/');
+        if (slash == abs)
             return acc_err_set(err, ACC_EINVAL, f, "%s: '%s' is not under an allowed root", f, path);
-        snprintf(leaf, sizeof leaf, "%s", slash + 1);
         *slash = '\0';
+        const char *leaf = slash + 1;
         if (strpbrk(abs, "*?[") != NULL)
             return acc_err_set(err, ACC_EINVAL, f, "%s: wildcards are allowed in the file name only", f);
-    }
-    if (realpath(abs, real) == NULL)
-        return acc_err_set(err, ACC_EINVAL, f, "%s: cannot resolve '%s': %s", f, path, strerror(errno));
-    if (!under_any_root(real, roots))
-        return acc_err_set(err, ACC_EINVAL, f, "%s: '%s' is outside the allowed roots (%s)", f, path, roots);
-    if (leaf[0] != '\0') {
-        if (!strcmp(leaf, "..") || !strcmp(leaf, "."))
+        if (!strcmp(leaf, "..") || !strcmp(leaf, ".") || leaf[0] == '\0')
             return acc_err_set(err, ACC_EINVAL, f, "%s: '%s' is not a file", f, path);
+        rc = sp_resolve(roots, abs, f, real, sizeof real, err);
         size_t l = strlen(real);
-        if (snprintf(real + l, sizeof real - l, "/%s", leaf) >= (int)(sizeof real - l))
-            return acc_err_set(err, ACC_EINVAL, f, "%s is too long", f);
+        if (rc == 0 && snprintf(real + l, sizeof real - l, "/%s", leaf) >= (int)(sizeof real - l))
+            rc = acc_err_set(err, ACC_EINVAL, f, "%s is too long", f);
     }
+    if (rc != 0)
+        return rc;
     if (strlen(real) >= n)
         return acc_err_set(err, ACC_EINVAL, f, "%s is too long", f);
     snprintf(path, n, "%s", real);
@@ -326,7 +297,7 @@ static int parse_model_from(const json_t *m, const acc_conf *conf, spec_model *o
     if ((rc = get_str(m, "model", "from", false, out->from, sizeof out->from, &present, err)) ||
         (rc = get_str(m, "model", "arch", true, arch, sizeof arch, NULL, err)) ||
         (rc = get_int(m, "model", "seq_len", 2, 1 << 20, &out->seq_len, err)) ||
-        (rc = check_path(out->from, sizeof out->from, conf->data_roots, "model.from", true, err)))
+        (rc = check_path(out->from, sizeof out->from, conf->data_roots, "model.from", err)))
         return rc;
     model_config c;
     if ((rc = model_hf_validate(out->from, &c, err)) != 0)
@@ -386,7 +357,7 @@ static int parse_model(const json_t *m, const acc_conf *conf, spec_model *out, a
                            "model.padded_vocab_size %d is smaller than model.vocab_size %d",
                            out->padded_vocab_size, out->vocab_size);
     if (init)
-        return check_path(out->init_from, sizeof out->init_from, conf->data_roots, "model.init_from", true, err);
+        return check_path(out->init_from, sizeof out->init_from, conf->data_roots, "model.init_from", err);
     return 0;
 }
 
@@ -404,10 +375,10 @@ static int parse_data(const json_t *d, const acc_conf *conf, spec_data *out, acc
     out->format = fmt == 1 ? SPEC_DATA_TOKENS : SPEC_DATA_TEXT;
     if (!train)
         return acc_err_set(err, ACC_EINVAL, "data.train", "data.train is required");
-    if ((rc = check_path(out->train, sizeof out->train, conf->data_roots, "data.train", true, err)))
+    if ((rc = check_path(out->train, sizeof out->train, conf->data_roots, "data.train", err)))
         return rc;
     if (val)
-        return check_path(out->val, sizeof out->val, conf->data_roots, "data.val", true, err);
+        return check_path(out->val, sizeof out->val, conf->data_roots, "data.val", err);
     return 0;
 }
 
@@ -744,7 +715,7 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         return rc;
     out->precision = prec == 1 ? SPEC_BF16 : SPEC_FP32;
     if (resume)
-        return check_path(out->resume_from, sizeof out->resume_from, conf->output_root, "resume_from", true, err);
+        return check_path(out->resume_from, sizeof out->resume_from, conf->output_root, "resume_from", err);
     return 0;
 }
 
@@ -850,6 +821,8 @@ int job_spec_parse(const char *text, size_t len, const acc_conf *conf, job_spec 
 {
     json_error_t je;
     set_defaults(out);
+    snprintf(out->data_roots, sizeof out->data_roots, "%s", conf->data_roots);
+    snprintf(out->output_root, sizeof out->output_root, "%s", conf->output_root);
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     if (root == NULL && json_error_code(&je) == json_error_numeric_overflow)
         return big_integer_error(text, len, &je, err);

@@ -92,6 +92,17 @@ typedef struct job_spec {
     bool oom_adapt;        /* oom.adapt */
     char resume_from[PATH_MAX]; /* "" or a checkpoint directory */
     char output_dir[PATH_MAX];  /* set by the daemon: output_root/<job id> */
+    /* set by job_spec_parse from the config: every file the spec names is
+     * opened under these (safepath.h; empty = unrestricted, for tests) */
+    char data_roots[4 * PATH_MAX];
+    char output_root[PATH_MAX];
+    /* set by the daemon: the job's unique id (32 hex digits, minted at
+     * submission); its checkpoints carry it and it resumes only those.
+     * "" = none (engine tests): any checkpoint in output_dir is its own.
+     * adopt_unnamed: also resume checkpoints that carry no id (written
+     * before ids existed; only for jobs submitted before then). */
+    char job_uid[40];
+    bool adopt_unnamed;
 } job_spec;
 
 /* Parse and validate a JSON document (text of `len` bytes) against the

@@ -2,6 +2,7 @@
 #include "jobs.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include "fsutil.h"
 #include "log.h"
 #include "mem_plan.h"
+#include "safepath.h"
 #include "scheduler.h"
 
 struct jobs_tev {
@@ -207,6 +209,16 @@ static json_int_t bytes_json(uint64_t b)
     return b > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)b;
 }
 
+/* The smallest device budget (the planner's fit for a dry run). */
+static uint64_t min_budget(const jobs_mgr *m)
+{
+    uint64_t budget = 0;
+    for (int i = 0; i < m->ndev; i++)
+        if (budget == 0 || m->devs[i].mem_total < budget)
+            budget = m->devs[i].mem_total;
+    return budget;
+}
+
 /* The planner's table for a dry run: each candidate micro batch with its
  * predicted peak per device and whether it fits the smallest budget of the
  * devices of that kind (less the planner's margin). */
@@ -294,20 +306,18 @@ static int plan_with_queue(jobs_mgr *m, const job_spec *s, const char *owner, sc
     return 0;
 }
 
-static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner)
+/* The dry run's answer: the planner's table (computed off the loop thread
+ * by jobs_check_submission) and where the job would go now. */
+static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, json_t *cands, uint64_t peak,
+                            int micro)
 {
-    sched_req r;
+    sched_req r = {0};
     int queued_before;
-    if (plan_with_queue(m, s, owner, &r, &queued_before) != 0)
+    if (plan_with_queue(m, s, owner, &r, &queued_before) != 0) {
+        json_decref(cands);
         return NULL;
-    uint64_t budget = 0;
-    for (int i = 0; i < m->ndev; i++)
-        if (budget == 0 || m->devs[i].mem_total < budget)
-            budget = m->devs[i].mem_total;
-    uint64_t peak;
-    int micro;
-    kern_dev_kind kind = m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU; /* all of one kind */
-    json_t *cands = plan_json(s, kind, budget, &peak, &micro);
+    }
+    uint64_t budget = min_budget(m);
     json_t *devs = json_array(), *mem = json_array();
     for (int i = 0; i < s->devices; i++) {
         if (r.start)
@@ -328,21 +338,93 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner)
     return plan;
 }
 
-/* Everything that can be refused before a job exists: spec, fit, data. */
-static int validate(jobs_mgr *m, const char *text, size_t len, job_spec *s, acc_err *err)
+/* A spec that no device of this machine can ever hold is refused at
+ * submit (docs/api.md): the planner's smallest peak over the splits the
+ * job may run with (the given micro batch only, without oom.adapt) against
+ * the largest device. Reads only the immutable device table. */
+static int check_fits_a_device(const jobs_mgr *m, const job_spec *s, acc_err *err)
 {
-    int rc = job_spec_parse(text, len, m->conf, s, err);
-    if (rc != 0)
+    uint64_t budget = 0;
+    for (int i = 0; i < m->ndev; i++)
+        if (m->devs[i].mem_total > budget)
+            budget = m->devs[i].mem_total;
+    if (m->ndev == 0 || budget == 0)
+        return 0;
+    plan_row *rows = calloc(PLAN_MAX_ROWS, sizeof *rows);
+    if (rows == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    int n = 0, chosen = -1;
+    int rc = plan_candidates_on(s, m->devs[0].kind, budget, rows, PLAN_MAX_ROWS, &n, &chosen, err);
+    uint64_t least = UINT64_MAX, state = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        bool allowed = s->micro_auto || s->oom_adapt ||
+                       (rows[i].micro_batch == s->micro_batch && rows[i].recompute == s->activation_checkpointing);
+        state = rows[i].state_bytes;
+        if (allowed && rows[i].peak_bytes < least)
+            least = rows[i].peak_bytes;
+    }
+    free(rows);
+    if (rc != 0 || n == 0 || least <= budget)
         return rc;
-    sched_dev sd[KERN_MAX_DEVICES];
-    sched_devs(m, sd);
-    if ((rc = sched_can_ever_fit(sd, m->ndev, s->devices, err)) != 0)
-        return rc;
+    if (state > budget)
+        return acc_err_set(err, ACC_EINVAL, "model",
+                           "the model's parameters, gradients and AdamW state need %llu bytes per device; the "
+                           "largest device here has %llu bytes: this job can never run",
+                           (unsigned long long)state, (unsigned long long)budget);
+    return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
+                       "the smallest split this job may run with needs %llu bytes per device; the largest device "
+                       "here has %llu bytes: this job can never run%s",
+                       (unsigned long long)least, (unsigned long long)budget,
+                       s->oom_adapt ? "" : " (oom.adapt is off)");
+}
+
+/* A job asking for more devices than one user may hold can never start. */
+static int check_user_devices(const jobs_mgr *m, const job_spec *s, acc_err *err)
+{
     if (m->conf->user_max_devices > 0 && s->devices > m->conf->user_max_devices)
         return acc_err_set(err, ACC_EINVAL, "devices",
                            "devices %d can never be placed: over user_max_devices %d (devices one user may hold at once)",
                            s->devices, m->conf->user_max_devices);
-    return trainer_check_spec(s, err);
+    return 0;
+}
+
+jobs_checked *jobs_check_submission(const jobs_mgr *m, const char *text, size_t len, bool dry_run)
+{
+    jobs_checked *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    c->dry_run = dry_run;
+    c->spec = malloc(sizeof *c->spec);
+    c->text = malloc(len + 1);
+    if (c->spec == NULL || c->text == NULL) {
+        c->rc = acc_err_set(&c->err, ACC_ENOMEM, NULL, "out of memory");
+        return c;
+    }
+    memcpy(c->text, text, len);
+    c->text[len] = '\0';
+    c->len = len;
+    job_spec *s = c->spec;
+    /* parse, paths under the roots, data and init files, resume checkpoint,
+     * fit: everything that can be refused before a job exists */
+    if ((c->rc = job_spec_parse(text, len, m->conf, s, &c->err)) == 0 &&
+        (c->rc = check_user_devices(m, s, &c->err)) == 0 &&
+        (c->rc = trainer_check_spec(s, &c->err)) == 0)
+        c->rc = check_fits_a_device(m, s, &c->err);
+    if (c->rc == 0 && dry_run) {
+        kern_dev_kind kind = m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU; /* all of one kind */
+        c->cands = plan_json(s, kind, min_budget(m), &c->peak, &c->micro);
+    }
+    return c;
+}
+
+void jobs_checked_free(jobs_checked *c)
+{
+    if (c == NULL)
+        return;
+    json_decref(c->cands);
+    free(c->spec);
+    free(c->text);
+    free(c);
 }
 
 /* output_root/<id>; conf keeps output_root well under PATH_MAX. */
@@ -376,40 +458,69 @@ static int persist_new(jobs_mgr *m, job *j, acc_err *err)
     return rc;
 }
 
-int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **out, json_t **plan, acc_err *err)
+/* Claim the next id whose output_root/<id> does not exist, by creating
+ * that directory (mkdirat, never through a symlink): ids never repeat over
+ * the life of an output root, even with a fresh state_dir, and a planted
+ * symlink is an id skipped, never a redirect. */
+static int claim_id(jobs_mgr *m, job *j, acc_err *err)
 {
-    return jobs_submit_as(m, NULL, text, len, dry_run, out, plan, err);
+    int rfd = open(m->conf->output_root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (rfd < 0)
+        return acc_err_set(err, ACC_EIO, "output_root", "output_root %s: %s", m->conf->output_root, strerror(errno));
+    int rc = ACC_EIO;
+    for (int tries = 0; tries < 1000000; tries++, m->next_submit++) {
+        j->submit_seq = m->next_submit;
+        snprintf(j->id, sizeof j->id, "j%06llu", (unsigned long long)j->submit_seq);
+        if (jobs_find(m, j->id) != NULL)
+            continue;
+        acc_err e = {0};
+        rc = sp_mkdirat(rfd, j->id, 1, NULL, &e);
+        if (rc == 0)
+            break;
+        if (rc != ACC_ESTATE) {
+            acc_err_set(err, ACC_EIO, NULL, "output_root %s: %s", m->conf->output_root, e.msg);
+            break;
+        }
+        acc_log(ACC_LOG_WARN, "jobs", "id %s skipped: %s/%s exists already (an earlier job's output, or planted)",
+                j->id, m->conf->output_root, j->id);
+    }
+    if (rc == 0 && fsu_fsync_dir(m->conf->output_root, err) != 0)
+        rc = ACC_EIO;
+    close(rfd);
+    return rc;
 }
 
-int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len, bool dry_run, job **out,
-                   json_t **plan, acc_err *err)
+int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, acc_err *err)
 {
-    job_spec *s = malloc(sizeof *s);
-    if (s == NULL)
-        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
-    int rc = validate(m, text, len, s, err);
-    if (rc == 0 && dry_run) {
-        *plan = dry_run_plan(m, s, owner);
-        rc = *plan ? 0 : acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    if (c->rc != 0) {
+        if (err != NULL)
+            *err = c->err;
+        return c->rc;
     }
-    if (rc != 0 || dry_run) {
-        free(s);
+    sched_dev sd[KERN_MAX_DEVICES];
+    sched_devs(m, sd);
+    int rc = sched_can_ever_fit(sd, m->ndev, c->spec->devices, err);
+    if (rc != 0)
+        return rc;
+    if (c->dry_run) {
+        *plan = dry_run_plan(m, c->spec, c->owner, c->cands ? c->cands : json_null(), c->peak, c->micro);
+        c->cands = NULL;
+        return *plan ? 0 : acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    }
+    if (m->draining)
+        return acc_err_set(err, ACC_ESTATE, NULL, "the daemon is shutting down; not accepting jobs");
+    job *j = job_new(m, err);
+    if (j == NULL)
+        return err ? err->code : ACC_ENOMEM;
+    j->spec = *c->spec;
+    const char *text = c->text;
+    size_t len = c->len;
+    if ((rc = job_uid_mint(j->spec.job_uid, sizeof j->spec.job_uid, err)) != 0 ||
+        (rc = claim_id(m, j, err)) != 0) {
+        job_delete(j);
         return rc;
     }
-    if (m->draining) {
-        free(s);
-        return acc_err_set(err, ACC_ESTATE, NULL, "the daemon is shutting down; not accepting jobs");
-    }
-    job *j = job_new(m, err);
-    if (j == NULL) {
-        free(s);
-        return err ? err->code : ACC_ENOMEM;
-    }
-    j->spec = *s;
-    free(s);
-    j->submit_seq = m->next_submit;
-    snprintf(j->id, sizeof j->id, "j%06llu", (unsigned long long)j->submit_seq);
-    snprintf(j->owner, sizeof j->owner, "%s", owner ? owner : "");
+    snprintf(j->owner, sizeof j->owner, "%s", c->owner);
     set_output_dir(m, j);
     j->submitted_at = job_now();
     j->cur_micro = j->spec.micro_batch;
@@ -423,6 +534,7 @@ int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len,
         rc = table_add(m, j, err);
     if (rc != 0) {
         acc_log(ACC_LOG_ERROR, "jobs", "job %s not stored: %s", j->id, err ? err->msg : "");
+        rmdir(j->spec.output_dir); /* claimed just now, still empty */
         job_delete(j);
         return rc;
     }
@@ -434,6 +546,23 @@ int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len,
     *out = j;
     jobs_schedule(m);
     return 0;
+}
+
+int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **out, json_t **plan, acc_err *err)
+{
+    return jobs_submit_as(m, NULL, text, len, dry_run, out, plan, err);
+}
+
+int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len, bool dry_run, job **out,
+                   json_t **plan, acc_err *err)
+{
+    jobs_checked *c = jobs_check_submission(m, text, len, dry_run);
+    if (c == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    snprintf(c->owner, sizeof c->owner, "%s", owner ? owner : "");
+    int rc = jobs_submit_checked(m, c, out, plan, err);
+    jobs_checked_free(c);
+    return rc;
 }
 
 /* ---- running ---------------------------------------------------------------- */
@@ -475,6 +604,22 @@ static void release_devices(jobs_mgr *m, job *j)
     }
 }
 
+/* output_root/<id> as a real directory (created when a job from before
+ * ids were claimed lacks it); a symlink planted there is refused, never
+ * followed. */
+static int open_output_dir(jobs_mgr *m, job *j, acc_err *err)
+{
+    int rfd = open(m->conf->output_root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (rfd < 0)
+        return acc_err_set(err, ACC_EIO, NULL, "output_root %s: %s", m->conf->output_root, strerror(errno));
+    acc_err e = {0};
+    int rc = sp_mkdirat(rfd, j->id, 0, NULL, &e);
+    close(rfd);
+    if (rc != 0)
+        return acc_err_set(err, rc, NULL, "output directory %s/%s: %s", m->conf->output_root, j->id, e.msg);
+    return 0;
+}
+
 static void start_job(jobs_mgr *m, job *j, const sched_req *r)
 {
     kern_device_info devinfo[TRAIN_MAX_RANKS];
@@ -492,13 +637,13 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
     j->cur_micro = j->spec.micro_batch;
     j->cur_accum = j->spec.accum_steps;
     j->cancel_requested = false;
-    if (fsu_mkdir_p(j->spec.output_dir, 0750, &err) != 0) {
+    if (open_output_dir(m, j, &err) != 0) {
         release_devices(m, j);
         finish(j, JOB_FAILED, acc_err_name(err.code), err.msg);
         return;
     }
     trainer_opts o = {.spec = &j->spec, .devices = devinfo, .threads_per_device = m->conf->cpu_threads_per_device,
-                      .checkpoint_keep = m->conf->checkpoint_keep,
+                      .checkpoint_keep = m->conf->checkpoint_keep, .async_start = true,
                       .on_event = on_trainer_event, .event_ctx = j};
     if (trainer_start(&o, &j->tr, &err) != 0) {
         j->tr = NULL;
@@ -732,6 +877,10 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
     case TEV_DONE:
         apply_done(m, j, ev);
         break;
+    case TEV_CKPT_REJECTED:
+        acc_log(ACC_LOG_WARN, "jobs", "job %s: checkpoint %s not used: %s", j->id, ev->path, ev->msg);
+        emit(j, "checkpoint_rejected", json_pack("{s:s, s:s}", "path", ev->path, "reason", ev->msg), true);
+        break;
     }
 }
 
@@ -832,7 +981,8 @@ static int still_fits(const jobs_mgr *m, const job *j, acc_err *err)
 {
     sched_dev sd[KERN_MAX_DEVICES];
     sched_devs(m, sd);
-    return sched_can_ever_fit(sd, m->ndev, j->spec.devices, err);
+    int rc = sched_can_ever_fit(sd, m->ndev, j->spec.devices, err);
+    return rc != 0 ? rc : check_fits_a_device(m, &j->spec, err); /* smaller devices now */
 }
 
 static void reload_one(void *ctx, const store_job_files *f)
@@ -855,6 +1005,8 @@ static void reload_one(void *ctx, const store_job_files *f)
     if (st != NULL)
         job_status_apply(j, st);
     json_decref(st);
+    if (j->spec.job_uid[0] == '\0' && job_uid_mint(j->spec.job_uid, sizeof j->spec.job_uid, NULL) == 0)
+        j->spec.adopt_unnamed = true; /* from before uids: its checkpoints name none */
     if (j->submit_seq == 0)
         j->submit_seq = strtoull(f->id + 1, NULL, 10);
     if (f->events != NULL)
@@ -915,6 +1067,7 @@ int jobs_load(jobs_mgr *m, acc_err *err)
     if (m->njobs > 0)
         acc_log(ACC_LOG_INFO, "jobs", "reloaded %zu job(s): %d queued, %d succeeded, %d failed, %d cancelled",
                 m->njobs, counts[JOB_QUEUED], counts[JOB_SUCCEEDED], counts[JOB_FAILED], counts[JOB_CANCELLED]);
-    jobs_schedule(m);
+    /* nothing starts here: the daemon calls jobs_schedule() once its
+     * start-up has fully succeeded */
     return 0;
 }

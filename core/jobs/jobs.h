@@ -58,7 +58,8 @@ struct jobs_mgr {
 
 int jobs_init(jobs_mgr *m, const acc_conf *conf, const kern_device_info *devs, int ndev,
               void (*wake)(void *), void *wake_ctx, acc_err *err);
-/* Reload every job from the store, then start what fits. */
+/* Reload every job from the store. Starts nothing: the caller runs
+ * jobs_schedule() once its own start-up has fully succeeded. */
 int jobs_load(jobs_mgr *m, acc_err *err);
 void jobs_free(jobs_mgr *m);
 
@@ -68,6 +69,31 @@ int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **o
 /* The same for a named owner (a user name; NULL or "" for none). */
 int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len, bool dry_run, job **out,
                    json_t **plan, acc_err *err);
+
+/* Submission in two halves, so nothing that can block runs on the loop
+ * thread: jobs_check_submission() does everything that reads files (parse,
+ * paths under the roots, data and init files, the resume checkpoint, the
+ * planner's fit against the largest device, the dry-run table); it reads
+ * only m's immutable parts (conf, device table) and may run on any thread.
+ * Its result (never NULL but for out of memory) is then completed on the
+ * loop thread by jobs_submit_checked() (placement, id, uid, persist, queue),
+ * which returns what jobs_submit() would. jobs_submit() is both in a row. */
+typedef struct jobs_checked {
+    int rc;                /* 0 or the check's refusal, in err */
+    acc_err err;
+    bool dry_run;
+    job_spec *spec;
+    char *text;            /* the submitted text */
+    size_t len;
+    json_t *cands;         /* dry run: the planner's candidates */
+    uint64_t peak;
+    int micro;
+    char owner[JOB_OWNER_MAX]; /* who submits ("" for none): set before jobs_submit_checked */
+} jobs_checked;
+jobs_checked *jobs_check_submission(const jobs_mgr *m, const char *text, size_t len, bool dry_run);
+int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, acc_err *err);
+void jobs_checked_free(jobs_checked *c);
+
 job *jobs_find(jobs_mgr *m, const char *id);
 /* Queued: cancelled now. Running: asked to stop (final state follows).
  * Final: ACC_ESTATE. */

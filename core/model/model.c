@@ -6,8 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checked.h"
+#include "safepath.h"
 
 /* ---- registry: one line per family */
 
@@ -92,8 +94,8 @@ int model_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err
     return rc;
 }
 
-int model_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
-                           acc_err *err)
+int model_config_from_fd(int fd, const char *path, const spec_model *sm, model_config *cfg,
+                         acc_err *err)
 {
     char names[256];
     const model_family *f = model_family_by_arch(sm->arch);
@@ -101,12 +103,26 @@ int model_config_from_file(const char *path, const spec_model *sm, model_config 
     if (f == NULL)
         return acc_err_set(err, ACC_EINVAL, "model.arch", "unknown arch \"%s\" (%s)", sm->arch,
                            model_family_names(names, sizeof names));
-    if (f->config_from_file == NULL)
+    if (f->config_from_fd == NULL)
         return acc_err_set(err, ACC_EINVAL, "model.init_from",
                            "arch %s cannot start from a checkpoint file", f->name);
-    int rc = f->config_from_file(path, sm, cfg, err);
+    int rc = f->config_from_fd(fd, path, sm, cfg, err);
     if (rc == 0)
         set_family(cfg, f);
+    return rc;
+}
+
+int model_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
+                           acc_err *err)
+{
+    int fd;
+    memset(cfg, 0, sizeof *cfg);
+    /* no roots: a tool's own path, but still a regular file, non-blocking */
+    int rc = sp_open_file("", path, "model.init_from", &fd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = model_config_from_fd(fd, path, sm, cfg, err);
+    close(fd);
     return rc;
 }
 
@@ -398,19 +414,30 @@ int model_init_seed(model *m, uint64_t seed, acc_err *err)
     return rc;
 }
 
-int model_load_file(model *m, const char *path, acc_err *err)
+int model_load_fd(model *m, int fd, const char *path, acc_err *err)
 {
-    if (m->family->load_file_host == NULL)
+    if (m->family->load_fd_host == NULL)
         return acc_err_set(err, ACC_EINVAL, "model.init_from",
                            "arch %s cannot start from a checkpoint file", m->family->name);
     float *host = calloc(m->nparams, sizeof *host);
     if (host == NULL)
         return acc_err_set(err, ACC_ENOMEM, "model.init_from", "out of host memory loading %s",
                            path);
-    int rc = m->family->load_file_host(m, path, host, err);
+    int rc = m->family->load_fd_host(m, fd, path, host, err);
     if (rc == 0)
         model_params_upload(m, host);
     free(host);
+    return rc;
+}
+
+int model_load_file(model *m, const char *path, acc_err *err)
+{
+    int fd;
+    int rc = sp_open_file("", path, "model.init_from", &fd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = model_load_fd(m, fd, path, err);
+    close(fd);
     return rc;
 }
 

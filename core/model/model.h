@@ -14,7 +14,9 @@
  * is stated, so a designated initializer naming only GPT-2's fields is a
  * valid GPT-2 config. It comes from the spec's "model" object
  * (model_config_from_spec), from a native checkpoint file named by
- * "model.init_from" (model_config_from_file: llm.c .bin, safetensors), or
+ * "model.init_from" (model_config_from_fd: llm.c .bin, safetensors; the
+ * daemon opens it under the data roots by descriptor, safepath.h, and the
+ * families read only that descriptor), or
  * from a Hugging Face config.json (model_config_from_hf, by "model_type").
  *
  * Layout. The parameters are ONE flat float buffer; the family describes it
@@ -194,14 +196,18 @@ struct model_family {
     /* OPTIONAL: write the family's keys of cfg into a config.json object
      * (the caller keeps the input's other keys). NULL: cannot write one. */
     int (*config_to_hf)(const model_config *cfg, json_t *hf, acc_err *err);
-    /* OPTIONAL: config from a native checkpoint file named by init_from
-     * (checked against the spec; errors name "model.init_from"). NULL:
-     * init_from is refused for this family. */
-    int (*config_from_file)(const char *path, const spec_model *sm, model_config *cfg,
-                            acc_err *err);
-    /* OPTIONAL: weights from that file into host params[nparams]. NULL:
-     * model_load_file refuses. */
-    int (*load_file_host)(const model *m, const char *path, float *params, acc_err *err);
+    /* OPTIONAL: config from a native checkpoint file named by init_from,
+     * already open as `fd` (a regular file the caller opened, under the
+     * data roots for a job: safepath.h; read it from its start through a
+     * dup or pread, leave fd open, never reopen `path` by name). `path` is
+     * only for messages, which never echo the file's bytes. Checked against
+     * the spec; errors name "model.init_from". NULL: init_from is refused
+     * for this family. */
+    int (*config_from_fd)(int fd, const char *path, const spec_model *sm, model_config *cfg,
+                          acc_err *err);
+    /* OPTIONAL: weights from that open file into host params[nparams]
+     * (same fd rules). NULL: model_load_fd refuses. */
+    int (*load_fd_host)(const model *m, int fd, const char *path, float *params, acc_err *err);
     /* OPTIONAL: the device logits [nseq * T, padded_vocab_size] of the last
      * forward with want_grad = 0 (for tests and tools). NULL: none. */
     const float *(*logits)(const model *m);
@@ -232,8 +238,13 @@ const model_family *model_family_at(int i);
 /* Config from the spec's model object (arch through the registry; the
  * error for an unknown arch names "model.arch" and lists the families). */
 int model_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err);
-/* Config from the native checkpoint file `path` (init_from), checked
- * against the spec's shape keys; family from sm->arch. */
+/* Config from the native checkpoint file open as `fd` (init_from, opened
+ * by the caller under the roots, safepath.h; `path` names it in messages),
+ * checked against the spec's shape keys; family from sm->arch. */
+int model_config_from_fd(int fd, const char *path, const spec_model *sm, model_config *cfg,
+                         acc_err *err);
+/* The same by name, for tools and tests: opened with no root restriction
+ * but still a regular file only, non-blocking (sp_open_file with no roots). */
 int model_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
                            acc_err *err);
 /* Config from a parsed Hugging Face config.json: family by its
@@ -313,7 +324,10 @@ void model_acts_free(model *m);
 
 /* The family's seeded init, uploaded. */
 int model_init_seed(model *m, uint64_t seed, acc_err *err);
-/* Weights from init_from's native file (family's load_file_host). */
+/* Weights from init_from's native file open as `fd` (family's
+ * load_fd_host; `path` for messages). */
+int model_load_fd(model *m, int fd, const char *path, acc_err *err);
+/* The same by name (tools, tests; regular file only, as model_config_from_file). */
 int model_load_file(model *m, const char *path, acc_err *err);
 
 void model_forward(model *m, const int *tokens, const int *targets, const float *weights,

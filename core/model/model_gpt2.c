@@ -2,15 +2,18 @@
 #include "model_gpt2.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "checked.h"
 #include "fsutil.h"
 #include "rng.h"
+#include "safepath.h"
 
 /* The 16 tensor groups, in llm.c's order (a block group holds all layers). */
 enum {
@@ -204,13 +207,14 @@ static int read_header(FILE *f, const char *path, int32_t *h, acc_err *err)
     const char *field = "model.init_from";
     if (fread(h, sizeof(int32_t), HEADER_INTS, f) != HEADER_INTS)
         return acc_err_set(err, ACC_EINVAL, field, "%s: shorter than the 1024-byte header", path);
+    /* messages never echo the file's bytes: it may be anything */
     if (h[0] != MODEL_LLMC_MAGIC)
         return acc_err_set(err, ACC_EINVAL, field,
-                           "%s: bad magic %d (an llm.c GPT-2 checkpoint has %d)", path, h[0],
+                           "%s: not an llm.c GPT-2 checkpoint (no magic number %d in its header)", path,
                            MODEL_LLMC_MAGIC);
     if (h[1] != MODEL_LLMC_VERSION)
         return acc_err_set(err, ACC_EINVAL, field,
-                           "%s: version %d, only fp32 version %d is supported", path, h[1],
+                           "%s: unsupported llm.c version, only fp32 version %d is supported", path,
                            MODEL_LLMC_VERSION);
     return 0;
 }
@@ -233,12 +237,24 @@ static int config_matches(const model_config *c, const spec_model *sm, const cha
     return 0;
 }
 
-static int config_from_llmc(const char *path, const spec_model *sm, model_config *cfg,
+/* A stdio stream over a copy of `fd` (the caller keeps fd). */
+static FILE *stream_of(int fd)
+{
+    int d = dup(fd);
+    FILE *f = d >= 0 ? fdopen(d, "rb") : NULL;
+    if (f == NULL && d >= 0)
+        close(d);
+    if (f != NULL)
+        rewind(f); /* a dup shares the offset: read from the start */
+    return f;
+}
+
+static int config_from_llmc(int fd, const char *path, const spec_model *sm, model_config *cfg,
                             acc_err *err)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = stream_of(fd);
     if (f == NULL)
-        return acc_err_set(err, ACC_EINVAL, "model.init_from", "cannot open %s: %s", path,
+        return acc_err_set(err, ACC_EINVAL, "model.init_from", "cannot read %s: %s", path,
                            strerror(errno));
     int32_t h[HEADER_INTS];
     int rc = read_header(f, path, h, err);
@@ -275,12 +291,10 @@ static int config_from_llmc(const char *path, const spec_model *sm, model_config
     return config_matches(cfg, sm, path, err);
 }
 
-int model_gpt2_safetensors_shape(const char *path, int *n_layer, int *channels, int *vocab,
-                                 int *max_seq_len, acc_err *err)
+/* The GPT-2 shape of an open safetensors file. */
+static int st_shape(const st_file *f, const char *path, int *n_layer, int *channels, int *vocab,
+                    int *max_seq_len, acc_err *err)
 {
-    st_file *f;
-    if (st_open(path, &f, err) != 0)
-        return acc_err_set(err, ACC_EINVAL, "model.init_from", "%s", err ? err->msg : "unreadable");
     st_tensor wte, wpe, t;
     int rc = 0;
     if (st_get(f, "wte.weight", &wte, NULL) != 0 || st_get(f, "wpe.weight", &wpe, NULL) != 0 ||
@@ -304,19 +318,52 @@ int model_gpt2_safetensors_shape(const char *path, int *n_layer, int *channels, 
         *vocab = (int)wte.shape[0];
         *max_seq_len = (int)wpe.shape[0];
     }
+    return rc;
+}
+
+/* st_open_fd with the error's field set to init_from. */
+static int st_open_init(int fd, const char *path, st_file **f, acc_err *err)
+{
+    int rc = st_open_fd(fd, path, f, err);
+    if (rc == 0 || rc == ACC_ENOMEM)
+        return rc;
+    *f = NULL;
+    char msg[sizeof err->msg] = "";
+    if (err != NULL)
+        snprintf(msg, sizeof msg, "%s", err->msg);
+    return acc_err_set(err, ACC_EINVAL, "model.init_from", "%s", msg);
+}
+
+int model_gpt2_safetensors_shape(const char *path, int *n_layer, int *channels, int *vocab,
+                                 int *max_seq_len, acc_err *err)
+{
+    int fd;
+    int rc = sp_open_file("", path, "model.init_from", &fd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    st_file *f;
+    rc = st_open_init(fd, path, &f, err);
+    close(fd);
+    if (rc != 0)
+        return rc;
+    rc = st_shape(f, path, n_layer, channels, vocab, max_seq_len, err);
     st_close(f);
     return rc;
 }
 
 /* init_from a safetensors GPT-2: the spec's shape, checked against the
  * file; wpe keeps the file's rows. */
-static int config_from_safetensors(const char *path, const spec_model *sm, model_config *cfg,
-                                   acc_err *err)
+static int config_from_safetensors(int fd, const char *path, const spec_model *sm,
+                                   model_config *cfg, acc_err *err)
 {
     int layers, channels, vocab, max_seq;
+    st_file *f = NULL;
     int rc = gpt2_config_from_spec(sm, cfg, err);
     if (rc == 0)
-        rc = model_gpt2_safetensors_shape(path, &layers, &channels, &vocab, &max_seq, err);
+        rc = st_open_init(fd, path, &f, err);
+    if (rc == 0)
+        rc = st_shape(f, path, &layers, &channels, &vocab, &max_seq, err);
+    st_close(f);
     if (rc != 0)
         return rc;
     if (layers != cfg->n_layer || channels != cfg->channels || vocab != cfg->vocab_size ||
@@ -329,19 +376,19 @@ static int config_from_safetensors(const char *path, const spec_model *sm, model
     return 0;
 }
 
-static int gpt2_config_from_file(const char *path, const spec_model *sm, model_config *cfg,
-                                 acc_err *err)
+static int gpt2_config_from_fd(int fd, const char *path, const spec_model *sm,
+                               model_config *cfg, acc_err *err)
 {
-    return ends_with(path, ".safetensors") ? config_from_safetensors(path, sm, cfg, err)
-                                           : config_from_llmc(path, sm, cfg, err);
+    return ends_with(path, ".safetensors") ? config_from_safetensors(fd, path, sm, cfg, err)
+                                           : config_from_llmc(fd, path, sm, cfg, err);
 }
 
-static int load_llmc_host(const model *m, const char *path, float *host, acc_err *err)
+static int load_llmc_host(const model *m, int fd, const char *path, float *host, acc_err *err)
 {
     const char *field = "model.init_from";
-    FILE *f = fopen(path, "rb");
+    FILE *f = stream_of(fd);
     if (f == NULL)
-        return acc_err_set(err, ACC_EINVAL, field, "cannot open %s: %s", path, strerror(errno));
+        return acc_err_set(err, ACC_EINVAL, field, "cannot read %s: %s", path, strerror(errno));
     int32_t h[HEADER_INTS];
     int rc = read_header(f, path, h, err);
     if (rc == 0 && (h[2] != m->cfg.max_seq_len || h[3] != m->cfg.vocab_size ||
@@ -354,33 +401,46 @@ static int load_llmc_host(const model *m, const char *path, float *host, acc_err
     return rc;
 }
 
-static int load_safetensors_host(const model *m, const char *path, float *host, acc_err *err)
+static int load_safetensors_host(const model *m, int fd, const char *path, float *host,
+                                 acc_err *err)
 {
     st_file *f;
-    int rc = st_open(path, &f, err);
+    int rc = st_open_init(fd, path, &f, err);
     if (rc != 0)
-        return acc_err_set(err, ACC_EINVAL, "model.init_from", "%s", err ? err->msg : "unreadable");
+        return rc;
     rc = model_safetensors_read(&m->layout, f, path, "model.init_from", host, err);
     st_close(f);
     return rc;
 }
 
-static int gpt2_load_file_host(const model *m, const char *path, float *host, acc_err *err)
+static int gpt2_load_fd_host(const model *m, int fd, const char *path, float *host,
+                             acc_err *err)
 {
-    return ends_with(path, ".safetensors") ? load_safetensors_host(m, path, host, err)
-                                           : load_llmc_host(m, path, host, err);
+    return ends_with(path, ".safetensors") ? load_safetensors_host(m, fd, path, host, err)
+                                           : load_llmc_host(m, fd, path, host, err);
 }
 
-int model_load_llmc(model *m, const char *path, acc_err *err)
+int model_load_llmc_fd(model *m, int fd, const char *path, acc_err *err)
 {
     float *host = malloc(m->nparams * sizeof *host);
     if (host == NULL)
         return acc_err_set(err, ACC_ENOMEM, "model.init_from", "out of host memory loading %s",
                            path);
-    int rc = load_llmc_host(m, path, host, err);
+    int rc = load_llmc_host(m, fd, path, host, err);
     if (rc == 0)
         model_params_upload(m, host);
     free(host);
+    return rc;
+}
+
+int model_load_llmc(model *m, const char *path, acc_err *err)
+{
+    int fd;
+    int rc = sp_open_file("", path, "model.init_from", &fd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = model_load_llmc_fd(m, fd, path, err);
+    close(fd);
     return rc;
 }
 
@@ -812,8 +872,8 @@ const model_family model_family_gpt2 = {
     .destroy = gpt2_destroy,
     .config_from_hf = gpt2_config_from_hf,
     .config_to_hf = gpt2_config_to_hf,
-    .config_from_file = gpt2_config_from_file,
-    .load_file_host = gpt2_load_file_host,
+    .config_from_fd = gpt2_config_from_fd,
+    .load_fd_host = gpt2_load_fd_host,
     .logits = gpt2_logits,
     .token_losses = gpt2_token_losses,
 };

@@ -38,8 +38,11 @@ extern const model_family model_family_gpt2;
 /* GPT-2's handle is the generic one. */
 typedef model model_gpt2;
 
-/* Parameters from an llm.c .bin (config must match model_config_from_file). */
+/* Parameters from an llm.c .bin (config must match model_config_from_fd):
+ * by name (tools, tests; regular file only) or from an open descriptor
+ * (read from its start through a dup; fd stays open; `path` for messages). */
 int model_load_llmc(model *m, const char *path, acc_err *err);
+int model_load_llmc_fd(model *m, int fd, const char *path, acc_err *err);
 /* Write the parameters as an llm.c .bin (atomically: temp, fsync, rename). */
 int model_save_llmc(const model *m, const char *path, acc_err *err);
 

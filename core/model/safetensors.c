@@ -274,12 +274,10 @@ static int verify_crc(st_file *f, acc_err *err)
 }
 
 /* Map the file (or, header only, read its first 8 + header bytes). */
-static int open_file(const char *path, st_file *f, int header_only, acc_err *err)
+/* Map the file behind `fd` (or, header only, read its first 8 + header
+ * bytes); fd is not closed here. Messages never quote the file's bytes. */
+static int open_fd_file(int fd, const char *path, st_file *f, int header_only, acc_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s",
-                           path, strerror(errno));
     struct stat st;
     int rc = 0;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
@@ -295,8 +293,8 @@ static int open_file(const char *path, st_file *f, int header_only, acc_err *err
         for (int b = 0; rc == 0 && b < 8; b++)
             hl |= (uint64_t)len8[b] << (8 * b);
         if (rc == 0 && (hl > ST_MAX_HEADER || hl > f->size - 8))
-            rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: header length %llu is larger than the file",
-                             path, (unsigned long long)hl);
+            rc = acc_err_set(err, ACC_EINVAL, NULL,
+                             "%s: not safetensors (its header length is larger than the file)", path);
     }
     if (rc == 0) {
         f->data_start = 8 + (size_t)hl;
@@ -319,7 +317,37 @@ static int open_file(const char *path, st_file *f, int header_only, acc_err *err
             f->data = f->buf + f->data_start;
         }
     }
+    return rc;
+}
+
+/* An open by name (tools, tests, accumd's own files): a regular file,
+ * opened without blocking (a FIFO is refused, never waited on). */
+static int open_file(const char *path, st_file *f, int header_only, acc_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s",
+                           path, strerror(errno));
+    int rc = open_fd_file(fd, path, f, header_only, err);
     close(fd);
+    return rc;
+}
+
+/* Header, entries and (whole files) checksum of an opened file. */
+static int parse_opened(st_file *f, const char *path, int header_only, acc_err *err)
+{
+    json_error_t je;
+    int rc = 0;
+    f->header = json_loadb(f->hdr, f->hdr_len, 0, &je);
+    if (!json_is_object(f->header)) /* not je.text: it quotes the file's bytes */
+        rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: header is not a JSON object (at byte %d)", path,
+                         je.position);
+    if (rc == 0)
+        rc = parse_header(f, err);
+    if (rc == 0 && !header_only)
+        rc = verify_crc(f, err);
+    if (rc != 0 && err != NULL && strstr(err->msg, path) == NULL)
+        acc_err_prefix(err, "%s", path);
     return rc;
 }
 
@@ -329,19 +357,9 @@ static int open_any(const char *path, st_file **out, int header_only, acc_err *e
     if (f == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     int rc = open_file(path, f, header_only, err);
-    if (rc == 0) {
-        json_error_t je;
-        f->header = json_loadb(f->hdr, f->hdr_len, 0, &je);
-        if (!json_is_object(f->header))
-            rc = acc_err_set(err, ACC_EINVAL, NULL, "%s: header is not a JSON object: %s", path, je.text);
-    }
     if (rc == 0)
-        rc = parse_header(f, err);
-    if (rc == 0 && !header_only)
-        rc = verify_crc(f, err);
+        rc = parse_opened(f, path, header_only, err);
     if (rc != 0) {
-        if (err != NULL && strstr(err->msg, path) == NULL)
-            acc_err_prefix(err, "%s", path);
         st_close(f);
         return rc;
     }
@@ -350,6 +368,22 @@ static int open_any(const char *path, st_file **out, int header_only, acc_err *e
 }
 
 int st_open(const char *path, st_file **out, acc_err *err) { return open_any(path, out, 0, err); }
+
+int st_open_fd(int fd, const char *name, st_file **out, acc_err *err)
+{
+    st_file *f = calloc(1, sizeof *f);
+    if (f == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    int rc = open_fd_file(fd, name, f, 0, err);
+    if (rc == 0)
+        rc = parse_opened(f, name, 0, err);
+    if (rc != 0) {
+        st_close(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
 
 int st_open_header(const char *path, st_file **out, acc_err *err)
 {

@@ -51,6 +51,9 @@ typedef struct st_file st_file;
 
 /* Open and validate (header, ranges, checksum when present). */
 int st_open(const char *path, st_file **out, acc_err *err);
+/* The same, reading the file behind `fd` (left open; e.g. one safepath.h
+ * checked); `name` is what messages call it. */
+int st_open_fd(int fd, const char *name, st_file **out, acc_err *err);
 void st_close(st_file *f);
 
 /* Header only: tensors have names, dtypes, shapes and offsets, data NULL. */

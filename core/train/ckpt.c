@@ -7,11 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "fsutil.h"
 #include "hf_dir.h"
 #include "model_hf.h"
+#include "safepath.h"
 #include "safetensors.h"
 
 #define STATE_FORMAT "accumd-state-1"
@@ -73,14 +76,16 @@ static int write_state_file(const char *path, const model *m, const adamw *opt,
         {"recompute", v[5]},      {"n_layer", v[6]},     {"n_head", v[7]},
         {"channels", v[8]},       {"vocab_size", v[9]},  {"padded_vocab_size", v[10]},
         {"max_seq_len", v[11]},   {"spec", spec_json ? spec_json : "{}"},
+        {"job_uid", st->job_uid}, /* last: left out when empty */
     };
+    int nmeta = (int)(sizeof md / sizeof md[0]) - (st->job_uid[0] == '\0');
     st_tensor t[2] = {
         {.name = "adam.m", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)nmom},
          .data = mom1, .nbytes = nmom * sizeof(float)},
         {.name = "adam.v", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)nmom},
          .data = mom2, .nbytes = nmom * sizeof(float)},
     };
-    return st_write(path, t, 2, md, (int)(sizeof md / sizeof md[0]), err);
+    return st_write(path, t, 2, md, nmeta, err);
 }
 
 /* ---- listing checkpoints */
@@ -103,14 +108,20 @@ static int cmp_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-/* Steps of the complete checkpoints under dir, newest first; removes partial ones. */
-static int list_ckpts(const char *dir, int **steps, int *n, acc_err *err)
+/* Steps of the complete checkpoints in the directory `dfd` (named `dir`),
+ * newest first; removes partial ones. */
+static int list_ckpts_at(int dfd, const char *dir, int **steps, int *n, acc_err *err)
 {
     *steps = NULL;
     *n = 0;
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return errno == ENOENT ? 0 : acc_err_set(err, ACC_EIO, "", "opendir %s: %s", dir, strerror(errno));
+    int dd = dup(dfd);
+    DIR *d = dd >= 0 ? fdopendir(dd) : NULL;
+    if (d == NULL) {
+        if (dd >= 0)
+            close(dd);
+        return acc_err_set(err, ACC_EIO, "", "opendir %s: %s", dir, strerror(errno));
+    }
+    rewinddir(d);
     int cap = 0, rc = 0;
     struct dirent *e;
     while (rc == 0 && (e = readdir(d)) != NULL) {
@@ -141,17 +152,37 @@ static int list_ckpts(const char *dir, int **steps, int *n, acc_err *err)
     return rc;
 }
 
-static void prune(const char *dir, int keep)
+static int list_ckpts(const char *dir, int **steps, int *n, acc_err *err)
+{
+    *steps = NULL;
+    *n = 0;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return errno == ENOENT ? 0 : acc_err_set(err, ACC_EIO, "", "opendir %s: %s", dir, strerror(errno));
+    int rc = list_ckpts_at(dfd, dir, steps, n, err);
+    close(dfd);
+    return rc;
+}
+
+static void prune(const char *dir, int keep, int protect)
 {
     int *steps, n;
     if (list_ckpts(dir, &steps, &n, NULL) != 0)
         return;
     for (int i = keep; i < n; i++) {
         char p[PATH_MAX];
+        if (steps[i] == protect)
+            continue;
         snprintf(p, sizeof p, "%s/ckpt-%08d", dir, steps[i]);
         fsu_rm_rf(p, NULL);
     }
     free(steps);
+}
+
+void ckpt_prune(const char *output_dir, int keep, int protect_step)
+{
+    if (keep > 0)
+        prune(output_dir, keep, protect_step);
 }
 
 /* The weights as a Hugging Face directory's: one model.safetensors (the
@@ -223,7 +254,7 @@ int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const
     if (path_out != NULL)
         snprintf(path_out, path_n, "%s", final);
     if (keep > 0)
-        prune(output_dir, keep);
+        prune(output_dir, keep, -1);
     return 0;
 }
 
@@ -238,7 +269,8 @@ static int meta_int(const st_file *f, const char *key, long long *out, acc_err *
     errno = 0;
     *out = strtoll(v, &end, 10);
     if (errno != 0 || end == v || *end != '\0')
-        return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint state: bad %s '%s'", key, v);
+        /* not the value: it is the file's bytes */
+        return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint state: %s is not an integer", key);
     return 0;
 }
 
@@ -261,12 +293,41 @@ static int check_shape_meta(const st_file *f, const model_config *c, acc_err *er
     return 0;
 }
 
-int ckpt_load_weights(const char *path, model *m, acc_err *err)
+/* Open `name` in the directory `dfd` (called `dir`) as safetensors: a
+ * regular file, no symlink (safepath.h), read through that descriptor. */
+static int st_open_at(int dfd, const char *dir, const char *name, st_file **f, acc_err *err)
+{
+    char shown[PATH_MAX + 64];
+    int fd;
+    snprintf(shown, sizeof shown, "%s/%s", dir, name);
+    int rc = sp_openat(dfd, name, 0, "resume_from", &fd, err);
+    if (rc != 0) {
+        if (err != NULL)
+            snprintf(err->msg, sizeof err->msg, "%.400s: %s", shown,
+                     rc == ACC_ENOTFOUND ? "missing" : "not a regular file (or a symlink)");
+        return rc;
+    }
+    rc = st_open_fd(fd, shown, f, err);
+    close(fd);
+    return rc;
+}
+
+/* err's code and field replaced, its message kept (st_open's, which names
+ * the file and never quotes its bytes). */
+static int refield(acc_err *err, int code, const char *field)
+{
+    char msg[sizeof err->msg] = "unreadable";
+    if (err != NULL)
+        snprintf(msg, sizeof msg, "%s", err->msg);
+    return acc_err_set(err, code, field, "%s", msg);
+}
+
+int ckpt_load_weights_fd(int fd, const char *path, model *m, acc_err *err)
 {
     st_file *f;
-    int rc = st_open(path, &f, err);
+    int rc = st_open_fd(fd, path, &f, err);
     if (rc != 0)
-        return acc_err_set(err, ACC_EINVAL, "model.init_from", "%s", err ? err->msg : "unreadable");
+        return refield(err, rc == ACC_ENOMEM ? rc : ACC_EINVAL, "model.init_from");
     float *params = malloc(m->nparams * sizeof *params);
     if (params == NULL)
         rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
@@ -279,15 +340,50 @@ int ckpt_load_weights(const char *path, model *m, acc_err *err)
     return rc;
 }
 
-/* Weights over 5 GB were written as shards (write_weights). */
-static int sharded(const char *dir)
+int ckpt_load_weights(const char *path, model *m, acc_err *err)
 {
-    char path[PATH_MAX + 64];
-    struct stat sb;
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    return stat(path, &sb) == 0;
+    int fd;
+    int rc = sp_open_file("", path, "model.init_from", &fd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = ckpt_load_weights_fd(fd, path, m, err);
+    close(fd);
+    return rc;
 }
 
+/* The state metadata: step, adam_t, split, seed, recompute, job_uid. */
+static int read_state_meta(const st_file *sf, const char *path, ckpt_state *st, acc_err *err)
+{
+    const char *fmt = st_get_meta(sf, "format");
+    if (fmt == NULL || strcmp(fmt, STATE_FORMAT) != 0)
+        return acc_err_set(err, ACC_EINVAL, "resume_from", "%s: not an accumd training state", path);
+    long long v[6] = {0};
+    const char *keys[6] = {"step", "adam_t", "micro_batch", "accum_steps", "seed", "recompute"};
+    for (int i = 0; i < 6; i++) {
+        int rc = meta_int(sf, keys[i], &v[i], err);
+        if (rc != 0)
+            return rc;
+    }
+    if (v[0] < 0 || v[0] > 1000000000 || v[1] < 0 || v[1] > 1000000000 || v[2] < 0 || v[2] > (1 << 24) ||
+        v[3] < 0 || v[3] > (1 << 24))
+        return acc_err_set(err, ACC_EINVAL, "resume_from", "%s: state values out of range", path);
+    *st = (ckpt_state){.step = (int)v[0], .adam_t = (int)v[1], .micro_batch = (int)v[2],
+                       .accum_steps = (int)v[3], .seed = (uint64_t)v[4], .recompute = v[5] != 0};
+    const char *uid = st_get_meta(sf, "job_uid");
+    if (uid != NULL)
+        snprintf(st->job_uid, sizeof st->job_uid, "%s", uid);
+    return 0;
+}
+
+/* Weights over 5 GB were written as shards (write_weights). */
+static int sharded_at(int dfd)
+{
+    struct stat sb;
+    return fstatat(dfd, "model.safetensors.index.json", &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* The shards of a checkpoint directory, by the index (hf_dir.h opens them
+ * by path inside the directory that was opened and checked). */
 static int load_sharded(const char *dir, model *m, acc_err *err)
 {
     hf_dir *h = NULL;
@@ -300,37 +396,31 @@ static int load_sharded(const char *dir, model *m, acc_err *err)
     return rc;
 }
 
-int ckpt_load(const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *err)
+int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *err)
 {
     char path[PATH_MAX + 32];
     st_file *mf = NULL, *sf = NULL;
-    float *params = NULL, *mom = NULL;
+    float *params = NULL;
+    ckpt_state got;
     snprintf(path, sizeof path, "%s/state.safetensors", dir);
-    int rc = st_open(path, &sf, err);
-    if (rc == 0) {
-        const char *fmt = st_get_meta(sf, "format");
-        if (fmt == NULL || strcmp(fmt, STATE_FORMAT) != 0)
-            rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: not an accumd training state", path);
-    }
+    int rc = st_open_at(dfd, dir, "state.safetensors", &sf, err);
+    if (rc == 0)
+        rc = read_state_meta(sf, path, &got, err);
     if (rc == 0)
         rc = check_shape_meta(sf, &m->cfg, err);
-    long long v[6] = {0};
-    const char *keys[6] = {"step", "adam_t", "micro_batch", "accum_steps", "seed", "recompute"};
-    for (int i = 0; rc == 0 && i < 6; i++)
-        rc = meta_int(sf, keys[i], &v[i], err);
     st_tensor tm, tv;
     if (rc == 0 && (st_get(sf, "adam.m", &tm, err) != 0 || st_get(sf, "adam.v", &tv, err) != 0 ||
                     tm.nbytes != (opt->hi - opt->lo) * sizeof(float) || tv.nbytes != tm.nbytes))
         rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: optimizer state does not match the model", path);
-    if (rc == 0 && sharded(dir))
+    if (rc == 0 && sharded_at(dfd)) {
         rc = load_sharded(dir, m, err);
-    else if (rc == 0) {
+    } else if (rc == 0) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        rc = st_open(path, &mf, err);
+        rc = st_open_at(dfd, dir, "model.safetensors", &mf, err);
         if (rc == 0 && ((params = malloc(m->nparams * sizeof *params)) == NULL))
             rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
         if (rc == 0)
-            rc = model_safetensors_read(&m->layout, mf, path, "model.init_from", params, err);
+            rc = model_safetensors_read(&m->layout, mf, path, "resume_from", params, err);
         if (rc == 0)
             model_params_upload(m, params);
     }
@@ -338,12 +428,10 @@ int ckpt_load(const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *er
         kern_device *d = m->dev;
         d->ops->upload(d, opt->m, tm.data, tm.nbytes);
         d->ops->upload(d, opt->v, tv.data, tv.nbytes);
-        opt->t = (int)v[1];
-        *st = (ckpt_state){.step = (int)v[0], .adam_t = (int)v[1], .micro_batch = (int)v[2],
-                           .accum_steps = (int)v[3], .seed = (uint64_t)v[4], .recompute = v[5] != 0};
+        opt->t = got.adam_t;
+        *st = got;
     }
     free(params);
-    free(mom);
     st_close(mf);
     st_close(sf);
     if (rc != 0 && err != NULL && strstr(err->msg, dir) == NULL)
@@ -351,44 +439,127 @@ int ckpt_load(const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *er
     return rc;
 }
 
-static int verify_dir(const char *dir, acc_err *err)
+int ckpt_load(const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *err)
 {
-    char path[PATH_MAX + 32];
-    const char *files[] = {"state.safetensors", "model.safetensors"};
-    if (sharded(dir)) { /* every shard opens and its checksum verifies */
-        hf_dir *h = NULL;
-        int rc = hf_open(dir, 0, &h, err);
-        hf_close(h);
-        if (rc != 0)
-            return rc;
-    }
-    for (int i = 0; i < (sharded(dir) ? 1 : 2); i++) {
-        st_file *f;
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        int rc = st_open(path, &f, err);
-        if (rc != 0)
-            return rc;
-        st_close(f);
-    }
-    return 0;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s: %s", dir, strerror(errno));
+    int rc = ckpt_load_at(dfd, dir, m, opt, st, err);
+    close(dfd);
+    return rc;
 }
 
-int ckpt_find_latest(const char *output_dir, char *path_out, size_t path_n, acc_err *err)
+/* Both files open and verify (CRC); *st gets the state metadata. */
+static int verify_at(int dfd, const char *dir, ckpt_state *st, acc_err *err)
+{
+    char path[PATH_MAX + 32];
+    st_file *f;
+    int rc;
+    if (sharded_at(dfd)) { /* every shard opens and its checksum verifies */
+        hf_dir *h = NULL;
+        rc = hf_open(dir, 0, &h, err);
+        hf_close(h);
+    } else if ((rc = st_open_at(dfd, dir, "model.safetensors", &f, err)) == 0) {
+        st_close(f);
+    }
+    if (rc != 0)
+        return rc;
+    if ((rc = st_open_at(dfd, dir, "state.safetensors", &f, err)) != 0)
+        return rc;
+    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    rc = read_state_meta(f, path, st, err);
+    st_close(f);
+    return rc;
+}
+
+int ckpt_peek_at(int dfd, const char *dir, ckpt_state *st, acc_err *err)
+{
+    return verify_at(dfd, dir, st, err);
+}
+
+int ckpt_check_model_at(int dfd, const char *dir, const model_config *cfg, acc_err *err)
+{
+    st_file *f;
+    int rc = st_open_at(dfd, dir, "state.safetensors", &f, err);
+    if (rc != 0)
+        return rc;
+    rc = check_shape_meta(f, cfg, err);
+    st_close(f);
+    if (rc != 0 && err != NULL && strstr(err->msg, dir) == NULL)
+        acc_err_prefix(err, "checkpoint %s", dir);
+    return rc;
+}
+
+int ckpt_peek(const char *dir, ckpt_state *st, acc_err *err)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s: %s", dir, strerror(errno));
+    int rc = verify_at(dfd, dir, st, err);
+    close(dfd);
+    return rc;
+}
+
+/* Whose checkpoint: NULL when `st` may be resumed by the job `uid`, else why not. */
+static const char *foreign(const ckpt_state *st, const char *uid, bool adopt_unnamed, char *why, size_t n)
+{
+    if (uid == NULL || uid[0] == '\0')
+        return NULL;
+    if (st->job_uid[0] == '\0') {
+        if (adopt_unnamed)
+            return NULL;
+        snprintf(why, n, "it names no job (written before job ids existed, or by another job)");
+        return why;
+    }
+    if (strcmp(st->job_uid, uid) != 0) {
+        snprintf(why, n, "it was written by another job (job uid %.32s, this job is %.32s)", st->job_uid, uid);
+        return why;
+    }
+    return NULL;
+}
+
+int ckpt_find_at(int outfd, const char *output_dir, const char *uid, bool adopt_unnamed,
+                 ckpt_reject_fn reject, void *ctx, int *ckpt_fd, char *path_out, size_t path_n,
+                 ckpt_state *st_out, acc_err *err)
 {
     int *steps, n;
-    int rc = list_ckpts(output_dir, &steps, &n, err);
+    if (ckpt_fd != NULL)
+        *ckpt_fd = -1;
+    int rc = list_ckpts_at(outfd, output_dir, &steps, &n, err);
     if (rc != 0)
         return rc;
     rc = ACC_ENOTFOUND;
     for (int i = 0; i < n; i++) {
-        char dir[PATH_MAX];
-        snprintf(dir, sizeof dir, "%s/ckpt-%08d", output_dir, steps[i]);
+        char name[32], dir[PATH_MAX + 32], why[256];
+        snprintf(name, sizeof name, "ckpt-%08d", steps[i]);
+        snprintf(dir, sizeof dir, "%s/%s", output_dir, name);
         acc_err e = {0};
-        if (verify_dir(dir, &e) == 0) {
-            snprintf(path_out, path_n, "%s", dir);
-            rc = 0;
-            break;
+        ckpt_state st;
+        int cfd;
+        const char *bad = NULL;
+        if (sp_openat(outfd, name, 1, "resume_from", &cfd, &e) != 0) {
+            bad = "not a directory (or a symlink)";
+        } else if (verify_at(cfd, dir, &st, &e) != 0) {
+            bad = e.msg;
+        } else {
+            bad = foreign(&st, uid, adopt_unnamed, why, sizeof why);
         }
+        if (bad != NULL) {
+            if (cfd >= 0)
+                close(cfd);
+            if (reject != NULL)
+                reject(ctx, dir, bad);
+            continue;
+        }
+        snprintf(path_out, path_n, "%s", dir);
+        if (st_out != NULL)
+            *st_out = st;
+        if (ckpt_fd != NULL)
+            *ckpt_fd = cfd;
+        else
+            close(cfd);
+        rc = 0;
+        break;
     }
     free(steps);
     if (rc == ACC_ENOTFOUND)
@@ -396,39 +567,50 @@ int ckpt_find_latest(const char *output_dir, char *path_out, size_t path_n, acc_
     return rc;
 }
 
-int ckpt_peek(const char *dir, ckpt_state *st, acc_err *err)
+int ckpt_find_latest(const char *output_dir, char *path_out, size_t path_n, acc_err *err)
 {
-    char path[PATH_MAX + 32];
-    st_file *sf;
-    int rc = verify_dir(dir, err);
-    if (rc != 0)
-        return rc;
-    snprintf(path, sizeof path, "%s/state.safetensors", dir);
-    if ((rc = st_open(path, &sf, err)) != 0)
-        return rc;
-    long long v[6] = {0};
-    const char *keys[6] = {"step", "adam_t", "micro_batch", "accum_steps", "seed", "recompute"};
-    for (int i = 0; rc == 0 && i < 6; i++)
-        rc = meta_int(sf, keys[i], &v[i], err);
-    if (rc == 0)
-        *st = (ckpt_state){.step = (int)v[0], .adam_t = (int)v[1], .micro_batch = (int)v[2],
-                           .accum_steps = (int)v[3], .seed = (uint64_t)v[4], .recompute = v[5] != 0};
-    st_close(sf);
+    int dfd = open(output_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return errno == ENOENT ? acc_err_set(err, ACC_ENOTFOUND, "", "no usable checkpoint under %s", output_dir)
+                               : acc_err_set(err, ACC_EIO, "", "opendir %s: %s", output_dir, strerror(errno));
+    int rc = ckpt_find_at(dfd, output_dir, NULL, true, NULL, NULL, NULL, path_out, path_n, NULL, err);
+    close(dfd);
     return rc;
+}
+
+int ckpt_resolve_at(int fd, const char *path, ckpt_reject_fn reject, void *ctx, int *ckpt_fd,
+                    char *dir_out, size_t dir_n, ckpt_state *st, acc_err *err)
+{
+    struct stat sb;
+    *ckpt_fd = -1;
+    if (fstatat(fd, "state.safetensors", &sb, AT_SYMLINK_NOFOLLOW) == 0) {
+        /* one checkpoint directory */
+        int rc = verify_at(fd, path, st, err);
+        if (rc != 0)
+            return refield(err, ACC_EINVAL, "resume_from");
+        if ((*ckpt_fd = dup(fd)) < 0)
+            return acc_err_set(err, ACC_EIO, "resume_from", "dup: %s", strerror(errno));
+        snprintf(dir_out, dir_n, "%s", path);
+        return 0;
+    }
+    int rc = ckpt_find_at(fd, path, NULL, true, reject, ctx, ckpt_fd, dir_out, dir_n, st, err);
+    if (rc != 0)
+        return acc_err_set(err, rc == ACC_ENOTFOUND ? ACC_EINVAL : rc, "resume_from",
+                           "no usable checkpoint at %s (name a checkpoint directory or a job's output "
+                           "directory)", path);
+    return 0;
 }
 
 int ckpt_resolve(const char *path, char *dir_out, size_t dir_n, acc_err *err)
 {
-    char probe[PATH_MAX + 32];
-    snprintf(probe, sizeof probe, "%s/state.safetensors", path);
-    struct stat sb;
-    if (stat(probe, &sb) == 0) {
-        snprintf(dir_out, dir_n, "%s", path);
-        return 0;
-    }
-    int rc = ckpt_find_latest(path, dir_out, dir_n, err);
-    if (rc != 0)
-        return acc_err_set(err, rc == ACC_ENOTFOUND ? ACC_EINVAL : rc, "resume_from",
-                           "no usable checkpoint at %s", path);
-    return 0;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return acc_err_set(err, ACC_EINVAL, "resume_from", "no usable checkpoint at %s: %s", path, strerror(errno));
+    int cfd;
+    ckpt_state st;
+    int rc = ckpt_resolve_at(fd, path, NULL, NULL, &cfd, dir_out, dir_n, &st, err);
+    if (cfd >= 0)
+        close(cfd);
+    close(fd);
+    return rc;
 }

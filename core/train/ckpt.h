@@ -15,7 +15,11 @@
  * renamed and the parent fsynced: a crash leaves the previous checkpoint and
  * at most a .partial directory, which ckpt_find_latest() removes. Both files
  * carry a CRC-32 (see safetensors.h) that loading verifies, so a torn or
- * corrupted checkpoint is never trusted; the newest good one is used.
+ * corrupted checkpoint is never trusted; the newest good one is used, and
+ * each one passed over is reported (ckpt_reject_fn) so the job can say so.
+ * The state names the job that wrote it (job_uid): a job resumes only its
+ * own checkpoints (ckpt_find_at), never a stranger's left in a reused
+ * output directory.
  * The step of a checkpoint is the number of optimizer steps completed.
  */
 #ifndef ACC_CKPT_H
@@ -37,7 +41,13 @@ typedef struct ckpt_state {
     int accum_steps;
     uint64_t seed;
     bool recompute;      /* activation recomputation in force */
+    char job_uid[40];    /* the job that wrote it ("" = none named); stored as
+                            the state's "job_uid" metadata */
 } ckpt_state;
+
+/* Told about each checkpoint a search passes over: its directory and why
+ * (corrupt, incomplete, another job's). */
+typedef void (*ckpt_reject_fn)(void *ctx, const char *dir, const char *why);
 
 /* Write a checkpoint of model `m` (rank 0's replica), its optimizer `opt`
  * (the whole buffer's moments) and `st` under
@@ -70,6 +80,34 @@ int ckpt_find_latest(const char *output_dir, char *path_out, size_t path_n, acc_
  * verifying both files), e.g. to size the model for the saved split. */
 int ckpt_peek(const char *dir, ckpt_state *st, acc_err *err);
 
+/* The descriptor forms: the checkpoint directory is an open `dfd` (e.g. from
+ * safepath.h), named `dir` in messages; its files are opened inside it
+ * without following symlinks and read through those descriptors. */
+int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *err);
+int ckpt_peek_at(int dfd, const char *dir, ckpt_state *st, acc_err *err);
+/* The checkpoint's model shape is `cfg`'s (ACC_EINVAL, field resume_from). */
+int ckpt_check_model_at(int dfd, const char *dir, const model_config *cfg, acc_err *err);
+
+/* The newest checkpoint in the open directory `outfd` (named output_dir)
+ * that verifies and, when `uid` is non-empty, carries that job uid (or none
+ * at all, when adopt_unnamed). Every checkpoint passed over is reported to
+ * `reject` (may be NULL) with the reason. On success *ckpt_fd (may be NULL)
+ * is the chosen checkpoint directory, open; path_out its path; *st (may be
+ * NULL) its state. ACC_ENOTFOUND when none qualifies. */
+int ckpt_find_at(int outfd, const char *output_dir, const char *uid, bool adopt_unnamed,
+                 ckpt_reject_fn reject, void *ctx, int *ckpt_fd, char *path_out, size_t path_n,
+                 ckpt_state *st, acc_err *err);
+
+/* ckpt_resolve on an open directory `fd` (named `path`): a checkpoint
+ * directory, or a directory of checkpoints (newest good one, passed-over
+ * ones reported). Verified; *ckpt_fd gets the chosen directory, open. */
+int ckpt_resolve_at(int fd, const char *path, ckpt_reject_fn reject, void *ctx, int *ckpt_fd,
+                    char *dir_out, size_t dir_n, ckpt_state *st, acc_err *err);
+
+/* Keep only the newest `keep` checkpoints under output_dir (and never the
+ * one at `protect_step`, -1 for none); partial ones are removed. */
+void ckpt_prune(const char *output_dir, int keep, int protect_step);
+
 /* Which checkpoint to resume from: `path` is either one checkpoint directory
  * (holding state.safetensors) or a directory of checkpoints (a job's output
  * directory), in which case the newest good one is chosen. */
@@ -77,7 +115,9 @@ int ckpt_resolve(const char *path, char *dir_out, size_t dir_n, acc_err *err);
 
 /* Load only the weights from a model.safetensors written by accumd or by
  * Hugging Face tooling (for init_from), by the model's layout. Padding
- * (e.g. padded wte rows) is zeroed. */
+ * (e.g. padded wte rows) is zeroed. The _fd form reads an open file (named
+ * `path` in messages), e.g. one safepath.h checked. */
 int ckpt_load_weights(const char *path, model *m, acc_err *err);
+int ckpt_load_weights_fd(int fd, const char *path, model *m, acc_err *err);
 
 #endif

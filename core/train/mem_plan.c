@@ -2,20 +2,29 @@
 #include "mem_plan.h"
 
 #include <string.h>
+#include <unistd.h>
 
 #include "adamw.h"
 #include "batch_split.h"
 #include "checked.h"
 #include "model_hf.h"
+#include "safepath.h"
 #include "trainer.h"
 
 int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
 {
     if (spec->model.from[0] != '\0') /* a Hugging Face directory: its headers only */
         return model_hf_validate(spec->model.from, cfg, err);
-    if (spec->model.init_from[0] != '\0')
-        return model_config_from_file(spec->model.init_from, &spec->model, cfg, err);
-    return model_config_from_spec(&spec->model, cfg, err);
+    if (spec->model.init_from[0] == '\0')
+        return model_config_from_spec(&spec->model, cfg, err);
+    /* under the data roots, read through the descriptor checked (safepath.h) */
+    int fd;
+    int rc = sp_open_file(spec->data_roots, spec->model.init_from, "model.init_from", &fd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = model_config_from_fd(fd, spec->model.init_from, &spec->model, cfg, err);
+    close(fd);
+    return rc;
 }
 
 /* The state's bytes, or an error naming the field. */

@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ckpt.h"
 #include "data.h"
@@ -51,6 +52,7 @@
 #include "model.h"
 #include "model_hf.h"
 #include "optim.h"
+#include "safepath.h"
 #include "trainer_run.h"
 
 /* What one rank saw in a step attempt; written by the rank before the
@@ -99,7 +101,9 @@ struct trainer {
     atomic_int preempt;        /* cancel for a shutdown: checkpoint first */
     int keep;                  /* checkpoints kept */
     char resume_dir[PATH_MAX]; /* checkpoint to start from, or "" */
+    int resume_fd;             /* that checkpoint directory, open (safepath.h), or -1 */
     int start_step;            /* its step (0 without one) */
+    int rejected;              /* checkpoints passed over at resume */
     atomic_int live;           /* ranks not yet finished */
 
     pthread_mutex_t mu;        /* guards status/msg */
@@ -118,6 +122,8 @@ struct trainer {
     char plan_note[256];       /* the planner's pick for "auto", or "" */
     int steps_done;            /* written by rank 0 */
     int joined;
+    pthread_t launcher;        /* async_start: prepares, then starts the ranks */
+    int launcher_started;
 };
 
 /* Per-rank loop state. */
@@ -179,6 +185,10 @@ static void emit(trainer *t, train_event *ev)
 
 static int check_batch(const job_spec *s, acc_err *err)
 {
+    /* first: "auto" below must not skip it (the rank tables have TRAIN_MAX_RANKS entries) */
+    if (s->devices > TRAIN_MAX_RANKS)
+        return acc_err_set(err, ACC_EINVAL, "devices", "at most %d devices per job",
+                           TRAIN_MAX_RANKS);
     if (s->micro_auto && s->devices >= 1 && s->train_batch_size >= 1 &&
         s->train_batch_size % s->devices == 0 && s->micro_batch < 1)
         return 0; /* the planner picks m at trainer_start */
@@ -200,15 +210,40 @@ static int resolve_config(const job_spec *s, model_config *cfg, acc_err *err)
 static int open_data(const job_spec *s, data_source **train, data_source **val, acc_err *err)
 {
     *train = *val = NULL;
-    int rc = data_open(s->data.train, s->data.format, s->model.seq_len, s->model.vocab_size,
-                       "data.train", train, err);
+    int rc = data_open_under(s->data_roots, s->data.train, s->data.format, s->model.seq_len,
+                             s->model.vocab_size, "data.train", train, err);
     if (rc == 0 && s->data.val[0] != '\0')
-        rc = data_open(s->data.val, s->data.format, s->model.seq_len, s->model.vocab_size,
-                       "data.val", val, err);
+        rc = data_open_under(s->data_roots, s->data.val, s->data.format, s->model.seq_len,
+                             s->model.vocab_size, "data.val", val, err);
     if (rc != 0) {
         data_close(*train);
         *train = NULL;
     }
+    return rc;
+}
+
+/* resume_from at submit: a usable checkpoint of this model under the
+ * output root, not past max_steps (the output root itself, or a directory
+ * without checkpoints, is refused now rather than failing at start). */
+static int check_resume_from(const job_spec *s, const model_config *cfg, acc_err *err)
+{
+    if (s->resume_from[0] == '\0')
+        return 0;
+    int rfd, cfd = -1;
+    char dir[PATH_MAX];
+    ckpt_state st;
+    int rc = sp_open_dir(s->output_root, s->resume_from, "resume_from", &rfd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = ckpt_resolve_at(rfd, s->resume_from, NULL, NULL, &cfd, dir, sizeof dir, &st, err);
+    close(rfd);
+    if (rc == 0)
+        rc = ckpt_check_model_at(cfd, dir, cfg, err);
+    if (cfd >= 0)
+        close(cfd);
+    if (rc == 0 && st.step > s->max_steps)
+        rc = acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s is at step %d, past max_steps %d", dir,
+                         st.step, s->max_steps);
     return rc;
 }
 
@@ -220,6 +255,8 @@ int trainer_check_spec(const job_spec *spec, acc_err *err)
         rc = resolve_config(spec, &cfg, err);
     if (rc == 0) /* every size from the spec's numbers fits 64 bits */
         rc = plan_check_sizes(spec, err);
+    if (rc == 0)
+        rc = check_resume_from(spec, &cfg, err);
     data_source *tr = NULL, *va = NULL;
     if (rc == 0)
         rc = open_data(spec, &tr, &va, err);
@@ -253,15 +290,22 @@ static int init_weights(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
-    if (t->resume_dir[0] != '\0') {
+    if (t->resume_fd >= 0) {
         ckpt_state st;
-        return ckpt_load(t->resume_dir, rs->model, rs->opt, &st, err);
+        return ckpt_load_at(t->resume_fd, t->resume_dir, rs->model, rs->opt, &st, err);
     }
     if (s->model.from[0] != '\0') /* a Hugging Face directory, one tensor at a time */
         return model_hf_load_dir(rs->model, s->model.from, err);
     if (s->model.init_from[0] == '\0')
         return model_init_seed(rs->model, s->seed, err);
-    return model_load_file(rs->model, s->model.init_from, err);
+    /* under the data roots, read through the descriptor checked */
+    int fd;
+    int rc = sp_open_file(s->data_roots, s->model.init_from, "model.init_from", &fd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = model_load_fd(rs->model, fd, s->model.init_from, err);
+    close(fd);
+    return rc;
 }
 
 /* Cut the gradient buffer into buckets of about `bytes` each, walking the
@@ -553,6 +597,7 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     const job_spec *s = &t->spec;
     ckpt_state st = {.step = step, .adam_t = rs->opt->t, .micro_batch = rs->split.m,
                      .accum_steps = rs->split.a, .seed = s->seed, .recompute = rs->recompute != 0};
+    snprintf(st.job_uid, sizeof st.job_uid, "%s", s->job_uid); /* whose checkpoint it is */
     char path[PATH_MAX];
     int rc = ckpt_save_hf(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep,
                           s->model.from[0] ? s->model.from : NULL, path, sizeof path,
@@ -1008,7 +1053,7 @@ static void finish_run(trainer *t)
     ev->kind = TEV_DONE;
     ev->step = t->steps_done;
     ev->nranks = t->nranks;
-    if (t->hooks != NULL) {
+    if (t->hooks != NULL && t->comm != NULL) {
         t->hooks->allreduce_calls = kern_comm_allreduce_calls(t->comm);
         t->hooks->bucket_calls = kern_comm_bucket_calls(t->comm);
     }
@@ -1058,6 +1103,8 @@ static void *rank_main(void *arg)
 
 static void trainer_destroy(trainer *t)
 {
+    if (t->resume_fd >= 0)
+        close(t->resume_fd);
     data_close(t->train);
     data_close(t->val);
     kern_comm_destroy(t->comm);
@@ -1100,24 +1147,77 @@ static int plan_auto_split(trainer *t, const kern_device_info *devs, acc_err *er
     return rc;
 }
 
-/* Resume from spec.resume_from, or else from the newest good checkpoint in
- * the job's own output_dir (a job requeued after a restart). The saved split
- * (after OOM adaptation) is kept when it still divides the batch. */
+/* A checkpoint passed over: the job's stream names it and says why. */
+static void on_ckpt_rejected(void *ctx, const char *dir, const char *why)
+{
+    trainer *t = ctx;
+    train_event *ev = calloc(1, sizeof *ev);
+    if (ev == NULL)
+        return;
+    ev->kind = TEV_CKPT_REJECTED;
+    ev->nranks = t->nranks;
+    snprintf(ev->path, sizeof ev->path, "%s", dir);
+    snprintf(ev->msg, sizeof ev->msg, "%s", why);
+    emit(t, ev);
+    free(ev);
+    t->rejected++;
+}
+
+/* The newest good checkpoint of this job in its own output_dir (a job
+ * requeued after a restart; only checkpoints carrying its job_uid). */
+static int find_own(trainer *t, int *fd, char *dir, size_t n, ckpt_state *st)
+{
+    const job_spec *s = &t->spec;
+    int ofd;
+    *fd = -1;
+    if (s->output_dir[0] == '\0' ||
+        sp_open_dir(s->output_root, s->output_dir, "output_dir", &ofd, NULL, 0, NULL) != 0)
+        return ACC_ENOTFOUND;
+    int rc = ckpt_find_at(ofd, s->output_dir, s->job_uid, s->adopt_unnamed, on_ckpt_rejected, t, fd, dir,
+                          n, st, NULL);
+    close(ofd);
+    return rc;
+}
+
+/* spec.resume_from: a checkpoint directory or a job's output directory
+ * under output_root, opened through safepath and verified. */
+static int find_named(trainer *t, int *fd, char *dir, size_t n, ckpt_state *st, acc_err *err)
+{
+    const job_spec *s = &t->spec;
+    int rfd;
+    int rc = sp_open_dir(s->output_root, s->resume_from, "resume_from", &rfd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = ckpt_resolve_at(rfd, s->resume_from, on_ckpt_rejected, t, fd, dir, n, st, err);
+    close(rfd);
+    return rc;
+}
+
+/* Resume from the job's own newest good checkpoint, else from
+ * spec.resume_from, else start at step 0 (saying so when checkpoints were
+ * passed over). The saved split (after OOM adaptation) is kept when it
+ * still divides the batch. Prunes the output dir to `keep` at start too, so
+ * a crash never leaves more than checkpoint_keep behind. */
 static int find_resume(trainer *t, acc_err *err)
 {
     job_spec *s = &t->spec;
     char dir[PATH_MAX];
-    if (s->resume_from[0] != '\0') {
-        int rc = ckpt_resolve(s->resume_from, dir, sizeof dir, err);
+    ckpt_state st;
+    int fd = -1;
+    bool own = find_own(t, &fd, dir, sizeof dir, &st) == 0;
+    if (s->output_dir[0] != '\0')
+        ckpt_prune(s->output_dir, t->keep, own ? st.step : -1);
+    if (!own && s->resume_from[0] != '\0') {
+        int rc = find_named(t, &fd, dir, sizeof dir, &st, err);
         if (rc != 0)
             return rc;
-    } else if (s->output_dir[0] == '\0' || ckpt_find_latest(s->output_dir, dir, sizeof dir, NULL) != 0) {
+    } else if (!own) {
+        if (t->rejected > 0)
+            emit_log(t, 0, "no usable checkpoint of this job (%d passed over): starting from step 0",
+                     t->rejected);
         return 0;
     }
-    ckpt_state st;
-    int rc = ckpt_peek(dir, &st, err);
-    if (rc != 0)
-        return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s: %s", dir, err ? err->msg : "");
+    t->resume_fd = fd;
     if (st.step > s->max_steps)
         return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s is at step %d, past max_steps %d",
                            dir, st.step, s->max_steps);
@@ -1155,37 +1255,9 @@ static int prepare_spec(trainer *t, const kern_device_info *devs, acc_err *err)
     return rc;
 }
 
-int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, acc_err *err)
+/* One thread per rank; the comm is open. */
+static void spawn_ranks(trainer *t)
 {
-    *out = NULL;
-    const job_spec *s = o->spec;
-    trainer *t = calloc(1, sizeof *t);
-    if (t == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
-    t->spec = *s;
-    int rc = prepare_spec(t, o->devices, err);
-    if (rc != 0) {
-        free(t);
-        return rc;
-    }
-    t->nranks = s->devices;
-    t->threads = o->threads_per_device > 0 ? o->threads_per_device : 1;
-    t->on_event = o->on_event;
-    t->event_ctx = o->event_ctx;
-    t->hooks = h;
-    memcpy(t->devs, o->devices, (size_t)t->nranks * sizeof *t->devs);
-    atomic_init(&t->cancel, 0);
-    atomic_init(&t->preempt, 0);
-    t->keep = o->checkpoint_keep > 0 ? o->checkpoint_keep : 2;
-    atomic_init(&t->live, t->nranks);
-    if (pthread_mutex_init(&t->mu, NULL) != 0) {
-        free(t);
-        return acc_err_set(err, ACC_ENOMEM, "", "pthread_mutex_init failed");
-    }
-    if ((rc = kern_comm_open(t->devs, t->nranks, &t->comm, err)) != 0) {
-        trainer_destroy(t);
-        return rc;
-    }
     for (int r = 0; r < t->nranks; r++) {
         t->ranks[r].t = t;
         t->ranks[r].rank = r;
@@ -1201,6 +1273,80 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
         }
         t->ranks[r].started = 1;
     }
+}
+
+/* What a start reads from files (the resume checkpoints, init_from, the
+ * planner's model config), the communicator, then the ranks. */
+static int launch(trainer *t, acc_err *err)
+{
+    kern_comm *c = NULL;
+    int rc = prepare_spec(t, t->devs, err);
+    if (rc == 0 && atomic_load(&t->cancel)) /* stopped while it prepared */
+        rc = acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
+    if (rc == 0)
+        rc = kern_comm_open(t->devs, t->nranks, &c, err);
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&t->mu); /* trainer_cancel may abort it from now on */
+    t->comm = c;
+    pthread_mutex_unlock(&t->mu);
+    spawn_ranks(t);
+    return 0;
+}
+
+/* async_start: the launch off the caller's thread; a failure ends the run
+ * with TEV_DONE carrying it, as any other failure does. */
+static void *launcher_main(void *arg)
+{
+    trainer *t = arg;
+    acc_err e = {0};
+    int rc = atomic_load(&t->cancel) ? acc_err_set(&e, ACC_ECANCELLED, "", "cancelled") : launch(t, &e);
+    if (rc != 0) {
+        record_status(t, rc, e.msg);
+        finish_run(t);
+    }
+    return NULL;
+}
+
+int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, acc_err *err)
+{
+    *out = NULL;
+    const job_spec *s = o->spec;
+    int rc = check_batch(s, err); /* devices in [1, TRAIN_MAX_RANKS] before copying them */
+    if (rc != 0)
+        return rc;
+    trainer *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+    t->spec = *s;
+    t->resume_fd = -1;
+    t->nranks = s->devices;
+    t->on_event = o->on_event; /* prepare_spec reports passed-over checkpoints */
+    t->event_ctx = o->event_ctx;
+    t->keep = o->checkpoint_keep > 0 ? o->checkpoint_keep : 2;
+    t->threads = o->threads_per_device > 0 ? o->threads_per_device : 1;
+    t->hooks = h;
+    memcpy(t->devs, o->devices, (size_t)t->nranks * sizeof *t->devs);
+    atomic_init(&t->cancel, 0);
+    atomic_init(&t->preempt, 0);
+    atomic_init(&t->live, t->nranks);
+    if (pthread_mutex_init(&t->mu, NULL) != 0) {
+        free(t);
+        return acc_err_set(err, ACC_ENOMEM, "", "pthread_mutex_init failed");
+    }
+    if (o->async_start) {
+        if (pthread_create(&t->launcher, NULL, launcher_main, t) != 0) {
+            trainer_destroy(t);
+            return acc_err_set(err, ACC_EINTERNAL, "", "cannot start the trainer's launcher thread");
+        }
+        t->launcher_started = 1;
+        *out = t;
+        return 0;
+    }
+    if ((rc = launch(t, err)) != 0) {
+        trainer_destroy(t);
+        return rc;
+    }
     *out = t;
     return 0;
 }
@@ -1213,7 +1359,10 @@ int trainer_start(const trainer_opts *o, trainer **out, acc_err *err)
 void trainer_cancel(trainer *t)
 {
     atomic_store(&t->cancel, 1);
-    kern_comm_abort(t->comm);
+    pthread_mutex_lock(&t->mu); /* the launcher may still be opening it */
+    if (t->comm != NULL)
+        kern_comm_abort(t->comm);
+    pthread_mutex_unlock(&t->mu);
 }
 
 void trainer_preempt(trainer *t)
@@ -1226,6 +1375,8 @@ void trainer_wait(trainer *t)
 {
     if (t->joined)
         return;
+    if (t->launcher_started) /* it started the ranks (or failed first) */
+        pthread_join(t->launcher, NULL);
     for (int r = 0; r < t->nranks; r++)
         if (t->ranks[r].started)
             pthread_join(t->ranks[r].thread, NULL);

@@ -47,6 +47,7 @@ typedef enum train_event_kind {
     TEV_LOG,         /* free-form message */
     TEV_SPLIT_UP,    /* "auto": the micro batch was raised at a checkpoint (from/to fields) */
     TEV_DONE,        /* the run ended; always the last event */
+    TEV_CKPT_REJECTED, /* a checkpoint passed over at resume: path, msg = why */
 } train_event_kind;
 
 typedef struct train_event {
@@ -66,7 +67,8 @@ typedef struct train_event {
     int from_micro, from_accum, to_micro, to_accum;
     bool recompute;        /* activation recomputation switched on */
     uint64_t bytes_asked, bytes_free;
-    /* TEV_CHECKPOINT: path; TEV_LOG / TEV_DONE: message */
+    /* TEV_CHECKPOINT / TEV_CKPT_REJECTED: path; TEV_LOG / TEV_DONE /
+     * TEV_CKPT_REJECTED: message */
     char path[PATH_MAX];
     int status;            /* TEV_DONE: 0, ACC_ECANCELLED or an error code */
     char msg[512];
@@ -79,15 +81,23 @@ typedef struct trainer_opts {
     const kern_device_info *devices; /* spec->devices entries, one per rank */
     int threads_per_device;        /* CPU devices: kernel threads per rank */
     int checkpoint_keep;           /* checkpoints kept in output_dir (0 = 2) */
+    /* prepare on a thread of the trainer's own (find and verify the resume
+     * checkpoint, read init_from, plan, open the communicator), so that
+     * trainer_start returns at once without touching a file; a failure
+     * there is the run's TEV_DONE. false: trainer_start returns it. */
+    bool async_start;
     train_event_fn on_event;
     void *event_ctx;
 } trainer_opts;
 
 typedef struct trainer trainer;
 
-/* Check what can be checked before queuing: data and init files exist, have
- * the right format, tokens < vocab_size, the model shape is consistent.
- * ACC_EINVAL with the field ("data.train", "model.init_from"). */
+/* Check what can be checked before queuing: data and init files exist
+ * under the spec's roots (safepath.h), are regular files of the right
+ * format, tokens < vocab_size, the model shape is consistent, resume_from
+ * holds a usable checkpoint of this model not past max_steps. ACC_EINVAL
+ * with the field ("data.train", "model.init_from", "resume_from"). Reads
+ * files: never on the daemon's loop thread. */
 int trainer_check_spec(const job_spec *spec, acc_err *err);
 
 int trainer_start(const trainer_opts *o, trainer **out, acc_err *err);

@@ -6,9 +6,10 @@
 #    its first step (oom_adjust events, the counter in /metrics, the split in
 #    the job), and its per-step losses equal those of the same job started at
 #    the adapted split;
-#  - a budget below even micro batch 1 with recomputation fails the job with
-#    the bytes needed and the budget in its error; the daemon and another job
-#    are unaffected.
+#  - a budget below even micro batch 1 with recomputation: the job is refused
+#    at submit (400, field model) with the bytes needed and the device's, and
+#    a job queued before the budget shrank fails at the restart with the same
+#    numbers; the daemon is unaffected (issue 16, defect 12).
 . "$(dirname "$0")/lib.sh"
 
 # tiny_job's B = 8; a model large enough that its activations dominate
@@ -55,13 +56,28 @@ expect_eq "accumd_oom_adjustments_total" "$n" 2
 acc_stop
 ok "m=8 adapted to m=2 in its first step; same losses as m=2: $l_big"
 
-# 3. a budget below anything: the job fails with the numbers; others are fine
+# 3. a budget below anything: refused at submit with the numbers
 acc_start --set cpu_devices=1 --set cpu_device_memory=1M
-bad=$(acc_submit "$JOB2") || exit 1
-acc_wait_state "$bad" failed 30
-msg=$(acc_curl "$BASE/v1/jobs/$bad" | jq -r .error.message)
+out=$(acc_curl -w '\n%{http_code}' -X POST --data-binary "$JOB2" "$BASE/v1/jobs")
+expect_eq "a job no device can hold" "${out##*$'\n'}" 400
+expect_eq "its field" "$(echo "${out%$'\n'*}" | jq -r .error.field)" model
+msg=$(echo "${out%$'\n'*}" | jq -r .error.message)
+echo "$msg" | grep -Eq '[0-9]+ bytes per device' || fail "error without the bytes: $msg"
+echo "$msg" | grep -Eq 'device here has [0-9]+ bytes' || fail "error without the device's bytes: $msg"
+curl -sf "$BASE/healthz" >/dev/null || fail "daemon down"
+acc_stop
+# ... and a job queued before the budget shrank fails at the restart
+acc_start --set cpu_devices=1 --set cpu_device_memory=1G
+long=$(acc_submit "$(echo "$JOB2" | jq -c '.max_steps = 1000000 | .name = "long"')") || exit 1
+acc_wait_state "$long" running
+queued=$(acc_submit "$JOB2") || exit 1
+expect_eq "second job waits" "$(acc_state "$queued")" queued
+acc_stop
+acc_start --set cpu_devices=1 --set cpu_device_memory=1M
+acc_wait_state "$queued" failed 30
+msg=$(acc_curl "$BASE/v1/jobs/$queued" | jq -r .error.message)
 echo "$msg" | grep -Eq '[0-9]+ bytes' || fail "error without the bytes: $msg"
-echo "$msg" | grep -q 'budget' || fail "error without the budget: $msg"
+echo "$msg" | grep -q 'can never run' || fail "error does not say why: $msg"
 curl -sf "$BASE/healthz" >/dev/null || fail "daemon down"
 acc_stop
 ok "too small a budget: $msg"
