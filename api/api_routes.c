@@ -3,7 +3,7 @@
  *   GET  /healthz                    liveness (no token ever)
  *   GET  /metrics                    Prometheus text
  *   GET  /v1/devices                 devices, memory, holder
- *   GET  /v1/jobs[?state=S]          list
+ *   GET  /v1/jobs[?state=S&limit=N&after=ID]  list, newest first, by pages
  *   POST /v1/jobs[?dry_run=1]        submit (201 + Location) or plan (200)
  *   GET  /v1/jobs/{id}               one job, with its spec
  *   DELETE /v1/jobs/{id}             cancel (200 when final now, 202 when
@@ -47,6 +47,31 @@ static void resp_json_obj(api_response *resp, int status, json_t *o)
     resp->body_len = n;
 }
 
+/* A body made of pieces (cached views), with the closing newline. */
+static void resp_pieces(api_response *resp, int status, const char *const *p, const size_t *len, int n)
+{
+    size_t total = 2;
+    for (int i = 0; i < n; i++)
+        total += len[i];
+    char *body = malloc(total);
+    if (body == NULL) {
+        api_resp_error(resp, 500, "internal", NULL, "out of memory");
+        return;
+    }
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(body + k, p[i], len[i]);
+        k += len[i];
+    }
+    body[k++] = '\n';
+    body[k] = '\0';
+    free(resp->body);
+    resp->status = status;
+    resp->content_type = "application/json";
+    resp->body = body;
+    resp->body_len = k;
+}
+
 static const char *query(const api_request *req, const char *key)
 {
     return MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, key);
@@ -66,6 +91,23 @@ static bool flag_on(const char *v)
 }
 
 /* ---- /healthz, /metrics, /v1/devices --------------------------------------- */
+
+/* {"status":"ok"}, or "degraded" with what the job store says: the daemon
+ * lives and answers reads, but takes no jobs until the store writes. */
+static void route_healthz(api_server *s, api_response *resp)
+{
+    const jobs_mgr *m = api_server_app(s);
+    const store *st = &m->st;
+    if (!st->degraded && !st->failing) {
+        api_resp_json(resp, 200, "{\"status\":\"ok\"}\n");
+        return;
+    }
+    resp_json_obj(resp, 200,
+                  json_pack("{s:s, s:{s:b, s:b, s:s, s:I, s:I}}", "status", "degraded", "store", "read_only",
+                            st->degraded, "writing", !st->degraded && !st->failing, "error", st->why,
+                            "write_errors", (json_int_t)st->write_errors, "pending_state_changes",
+                            (json_int_t)m->npending));
+}
 
 static void route_metrics(api_server *s, const api_request *req, api_response *resp)
 {
@@ -124,21 +166,77 @@ static void route_devices(api_server *s, const api_request *req, api_response *r
 
 /* ---- /v1/jobs --------------------------------------------------------------- */
 
+#define LIST_DEFAULT_LIMIT 100
+#define LIST_MAX_LIMIT 1000
+
+/* ?limit=: strict decimal in 1..LIST_MAX_LIMIT. */
+static int list_limit(const api_request *req, int *limit, api_response *resp)
+{
+    const char *v = query(req, "limit");
+    *limit = LIST_DEFAULT_LIMIT;
+    if (v == NULL)
+        return 0;
+    int n = 0;
+    const char *p = v;
+    for (; *p >= '0' && *p <= '9' && n <= LIST_MAX_LIMIT; p++)
+        n = n * 10 + (*p - '0');
+    if (p == v || *p != '\0' || n < 1 || n > LIST_MAX_LIMIT) {
+        api_resp_error(resp, 400, "invalid", "limit", "limit must be an integer from 1 to %d", LIST_MAX_LIMIT);
+        return -1;
+    }
+    *limit = n;
+    return 0;
+}
+
+/* {"jobs":[...],"next":"<id>"|null}: newest first; `next` is the cursor
+ * of the following (older) page, for ?after=. Views are cached per job. */
 static void route_list(api_server *s, const api_request *req, api_response *resp)
 {
     jobs_mgr *m = api_server_app(s);
     const char *state = query(req, "state");
-    int want = -1;
+    int want = -1, limit;
     if (state != NULL && (want = job_state_parse(state)) < 0) {
         api_resp_error(resp, 400, "invalid", "state",
                        "state must be queued, running, succeeded, failed or cancelled, got '%s'", state);
         return;
     }
-    json_t *a = json_array();
-    for (size_t i = 0; a != NULL && i < m->njobs; i++)
-        if (want < 0 || (int)m->jobs[i]->state == want)
-            json_array_append_new(a, job_to_json(m->jobs[i], false, m->devs));
-    resp_json_obj(resp, 200, json_pack("{s:o}", "jobs", a ? a : json_array()));
+    if (list_limit(req, &limit, resp) != 0)
+        return;
+    job **found = malloc((size_t)(limit + 1) * sizeof *found);
+    const char **piece = malloc((size_t)(2 * limit + 3) * sizeof *piece);
+    size_t *len = malloc((size_t)(2 * limit + 3) * sizeof *len);
+    int n = 0, k = 0;
+    bool more = false;
+    acc_err err = {0};
+    if (found == NULL || piece == NULL || len == NULL) {
+        api_resp_error(resp, 500, "internal", NULL, "out of memory");
+    } else if (jobs_list(m, want, query(req, "after"), limit, found, &n, &more, &err) != 0) {
+        api_resp_from_err(resp, &err);
+    } else {
+        char tail[64];
+        piece[k] = "{\"jobs\":[";
+        len[k++] = 9;
+        for (int i = 0; i < n; i++) {
+            size_t vl = 0;
+            const char *v = job_view(found[i], false, m->devs, &vl);
+            if (v == NULL)
+                continue;
+            if (k > 1) {
+                piece[k] = ",";
+                len[k++] = 1;
+            }
+            piece[k] = v;
+            len[k++] = vl;
+        }
+        int t = more && n > 0 ? snprintf(tail, sizeof tail, "],\"next\":\"%s\"}", found[n - 1]->id)
+                              : snprintf(tail, sizeof tail, "],\"next\":null}");
+        piece[k] = tail;
+        len[k++] = (size_t)t;
+        resp_pieces(resp, 200, piece, len, k);
+    }
+    free(found);
+    free(piece);
+    free(len);
 }
 
 static void route_submit(api_server *s, const api_request *req, api_response *resp)
@@ -211,6 +309,11 @@ static void route_events(api_server *s, const api_request *req, api_response *re
     uint64_t from;
     if (stream_start(req, &from, resp) != 0)
         return;
+    acc_err err = {0};
+    if (jobs_hydrate(api_server_app(s), j, &err) != 0) {
+        api_resp_from_err(resp, &err);
+        return;
+    }
     resp->stream = api_stream_new(s, req->conn, &j->ring, from, format && !strcmp(format, "ndjson"));
     if (resp->stream == NULL)
         api_resp_error(resp, 500, "internal", NULL, "out of memory");
@@ -230,8 +333,11 @@ static void route_job(api_server *s, const api_request *req, api_response *resp,
             method_not_allowed(req, resp, "GET");
             return;
         }
+        acc_err err = {0};
         if (tail[0] == 'e')
             route_events(s, req, resp, j);
+        else if (jobs_hydrate(m, j, &err) != 0)
+            api_resp_from_err(resp, &err);
         else
             resp_json_obj(resp, 200, job_metrics_json(j));
         return;
@@ -241,7 +347,12 @@ static void route_job(api_server *s, const api_request *req, api_response *resp,
         return;
     }
     if (is_method(req, "GET")) {
-        resp_json_obj(resp, 200, job_to_json(j, true, m->devs));
+        size_t n = 0;
+        const char *v = job_view(j, true, m->devs, &n);
+        if (v == NULL)
+            api_resp_error(resp, 500, "internal", NULL, "out of memory");
+        else
+            resp_pieces(resp, 200, &v, &n, 1);
         return;
     }
     if (!is_method(req, "DELETE")) {
@@ -265,7 +376,7 @@ void api_route(api_server *s, const api_request *req, api_response *resp)
     bool get = is_method(req, "GET") || is_method(req, "HEAD");
     if (!strcmp(p, "/healthz")) {
         if (get)
-            api_resp_json(resp, 200, "{\"status\":\"ok\"}\n");
+            route_healthz(s, resp);
         else
             method_not_allowed(req, resp, "GET, HEAD");
     } else if (!strcmp(p, "/metrics")) {
