@@ -883,6 +883,7 @@ void jobs_flush(jobs_mgr *m)
 
 void jobs_retry_store(jobs_mgr *m)
 {
+    store_poll_check(&m->st, false);
     if (m->st.degraded || (!m->st.failing && m->npending == 0))
         return;
     acc_err err = {0};
@@ -1040,7 +1041,7 @@ static void reload_one(void *ctx, const store_job_row *r)
     json_t *st = r->status ? json_loads(r->status, 0, NULL) : NULL;
     char damaged[300];
     check_record(r, st, damaged, sizeof damaged);
-    j->spec_json = damaged[0] ? strdup("null") : compact_spec(r->spec, strlen(r->spec));
+    j->spec_json = strdup(damaged[0] ? "null" : r->spec); /* stored compact at submission */
     int spec_rc = damaged[0] ? ACC_EINVAL : job_spec_parse(r->spec, strlen(r->spec), m->conf, &j->spec, &err);
     set_output_dir(m, j);
     j->cur_micro = j->spec.micro_batch;

@@ -216,24 +216,93 @@ static int exec_sql(store *st, const char *sql, const char *op, acc_err *err)
     return 0;
 }
 
-/* PRAGMA quick_check: "ok", or the first problem found. */
-static int check_integrity(store *st, acc_err *err)
+/* PRAGMA quick_check[(table)] on `db`: "ok", or the first problem found. */
+static int check_integrity(sqlite3 *db, const char *path, const char *sql, char *msg, size_t n)
 {
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(st->db, "PRAGMA quick_check(1)", -1, &s, NULL) != SQLITE_OK)
-        return acc_err_set(err, ACC_EINTERNAL, NULL, "job store: integrity check on %s: %s", st->path,
-                           sqlite3_errmsg(st->db));
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) {
+        snprintf(msg, n, "job store: integrity check on %.300s: %.150s", path, sqlite3_errmsg(db));
+        return ACC_EINTERNAL;
+    }
     int rc = sqlite3_step(s);
     const char *res = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(s, 0) : NULL;
     int out = 0;
-    if (rc != SQLITE_ROW)
-        out = acc_err_set(err, ACC_EINTERNAL, NULL, "job store: integrity check on %s: %s", st->path,
-                          sqlite3_errmsg(st->db));
-    else if (res == NULL || strcmp(res, "ok"))
-        out = acc_err_set(err, ACC_EINTERNAL, NULL, "job store: %s is damaged: %.300s", st->path,
-                          res ? res : "(no answer)");
+    if (rc != SQLITE_ROW) {
+        snprintf(msg, n, "job store: integrity check on %.300s: %.150s", path, sqlite3_errmsg(db));
+        out = ACC_EINTERNAL;
+    } else if (res == NULL || strcmp(res, "ok")) {
+        snprintf(msg, n, "job store: %.300s is damaged: %.150s", path, res ? res : "(no answer)");
+        out = ACC_EINTERNAL;
+    }
     sqlite3_finalize(s);
     return out;
+}
+
+static int check_tables(store *st, acc_err *err)
+{
+    static const char *const sql[] = {"PRAGMA quick_check(1)", "PRAGMA quick_check(jobs)", "PRAGMA quick_check(meta)"};
+    char msg[512];
+    /* a new database has no tables yet: the schema check covers it */
+    sqlite3_stmt *s = NULL;
+    int rc = sqlite3_prepare_v2(st->db, "SELECT count(*) FROM sqlite_schema WHERE name IN ('jobs', 'meta')", -1, &s,
+                                NULL);
+    int have = rc == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int(s, 0) : -1;
+    sqlite3_finalize(s);
+    if (have < 0)
+        return acc_err_set(err, ACC_EINTERNAL, NULL, "job store: reading the schema of %s: %s", st->path,
+                           sqlite3_errmsg(st->db));
+    for (int i = have == 2 ? 1 : 0; i < (have == 2 ? 3 : 1); i++)
+        if (check_integrity(st->db, st->path, sql[i], msg, sizeof msg) != 0)
+            return acc_err_set(err, ACC_EINTERNAL, NULL, "%s", msg);
+    return 0;
+}
+
+/* SQLite calls this every N virtual-machine steps of the check. */
+static int check_progress(void *arg) { return atomic_load(&((store *)arg)->check_stop); }
+
+/* The whole file, on its own thread and read-only connection. */
+static void *check_main(void *arg)
+{
+    store *st = arg;
+    sqlite3 *db = NULL;
+    int verdict = -1;
+    if (sqlite3_open_v2(st->path, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+        snprintf(st->check_msg, sizeof st->check_msg, "job store: integrity check: open %.300s: %.150s", st->path,
+                 db ? sqlite3_errmsg(db) : "out of memory");
+    } else {
+        sqlite3_progress_handler(db, 10000, check_progress, st);
+        if (check_integrity(db, st->path, "PRAGMA quick_check(1)", st->check_msg, sizeof st->check_msg) == 0)
+            verdict = 1;
+        else if (atomic_load(&st->check_stop))
+            verdict = 1; /* interrupted at shutdown: no verdict */
+    }
+    sqlite3_close(db);
+    atomic_store(&st->check_state, verdict);
+    return NULL;
+}
+
+static void start_check(store *st)
+{
+    atomic_store(&st->check_state, 0);
+    int rc = pthread_create(&st->check_thr, NULL, check_main, st);
+    if (rc != 0) {
+        acc_log(ACC_LOG_WARN, "store", "no whole-file integrity check: thread: %s", strerror(rc));
+        return;
+    }
+    st->check_on = true;
+}
+
+void store_poll_check(store *st, bool wait)
+{
+    if (!st->check_on || (!wait && atomic_load(&st->check_state) == 0))
+        return;
+    pthread_join(st->check_thr, NULL);
+    st->check_on = false;
+    if (atomic_load(&st->check_state) < 0 && !st->degraded) {
+        st->degraded = true;
+        snprintf(st->why, sizeof st->why, "%s", st->check_msg);
+        acc_log(ACC_LOG_ERROR, "store", "read-only mode: %s", st->check_msg);
+    }
 }
 
 static int read_meta_u64(store *st, const char *key, uint64_t *out, acc_err *err)
@@ -262,7 +331,7 @@ static int open_db(store *st, acc_err *err)
     if (sqlite3_busy_timeout(st->db, STORE_BUSY_MS) != SQLITE_OK ||
         sqlite3_extended_result_codes(st->db, 1) != SQLITE_OK)
         return db_err(st, false, "configure", err);
-    if ((rc = check_integrity(st, err)) != 0)
+    if ((rc = check_tables(st, err)) != 0)
         return rc;
     if ((rc = exec_sql(st, "PRAGMA journal_mode=WAL", "journal_mode=WAL", err)) != 0 ||
         (rc = exec_sql(st, "PRAGMA synchronous=FULL", "synchronous=FULL", err)) != 0 ||
@@ -305,12 +374,16 @@ int store_init(store *st, const char *state_dir, int history_keep, acc_err *err)
         st->degraded = true;
         snprintf(st->why, sizeof st->why, "%s", e.msg);
         acc_log(ACC_LOG_ERROR, "store", "read-only mode: %s", e.msg);
+    } else {
+        start_check(st);
     }
     return 0;
 }
 
 void store_close(store *st)
 {
+    atomic_store(&st->check_stop, true); /* a check in progress ends at its next steps */
+    store_poll_check(st, true);
     for (int i = 0; i < STS_N; i++)
         sqlite3_finalize(st->stmt[i]);
     memset(st->stmt, 0, sizeof st->stmt);

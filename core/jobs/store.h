@@ -18,9 +18,13 @@
  * ACC_EINTERNAL naming the operation and the database file, and marks the
  * store `failing` until a later write succeeds (store_probe); the caller
  * keeps the previous state visible and retries. At start the database is
- * checked (PRAGMA quick_check); a database that cannot be opened, is corrupt
- * or cannot be written puts the store in read-only `degraded` mode: reads
- * answer what can be read, writes fail with ACC_EUNAVAIL. Neither is fatal.
+ * checked (PRAGMA quick_check): the tables a start reads (jobs, meta) before
+ * loading, the whole file (the history grows with time) on a thread of its
+ * own with its own read-only connection, its verdict picked up by
+ * store_poll_check on the loop thread. A database that cannot be opened, is
+ * corrupt or cannot be written puts the store in read-only `degraded` mode:
+ * reads answer what can be read, writes fail with ACC_EUNAVAIL. Neither is
+ * fatal.
  *
  * Round 1: on first start an existing state_dir/jobs/<id>/{spec.json,
  * status.json,events.ndjson} layout is imported in one transaction, then
@@ -35,6 +39,8 @@
 #define ACC_STORE_H
 
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -64,6 +70,12 @@ typedef struct store {
     uint64_t next_submit;     /* the id counter as stored */
     int imported;             /* round-1 jobs imported at this start */
     sqlite3_stmt *stmt[STS_N];
+    /* the whole-file check: 0 running, 1 passed, -1 failed (check_msg) */
+    pthread_t check_thr;
+    bool check_on;
+    _Atomic int check_state;
+    atomic_bool check_stop;  /* store_close: end the check early */
+    char check_msg[512];
 } store;
 
 /* Open (create) the database, import round 1, check it. Returns non-zero
@@ -110,6 +122,10 @@ int store_save_status(store *st, const char *id, const char *state, const char *
  * status change; FULL when `sync`, else NORMAL. */
 int store_append_events(store *st, const char *id, const store_event *evs, int nev, const store_metric *metric,
                         bool sync, acc_err *err);
+
+/* The whole-file check's verdict, when it is in: a damaged file makes the
+ * store read-only from here on. `wait`: block until the check ends (tests). */
+void store_poll_check(store *st, bool wait);
 
 /* A tiny write, to learn whether a failing store works again. */
 int store_probe(store *st, acc_err *err);

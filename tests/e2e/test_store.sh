@@ -151,6 +151,10 @@ acc_stop
 [ -e "$STATE/accumd.db-wal" ] && [ -s "$STATE/accumd.db-wal" ] && fail "WAL not checkpointed at a clean stop"
 yes "not a b-tree page" | head -c 8192 | dd of="$STATE/accumd.db" bs=4096 seek=1 conv=notrunc status=none
 acc_start "${ARGS[@]}"
+for _ in $(seq 1 200); do # the whole-file check runs beside the start
+    [ "$(curl -s "$BASE/healthz" | jq -r .status)" = degraded ] && break
+    sleep 0.05
+done
 h=$(curl -s "$BASE/healthz")
 expect_eq "healthz read-only" "$(echo "$h" | jq -c '[.status, .store.read_only]')" '["degraded",true]'
 code=$(curl -s -o /dev/null -w '%{http_code}' "$BASE/v1/jobs")

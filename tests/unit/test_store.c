@@ -284,6 +284,7 @@ static void expect_read_only(const char *dir)
     store st;
     acc_err err = {0};
     assert_int_equal(store_init(&st, dir, 1000, &err), 0); /* not fatal */
+    store_poll_check(&st, true); /* the whole-file check's verdict */
     assert_true(st.degraded);
     assert_non_null(strstr(st.why, "accumd.db"));
     store_job_row r = {.id = "j000099", .submit_seq = 99, .state = "queued", .spec = "{}"};
