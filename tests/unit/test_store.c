@@ -341,6 +341,39 @@ static void test_write_refused(void **state)
     rm_rf(dir);
 }
 
+static int count_events(void *ctx, int ncol, char **val, char **names)
+{
+    *(long *)ctx = val[0] ? atol(val[0]) : -1;
+    return 0;
+}
+
+/* history_keep: a job's events and metrics rows are pruned to the newest. */
+static void test_history_keep(void **state)
+{
+    char dir[32];
+    tmpdir(dir);
+    store st;
+    acc_err err = {0};
+    assert_int_equal(store_init(&st, dir, 100, &err), 0);
+    add_job(&st, "j000001", 1, "running");
+    for (int s = 2; s <= 1024; s++) {
+        char json[64];
+        snprintf(json, sizeof json, "{\"seq\":%d}", s);
+        store_event e = ev((uint64_t)s, "step", json);
+        store_metric m = {.step = s, .loss = 1.0, .lr = 0.1};
+        assert_int_equal(store_append_events(&st, "j000001", &e, 1, &m, false, &err), 0);
+    }
+    long n = 0;
+    assert_int_equal(sqlite3_exec(st.db, "SELECT count(*) FROM events", count_events, &n, NULL), SQLITE_OK);
+    assert_int_equal(n, 100); /* pruned at seq 1024: 925..1024 are left */
+    assert_int_equal(sqlite3_exec(st.db, "SELECT min(seq) FROM events", count_events, &n, NULL), SQLITE_OK);
+    assert_int_equal(n, 925);
+    assert_int_equal(sqlite3_exec(st.db, "SELECT count(*) FROM metrics", count_events, &n, NULL), SQLITE_OK);
+    assert_int_equal(n, 100);
+    store_close(&st);
+    rm_rf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -348,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_import_round1),
         cmocka_unit_test(test_corrupt_read_only),
         cmocka_unit_test(test_write_refused),
+        cmocka_unit_test(test_history_keep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
