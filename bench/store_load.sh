@@ -90,8 +90,6 @@ for run in 1 2 3; do
 done
 [ "$(curl -s "$B/v1/jobs?limit=1000" | jq '.jobs | length')" = 1000 ] || { echo "list is short" >&2; exit 1; }
 
-busy=$(curl -s -X POST --data-binary "$(job busy 100000000)" "$B/v1/jobs" | jq -r .id)
-sleep 1
 host=${B#http://}
 row() { # LABEL PATH...
     local label=$1
@@ -99,13 +97,19 @@ row() { # LABEL PATH...
     set -- $("$LOAD" "${host%:*}" "${host##*:}" 50 "$DUR" "$@")
     printf '| %s | %s | %s ms | %s ms | %s ms | %s |\n' "$label" "$2" "$4" "$6" "$8" "${12}"
 }
-echo
-echo "| request ($jobs jobs, one training, 50 connections, ${DUR} s, load average $(cut -d' ' -f1 /proc/loadavg)) | requests/s | p50 | p99 | max | errors |"
-echo "|---|---|---|---|---|---|"
-row "GET /v1/jobs?limit=50" "/v1/jobs?limit=50"
-row "GET /v1/jobs?limit=50&after=j005000" "/v1/jobs?limit=50&after=j005000"
-row "GET /v1/jobs?state=succeeded&limit=50" "/v1/jobs?state=succeeded&limit=50"
 ids=()
 for i in $(seq 1 50); do ids+=("/v1/jobs/$(printf 'j%06d' $((i * 197 % N + 1)))"); done
-row "GET /v1/jobs/{id} (50 ids)" "${ids[@]}"
+table() { # WHAT
+    echo
+    echo "| request ($jobs jobs, $1, 50 connections, ${DUR} s, load average $(cut -d' ' -f1 /proc/loadavg)) | requests/s | p50 | p99 | max | errors |"
+    echo "|---|---|---|---|---|---|"
+    row "GET /v1/jobs?limit=50" "/v1/jobs?limit=50"
+    row "GET /v1/jobs?limit=50&after=j005000" "/v1/jobs?limit=50&after=j005000"
+    row "GET /v1/jobs?state=succeeded&limit=50" "/v1/jobs?state=succeeded&limit=50"
+    row "GET /v1/jobs/{id} (50 ids)" "${ids[@]}"
+}
+table "no job training"
+busy=$(curl -s -X POST --data-binary "$(job busy 100000000)" "$B/v1/jobs" | jq -r .id)
+sleep 1
+table "one job training"
 curl -s -o /dev/null -X DELETE "$B/v1/jobs/$busy"
