@@ -9,9 +9,11 @@
 #    (default 10,000) finished jobs by copying its rows (jobs, events,
 #    metrics) in SQL with the sqlite3 CLI: no training for the copies;
 # 2. restart time: from exec to the first /healthz answer, 3 times;
-# 3. with one job training, p50/p99 at 50 keep-alive connections for
-#    GET /v1/jobs?limit=50, a deep page (?after=), and GET /v1/jobs/{id}
-#    over 50 different ids (bench/http_load.c; loopback only, DUR seconds).
+# 3. without and with one job training, p50/p99 at 50 keep-alive connections
+#    for GET /v1/jobs?limit=50, a deep page (?after=), a state filter and
+#    GET /v1/jobs/{id} over 50 different ids (bench/http_load.c; loopback
+#    only, DUR seconds), and the loop thread's CPU time per request (what a
+#    request costs, apart from how busy the machine is).
 # Prints markdown for bench/RESULTS.md. KEEP=1 keeps the state directory.
 set -eu
 ACCUMD=${1:-build/dev/accumd}
@@ -91,18 +93,23 @@ done
 [ "$(curl -s "$B/v1/jobs?limit=1000" | jq '.jobs | length')" = 1000 ] || { echo "list is short" >&2; exit 1; }
 
 host=${B#http://}
+# CPU seconds of the daemon's loop thread (the main thread: every request runs there)
+loop_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$pid/task/$pid/stat"; }
 row() { # LABEL PATH...
-    local label=$1
+    local label=$1 c0 c1
     shift
+    c0=$(loop_cpu)
     set -- $("$LOAD" "${host%:*}" "${host##*:}" 50 "$DUR" "$@")
-    printf '| %s | %s | %s ms | %s ms | %s ms | %s |\n' "$label" "$2" "$4" "$6" "$8" "${12}"
+    c1=$(loop_cpu)
+    printf '| %s | %s | %s ms | %s ms | %s ms | %s | %s |\n' "$label" "$2" "$4" "$6" "$8" "${12}" \
+        "$(awk -v a="$c0" -v b="$c1" -v n="${10}" 'BEGIN { printf "%.0f", (b - a) / n * 1e6 }')"
 }
 ids=()
 for i in $(seq 1 50); do ids+=("/v1/jobs/$(printf 'j%06d' $((i * 197 % N + 1)))"); done
 table() { # WHAT
     echo
-    echo "| request ($jobs jobs, $1, 50 connections, ${DUR} s, load average $(cut -d' ' -f1 /proc/loadavg)) | requests/s | p50 | p99 | max | errors |"
-    echo "|---|---|---|---|---|---|"
+    echo "| request ($jobs jobs, $1, 50 connections, ${DUR} s, load average $(cut -d' ' -f1 /proc/loadavg)) | requests/s | p50 | p99 | max | errors | loop-thread CPU µs / request |"
+    echo "|---|---|---|---|---|---|---|"
     row "GET /v1/jobs?limit=50" "/v1/jobs?limit=50"
     row "GET /v1/jobs?limit=50&after=j005000" "/v1/jobs?limit=50&after=j005000"
     row "GET /v1/jobs?state=succeeded&limit=50" "/v1/jobs?state=succeeded&limit=50"
