@@ -10,6 +10,8 @@
 #    lock) is not shown as done: the job keeps its state, /healthz and
 #    /metrics say so, submissions get 503 `unavailable`, and once the store
 #    writes again the change lands;
+#  - a submission the store refuses is 500 `internal` naming the operation and
+#    the file, then 503 until it writes; a damaged record stays, failed;
 #  - garbage written into the database file: the daemon starts read-only,
 #    answers reads, refuses submissions with 503, /healthz says why.
 . "$(dirname "$0")/lib.sh"
@@ -144,6 +146,40 @@ acc_start "${ARGS[@]}"
 expect_eq "the late change is on disk" "$(acc_state "$blocker")" cancelled
 acc_stop
 ok "unwritable store: nothing shown done that is not stored, 503, retried"
+
+# ---- a submission the store refuses: 500 `internal` naming the operation
+# and the file (nothing acknowledged, nothing left behind), then 503 until
+# the store writes again; a damaged record in the database stays listed
+STATE=$ACC_TMP/refused
+acc_data
+acc_start "${ARGS[@]}"
+keep=$(acc_submit "$(tiny_job keep 2)") || exit 1
+acc_wait_state "$keep" succeeded
+lock "$ACC_TMP/held2"
+out=$(curl -s -w '\n%{http_code}' -X POST --data-binary "$(tiny_job refused 2)" "$BASE/v1/jobs")
+expect_eq "refused submission" "${out##*$'\n'}" 500
+echo "${out%$'\n'*}" | jq -e '.error.code == "internal" and (.error.message | test("create job j000002 on .*accumd.db"))' \
+    >/dev/null || fail "store error does not say internal / what / which file: ${out%$'\n'*}"
+expect_error POST /v1/jobs "$(tiny_job refused 2)" 503 ""
+rm -f "$ACC_TMP/held2"
+for _ in $(seq 1 100); do
+    [ "$(curl -s "$BASE/healthz" | jq -r .status)" = ok ] && break
+    sleep 0.05
+done
+next=$(acc_submit "$(tiny_job after 2)") || exit 1
+expect_eq "the refused one left no id behind" "$next" j000002
+expect_eq "jobs" "$(curl -s "$BASE/v1/jobs" | jq -c '[.jobs[].id]')" "[\"$next\",\"$keep\"]"
+[ -e "$STATE/jobs" ] && fail "a job directory was created under state_dir"
+acc_wait_state "$next" succeeded
+acc_stop
+sqlite3 "$STATE/accumd.db" "UPDATE jobs SET spec = '{\"name\": tor' WHERE id = '$keep'"
+acc_start "${ARGS[@]}"
+expect_eq "damaged record listed failed" "$(acc_state "$keep")" failed
+acc_curl "$BASE/v1/jobs/$keep" | jq -r .error.message | grep -q 'record damaged: the stored spec is not valid JSON' ||
+    fail "no reason: $(acc_curl "$BASE/v1/jobs/$keep")"
+expect_eq "the other job" "$(acc_state "$next")" succeeded
+acc_stop
+ok "refused submission: 500 internal naming the file, then 503; damaged record kept as failed"
 
 # ---- garbage in the database file: read-only mode
 acc_start "${ARGS[@]}"
