@@ -20,6 +20,7 @@
 #define STORE_SCHEMA_VERSION 1
 #define STORE_BUSY_MS 20            /* the loop thread waits no longer for a lock */
 #define STORE_PRUNE_EVERY 256       /* history pruned every this many rows */
+#define STORE_CKPT_MS 1000          /* the maintenance thread checkpoints the WAL this often */
 #define ROUND1_MAX_FILE (256u << 20)
 #define ROUND1_MAX_SEQ_STEP 1024    /* a round-1 line may skip this many torn ones */
 
@@ -260,24 +261,48 @@ static int check_tables(store *st, acc_err *err)
 /* SQLite calls this every N virtual-machine steps of the check. */
 static int check_progress(void *arg) { return atomic_load(&((store *)arg)->check_stop); }
 
-/* The whole file, on its own thread and read-only connection. */
+/* Sleep up to `ms`, awake early when the store closes. */
+static void nap(store *st, int ms)
+{
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    for (int t = 0; t < ms && !atomic_load(&st->check_stop); t += 50)
+        nanosleep(&ts, NULL);
+}
+
+/* The maintenance thread, with a connection of its own: the whole-file
+ * check, then a PASSIVE checkpoint of the WAL every STORE_CKPT_MS (it never
+ * blocks the writer), so the loop thread's commits never copy the WAL into
+ * the database and fsync it themselves. */
 static void *check_main(void *arg)
 {
     store *st = arg;
     sqlite3 *db = NULL;
     int verdict = -1;
-    if (sqlite3_open_v2(st->path, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+    if (sqlite3_open_v2(st->path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK ||
+        sqlite3_busy_timeout(db, STORE_BUSY_MS) != SQLITE_OK) {
         snprintf(st->check_msg, sizeof st->check_msg, "job store: integrity check: open %.300s: %.150s", st->path,
                  db ? sqlite3_errmsg(db) : "out of memory");
-    } else {
-        sqlite3_progress_handler(db, 10000, check_progress, st);
-        if (check_integrity(db, st->path, "PRAGMA quick_check(1)", st->check_msg, sizeof st->check_msg) == 0)
-            verdict = 1;
-        else if (atomic_load(&st->check_stop))
-            verdict = 1; /* interrupted at shutdown: no verdict */
+        atomic_store(&st->check_state, verdict);
+        sqlite3_close(db);
+        return NULL;
     }
-    sqlite3_close(db);
+    sqlite3_progress_handler(db, 10000, check_progress, st);
+    if (check_integrity(db, st->path, "PRAGMA quick_check(1)", st->check_msg, sizeof st->check_msg) == 0 ||
+        atomic_load(&st->check_stop)) /* interrupted at shutdown: no verdict */
+        verdict = 1;
     atomic_store(&st->check_state, verdict);
+    sqlite3_progress_handler(db, 0, NULL, NULL);
+    bool warned = false;
+    while (verdict > 0 && !atomic_load(&st->check_stop)) {
+        nap(st, STORE_CKPT_MS);
+        int rc = sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+        if (rc != SQLITE_OK && rc != SQLITE_BUSY && !warned) /* busy: the next round */
+            acc_log(ACC_LOG_WARN, "store", "WAL checkpoint of %s: %s", st->path, sqlite3_errmsg(db));
+        warned = rc != SQLITE_OK && rc != SQLITE_BUSY;
+    }
+    if (sqlite3_close(db) != SQLITE_OK)
+        acc_log(ACC_LOG_WARN, "store", "closing the maintenance connection to %s: %s", st->path,
+                sqlite3_errmsg(db));
     return NULL;
 }
 
@@ -286,19 +311,27 @@ static void start_check(store *st)
     atomic_store(&st->check_state, 0);
     int rc = pthread_create(&st->check_thr, NULL, check_main, st);
     if (rc != 0) {
-        acc_log(ACC_LOG_WARN, "store", "no whole-file integrity check: thread: %s", strerror(rc));
+        acc_log(ACC_LOG_WARN, "store", "no maintenance thread (whole-file check, WAL checkpoints): %s",
+                strerror(rc));
         return;
     }
     st->check_on = true;
+    /* the thread checkpoints now; commits on the loop thread need not */
+    if (sqlite3_wal_autocheckpoint(st->db, 0) != SQLITE_OK)
+        acc_log(ACC_LOG_WARN, "store", "wal_autocheckpoint on %s: %s", st->path, sqlite3_errmsg(st->db));
 }
 
 void store_poll_check(store *st, bool wait)
 {
-    if (!st->check_on || (!wait && atomic_load(&st->check_state) == 0))
+    if (!st->check_on || st->check_seen)
         return;
-    pthread_join(st->check_thr, NULL);
-    st->check_on = false;
-    if (atomic_load(&st->check_state) < 0 && !st->degraded) {
+    while (wait && atomic_load(&st->check_state) == 0)
+        nap(st, 50);
+    int verdict = atomic_load(&st->check_state);
+    if (verdict == 0)
+        return;
+    st->check_seen = true;
+    if (verdict < 0 && !st->degraded) {
         st->degraded = true;
         snprintf(st->why, sizeof st->why, "%s", st->check_msg);
         acc_log(ACC_LOG_ERROR, "store", "read-only mode: %s", st->check_msg);
@@ -383,7 +416,11 @@ int store_init(store *st, const char *state_dir, int history_keep, acc_err *err)
 void store_close(store *st)
 {
     atomic_store(&st->check_stop, true); /* a check in progress ends at its next steps */
-    store_poll_check(st, true);
+    if (st->check_on) {
+        store_poll_check(st, true);
+        pthread_join(st->check_thr, NULL);
+        st->check_on = false;
+    }
     for (int i = 0; i < STS_N; i++)
         sqlite3_finalize(st->stmt[i]);
     memset(st->stmt, 0, sizeof st->stmt);

@@ -19,9 +19,11 @@
  * store `failing` until a later write succeeds (store_probe); the caller
  * keeps the previous state visible and retries. At start the database is
  * checked (PRAGMA quick_check): the tables a start reads (jobs, meta) before
- * loading, the whole file (the history grows with time) on a thread of its
- * own with its own read-only connection, its verdict picked up by
- * store_poll_check on the loop thread. A database that cannot be opened, is
+ * loading, the whole file (the history grows with time) on a maintenance
+ * thread with its own connection, its verdict picked up by store_poll_check
+ * on the loop thread; that thread then checkpoints the WAL into the
+ * database (PASSIVE, every second), so commits on the loop thread only
+ * append to the WAL. A database that cannot be opened, is
  * corrupt or cannot be written puts the store in read-only `degraded` mode:
  * reads answer what can be read, writes fail with ACC_EUNAVAIL. Neither is
  * fatal.
@@ -70,9 +72,10 @@ typedef struct store {
     uint64_t next_submit;     /* the id counter as stored */
     int imported;             /* round-1 jobs imported at this start */
     sqlite3_stmt *stmt[STS_N];
-    /* the whole-file check: 0 running, 1 passed, -1 failed (check_msg) */
+    /* the maintenance thread: the whole-file check (0 running, 1 passed,
+     * -1 failed: check_msg), then WAL checkpoints until store_close */
     pthread_t check_thr;
-    bool check_on;
+    bool check_on, check_seen;
     _Atomic int check_state;
     atomic_bool check_stop;  /* store_close: end the check early */
     char check_msg[512];
