@@ -132,6 +132,7 @@ int api_status_of(int code)
     case ACC_ETOOBIG: return 413;
     case ACC_EOOM: return 507;
     case ACC_EDEVICE: return 503;
+    case ACC_EUNAVAIL: return 503;
     default: return 500;
     }
 }

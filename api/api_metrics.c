@@ -145,6 +145,18 @@ static void users_section(mbuf *b, const jobs_mgr *m)
     free(counts);
 }
 
+static void store_section(mbuf *b, const jobs_mgr *m)
+{
+    head(b, "accumd_store_up", "gauge", "1 when the job store writes, 0 when it is read-only or failing.");
+    put(b, "accumd_store_up %d\n", !m->st.degraded && !m->st.failing);
+    head(b, "accumd_store_read_only", "gauge", "1 when the job store opened read-only (damaged or unwritable).");
+    put(b, "accumd_store_read_only %d\n", m->st.degraded);
+    head(b, "accumd_store_write_errors_total", "counter", "Job store writes that failed since the daemon started.");
+    put(b, "accumd_store_write_errors_total %llu\n", (unsigned long long)m->st.write_errors);
+    head(b, "accumd_store_pending_state_changes", "gauge", "Job state changes waiting for the store to write.");
+    put(b, "accumd_store_pending_state_changes %zu\n", m->npending);
+}
+
 static void devices_section(mbuf *b, const jobs_mgr *m)
 {
     static const char *const names[3] = {"accumd_device_memory_total_bytes", "accumd_device_memory_in_use_bytes",
@@ -185,6 +197,7 @@ char *api_metrics_text(api_server *s, size_t *len)
     b.p[0] = '\0';
     jobs_section(&b, m);
     users_section(&b, m);
+    store_section(&b, m);
     devices_section(&b, m);
     http_section(&b, s);
     if (b.failed) {

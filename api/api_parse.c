@@ -214,6 +214,35 @@ static int no_route(const api_request *in, api_response *resp)
     return -1;
 }
 
+/* Pagination of the list: ?limit= (1..API_LIST_MAX_LIMIT) and ?after=<job id>. */
+static int parse_page(const api_request *in, api_call *out, api_response *resp)
+{
+    uint64_t limit = API_LIST_LIMIT;
+    bool have = false;
+    const char *after;
+    out->limit = API_LIST_LIMIT;
+    if (api_query_u64(in, "limit", UINT64_MAX, &limit, &have, resp) != 0 || (have && (limit < 1 || limit > API_LIST_MAX_LIMIT))) {
+        api_resp_error(resp, 400, "invalid", "limit", "limit must be an integer from 1 to %d", API_LIST_MAX_LIMIT);
+        return -1;
+    }
+    out->limit = (int)limit;
+    int rc = api_query_get(in, "after", &after, resp);
+    if (rc < 0)
+        return -1;
+    if (rc > 0) {
+        size_t n = after != NULL ? strlen(after) : 0;
+        if (n == 0 || n >= sizeof out->after || !job_id_valid(after, n)) {
+            char safe[128];
+            api_safe_text(after ? after : "", n, safe, sizeof safe);
+            api_resp_error(resp, 400, "invalid", "after",
+                           "after must name a job (the `next` of the previous page), got '%s'", safe);
+            return -1;
+        }
+        memcpy(out->after, after, n + 1);
+    }
+    return 0;
+}
+
 static int parse_list(const api_request *in, api_call *out, api_response *resp)
 {
     const char *state;
@@ -229,7 +258,7 @@ static int parse_list(const api_request *in, api_call *out, api_response *resp)
                        "state must be queued, running, succeeded, failed or cancelled, got '%s'", safe);
         return -1;
     }
-    return 0;
+    return parse_page(in, out, resp);
 }
 
 /* Where a stream starts: after Last-Event-ID (the last event seen) or after

@@ -13,7 +13,9 @@
  *     `?dry_run` or `?dry_run=` is true; anything else is 400;
  *   sequence numbers (?since, Last-Event-ID): decimal digits only (no sign,
  *     no space), at most API_SEQ_MAX;
- *   job ids: the grammar of job_id_valid() (job.h); anything else is 404;
+ *   job ids: the grammar of job_id_valid() (job.h); anything else is 404
+ *     (in the path) or 400 naming the parameter (?after);
+ *   page sizes (?limit): decimal digits only, 1..API_LIST_MAX_LIMIT;
  * a NUL byte anywhere (in the path, a query pair, a header) is 400. A known
  * query parameter given twice is 400; unknown parameters are ignored.
  * Text from the request that goes into an answer or a log line passes
@@ -31,6 +33,8 @@
 
 #define API_SEQ_MAX INT64_MAX /* largest event sequence number a client may name */
 #define API_ID_MAX 32         /* bytes of a job id, NUL included */
+#define API_LIST_LIMIT 100    /* GET /v1/jobs page size when ?limit= is absent */
+#define API_LIST_MAX_LIMIT 1000
 
 typedef enum api_route_id {
     API_R_HEALTHZ,
@@ -52,6 +56,10 @@ typedef struct api_call {
     bool dry_run;          /* submit */
     uint64_t from;         /* events: the first sequence number to send */
     bool ndjson;           /* events: NDJSON instead of SSE */
+    int limit;             /* list: page size, 1..API_LIST_MAX_LIMIT (default API_LIST_LIMIT) */
+    char after[API_ID_MAX];/* list: the page starts after this job id ("" = newest); the
+                            * previous page's `next`; grammar of job_id_valid (a well-formed
+                            * id of no known job is the route's 400) */
 } api_call;
 
 /* Fill `out` from `in`, or `resp` with the error (see above). */

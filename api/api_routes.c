@@ -4,7 +4,7 @@
  *   (and HEAD wherever GET is)
  *   GET  /metrics                    Prometheus text
  *   GET  /v1/devices                 devices, memory, holder
- *   GET  /v1/jobs[?state=S]          list
+ *   GET  /v1/jobs[?state=S&limit=N&after=ID]  list, newest first, by pages
  *   POST /v1/jobs[?dry_run=1]        submit (201 + Location) or plan (200)
  *   GET  /v1/jobs/{id}               one job, with its spec
  *   DELETE /v1/jobs/{id}             cancel (200 when final now, 202 when
@@ -53,7 +53,49 @@ static void resp_json_obj(api_response *resp, int status, json_t *o)
     resp->body_len = n;
 }
 
+/* A body made of pieces (cached views), with the closing newline. */
+static void resp_pieces(api_response *resp, int status, const char *const *p, const size_t *len, int n)
+{
+    size_t total = 2;
+    for (int i = 0; i < n; i++)
+        total += len[i];
+    char *body = malloc(total);
+    if (body == NULL) {
+        api_resp_error(resp, 500, "internal", NULL, "out of memory");
+        return;
+    }
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(body + k, p[i], len[i]);
+        k += len[i];
+    }
+    body[k++] = '\n';
+    body[k] = '\0';
+    free(resp->body);
+    resp->status = status;
+    resp->content_type = "application/json";
+    resp->body = body;
+    resp->body_len = k;
+}
+
 /* ---- /healthz, /metrics, /v1/devices --------------------------------------- */
+
+/* {"status":"ok"}, or "degraded" with what the job store says: the daemon
+ * lives and answers reads, but takes no jobs until the store writes. */
+static void route_healthz(api_server *s, api_response *resp)
+{
+    const jobs_mgr *m = api_server_app(s);
+    const store *st = &m->st;
+    if (!st->degraded && !st->failing) {
+        api_resp_json(resp, 200, "{\"status\":\"ok\"}\n");
+        return;
+    }
+    resp_json_obj(resp, 200,
+                  json_pack("{s:s, s:{s:b, s:b, s:s, s:I, s:I}}", "status", "degraded", "store", "read_only",
+                            st->degraded, "writing", !st->degraded && !st->failing, "error", st->why,
+                            "write_errors", (json_int_t)st->write_errors, "pending_state_changes",
+                            (json_int_t)m->npending));
+}
 
 static void route_metrics(api_server *s, const api_request *req, api_response *resp)
 {
@@ -112,14 +154,48 @@ static void route_devices(api_server *s, const api_request *req, api_response *r
 
 /* ---- /v1/jobs --------------------------------------------------------------- */
 
+/* {"jobs":[...],"next":"<id>"|null}: newest first, c->limit at most, older
+ * than c->after (api_parse.c); `next` is the cursor of the following
+ * (older) page, for ?after=. Views are cached per job (job_view). */
 static void route_list(api_server *s, const api_call *c, api_response *resp)
 {
     jobs_mgr *m = api_server_app(s);
-    json_t *a = json_array();
-    for (size_t i = 0; a != NULL && i < m->njobs; i++)
-        if (c->state < 0 || (int)m->jobs[i]->state == c->state)
-            json_array_append_new(a, job_to_json(m->jobs[i], false, m->devs));
-    resp_json_obj(resp, 200, json_pack("{s:o}", "jobs", a ? a : json_array()));
+    int limit = c->limit;
+    job **found = malloc((size_t)(limit + 1) * sizeof *found);
+    const char **piece = malloc((size_t)(2 * limit + 3) * sizeof *piece);
+    size_t *len = malloc((size_t)(2 * limit + 3) * sizeof *len);
+    int n = 0, k = 0;
+    bool more = false;
+    acc_err err = {0};
+    if (found == NULL || piece == NULL || len == NULL) {
+        api_resp_error(resp, 500, "internal", NULL, "out of memory");
+    } else if (jobs_list(m, c->state, c->after[0] ? c->after : NULL, limit, found, &n, &more, &err) != 0) {
+        api_resp_from_err(resp, &err);
+    } else {
+        char tail[64];
+        piece[k] = "{\"jobs\":[";
+        len[k++] = 9;
+        for (int i = 0; i < n; i++) {
+            size_t vl = 0;
+            const char *v = job_view(found[i], false, m->devs, &vl);
+            if (v == NULL)
+                continue;
+            if (k > 1) {
+                piece[k] = ",";
+                len[k++] = 1;
+            }
+            piece[k] = v;
+            len[k++] = vl;
+        }
+        int t = more && n > 0 ? snprintf(tail, sizeof tail, "],\"next\":\"%s\"}", found[n - 1]->id)
+                              : snprintf(tail, sizeof tail, "],\"next\":null}");
+        piece[k] = tail;
+        len[k++] = (size_t)t;
+        resp_pieces(resp, 200, piece, len, k);
+    }
+    free(found);
+    free(piece);
+    free(len);
 }
 
 static void route_submit(api_server *s, const api_request *req, const api_call *c, api_response *resp)
@@ -140,12 +216,38 @@ static void route_events(api_server *s, const api_request *req, const api_call *
         resp->content_type = c->ndjson ? "application/x-ndjson" : "text/event-stream";
         return;
     }
+    acc_err err = {0};
+    if (jobs_hydrate(api_server_app(s), j, &err) != 0) { /* the history, from the store */
+        api_resp_from_err(resp, &err);
+        return;
+    }
     resp->stream = api_stream_new(s, req->conn, &j->ring, c->from, c->ndjson);
     if (resp->stream == NULL)
         api_resp_error(resp, 500, "internal", NULL, "out of memory");
 }
 
 static void route_cancel(api_server *s, const api_request *req, api_response *resp, job *j);
+
+/* The step history, read back from the store when the job is not in memory. */
+static void route_job_metrics(jobs_mgr *m, api_response *resp, job *j)
+{
+    acc_err err = {0};
+    if (jobs_hydrate(m, j, &err) != 0)
+        api_resp_from_err(resp, &err);
+    else
+        resp_json_obj(resp, 200, job_metrics_json(j));
+}
+
+/* One job, from its cached view (job_view). */
+static void route_job_get(jobs_mgr *m, api_response *resp, job *j)
+{
+    size_t n = 0;
+    const char *v = job_view(j, true, m->devs, &n);
+    if (v == NULL)
+        api_resp_error(resp, 500, "internal", NULL, "out of memory");
+    else
+        resp_pieces(resp, 200, &v, &n, 1);
+}
 
 static void route_job(api_server *s, const api_request *req, const api_call *c, api_response *resp)
 {
@@ -157,8 +259,8 @@ static void route_job(api_server *s, const api_request *req, const api_call *c, 
     }
     switch (c->route) {
     case API_R_JOB_EVENTS: route_events(s, req, c, resp, j); return;
-    case API_R_JOB_METRICS: resp_json_obj(resp, 200, job_metrics_json(j)); return;
-    case API_R_JOB_GET: resp_json_obj(resp, 200, job_to_json(j, true, m->devs)); return;
+    case API_R_JOB_METRICS: route_job_metrics(m, resp, j); return;
+    case API_R_JOB_GET: route_job_get(m, resp, j); return;
     default: break;
     }
     route_cancel(s, req, resp, j);
@@ -200,7 +302,7 @@ void api_route(api_server *s, const api_request *req, api_response *resp)
     if (api_parse_request(req, &c, resp) != 0)
         return;
     switch (c.route) {
-    case API_R_HEALTHZ: api_resp_json(resp, 200, "{\"status\":\"ok\"}\n"); break;
+    case API_R_HEALTHZ: route_healthz(s, resp); break;
     case API_R_METRICS: route_metrics(s, req, resp); break;
     case API_R_DEVICES: route_devices(s, req, resp); break;
     case API_R_JOBS_LIST: route_list(s, &c, resp); break;

@@ -66,11 +66,9 @@ static int put_event(api_stream *st, uint64_t seq, const char *type, const char 
  * event so a reconnect with Last-Event-ID resumes after the gap. */
 static int put_gap(api_stream *st, uint64_t from, uint64_t to)
 {
-    char json[200];
-    int n = snprintf(json, sizeof json,
-                     "{\"type\":\"gap\",\"from\":%" PRIu64 ",\"to\":%" PRIu64 ",\"missed\":%" PRIu64 "}", from, to,
-                     to - from + 1);
-    return put_event(st, to, "gap", json, (size_t)n);
+    char json[256];
+    size_t n = evring_gap_json(st->ring, from, to, json, sizeof json);
+    return n > 0 ? put_event(st, to, "gap", json, n) : -1;
 }
 
 /* Format what the ring holds past next_seq, up to STREAM_BATCH bytes. */

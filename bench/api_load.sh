@@ -4,7 +4,8 @@
 #   bench/api_load.sh [ACCUMD_BINARY]    (default: build/accumd; use a release build)
 #
 # 1. requests/s and p50/p99 latency of GET /v1/jobs and GET /v1/jobs/{id}
-#    with wrk (Debian package `wrk`), 50 connections, 2 threads, 10 s each,
+#    with wrk (Debian package `wrk`; without it bench/http_load.c), 50
+#    connections, 2 threads, 10 s each,
 #    while a job trains on one CPU device;
 # 2. the training step time of the same job with 100 SSE watchers attached
 #    versus none (goal: under 2% slower).
@@ -49,7 +50,13 @@ step_time() {
 
 busy=$(submit busy 1000000)
 sleep 1
+HTTP_LOAD=${HTTP_LOAD:-$(dirname "$ACCUMD")/bench/http_load}
 wrk_row() { # PATH
+    if ! command -v wrk >/dev/null; then # bench/http_load.c: the same 50 keep-alive connections
+        set -- $("$HTTP_LOAD" 127.0.0.1 "${B##*:}" 50 "$DUR" "$1") "$1"
+        printf '| GET %s | %s | %s ms | %s ms |\n' "${13}" "$2" "$4" "$6"
+        return
+    fi
     wrk -t2 -c50 -d"${DUR}s" --latency "$B$1" >"$tmp/wrk" 2>&1
     rps=$(awk '/^Requests\/sec/ {print $2}' "$tmp/wrk")
     p50=$(awk '$1 == "50%" {print $2}' "$tmp/wrk")

@@ -149,7 +149,13 @@ static void update_status(acc_daemon *d)
     sd_notifyf(0, "STATUS=%s", line);
 }
 
-static void on_tick(uv_timer_t *t) { update_status(t->data); }
+static void on_tick(uv_timer_t *t)
+{
+    acc_daemon *d = t->data;
+    if (d->jobs_on)
+        jobs_retry_store(&d->jobs); /* state changes the store could not write yet */
+    update_status(d);
+}
 
 static void close_handle(uv_handle_t *h, bool *on)
 {

@@ -56,7 +56,8 @@ static void print_conf(const acc_conf *c)
            "max_connections = %d\nmax_connections_per_ip = %d\nconnection_timeout = %d\n"
            "header_timeout = %d\nrequest_timeout = %d\nmax_pending_connections = %d\n"
            "shutdown_grace = %d\ncheckpoint_keep = %d\nevent_ring = %d\nlog_level = %s\n"
-           "log_file = %s\nusers_file = %s\nuser_max_running = %d\nuser_max_devices = %d\n",
+           "log_file = %s\nusers_file = %s\nuser_max_running = %d\nuser_max_devices = %d\n"
+           "history_keep = %d\n",
            c->listen, c->state_dir, c->data_roots, c->output_root, c->token_file,
            c->require_token ? "true" : "false",
            c->devices == CONF_DEVICES_AUTO ? "auto" : c->devices == CONF_DEVICES_CUDA ? "cuda" : "cpu",
@@ -64,7 +65,8 @@ static void print_conf(const acc_conf *c)
            (unsigned long long)c->max_body, c->max_connections, c->max_connections_per_ip,
            c->connection_timeout, c->header_timeout, c->request_timeout, c->max_pending_connections,
            c->shutdown_grace, c->checkpoint_keep, c->event_ring,
-           c->log_level, c->log_file, c->users_file, c->user_max_running, c->user_max_devices);
+           c->log_level, c->log_file, c->users_file, c->user_max_running, c->user_max_devices,
+           c->history_keep);
 }
 
 enum { OPT_CHECK = 1000 };

@@ -19,7 +19,7 @@ const char *const conf_keys[] = {
     "max_connections_per_ip", "connection_timeout", "header_timeout",
     "request_timeout", "max_pending_connections", "shutdown_grace",
     "checkpoint_keep", "event_ring", "log_level", "log_file",
-    "users_file", "user_max_running", "user_max_devices", NULL,
+    "users_file", "user_max_running", "user_max_devices", "history_keep", NULL,
 };
 
 void conf_defaults(acc_conf *c)
@@ -42,6 +42,7 @@ void conf_defaults(acc_conf *c)
     c->shutdown_grace = 30;
     c->checkpoint_keep = 2;
     c->event_ring = 4096;
+    c->history_keep = 100000;
     snprintf(c->log_level, sizeof c->log_level, "info");
 }
 
@@ -235,6 +236,8 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         return parse_int(key, v, 1, 1000, &c->checkpoint_keep, err);
     if (!strcmp(key, "event_ring"))
         return parse_int(key, v, 16, 1 << 20, &c->event_ring, err);
+    if (!strcmp(key, "history_keep"))
+        return parse_int(key, v, 100, 100000000, &c->history_keep, err);
     if (!strcmp(key, "log_level")) {
         if (strcmp(v, "error") && strcmp(v, "warn") && strcmp(v, "info") && strcmp(v, "debug"))
             return acc_err_set(err, ACC_EINVAL, key, "log_level must be error, warn, info or debug, got '%s'", v);

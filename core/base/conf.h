@@ -41,6 +41,7 @@ typedef struct acc_conf {
     int shutdown_grace;          /* seconds SIGTERM waits for jobs to stop */
     int checkpoint_keep;         /* checkpoints kept per job */
     int event_ring;              /* events kept in memory per job */
+    int history_keep;            /* events and step-metrics rows kept in the store per job */
     char log_level[16];          /* error | warn | info | debug */
     char log_file[PATH_MAX];     /* "" = stderr (journald); else appended, reopened on SIGHUP */
     char users_file[PATH_MAX];   /* "" = no users: the token_file's token is the admin */

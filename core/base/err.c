@@ -59,6 +59,7 @@ const char *acc_err_name(int code)
     case ACC_ECANCELLED: return "cancelled";
     case ACC_EDEVICE: return "device";
     case ACC_ETOOBIG: return "too_large";
+    case ACC_EUNAVAIL: return "unavailable";
     default: return "internal";
     }
 }

@@ -27,6 +27,7 @@ enum acc_errcode {
     ACC_EDEVICE = -8,   /* device / driver / communicator failure */
     ACC_ETOOBIG = -9,   /* request or value over a configured limit */
     ACC_EINTERNAL = -10,
+    ACC_EUNAVAIL = -11, /* a service (the job store) is down or read-only: retry later */
 };
 
 typedef struct acc_err {

@@ -1,9 +1,11 @@
 /* evring: see evring.h. The slot of sequence s is (s - 1) % cap. */
 #include "evring.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int evring_init(evring *r, int cap, acc_err *err)
 {
@@ -87,6 +89,23 @@ void evring_close(evring *r)
 }
 
 void evring_reopen(evring *r) { r->closed = false; }
+
+size_t evring_gap_json(const evring *r, uint64_t from, uint64_t to, char *out, size_t n)
+{
+    struct timespec ts;
+    struct tm tm;
+    char when[40];
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t k = strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(when + k, sizeof when - k, ".%03dZ", (int)(ts.tv_nsec / 1000000));
+    /* the id is the job grammar ([a-z0-9-]): nothing to escape */
+    int w = snprintf(out, n,
+                     "{\"seq\":%" PRIu64 ",\"type\":\"gap\",\"time\":\"%s\",\"job\":\"%s\",\"from\":%" PRIu64
+                     ",\"to\":%" PRIu64 ",\"missed\":%" PRIu64 "}",
+                     to, when, r->job, from, to, to >= from ? to - from + 1 : 0);
+    return w < 0 || (size_t)w >= n ? 0 : (size_t)w;
+}
 
 void evring_watch(evring *r, evring_watcher *w)
 {

@@ -39,6 +39,7 @@ typedef struct evring {
     int cap;
     uint64_t next_seq; /* the sequence number the next push gets; first is 1 */
     bool closed;       /* no more events until reopened */
+    char job[32];      /* the job's id, for the gap event (evring_gap_json) */
     evring_watcher *watchers;
 } evring;
 
@@ -60,6 +61,12 @@ const evring_entry *evring_get(const evring *r, uint64_t seq);
 /* Mark the stream finished (watchers end after the last event) or open again. */
 void evring_close(evring *r);
 void evring_reopen(evring *r);
+
+/* The `gap` event a watcher that missed [from, to] gets instead, as one
+ * JSON line like the job's own events: seq (= to, so a resume with
+ * Last-Event-ID goes on after the gap), type, time (now), job, from, to,
+ * missed. Returns its length; 0 when `n` is too small. */
+size_t evring_gap_json(const evring *r, uint64_t from, uint64_t to, char *out, size_t n);
 
 void evring_watch(evring *r, evring_watcher *w);
 void evring_unwatch(evring *r, evring_watcher *w);

@@ -160,6 +160,28 @@ json_t *job_to_json(const job *j, bool full, const kern_device_info *devs)
     return o;
 }
 
+const char *job_view(job *j, bool full, const kern_device_info *devs, size_t *len)
+{
+    int k = full ? 1 : 0;
+    if (j->view[k] == NULL) {
+        json_t *o = job_to_json(j, full, devs);
+        j->view[k] = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
+        json_decref(o);
+        j->view_len[k] = j->view[k] ? strlen(j->view[k]) : 0;
+    }
+    *len = j->view_len[k];
+    return j->view[k];
+}
+
+void job_view_invalidate(job *j)
+{
+    for (int k = 0; k < 2; k++) {
+        free(j->view[k]);
+        j->view[k] = NULL;
+        j->view_len[k] = 0;
+    }
+}
+
 json_t *job_status_json(const job *j)
 {
     json_t *o = json_pack("{s:s, s:s, s:I, s:f, s:f, s:f, s:i, s:o, s:i, s:i, s:s, s:s, s:i, s:o}", "id", j->id, "state",

@@ -1,5 +1,5 @@
 /* job: one submitted job, its state, progress, metrics history and event
- * ring, and its JSON forms (API answers and the store's status.json).
+ * ring, and its JSON forms (API answers, cached, and the store's status).
  *
  * States: queued -> running -> succeeded | failed | cancelled, and
  * running -> queued when the daemon restarts under a running job. A job is
@@ -54,13 +54,25 @@ typedef struct job {
     evring ring;
     job_metric *metrics;
     size_t nmetrics, cap_metrics;
-    int ev_fd;             /* event log, -1 when closed */
     trainer *tr;
     bool cancel_requested;
     bool stop_for_shutdown; /* cancelled by SIGTERM: stays "running" on disk */
     char *outputs[JOB_MAX_OUTPUTS]; /* checkpoint directories written, oldest first */
     int noutputs;
     jobs_mgr *mgr;
+    size_t table_idx;      /* position in the manager's table (submission order) */
+    /* a final job's ring and metrics stay in the store until asked for */
+    bool hydrated;
+    /* a state change the store could not write, retried until it can
+     * (the job shows its previous state meanwhile) */
+    struct {
+        bool on, done;     /* done: a final state with its done event */
+        job_state to;
+        char code[32], msg[512];
+    } pending;
+    /* the API views (summary, full), built on demand, dropped on change */
+    char *view[2];
+    size_t view_len[2];
 } job;
 
 const char *job_state_name(job_state s);
@@ -83,7 +95,10 @@ void job_free_outputs(job *j);
  * final model's directory, once the job succeeded, and the checkpoints',
  * each a Hugging Face directory). `devs` names devices. */
 json_t *job_to_json(const job *j, bool full, const kern_device_info *devs);
-/* The status.json form, and back (for reload). */
+/* The API view as compact JSON text, cached until job_view_invalidate(). */
+const char *job_view(job *j, bool full, const kern_device_info *devs, size_t *len);
+void job_view_invalidate(job *j);
+/* The stored status form (store.h "status"), and back (for reload). */
 json_t *job_status_json(const job *j);
 void job_status_apply(job *j, const json_t *status);
 /* The job's unique id (job_spec.job_uid): 128 random bits as 32 lowercase

@@ -21,79 +21,211 @@ struct jobs_tev {
     train_event ev;
 };
 
-/* ---- events: ring + log ---------------------------------------------------- */
+/* ---- events: ring + store ----------------------------------------------------- */
 
-/* Stamp `ev` with seq/type/time/job, push it into the ring and append it to
- * the event log (fsynced when `sync`). Takes ownership of `ev`. */
-static void emit(job *j, const char *type, json_t *ev, bool sync)
+/* The ring is allocated with the first event (a final job loaded at start
+ * has none in memory until jobs_hydrate). */
+static int ring_ready(job *j, acc_err *err)
 {
-    if (ev == NULL) {
-        acc_log(ACC_LOG_ERROR, "jobs", "job %s: out of memory building a %s event", j->id, type);
-        return;
-    }
-    json_t *o = json_pack("{s:I, s:s, s:o, s:s}", "seq", (json_int_t)j->ring.next_seq, "type", type, "time",
-                          job_time_json(job_now()), "job", j->id);
+    if (j->ring.slots != NULL)
+        return 0;
+    uint64_t next = j->ring.next_seq;
+    bool closed = j->ring.closed;
+    int rc = evring_init(&j->ring, j->mgr->conf->event_ring, err);
+    snprintf(j->ring.job, sizeof j->ring.job, "%s", j->id);
+    if (rc == 0 && next > 1)
+        evring_start_at(&j->ring, next);
+    j->ring.closed = closed;
+    return rc;
+}
+
+/* Stamp `ev` with seq/type/time/job: one compact JSON line. Takes `ev`. */
+static char *event_text(job *j, const char *type, json_t *ev, uint64_t seq, double now)
+{
+    if (ev == NULL)
+        return NULL;
+    json_t *o = json_pack("{s:I, s:s, s:o, s:s}", "seq", (json_int_t)seq, "type", type, "time", job_time_json(now),
+                          "job", j->id);
     char *text = NULL;
     if (o != NULL && json_object_update(o, ev) == 0)
         text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10));
     json_decref(o);
     json_decref(ev);
+    return text;
+}
+
+typedef struct ev_batch {
+    int n;
+    const char *type[2];
+    char *text[2];
+    store_event se[2];
+} ev_batch;
+
+/* Add an event to a batch of at most 2, numbered after the ring. */
+static int batch_add(job *j, ev_batch *b, const char *type, json_t *ev, double now)
+{
+    uint64_t seq = j->ring.next_seq + (uint64_t)b->n;
+    char *text = event_text(j, type, ev, seq, now);
     if (text == NULL) {
-        acc_log(ACC_LOG_ERROR, "jobs", "job %s: cannot encode a %s event", j->id, type);
-        return;
+        acc_log(ACC_LOG_ERROR, "jobs", "job %s: out of memory building a %s event", j->id, type);
+        return ACC_ENOMEM;
     }
-    acc_err err = {0};
-    size_t len = strlen(text);
-    if (store_append_event(j->ev_fd, text, len, sync, &err) != 0)
-        acc_log(ACC_LOG_ERROR, "store", "job %s: event log: %s", j->id, err.msg);
-    if (evring_push(&j->ring, type, text, len, NULL, &err) != 0)
-        acc_log(ACC_LOG_ERROR, "jobs", "job %s: %s", j->id, err.msg);
-    free(text);
+    b->type[b->n] = type;
+    b->text[b->n] = text;
+    b->se[b->n] = (store_event){.seq = seq, .type = type, .time = now, .json = text, .len = strlen(text)};
+    b->n++;
+    return 0;
 }
 
-static void save_status(job *j)
+/* Into the ring (the stored events or, for those the store missed, the
+ * watchers still see them), and the views are stale. */
+static void batch_push(job *j, ev_batch *b)
 {
     acc_err err = {0};
+    job_view_invalidate(j);
+    for (int i = 0; i < b->n; i++)
+        if (ring_ready(j, &err) != 0 || evring_push(&j->ring, b->type[i], b->text[i], b->se[i].len, NULL, &err) != 0)
+            acc_log(ACC_LOG_ERROR, "jobs", "job %s: %s", j->id, err.msg);
+}
+
+static void batch_free(ev_batch *b)
+{
+    for (int i = 0; i < b->n; i++)
+        free(b->text[i]);
+    b->n = 0;
+}
+
+static void log_store_error(const job *j, const char *what, const acc_err *err)
+{
+    acc_log(ACC_LOG_ERROR, "store", "job %s: %s not stored: %s", j->id, what, err->msg);
+}
+
+/* An event that is not a state change: stored (with the step's metrics row
+ * when given), then shown. While the store is failing, step events are not
+ * tried (the next checkpoint makes them replayable); others are. */
+static void emit_metric(job *j, const char *type, json_t *ev, bool sync, const store_metric *metric)
+{
+    ev_batch b = {0};
+    if (batch_add(j, &b, type, ev, job_now()) != 0)
+        return;
+    store *st = &j->mgr->st;
+    acc_err err = {0};
+    if (!(st->failing && !sync) && !st->degraded &&
+        store_append_events(st, j->id, b.se, 1, metric, sync, &err) != 0)
+        log_store_error(j, type, &err);
+    batch_push(j, &b);
+    batch_free(&b);
+}
+
+static void emit(job *j, const char *type, json_t *ev, bool sync) { emit_metric(j, type, ev, sync, NULL); }
+
+/* The status with its events in one transaction. On failure nothing is
+ * shown and the caller restores what it changed. */
+static int commit_status(job *j, ev_batch *b, acc_err *err)
+{
     json_t *st = job_status_json(j);
-    char *text = st ? json_dumps(st, JSON_COMPACT) : NULL;
+    char *status = st ? json_dumps(st, JSON_COMPACT) : NULL;
     json_decref(st);
-    if (text == NULL || store_save_status(&j->mgr->st, j->id, text, strlen(text), &err) != 0)
-        acc_log(ACC_LOG_ERROR, "store", "job %s: status not saved: %s", j->id, text ? err.msg : "out of memory");
-    free(text);
+    int rc = status ? store_save_status(&j->mgr->st, j->id, job_state_name(j->state), status, b->se, b->n, err)
+                    : acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for the status of job %s", j->id);
+    free(status);
+    if (rc == 0)
+        batch_push(j, b);
+    job_view_invalidate(j);
+    return rc;
 }
 
-static void close_log(job *j)
-{
-    if (j->ev_fd >= 0 && close(j->ev_fd) != 0)
-        acc_log(ACC_LOG_WARN, "store", "job %s: closing the event log: %s", j->id, strerror(errno));
-    j->ev_fd = -1;
-}
-
-static void set_state(job *j, job_state to, const char *msg)
+/* A state change, with a done event when `done` (a final state): persisted,
+ * then shown. Returns non-zero, the job unchanged, when the store cannot. */
+static int set_state_done(job *j, job_state to, const char *msg, bool done)
 {
     job_state from = j->state;
+    double finished = j->finished_at;
+    double now = job_now();
     j->state = to;
     if (job_state_final(to))
-        j->finished_at = job_now();
-    save_status(j);
-    emit(j, "state", json_pack("{s:s, s:s, s:s?}", "state", job_state_name(to), "from", job_state_name(from),
-                               "message", msg), true);
+        j->finished_at = now;
+    ev_batch b = {0};
+    acc_err err = {0};
+    int rc = batch_add(j, &b, "state",
+                       json_pack("{s:s, s:s, s:s?}", "state", job_state_name(to), "from", job_state_name(from),
+                                 "message", msg),
+                       now);
+    if (rc == 0 && done)
+        rc = batch_add(j, &b, "done", json_pack("{s:s, s:i, s:s?}", "state", job_state_name(to), "step", j->step,
+                                                "message", msg),
+                       now);
+    if (rc == 0)
+        rc = commit_status(j, &b, &err);
+    else
+        acc_err_set(&err, rc, NULL, "out of memory");
+    batch_free(&b);
+    if (rc != 0) {
+        j->state = from;
+        j->finished_at = finished;
+        job_view_invalidate(j);
+        acc_log(ACC_LOG_ERROR, "store", "job %s: %s -> %s not stored, the job stays %s: %s", j->id,
+                job_state_name(from), job_state_name(to), job_state_name(from), err.msg);
+        return rc;
+    }
     acc_log(ACC_LOG_INFO, "jobs", "job %s: %s -> %s%s%s", j->id, job_state_name(from), job_state_name(to),
             msg ? ": " : "", msg ? msg : "");
+    return 0;
 }
 
-/* The end of a run: state event, done event, watchers finish. */
-static void finish(job *j, job_state to, const char *code, const char *msg)
+static int set_state(job *j, job_state to, const char *msg) { return set_state_done(j, to, msg, false); }
+
+/* The end of a run: state and done events in one commit, watchers finish.
+ * Non-zero (nothing changed) when the store cannot write it. */
+static int finish(job *j, job_state to, const char *code, const char *msg)
 {
+    char old_code[sizeof j->err_code], old_msg[sizeof j->err_msg];
+    memcpy(old_code, j->err_code, sizeof old_code);
+    memcpy(old_msg, j->err_msg, sizeof old_msg);
     if (code != NULL) {
         snprintf(j->err_code, sizeof j->err_code, "%s", code);
         snprintf(j->err_msg, sizeof j->err_msg, "%s", msg ? msg : "");
     }
-    set_state(j, to, msg);
-    emit(j, "done", json_pack("{s:s, s:i, s:s?}", "state", job_state_name(to), "step", j->step, "message", msg),
-         true);
+    int rc = set_state_done(j, to, msg, true);
+    if (rc != 0) {
+        memcpy(j->err_code, old_code, sizeof old_code);
+        memcpy(j->err_msg, old_msg, sizeof old_msg);
+        return rc;
+    }
     evring_close(&j->ring);
-    close_log(j); /* a final job writes no more: keep fds for live ones */
+    return 0;
+}
+
+/* A change the daemon must not lose (the trainer's outcome, a requeue):
+ * when the store cannot write it now, it waits for jobs_retry_store. */
+static void keep_pending(job *j, job_state to, const char *code, const char *msg, bool done)
+{
+    if (!j->pending.on)
+        j->mgr->npending++;
+    j->pending.on = true;
+    j->pending.done = done;
+    j->pending.to = to;
+    snprintf(j->pending.code, sizeof j->pending.code, "%s", code ? code : "");
+    snprintf(j->pending.msg, sizeof j->pending.msg, "%.500s", msg ? msg : "");
+}
+
+static void finish_or_retry(job *j, job_state to, const char *code, const char *msg)
+{
+    if (finish(j, to, code, msg) != 0)
+        keep_pending(j, to, code, msg, true);
+}
+
+/* Retry one waiting change; true when it is stored now. */
+static bool retry_pending(job *j)
+{
+    const char *code = j->pending.code[0] ? j->pending.code : NULL;
+    const char *msg = j->pending.msg[0] ? j->pending.msg : NULL;
+    int rc = j->pending.done ? finish(j, j->pending.to, code, msg) : set_state(j, j->pending.to, msg);
+    if (rc != 0)
+        return false;
+    j->pending.on = false;
+    j->mgr->npending--;
+    return true;
 }
 
 /* ---- the table ------------------------------------------------------------ */
@@ -105,27 +237,39 @@ static job *job_new(jobs_mgr *m, acc_err *err)
         acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for a job");
         return NULL;
     }
-    j->ev_fd = -1;
     j->mgr = m;
-    if (evring_init(&j->ring, m->conf->event_ring, err) != 0) {
-        free(j);
-        return NULL;
-    }
+    j->ring.next_seq = 1; /* the slots come with the first event (ring_ready) */
     return j;
 }
 
 static void job_delete(job *j)
 {
-    if (j->ev_fd >= 0)
-        close(j->ev_fd);
     evring_free(&j->ring);
+    job_view_invalidate(j);
     free(j->metrics);
     job_free_outputs(j);
     free(j->spec_json);
     free(j);
 }
 
-static int table_add(jobs_mgr *m, job *j, acc_err *err)
+static size_t id_hash(const char *id)
+{
+    size_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *id; id++)
+        h = (h ^ (unsigned char)*id) * 1099511628211ull;
+    return h;
+}
+
+static void index_put(job **index, size_t cap, job *j)
+{
+    size_t i = id_hash(j->id) & (cap - 1);
+    while (index[i] != NULL)
+        i = (i + 1) & (cap - 1);
+    index[i] = j;
+}
+
+/* Room for one more job in the table and in the index (kept under half full). */
+static int table_reserve(jobs_mgr *m, acc_err *err)
 {
     if (m->njobs == m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 64;
@@ -135,15 +279,38 @@ static int table_add(jobs_mgr *m, job *j, acc_err *err)
         m->jobs = nj;
         m->cap = cap;
     }
+    if ((m->njobs + 1) * 2 > m->index_cap) {
+        size_t cap = m->index_cap ? m->index_cap * 2 : 128;
+        job **ix = calloc(cap, sizeof *ix);
+        if (ix == NULL)
+            return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for the job index");
+        for (size_t i = 0; i < m->njobs; i++)
+            index_put(ix, cap, m->jobs[i]);
+        free(m->index);
+        m->index = ix;
+        m->index_cap = cap;
+    }
+    return 0;
+}
+
+static int table_add(jobs_mgr *m, job *j, acc_err *err)
+{
+    int rc = table_reserve(m, err);
+    if (rc != 0)
+        return rc;
+    j->table_idx = m->njobs;
     m->jobs[m->njobs++] = j;
+    index_put(m->index, m->index_cap, j);
     return 0;
 }
 
 job *jobs_find(jobs_mgr *m, const char *id)
 {
-    for (size_t i = 0; i < m->njobs; i++)
-        if (!strcmp(m->jobs[i]->id, id))
-            return m->jobs[i];
+    if (m->index_cap == 0)
+        return NULL;
+    for (size_t i = id_hash(id) & (m->index_cap - 1); m->index[i] != NULL; i = (i + 1) & (m->index_cap - 1))
+        if (!strcmp(m->index[i]->id, id))
+            return m->index[i];
     return NULL;
 }
 
@@ -158,11 +325,13 @@ int jobs_init(jobs_mgr *m, const acc_conf *conf, const kern_device_info *devs, i
     m->wake = wake;
     m->wake_ctx = wake_ctx;
     m->next_submit = 1;
-    int rc = store_init(&m->st, conf->state_dir, err);
+    int rc = store_init(&m->st, conf->state_dir, conf->history_keep, err);
     if (rc != 0)
         return rc;
-    if ((rc = pthread_mutex_init(&m->qmu, NULL)) != 0)
+    if ((rc = pthread_mutex_init(&m->qmu, NULL)) != 0) {
+        store_close(&m->st);
         return acc_err_set(err, ACC_EINTERNAL, NULL, "mutex: %s", strerror(rc));
+    }
     m->qmu_on = true;
     return 0;
 }
@@ -176,8 +345,10 @@ void jobs_free(jobs_mgr *m)
         job_delete(j);
     }
     free(m->jobs);
-    m->jobs = NULL;
-    m->njobs = 0;
+    free(m->index);
+    m->jobs = m->index = NULL;
+    m->njobs = m->index_cap = 0;
+    store_close(&m->st);
     if (m->qmu_on) {
         pthread_mutex_lock(&m->qmu);
         for (jobs_tev *t = m->qhead, *n; t != NULL; t = n) {
@@ -444,18 +615,37 @@ static char *compact_spec(const char *text, size_t len)
     return out;
 }
 
+/* The job's row and its first event ("queued") in one FULL commit: the
+ * acknowledgement. Shown only once stored. */
 static int persist_new(jobs_mgr *m, job *j, acc_err *err)
 {
     json_t *st = job_status_json(j);
     char *status = st ? json_dumps(st, JSON_COMPACT) : NULL;
     json_decref(st);
-    if (status == NULL)
+    ev_batch b = {0};
+    if (status == NULL || batch_add(j, &b, "state", json_pack("{s:s}", "state", "queued"), j->submitted_at) != 0) {
+        free(status);
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
-    int rc = store_create_job(&m->st, j->id, j->spec_json, strlen(j->spec_json), status, strlen(status), err);
-    free(status);
+    }
+    store_job_row row = {.id = j->id, .submit_seq = j->submit_seq, .uid = j->spec.job_uid, .owner = j->owner,
+                         .state = job_state_name(j->state), .submitted_at = j->submitted_at,
+                         .spec = j->spec_json, .status = status};
+    int rc = store_create_job(&m->st, &row, b.se, b.n, err);
     if (rc == 0)
-        rc = store_open_events(&m->st, j->id, &j->ev_fd, err);
+        batch_push(j, &b);
+    batch_free(&b);
+    free(status);
     return rc;
+}
+
+/* Submissions wait for a store that writes. */
+static int store_writable(const jobs_mgr *m, acc_err *err)
+{
+    if (m->st.degraded)
+        return acc_err_set(err, ACC_EUNAVAIL, NULL, "the job store is read-only, not accepting jobs: %s", m->st.why);
+    if (m->st.failing)
+        return acc_err_set(err, ACC_EUNAVAIL, NULL, "the job store cannot write, not accepting jobs: %s", m->st.why);
+    return 0;
 }
 
 /* Claim the next id whose output_root/<id> does not exist, by creating
@@ -468,6 +658,8 @@ static int claim_id(jobs_mgr *m, job *j, acc_err *err)
     if (rfd < 0)
         return acc_err_set(err, ACC_EIO, "output_root", "output_root %s: %s", m->conf->output_root, strerror(errno));
     int rc = ACC_EIO;
+    if (m->st.next_submit > m->next_submit) /* the stored counter: ids never repeat */
+        m->next_submit = m->st.next_submit;
     for (int tries = 0; tries < 1000000; tries++, m->next_submit++) {
         j->submit_seq = m->next_submit;
         snprintf(j->id, sizeof j->id, "j%06llu", (unsigned long long)j->submit_seq);
@@ -509,6 +701,10 @@ int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, 
     }
     if (m->draining)
         return acc_err_set(err, ACC_ESTATE, NULL, "the daemon is shutting down; not accepting jobs");
+    /* checked here, on the loop thread, after the off-loop validation: the
+     * store may have turned read-only meanwhile (503) */
+    if ((rc = store_writable(m, err)) != 0 || (rc = table_reserve(m, err)) != 0)
+        return rc;
     job *j = job_new(m, err);
     if (j == NULL)
         return err ? err->code : ACC_ENOMEM;
@@ -526,6 +722,7 @@ int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, 
     j->cur_micro = j->spec.micro_batch;
     j->cur_accum = j->spec.accum_steps;
     j->spec_json = compact_spec(text, len);
+    j->hydrated = true; /* its whole history is in memory from the start */
     if (j->spec_json == NULL)
         rc = acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     if (rc == 0)
@@ -540,7 +737,6 @@ int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, 
     }
     m->next_submit++;
     m->submitted_total++;
-    emit(j, "state", json_pack("{s:s}", "state", "queued"), true);
     acc_log(ACC_LOG_INFO, "jobs", "job %s queued: %s, %d device(s), B=%d m=%d a=%d", j->id, j->spec.name,
             j->spec.devices, j->spec.train_batch_size, j->spec.micro_batch, j->spec.accum_steps);
     *out = j;
@@ -620,6 +816,8 @@ static int open_output_dir(jobs_mgr *m, job *j, acc_err *err)
     return 0;
 }
 
+/* The job is "running" on disk before its trainer starts: a start the
+ * store cannot record does not happen (the job stays queued). */
 static void start_job(jobs_mgr *m, job *j, const sched_req *r)
 {
     kern_device_info devinfo[TRAIN_MAX_RANKS];
@@ -630,16 +828,28 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
         devinfo[i] = m->devs[r->placed[i]];
         m->dev_holder[r->placed[i]] = j;
     }
+    double started = j->started_at;
+    int micro = j->cur_micro, accum = j->cur_accum;
     j->started_at = job_now();
-    j->tokens = 0;
     /* step, loss and history stay: a requeued job resumes from its last
      * checkpoint, and the steps it redoes replace their old entries */
     j->cur_micro = j->spec.micro_batch;
     j->cur_accum = j->spec.accum_steps;
+    char msg[256];
+    snprintf(msg, sizeof msg, "placed on %d device(s)%s", r->want, r->backfilled ? " (backfill)" : "");
+    if (set_state(j, JOB_RUNNING, msg) != 0) {
+        release_devices(m, j);
+        j->ndev = 0;
+        j->started_at = started;
+        j->cur_micro = micro;
+        j->cur_accum = accum;
+        return;
+    }
+    j->tokens = 0;
     j->cancel_requested = false;
     if (open_output_dir(m, j, &err) != 0) {
         release_devices(m, j);
-        finish(j, JOB_FAILED, acc_err_name(err.code), err.msg);
+        finish_or_retry(j, JOB_FAILED, acc_err_name(err.code), err.msg);
         return;
     }
     trainer_opts o = {.spec = &j->spec, .devices = devinfo, .threads_per_device = m->conf->cpu_threads_per_device,
@@ -649,12 +859,8 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
         j->tr = NULL;
         release_devices(m, j);
         acc_log(ACC_LOG_ERROR, "jobs", "job %s: cannot start: %s", j->id, err.msg);
-        finish(j, JOB_FAILED, acc_err_name(err.code), err.msg);
-        return;
+        finish_or_retry(j, JOB_FAILED, acc_err_name(err.code), err.msg);
     }
-    char msg[256];
-    snprintf(msg, sizeof msg, "placed on %d device(s)%s", r->want, r->backfilled ? " (backfill)" : "");
-    set_state(j, JOB_RUNNING, msg);
 }
 
 
@@ -723,7 +929,8 @@ static void owner_limits(const jobs_mgr *m, owner_tab *t, sched_limits *lim)
 
 void jobs_schedule(jobs_mgr *m)
 {
-    if (m->draining)
+    /* nothing starts that the store could not record */
+    if (m->draining || m->st.degraded || m->st.failing)
         return;
     size_t nq = 0;
     for (size_t i = 0; i < m->njobs; i++)
@@ -743,7 +950,7 @@ void jobs_schedule(jobs_mgr *m)
     sched_limits lim;
     owner_limits(m, &ot, &lim);
     sched_plan_users(sd, m->ndev, q, (int)nq, &lim);
-    for (size_t i = 0; i < nq; i++)
+    for (size_t i = 0; i < nq && !m->st.failing; i++)
         if (q[i].start)
             start_job(m, q[i].job, &q[i]);
     owner_tab_free(&ot);
@@ -754,8 +961,14 @@ int jobs_cancel(jobs_mgr *m, job *j, acc_err *err)
 {
     if (job_state_final(j->state))
         return acc_err_set(err, ACC_ESTATE, NULL, "job %s is already %s", j->id, job_state_name(j->state));
+    if (j->pending.on || (j->state == JOB_RUNNING && j->tr == NULL))
+        return acc_err_set(err, ACC_EUNAVAIL, NULL, "job %s: its last state change is not stored yet (%s); retry later",
+                           j->id, j->mgr->st.why);
     if (j->state == JOB_QUEUED) {
-        finish(j, JOB_CANCELLED, NULL, "cancelled while queued");
+        int rc = finish(j, JOB_CANCELLED, NULL, "cancelled while queued");
+        if (rc != 0)
+            return acc_err_set(err, ACC_EUNAVAIL, NULL, "job %s not cancelled: the job store cannot write: %s",
+                               j->id, m->st.why);
         jobs_schedule(m); /* a backfill may have been waiting on it */
         return 0;
     }
@@ -805,30 +1018,43 @@ static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
     acc_err err = {0};
     if (job_add_metric(j, &mt, &err) != 0)
         acc_log(ACC_LOG_WARN, "jobs", "job %s: %s", j->id, err.msg);
+    store_metric sm = {.step = mt.step, .time = mt.time, .loss = mt.loss, .lr = mt.lr, .grad_norm = mt.grad_norm,
+                       .tokens_per_s = mt.tokens_per_s, .micro_batch = mt.micro_batch,
+                       .accum_steps = mt.accum_steps, .mem_peak = mt.mem_peak};
     json_t *loss = isfinite(ev->loss) ? json_real(ev->loss) : json_null();
-    emit(j, "step",
+    emit_metric(j, "step",
          json_pack("{s:i, s:o, s:f, s:f, s:f, s:i, s:i, s:o, s:o, s:o, s:o}", "step", ev->step, "loss", loss,
                    "lr", ev->lr, "grad_norm", isfinite(ev->grad_norm) ? ev->grad_norm : -1.0, "tokens_per_s",
                    ev->tokens_per_s, "micro_batch", ev->micro_batch, "accum_steps", ev->accum_steps,
                    "mem_in_use", mem_array(ev->mem_in_use, nr), "mem_peak", mem_array(ev->mem_peak, nr),
                    "mem_reserved", mem_array(ev->mem_reserved, nr), "mem_free", mem_array(ev->mem_free, nr)),
-         false);
+         false, &sm);
 }
 
 /* The trainer changed the job's (micro, accum) split: after an OOM, or
  * upward under "auto". The new split is persisted with the status. */
+/* The trainer changed the job's (micro, accum) split: after an OOM, or
+ * upward under "auto". The new split is stored with the status, in the
+ * event's transaction. */
 static void apply_split_change(job *j, const train_event *ev, const char *type, const char *bytes_key,
                                const char *room_key)
 {
     j->cur_micro = ev->to_micro;
     j->cur_accum = ev->to_accum;
-    emit(j, type,
-         json_pack("{s:i, s:{s:i, s:i}, s:{s:i, s:i}, s:b, s:I, s:I}", "step", ev->step, "from", "micro_batch",
-                   ev->from_micro, "accum_steps", ev->from_accum, "to", "micro_batch", ev->to_micro, "accum_steps",
-                   ev->to_accum, "recompute", ev->recompute, bytes_key, (json_int_t)ev->bytes_asked, room_key,
-                   (json_int_t)ev->bytes_free),
-         true);
-    save_status(j);
+    ev_batch b = {0};
+    acc_err err = {0};
+    if (batch_add(j, &b, type,
+                  json_pack("{s:i, s:{s:i, s:i}, s:{s:i, s:i}, s:b, s:I, s:I}", "step", ev->step, "from",
+                            "micro_batch", ev->from_micro, "accum_steps", ev->from_accum, "to", "micro_batch",
+                            ev->to_micro, "accum_steps", ev->to_accum, "recompute", ev->recompute, bytes_key,
+                            (json_int_t)ev->bytes_asked, room_key, (json_int_t)ev->bytes_free),
+                  job_now()) != 0)
+        return;
+    if (commit_status(j, &b, &err) != 0) {
+        log_store_error(j, type, &err);
+        batch_push(j, &b); /* the split did change: watchers see it */
+    }
+    batch_free(&b);
 }
 
 static void apply_done(jobs_mgr *m, job *j, const train_event *ev)
@@ -842,11 +1068,11 @@ static void apply_done(jobs_mgr *m, job *j, const train_event *ev)
         return;
     }
     if (ev->status == 0)
-        finish(j, JOB_SUCCEEDED, NULL, ev->msg[0] ? ev->msg : NULL);
+        finish_or_retry(j, JOB_SUCCEEDED, NULL, ev->msg[0] ? ev->msg : NULL);
     else if (ev->status == ACC_ECANCELLED)
-        finish(j, JOB_CANCELLED, NULL, j->cancel_requested ? "cancelled while running" : ev->msg);
+        finish_or_retry(j, JOB_CANCELLED, NULL, j->cancel_requested ? "cancelled while running" : ev->msg);
     else
-        finish(j, JOB_FAILED, acc_err_name(ev->status), ev->msg[0] ? ev->msg : acc_err_name(ev->status));
+        finish_or_retry(j, JOB_FAILED, acc_err_name(ev->status), ev->msg[0] ? ev->msg : acc_err_name(ev->status));
 }
 
 static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
@@ -933,47 +1159,131 @@ int jobs_shutdown(jobs_mgr *m)
 
 void jobs_flush(jobs_mgr *m)
 {
-    for (size_t i = 0; i < m->njobs; i++)
-        if (m->jobs[i]->ev_fd >= 0 && fdatasync(m->jobs[i]->ev_fd) != 0)
-            acc_log(ACC_LOG_WARN, "store", "job %s: fsync event log: %s", m->jobs[i]->id, strerror(errno));
+    jobs_retry_store(m);
+    if (m->npending > 0)
+        acc_log(ACC_LOG_ERROR, "store", "%zu job state change(s) could not be stored; those jobs resume or rerun "
+                "at the next start: %s", m->npending, m->st.why);
+}
+
+void jobs_retry_store(jobs_mgr *m)
+{
+    store_poll_check(&m->st, false);
+    if (m->st.degraded || (!m->st.failing && m->npending == 0))
+        return;
+    acc_err err = {0};
+    if (m->npending == 0 && store_probe(&m->st, &err) != 0)
+        return;
+    for (size_t i = 0; i < m->njobs && m->npending > 0; i++)
+        if (m->jobs[i]->pending.on && !retry_pending(m->jobs[i]))
+            return; /* still failing: the next tick tries again */
+    if (!m->st.failing) {
+        acc_log(ACC_LOG_INFO, "store", "the job store writes again");
+        jobs_schedule(m);
+    }
+}
+
+/* ---- lists, hydration --------------------------------------------------------- */
+
+typedef struct list_acc {
+    jobs_mgr *m;
+    job **out;
+    int n, cap;
+} list_acc;
+
+static void list_one(void *ctx, const char *id)
+{
+    list_acc *a = ctx;
+    job *j = jobs_find(a->m, id);
+    if (j != NULL && a->n < a->cap)
+        a->out[a->n++] = j;
+}
+
+/* The same from the table in memory (a read-only store may not read). */
+static void list_memory(jobs_mgr *m, int state, uint64_t before, list_acc *a)
+{
+    size_t i = m->njobs;
+    while (i > 0 && m->jobs[i - 1]->submit_seq >= before)
+        i--; /* before the cursor; ids are in submission order */
+    for (; i > 0 && a->n < a->cap; i--)
+        if (state < 0 || (int)m->jobs[i - 1]->state == state)
+            a->out[a->n++] = m->jobs[i - 1];
+}
+
+int jobs_list(jobs_mgr *m, int state, const char *after, int limit, job **out, int *n, bool *more, acc_err *err)
+{
+    uint64_t before = UINT64_MAX;
+    if (after != NULL) {
+        const job *c = jobs_find(m, after);
+        if (c == NULL)
+            return acc_err_set(err, ACC_EINVAL, "after", "after must name a job (the `next` of the previous page)");
+        before = c->submit_seq;
+    }
+    /* one more than asked: whether a next page exists */
+    list_acc a = {.m = m, .out = out, .cap = limit + 1};
+    acc_err e = {0};
+    if (m->st.degraded ||
+        store_list(&m->st, state >= 0 ? job_state_name((job_state)state) : NULL,
+                   before == UINT64_MAX ? 0 : before, limit + 1, list_one, &a, &e) != 0) {
+        a.n = 0;
+        list_memory(m, state, before, &a);
+    }
+    *more = a.n > limit;
+    *n = a.n > limit ? limit : a.n;
+    return 0;
+}
+
+typedef struct hydrate_ctx {
+    job *j;
+    uint64_t last;
+} hydrate_ctx;
+
+static void hydrate_event(void *ctx, const store_event *e)
+{
+    hydrate_ctx *h = ctx;
+    if (e->seq <= h->last || !e->seq) /* nothing read back is trusted blindly */
+        return;
+    h->j->ring.next_seq = e->seq;
+    h->last = e->seq;
+    evring_push(&h->j->ring, e->type, e->json, e->len, NULL, NULL);
+}
+
+static void hydrate_metric(void *ctx, const store_metric *sm)
+{
+    job_metric mt = {.step = sm->step, .time = sm->time, .loss = sm->loss, .lr = sm->lr, .grad_norm = sm->grad_norm,
+                     .tokens_per_s = sm->tokens_per_s, .micro_batch = sm->micro_batch,
+                     .accum_steps = sm->accum_steps, .mem_peak = sm->mem_peak};
+    job_add_metric(ctx, &mt, NULL);
+}
+
+int jobs_hydrate(jobs_mgr *m, job *j, acc_err *err)
+{
+    if (j->hydrated)
+        return 0;
+    uint64_t next = j->ring.next_seq;
+    bool closed = j->ring.closed;
+    evring_free(&j->ring);
+    int rc = evring_init(&j->ring, m->conf->event_ring, err);
+    if (rc != 0) {
+        j->ring.next_seq = next;
+        j->ring.closed = closed;
+        return rc;
+    }
+    snprintf(j->ring.job, sizeof j->ring.job, "%s", j->id);
+    hydrate_ctx h = {.j = j};
+    j->nmetrics = 0;
+    acc_err e = {0};
+    if (store_load_events(&m->st, j->id, m->conf->event_ring, hydrate_event, &h, &e) != 0 ||
+        store_load_metrics(&m->st, j->id, hydrate_metric, j, &e) != 0)
+        acc_log(ACC_LOG_WARN, "store", "job %s: history not loaded: %s", j->id, e.msg);
+    if (j->ring.next_seq < next) /* the stored count is the truth, even past lost rows */
+        j->ring.next_seq = next;
+    j->ring.closed = closed;
+    j->hydrated = true;
+    job_view_invalidate(j);
+    return 0;
 }
 
 /* ---- reload ------------------------------------------------------------------ */
-
-/* Rebuild the ring and the metrics history from the event log. A torn last
- * line (crash mid-append) does not parse and is skipped. */
-static void replay_events(job *j, char *text)
-{
-    bool first = true;
-    char *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
-        json_t *ev = json_loads(line, 0, NULL);
-        json_int_t seq = json_integer_value(json_object_get(ev, "seq"));
-        const char *type = json_string_value(json_object_get(ev, "type"));
-        if (ev == NULL || seq < (json_int_t)j->ring.next_seq || type == NULL) {
-            json_decref(ev);
-            continue;
-        }
-        if (first)
-            evring_start_at(&j->ring, (uint64_t)seq);
-        first = false;
-        if (!strcmp(type, "step")) {
-            job_metric mt = {.step = (int)json_integer_value(json_object_get(ev, "step")),
-                             .loss = json_number_value(json_object_get(ev, "loss")),
-                             .lr = json_number_value(json_object_get(ev, "lr")),
-                             .grad_norm = json_number_value(json_object_get(ev, "grad_norm")),
-                             .tokens_per_s = json_number_value(json_object_get(ev, "tokens_per_s")),
-                             .micro_batch = (int)json_integer_value(json_object_get(ev, "micro_batch")),
-                             .accum_steps = (int)json_integer_value(json_object_get(ev, "accum_steps"))};
-            if (!strcmp(json_string_value(json_object_get(ev, "job")) ?: "", j->id))
-                job_add_metric(j, &mt, NULL);
-        }
-        /* keep the ring's numbering exact even across skipped lines */
-        j->ring.next_seq = (uint64_t)seq;
-        evring_push(&j->ring, type, line, strlen(line), NULL, NULL);
-        json_decref(ev);
-    }
-}
 
 /* The config may have changed between runs (fewer devices): a job that
  * can never fit now fails instead of waiting forever. */
@@ -985,56 +1295,91 @@ static int still_fits(const jobs_mgr *m, const job *j, acc_err *err)
     return rc != 0 ? rc : check_fits_a_device(m, &j->spec, err); /* smaller devices now */
 }
 
-static void reload_one(void *ctx, const store_job_files *f)
+/* What is wrong with a stored record, if anything; "" when it is sound. */
+static void check_record(const store_job_row *r, const json_t *status, char *why, size_t n)
+{
+    json_error_t je;
+    json_t *spec = json_loads(r->spec, JSON_REJECT_DUPLICATES, &je);
+    why[0] = '\0';
+    if (!json_is_object(spec))
+        snprintf(why, n, "the stored spec is %s%s", spec ? "not a JSON object" : "not valid JSON: ",
+                 spec ? "" : je.text);
+    else if (job_state_parse(r->state) < 0)
+        snprintf(why, n, "the stored state '%.40s' is unknown", r->state);
+    else if (r->status != NULL && !json_is_object(status))
+        snprintf(why, n, "the stored status is not a JSON object");
+    json_decref(spec);
+}
+
+static void reload_one(void *ctx, const store_job_row *r)
 {
     jobs_mgr *m = ctx;
     acc_err err = {0};
     job *j = job_new(m, &err);
-    json_t *st = f->status ? json_loads(f->status, 0, NULL) : NULL;
-    if (j == NULL) {
-        json_decref(st);
-        acc_log(ACC_LOG_ERROR, "store", "job %s not reloaded: %s", f->id, err.msg);
+    if (j != NULL)
+        snprintf(j->id, sizeof j->id, "%s", r->id);
+    if (j == NULL || table_add(m, j, &err) != 0) {
+        acc_log(ACC_LOG_ERROR, "store", "job %s not reloaded: %s", r->id, err.msg);
+        free(j);
         return;
     }
-    snprintf(j->id, sizeof j->id, "%s", f->id);
-    j->spec_json = compact_spec(f->spec, f->spec_len);
-    int spec_rc = job_spec_parse(f->spec, f->spec_len, m->conf, &j->spec, &err);
+    json_t *st = r->status ? json_loads(r->status, 0, NULL) : NULL;
+    char damaged[300];
+    check_record(r, st, damaged, sizeof damaged);
+    j->spec_json = strdup(damaged[0] ? "null" : r->spec); /* stored compact at submission */
+    int spec_rc = damaged[0] ? ACC_EINVAL : job_spec_parse(r->spec, strlen(r->spec), m->conf, &j->spec, &err);
     set_output_dir(m, j);
     j->cur_micro = j->spec.micro_batch;
     j->cur_accum = j->spec.accum_steps;
-    if (st != NULL)
+    if (json_is_object(st))
         job_status_apply(j, st);
     json_decref(st);
+    /* the columns are the truth: the status text is only the details */
+    int s = job_state_parse(r->state);
+    j->state = s >= 0 ? (job_state)s : JOB_QUEUED;
+    j->submit_seq = r->submit_seq;
+    if (r->submitted_at > 0)
+        j->submitted_at = r->submitted_at;
+    if (r->owner != NULL)
+        snprintf(j->owner, sizeof j->owner, "%s", r->owner);
+    if (r->uid != NULL && r->uid[0] != '\0' && job_uid_valid(r->uid) && strcmp(r->uid, j->spec.job_uid) != 0) {
+        snprintf(j->spec.job_uid, sizeof j->spec.job_uid, "%s", r->uid);
+        j->spec.adopt_unnamed = false; /* the status said otherwise: the column wins */
+    }
     if (j->spec.job_uid[0] == '\0' && job_uid_mint(j->spec.job_uid, sizeof j->spec.job_uid, NULL) == 0)
         j->spec.adopt_unnamed = true; /* from before uids: its checkpoints name none */
-    if (j->submit_seq == 0)
-        j->submit_seq = strtoull(f->id + 1, NULL, 10);
-    if (f->events != NULL)
-        replay_events(j, f->events);
-    if (j->spec_json == NULL || table_add(m, j, &err) != 0 ||
-        store_open_events(&m->st, j->id, &j->ev_fd, &err) != 0)
-        acc_log(ACC_LOG_ERROR, "store", "job %s: %s", j->id, err.msg);
+    evring_start_at(&j->ring, r->last_seq + 1);
     if (j->submit_seq >= m->next_submit)
         m->next_submit = j->submit_seq + 1;
+    if (!job_state_final(j->state) && jobs_hydrate(m, j, &err) != 0)
+        acc_log(ACC_LOG_ERROR, "store", "job %s: %s", j->id, err.msg);
+    if (damaged[0]) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "job record damaged: %s", damaged);
+        acc_log(ACC_LOG_ERROR, "store", "job %s: %s; kept as failed", j->id, msg);
+        if (j->state != JOB_FAILED || strcmp(j->err_msg, msg)) {
+            finish_or_retry(j, JOB_FAILED, acc_err_name(ACC_EINTERNAL), msg);
+            if (j->pending.on) { /* a read-only store: shown failed all the same */
+                j->state = JOB_FAILED;
+                snprintf(j->err_code, sizeof j->err_code, "%s", acc_err_name(ACC_EINTERNAL));
+                snprintf(j->err_msg, sizeof j->err_msg, "%s", msg);
+            }
+        }
+        return;
+    }
     if (!job_state_final(j->state) && spec_rc == 0)
         spec_rc = still_fits(m, j, &err);
     if (!job_state_final(j->state) && spec_rc != 0) {
         char msg[700];
         snprintf(msg, sizeof msg, "spec no longer valid at restart: %s: %s", err.field, err.msg);
-        finish(j, JOB_FAILED, acc_err_name(spec_rc), msg);
+        finish_or_retry(j, JOB_FAILED, acc_err_name(spec_rc), msg);
     }
-}
-
-static int cmp_submit(const void *a, const void *b)
-{
-    const job *x = *(job *const *)a, *y = *(job *const *)b;
-    return x->submit_seq < y->submit_seq ? -1 : x->submit_seq > y->submit_seq;
 }
 
 static void requeue_after_restart(job *j)
 {
     j->restarts++;
-    /* the last progress the event log knows; a resume reports its step */
+    /* the last progress the history knows; a resume reports its step */
     if (j->nmetrics > 0) {
         j->step = j->metrics[j->nmetrics - 1].step;
         j->last_loss = j->metrics[j->nmetrics - 1].loss;
@@ -1042,26 +1387,27 @@ static void requeue_after_restart(job *j)
     }
     j->ndev = 0;
     j->started_at = 0;
-    set_state(j, JOB_QUEUED,
-              "daemon restarted while the job ran; requeued, it resumes from its last checkpoint (step 0 if it has none)");
+    if (set_state(j, JOB_QUEUED,
+                  "daemon restarted while the job ran; requeued, it resumes from its last checkpoint (step 0 if it has none)") != 0) {
+        j->restarts--;
+        keep_pending(j, JOB_QUEUED, NULL,
+                     "daemon restarted while the job ran; requeued, it resumes from its last checkpoint (step 0 if it has none)",
+                     false);
+    }
 }
 
 int jobs_load(jobs_mgr *m, acc_err *err)
 {
-    int rc = store_load_all(&m->st, reload_one, m, err);
-    if (rc != 0)
-        return rc;
-    if (m->njobs > 1)
-        qsort(m->jobs, m->njobs, sizeof *m->jobs, cmp_submit);
+    acc_err e = {0};
+    if (store_load_all(&m->st, reload_one, m, &e) != 0)
+        acc_log(ACC_LOG_ERROR, "store", "jobs not (all) loaded: %s", e.msg);
     int counts[JOB_NSTATES] = {0};
     for (size_t i = 0; i < m->njobs; i++) {
         job *j = m->jobs[i];
-        if (j->state == JOB_RUNNING)
+        if (j->state == JOB_RUNNING && !j->pending.on && !m->st.degraded)
             requeue_after_restart(j);
-        if (job_state_final(j->state)) {
-            evring_close(&j->ring);
-            close_log(j);
-        }
+        if (job_state_final(j->state))
+            j->ring.closed = true;
         counts[j->state]++;
     }
     if (m->njobs > 0)

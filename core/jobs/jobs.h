@@ -8,11 +8,16 @@
  * state, the job's event ring, the metrics history and the store.
  *
  * Durability: a job is acknowledged (jobs_submit returns 0) only after its
- * spec.json and status.json are on disk; every state change rewrites
- * status.json and fsyncs the event log. At start, jobs_load() brings back
- * every job: queued ones stay queued, running ones are requeued (they
- * restart from step 0 until resume from checkpoints exists, and their event
- * stream says so).
+ * row and first event are committed (store.h); every state change is one
+ * transaction with its event. A state change the store cannot write is not
+ * shown: the job keeps its previous state, the change is retried
+ * (jobs_retry_store, on the daemon's tick), nothing new starts meanwhile and
+ * submissions are refused (503) until the store writes again. At start,
+ * jobs_load() brings back every job: queued ones stay queued, running ones
+ * are requeued (they resume from their last checkpoint, and their event
+ * stream says so); a damaged record is kept, failed, with the reason.
+ * Final jobs' rings and metrics stay in the store until a client asks
+ * (jobs_hydrate), so a start's cost does not grow with their history.
  */
 #ifndef ACC_JOBS_H
 #define ACC_JOBS_H
@@ -44,6 +49,9 @@ struct jobs_mgr {
     char gpu_check_msg[512];
     job **jobs;            /* in submission order */
     size_t njobs, cap;
+    job **index;           /* open addressing by id, index_cap slots (a power of 2) */
+    size_t index_cap;
+    size_t npending;       /* jobs with a state change waiting for the store */
     uint64_t next_submit;
     store st;
     pthread_mutex_t qmu;
@@ -110,7 +118,20 @@ void jobs_drain_events(jobs_mgr *m);
 int jobs_shutdown(jobs_mgr *m);
 int jobs_count_running(const jobs_mgr *m);
 void jobs_count_states(const jobs_mgr *m, int counts[JOB_NSTATES]);
-/* fsync every open event log. */
+/* Shutdown: a last try at the state changes still waiting for the store. */
 void jobs_flush(jobs_mgr *m);
+
+/* The daemon's tick: retry what the store could not write; once it writes
+ * again, schedule. Cheap when the store is fine. */
+void jobs_retry_store(jobs_mgr *m);
+
+/* Load a final job's event ring and metrics from the store (no-op when
+ * already there). Bounded by event_ring and history_keep. */
+int jobs_hydrate(jobs_mgr *m, job *j, acc_err *err);
+
+/* Up to `limit` jobs newest first, older than the job `after` (NULL: from
+ * the newest), of state `state` (-1: all). *more: there are older ones. An
+ * unknown `after` is ACC_EINVAL on field "after". */
+int jobs_list(jobs_mgr *m, int state, const char *after, int limit, job **out, int *n, bool *more, acc_err *err);
 
 #endif

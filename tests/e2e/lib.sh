@@ -171,3 +171,9 @@ expect_error() {
     field=$(echo "$out" | jq -r '.error.field // ""')
     [ "$field" = "$5" ] || fail "$1 $2: field '$field', want '$5': $out"
 }
+
+# ---- the job store (state_dir/accumd.db, SQLite) ---------------------------------
+# acc_db SQL: run a query on the daemon's store (read-only; works while it runs).
+acc_db() { sqlite3 -readonly "$STATE/accumd.db" "$1"; }
+# acc_events_text ID: every stored event line of a job, oldest first.
+acc_events_text() { acc_db "SELECT json FROM events WHERE job = '$1' ORDER BY seq"; }

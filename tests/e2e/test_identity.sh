@@ -16,11 +16,11 @@
 OUT=$ACC_TMP/out
 ARGS=(--set output_root="$OUT" --set cpu_devices=1 --set cpu_device_memory=256M --set cpu_threads_per_device=1
       --set checkpoint_keep=2)
-# complete lines only: the running job may be appending the last one
-events_since() { tail -n +"$(($2 + 1))" "$STATE/jobs/$1/events.ndjson" | grep -a '}$'; }
+# the job's events after seq $2, from the job store (lib.sh acc_db)
+events_since() { acc_db "SELECT json FROM events WHERE job = '$1' AND seq > $2 ORDER BY seq"; }
 # has_event FILTER: some event of $ev matches the jq FILTER
 has_event() { echo "$ev" | jq -s -e "any(.[]; $1)" >/dev/null; }
-nevents() { wc -l <"$STATE/jobs/$1/events.ndjson"; }
+nevents() { acc_db "SELECT coalesce(max(seq), 0) FROM events WHERE job = '$1'"; }
 
 # ---- an old life of the output root
 STATE=$ACC_TMP/s1
@@ -38,8 +38,9 @@ acc_start "${ARGS[@]}"
 B=$(acc_submit "$(tiny_job fresh 1000000 '"checkpoint_interval":2,"seed":2')") || exit 1
 [ "$B" != "$old" ] || fail "the fresh job got the old job's id $old (its output dir exists)"
 acc_wait_step "$B" 9
-grep -q "resumed from" "$STATE/jobs/$B/events.ndjson" && fail "the fresh job resumed a checkpoint: $(grep resumed "$STATE/jobs/$B/events.ndjson")"
-uid=$(jq -r .uid "$STATE/jobs/$B/status.json")
+events_since "$B" 0 | grep -q "resumed from" && fail "the fresh job resumed a checkpoint: $(events_since "$B" 0 | grep resumed)"
+uid=$(acc_db "SELECT uid FROM jobs WHERE id = '$B'")
+expect_eq "the stored status names the same uid" "$(acc_db "SELECT status FROM jobs WHERE id = '$B'" | jq -r .uid)" "$uid"
 [[ "$uid" =~ ^[0-9a-f]{32}$ ]] || fail "no job uid in the persisted status: $uid"
 acc_kill9
 ok "a fresh state_dir over an old output_root: new id $B, nothing resumed"

@@ -124,7 +124,8 @@ g=$(acc_submit "$(tiny_job gappy 30)") || exit 1
 acc_wait_state "$g" succeeded
 timeout 20 curl -sN "$BASE/v1/jobs/$g/events?format=ndjson" >"$ACC_TMP/gap"
 expect_eq "events after a gap" "$(wc -l <"$ACC_TMP/gap")" 17
-jq -e -s '.[0].type == "gap" and .[0].from == 1 and .[1].seq == .[0].to + 1 and .[16].type == "done"' \
+jq -e -s --arg g "$g" '.[0].type == "gap" and .[0].from == 1 and .[1].seq == .[0].to + 1 and .[16].type == "done"
+    and .[0].seq == .[0].to and .[0].job == $g and (.[0].time | test("^20[0-9-]+T[0-9:.]+Z$"))' \
     "$ACC_TMP/gap" >/dev/null || fail "gap: $(head -2 "$ACC_TMP/gap")"
 timeout 20 curl -sN "$BASE/v1/jobs/$g/events" | head -3 | grep -q '^event: gap' || fail "SSE gap event"
 ok "slow watcher skips ahead with a gap event"

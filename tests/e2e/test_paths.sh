@@ -92,7 +92,7 @@ echo "$body" | grep -q "can never run" || fail "too big: message does not say wh
 acc_wait_state "$held" succeeded
 resumed=$(acc_submit "$(tiny_job r 4 "\"resume_from\":\"$STATE/out/$held\"")") || exit 1
 acc_wait_state "$resumed" succeeded 60
-grep -q "resumed from" "$STATE/jobs/$resumed/events.ndjson" || fail "resume_from a job's output did not resume"
+acc_db "SELECT json FROM events WHERE job = '$resumed'" | grep -q "resumed from" || fail "resume_from a job's output did not resume"
 ok "resume_from the output root and a model larger than any device are 400s; a real resume_from runs"
 
 # ---- defect 20: a symlink planted at output_root/<next id>

@@ -50,7 +50,7 @@ acc_stop 20
 for i in $(seq 1 50); do kill -0 $w1 2>/dev/null || kill -0 $w2 2>/dev/null || break; sleep 0.1; done
 kill -0 $w1 2>/dev/null && fail "SSE watcher still connected after the daemon stopped"
 grep -q '^event: step' "$ACC_TMP/w1" || fail "watcher got no steps"
-grep -q 'stopped by daemon shutdown' "$STATE/jobs/$run/events.ndjson" || fail "no shutdown event"
+acc_events_text "$run" | grep -q "stopped by daemon shutdown" || fail "no shutdown event"
 acc_start --set cpu_devices=1 --set cpu_device_memory=128M
 expect_eq "requeued twice" "$(curl -s "$BASE/v1/jobs/$run" | jq .restarts)" 2
 curl -s -o /dev/null -X DELETE "$BASE/v1/jobs/$run"

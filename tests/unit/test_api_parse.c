@@ -136,12 +136,43 @@ static void test_sequence_numbers(void **state)
     assert_int_equal(c.state, 1);
 }
 
+/* GET /v1/jobs pagination (the store's ?limit= and ?after=): strict, in the parser. */
+static void test_pagination(void **state)
+{
+    api_call c;
+    assert_int_equal(P("GET", "/v1/jobs", NULL, NULL, NULL, NULL, &c), 0);
+    assert_int_equal(c.limit, API_LIST_LIMIT);
+    assert_string_equal(c.after, "");
+    assert_int_equal(P("GET", "/v1/jobs", "limit", "1", NULL, NULL, &c), 0);
+    assert_int_equal(c.limit, 1);
+    assert_int_equal(P("GET", "/v1/jobs", "limit", "1000", NULL, NULL, &c), 0);
+    assert_int_equal(c.limit, API_LIST_MAX_LIMIT);
+    const char *bad_limit[] = {"0", "1001", "-1", "+5", " 5", "5x", "", "abc", "99999999999999999999999"};
+    for (size_t i = 0; i < sizeof bad_limit / sizeof bad_limit[0]; i++) {
+        char *msg = NULL;
+        assert_int_equal(parse("GET", "/v1/jobs", 8, "limit", bad_limit[i], NULL, NULL, &c, &msg), 400);
+        assert_non_null(strstr(msg, "\"field\":\"limit\""));
+        free(msg);
+    }
+    assert_int_equal(P("GET", "/v1/jobs", "limit", NULL, NULL, NULL, &c), 400); /* bare */
+    assert_int_equal(P("GET", "/v1/jobs", "after", "j000042", NULL, NULL, &c), 0);
+    assert_string_equal(c.after, "j000042");
+    const char *bad_after[] = {"", "j00001", "J000001", "j00000a", "x", "j000001/", "j0000000000000000000000000000000001"};
+    for (size_t i = 0; i < sizeof bad_after / sizeof bad_after[0]; i++) {
+        char *msg = NULL;
+        assert_int_equal(parse("GET", "/v1/jobs", 8, "after", bad_after[i], NULL, NULL, &c, &msg), 400);
+        assert_non_null(strstr(msg, "\"field\":\"after\""));
+        free(msg);
+    }
+    assert_int_equal(P("GET", "/v1/jobs", "after", NULL, NULL, NULL, &c), 400);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_safe_text),   cmocka_unit_test(test_routes_and_head),
         cmocka_unit_test(test_ids),         cmocka_unit_test(test_booleans),
-        cmocka_unit_test(test_sequence_numbers),
+        cmocka_unit_test(test_sequence_numbers), cmocka_unit_test(test_pagination),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
