@@ -74,10 +74,10 @@ ref_hist=$(acc_curl "$BASE/v1/jobs/$ref/metrics" | jq -c '[.steps[] | [.step, .l
 kid=$(acc_submit "$spec_k")
 acc_wait_step "$kid" 20
 acc_kill9
-[ "$(jq -r .state "$STATE/jobs/$kid/status.json")" = running ] || fail "the job ended before the kill"
+[ "$(acc_db "SELECT state FROM jobs WHERE id = '$kid'")" = running ] || fail "the job ended before the kill"
 acc_start --set cpu_devices=1 --set cpu_device_memory=512M --set cpu_threads_per_device=1
 acc_wait_state "$kid" succeeded 300
-grep -q 'resumed from' "$STATE/jobs/$kid/events.ndjson" || fail "no resume after the restart"
+acc_events_text "$kid" | grep -q 'resumed from' || fail "no resume after the restart"
 expect_eq "step history after kill -9 and resume" \
     "$(acc_curl "$BASE/v1/jobs/$kid/metrics" | jq -c '[.steps[] | [.step, .loss]]')" "$ref_hist"
 acc_curl "$BASE/v1/jobs/$kid" | jq -e '.outputs.model | endswith("ckpt-00000060")' >/dev/null ||
