@@ -29,6 +29,7 @@
 #include "err.h"
 #include "adamw.h"
 #include "model.h"
+#include "safetensors.h"
 
 typedef struct ckpt_state {
     int step;            /* optimizer steps completed */
@@ -56,6 +57,16 @@ int ckpt_save(const char *output_dir, const model *m, const adamw *opt, const ck
 int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
                  const char *spec_json, int keep, const char *hf_src, char *path_out,
                  size_t path_n, acc_err *err);
+
+/* ckpt_save_hf with the weights on disk in `dtype` (ST_F32, ST_BF16,
+ * ST_F16: job spec save.dtype). Below F32 they are written by
+ * model_hf_save (rounded to nearest even; fp16 keeps Inf/NaN, overflows to
+ * Inf) with config.json's torch_dtype saying so, and state.safetensors also
+ * holds the fp32 master weights ("params", the model's flat layout), which
+ * ckpt_load prefers: resuming stays exact whatever the saved dtype. */
+int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
+                 const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
+                 char *path_out, size_t path_n, acc_err *err);
 
 /* Load weights, moments and state from checkpoint directory `dir` into `m`
  * and `opt` (whose shapes must match; opt->t := the saved adam_t). */
