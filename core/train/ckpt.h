@@ -5,10 +5,12 @@
  *                      file shapes (the model's layout, model.h: GPT-2's
  *                      "wte.weight", "h.0.attn.c_attn.weight", ...; Conv1D
  *                      matrices stored [in, out] as transformers expects,
- *                      wte without the padded rows), F32;
+ *                      wte without the padded rows), F32 or the job's
+ *                      save.dtype (ckpt_save_as);
  *   state.safetensors  what an exact continuation needs besides the weights:
  *                      the AdamW moments (adamw.h) in the model's own flat
- *                      layout, and
+ *                      layout, the fp32 weights ("params") when
+ *                      model.safetensors holds them rounded, and
  *                      metadata: step, adam_t, the (micro, accum) split, the
  *                      seed, the model shape, the spec.
  * The directory is written as ckpt-<step>.partial, every file fsynced, then
