@@ -670,10 +670,31 @@ static void set_defaults(job_spec *s)
     s->oom_adapt = true;
 }
 
+/* "save": {"format": "hf", "merge_lora": false, "dtype": "auto"}. No LoRA
+ * here yet, so merge_lora can only be false. */
+static int parse_save(const json_t *sv, job_spec *out, acc_err *err)
+{
+    static const char *const keys[] = {"format", "merge_lora", "dtype", NULL};
+    static const char *const formats[] = {"hf", NULL};
+    static const char *const dtypes[] = {"auto", "float32", "bfloat16", "float16", NULL};
+    int rc, fmt = 0, dt = (int)out->save_dtype;
+    bool merge = false;
+    if ((rc = check_keys(sv, "save", keys, err)) || (rc = get_choice(sv, "save", "format", formats, &fmt, err)) ||
+        (rc = get_bool(sv, "save", "merge_lora", &merge, err)) ||
+        (rc = get_choice(sv, "save", "dtype", dtypes, &dt, err)))
+        return rc;
+    if (merge)
+        return acc_err_set(err, ACC_EINVAL, "save.merge_lora", "save.merge_lora needs a lora section");
+    out->save_dtype = (spec_save_dtype)dt;
+    return 0;
+}
+
 static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
 {
-    json_t *jmodel, *data, *optim, *lrs, *oom;
+    json_t *jmodel, *data, *optim, *lrs, *oom, *sv;
     int rc;
+    if ((rc = get_object(root, NULL, "save", &sv, err)) || (sv != NULL && (rc = parse_save(sv, out, err))))
+        return rc;
     if ((rc = get_object(root, NULL, "model", &jmodel, err)) || (rc = get_object(root, NULL, "data", &data, err)) ||
         (rc = get_object(root, NULL, "optimizer", &optim, err)) ||
         (rc = get_object(root, NULL, "lr_schedule", &lrs, err)) || (rc = get_object(root, NULL, "oom", &oom, err)))
@@ -740,7 +761,7 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
         "name", "model", "data", "train_batch_size", "train_micro_batch_size_per_gpu",
         "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
         "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
-        "oom", "resume_from", "deepspeed", NULL};
+        "oom", "resume_from", "deepspeed", "save", NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
     bool clip_set = false;

@@ -37,6 +37,14 @@ typedef enum spec_lr_type {
     SPEC_LR_WARMUP_COSINE, /* DeepSpeed WarmupCosineLR: warmup, then cosine to cos_min_ratio * lr */
 } spec_lr_type;
 
+/* save.dtype: the dtype of the saved weights (model.safetensors and shards). */
+typedef enum spec_save_dtype {
+    SPEC_SAVE_AUTO,        /* model.from's dtype (its tensors'); float32 from scratch */
+    SPEC_SAVE_F32,
+    SPEC_SAVE_BF16,
+    SPEC_SAVE_F16,
+} spec_save_dtype;
+
 typedef struct spec_model {
     char arch[16];         /* "gpt2" */
     int n_layer, n_head, n_embd, seq_len;
@@ -91,6 +99,7 @@ typedef struct job_spec {
     int priority;          /* higher runs first */
     bool oom_adapt;        /* oom.adapt */
     char resume_from[PATH_MAX]; /* "" or a checkpoint directory */
+    spec_save_dtype save_dtype; /* save.dtype (the fp32 master weights stay in state.safetensors) */
     char output_dir[PATH_MAX];  /* set by the daemon: output_root/<job id> */
     /* set by job_spec_parse from the config: every file the spec names is
      * opened under these (safepath.h; empty = unrestricted, for tests) */

@@ -253,6 +253,10 @@ static int parse_header(st_file *f, acc_err *err)
     return 0;
 }
 
+static void drop_pages(const st_file *f, const void *data, size_t nbytes);
+
+/* Hashes the mapping in 64 MiB pieces, dropping each piece's pages after
+ * it: opening a file never makes all of it resident at once. */
 static int verify_crc(st_file *f, acc_err *err)
 {
     const char *want = st_get_meta(f, "accumd.crc32");
@@ -261,8 +265,9 @@ static int verify_crc(st_file *f, acc_err *err)
     uLong crc = crc32(0L, Z_NULL, 0);
     const uint8_t *p = f->data;
     for (size_t left = f->data_len; left > 0;) {
-        uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
+        uInt chunk = left > (64u << 20) ? (64u << 20) : (uInt)left;
         crc = crc32(crc, p, chunk);
+        drop_pages(f, p, chunk);
         p += chunk;
         left -= chunk;
     }
@@ -542,10 +547,17 @@ int st_from_f32(st_dtype d, const float *src, size_t count, void *dst, acc_err *
 
 void st_release(const st_file *f, const st_tensor *t)
 {
-    if (f->buf == NULL || t->data == NULL || t->nbytes == 0)
+    drop_pages(f, t->data, t->nbytes);
+}
+
+/* The whole pages of [data, data + nbytes) inside f's mapping, dropped
+ * (they come back from the page cache if read again). */
+static void drop_pages(const st_file *f, const void *data, size_t nbytes)
+{
+    if (f->buf == NULL || data == NULL || nbytes == 0)
         return;
     long pg = sysconf(_SC_PAGESIZE);
-    uintptr_t base = (uintptr_t)f->buf, lo = (uintptr_t)t->data, hi = lo + t->nbytes;
+    uintptr_t base = (uintptr_t)f->buf, lo = (uintptr_t)data, hi = lo + nbytes;
     lo = base + ((lo - base) + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg; /* whole pages only */
     hi = base + (hi - base) / (uintptr_t)pg * (uintptr_t)pg;
     if (hi > lo)

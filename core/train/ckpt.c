@@ -51,9 +51,11 @@ static int write_model_file(const char *path, const model *m, const float *param
     return model_safetensors_write(&m->layout, params, path, md, 3, err);
 }
 
+/* master: the fp32 weights in the model's flat layout, or NULL when
+ * model.safetensors holds them exactly (F32). */
 static int write_state_file(const char *path, const model *m, const adamw *opt,
-                            const float *mom1, const float *mom2, const ckpt_state *st,
-                            const char *spec_json, acc_err *err)
+                            const float *mom1, const float *mom2, const float *master,
+                            const ckpt_state *st, const char *spec_json, acc_err *err)
 {
     size_t nmom = opt->hi - opt->lo;
     const model_config *c = &m->cfg;
@@ -79,13 +81,15 @@ static int write_state_file(const char *path, const model *m, const adamw *opt,
         {"job_uid", st->job_uid}, /* last: left out when empty */
     };
     int nmeta = (int)(sizeof md / sizeof md[0]) - (st->job_uid[0] == '\0');
-    st_tensor t[2] = {
+    st_tensor t[3] = {
         {.name = "adam.m", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)nmom},
          .data = mom1, .nbytes = nmom * sizeof(float)},
         {.name = "adam.v", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)nmom},
          .data = mom2, .nbytes = nmom * sizeof(float)},
+        {.name = "params", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams},
+         .data = master, .nbytes = m->nparams * sizeof(float)},
     };
-    return st_write(path, t, 2, md, nmeta, err);
+    return st_write(path, t, master ? 3 : 2, md, nmeta, err);
 }
 
 /* ---- listing checkpoints */
@@ -189,12 +193,12 @@ void ckpt_prune(const char *output_dir, int keep, int protect_step)
  * bytes ckpt_save always wrote) or, over 5 GB, shards with an index; then
  * config.json and the source's tokenizer files. */
 static int write_weights(const char *dir, const model *m, const float *params, int step,
-                         const char *hf_src, acc_err *err)
+                         const char *hf_src, st_dtype dtype, acc_err *err)
 {
     char file[PATH_MAX + 64];
-    model_hf_save_opts o = {.dtype = ST_F32, .src_dir = hf_src};
+    model_hf_save_opts o = {.dtype = dtype, .src_dir = hf_src};
     const model_family *f = model_family_of(&m->cfg);
-    if (model_hf_bytes(m, ST_F32) > HF_SHARD_DEFAULT)
+    if (dtype != ST_F32 || model_hf_bytes(m, dtype) > HF_SHARD_DEFAULT)
         return model_hf_save(m, dir, &o, err);
     snprintf(file, sizeof file, "%s/model.safetensors", dir);
     int rc = write_model_file(file, m, params, step, err);
@@ -213,6 +217,14 @@ int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const
                  const char *spec_json, int keep, const char *hf_src, char *path_out,
                  size_t path_n, acc_err *err)
 {
+    return ckpt_save_as(output_dir, m, opt, st, spec_json, keep, hf_src, ST_F32, path_out, path_n,
+                        err);
+}
+
+int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
+                 const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
+                 char *path_out, size_t path_n, acc_err *err)
+{
     char final[PATH_MAX], partial[PATH_MAX + 16], file[PATH_MAX + 64];
     if (snprintf(final, sizeof final, "%s/ckpt-%08d", output_dir, st->step) >= (int)sizeof final)
         return acc_err_set(err, ACC_EINVAL, "", "output path too long");
@@ -227,10 +239,11 @@ int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const
     float *params, *mom1, *mom2;
     rc = download_all(m, opt, &params, &mom1, &mom2, err);
     if (rc == 0)
-        rc = write_weights(partial, m, params, st->step, hf_src, err);
-    if (rc == 0) {
+        rc = write_weights(partial, m, params, st->step, hf_src, dtype, err);
+    if (rc == 0) { /* narrower weights on disk: the exact ones for resuming here */
         snprintf(file, sizeof file, "%s/state.safetensors", partial);
-        rc = write_state_file(file, m, opt, mom1, mom2, st, spec_json, err);
+        rc = write_state_file(file, m, opt, mom1, mom2, dtype == ST_F32 ? NULL : params, st,
+                              spec_json, err);
     }
     if (rc == 0) {
         free(params);
@@ -412,7 +425,13 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
     if (rc == 0 && (st_get(sf, "adam.m", &tm, err) != 0 || st_get(sf, "adam.v", &tv, err) != 0 ||
                     tm.nbytes != (opt->hi - opt->lo) * sizeof(float) || tv.nbytes != tm.nbytes))
         rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: optimizer state does not match the model", path);
-    if (rc == 0 && sharded_at(dfd)) {
+    st_tensor tp;
+    int master = rc == 0 && st_get(sf, "params", &tp, NULL) == 0;
+    if (master && (tp.dtype != ST_F32 || tp.nbytes != m->nparams * sizeof(float)))
+        rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: master weights do not match the model", path);
+    if (rc == 0 && master) { /* the fp32 weights beside a narrower model.safetensors */
+        model_params_upload(m, tp.data);
+    } else if (rc == 0 && sharded_at(dfd)) {
         rc = load_sharded(dir, m, err);
     } else if (rc == 0) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);

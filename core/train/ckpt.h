@@ -5,10 +5,12 @@
  *                      file shapes (the model's layout, model.h: GPT-2's
  *                      "wte.weight", "h.0.attn.c_attn.weight", ...; Conv1D
  *                      matrices stored [in, out] as transformers expects,
- *                      wte without the padded rows), F32;
+ *                      wte without the padded rows), F32 or the job's
+ *                      save.dtype (ckpt_save_as);
  *   state.safetensors  what an exact continuation needs besides the weights:
  *                      the AdamW moments (adamw.h) in the model's own flat
- *                      layout, and
+ *                      layout, the fp32 weights ("params") when
+ *                      model.safetensors holds them rounded, and
  *                      metadata: step, adam_t, the (micro, accum) split, the
  *                      seed, the model shape, the spec.
  * The directory is written as ckpt-<step>.partial, every file fsynced, then
@@ -33,6 +35,7 @@
 #include "err.h"
 #include "adamw.h"
 #include "model.h"
+#include "safetensors.h"
 
 typedef struct ckpt_state {
     int step;            /* optimizer steps completed */
@@ -66,6 +69,16 @@ int ckpt_save(const char *output_dir, const model *m, const adamw *opt, const ck
 int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
                  const char *spec_json, int keep, const char *hf_src, char *path_out,
                  size_t path_n, acc_err *err);
+
+/* ckpt_save_hf with the weights on disk in `dtype` (ST_F32, ST_BF16,
+ * ST_F16: job spec save.dtype). Below F32 they are written by
+ * model_hf_save (rounded to nearest even; fp16 keeps Inf/NaN, overflows to
+ * Inf) with config.json's torch_dtype saying so, and state.safetensors also
+ * holds the fp32 master weights ("params", the model's flat layout), which
+ * ckpt_load prefers: resuming stays exact whatever the saved dtype. */
+int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
+                 const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
+                 char *path_out, size_t path_n, acc_err *err);
 
 /* Load weights, moments and state from checkpoint directory `dir` into `m`
  * and `opt` (whose shapes must match; opt->t := the saved adam_t). */

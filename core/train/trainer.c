@@ -588,6 +588,27 @@ static void emit_log(trainer *t, int step, const char *fmt, ...)
     free(ev);
 }
 
+/* save.dtype in force: "auto" is model.from's (its tensors' dtype, read
+ * from the headers only), float32 from scratch. */
+static int save_dtype(const job_spec *s, st_dtype *d, acc_err *err)
+{
+    hf_dir *h = NULL;
+    static const st_dtype fixed[] = {[SPEC_SAVE_F32] = ST_F32, [SPEC_SAVE_BF16] = ST_BF16,
+                                     [SPEC_SAVE_F16] = ST_F16};
+    *d = ST_F32;
+    if (s->save_dtype != SPEC_SAVE_AUTO) {
+        *d = fixed[s->save_dtype];
+        return 0;
+    }
+    if (s->model.from[0] == '\0')
+        return 0;
+    int rc = hf_open(s->model.from, 1, &h, err);
+    if (rc == 0)
+        *d = hf_dtype(h);
+    hf_close(h);
+    return rc;
+}
+
 /* Rank 0: a checkpoint of `step` completed steps (weights, AdamW state,
  * the split in force). A failure is the job's error, never a file trusted
  * later (ckpt.h). */
@@ -599,9 +620,12 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
                      .accum_steps = rs->split.a, .seed = s->seed, .recompute = rs->recompute != 0};
     snprintf(st.job_uid, sizeof st.job_uid, "%s", s->job_uid); /* whose checkpoint it is */
     char path[PATH_MAX];
-    int rc = ckpt_save_hf(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep,
-                          s->model.from[0] ? s->model.from : NULL, path, sizeof path,
-                       err);
+    st_dtype dtype;
+    int rc = save_dtype(s, &dtype, err);
+    if (rc == 0)
+        rc = ckpt_save_as(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep,
+                          s->model.from[0] ? s->model.from : NULL, dtype, path, sizeof path,
+                          err);
     if (rc == 0)
         emit_simple(t, TEV_CHECKPOINT, step, 0.0, path);
     return rc;

@@ -82,6 +82,42 @@ expect_eq "step history after kill -9 and resume" \
     "$(acc_curl "$BASE/v1/jobs/$kid/metrics" | jq -c '[.steps[] | [.step, .loss]]')" "$ref_hist"
 acc_curl "$BASE/v1/jobs/$kid" | jq -e '.outputs.model | endswith("ckpt-00000060")' >/dev/null ||
     fail "outputs after resume: $(acc_curl "$BASE/v1/jobs/$kid" | jq -c .outputs)"
+expect_eq "the resumed job saved bf16 (auto)" \
+    "$(jq -r .torch_dtype "$(acc_curl "$BASE/v1/jobs/$kid" | jq -r .outputs.model)/config.json")" bfloat16
 ok "kill -9 at step >= 20, resumed: the same $(echo "$ref_hist" | jq length)-step history"
+
+# save.dtype: "auto" kept tiny's bf16 above (and that job resumed exactly
+# from bf16-saving checkpoints: state.safetensors holds the fp32 weights);
+# the same job saved in each dtype gives, by PyTorch's own conversions, the
+# rounded float32 output, and the reference's loss on the bf16 one is the
+# float32 one's within bf16 tolerance
+expect_eq "auto dtype" "$(jq -r .torch_dtype "$final/config.json")" bfloat16
+out=$(curl -s -w '\n%{http_code}' -X POST --data-binary \
+    '{"model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt"},"save":{"dtype":"fp8"}}' "$BASE/v1/jobs")
+expect_eq "bad save.dtype" "${out##*$'\n'}" 400
+expect_eq "bad save.dtype: field" "$(echo "${out%$'\n'*}" | jq -r .error.field)" save.dtype
+declare -A dout
+for dt in float32 bfloat16 float16; do
+    did=$(acc_submit '{"name":"dt-'$dt'","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"max_steps":3,"seed":9,"save":{"format":"hf","dtype":"'$dt'"}}')
+    acc_wait_state "$did" succeeded 300
+    dout[$dt]=$(acc_curl "$BASE/v1/jobs/$did" | jq -r .outputs.model)
+    expect_eq "save.dtype $dt: torch_dtype" "$(jq -r .torch_dtype "${dout[$dt]}/config.json")" $dt
+done
+"$PY" - "$SUP" "${dout[float32]}" "${dout[bfloat16]}" "${dout[float16]}" <<'PYEOF' || fail "saved dtypes differ from PyTorch's rounding"
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from llama_ref import load_dir
+_, f32 = load_dir(sys.argv[2])
+for d, dt in ((sys.argv[3], torch.bfloat16), (sys.argv[4], torch.float16)):
+    _, t = load_dir(d)
+    assert t.keys() == f32.keys(), d
+    for k, v in f32.items():
+        assert v.dtype == torch.float32 and t[k].dtype == dt, (k, v.dtype, t[k].dtype)
+        assert torch.equal(v.to(dt).view(torch.int16), t[k].view(torch.int16)), (d, k)
+PYEOF
+l32=$("$PY" "$SUP/llama_ref.py" loss "${dout[float32]}" "$ACC_TMP/batch") || fail "reference on float32"
+l16=$("$PY" "$SUP/llama_ref.py" loss "${dout[bfloat16]}" "$ACC_TMP/batch") || fail "reference on bfloat16"
+jq -en "($l16 - $l32) as \$d | (if \$d < 0 then -\$d else \$d end) <= 0.02 * $l32" >/dev/null || fail "bf16 output's loss $l16 vs float32's $l32"
+ok "save.dtype: bf16/fp16 outputs are PyTorch's rounding of the float32 one; reference loss $l16 vs $l32"
 
 acc_stop

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,8 @@
 
 #include "ckpt.h"
 #include "fsutil.h"
+#include "hf_dir.h"
+#include "model_hf.h"
 #include "kern_device.h"
 #include "model_gpt2.h"
 #include "safetensors.h"
@@ -128,6 +131,64 @@ static void test_round_trip(void **state)
     assert_true(got.seed == 99 && got.recompute);
     free_model(a);
     free_model(b);
+}
+
+/* The roundings from elsewhere than safetensors.c: bf16 the kernels'
+ * kern_bf16_round (nearest even), fp16 the compiler's _Float16 conversion
+ * (IEEE, correctly rounded, Inf/NaN kept). PyTorch checks both again in
+ * tests/e2e/test_llama.sh. */
+static float rounded(st_dtype d, float x)
+{
+    return d == ST_BF16 ? kern_bf16_round(x) : d == ST_F16 ? (float)(_Float16)x : x;
+}
+
+/* save.dtype: model.safetensors in each dtype (the values rounded, config.json
+ * saying so), and resuming reads the fp32 master weights: bit-exact. */
+static void test_dtype_round_trip(void **state)
+{
+    fixture *fx = *state;
+    const st_dtype dts[] = {ST_F32, ST_BF16, ST_F16};
+    const char *names[] = {"float32", "bfloat16", "float16"};
+    for (int k = 0; k < 3; k++) {
+        model_gpt2 *a = make_model(fx, 1), *b = make_model(fx, 2), *c = make_model(fx, 3);
+        a->params[3] = 1e6f; /* past fp16's range: Inf there */
+        a->params[5] = 1.0f + 1.0f / 2048; /* a tie in fp16 (even: 1.0) */
+        a->params[6] = 3e-6f;              /* an fp16 subnormal */
+        ckpt_state st = {.step = 3, .adam_t = 3, .micro_batch = 2, .accum_steps = 1, .seed = 1};
+        char out[300], path[PATH_MAX], file[PATH_MAX + 32];
+        acc_err err = {0};
+        snprintf(out, sizeof out, "%s/dt%d", dir, k);
+        assert_int_equal(ckpt_save_as(out, a, OPT(a), &st, NULL, 2, NULL, dts[k], path, sizeof path, &err), 0);
+        ckpt_state got = {0};
+        assert_int_equal(ckpt_load(path, b, OPT(b), &got, &err), 0);
+        assert_memory_equal(a->params, b->params, a->nparams * sizeof(float));
+        assert_memory_equal(OPT(a)->m, OPT(b)->m, a->nparams * sizeof(float));
+        hf_dir *h = NULL;
+        assert_int_equal(hf_open(path, 1, &h, &err), 0);
+        assert_int_equal(hf_dtype(h), dts[k]);
+        json_t *td = json_object_get(hf_config(h), "torch_dtype");
+        assert_true(json_is_string(td));
+        assert_string_equal(json_string_value(td), names[k]);
+        hf_close(h);
+        assert_int_equal(model_hf_load_dir(c, path, &err), 0);
+        for (size_t i = 0; i < a->nparams; i++) {
+            float want = rounded(dts[k], a->params[i]);
+            if (memcmp(&want, &c->params[i], sizeof want) != 0)
+                fail_msg("%s: param %zu: %a saved as %a, want %a", names[k], i, a->params[i],
+                         c->params[i], want);
+        }
+        if (dts[k] == ST_F16)
+            assert_true(isinf(c->params[3]) && c->params[5] == 1.0f && c->params[6] != 0.0f);
+        snprintf(file, sizeof file, "%s/state.safetensors", path);
+        st_file *sf;
+        st_tensor tp;
+        assert_int_equal(st_open(file, &sf, &err), 0);
+        assert_int_equal(st_get(sf, "params", &tp, NULL) == 0, dts[k] != ST_F32);
+        st_close(sf);
+        free_model(a);
+        free_model(b);
+        free_model(c);
+    }
 }
 
 static void test_hf_layout(void **state)
@@ -246,6 +307,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_hf_layout),
+        cmocka_unit_test(test_dtype_round_trip),
         cmocka_unit_test(test_keep_partial_and_corrupt),
         cmocka_unit_test(test_shape_mismatch_refused),
     };

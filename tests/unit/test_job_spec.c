@@ -165,6 +165,32 @@ static void test_errors_name_the_field(void **state)
     assert_int_equal(job_spec_parse(dup, strlen(dup), &f->conf, &s, &err), ACC_EINVAL);
 }
 
+/* save: the saved weights' dtype, "auto" by default; bad values name save.dtype */
+static void test_save(void **state)
+{
+    fixture *f = *state;
+    job_spec s;
+    acc_err err = {0};
+    const char *names[] = {"auto", "float32", "bfloat16", "float16"};
+    const spec_save_dtype want[] = {SPEC_SAVE_AUTO, SPEC_SAVE_F32, SPEC_SAVE_BF16, SPEC_SAVE_F16};
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8", &s, &err), 0);
+    assert_int_equal(s.save_dtype, SPEC_SAVE_AUTO);
+    for (int i = 0; i < 4; i++) {
+        char extra[160];
+        snprintf(extra, sizeof extra,
+                 "\"train_batch_size\":8,\"save\":{\"format\":\"hf\",\"merge_lora\":false,\"dtype\":\"%s\"}",
+                 names[i]);
+        assert_int_equal(parse_with(f, extra, &s, &err), 0);
+        assert_int_equal(s.save_dtype, want[i]);
+    }
+    expect_field(f, "\"train_batch_size\":8,\"save\":{\"dtype\":\"fp8\"}", "save.dtype");
+    expect_field(f, "\"train_batch_size\":8,\"save\":{\"dtype\":16}", "save.dtype");
+    expect_field(f, "\"train_batch_size\":8,\"save\":{\"dtyp\":\"float16\"}", "save.dtyp");
+    expect_field(f, "\"train_batch_size\":8,\"save\":{\"format\":\"gguf\"}", "save.format");
+    expect_field(f, "\"train_batch_size\":8,\"save\":{\"merge_lora\":true}", "save.merge_lora");
+    expect_field(f, "\"train_batch_size\":8,\"save\":\"hf\"", "save");
+}
+
 static void test_paths(void **state)
 {
     fixture *f = *state;
@@ -290,6 +316,7 @@ int main(void)
         cmocka_unit_test(test_batch_triple),
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_paths),
+        cmocka_unit_test(test_save),
         cmocka_unit_test(test_deepspeed),
         cmocka_unit_test(test_ignored_keys_and_big_integers),
     };
