@@ -1,0 +1,154 @@
+/* records: JSONL training samples parsed and validated (records.h). */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "records.h"
+
+static const char *const format_names[] = {"chat", "prompt_completion", "text_jsonl"};
+static const char *const role_names[] = {"system", "user", "assistant"};
+
+int rec_format_from_name(const char *name)
+{
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, format_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *rec_format_name(rec_format f)
+{
+    return format_names[f];
+}
+
+const char *rec_role_name(rec_role r)
+{
+    return role_names[r];
+}
+
+static int fail(acc_err *err, const char *field, const char *where, const char *what)
+{
+    return acc_err_set(err, ACC_EINVAL, field, "%s: %s", where, what);
+}
+
+static bool blank(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r')
+            return false;
+    return true;
+}
+
+/* a required string member, as one message of the record */
+static int string_member(json_t *o, const char *key, const char *field, const char *where,
+                         rec_message *m, acc_err *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_string(v)) {
+        char what[96];
+        snprintf(what, sizeof what, "\"%s\" must be a string", key);
+        return fail(err, field, where, what);
+    }
+    m->content = json_string_value(v);
+    m->len = json_string_length(v);
+    return 0;
+}
+
+static int parse_chat(rec_record *r, const char *where, const char *field, acc_err *err)
+{
+    json_t *msgs = json_object_get(r->root, "messages");
+    if (!json_is_array(msgs))
+        return fail(err, field, where, "\"messages\" must be a list");
+    size_t n = json_array_size(msgs);
+    if (n == 0)
+        return fail(err, field, where, "messages: an empty conversation");
+    if (n > 1u << 20)
+        return fail(err, field, where, "messages: too many turns");
+    r->msg = calloc(n, sizeof *r->msg);
+    if (r->msg == NULL)
+        return acc_err_set(err, ACC_ENOMEM, field, "%s: out of memory", where);
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(msgs, i);
+        char what[160];
+        if (!json_is_object(m)) {
+            snprintf(what, sizeof what, "messages[%zu] must be an object", i);
+            return fail(err, field, where, what);
+        }
+        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        const char *rs = json_string_value(role);
+        int k = -1;
+        for (int j = 0; rs && j < 3; j++)
+            if (strcmp(rs, role_names[j]) == 0)
+                k = j;
+        if (role == NULL) {
+            snprintf(what, sizeof what, "messages[%zu].role: missing", i);
+            return fail(err, field, where, what);
+        }
+        if (k < 0) {
+            snprintf(what, sizeof what, "messages[%zu].role: %s%.40s%s is not system, user or assistant",
+                     i, rs ? "\"" : "", rs ? rs : "not a string", rs ? "\"" : "");
+            return fail(err, field, where, what);
+        }
+        if (k == REC_SYSTEM && i != 0) {
+            snprintf(what, sizeof what, "messages[%zu].role: a system message only comes first", i);
+            return fail(err, field, where, what);
+        }
+        if (!json_is_string(content)) {
+            snprintf(what, sizeof what, "messages[%zu].content: %s", i,
+                     content ? "must be a string" : "missing");
+            return fail(err, field, where, what);
+        }
+        r->msg[i] = (rec_message){(rec_role)k, json_string_value(content), json_string_length(content)};
+    }
+    r->nmsg = (int)n;
+    return 0;
+}
+
+int rec_parse(rec_format fmt, const char *line, size_t len, const char *where, const char *field,
+              rec_record *out, acc_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (blank(line, len))
+        return ACC_ENOTFOUND;
+    json_error_t je;
+    out->root = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
+    if (out->root == NULL) {
+        char what[256];
+        snprintf(what, sizeof what, "not JSON (%s at column %d)", je.text, je.column);
+        return fail(err, field, where, what);
+    }
+    int rc;
+    if (!json_is_object(out->root)) {
+        rc = fail(err, field, where, "a line must be a JSON object");
+    } else if (fmt == REC_CHAT) {
+        rc = parse_chat(out, where, field, err);
+    } else {
+        bool pc = fmt == REC_PROMPT_COMPLETION;
+        out->msg = calloc(2, sizeof *out->msg);
+        if (out->msg == NULL) {
+            rc = acc_err_set(err, ACC_ENOMEM, field, "%s: out of memory", where);
+        } else if (pc) {
+            out->nmsg = 2;
+            out->msg[0].role = REC_USER;
+            out->msg[1].role = REC_ASSISTANT;
+            rc = string_member(out->root, "prompt", field, where, &out->msg[0], err);
+            if (rc == 0)
+                rc = string_member(out->root, "completion", field, where, &out->msg[1], err);
+        } else {
+            out->nmsg = 1;
+            out->msg[0].role = REC_ASSISTANT;
+            rc = string_member(out->root, "text", field, where, &out->msg[0], err);
+        }
+    }
+    if (rc != 0)
+        rec_clear(out);
+    return rc;
+}
+
+void rec_clear(rec_record *r)
+{
+    json_decref(r->root);
+    free(r->msg);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,98 @@
+/* tok: Hugging Face tokenizers (tokenizer.json) in C.
+ *
+ * Contract: for the component types listed below, tok_encode() returns the
+ * ids that Hugging Face's `tokenizers` library returns for the same
+ * tokenizer.json and text (encode with add_special_tokens as `flags` says),
+ * and tok_decode() its decode(). A tokenizer.json using any other component
+ * type, or an option of a known type that is not implemented, is refused at
+ * load with ACC_EINVAL naming the component ("pre_tokenizer.pretokenizers[1]
+ * .type: Punctuation is not supported") -- never approximated.
+ *
+ * The pipeline, as Hugging Face runs it:
+ *   1. added tokens (special or not) are cut out of the raw text first,
+ *      leftmost-longest (lstrip / rstrip / single_word honoured);
+ *   2. each remaining piece: normalizer (NFC, NFD, NFKC, NFKD, Lowercase,
+ *      Prepend, Replace, Strip, Sequence), pre-tokenizer (Split with a
+ *      PCRE2 regex or a string and every behaviour, ByteLevel, Metaspace,
+ *      Digits, WhitespaceSplit, Sequence), then the BPE model per word
+ *      (merges by rank with a heap, byte_fallback, unk + fuse_unk,
+ *      ignore_merges);
+ *   3. with TOK_ADD_SPECIAL, the post-processor (TemplateProcessing,
+ *      ByteLevel, Sequence) adds its special tokens.
+ * Decoders: ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip,
+ * Sequence.
+ *
+ * tokenizer_config.json (optional) adds bos / eos / pad tokens,
+ * add_bos_token / add_eos_token and the chat template (the Jinja source).
+ *
+ * Threads: a loaded tok_tokenizer is read-only; each thread encodes through
+ * its own tok_encoder (regex match data, a word cache, buffers), so
+ * tokenizing runs on all cores without locks.
+ */
+#ifndef ACC_TOK_H
+#define ACC_TOK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+typedef struct tok_tokenizer tok_tokenizer;
+typedef struct tok_encoder tok_encoder;
+
+/* A growable array of token ids. */
+typedef struct tok_ids {
+    int32_t *v;
+    size_t n, cap;
+} tok_ids;
+
+enum { TOK_ADD_SPECIAL = 1 };
+
+/* Load tokenizer.json (and, when config_path is not NULL and the file
+ * exists, tokenizer_config.json). Errors name the JSON path of what is
+ * wrong or unsupported. */
+int tok_load(const char *tokenizer_json, const char *config_path, tok_tokenizer **out,
+             acc_err *err);
+/* The same from memory (config_json may be NULL). */
+int tok_load_mem(const char *tokenizer_json, size_t len, const char *config_json,
+                 size_t config_len, tok_tokenizer **out, acc_err *err);
+/* A model directory: DIR/tokenizer.json and DIR/tokenizer_config.json. */
+int tok_load_dir(const char *dir, tok_tokenizer **out, acc_err *err);
+void tok_free(tok_tokenizer *t);
+
+/* Rows of the vocabulary (1 + the largest id, added tokens included). */
+int tok_vocab_size(const tok_tokenizer *t);
+/* The token string of `id` (NULL when out of range), its byte length in *len. */
+const char *tok_id_to_token(const tok_tokenizer *t, int32_t id, size_t *len);
+/* The id of a token string (vocabulary or added tokens), -1 when none. */
+int32_t tok_token_to_id(const tok_tokenizer *t, const char *s, size_t len);
+/* Whether `id` is a special added token. */
+int tok_is_special(const tok_tokenizer *t, int32_t id);
+
+/* tokenizer_config.json's view: ids -1 when not set; template NULL if none. */
+typedef struct tok_config {
+    int32_t bos_id, eos_id, pad_id, unk_id;
+    int add_bos, add_eos;          /* add_bos_token / add_eos_token (0 when absent) */
+    const char *chat_template;     /* the Jinja source ("default" one of a list) */
+    const char *bos_token, *eos_token; /* their strings ("" when not set) */
+} tok_config;
+const tok_config *tok_get_config(const tok_tokenizer *t);
+
+int tok_encoder_new(const tok_tokenizer *t, tok_encoder **out, acc_err *err);
+void tok_encoder_free(tok_encoder *e);
+
+/* Append the ids of text[0..len) to *out. ACC_EINVAL for text that is not
+ * UTF-8 (naming the byte offset), ACC_ENOMEM. */
+int tok_encode(tok_encoder *e, const char *text, size_t len, int flags, tok_ids *out,
+               acc_err *err);
+
+/* The text of ids (malloc'd, NUL-terminated, length in *len). Invalid UTF-8
+ * from byte-level pieces becomes U+FFFD, as Hugging Face does.
+ * skip_special: leave special added tokens out. */
+int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, int skip_special, char **out,
+               size_t *len, acc_err *err);
+
+int tok_ids_push(tok_ids *a, int32_t id);
+void tok_ids_free(tok_ids *a);
+
+#endif

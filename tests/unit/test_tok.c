@@ -1,0 +1,212 @@
+/* The tokenizer's own cases, on small tokenizer.json files written here
+ * (the real tokenizers are compared with Hugging Face's library in
+ * tests/tok/test_tok_ref.sh): BPE merge order, merges as strings and as
+ * pairs, byte fallback and fused unknowns, added tokens before the model,
+ * the post-processor, decoders; and every refusal naming the component. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tok.h"
+
+/* a byte-level-free BPE over a tiny alphabet: a b c, merges a b -> ab (rank
+ * 0), ab c -> abc (1), b c -> bc (2) */
+#define VOCAB "\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"abc\":4,\"bc\":5,\"<unk>\":6," \
+              "\"<0x41>\":7,\"_\":8}"
+
+static tok_tokenizer *load(const char *json, acc_err *err)
+{
+    tok_tokenizer *t = NULL;
+    int rc = tok_load_mem(json, strlen(json), NULL, 0, &t, err);
+    return rc == 0 ? t : NULL;
+}
+
+static void encode(tok_tokenizer *t, const char *s, int flags, tok_ids *ids)
+{
+    tok_encoder *e;
+    acc_err err = {0};
+    assert_int_equal(tok_encoder_new(t, &e, &err), 0);
+    ids->n = 0;
+    assert_int_equal(tok_encode(e, s, strlen(s), flags, ids, &err), 0);
+    tok_encoder_free(e);
+}
+
+static void assert_ids(const tok_ids *ids, const int32_t *want, size_t n)
+{
+    assert_int_equal(ids->n, n);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(ids->v[i], want[i]);
+}
+
+static void test_merge_order(void **state)
+{
+    acc_err err = {0};
+    /* merges given both ways: a string and a pair */
+    tok_tokenizer *t = load("{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[\"a b\",[\"ab\",\"c\"],\"b c\"],"
+                            "\"unk_token\":\"<unk>\",\"fuse_unk\":true}}", &err);
+    assert_non_null(t);
+    tok_ids ids = {0};
+    encode(t, "abc", 0, &ids); /* a b first (rank 0), then ab c */
+    assert_ids(&ids, (int32_t[]){4}, 1);
+    encode(t, "bcab", 0, &ids);
+    assert_ids(&ids, (int32_t[]){5, 3}, 2);
+    encode(t, "axyzb", 0, &ids); /* unknowns fused into one <unk> */
+    assert_ids(&ids, (int32_t[]){0, 6, 1}, 3);
+    char *s;
+    size_t n;
+    assert_int_equal(tok_decode(t, ids.v, ids.n, 0, &s, &n, &err), 0);
+    assert_string_equal(s, "a <unk> b"); /* no decoder: tokens joined by spaces */
+    free(s);
+    tok_ids_free(&ids);
+    tok_free(t);
+}
+
+static void test_byte_fallback_and_added(void **state)
+{
+    acc_err err = {0};
+    tok_tokenizer *t = load(
+        "{\"added_tokens\":[{\"id\":9,\"content\":\"<s>\",\"special\":true},"
+        "{\"id\":10,\"content\":\"<ss>\",\"special\":true,\"rstrip\":true}],"
+        "\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"_\"},"
+        "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\",\"type_id\":0}},"
+        "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[9],\"tokens\":[\"<s>\"]}}},"
+        "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":\"_\"},\"content\":\" \"},"
+        "{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"}]},"
+        "\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[\"a b\"],\"byte_fallback\":true,\"unk_token\":\"<unk>\"}}",
+        &err);
+    assert_non_null(t);
+    tok_ids ids = {0};
+    /* "A" is not in the vocabulary: its byte token; <ss> is the longest
+     * match and swallows the spaces after it; <s> from the template */
+    encode(t, "ab A<ss>  a<s>", TOK_ADD_SPECIAL, &ids);
+    assert_ids(&ids, (int32_t[]){9, 3, 8, 7, 10, 0, 9}, 7);
+    char *s;
+    size_t n;
+    assert_int_equal(tok_decode(t, ids.v, ids.n, 1, &s, &n, &err), 0);
+    assert_string_equal(s, "ab Aa"); /* specials skipped */
+    free(s);
+    assert_int_equal(tok_is_special(t, 10), 1);
+    assert_int_equal(tok_token_to_id(t, "<ss>", 4), 10);
+    tok_ids_free(&ids);
+    tok_free(t);
+}
+
+/* Each refusal names where the unsupported or bad thing is. */
+static void expect_refused(const char *json, const char *needle)
+{
+    acc_err err = {0};
+    tok_tokenizer *t = load(json, &err);
+    assert_null(t);
+    assert_int_equal(err.code, ACC_EINVAL);
+    if (strstr(err.msg, needle) == NULL)
+        fail_msg("message '%s' does not name '%s'", err.msg, needle);
+}
+
+static void test_refusals(void **state)
+{
+    expect_refused("{\"model\":{\"type\":\"WordPiece\"," VOCAB "}}", "model.type: model type WordPiece");
+    expect_refused("{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[\"a z\"]}}", "model.merges[0]");
+    expect_refused("{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[\"a b c\"]}}", "model.merges[0]");
+    expect_refused("{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[],\"dropout\":0.1}}", "BPE dropout");
+    expect_refused("{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},{\"type\":\"BertNormalizer\"}]},"
+                   "\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}}",
+                   "normalizer.normalizers[1].type: normalizer type BertNormalizer");
+    expect_refused("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Punctuation\"}]},"
+                   "\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}}",
+                   "pre_tokenizer.pretokenizers[0].type: pre-tokenizer type Punctuation");
+    expect_refused("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a\"},\"behavior\":\"Isolated\"},"
+                   "\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}}", "pre_tokenizer.pattern: regex error");
+    expect_refused("{\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"frobnicate\":true},"
+                   "\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}}", "option \"frobnicate\"");
+    expect_refused("{\"decoder\":{\"type\":\"WordPiece\"},\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}}",
+                   "decoder.type: decoder type WordPiece");
+    expect_refused("{\"post_processor\":{\"type\":\"BertProcessing\"},\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}}",
+                   "post_processor.type: post-processor type BertProcessing");
+    expect_refused("{\"added_tokens\":[{\"id\":9,\"content\":\"x\",\"single_word\":true}],"
+                   "\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}}", "added_tokens[0]: single_word");
+    expect_refused("{\"model\":", "tokenizer.json");
+}
+
+static void test_invalid_utf8(void **state)
+{
+    acc_err err = {0};
+    tok_tokenizer *t = load("{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}}", &err);
+    assert_non_null(t);
+    tok_encoder *e;
+    assert_int_equal(tok_encoder_new(t, &e, &err), 0);
+    tok_ids ids = {0};
+    assert_int_equal(tok_encode(e, "ab\xff", 3, 0, &ids, &err), ACC_EINVAL);
+    assert_non_null(strstr(err.msg, "byte 2"));
+    char *s;
+    size_t n;
+    assert_int_equal(tok_decode(t, (int32_t[]){99}, 1, 0, &s, &n, &err), ACC_EINVAL);
+    tok_encoder_free(e);
+    tok_free(t);
+}
+
+/* Encoders on several threads share the tokenizer and agree. */
+typedef struct th_arg {
+    tok_tokenizer *t;
+    tok_ids ids;
+} th_arg;
+
+static void *th_main(void *p)
+{
+    th_arg *a = p;
+    char text[4096];
+    for (size_t i = 0; i + 1 < sizeof text; i++)
+        text[i] = "abcab c"[i % 7];
+    text[sizeof text - 1] = 0;
+    tok_encoder *e;
+    acc_err err = {0};
+    if (tok_encoder_new(a->t, &e, &err) == 0) {
+        for (int r = 0; r < 20; r++) {
+            a->ids.n = 0;
+            tok_encode(e, text, strlen(text), 0, &a->ids, &err);
+        }
+        tok_encoder_free(e);
+    }
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    acc_err err = {0};
+    tok_tokenizer *t = load("{\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"},\"model\":{\"type\":\"BPE\"," VOCAB
+                            ",\"merges\":[\"a b\",\"ab c\",\"b c\"]}}", &err);
+    assert_non_null(t);
+    th_arg a[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (th_arg){t, {0}};
+        pthread_create(&th[i], NULL, th_main, &a[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    assert_true(a[0].ids.n > 0);
+    for (int i = 1; i < 4; i++) {
+        assert_int_equal(a[i].ids.n, a[0].ids.n);
+        assert_memory_equal(a[i].ids.v, a[0].ids.v, a[0].ids.n * sizeof(int32_t));
+    }
+    for (int i = 0; i < 4; i++)
+        tok_ids_free(&a[i].ids);
+    tok_free(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_merge_order),
+        cmocka_unit_test(test_byte_fallback_and_added),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_invalid_utf8),
+        cmocka_unit_test(test_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
