@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <jansson.h>
 #include <uv.h>
 
 #include "conf.h"
@@ -95,6 +96,11 @@ bool api_auth_ok(struct MHD_Connection *conn, const char *token);
 
 /* api_metrics.c: the Prometheus text exposition of /metrics. */
 char *api_metrics_text(api_server *s, size_t *len);
+
+/* api_tokenize.c: POST /v1/tokenize. The compute part opens the tokenizer
+ * directory and may take long (thread-pool safe); the route calls it. */
+int api_tokenize_compute(const acc_conf *conf, const char *body, size_t len, json_t **out, acc_err *err);
+void api_tokenize(api_server *s, const api_request *req, api_response *resp);
 
 /* Routing, implemented in api_routes.c: fill `resp` for `req`. */
 void api_route(api_server *s, const api_request *req, api_response *resp);

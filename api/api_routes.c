@@ -11,6 +11,7 @@
  *   GET  /v1/jobs/{id}/events        SSE (or ?format=ndjson), resumable by
  *                                    Last-Event-ID or ?since=N
  *   GET  /v1/jobs/{id}/metrics       step history
+ *   POST /v1/tokenize                ids, token strings, loss mask (api_tokenize.c)
  *
  * The app pointer of the server is the jobs manager. Handlers run on the
  * loop thread and never block.
@@ -287,6 +288,11 @@ void api_route(api_server *s, const api_request *req, api_response *resp)
             method_not_allowed(req, resp, "GET, POST");
     } else if (!strncmp(p, "/v1/jobs/", 9)) {
         route_job(s, req, resp, p + 9);
+    } else if (!strcmp(p, "/v1/tokenize")) {
+        if (is_method(req, "POST"))
+            api_tokenize(s, req, resp);
+        else
+            method_not_allowed(req, resp, "POST");
     } else {
         api_resp_error(resp, 404, "not_found", NULL, "no route for %s %s", req->method, req->path);
     }

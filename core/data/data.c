@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data_prep.h"
 #include "rng.h"
 
 typedef struct data_file {
@@ -28,6 +29,7 @@ struct data_source {
     size_t nfiles;
     data_file *files;
     uint64_t nsamples, ntokens;
+    struct prep_samples *prep; /* the JSONL formats (owned), else NULL */
 };
 
 static int map_file(const char *path, const char *field, data_file *f, acc_err *err)
@@ -124,6 +126,8 @@ int data_open(const char *path, spec_data_format fmt, int seq_len, int vocab_siz
     *out = NULL;
     if (path == NULL || path[0] == '\0')
         return acc_err_set(err, ACC_EINVAL, field, "no data path given");
+    if (spec_data_is_jsonl(fmt)) /* tokenized first: data_prep.h, data_open_prepared */
+        return acc_err_set(err, ACC_EINVAL, field, "a JSONL format is opened through data_prep");
     if (fmt == SPEC_DATA_TEXT && vocab_size < 256)
         return acc_err_set(err, ACC_EINVAL, "model.vocab_size",
                            "text data is byte tokens: vocab_size must be >= 256, got %d",
@@ -160,10 +164,37 @@ int data_open(const char *path, spec_data_format fmt, int seq_len, int vocab_siz
     return 0;
 }
 
+int data_open_prepared(struct prep_samples *ps, int seq_len, const char *field, data_source **out,
+                       acc_err *err)
+{
+    *out = NULL;
+    data_source *ds = calloc(1, sizeof *ds);
+    struct prep_samples *own = malloc(sizeof *own);
+    if (ds == NULL || own == NULL || seq_len < 1) {
+        free(ds);
+        free(own);
+        prep_free(ps);
+        return seq_len < 1 ? acc_err_set(err, ACC_EINVAL, "model.seq_len", "must be >= 1")
+                           : acc_err_set(err, ACC_ENOMEM, field, "out of memory");
+    }
+    *own = *ps;
+    memset(ps, 0, sizeof *ps);
+    ds->prep = own;
+    ds->seq_len = seq_len;
+    ds->nsamples = own->n;
+    ds->ntokens = own->ntokens;
+    *out = ds;
+    return 0;
+}
+
 void data_close(data_source *ds)
 {
     if (ds == NULL)
         return;
+    if (ds->prep != NULL) {
+        prep_free(ds->prep);
+        free(ds->prep);
+    }
     for (size_t i = 0; i < ds->nfiles; i++)
         if (ds->files[i].map != NULL)
             munmap(ds->files[i].map, ds->files[i].map_len);
@@ -174,8 +205,47 @@ void data_close(data_source *ds)
 uint64_t data_num_samples(const data_source *ds) { return ds->nsamples; }
 uint64_t data_num_tokens(const data_source *ds) { return ds->ntokens; }
 
+/* A prepared sample: its tokens (at most seq_len+1, data_prep cut them),
+ * then padding without loss. */
+static void prepared_sample(const data_source *ds, uint64_t id, int *tokens, uint8_t *tmask)
+{
+    const struct prep_samples *p = ds->prep;
+    uint64_t lo = p->off[id], n = p->off[id + 1] - lo;
+    int T = ds->seq_len;
+    for (int t = 0; t <= T; t++)
+        tokens[t] = (uint64_t)t < n ? p->ids[lo + (uint64_t)t] : 0;
+    if (tmask != NULL)
+        for (int i = 0; i < T; i++)
+            tmask[i] = (uint64_t)(i + 1) < n ? p->mask[lo + (uint64_t)i + 1] != 0 : 0;
+}
+
+void data_sample_masked(const data_source *ds, uint64_t id, int *tokens, uint8_t *tmask)
+{
+    if (ds->prep != NULL) {
+        prepared_sample(ds, id, tokens, tmask);
+        return;
+    }
+    data_sample(ds, id, tokens);
+    memset(tmask, 1, (size_t)ds->seq_len);
+}
+
+uint64_t data_sample_targets(const data_source *ds, uint64_t id)
+{
+    if (ds->prep == NULL)
+        return (uint64_t)ds->seq_len;
+    const struct prep_samples *p = ds->prep;
+    uint64_t lo = p->off[id], hi = p->off[id + 1], n = 0;
+    for (uint64_t k = lo + 1; k < hi && k - lo <= (uint64_t)ds->seq_len; k++)
+        n += p->mask[k] != 0;
+    return n;
+}
+
 void data_sample(const data_source *ds, uint64_t id, int *tokens)
 {
+    if (ds->prep != NULL) {
+        prepared_sample(ds, id, tokens, NULL);
+        return;
+    }
     /* files are few: a linear scan is fine */
     size_t fi = 0;
     while (fi + 1 < ds->nfiles && id >= ds->files[fi + 1].first_sample)
