@@ -255,9 +255,6 @@ static int check_file(const prep_ctx *c, tok_encoder *enc, const char *path, con
 
 int prep_validate(const job_spec *s, acc_err *err)
 {
-    if (s->data.packing)
-        return acc_err_set(err, ACC_EINVAL, "data.packing",
-                           "data.packing true is not available yet in this build (samples are padded)");
     prep_ctx c;
     int rc = ctx_open(s, &c, err);
     if (rc != 0)

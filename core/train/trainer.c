@@ -144,7 +144,8 @@ typedef struct rank_state {
     int *sample;      /* [T+1] */
     int *inputs, *targets; /* [m*T] */
     float *weights;   /* [m*T] */
-    uint8_t *mask;    /* [T] */
+    uint8_t *mask;    /* [2T] */
+    int *pos;         /* [m*T] packed documents' positions (model.positions), else NULL */
 } rank_state;
 
 static double now_s(void)
@@ -242,7 +243,7 @@ static int open_prepared(trainer *t, const job_spec *s, const char *path, const 
                  ps.from_cache ? "prepared data from the cache" : "tokenized", (unsigned long long)ps.truncated,
                  (unsigned long long)ps.dropped, s->model.seq_len + 1, (unsigned long long)ps.no_target,
                  (unsigned long long)ps.ntokens);
-    return data_open_prepared(&ps, s->model.seq_len, field, out, err);
+    return data_open_prepared(&ps, s->model.seq_len, s->data.packing, field, out, err);
 }
 
 static int open_data(trainer *t, const job_spec *s, data_source **train, data_source **val, acc_err *err)
@@ -294,6 +295,10 @@ int trainer_check_spec(const job_spec *spec, acc_err *err)
     if (rc == 0) /* every size from the spec's numbers fits 64 bits */
         rc = plan_check_sizes(spec, err);
     data_source *tr = NULL, *va = NULL;
+    if (rc == 0 && spec->data.packing && !model_family_of(&cfg)->packing)
+        return acc_err_set(err, ACC_EINVAL, "data.packing",
+                           "data.packing: the %s family cannot keep packed documents apart (use llama)",
+                           model_family_of(&cfg)->name);
     if (rc == 0 && spec_data_is_jsonl(spec->data.format)) /* bounded: the whole file is read later */
         return prep_validate(spec, err);
     if (rc == 0)
@@ -416,6 +421,9 @@ static int rank_setup(rank_state *rs, acc_err *err)
     rs->targets = malloc((size_t)tokens * sizeof *rs->targets);
     rs->weights = malloc((size_t)tokens * sizeof *rs->weights);
     rs->mask = malloc(2 * (size_t)T); /* the data's mask, then the hook's */
+    if (s->data.packing && (rs->pos = malloc((size_t)tokens * sizeof *rs->pos)) == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for batch buffers");
+    rs->model->positions = rs->pos; /* filled with each micro-batch */
     if (!rs->sample || !rs->inputs || !rs->targets || !rs->weights || !rs->mask)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for batch buffers");
     return 0;
@@ -428,6 +436,7 @@ static void rank_teardown(rank_state *rs)
     free(rs->targets);
     free(rs->weights);
     free(rs->mask);
+    free(rs->pos);
     free(rs->buckets);
     data_order_free(&rs->order);
     adamw_free(rs->opt);
@@ -484,6 +493,8 @@ static void load_micro(rank_state *rs, int step, int micro, double n_total)
         if (h != NULL && h->step_samples != NULL && step < h->steps_cap)
             h->step_samples[slot] = id;
         fill_mask(rs, id);
+        if (rs->pos != NULL)
+            data_sample_pos(rs->t->train, id, rs->pos + (size_t)pos * T);
         for (int i = 0; i < T; i++) {
             rs->inputs[pos * T + i] = rs->sample[i];
             rs->targets[pos * T + i] = rs->sample[i + 1];
@@ -535,6 +546,8 @@ static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
         int n = (int)(hi - j < (uint64_t)m ? hi - j : (uint64_t)m);
         for (int pos = 0; pos < n; pos++) {
             data_sample_masked(t->val, (j + (uint64_t)pos) % nval, rs->sample, rs->mask);
+            if (rs->pos != NULL)
+                data_sample_pos(t->val, (j + (uint64_t)pos) % nval, rs->pos + (size_t)pos * T);
             for (int i = 0; i < T; i++) {
                 rs->inputs[pos * T + i] = rs->sample[i];
                 rs->targets[pos * T + i] = rs->sample[i + 1];

@@ -14,9 +14,14 @@
  *     cache file is never used;
  *   - a bad line at submit (prep_validate) and past the submit-time scan
  *     (prep_load) is ACC_EINVAL naming data.train and file:line;
+ *   - packing: a window holds whole records, positions restart at 0 at
+ *     each, no target crosses a boundary; a packed window's logits equal
+ *     each document's logits run alone (1e-5), and differ without the
+ *     positions (the test can fail);
  *   - split invariance on masked chat data whose micro-batches hold unequal
- *     numbers of targets: (m, a, w) = (8,1,1), (1,8,1), (2,2,2) give the
- *     same losses and final weights within 1e-5 (invariant 1). */
+ *     numbers of targets, padded and packed: (m, a, w) = (8,1,1), (1,8,1),
+ *     (2,2,2) give the same losses and final weights within 1e-5
+ *     (invariant 1). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,6 +37,10 @@
 #include "data_prep.h"
 #include "engine_fixture.h"
 #include "fsutil.h"
+#include "kern_device.h"
+#include "mem_plan.h"
+#include "model.h"
+#include "model_llama.h"
 #include "trainer_run.h"
 
 static char root[64], tokdir[128], cache[128];
@@ -208,7 +217,7 @@ static void test_chat_masks(void **state)
     acc_err err = {0};
     uint64_t n1 = ps.off[2] - ps.off[1];
     const uint8_t *m1 = ps.mask + ps.off[1];
-    assert_int_equal(data_open_prepared(&ps, 256, "data.train", &ds, &err), 0);
+    assert_int_equal(data_open_prepared(&ps, 256, 0, "data.train", &ds, &err), 0);
     int tokens[257];
     uint8_t tmask[256];
     data_sample_masked(ds, 1, tokens, tmask);
@@ -392,6 +401,127 @@ static void test_bad_lines(void **state)
     assert_string_equal(err.field, "data.tokenizer");
 }
 
+static void test_packed_windows(void **state)
+{
+    (void)state;
+    char file[256];
+    snprintf(file, sizeof file, "%s/pack.jsonl", root);
+    write_file(file, "{\"text\":\"abcdefghij\"}\n{\"text\":\"klmnopq\"}\n{\"text\":\"rstu\"}\n"
+                     "{\"text\":\"vwxyz0123456789ABCDEF\"}\n");
+    job_spec s;
+    sft_spec(&s, file, SPEC_DATA_TEXT_JSONL, 24); /* windows of 25 tokens */
+    s.data.packing = true;
+    prep_samples ps;
+    progress_log pl;
+    load_ok(&s, &ps, &pl);
+    /* records of 12, 9, 6 and 23 tokens (<s> text </s>); windows of 25:
+     * [12 + 9] (6 more would make 27), [6], [23] */
+    assert_int_equal(ps.n, 4);
+    uint64_t len[4];
+    for (int i = 0; i < 4; i++)
+        len[i] = ps.off[i + 1] - ps.off[i];
+    assert_int_equal(len[0], 12);
+    assert_int_equal(len[1], 9);
+    assert_int_equal(len[2], 6);
+    assert_int_equal(len[3], 23);
+    data_source *ds = NULL;
+    acc_err err = {0};
+    assert_int_equal(data_open_prepared(&ps, 24, 1, "data.train", &ds, &err), 0);
+    assert_true(data_is_packed(ds));
+    assert_int_equal(data_num_samples(ds), 3); /* [0,1] [2] [3] */
+    int tokens[25], pos[24];
+    uint8_t tm[24];
+    data_sample_masked(ds, 0, tokens, tm);
+    data_sample_pos(ds, 0, pos);
+    for (int i = 0; i < 24; i++) {
+        int want_pos = i < 12 ? i : i < 21 ? i - 12 : i - 21;
+        assert_int_equal(pos[i], want_pos);
+        /* targets within record 0 (1..11) and record 1 (13..20); none at 11 (-> 12) */
+        int want = (i < 11) || (i >= 12 && i < 20);
+        if (tm[i] != want)
+            fail_msg("window 0 target %d: mask %d, want %d", i, tm[i], want);
+    }
+    assert_int_equal(tokens[12], 0); /* record 1 starts with <s> */
+    assert_int_equal(data_sample_targets(ds, 0), 11 + 8);
+    assert_int_equal(data_sample_targets(ds, 2), 22);
+    data_close(ds);
+}
+
+/* A window holding three documents: logits equal each document run alone. */
+static void test_packed_logits(void **state)
+{
+    (void)state;
+    enum { T = 20, D0 = 6, D1 = 9, D2 = 4 };
+    job_spec s;
+    fx_tiny_spec(&s, "unused", 1, 1, 1, 1);
+    snprintf(s.model.arch, sizeof s.model.arch, "llama");
+    s.model.seq_len = T;
+    s.model.n_kv_head = 1;
+    s.model.intermediate_size = 48;
+    model_config cfg;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    kern_device_info info;
+    fx_devices(&info, 1, 1ull << 30);
+    kern_device *d;
+    model *m;
+    assert_int_equal(kern_device_open(&info, 1, &d, &err), 0);
+    assert_int_equal(model_create(d, &cfg, 1, T, &m, &err), 0);
+    assert_int_equal(model_init_seed(m, 11, &err), 0);
+    int tok[T], tgt[T], pos[T], len[3] = {D0, D1, D2};
+    float w[T];
+    for (int t = 0; t < T; t++) {
+        tok[t] = (t * 37 + 5) % 256;
+        tgt[t] = (t * 11 + 3) % 256;
+        w[t] = 1.0f;
+    }
+    for (int t = 0, doc = 0, at = 0; t < T; t++) {
+        if (doc < 3 && t - at == len[doc])
+            at = t, doc++;
+        pos[t] = t - at; /* the padding after D2 counts on as a document of its own */
+    }
+    size_t V = (size_t)cfg.padded_vocab_size;
+    float *packed = malloc((size_t)T * V * sizeof(float)), *alone = malloc((size_t)T * V * sizeof(float));
+    assert_non_null(packed);
+    assert_non_null(alone);
+    double loss;
+    m->positions = pos;
+    model_forward(m, tok, tgt, w, 1, 0, &loss);
+    d->ops->download(d, packed, model_llama_logits(m), (size_t)T * V * sizeof(float));
+    double worst = 0, unpacked_gap = 0;
+    for (int doc = 0, at = 0; doc < 3; at += len[doc], doc++) {
+        int one[T], ot[T];
+        for (int t = 0; t < T; t++) {
+            one[t] = t < len[doc] ? tok[at + t] : 0;
+            ot[t] = t < len[doc] ? tgt[at + t] : 0;
+        }
+        m->positions = NULL;
+        model_forward(m, one, ot, w, 1, 0, &loss);
+        d->ops->download(d, alone, model_llama_logits(m), (size_t)T * V * sizeof(float));
+        for (int t = 0; t < len[doc]; t++) {
+            double rel = fx_rel_diff(alone + (size_t)t * V, packed + (size_t)(at + t) * V, V);
+            if (rel > worst)
+                worst = rel;
+        }
+    }
+    /* without the positions, the later documents attend across */
+    float *plain = malloc((size_t)T * V * sizeof(float));
+    assert_non_null(plain);
+    m->positions = NULL;
+    model_forward(m, tok, tgt, w, 1, 0, &loss);
+    d->ops->download(d, plain, model_llama_logits(m), (size_t)T * V * sizeof(float));
+    unpacked_gap = fx_rel_diff(plain + (size_t)D0 * V, packed + (size_t)D0 * V, V);
+    print_message("packed vs alone: %.3g; without positions: %.3g\n", worst, unpacked_gap);
+    if (worst > 1e-5)
+        fail_msg("a packed window's logits differ from the documents alone by %.3g", worst);
+    assert_true(unpacked_gap > 1e-3);
+    free(plain);
+    free(packed);
+    free(alone);
+    model_free(m);
+    kern_device_close(d);
+}
+
 /* Conversations of different lengths: micro-batches of unequal targets. */
 static void write_conversations(const char *file, int n)
 {
@@ -424,12 +554,20 @@ static void run_sft(const job_spec *s, double *loss, float *params, size_t cap, 
     assert_int_equal(h->steps_done, s->max_steps);
 }
 
+static void split_invariance(const char *file, int packing);
+
 static void test_split_invariance_masked(void **state)
 {
     (void)state;
     char file[256];
     snprintf(file, sizeof file, "%s/conv.jsonl", root);
     write_conversations(file, 40);
+    for (int packing = 0; packing <= 1; packing++)
+        split_invariance(file, packing);
+}
+
+static void split_invariance(const char *file, int packing)
+{
     static const int splits[3][3] = {{8, 1, 1}, {1, 8, 1}, {2, 2, 2}};
     size_t cap = 1 << 20;
     double loss[3][8];
@@ -437,7 +575,9 @@ static void test_split_invariance_masked(void **state)
     train_hooks h[3];
     for (int i = 0; i < 3; i++) {
         job_spec s;
-        sft_spec(&s, file, SPEC_DATA_CHAT, 96);
+        /* packed: windows of two or three conversations */
+        sft_spec(&s, file, SPEC_DATA_CHAT, packing ? 200 : 96);
+        s.data.packing = packing;
         snprintf(s.model.arch, sizeof s.model.arch, "llama");
         s.model.n_kv_head = 1;
         s.model.intermediate_size = 48;
@@ -460,7 +600,8 @@ static void test_split_invariance_masked(void **state)
         if (rel > 1e-5)
             fail_msg("split %d: final weights differ by %.3g", i, rel);
     }
-    print_message("masked chat losses %.6f -> %.6f, every split alike\n", loss[0][0], loss[0][2]);
+    print_message("masked chat losses (%s) %.6f -> %.6f, every split alike\n", packing ? "packed" : "padded",
+                  loss[0][0], loss[0][2]);
     assert_true(isfinite(loss[0][0]) && loss[0][2] < loss[0][0]);
     for (int i = 0; i < 3; i++)
         free(params[i]);
@@ -471,7 +612,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_masks),     cmocka_unit_test(test_prompt_completion_and_text),
         cmocka_unit_test(test_overlong),       cmocka_unit_test(test_cache),
-        cmocka_unit_test(test_bad_lines),      cmocka_unit_test(test_split_invariance_masked),
+        cmocka_unit_test(test_bad_lines),      cmocka_unit_test(test_packed_windows),
+        cmocka_unit_test(test_packed_logits),  cmocka_unit_test(test_split_invariance_masked),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
