@@ -136,6 +136,8 @@ submit_err "$(sft chat.jsonl | sed 's/"mistral"/"auto"/')" data.chat_template "n
 submit_err "$(sft chat.jsonl '"overlong":"wrap"')" data.overlong "truncate, drop"
 submit_err '{"model":{"from":"tiny","seq_len":64},"data":{"train":"gpl.txt","train_on":"all"},"train_batch_size":8}' \
     data.train_on "JSONL formats"
+submit_err '{"model":{"n_layer":1,"n_head":2,"n_embd":32,"seq_len":64,"vocab_size":32000},"data":{"train":"chat.jsonl","format":"chat","tokenizer":"tiny","chat_template":"mistral","packing":true},"train_batch_size":8}' \
+    data.packing "gpt2 family"
 ok "bad data and keys: 400s naming file:line and the key"
 
 # ---- the SFT job ------------------------------------------------------------
@@ -156,6 +158,13 @@ first=$(acc_curl "$BASE/v1/jobs/$id/metrics" | jq '[.steps[0:3][].loss] | add / 
 last=$(acc_curl "$BASE/v1/jobs/$id/metrics" | jq '[.steps[-3:][].loss] | add / 3')
 jq -en "$last < $first * 0.7" >/dev/null || fail "assistant-token loss did not fall: $first -> $last"
 ok "SFT on chat JSONL: loss on assistant tokens $first -> $last"
+
+# packed: several conversations to a window of 128 tokens, fewer samples
+idp=$(acc_submit "$(sft chat.jsonl '"packing":true' '"max_steps":2' | sed 's/"seq_len":64/"seq_len":128/')")
+acc_wait_state "$idp" succeeded 300
+nwin=$(events "$idp" | grep -o '[0-9]* training samples' | head -1 | cut -d' ' -f1)
+[ -n "$nwin" ] && [ "$nwin" -lt 49 ] && [ "$nwin" -ge 10 ] || fail "packed windows: '$nwin' training samples"
+ok "packed SFT job: 49 conversations in $nwin windows"
 
 # ---- the cache ----------------------------------------------------------------
 stages() { events "$1" | jq -sr '[.[] | select(.type == "progress") | .stage] | unique | join(",")'; }
