@@ -411,6 +411,7 @@ typedef struct worker {
     size_t nlens, lens_cap;
     uint64_t lines, truncated, dropped, no_target;
     _Atomic uint64_t done_bytes;
+    atomic_int finished;   /* set last: rc, err and the outputs are final */
     int rc;
     uint64_t err_line;     /* line within the range (1-based) */
     acc_err err;
@@ -495,6 +496,7 @@ static void *worker_main(void *arg)
     tok_ids_free(&sb.ids);
     free(sb.mask);
     tok_encoder_free(enc);
+    atomic_store(&w->finished, 1);
     return NULL;
 }
 
@@ -623,15 +625,14 @@ static int tokenize_all(const prep_ctx *c, const prep_opts *o, const mapped *m, 
         }
         w[i].started = 1;
     }
-    /* report while the workers run (they stop on cancel) */
+    /* report while the workers run (they stop on cancel or their first error) */
     for (int live = 1; live && rc == 0;) {
-        sleep_ms(200);
+        sleep_ms(100);
         uint64_t done = 0;
         live = 0;
         for (int i = 0; i < n; i++) {
-            uint64_t d = atomic_load(&w[i].done_bytes);
-            done += d;
-            live |= w[i].started && d < w[i].hi - w[i].lo && w[i].rc == 0;
+            done += atomic_load(&w[i].done_bytes);
+            live |= w[i].started && !atomic_load(&w[i].finished);
         }
         if (live && o->progress)
             o->progress(o->ctx, "tokenize", done, m->len);

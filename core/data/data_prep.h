@@ -26,8 +26,9 @@
  *     on load, so a partial cache is never used. A cache hit tokenizes
  *     nothing.
  *   - `progress` is called from the calling thread: stage "tokenize" with
- *     done / total bytes of the file while tokenizing (first 0, last
- *     total), or stage "cache" with done = total = samples on a hit.
+ *     done / total bytes of the file while tokenizing (first 0, then every
+ *     100 ms, last total), or stage "cache" with done = total = records on
+ *     a hit.
  */
 #ifndef ACC_DATA_PREP_H
 #define ACC_DATA_PREP_H

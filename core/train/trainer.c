@@ -1217,7 +1217,8 @@ static int find_resume(trainer *t, acc_err *err)
     int rc = ckpt_peek(dir, &st, err);
     if (rc != 0)
         return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s: %s", dir, err ? err->msg : "");
-    if (st.step > s->max_steps)
+    /* with num_train_epochs alone, max_steps is known once the data is */
+    if (st.step > s->max_steps && (s->num_train_epochs <= 0 || s->max_steps_given))
         return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s is at step %d, past max_steps %d",
                            dir, st.step, s->max_steps);
     batch_split any, saved;
