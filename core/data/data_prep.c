@@ -76,7 +76,7 @@ static int ctx_open(const job_spec *s, prep_ctx *c, acc_err *err)
 
 static int mask_fit(sample_buf *b, size_t n, acc_err *err)
 {
-    if (n <= b->mask_cap)
+    if (n <= b->mask_cap && b->mask != NULL) /* never NULL after: memcpy / memset of 0 bytes */
         return 0;
     size_t cap = n < 256 ? 256 : n * 2;
     uint8_t *m = realloc(b->mask, cap);
@@ -584,8 +584,10 @@ static int gather(worker *w, int n, prep_samples *p, acc_err *err)
     uint64_t s = 0, t = 0;
     off[0] = 0;
     for (int i = 0; i < n; i++) {
-        memcpy(ids + t, w[i].ids.v, w[i].ids.n * sizeof *ids);
-        memcpy(mask + t, w[i].mask, w[i].ids.n);
+        if (w[i].ids.n > 0) { /* an empty range has no arrays */
+            memcpy(ids + t, w[i].ids.v, w[i].ids.n * sizeof *ids);
+            memcpy(mask + t, w[i].mask, w[i].ids.n);
+        }
         for (size_t k = 0; k < w[i].nlens; k++) {
             off[s + 1] = off[s] + w[i].lens[k];
             s++;
