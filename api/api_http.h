@@ -30,6 +30,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <jansson.h>
 #include <uv.h>
 
 #include "conf.h"
@@ -201,6 +202,10 @@ api_deferred *api_defer(api_server *s, api_work_fn work, api_done_fn done, void 
 
 /* api_submit.c: POST /v1/jobs, validated off the loop thread (api_defer). */
 void api_submit(api_server *s, const api_request *req, api_response *resp, bool dry_run);
+/* api_tokenize.c: POST /v1/tokenize. The compute part opens the tokenizer
+ * directory and may take long (thread-pool safe); the route calls it. */
+int api_tokenize_compute(const acc_conf *conf, const char *body, size_t len, json_t **out, acc_err *err);
+void api_tokenize(api_server *s, const api_request *req, api_response *resp);
 
 /* Routing, implemented in api_routes.c: fill `resp` for `req`. */
 void api_route(api_server *s, const api_request *req, api_response *resp);

@@ -13,6 +13,7 @@
  *                                    Last-Event-ID or ?since=N
  *   GET  /v1/jobs/{id}/metrics       step history
  *   GET  /, /ui/...                  the dashboard's static files (api_ui.c)
+ *   POST /v1/tokenize                ids, token strings, loss mask (api_tokenize.c)
  *
  * HEAD is answered wherever GET is (the same headers, no body). The path,
  * the method and every query parameter and header a route reads are parsed
@@ -307,6 +308,7 @@ void api_route(api_server *s, const api_request *req, api_response *resp)
     case API_R_DEVICES: route_devices(s, req, resp); break;
     case API_R_JOBS_LIST: route_list(s, &c, resp); break;
     case API_R_JOBS_SUBMIT: route_submit(s, req, &c, resp); break;
+    case API_R_TOKENIZE: api_tokenize(s, req, resp); break; /* off the loop thread (api_tokenize.c) */
     default: route_job(s, req, &c, resp); break;
     }
 }

@@ -233,6 +233,21 @@ typedef struct kern_ops {
                               const float *dout, const float *q, const float *k,
                               const float *v, const float *lse, const float *out, int B,
                               int T, int NH, int NKV, int hs);
+
+    /* Packed sequences (data.packing): the same two ops with the tokens'
+     * positions pos [B*T] (device ints, as rope_fwd takes them), each
+     * document's restarting at 0 and rising by one: query t of sequence b
+     * attends to keys u in [t - pos[b*T+t], t] only, its own document, so
+     * no attention crosses from one document into another. pos NULL is
+     * gqa_attention_fwd / _bwd exactly. */
+    void (*gqa_attention_pos_fwd)(kern_device *d, float *out, float *lse, float *scratch,
+                                  const float *q, const float *k, const float *v,
+                                  const int *pos, int B, int T, int NH, int NKV, int hs);
+    void (*gqa_attention_pos_bwd)(kern_device *d, float *dq, float *dk, float *dv,
+                                  float *scratch, const float *dout, const float *q,
+                                  const float *k, const float *v, const float *lse,
+                                  const float *out, const int *pos, int B, int T, int NH,
+                                  int NKV, int hs);
 } kern_ops;
 
 struct kern_device {

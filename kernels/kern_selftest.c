@@ -380,6 +380,39 @@ static void test_llama_attention(st_ctx *c)
         st_free(c, all[i]);
 }
 
+/* Packed documents (data.packing): positions that restart at 0 at each
+ * document boundary, attention within each document only. */
+static void test_llama_packed_attention(st_ctx *c)
+{
+    st_buf pos = st_ints(c, N, 1);
+    int hp[N];
+    if (st_ready(c, &pos)) {
+        for (int n = 0; n < N; n++) { /* documents of 3, 5 and the rest of each sequence */
+            int t = n % T;
+            hp[n] = t < 3 ? t : t < 8 ? t - 3 : t - 8;
+        }
+        c->dev->ops->upload(c->dev, pos.d, hp, sizeof hp);
+        c->ref->ops->upload(c->ref, pos.r, hp, sizeof hp);
+    }
+    st_buf q = st_new(c, LQ, -2, 2), k = st_new(c, LK, -2, 2), v = st_new(c, LK, -2, 2);
+    st_buf out = st_new(c, LQ, 0, 0), lse = st_new(c, (size_t)B * LNH * T, 0, 0);
+    st_buf scr = st_new(c, KERN_ATT_SCRATCH(T, LNH), -1, 1);
+    BOTH(c, D->ops->gqa_attention_pos_fwd(D, F(out, d), F(lse, d), F(scr, d), F(q, d), F(k, d), F(v, d), I(pos, d), B, T, LNH, LNKV, LHS),
+         D->ops->gqa_attention_pos_fwd(D, F(out, r), F(lse, r), F(scr, r), F(q, r), F(k, r), F(v, r), I(pos, r), B, T, LNH, LNKV, LHS));
+    st_cmp(c, "gqa_attention_pos_fwd", &out);
+    st_cmp(c, "gqa_attention_pos_fwd lse", &lse);
+    st_buf dout = st_new(c, LQ, -1, 1), dq = st_new(c, LQ, -1, 1);
+    st_buf dk = st_new(c, LK, -1, 1), dv = st_new(c, LK, -1, 1);
+    BOTH(c, D->ops->gqa_attention_pos_bwd(D, F(dq, d), F(dk, d), F(dv, d), F(scr, d), F(dout, d), F(q, d), F(k, d), F(v, d), F(lse, d), F(out, d), I(pos, d), B, T, LNH, LNKV, LHS),
+         D->ops->gqa_attention_pos_bwd(D, F(dq, r), F(dk, r), F(dv, r), F(scr, r), F(dout, r), F(q, r), F(k, r), F(v, r), F(lse, r), F(out, r), I(pos, r), B, T, LNH, LNKV, LHS));
+    st_cmp(c, "gqa_attention_pos_bwd dq", &dq);
+    st_cmp(c, "gqa_attention_pos_bwd dk", &dk);
+    st_cmp(c, "gqa_attention_pos_bwd dv", &dv);
+    st_buf *all[] = {&pos, &q, &k, &v, &out, &lse, &scr, &dout, &dq, &dk, &dv};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        st_free(c, all[i]);
+}
+
 /* A backend without the LLaMA ops (NULL entries) is tested without them:
  * kern_llama_ops_check tells the caller that needs them. */
 static void test_llama(st_ctx *c)
@@ -389,6 +422,7 @@ static void test_llama(st_ctx *c)
         return;
     test_llama_norm_mlp(c);
     test_llama_attention(c);
+    test_llama_packed_attention(c);
 }
 
 int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data_prep.h"
 #include "rng.h"
 #include "safepath.h"
 
@@ -29,6 +30,8 @@ struct data_source {
     size_t nfiles;
     data_file *files;
     uint64_t nsamples, ntokens;
+    struct prep_samples *prep; /* the JSONL formats (owned), else NULL */
+    uint64_t *win;             /* packed: [nsamples+1], window w = records [win[w], win[w+1]) */
 };
 
 /* Open through safepath (under the roots, a regular file, no blocking)
@@ -135,6 +138,8 @@ int data_open_under(const char *roots, const char *path, spec_data_format fmt, i
     *out = NULL;
     if (path == NULL || path[0] == '\0')
         return acc_err_set(err, ACC_EINVAL, field, "no data path given");
+    if (spec_data_is_jsonl(fmt)) /* tokenized first: data_prep.h, data_open_prepared */
+        return acc_err_set(err, ACC_EINVAL, field, "a JSONL format is opened through data_prep");
     if (fmt == SPEC_DATA_TEXT && vocab_size < 256)
         return acc_err_set(err, ACC_EINVAL, "model.vocab_size",
                            "text data is byte tokens: vocab_size must be >= 256, got %d",
@@ -171,10 +176,71 @@ int data_open_under(const char *roots, const char *path, spec_data_format fmt, i
     return 0;
 }
 
+/* Greedy in file order: a window takes the next record while the tokens
+ * fit in seq_len+1 (each record does alone: data_prep cut it). */
+static int pack_windows(data_source *ds, const char *field, acc_err *err)
+{
+    const struct prep_samples *p = ds->prep;
+    uint64_t cap = (uint64_t)ds->seq_len + 1, n = 0;
+    ds->win = malloc((size_t)(p->n + 1) * sizeof *ds->win);
+    if (ds->win == NULL)
+        return acc_err_set(err, ACC_ENOMEM, field, "out of memory for the packed windows");
+    for (uint64_t r = 0; r < p->n;) {
+        uint64_t used = 0;
+        ds->win[n++] = r;
+        while (r < p->n && used + (p->off[r + 1] - p->off[r]) <= cap)
+            used += p->off[r + 1] - p->off[r], r++;
+        if (used == 0) /* cannot happen after data_prep; never loop forever */
+            return acc_err_set(err, ACC_EINTERNAL, field, "record %llu is longer than a window",
+                               (unsigned long long)r);
+    }
+    ds->win[n] = p->n;
+    ds->nsamples = n;
+    return 0;
+}
+
+int data_open_prepared(struct prep_samples *ps, int seq_len, int packing, const char *field,
+                       data_source **out, acc_err *err)
+{
+    *out = NULL;
+    data_source *ds = calloc(1, sizeof *ds);
+    struct prep_samples *own = malloc(sizeof *own);
+    if (ds == NULL || own == NULL || seq_len < 1) {
+        free(ds);
+        free(own);
+        prep_free(ps);
+        return seq_len < 1 ? acc_err_set(err, ACC_EINVAL, "model.seq_len", "must be >= 1")
+                           : acc_err_set(err, ACC_ENOMEM, field, "out of memory");
+    }
+    *own = *ps;
+    memset(ps, 0, sizeof *ps);
+    ds->prep = own;
+    ds->seq_len = seq_len;
+    ds->nsamples = own->n;
+    ds->ntokens = own->ntokens;
+    int rc = packing ? pack_windows(ds, field, err) : 0;
+    if (rc != 0) {
+        data_close(ds);
+        return rc;
+    }
+    *out = ds;
+    return 0;
+}
+
+int data_is_packed(const data_source *ds)
+{
+    return ds->win != NULL;
+}
+
 void data_close(data_source *ds)
 {
     if (ds == NULL)
         return;
+    if (ds->prep != NULL) {
+        prep_free(ds->prep);
+        free(ds->prep);
+    }
+    free(ds->win);
     for (size_t i = 0; i < ds->nfiles; i++)
         if (ds->files[i].map != NULL)
             munmap(ds->files[i].map, ds->files[i].map_len);
@@ -185,8 +251,84 @@ void data_close(data_source *ds)
 uint64_t data_num_samples(const data_source *ds) { return ds->nsamples; }
 uint64_t data_num_tokens(const data_source *ds) { return ds->ntokens; }
 
+/* A prepared sample: its tokens (at most seq_len+1, data_prep cut them),
+ * then padding without loss. Packed: the window's records one after the
+ * other; target i carries loss when token i+1 is of the same record and
+ * its mask says so. */
+static void prepared_sample(const data_source *ds, uint64_t id, int *tokens, uint8_t *tmask, int *pos)
+{
+    const struct prep_samples *p = ds->prep;
+    uint64_t r0 = ds->win ? ds->win[id] : id, r1 = ds->win ? ds->win[id + 1] : id + 1;
+    uint64_t lo = p->off[r0], n = p->off[r1] - lo;
+    int T = ds->seq_len;
+    for (int t = 0; t <= T; t++)
+        tokens[t] = (uint64_t)t < n ? p->ids[lo + (uint64_t)t] : 0;
+    if (tmask != NULL)
+        for (int i = 0; i < T; i++)
+            tmask[i] = (uint64_t)(i + 1) < n ? p->mask[lo + (uint64_t)i + 1] != 0 : 0;
+    if (pos != NULL)
+        for (int i = 0; i < T; i++)
+            pos[i] = i;
+    /* record boundaries: the first token of each record after the first */
+    for (uint64_t r = r0; r < r1; r++) {
+        uint64_t start = p->off[r] - lo, end = p->off[r + 1] - lo;
+        if (tmask != NULL && start > 0)
+            tmask[start - 1] = 0; /* the previous record's last token predicts nothing here */
+        for (uint64_t k = start; pos != NULL && k < end && k < (uint64_t)T; k++)
+            pos[k] = (int)(k - start);
+    }
+    for (uint64_t k = n; pos != NULL && k < (uint64_t)T; k++)
+        pos[k] = (int)(k - n);
+}
+
+void data_sample_pos(const data_source *ds, uint64_t id, int *pos)
+{
+    if (ds->win == NULL) {
+        for (int i = 0; i < ds->seq_len; i++)
+            pos[i] = i;
+        return;
+    }
+    const struct prep_samples *p = ds->prep;
+    uint64_t lo = p->off[ds->win[id]], n = p->off[ds->win[id + 1]] - lo;
+    for (uint64_t r = ds->win[id]; r < ds->win[id + 1]; r++) {
+        uint64_t start = p->off[r] - lo, end = p->off[r + 1] - lo;
+        for (uint64_t k = start; k < end && k < (uint64_t)ds->seq_len; k++)
+            pos[k] = (int)(k - start);
+    }
+    for (uint64_t k = n; k < (uint64_t)ds->seq_len; k++)
+        pos[k] = (int)(k - n);
+}
+
+void data_sample_masked(const data_source *ds, uint64_t id, int *tokens, uint8_t *tmask)
+{
+    if (ds->prep != NULL) {
+        prepared_sample(ds, id, tokens, tmask, NULL);
+        return;
+    }
+    data_sample(ds, id, tokens);
+    memset(tmask, 1, (size_t)ds->seq_len);
+}
+
+uint64_t data_sample_targets(const data_source *ds, uint64_t id)
+{
+    if (ds->prep == NULL)
+        return (uint64_t)ds->seq_len;
+    const struct prep_samples *p = ds->prep;
+    uint64_t r0 = ds->win ? ds->win[id] : id, r1 = ds->win ? ds->win[id + 1] : id + 1, n = 0;
+    for (uint64_t r = r0; r < r1; r++) {
+        uint64_t lo = p->off[r], hi = p->off[r + 1];
+        for (uint64_t k = lo + 1; k < hi && k - lo <= (uint64_t)ds->seq_len; k++)
+            n += p->mask[k] != 0;
+    }
+    return n;
+}
+
 void data_sample(const data_source *ds, uint64_t id, int *tokens)
 {
+    if (ds->prep != NULL) {
+        prepared_sample(ds, id, tokens, NULL, NULL);
+        return;
+    }
     /* files are few: a linear scan is fine */
     size_t fi = 0;
     while (fi + 1 < ds->nfiles && id >= ds->files[fi + 1].first_sample)

@@ -48,6 +48,29 @@ uint64_t data_num_tokens(const data_source *ds);
 /* Write the seq_len+1 tokens of sample `id` (< data_num_samples). */
 void data_sample(const data_source *ds, uint64_t id, int *tokens);
 
+/* The JSONL formats: samples prepared by data_prep.h (the source takes
+ * them over, freeing them at data_close, also on failure). Unpacked,
+ * sample i is one record: its tokens, then padding (token 0, no loss) up
+ * to seq_len+1. Packed, sample i is a window of seq_len+1 tokens holding
+ * consecutive records (in file order, as many as fit whole), then padding;
+ * its positions restart at 0 at each record, and a target never crosses
+ * from one record into the next. */
+struct prep_samples;
+int data_open_prepared(struct prep_samples *ps, int seq_len, int packing, const char *field,
+                       data_source **out, acc_err *err);
+/* Whether samples are packed windows (then data_sample_pos gives positions). */
+int data_is_packed(const data_source *ds);
+/* The seq_len input positions of sample `id` (packed: per record, from 0;
+ * padding counts on from 0 as a document of its own; else 0..seq_len-1). */
+void data_sample_pos(const data_source *ds, uint64_t id, int *pos);
+
+/* data_sample plus the target mask: tmask[i] (i < seq_len) is 1 when target
+ * i (token i+1) carries loss. Text and shards: every target; prepared
+ * samples: the sample's mask, padding 0. */
+void data_sample_masked(const data_source *ds, uint64_t id, int *tokens, uint8_t *tmask);
+/* Targets that carry loss in sample `id`. */
+uint64_t data_sample_targets(const data_source *ds, uint64_t id);
+
 /* The per-epoch order, cached one epoch at a time (one per rank). */
 typedef struct data_order {
     uint64_t seed;

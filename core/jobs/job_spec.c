@@ -275,6 +275,11 @@ static int check_path(char *path, size_t n, const char *roots, const char *f, ac
     return 0;
 }
 
+int job_spec_resolve_input(char *path, size_t n, const acc_conf *conf, const char *field, acc_err *err)
+{
+    return check_path(path, n, conf->data_roots, field, err);
+}
+
 /* ---- sections ------------------------------------------------------------- */
 
 /* "model": {"from": DIR, "seq_len": T}: a Hugging Face directory under
@@ -361,10 +366,57 @@ static int parse_model(const json_t *m, const acc_conf *conf, spec_model *out, a
     return 0;
 }
 
-static int parse_data(const json_t *d, const acc_conf *conf, spec_data *out, acc_err *err)
+/* The JSONL formats' keys: the tokenizer directory (default model.from), the
+ * chat template, where the loss goes, packing, what to do with overlong
+ * samples. Names are checked here; the files at validation (data_prep.h). */
+static int parse_data_jsonl(const json_t *d, const acc_conf *conf, const char *model_from,
+                            spec_data *out, acc_err *err)
 {
-    static const char *const keys[] = {"train", "val", "format", NULL};
-    static const char *const formats[] = {"text", "tokens", NULL};
+    static const char *const train_on[] = {"assistant", "all", NULL};
+    static const char *const overlong[] = {"truncate", "drop", NULL};
+    int rc, to = 0, ol = 0;
+    bool tok;
+    if ((rc = get_str(d, "data", "tokenizer", true, out->tokenizer, sizeof out->tokenizer, &tok, err)) ||
+        (rc = get_str(d, "data", "chat_template", true, out->chat_template, sizeof out->chat_template, NULL,
+                      err)) ||
+        (rc = get_choice(d, "data", "train_on", train_on, &to, err)) ||
+        (rc = get_bool(d, "data", "packing", &out->packing, err)) ||
+        (rc = get_choice(d, "data", "overlong", overlong, &ol, err)))
+        return rc;
+    out->train_on = to == 1 ? SPEC_TRAIN_ALL : SPEC_TRAIN_ASSISTANT;
+    out->overlong = ol == 1 ? SPEC_OVERLONG_DROP : SPEC_OVERLONG_TRUNCATE;
+    if (!spec_data_is_jsonl(out->format)) {
+        static const char *const only[] = {"tokenizer", "chat_template", "train_on", "packing", "overlong", NULL};
+        for (int i = 0; only[i] != NULL; i++)
+            if (json_object_get(d, only[i]) != NULL && !json_is_null(json_object_get(d, only[i]))) {
+                char f[128];
+                return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, "data", only[i]),
+                                   "%s applies to the JSONL formats (chat, prompt_completion, text_jsonl) only", f);
+            }
+        return 0;
+    }
+    if (out->chat_template[0] == '\0')
+        snprintf(out->chat_template, sizeof out->chat_template, "auto");
+    if (!tok) {
+        if (model_from[0] == '\0')
+            return acc_err_set(err, ACC_EINVAL, "data.tokenizer",
+                               "data.tokenizer is required for format %s without model.from",
+                               out->format == SPEC_DATA_CHAT ? "chat"
+                               : out->format == SPEC_DATA_TEXT_JSONL ? "text_jsonl" : "prompt_completion");
+        snprintf(out->tokenizer, sizeof out->tokenizer, "%s", model_from);
+        return 0;
+    }
+    return check_path(out->tokenizer, sizeof out->tokenizer, conf->data_roots, "data.tokenizer", err);
+}
+
+static int parse_data(const json_t *d, const acc_conf *conf, const char *model_from, spec_data *out,
+                      acc_err *err)
+{
+    static const char *const keys[] = {"train", "val", "format", "tokenizer", "chat_template", "train_on",
+                                       "packing", "overlong", NULL};
+    static const char *const formats[] = {"text", "tokens", "chat", "prompt_completion", "text_jsonl", NULL};
+    static const spec_data_format fmts[] = {SPEC_DATA_TEXT, SPEC_DATA_TOKENS, SPEC_DATA_CHAT,
+                                            SPEC_DATA_PROMPT_COMPLETION, SPEC_DATA_TEXT_JSONL};
     int rc, fmt = 0;
     bool train, val;
     if ((rc = check_keys(d, "data", keys, err)) ||
@@ -372,7 +424,9 @@ static int parse_data(const json_t *d, const acc_conf *conf, spec_data *out, acc
         (rc = get_str(d, "data", "val", true, out->val, sizeof out->val, &val, err)) ||
         (rc = get_choice(d, "data", "format", formats, &fmt, err)))
         return rc;
-    out->format = fmt == 1 ? SPEC_DATA_TOKENS : SPEC_DATA_TEXT;
+    out->format = fmts[fmt];
+    if ((rc = parse_data_jsonl(d, conf, model_from, out, err)))
+        return rc;
     if (!train)
         return acc_err_set(err, ACC_EINVAL, "data.train", "data.train is required");
     if ((rc = check_path(out->train, sizeof out->train, conf->data_roots, "data.train", err)))
@@ -703,7 +757,7 @@ static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *ou
         return rc;
     if (data == NULL)
         return acc_err_set(err, ACC_EINVAL, "data", "data is required (at least data.train)");
-    if ((rc = parse_data(data, conf, &out->data, err)))
+    if ((rc = parse_data(data, conf, out->model.from, &out->data, err)))
         return rc;
     if (optim != NULL && (rc = parse_optimizer(optim, &out->optim, err)))
         return rc;
@@ -727,6 +781,7 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         (rc = get_choice(root, NULL, "precision", precisions, &prec, err)) ||
         (rc = get_bool(root, NULL, "activation_checkpointing", &out->activation_checkpointing, err)) ||
         (rc = get_int(root, NULL, "max_steps", 1, 100000000, &out->max_steps, err)) ||
+        (rc = get_num(root, NULL, "num_train_epochs", 0, true, 1e6, &out->num_train_epochs, err)) ||
         (rc = get_int(root, NULL, "eval_interval", 0, INT_MAX, &out->eval_interval, err)) ||
         (rc = get_int(root, NULL, "eval_batches", 1, 1000000, &out->eval_batches, err)) ||
         (rc = get_int(root, NULL, "checkpoint_interval", 0, INT_MAX, &out->checkpoint_interval, err)) ||
@@ -735,6 +790,7 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         (rc = get_str(root, NULL, "resume_from", true, out->resume_from, sizeof out->resume_from, &resume, err)))
         return rc;
     out->precision = prec == 1 ? SPEC_BF16 : SPEC_FP32;
+    out->max_steps_given = json_object_get(root, "max_steps") != NULL;
     if (resume)
         return check_path(out->resume_from, sizeof out->resume_from, conf->output_root, "resume_from", err);
     return 0;
@@ -744,7 +800,10 @@ static int check_cross(job_spec *out, acc_err *err)
 {
     if (out->model.padded_vocab_size == 0)
         out->model.padded_vocab_size = out->model.vocab_size;
-    if (out->lr.total_steps == 0)
+    /* with num_train_epochs alone, the trainer sets max_steps once it knows
+     * the samples (and total_steps 0 follows it, optim.c) */
+    bool from_epochs = out->num_train_epochs > 0 && !out->max_steps_given;
+    if (out->lr.total_steps == 0 && !from_epochs)
         out->lr.total_steps = out->max_steps;
     if (out->lr.type == SPEC_LR_COSINE && out->lr.min_lr > out->optim.lr)
         return acc_err_set(err, ACC_EINVAL, "lr_schedule.min_lr", "lr_schedule.min_lr %g is above optimizer.lr %g",
@@ -761,7 +820,7 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
         "name", "model", "data", "train_batch_size", "train_micro_batch_size_per_gpu",
         "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
         "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
-        "oom", "resume_from", "deepspeed", "save", NULL};
+        "oom", "resume_from", "deepspeed", "save", "num_train_epochs", NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
     bool clip_set = false;

@@ -17,7 +17,25 @@
 #include "conf.h"
 #include "err.h"
 
-typedef enum spec_data_format { SPEC_DATA_TEXT = 0, SPEC_DATA_TOKENS = 1 } spec_data_format;
+/* text: bytes; tokens: uint16 shards; the JSONL formats (records.h) are
+ * tokenized once by data_prep.h with data.tokenizer. */
+typedef enum spec_data_format {
+    SPEC_DATA_TEXT = 0,
+    SPEC_DATA_TOKENS = 1,
+    SPEC_DATA_CHAT,
+    SPEC_DATA_PROMPT_COMPLETION,
+    SPEC_DATA_TEXT_JSONL,
+} spec_data_format;
+
+/* A JSONL format: tokenized by data_prep. */
+static inline bool spec_data_is_jsonl(spec_data_format f)
+{
+    return f == SPEC_DATA_CHAT || f == SPEC_DATA_PROMPT_COMPLETION || f == SPEC_DATA_TEXT_JSONL;
+}
+
+typedef enum spec_train_on { SPEC_TRAIN_ASSISTANT = 0, SPEC_TRAIN_ALL } spec_train_on;
+/* A sample longer than seq_len: cut to seq_len tokens, or left out. */
+typedef enum spec_overlong { SPEC_OVERLONG_TRUNCATE = 0, SPEC_OVERLONG_DROP } spec_overlong;
 /* fp32: everything in fp32. bf16: the linear layers' products take bf16
  * operands with fp32 accumulation; weights, gradients, optimizer state and
  * every other kernel stay fp32 (kern_device.h set_precision). */
@@ -61,6 +79,13 @@ typedef struct spec_data {
     char train[PATH_MAX];  /* file, or glob of token shards */
     char val[PATH_MAX];    /* "" when none */
     spec_data_format format;
+    /* the JSONL formats (chat, prompt_completion, text_jsonl) */
+    char tokenizer[PATH_MAX];   /* directory with tokenizer.json (default: model.from) */
+    char chat_template[64];     /* "auto" (tokenizer_config.json's) or a shipped name */
+    spec_train_on train_on;
+    bool packing;
+    spec_overlong overlong;
+    char cache_dir[PATH_MAX];   /* set by the daemon: state_dir/cache ("" = no cache) */
 } spec_data;
 
 typedef struct spec_optim {
@@ -92,6 +117,9 @@ typedef struct job_spec {
     spec_optim optim;
     spec_lr lr;
     int max_steps;
+    bool max_steps_given;  /* max_steps was in the spec */
+    double num_train_epochs; /* 0 = not given; else max_steps = ceil(epochs x samples / B)
+                              * once the data is prepared (when max_steps is not given) */
     int eval_interval;     /* 0 = no eval */
     int eval_batches;      /* batches of B samples per eval (default 1) */
     int checkpoint_interval; /* 0 = only at the end */
@@ -117,5 +145,11 @@ typedef struct job_spec {
 /* Parse and validate a JSON document (text of `len` bytes) against the
  * daemon's config (paths must be under data_roots / output_root). */
 int job_spec_parse(const char *text, size_t len, const acc_conf *conf, job_spec *out, acc_err *err);
+
+/* An input path as the spec's keys take one (relative to the first data
+ * root; resolved; under data_roots; must exist) into `path` in place
+ * (capacity n). ACC_EINVAL naming `field`. Opens nothing but resolves the
+ * path: call it off the loop thread. */
+int job_spec_resolve_input(char *path, size_t n, const acc_conf *conf, const char *field, acc_err *err);
 
 #endif

@@ -604,6 +604,10 @@ static void set_output_dir(const jobs_mgr *m, job *j)
     int w = snprintf(j->spec.output_dir, sizeof j->spec.output_dir, "%s/%s", m->conf->output_root, j->id);
     if (w < 0 || (size_t)w >= sizeof j->spec.output_dir)
         acc_log(ACC_LOG_WARN, "jobs", "job %s: output_root too long, output dir truncated", j->id);
+    /* prepared JSONL data, shared by jobs (data_prep.h); "" = no cache */
+    w = snprintf(j->spec.data.cache_dir, sizeof j->spec.data.cache_dir, "%s/cache", m->conf->state_dir);
+    if (w < 0 || (size_t)w >= sizeof j->spec.data.cache_dir)
+        j->spec.data.cache_dir[0] = '\0';
 }
 
 /* The submitted text, re-encoded compactly (it parsed, so it loads). */
@@ -1099,6 +1103,12 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
         if (!strncmp(ev->msg, "resumed from", 12))
             j->step = ev->step; /* the checkpoint's step: the run goes on from there */
         emit(j, "log", json_pack("{s:i, s:s}", "step", ev->step, "message", ev->msg), false);
+        break;
+    case TEV_PROGRESS:
+        if (ev->max_steps > 0) /* num_train_epochs, now that the samples are known */
+            j->spec.max_steps = ev->max_steps;
+        emit(j, "progress", json_pack("{s:s, s:I, s:I}", "stage", ev->path, "done", (json_int_t)ev->done,
+                                      "total", (json_int_t)ev->total), false);
         break;
     case TEV_DONE:
         apply_done(m, j, ev);

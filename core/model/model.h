@@ -214,6 +214,9 @@ struct model_family {
     /* OPTIONAL: the device per-token losses [nseq * T] (-log p(target)) of
      * the last forward. NULL: none. */
     const float *(*token_losses)(const model *m);
+    /* OPTIONAL: true when the forward honours model.positions (packed
+     * documents: data.packing); false refuses packing at submit. */
+    bool packing;
 };
 
 /* ---- registry */
@@ -298,6 +301,12 @@ struct model {
     int recompute;        /* activation recomputation on */
     uint64_t act_bytes;   /* device bytes of the activations now */
     void *impl;           /* the family's state (activations, views) */
+    /* Packed documents (data.packing): host [nseq*T] positions of the next
+     * forward's tokens, restarting at 0 at each document, or NULL (p = t).
+     * Families with model_family.packing read them (RoPE positions and
+     * attention within each document, kern_device.h); the backward reuses
+     * the forward's. */
+    const int *positions;
 };
 
 /* Floats past the gradients model_create reserves for its caller. */

@@ -333,7 +333,7 @@ enum {
     A_ENC, A_RESID, A_LN1, A_RSTD1, A_Q, A_K, A_V, A_ATTY, A_LSE, A_RESID2, A_LN2, A_RSTD2,
     A_GATE, A_UP, A_H, A_LNF, A_RSTDF, A_LOGITS, A_LOSSES, A_DRESID, A_DLN, A_DATTY, A_DQ,
     A_DK, A_DV, A_DH, A_DGATE, A_DUP, A_ATT_SCRATCH, A_COS, A_SIN, A_TOKENS, A_TARGETS,
-    A_WEIGHTS, A_COUNT
+    A_WEIGHTS, A_POS, A_COUNT
 };
 
 /* Floats of each array for B x T (saturated); bytes of all of them, each
@@ -363,6 +363,7 @@ static uint64_t act_counts(const model_config *c, int B, int T, int recompute, u
         [A_ATT_SCRATCH] = acc_sat_mul3_u64(2 * NH, (uint64_t)T, (uint64_t)T),
         [A_COS] = rope, [A_SIN] = rope,
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT,
+        [A_POS] = BT, /* packed documents' positions (m->positions) */
     };
     uint64_t total = 0;
     for (int i = 0; i < A_COUNT; i++) {
@@ -415,6 +416,7 @@ typedef struct llama_state {
     layer_off *lo;          /* [L] */
     void *act_mem;
     llama_acts a;
+    int packed;             /* the last forward had m->positions (A_POS holds them) */
 } llama_state;
 
 static llama_state *S(const model *m)
@@ -584,6 +586,12 @@ static float *W(float *base, size_t off)
     return off == NONE ? NULL : base + off;
 }
 
+/* Packed documents: the positions on the device, else NULL (p = t). */
+static const int *positions_of(const model *m)
+{
+    return S(m)->packed ? (const int *)S(m)->a.ptr[A_POS] : NULL;
+}
+
 static void block_forward(model *m, int l, int B)
 {
     kern_device *d = m->dev;
@@ -599,9 +607,14 @@ static void block_forward(model *m, int l, int B)
     k->matmul_fwd(d, b.q, b.ln1, p + o->wq, W(p, o->bq), N, C, QD);
     k->matmul_fwd(d, b.k, b.ln1, p + o->wk, W(p, o->bk), N, C, KD);
     k->matmul_fwd(d, b.v, b.ln1, p + o->wv, W(p, o->bv), N, C, KD);
-    k->rope_fwd(d, b.q, b.q, a[A_COS], a[A_SIN], NULL, B, T, NH, hs);
-    k->rope_fwd(d, b.k, b.k, a[A_COS], a[A_SIN], NULL, B, T, NKV, hs);
-    k->gqa_attention_fwd(d, b.atty, b.lse, a[A_ATT_SCRATCH], b.q, b.k, b.v, B, T, NH, NKV, hs);
+    const int *pos = positions_of(m);
+    k->rope_fwd(d, b.q, b.q, a[A_COS], a[A_SIN], pos, B, T, NH, hs);
+    k->rope_fwd(d, b.k, b.k, a[A_COS], a[A_SIN], pos, B, T, NKV, hs);
+    if (pos != NULL)
+        k->gqa_attention_pos_fwd(d, b.atty, b.lse, a[A_ATT_SCRATCH], b.q, b.k, b.v, pos, B, T, NH, NKV,
+                                 hs);
+    else
+        k->gqa_attention_fwd(d, b.atty, b.lse, a[A_ATT_SCRATCH], b.q, b.k, b.v, B, T, NH, NKV, hs);
     k->matmul_fwd(d, tmp, b.atty, p + o->wo, W(p, o->bo), N, QD, C);
     k->add(d, b.resid2, x, tmp, (size_t)N * C);
     k->rmsnorm_fwd(d, b.ln2, b.rstd2, b.resid2, p + o->ln2, (float)c->norm_eps, N, C);
@@ -624,6 +637,9 @@ static void llama_forward(model *m, const int *tokens, const int *targets, const
     k->upload(d, a[A_TOKENS], tokens, (size_t)N * sizeof(int));
     k->upload(d, a[A_TARGETS], targets, (size_t)N * sizeof(int));
     k->upload(d, a[A_WEIGHTS], weights, (size_t)N * sizeof(float));
+    s->packed = m->positions != NULL;
+    if (s->packed)
+        k->upload(d, a[A_POS], m->positions, (size_t)N * sizeof(int));
     float *p = m->params;
     k->embed_fwd(d, a[A_ENC], (const int *)a[A_TOKENS], p + s->emb, N, C);
     for (int l = 0; l < L; l++)
@@ -665,10 +681,15 @@ static void block_backward(model *m, int l, int B)
     k->zero(d, a[A_DQ], (size_t)N * QD * f);
     k->zero(d, a[A_DK], (size_t)N * KD * f);
     k->zero(d, a[A_DV], (size_t)N * KD * f);
-    k->gqa_attention_bwd(d, a[A_DQ], a[A_DK], a[A_DV], a[A_ATT_SCRATCH], a[A_DATTY], b.q, b.k,
-                         b.v, b.lse, b.atty, B, T, NH, NKV, hs);
-    k->rope_bwd(d, a[A_DQ], a[A_DQ], a[A_COS], a[A_SIN], NULL, B, T, NH, hs);
-    k->rope_bwd(d, a[A_DK], a[A_DK], a[A_COS], a[A_SIN], NULL, B, T, NKV, hs);
+    const int *pos = positions_of(m);
+    if (pos != NULL)
+        k->gqa_attention_pos_bwd(d, a[A_DQ], a[A_DK], a[A_DV], a[A_ATT_SCRATCH], a[A_DATTY], b.q, b.k,
+                                 b.v, b.lse, b.atty, pos, B, T, NH, NKV, hs);
+    else
+        k->gqa_attention_bwd(d, a[A_DQ], a[A_DK], a[A_DV], a[A_ATT_SCRATCH], a[A_DATTY], b.q, b.k,
+                             b.v, b.lse, b.atty, B, T, NH, NKV, hs);
+    k->rope_bwd(d, a[A_DQ], a[A_DQ], a[A_COS], a[A_SIN], pos, B, T, NH, hs);
+    k->rope_bwd(d, a[A_DK], a[A_DK], a[A_COS], a[A_SIN], pos, B, T, NKV, hs);
     k->zero(d, dln, (size_t)N * C * f);
     k->matmul_bwd(d, dln, g + o->wq, W(g, o->bq), a[A_DQ], b.ln1, p + o->wq, N, C, QD);
     k->matmul_bwd(d, dln, g + o->wk, W(g, o->bk), a[A_DK], b.ln1, p + o->wk, N, C, KD);
@@ -736,4 +757,5 @@ const model_family model_family_llama = {
     .config_to_hf = llama_config_to_hf,
     .logits = model_llama_logits,
     .token_losses = llama_token_losses,
+    .packing = true,
 };

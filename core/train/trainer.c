@@ -43,6 +43,7 @@
 
 #include "ckpt.h"
 #include "data.h"
+#include "data_prep.h"
 #include "kern_comm.h"
 #include "kern_device.h"
 #include "adamw.h"
@@ -148,7 +149,8 @@ typedef struct rank_state {
     int *sample;      /* [T+1] */
     int *inputs, *targets; /* [m*T] */
     float *weights;   /* [m*T] */
-    uint8_t *mask;    /* [T] */
+    uint8_t *mask;    /* [2T] */
+    int *pos;         /* [m*T] packed documents' positions (model.positions), else NULL */
 } rank_state;
 
 static double now_s(void)
@@ -207,14 +209,67 @@ static int resolve_config(const job_spec *s, model_config *cfg, acc_err *err)
     return plan_model_config(s, cfg, err);
 }
 
-static int open_data(const job_spec *s, data_source **train, data_source **val, acc_err *err)
+static void emit_log(trainer *t, int step, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void emit_progress(trainer *t, const char *stage, uint64_t done, uint64_t total, int max_steps)
+{
+    train_event *ev = calloc(1, sizeof *ev);
+    if (ev == NULL)
+        return;
+    ev->kind = TEV_PROGRESS;
+    ev->nranks = t != NULL ? t->nranks : 0;
+    snprintf(ev->path, sizeof ev->path, "%s", stage);
+    ev->done = done;
+    ev->total = total;
+    ev->max_steps = max_steps;
+    if (t != NULL)
+        emit(t, ev);
+    free(ev);
+}
+
+static void on_prep_progress(void *ctx, const char *stage, uint64_t done, uint64_t total)
+{
+    emit_progress(ctx, stage, done, total, 0);
+}
+
+/* A JSONL file tokenized (or read from the cache) on every core. */
+static int open_prepared(trainer *t, const job_spec *s, const char *path, const char *field,
+                         data_source **out, acc_err *err)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    prep_opts po = {.spec = s, .path = path, .field = field, .threads = cores > 0 ? (int)cores : 1,
+                    .progress = t != NULL ? on_prep_progress : NULL, .ctx = t,
+                    .cancel = t != NULL ? &t->cancel : NULL};
+    prep_samples ps;
+    int rc = prep_load(&po, &ps, err);
+    if (rc != 0)
+        return rc;
+    if (t != NULL)
+        emit_log(t, 0,
+                 "%s: %llu samples from %llu records (%s): %llu truncated and %llu dropped over seq_len+1 = "
+                 "%d tokens, %llu without a token that carries loss; %llu tokens",
+                 field, (unsigned long long)ps.n, (unsigned long long)ps.lines,
+                 ps.from_cache ? "prepared data from the cache" : "tokenized", (unsigned long long)ps.truncated,
+                 (unsigned long long)ps.dropped, s->model.seq_len + 1, (unsigned long long)ps.no_target,
+                 (unsigned long long)ps.ntokens);
+    return data_open_prepared(&ps, s->model.seq_len, s->data.packing, field, out, err);
+}
+
+static int open_data(trainer *t, const job_spec *s, data_source **train, data_source **val, acc_err *err)
 {
     *train = *val = NULL;
-    int rc = data_open_under(s->data_roots, s->data.train, s->data.format, s->model.seq_len,
+    int rc;
+    if (spec_data_is_jsonl(s->data.format)) {
+        rc = open_prepared(t, s, s->data.train, "data.train", train, err);
+        if (rc == 0 && s->data.val[0] != '\0')
+            rc = open_prepared(t, s, s->data.val, "data.val", val, err);
+    } else {
+        rc = data_open_under(s->data_roots, s->data.train, s->data.format, s->model.seq_len,
                              s->model.vocab_size, "data.train", train, err);
-    if (rc == 0 && s->data.val[0] != '\0')
-        rc = data_open_under(s->data_roots, s->data.val, s->data.format, s->model.seq_len,
-                             s->model.vocab_size, "data.val", val, err);
+        if (rc == 0 && s->data.val[0] != '\0')
+            rc = data_open_under(s->data_roots, s->data.val, s->data.format, s->model.seq_len,
+                                 s->model.vocab_size, "data.val", val, err);
+    }
     if (rc != 0) {
         data_close(*train);
         *train = NULL;
@@ -247,6 +302,24 @@ static int check_resume_from(const job_spec *s, const model_config *cfg, acc_err
     return rc;
 }
 
+/* num_train_epochs without max_steps: max_steps = ceil(epochs x samples / B). */
+static int steps_from_epochs(trainer *t, acc_err *err)
+{
+    job_spec *s = &t->spec;
+    if (s->num_train_epochs <= 0 || s->max_steps_given)
+        return 0;
+    double steps = ceil(s->num_train_epochs * (double)data_num_samples(t->train) / s->train_batch_size);
+    if (!(steps >= 1 && steps <= 100000000))
+        return acc_err_set(err, ACC_EINVAL, "num_train_epochs",
+                           "num_train_epochs %g over %llu samples is %g steps, outside [1, 100000000]",
+                           s->num_train_epochs, (unsigned long long)data_num_samples(t->train), steps);
+    s->max_steps = (int)steps;
+    emit_progress(t, "ready", data_num_samples(t->train), data_num_samples(t->train), s->max_steps);
+    emit_log(t, 0, "max_steps %d from num_train_epochs %g x %llu samples / train_batch_size %d", s->max_steps,
+             s->num_train_epochs, (unsigned long long)data_num_samples(t->train), s->train_batch_size);
+    return 0;
+}
+
 int trainer_check_spec(const job_spec *spec, acc_err *err)
 {
     model_config cfg;
@@ -258,8 +331,14 @@ int trainer_check_spec(const job_spec *spec, acc_err *err)
     if (rc == 0)
         rc = check_resume_from(spec, &cfg, err);
     data_source *tr = NULL, *va = NULL;
+    if (rc == 0 && spec->data.packing && !model_family_of(&cfg)->packing)
+        return acc_err_set(err, ACC_EINVAL, "data.packing",
+                           "data.packing: the %s family cannot keep packed documents apart (use llama)",
+                           model_family_of(&cfg)->name);
+    if (rc == 0 && spec_data_is_jsonl(spec->data.format)) /* bounded: the whole file is read later */
+        return prep_validate(spec, err);
     if (rc == 0)
-        rc = open_data(spec, &tr, &va, err);
+        rc = open_data(NULL, spec, &tr, &va, err);
     data_close(tr);
     data_close(va);
     return rc;
@@ -384,7 +463,10 @@ static int rank_setup(rank_state *rs, acc_err *err)
     rs->inputs = malloc((size_t)tokens * sizeof *rs->inputs);
     rs->targets = malloc((size_t)tokens * sizeof *rs->targets);
     rs->weights = malloc((size_t)tokens * sizeof *rs->weights);
-    rs->mask = malloc((size_t)T);
+    rs->mask = malloc(2 * (size_t)T); /* the data's mask, then the hook's */
+    if (s->data.packing && (rs->pos = malloc((size_t)tokens * sizeof *rs->pos)) == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for batch buffers");
+    rs->model->positions = rs->pos; /* filled with each micro-batch */
     if (!rs->sample || !rs->inputs || !rs->targets || !rs->weights || !rs->mask)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for batch buffers");
     return 0;
@@ -397,6 +479,7 @@ static void rank_teardown(rank_state *rs)
     free(rs->targets);
     free(rs->weights);
     free(rs->mask);
+    free(rs->pos);
     free(rs->buckets);
     data_order_free(&rs->order);
     adamw_free(rs->opt);
@@ -404,14 +487,20 @@ static void rank_teardown(rank_state *rs)
     kern_device_close(rs->dev);
 }
 
+/* The targets of sample `id` that carry loss: the data's mask (prepared
+ * samples: train_on, padding), and the test hook's on top. rs->sample
+ * holds the sample's tokens afterwards. */
 static void fill_mask(rank_state *rs, uint64_t id)
 {
     train_hooks *h = rs->t->hooks;
     int T = rs->t->spec.model.seq_len;
-    if (h != NULL && h->target_mask != NULL)
-        h->target_mask(h->mask_ctx, id, T, rs->mask);
-    else
-        memset(rs->mask, 1, (size_t)T);
+    data_sample_masked(rs->t->train, id, rs->sample, rs->mask);
+    if (h != NULL && h->target_mask != NULL) {
+        uint8_t *hm = rs->mask + T;
+        h->target_mask(h->mask_ctx, id, T, hm);
+        for (int i = 0; i < T; i++)
+            rs->mask[i] = rs->mask[i] && hm[i];
+    }
 }
 
 /* Target tokens of the whole step, over every rank and micro-step. */
@@ -420,7 +509,7 @@ static double count_targets(rank_state *rs, int step)
     const job_spec *s = &rs->t->spec;
     int T = s->model.seq_len;
     train_hooks *h = rs->t->hooks;
-    if (h == NULL || h->target_mask == NULL)
+    if ((h == NULL || h->target_mask == NULL) && !spec_data_is_jsonl(s->data.format))
         return (double)s->train_batch_size * T;
     double n = 0;
     for (int j = 0; j < s->train_batch_size; j++) {
@@ -446,8 +535,9 @@ static void load_micro(rank_state *rs, int step, int micro, double n_total)
         train_hooks *h = rs->t->hooks;
         if (h != NULL && h->step_samples != NULL && step < h->steps_cap)
             h->step_samples[slot] = id;
-        data_sample(rs->t->train, id, rs->sample);
         fill_mask(rs, id);
+        if (rs->pos != NULL)
+            data_sample_pos(rs->t->train, id, rs->pos + (size_t)pos * T);
         for (int i = 0; i < T; i++) {
             rs->inputs[pos * T + i] = rs->sample[i];
             rs->targets[pos * T + i] = rs->sample[i + 1];
@@ -498,11 +588,13 @@ static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
     for (uint64_t j = lo; j < hi; j += (uint64_t)m) {
         int n = (int)(hi - j < (uint64_t)m ? hi - j : (uint64_t)m);
         for (int pos = 0; pos < n; pos++) {
-            data_sample(t->val, (j + (uint64_t)pos) % nval, rs->sample);
+            data_sample_masked(t->val, (j + (uint64_t)pos) % nval, rs->sample, rs->mask);
+            if (rs->pos != NULL)
+                data_sample_pos(t->val, (j + (uint64_t)pos) % nval, rs->pos + (size_t)pos * T);
             for (int i = 0; i < T; i++) {
                 rs->inputs[pos * T + i] = rs->sample[i];
                 rs->targets[pos * T + i] = rs->sample[i + 1];
-                rs->weights[pos * T + i] = 1.0f;
+                rs->weights[pos * T + i] = rs->mask[i] ? 1.0f : 0.0f;
             }
         }
         double part;
@@ -522,7 +614,11 @@ static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
         return acc_err_set(err, rc, "", "cancelled");
     dev->ops->download(dev, buf, slots, sizeof buf);
     dev->ops->zero(dev, slots, sizeof buf); /* the next step's sums start at 0 */
-    *val_loss = get_double(buf) / ((double)total * T);
+    /* the mean over the targets that carry loss, of every rank's samples */
+    double ntarget = 0;
+    for (uint64_t j = 0; j < total; j++)
+        ntarget += (double)data_sample_targets(t->val, j % nval);
+    *val_loss = ntarget > 0 ? get_double(buf) / ntarget : 0.0;
     return 0;
 }
 
@@ -1006,7 +1102,9 @@ static int rank_run(rank_state *rs, acc_err *err)
     const job_spec *s = &t->spec;
     int rc = rank_setup(rs, err);
     if (rc == 0 && rs->rank == 0)
-        rc = open_data(s, &t->train, &t->val, err);
+        rc = open_data(t, s, &t->train, &t->val, err);
+    if (rc == 0 && rs->rank == 0)
+        rc = steps_from_epochs(t, err);
     if (rc != 0)
         return rc;
     if ((rc = kern_comm_barrier(t->comm)) != 0) /* data is open for everyone */
@@ -1242,7 +1340,8 @@ static int find_resume(trainer *t, acc_err *err)
         return 0;
     }
     t->resume_fd = fd;
-    if (st.step > s->max_steps)
+    /* with num_train_epochs alone, max_steps is known once the data is */
+    if (st.step > s->max_steps && (s->num_train_epochs <= 0 || s->max_steps_given))
         return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s is at step %d, past max_steps %d",
                            dir, st.step, s->max_steps);
     batch_split any, saved;

@@ -48,6 +48,7 @@ typedef enum train_event_kind {
     TEV_SPLIT_UP,    /* "auto": the micro batch was raised at a checkpoint (from/to fields) */
     TEV_DONE,        /* the run ended; always the last event */
     TEV_CKPT_REJECTED, /* a checkpoint passed over at resume: path, msg = why */
+    TEV_PROGRESS,    /* data preparation: stage (in path), done, total; max_steps once known */
 } train_event_kind;
 
 typedef struct train_event {
@@ -67,6 +68,9 @@ typedef struct train_event {
     int from_micro, from_accum, to_micro, to_accum;
     bool recompute;        /* activation recomputation switched on */
     uint64_t bytes_asked, bytes_free;
+    /* TEV_PROGRESS: the stage ("tokenize", "cache") is in path */
+    uint64_t done, total;
+    int max_steps;         /* TEV_PROGRESS: > 0 when num_train_epochs set it */
     /* TEV_CHECKPOINT / TEV_CKPT_REJECTED: path; TEV_LOG / TEV_DONE /
      * TEV_CKPT_REJECTED: message */
     char path[PATH_MAX];

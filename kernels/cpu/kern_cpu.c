@@ -786,6 +786,8 @@ static const kern_ops cpu_ops = {
     .swiglu_bwd = kern_cpu_swiglu_bwd,
     .gqa_attention_fwd = kern_cpu_gqa_attention_fwd,
     .gqa_attention_bwd = kern_cpu_gqa_attention_bwd,
+    .gqa_attention_pos_fwd = kern_cpu_gqa_attention_pos_fwd,
+    .gqa_attention_pos_bwd = kern_cpu_gqa_attention_pos_bwd,
 };
 
 const kern_ops *kern_cpu_ops(void)

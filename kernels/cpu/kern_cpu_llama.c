@@ -175,25 +175,36 @@ void kern_cpu_swiglu_bwd(kern_device *d, float *dgate, float *dup, const float *
 
 /* ---- grouped-query attention */
 
-/* In place: scores -> probabilities (causal, scaled); lse[t] of each row. */
-static void softmax_rows(float *att, float *lse, int T, float scale)
+/* The first key row t may see: its document's first token (pos: this
+ * sequence's positions, NULL = one document). */
+static inline int row_lo(const int *pos, int t)
+{
+    return pos != NULL ? t - pos[t] : 0;
+}
+
+/* In place: scores -> probabilities (causal within the row's document,
+ * scaled); lse[t] of each row. */
+static void softmax_rows(float *att, float *lse, int T, float scale, const int *pos)
 {
     for (int t = 0; t < T; t++) {
         float *a = att + (size_t)t * T;
+        int lo = row_lo(pos, t);
         float mx = -INFINITY;
-        for (int u = 0; u <= t; u++) {
+        for (int u = lo; u <= t; u++) {
             a[u] *= scale;
             if (a[u] > mx)
                 mx = a[u];
         }
         float sum = 0.0f;
-        for (int u = 0; u <= t; u++) {
+        for (int u = lo; u <= t; u++) {
             a[u] = expf(a[u] - mx);
             sum += a[u];
         }
         float inv = 1.0f / sum;
-        for (int u = 0; u <= t; u++)
+        for (int u = lo; u <= t; u++)
             a[u] *= inv;
+        for (int u = 0; u < lo; u++)
+            a[u] = 0.0f;
         for (int u = t + 1; u < T; u++)
             a[u] = 0.0f;
         lse[t] = mx + logf(sum);
@@ -201,27 +212,34 @@ static void softmax_rows(float *att, float *lse, int T, float scale)
 }
 
 /* In place: scores -> the forward's probabilities, from lse. */
-static void probs_rows(float *att, const float *lse, int T, float scale)
+static void probs_rows(float *att, const float *lse, int T, float scale, const int *pos)
 {
     for (int t = 0; t < T; t++) {
         float *a = att + (size_t)t * T;
-        for (int u = 0; u <= t; u++)
+        int lo = row_lo(pos, t);
+        for (int u = 0; u < lo; u++)
+            a[u] = 0.0f;
+        for (int u = lo; u <= t; u++)
             a[u] = expf(a[u] * scale - lse[t]);
         for (int u = t + 1; u < T; u++)
             a[u] = 0.0f;
     }
 }
 
-/* In place in da: da <- att (da - <att, da>) scale on u <= t, 0 above. */
-static void softmax_bwd_rows(float *da, const float *att, int T, float scale)
+/* In place in da: da <- att (da - <att, da>) scale on the row's keys, 0
+ * elsewhere. */
+static void softmax_bwd_rows(float *da, const float *att, int T, float scale, const int *pos)
 {
     for (int t = 0; t < T; t++) {
         const float *ar = att + (size_t)t * T;
         float *dr = da + (size_t)t * T;
+        int lo = row_lo(pos, t);
         float dot = 0.0f;
-        for (int u = 0; u <= t; u++)
+        for (int u = lo; u <= t; u++)
             dot += ar[u] * dr[u];
-        for (int u = 0; u <= t; u++)
+        for (int u = 0; u < lo; u++)
+            dr[u] = 0.0f;
+        for (int u = lo; u <= t; u++)
             dr[u] = ar[u] * (dr[u] - dot) * scale;
         for (int u = t + 1; u < T; u++)
             dr[u] = 0.0f;
@@ -252,6 +270,22 @@ void kern_cpu_gqa_attention_fwd(kern_device *d, float *out, float *lse, float *s
                                 const float *q, const float *k, const float *v, int B, int T,
                                 int NH, int NKV, int hs)
 {
+    kern_cpu_gqa_attention_pos_fwd(d, out, lse, scratch, q, k, v, NULL, B, T, NH, NKV, hs);
+}
+
+void kern_cpu_gqa_attention_bwd(kern_device *d, float *dq, float *dk, float *dv,
+                                float *scratch, const float *dout, const float *q,
+                                const float *k, const float *v, const float *lse,
+                                const float *out, int B, int T, int NH, int NKV, int hs)
+{
+    kern_cpu_gqa_attention_pos_bwd(d, dq, dk, dv, scratch, dout, q, k, v, lse, out, NULL, B, T, NH,
+                                   NKV, hs);
+}
+
+void kern_cpu_gqa_attention_pos_fwd(kern_device *d, float *out, float *lse, float *scratch,
+                                    const float *q, const float *k, const float *v,
+                                    const int *pos, int B, int T, int NH, int NKV, int hs)
+{
     float scale = 1.0f / sqrtf((float)hs);
     size_t tt = (size_t)T * T;
 #pragma omp parallel for num_threads(gqa_threads(d, NH)) schedule(static)
@@ -260,16 +294,17 @@ void kern_cpu_gqa_attention_fwd(kern_device *d, float *out, float *lse, float *s
         float *a = scratch + 2 * (size_t)omp_get_thread_num() * tt;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q + w.q, w.ldq,
                     k + w.kv, w.ldkv, 0.0f, a, T);
-        softmax_rows(a, lse + (size_t)bh * T, T, scale);
+        softmax_rows(a, lse + (size_t)bh * T, T, scale, pos ? pos + (size_t)(bh / NH) * T : NULL);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v + w.kv,
                     w.ldkv, 0.0f, out + w.q, w.ldq);
     }
 }
 
-void kern_cpu_gqa_attention_bwd(kern_device *d, float *dq, float *dk, float *dv,
-                                float *scratch, const float *dout, const float *q,
-                                const float *k, const float *v, const float *lse,
-                                const float *out, int B, int T, int NH, int NKV, int hs)
+void kern_cpu_gqa_attention_pos_bwd(kern_device *d, float *dq, float *dk, float *dv,
+                                    float *scratch, const float *dout, const float *q,
+                                    const float *k, const float *v, const float *lse,
+                                    const float *out, const int *pos, int B, int T, int NH,
+                                    int NKV, int hs)
 {
     (void)out; /* the full T x T backward has <att, datt> directly */
     float scale = 1.0f / sqrtf((float)hs);
@@ -284,13 +319,14 @@ void kern_cpu_gqa_attention_bwd(kern_device *d, float *dq, float *dk, float *dv,
             /* the forward's probabilities, rebuilt */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q + w.q,
                         w.ldq, k + w.kv, w.ldkv, 0.0f, a, T);
-            probs_rows(a, lse + ((size_t)b * NH + h) * T, T, scale);
+            const int *pb = pos ? pos + (size_t)b * T : NULL;
+            probs_rows(a, lse + ((size_t)b * NH + h) * T, T, scale, pb);
             /* through out = att v: datt = dout v^T, dv += att^T dout */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dout + w.q,
                         w.ldq, v + w.kv, w.ldkv, 0.0f, da, T);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T,
                         dout + w.q, w.ldq, 1.0f, dv + w.kv, w.ldkv);
-            softmax_bwd_rows(da, a, T, scale);
+            softmax_bwd_rows(da, a, T, scale, pb);
             /* through the scores q k^T: dq += dpre k, dk += dpre^T q */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T,
                         k + w.kv, w.ldkv, 1.0f, dq + w.q, w.ldq);

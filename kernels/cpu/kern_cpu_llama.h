@@ -29,4 +29,14 @@ void kern_cpu_gqa_attention_bwd(kern_device *d, float *dq, float *dk, float *dv,
                                 const float *k, const float *v, const float *lse,
                                 const float *out, int B, int T, int NH, int NKV, int hs);
 
+/* packed sequences: keys of the query's own document only (kern_device.h) */
+void kern_cpu_gqa_attention_pos_fwd(kern_device *d, float *out, float *lse, float *scratch,
+                                    const float *q, const float *k, const float *v,
+                                    const int *pos, int B, int T, int NH, int NKV, int hs);
+void kern_cpu_gqa_attention_pos_bwd(kern_device *d, float *dq, float *dk, float *dv,
+                                    float *scratch, const float *dout, const float *q,
+                                    const float *k, const float *v, const float *lse,
+                                    const float *out, const int *pos, int B, int T, int NH,
+                                    int NKV, int hs);
+
 #endif

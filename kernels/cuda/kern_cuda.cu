@@ -268,6 +268,8 @@ static const kern_ops cuda_ops = {
     /* .swiglu_bwd = */ kern_cuda_swiglu_bwd,
     /* .gqa_attention_fwd = */ kern_cuda_gqa_attention_fwd,
     /* .gqa_attention_bwd = */ kern_cuda_gqa_attention_bwd,
+    /* .gqa_attention_pos_fwd = */ kern_cuda_gqa_attention_pos_fwd,
+    /* .gqa_attention_pos_bwd = */ kern_cuda_gqa_attention_pos_bwd,
 };
 
 /* the op files' hooks into the device state (kern_cuda_llama.h) */

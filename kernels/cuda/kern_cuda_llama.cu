@@ -326,9 +326,16 @@ struct gqa_seq {
     float *out, *dq, *dk, *dv;
     float *lse;       /* [NH, T] of this sequence */
     const float *lsec;
+    const int *pos;   /* [T] this sequence's positions (packed documents), or NULL */
     int T, NH, NKV, hs;
     float scale;
 };
+
+/* The first key row t sees: its document's first token. */
+static __device__ __forceinline__ int gqa_lo(const gqa_seq &s, int t)
+{
+    return s.pos != nullptr ? t - s.pos[t] : 0;
+}
 
 /* forward: block (t, h) = blockIdx.x % T, blockIdx.x / T */
 static __global__ void k_gqa_fwd(gqa_seq s, float *att)
@@ -342,8 +349,9 @@ static __global__ void k_gqa_fwd(gqa_seq s, float *att)
         dyn[c] = qt[c];
     __syncthreads();
     float *a = att + ((size_t)h * s.T + t) * s.T;
+    int lo = gqa_lo(s, t);
     float mx = -INFINITY;
-    for (int u = threadIdx.x; u <= t; u += blockDim.x) {
+    for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
         const float *ku = s.k + (size_t)u * ldk + (size_t)kvh * s.hs;
         float dot = 0.0f;
         for (int c = 0; c < s.hs; c++)
@@ -353,7 +361,7 @@ static __global__ void k_gqa_fwd(gqa_seq s, float *att)
     }
     mx = ll_block_max(mx, sh);
     float sum = 0.0f;
-    for (int u = threadIdx.x; u <= t; u += blockDim.x) {
+    for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
         float e = exp_d(a[u] - mx);
         a[u] = e;
         sum += e;
@@ -365,7 +373,7 @@ static __global__ void k_gqa_fwd(gqa_seq s, float *att)
     float *ot = s.out + (size_t)t * ldq + (size_t)h * s.hs;
     for (int c = threadIdx.x; c < s.hs; c += blockDim.x) {
         float acc = 0.0f;
-        for (int u = 0; u <= t; u++)
+        for (int u = lo; u <= t; u++)
             acc += a[u] * inv * s.v[(size_t)u * ldk + (size_t)kvh * s.hs + c];
         ot[c] = acc;
     }
@@ -386,8 +394,9 @@ static __global__ void k_gqa_bwd_rows(gqa_seq s, float *P, float *dS)
     }
     __syncthreads();
     size_t row = ((size_t)h * s.T + t) * s.T;
+    int lo = gqa_lo(s, t);
     float l = s.lsec[(size_t)h * s.T + t], dot = 0.0f;
-    for (int u = threadIdx.x; u <= t; u += blockDim.x) {
+    for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
         const float *ku = s.k + (size_t)u * ldk + (size_t)kvh * s.hs;
         const float *vu = s.v + (size_t)u * ldk + (size_t)kvh * s.hs;
         float sc = 0.0f, dp = 0.0f;
@@ -401,12 +410,12 @@ static __global__ void k_gqa_bwd_rows(gqa_seq s, float *P, float *dS)
         dot += p * dp;
     }
     dot = ll_block_sum(dot, sh);
-    for (int u = threadIdx.x; u <= t; u += blockDim.x)
+    for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x)
         dS[row + u] = P[row + u] * (dS[row + u] - dot) * s.scale;
     __syncthreads();
     for (int c = threadIdx.x; c < s.hs; c += blockDim.x) {
         float acc = 0.0f;
-        for (int u = 0; u <= t; u++)
+        for (int u = lo; u <= t; u++)
             acc += dS[row + u] * s.k[(size_t)u * ldk + (size_t)kvh * s.hs + c];
         s.dq[qo + c] += acc;
     }
@@ -422,6 +431,8 @@ static __global__ void k_gqa_bwd_cols(gqa_seq s, const float *P, const float *dS
         float ak = 0.0f, av = 0.0f;
         for (int h = kvh * G; h < (kvh + 1) * G; h++)
             for (int t = u; t < s.T; t++) {
+                if (gqa_lo(s, t) > u)
+                    continue; /* another document's row: P, dS not written */
                 size_t at = ((size_t)h * s.T + t) * s.T + u;
                 size_t qo = (size_t)t * ldq + (size_t)h * s.hs + c;
                 ak += dS[at] * s.q[qo];
@@ -446,6 +457,24 @@ extern "C" void kern_cuda_gqa_attention_fwd(kern_device *d, float *out, float *l
                                             const float *v, int B, int T, int NH, int NKV,
                                             int hs)
 {
+    kern_cuda_gqa_attention_pos_fwd(d, out, lse, scratch, q, k, v, NULL, B, T, NH, NKV, hs);
+}
+
+extern "C" void kern_cuda_gqa_attention_bwd(kern_device *d, float *dq, float *dk, float *dv,
+                                            float *scratch, const float *dout, const float *q,
+                                            const float *k, const float *v, const float *lse,
+                                            const float *out, int B, int T, int NH, int NKV,
+                                            int hs)
+{
+    kern_cuda_gqa_attention_pos_bwd(d, dq, dk, dv, scratch, dout, q, k, v, lse, out, NULL, B, T,
+                                    NH, NKV, hs);
+}
+
+extern "C" void kern_cuda_gqa_attention_pos_fwd(kern_device *d, float *out, float *lse,
+                                                float *scratch, const float *q, const float *k,
+                                                const float *v, const int *pos, int B, int T,
+                                                int NH, int NKV, int hs)
+{
     LL_LIVE(d);
     if (B <= 0 || T <= 0 || NH <= 0)
         return;
@@ -454,6 +483,7 @@ extern "C" void kern_cuda_gqa_attention_fwd(kern_device *d, float *out, float *l
         gqa_seq s = gqa_shape(T, NH, NKV, hs);
         s.q = q + b * qs, s.k = k + b * ks, s.v = v + b * ks;
         s.out = out + b * qs, s.lse = lse + (size_t)b * NH * T;
+        s.pos = pos != NULL ? pos + (size_t)b * T : NULL;
         k_gqa_fwd<<<(unsigned)(T * NH), ATT_THREADS, (size_t)hs * sizeof(float),
                     stream_of(d)>>>(s, scratch);
         if (!LL_LAUNCHED(d, "gqa_attention_fwd"))
@@ -461,11 +491,12 @@ extern "C" void kern_cuda_gqa_attention_fwd(kern_device *d, float *out, float *l
     }
 }
 
-extern "C" void kern_cuda_gqa_attention_bwd(kern_device *d, float *dq, float *dk, float *dv,
-                                            float *scratch, const float *dout, const float *q,
-                                            const float *k, const float *v, const float *lse,
-                                            const float *out, int B, int T, int NH, int NKV,
-                                            int hs)
+extern "C" void kern_cuda_gqa_attention_pos_bwd(kern_device *d, float *dq, float *dk,
+                                                float *dv, float *scratch, const float *dout,
+                                                const float *q, const float *k, const float *v,
+                                                const float *lse, const float *out,
+                                                const int *pos, int B, int T, int NH, int NKV,
+                                                int hs)
 {
     (void)out; /* the rows hold all of P: <P, dP> directly */
     LL_LIVE(d);
@@ -478,6 +509,7 @@ extern "C" void kern_cuda_gqa_attention_bwd(kern_device *d, float *dq, float *dk
         s.q = q + b * qs, s.k = k + b * ks, s.v = v + b * ks, s.dout = dout + b * qs;
         s.dq = dq + b * qs, s.dk = dk + b * ks, s.dv = dv + b * ks;
         s.lsec = lse + (size_t)b * NH * T;
+        s.pos = pos != NULL ? pos + (size_t)b * T : NULL;
         k_gqa_bwd_rows<<<(unsigned)(T * NH), ATT_THREADS, 2 * (size_t)hs * sizeof(float),
                          stream_of(d)>>>(s, P, dS);
         if (!LL_LAUNCHED(d, "gqa_attention_bwd_rows"))

@@ -1,0 +1,80 @@
+/* data_prep: the JSONL data formats (chat, prompt_completion, text_jsonl)
+ * tokenized once into samples of token ids and a loss mask, cached.
+ *
+ * Contract:
+ *   - prep_validate() is the submit-time check, cheap and bounded: it loads
+ *     the tokenizer (data.tokenizer), the chat template (data.chat_template),
+ *     and parses the first PREP_CHECK_LINES lines (at most PREP_CHECK_BYTES)
+ *     of data.train and data.val with records.h, rendering the first few.
+ *     Every problem is ACC_EINVAL naming the field and, for the data,
+ *     "file:line". It opens user paths: call it off the loop thread.
+ *   - prep_load() tokenizes the whole file on `threads` threads (one
+ *     tok_encoder each), in file order. A sample is one line: chat through
+ *     the template (chat.h; train_on "assistant": only the assistant turns
+ *     and their end-of-turn tokens carry loss), prompt_completion as
+ *     encode(prompt) / encode(prompt + completion) + EOS (loss on the
+ *     completion), text_jsonl as encode(text) + EOS (all tokens). A sample
+ *     of more than seq_len+1 tokens is cut to seq_len+1 (overlong
+ *     "truncate") or left out ("drop"); a sample without one target that
+ *     carries loss is left out; the counts are in prep_samples. A problem
+ *     found here fails with "file:line".
+ *   - The result is cached under spec->data.cache_dir/<key>/samples.bin,
+ *     key = SHA-256 of (the file's content, tokenizer.json and
+ *     tokenizer_config.json's content, the template's name and source,
+ *     format, seq_len, packing, train_on, overlong, PREP_VERSION). The file
+ *     is written to a temporary name and renamed, and checked for its size
+ *     on load, so a partial cache is never used. A cache hit tokenizes
+ *     nothing.
+ *   - `progress` is called from the calling thread: stage "tokenize" with
+ *     done / total bytes of the file while tokenizing (first 0, then every
+ *     100 ms, last total), or stage "cache" with done = total = records on
+ *     a hit.
+ */
+#ifndef ACC_DATA_PREP_H
+#define ACC_DATA_PREP_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "job_spec.h"
+
+#define PREP_VERSION 1
+#define PREP_CHECK_LINES 1000
+#define PREP_CHECK_BYTES ((size_t)4 << 20)
+#define PREP_CHECK_RENDERS 8
+
+typedef struct prep_samples {
+    uint64_t n;            /* samples kept */
+    uint64_t ntokens;
+    const uint64_t *off;   /* [n+1]: sample i is ids[off[i] .. off[i+1]) */
+    const int32_t *ids;
+    const uint8_t *mask;   /* per token: 1 = it carries loss as a target */
+    uint64_t lines;        /* non-blank lines read */
+    uint64_t truncated, dropped, no_target;
+    int from_cache;        /* 1 = read from the cache, nothing tokenized */
+    char key[65];          /* the cache key (hex) */
+    /* owned storage: a mapping of the cache file, or heap arrays */
+    void *map;
+    size_t map_len;
+    void *heap[3];
+} prep_samples;
+
+typedef void (*prep_progress_fn)(void *ctx, const char *stage, uint64_t done, uint64_t total);
+
+typedef struct prep_opts {
+    const job_spec *spec;
+    const char *path;      /* data.train or data.val (resolved) */
+    const char *field;     /* "data.train" / "data.val" */
+    int threads;           /* tokenizer threads (>= 1) */
+    prep_progress_fn progress; /* may be NULL */
+    void *ctx;
+    atomic_int *cancel;    /* may be NULL; set: stop with ACC_ECANCELLED */
+} prep_opts;
+
+int prep_validate(const job_spec *s, acc_err *err);
+int prep_load(const prep_opts *o, prep_samples *out, acc_err *err);
+void prep_free(prep_samples *p);
+
+#endif
