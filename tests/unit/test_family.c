@@ -159,6 +159,42 @@ static void test_safetensors_by_layout(void **state)
     unlink(path);
 }
 
+/* Gradient spans of a layer-major layout (a LLaMA-style family: all of
+ * block l, then block l + 1): one span per bucket, the ends and the tail
+ * merged where they touch; any cut covers the buffer exactly once. */
+static void test_spans_layer_major(void **state)
+{
+    (void)state;
+    model_layout l = {0};
+    int cap = 0;
+    acc_err err = {0};
+    int64_t v[1] = {8}, w[2] = {8, 8};
+    assert_int_equal(model_layout_add(&l, &cap, "embed", -1, 2, w, 0, true, true, false, "m", &err), 0);
+    char name[32];
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < 3; j++) {
+            snprintf(name, sizeof name, "layers.%d.t%d", k, j);
+            assert_int_equal(model_layout_add(&l, &cap, name, k, j ? 2 : 1, j ? w : v, 0, j != 0,
+                                              true, false, "m", &err), 0);
+        }
+    assert_int_equal(model_layout_add(&l, &cap, "norm", -1, 1, v, 0, false, true, false, "m", &err), 0);
+    model m = {.layout = l, .nparams = l.nparams, .grad_tail = 4};
+    kern_span sp[MODEL_MAX_GRAD_SPANS];
+    assert_int_equal(model_grad_spans(&m, 1, 3, 0, sp), 1); /* blocks 1, 2: one span */
+    assert_true(sp[0].off == 64 + 136 && sp[0].n == 2 * 136);
+    int n = model_grad_spans(&m, 0, 0, 1, sp); /* embed; norm + tail */
+    assert_int_equal(n, 2);
+    assert_true(sp[0].off == 0 && sp[0].n == 64);
+    assert_true(sp[1].off == 64 + 4 * 136 && sp[1].n == 8 + 4);
+    /* everything: embed and the blocks, then norm + tail (the layer goes
+     * down from block 3 to -1, which starts a span) */
+    n = model_grad_spans(&m, 0, 4, 1, sp);
+    assert_int_equal(n, 2);
+    assert_true(sp[0].off == 0 && sp[0].n == 64 + 4 * 136);
+    assert_true(sp[1].off + sp[1].n == l.nparams + 4);
+    model_layout_free(&l);
+}
+
 static void test_batch_split(void **state)
 {
     (void)state;
@@ -193,6 +229,7 @@ int main(void)
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_gpt2_layout_and_hf_config),
         cmocka_unit_test(test_safetensors_by_layout),
+        cmocka_unit_test(test_spans_layer_major),
         cmocka_unit_test(test_batch_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
