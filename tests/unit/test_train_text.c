@@ -113,19 +113,22 @@ static void test_text_run(void **state)
 }
 
 /* bf16 (bf16 matmul operands, fp32 accumulation) against fp32 on the same
- * run at lr 3e-3: the loss curve follows fp32's -- the final loss and the
+ * run at lr 1e-3: the loss curve follows fp32's -- the final loss and the
  * mean of the last 20 within 2% -- and is not the fp32 curve (the rounding
- * happened). Not at test_text_run's lr 1e-2: there the run is chaotic and
- * fp32 alone moves its final loss by 2-6% when only the kernel thread
- * count changes (measured over 5 seeds), which would hide what bf16 does;
- * at 3e-3 fp32 moves < 0.2% that way and bf16 ~0.1-1%. */
+ * happened). Not at test_text_run's lr 1e-2, nor at 3e-3: there the run has
+ * loss spikes and is chaotic, so fp32 alone moves its final loss by 2-7%
+ * when only the sgemm kernel changes (OpenBLAS's Haswell vs SkylakeX
+ * kernels on one Sapphire Rapids machine: 3.0125 vs 2.8213 at 3e-3), which
+ * would hide what bf16 does. At 1e-3 (and 2e-3) it trains smoothly, to a
+ * lower loss than at 3e-3, and bf16 stays within 0.04% of fp32 on both
+ * kernels (measured; bench/RESULTS.md, 2026-12-02). */
 static void test_text_run_bf16(void **state)
 {
     if (access(CORPUS, R_OK) != 0)
         skip();
     double l32[STEPS], l16[STEPS], val_loss[STEPS];
-    text_run(SPEC_FP32, 3e-3, l32, val_loss);
-    text_run(SPEC_BF16, 3e-3, l16, val_loss);
+    text_run(SPEC_FP32, 1e-3, l32, val_loss);
+    text_run(SPEC_BF16, 1e-3, l16, val_loss);
     double m32 = 0, m16 = 0, maxrel = 0;
     int differ = 0;
     for (int i = 0; i < STEPS; i++) {
