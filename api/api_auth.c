@@ -79,14 +79,22 @@ int api_auth_load(const acc_conf *conf, char *token, size_t n, acc_err *err)
     return read_token(conf->token_file, token, n, err);
 }
 
-bool api_auth_ok(struct MHD_Connection *conn, const char *token)
+const char *api_auth_bearer(struct MHD_Connection *conn)
 {
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0)
-        return false;
+        return NULL;
     h += 7;
     while (*h == ' ')
         h++;
+    return h;
+}
+
+bool api_auth_ok(struct MHD_Connection *conn, const char *token)
+{
+    const char *h = api_auth_bearer(conn);
+    if (h == NULL)
+        return false;
     size_t hl = strlen(h), tl = strlen(token);
     unsigned char diff = hl != tl;
     for (size_t i = 0; i < tl; i++)

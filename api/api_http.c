@@ -11,9 +11,24 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "api_parse.h"
 #include "log.h"
 
 #define API_PING_MS 15000 /* keep-alive comment on idle event streams */
+
+#define API_REAP_MS 1000  /* how often request deadlines are checked */
+
+/* One open connection (MHD's socket context). While it has not sent a
+ * whole request (from its start, or from the end of its previous request)
+ * it is "pending": linked, oldest first, into the server's pending list,
+ * and held to header_timeout / request_timeout as a whole, however slowly
+ * the bytes trickle in. */
+typedef struct conn_rec {
+    struct conn_rec *prev, *next;
+    struct MHD_Connection *conn;
+    uint64_t since;        /* ms, start of the request being received */
+    bool pending, headers_done, evicted;
+} conn_rec;
 
 struct api_server {
     struct MHD_Daemon *mhd;
@@ -21,13 +36,21 @@ struct api_server {
     uv_poll_t poll;
     uv_timer_t timer;
     uv_timer_t ping;
+    uv_timer_t reap;
     const acc_conf *conf;
     void *app;
     int port;
     int open_handles;
+    bool require_token;    /* conf's, or forced: the bound address is not loopback */
     char token[128];
+    api_users users;       /* from users_file; empty without one */
+    bool have_users;
+    api_audit audit;
     uint64_t counts[600];  /* answers by HTTP status */
     api_stream *streams;
+    conn_rec *pend_head, *pend_tail;
+    int npending;
+    uint64_t evicted_total;
 };
 
 /* Per-request state kept by MHD between handler calls. */
@@ -36,10 +59,24 @@ typedef struct req_ctx {
     size_t len, cap;
     bool too_big;
     bool answered;   /* refused from the headers already */
+    bool started;    /* the headers were seen */
+    const char *raw_uri; /* the request target as read (on_uri), and its strlen then */
+    size_t raw_len;
+    api_ident who;
 } req_ctx;
+
+/* The query pairs or headers of a request, with their real lengths. */
+typedef struct kv_list {
+    api_kv *v;
+    size_t n, cap;
+    bool failed;
+} kv_list;
 
 static void arm_timer(api_server *s);
 static void on_ping(uv_timer_t *t);
+
+
+static void arm_timer(api_server *s);
 
 static void on_poll(uv_poll_t *h, int status, int events)
 {
@@ -92,13 +129,17 @@ void api_resp_json(api_response *resp, int status, const char *json_text)
 void api_resp_error(api_response *resp, int status, const char *code, const char *field,
                     const char *fmt, ...)
 {
-    char msg[1024];
+    char raw[1024], msg[1024], fsafe[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    /* the one way request bytes reach an answer: always valid UTF-8 */
+    api_safe_text(raw, strlen(raw), msg, sizeof msg);
+    if (field != NULL)
+        api_safe_text(field, strlen(field), fsafe, sizeof fsafe);
     json_t *e = json_pack("{s:{s:s, s:s, s:s?}}", "error", "code", code, "message", msg,
-                          "field", (field && *field) ? field : NULL);
+                          "field", (field && *field) ? fsafe : NULL);
     char *text = e ? json_dumps(e, JSON_COMPACT) : NULL;
     json_decref(e);
     resp->status = status;
@@ -192,22 +233,242 @@ static int body_append(req_ctx *rc, const char *data, size_t n, uint64_t max)
     return 0;
 }
 
+static void set_ident(api_ident *who, const char *name, int role)
+{
+    snprintf(who->name, sizeof who->name, "%s", name);
+    who->role = role;
+}
+
+/* Who asks (see api_http.h); false when the token is missing but required,
+ * or given and nobody's. Without a users file a wrong token on an open
+ * loopback is ignored, as before users existed. */
+static bool identify(api_server *s, struct MHD_Connection *conn, api_ident *who)
+{
+    const char *tok = api_auth_bearer(conn);
+    if (tok != NULL && api_auth_ok(conn, s->token)) {
+        set_ident(who, API_TOKEN_ADMIN, API_ROLE_ADMIN);
+        return true;
+    }
+    const api_user *u = tok != NULL && s->have_users ? api_users_find(&s->users, tok) : NULL;
+    if (u != NULL) {
+        set_ident(who, u->name, u->role);
+        return true;
+    }
+    if (s->require_token || (tok != NULL && s->have_users))
+        return false;
+    set_ident(who, API_ANONYMOUS, s->have_users ? API_ROLE_USER : API_ROLE_ADMIN);
+    return true;
+}
+
 /* What can be refused before reading a body: a missing or wrong token
  * (everything but /healthz), a declared body over max_body. */
-static bool refuse_early(api_server *s, struct MHD_Connection *conn, const char *url, api_response *r)
+static bool refuse_early(api_server *s, struct MHD_Connection *conn, const char *url, api_response *r,
+                         api_ident *who)
 {
-    if (s->conf->require_token && strcmp(url, "/healthz") != 0 && !api_auth_ok(conn, s->token)) {
+    if (strcmp(url, "/healthz") == 0) {
+        set_ident(who, API_ANONYMOUS, API_ROLE_USER);
+    } else if (!identify(s, conn, who)) {
         api_resp_error(r, MHD_HTTP_UNAUTHORIZED, "unauthorized", NULL,
-                       "missing or wrong bearer token (Authorization: Bearer <token from token_file>)");
+                       s->have_users ? "missing or wrong bearer token (Authorization: Bearer <your token, as "
+                                       "listed hashed in users_file>)"
+                                     : "missing or wrong bearer token (Authorization: Bearer <token from token_file>)");
         return true;
     }
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (cl != NULL && strtoull(cl, NULL, 10) > s->conf->max_body) {
+    uint64_t clen = 0;
+    if (cl != NULL && conf_parse_u64(cl, UINT64_MAX, &clen) != 0) {
+        char safe[64];
+        api_safe_text(cl, strlen(cl), safe, sizeof safe);
+        api_resp_error(r, MHD_HTTP_BAD_REQUEST, "invalid", "Content-Length",
+                       "Content-Length must be a decimal byte count, got '%s'", safe);
+        return true;
+    }
+    if (clen > s->conf->max_body) {
         api_resp_error(r, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", NULL, "request body over max_body (%llu bytes)",
                        (unsigned long long)s->conf->max_body);
         return true;
     }
     return false;
+}
+
+/* ---- pending connections: deadlines and the reserve --------------------------- */
+
+static uint64_t now_ms(api_server *s) { return uv_now(s->loop); }
+
+static void pend_unlink(api_server *s, conn_rec *c)
+{
+    if (!c->pending)
+        return;
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        s->pend_head = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    else
+        s->pend_tail = c->prev;
+    c->prev = c->next = NULL;
+    c->pending = false;
+    s->npending--;
+}
+
+/* Close a connection from outside MHD: shut its socket down, MHD sees the
+ * end of it at its next run and cleans up as after any client close. */
+static void evict(api_server *s, conn_rec *c, const char *why)
+{
+    pend_unlink(s, c);
+    if (c->evicted)
+        return;
+    c->evicted = true;
+    s->evicted_total++;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci != NULL)
+        shutdown(ci->connect_fd, SHUT_RDWR);
+    acc_log(ACC_LOG_DEBUG, "http", "closed a connection: %s", why);
+    api_server_kick(s);
+}
+
+static void pend_start(api_server *s, conn_rec *c)
+{
+    if (c->evicted)
+        return;
+    pend_unlink(s, c);
+    c->since = now_ms(s);
+    c->headers_done = false;
+    c->pending = true;
+    c->prev = s->pend_tail;
+    if (s->pend_tail != NULL)
+        s->pend_tail->next = c;
+    else
+        s->pend_head = c;
+    s->pend_tail = c;
+    s->npending++;
+    /* the reserve: past the cap, the oldest pending connection makes room */
+    while (s->npending > s->conf->max_pending_connections && s->pend_head != c)
+        evict(s, s->pend_head, "too many connections still sending their request");
+}
+
+static conn_rec *rec_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci != NULL ? ci->socket_context : NULL;
+}
+
+static void on_reap(uv_timer_t *t)
+{
+    api_server *s = t->data;
+    uint64_t now = now_ms(s);
+    uint64_t hdr = (uint64_t)s->conf->header_timeout * 1000, req = (uint64_t)s->conf->request_timeout * 1000;
+    uint64_t before = s->evicted_total;
+    for (conn_rec *c = s->pend_head, *next; c != NULL; c = next) {
+        next = c->next;
+        uint64_t age = now - c->since;
+        if (!c->headers_done && age > hdr)
+            evict(s, c, "request header not complete within header_timeout");
+        else if (age > req)
+            evict(s, c, "request not complete within request_timeout");
+    }
+    if (s->evicted_total != before && s->mhd != NULL) {
+        /* reap them now: until MHD has, they count against the limits */
+        MHD_run(s->mhd);
+        arm_timer(s);
+    }
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    api_server *s = cls;
+    conn_rec *c = *socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        c = calloc(1, sizeof *c);
+        if (c == NULL)
+            return; /* untracked: MHD's idle timeout still applies */
+        c->conn = conn;
+        *socket_context = c;
+        pend_start(s, c);
+    } else if (c != NULL) {
+        pend_unlink(s, c);
+        free(c);
+        *socket_context = NULL;
+    }
+}
+
+/* ---- requests ----------------------------------------------------------------- */
+
+static enum MHD_Result kv_add(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                              const char *value, size_t value_size)
+{
+    kv_list *l = cls;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        api_kv *nv = realloc(l->v, cap * sizeof *nv);
+        if (nv == NULL) {
+            l->failed = true;
+            return MHD_NO;
+        }
+        l->v = nv;
+        l->cap = cap;
+    }
+    l->v[l->n++] = (api_kv){.key = key ? key : "", .key_len = key ? key_size : 0, .value = value,
+                            .value_len = value ? value_size : 0};
+    return MHD_YES;
+}
+
+/* MHD's unescaping of the path and the query pairs: api_unescape(). */
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *s) { return api_unescape(s); }
+
+static void route(api_server *s, struct MHD_Connection *conn, const char *url, const char *method,
+                  req_ctx *rc, api_response *resp)
+{
+    kv_list q = {0}, h = {0};
+    MHD_get_connection_values_n(conn, MHD_GET_ARGUMENT_KIND, kv_add, &q);
+    MHD_get_connection_values_n(conn, MHD_HEADER_KIND, kv_add, &h);
+    api_request req = {.who = &rc->who, .method = method, .path = url, .path_len = strlen(url), .conn = conn,
+                       .query = q.v, .nquery = q.n, .headers = h.v, .nheaders = h.n,
+                       .body = rc->body ? rc->body : "", .body_len = rc->len, .body_too_big = rc->too_big};
+    if (q.failed || h.failed)
+        api_resp_error(resp, 500, "internal", NULL, "out of memory");
+    else if (rc->too_big)
+        api_resp_error(resp, 413, "too_large", NULL, "request body over max_body (%llu bytes)",
+                       (unsigned long long)s->conf->max_body);
+    else
+        api_route(s, &req, resp);
+    free(q.v);
+    free(h.v);
+}
+
+static void log_request(const char *method, const char *url, int status)
+{
+    char m[32], u[256];
+    api_safe_text(method, strlen(method), m, sizeof m);
+    api_safe_text(url, strlen(url), u, sizeof u);
+    acc_log(ACC_LOG_DEBUG, "http", "%s %s -> %d", m, u, status);
+}
+
+/* MHD's first look at a request: remember where its target starts and how
+ * long it looks as a C string (raw_nul below). */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    req_ctx *rc = calloc(1, sizeof *rc);
+    if (rc != NULL) {
+        rc->raw_uri = uri;
+        rc->raw_len = strlen(uri);
+    }
+    return rc;
+}
+
+/* A raw NUL byte inside the request target: MHD hands the target on as a
+ * C string, cut at the NUL ("j000001\0x" would name j000001). MHD 0.9.x
+ * parses the request line in place, so the version follows the target's
+ * terminator; when it starts further on, the target held a NUL. (Where the
+ * version lies elsewhere the layout is not the known one: no verdict.) */
+static bool raw_nul(const req_ctx *rc, const char *version, api_response *r)
+{
+    if (rc->raw_uri == NULL || version <= rc->raw_uri + rc->raw_len + 1 || version - rc->raw_uri > 65536)
+        return false;
+    api_resp_error(r, MHD_HTTP_BAD_REQUEST, "invalid", NULL, "the request target contains a NUL byte");
+    return true;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -216,20 +477,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 {
     api_server *s = cls;
     req_ctx *rc = *con_cls;
-    if (rc == NULL) {
-        rc = calloc(1, sizeof *rc);
-        if (rc == NULL)
-            return MHD_NO;
-        *con_cls = rc;
+    if (rc == NULL && (rc = *con_cls = calloc(1, sizeof *rc)) == NULL)
+        return MHD_NO;
+    if (!rc->started) { /* the headers are in */
+        rc->started = true;
+        conn_rec *cr = rec_of(conn);
+        if (cr != NULL)
+            cr->headers_done = true;
         api_response early = {.status = 0};
-        if (refuse_early(s, conn, url, &early)) {
-            rc->answered = true;
-            acc_log(ACC_LOG_DEBUG, "http", "%s %s -> %d", method, url, early.status);
+        if (raw_nul(rc, version, &early) || refuse_early(s, conn, url, &early, &rc->who)) {
+            rc->answered = true; /* still pending: a body may follow, under request_timeout */
+            log_request(method, url, early.status);
             return queue(s, conn, &early);
         }
         return MHD_YES; /* headers only; the body (if any) comes next */
     }
     if (rc->answered) { /* refused from the headers: drop the body */
+        conn_rec *cr = rec_of(conn);
+        if (*upload_size == 0 && cr != NULL)
+            pend_unlink(s, cr);
         *upload_size = 0;
         return MHD_YES;
     }
@@ -239,22 +505,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_size = 0; /* past max_body the rest is read and dropped; 413 at the end */
         return MHD_YES;
     }
-    api_request req = {.method = method, .path = url, .conn = conn,
-                       .body = rc->body ? rc->body : "", .body_len = rc->len,
-                       .body_too_big = rc->too_big};
+    conn_rec *cr = rec_of(conn);
+    if (cr != NULL)
+        pend_unlink(s, cr); /* the whole request is in: no deadline while it is answered */
     api_response resp = {.status = 500};
-    if (rc->too_big)
-        api_resp_error(&resp, 413, "too_large", NULL, "request body over max_body (%llu bytes)",
-                       (unsigned long long)s->conf->max_body);
-    else
-        api_route(s, &req, &resp);
-    acc_log(ACC_LOG_DEBUG, "http", "%s %s -> %d", method, url, resp.stream ? 200 : resp.status);
+    route(s, conn, url, method, rc, &resp);
+    log_request(method, url, resp.stream ? 200 : resp.status);
     return queue(s, conn, &resp);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
+    api_server *s = cls;
+    conn_rec *cr = rec_of(conn);
+    if (cr != NULL && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        pend_start(s, cr); /* keep-alive: the next request's clock starts now */
     req_ctx *rc = *con_cls;
     if (rc != NULL) {
         free(rc->body);
@@ -270,7 +536,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(line);
     while (n > 0 && line[n - 1] == '\n')
         line[--n] = '\0';
-    acc_log(ACC_LOG_WARN, "http", "%s", line);
+    /* a client that went away (or that we closed) is no news */
+    acc_log(strstr(line, "connection closure") ? ACC_LOG_DEBUG : ACC_LOG_WARN, "http", "%s", line);
 }
 
 static int resolve(const acc_conf *conf, struct sockaddr_storage *ss, socklen_t *len, acc_err *err)
@@ -290,13 +557,17 @@ static int resolve(const acc_conf *conf, struct sockaddr_storage *ss, socklen_t 
     return 0;
 }
 
-static int bound_port(struct MHD_Daemon *mhd)
+/* The port of the bound socket, and whether its address calls for the
+ * token: the decision is made on the address bound, not on the name. */
+static int bound_port(struct MHD_Daemon *mhd, bool *needs_token)
 {
     const union MHD_DaemonInfo *fdi = MHD_get_daemon_info(mhd, MHD_DAEMON_INFO_LISTEN_FD);
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
+    *needs_token = true;
     if (fdi == NULL || getsockname(fdi->listen_fd, (struct sockaddr *)&ss, &len) != 0)
         return -1;
+    *needs_token = !conf_addr_is_loopback((struct sockaddr *)&ss);
     if (ss.ss_family == AF_INET6)
         return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
     return ntohs(((struct sockaddr_in *)&ss)->sin_port);
@@ -314,7 +585,20 @@ int api_server_start(api_server **out, uv_loop_t *loop, const acc_conf *conf, vo
     s->loop = loop;
     s->conf = conf;
     s->app = app;
+    s->audit.fd = -1;
     if (api_auth_load(conf, s->token, sizeof s->token, err) != 0) {
+        free(s);
+        return err ? err->code : ACC_EIO;
+    }
+    if (conf->users_file[0] != '\0') {
+        if (api_users_load(conf->users_file, &s->users, err) != 0) {
+            free(s);
+            return err ? err->code : ACC_EINVAL;
+        }
+        s->have_users = true;
+    }
+    if (api_audit_open(&s->audit, conf->state_dir, err) != 0) {
+        api_users_free(&s->users);
         free(s);
         return err ? err->code : ACC_EIO;
     }
@@ -328,30 +612,44 @@ int api_server_start(api_server **out, uv_loop_t *loop, const acc_conf *conf, vo
                               MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)conf->max_connections_per_ip,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)conf->connection_timeout,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                              MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                              MHD_OPTION_UNESCAPE_CALLBACK, unescape, s,
+                              MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
                               MHD_OPTION_END);
     if (s->mhd == NULL) {
+        api_users_free(&s->users);
+        api_audit_close(&s->audit);
         free(s);
         return acc_err_set(err, ACC_EIO, "listen", "cannot listen on %s (address in use or not permitted)",
                            conf->listen);
     }
-    s->port = bound_port(s->mhd);
+    s->port = bound_port(s->mhd, &s->require_token);
+    s->require_token = s->require_token || conf->require_token;
     const union MHD_DaemonInfo *ep = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
     int rc = ep ? uv_poll_init(loop, &s->poll, ep->epoll_fd) : UV_EINVAL;
     if (rc == 0)
         rc = uv_timer_init(loop, &s->timer);
     if (rc == 0 && (rc = uv_timer_init(loop, &s->ping)) != 0)
         uv_close((uv_handle_t *)&s->timer, NULL);
+    if (rc == 0 && (rc = uv_timer_init(loop, &s->reap)) != 0) {
+        uv_close((uv_handle_t *)&s->timer, NULL);
+        uv_close((uv_handle_t *)&s->ping, NULL);
+    }
     if (rc != 0) {
         MHD_stop_daemon(s->mhd);
+        api_users_free(&s->users);
+        api_audit_close(&s->audit);
         free(s);
         return acc_err_set(err, ACC_EIO, NULL, "cannot watch the HTTP server: %s", uv_strerror(rc));
     }
     s->poll.data = s;
     s->timer.data = s;
     s->ping.data = s;
-    s->open_handles = 3;
+    s->reap.data = s;
+    s->open_handles = 4;
     if ((rc = uv_poll_start(&s->poll, UV_READABLE, on_poll)) != 0 ||
-        (rc = uv_timer_start(&s->ping, on_ping, API_PING_MS, API_PING_MS)) != 0)
+        (rc = uv_timer_start(&s->ping, on_ping, API_PING_MS, API_PING_MS)) != 0 ||
+        (rc = uv_timer_start(&s->reap, on_reap, API_REAP_MS, API_REAP_MS)) != 0)
         acc_log(ACC_LOG_ERROR, "http", "cannot watch the HTTP server: %s", uv_strerror(rc));
     arm_timer(s);
     *out = s;
@@ -373,6 +671,10 @@ uint64_t api_server_count(const api_server *s, int code)
 
 const acc_conf *api_server_conf(const api_server *s) { return s->conf; }
 
+bool api_server_requires_token(const api_server *s) { return s->require_token; }
+
+uint64_t api_server_evicted(const api_server *s) { return s->evicted_total; }
+
 api_stream **api_server_streams(api_server *s) { return &s->streams; }
 
 void api_server_kick(api_server *s)
@@ -382,6 +684,22 @@ void api_server_kick(api_server *s)
 }
 
 void *api_server_app(const api_server *s) { return s->app; }
+
+api_audit *api_server_audit(api_server *s) { return &s->audit; }
+
+int api_server_reload_users(api_server *s, acc_err *err)
+{
+    if (s == NULL || s->conf->users_file[0] == '\0')
+        return 0;
+    api_users fresh;
+    int rc = api_users_load(s->conf->users_file, &fresh, err);
+    if (rc != 0)
+        return rc; /* the users of before stay */
+    api_users_free(&s->users);
+    s->users = fresh;
+    s->have_users = true;
+    return 0;
+}
 
 void api_server_quiesce(api_server *s)
 {
@@ -394,11 +712,18 @@ void api_server_quiesce(api_server *s)
         close(fd);
 }
 
+static void server_free(api_server *s)
+{
+    api_users_free(&s->users);
+    api_audit_close(&s->audit);
+    free(s);
+}
+
 static void on_handle_closed(uv_handle_t *h)
 {
     api_server *s = h->data;
     if (--s->open_handles == 0)
-        free(s);
+        server_free(s);
 }
 
 void api_server_stop(api_server *s)
@@ -416,7 +741,8 @@ void api_server_stop(api_server *s)
         uv_close((uv_handle_t *)&s->poll, on_handle_closed);
         uv_close((uv_handle_t *)&s->timer, on_handle_closed);
         uv_close((uv_handle_t *)&s->ping, on_handle_closed);
+        uv_close((uv_handle_t *)&s->reap, on_handle_closed);
     } else {
-        free(s);
+        server_free(s);
     }
 }

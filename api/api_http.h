@@ -9,8 +9,18 @@
  *
  * Before any body is read, the server refuses what it can from the headers
  * alone: 401 without the bearer token (every path but /healthz, when the
- * config requires it) and 413 for a Content-Length over max_body. It counts
- * answers by status code for /metrics. Long-lived event streams
+ * config requires it) or with one that no user has, and 413 for a
+ * Content-Length over max_body. The token says who asks (api_ident): with
+ * a users file, the user it belongs to; token_file's token is the admin
+ * "admin"; no token on an open loopback is "anonymous", an admin without a
+ * users file (everyone could do everything before users existed) and a
+ * plain user with one. It counts answers by status code for /metrics. A
+ * connection must send its whole request header within header_timeout and
+ * its whole request within request_timeout, counted from its start (or the
+ * end of its previous request), however slowly it trickles; at most
+ * max_pending_connections are still sending (past that the oldest is
+ * closed), so a flood of slow clients never takes the slots of the others.
+ * Long-lived event streams
  * (api_stream.c) are suspended MHD connections resumed by their job's event
  * ring: no thread and no polling per watcher.
  */
@@ -30,10 +40,51 @@ struct MHD_Response;
 struct evring;
 typedef struct api_server api_server;
 
+/* A query pair or a header as the client sent it (unescaped), with real
+ * lengths: a NUL inside shows as a length longer than strlen(). */
+typedef struct api_kv {
+    const char *key, *value;     /* value NULL: a bare query key, no '=' */
+    size_t key_len, value_len;
+} api_kv;
+/* Who sends a request (api_users.c): a user of the users file, the
+ * admin of token_file, or "anonymous" on an open loopback. */
+enum { API_ROLE_USER = 0, API_ROLE_ADMIN = 1 };
+#define API_NAME_MAX 64
+#define API_HASH_LEN 32          /* SHA-256 */
+#define API_ANONYMOUS "anonymous"
+#define API_TOKEN_ADMIN "admin"  /* the name of token_file's token */
+
+typedef struct api_ident {
+    char name[API_NAME_MAX];
+    int role;                    /* API_ROLE_* */
+} api_ident;
+
+typedef struct api_user {
+    char name[API_NAME_MAX];
+    int role;
+    unsigned char hash[API_HASH_LEN];
+} api_user;
+
+typedef struct api_users {
+    api_user *u;
+    size_t n, cap;
+} api_users;
+
+typedef struct api_audit {
+    int fd;
+    char path[4200];
+} api_audit;
+
 typedef struct api_request {
+    const api_ident *who;        /* never NULL */
     const char *method;          /* "GET", "POST", ... */
     const char *path;            /* without the query string */
-    struct MHD_Connection *conn; /* for query arguments and headers */
+    size_t path_len;
+    struct MHD_Connection *conn; /* for streams (NULL when fuzzing) */
+    const api_kv *query;         /* query pairs, in order */
+    size_t nquery;
+    const api_kv *headers;
+    size_t nheaders;
     const char *body;            /* NUL-terminated, body_len bytes */
     size_t body_len;
     bool body_too_big;
@@ -70,6 +121,14 @@ void *api_server_app(const api_server *s);
 uint64_t api_server_count(const api_server *s, int code);
 const acc_conf *api_server_conf(const api_server *s);
 
+/* Whether requests need the bearer token: require_token, or forced on
+ * because the socket bound is not a loopback address. */
+bool api_server_requires_token(const api_server *s);
+
+/* Connections closed for missing header_timeout / request_timeout or to
+ * keep the reserve (max_pending_connections), since start. */
+uint64_t api_server_evicted(const api_server *s);
+
 /* Run MHD soon (after a connection was resumed outside its callbacks). */
 void api_server_kick(api_server *s);
 
@@ -92,6 +151,29 @@ void api_stream_ping_all(api_server *s);
 int api_auth_load(const acc_conf *conf, char *token, size_t n, acc_err *err);
 /* True when the request carries "Authorization: Bearer <token>". */
 bool api_auth_ok(struct MHD_Connection *conn, const char *token);
+
+/* api_users.c: the users file. SHA-256 of a token (0, or -1 on a
+ * library failure), its hex form, and the lookup of a presented token. */
+int api_token_hash(const char *token, unsigned char out[API_HASH_LEN]);
+void api_hash_hex(const unsigned char h[API_HASH_LEN], char out[2 * API_HASH_LEN + 1]);
+bool api_user_name_ok(const char *name);
+int api_role_parse(const char *s); /* -1 when neither admin nor user */
+const char *api_role_name(int role);
+int api_users_load(const char *path, api_users *us, acc_err *err);
+void api_users_free(api_users *us);
+const api_user *api_users_find(const api_users *us, const char *token);
+/* The bearer token of a request, or NULL. */
+const char *api_auth_bearer(struct MHD_Connection *conn);
+
+/* api_audit.c: state_dir/audit.log, append-only, fsynced, and the journal. */
+int api_audit_open(api_audit *a, const char *state_dir, acc_err *err);
+void api_audit_close(api_audit *a);
+void api_audit_record(api_audit *a, const api_ident *who, const char *action, const char *job_id,
+                      const char *result, const char *message);
+/* Read users_file again (SIGHUP); on an error the old users stay. */
+int api_server_reload_users(api_server *s, acc_err *err);
+/* The server's audit log, for the routes. */
+api_audit *api_server_audit(api_server *s);
 
 /* api_metrics.c: the Prometheus text exposition of /metrics. */
 char *api_metrics_text(api_server *s, size_t *len);

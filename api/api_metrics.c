@@ -102,6 +102,49 @@ static void jobs_section(mbuf *b, const jobs_mgr *m)
             put(b, "accumd_job_step{job=\"%s\"} %d\n", m->jobs[i]->id, m->jobs[i]->step);
 }
 
+/* Jobs by user and state, and the devices each user holds: one series per
+ * owner that has jobs (jobs from before users have no owner: not shown). */
+static void users_section(mbuf *b, const jobs_mgr *m)
+{
+    size_t n = m->njobs, nu = 0;
+    const char **names = calloc(n ? n : 1, sizeof *names);
+    int *counts = calloc(n ? n : 1, (JOB_NSTATES + 1) * sizeof *counts); /* calloc checks n * size */
+    if (names == NULL || counts == NULL) {
+        free(names);
+        free(counts);
+        b->failed = true;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const job *j = m->jobs[i];
+        if (j->owner[0] == '\0')
+            continue;
+        size_t u = 0;
+        while (u < nu && strcmp(names[u], j->owner) != 0)
+            u++;
+        if (u == nu)
+            names[nu++] = j->owner;
+        counts[u * (JOB_NSTATES + 1) + j->state]++;
+        if (j->tr != NULL)
+            counts[u * (JOB_NSTATES + 1) + JOB_NSTATES] += j->ndev;
+    }
+    char name[200];
+    head(b, "accumd_user_jobs", "gauge", "Jobs known to the daemon, by owner and state.");
+    for (size_t u = 0; u < nu; u++) {
+        escape_label(names[u], name, sizeof name);
+        for (int s = 0; s < JOB_NSTATES; s++)
+            put(b, "accumd_user_jobs{user=\"%s\",state=\"%s\"} %d\n", name, job_state_name((job_state)s),
+                counts[u * (JOB_NSTATES + 1) + s]);
+    }
+    head(b, "accumd_user_devices", "gauge", "Devices held by each owner's running jobs.");
+    for (size_t u = 0; u < nu; u++) {
+        escape_label(names[u], name, sizeof name);
+        put(b, "accumd_user_devices{user=\"%s\"} %d\n", name, counts[u * (JOB_NSTATES + 1) + JOB_NSTATES]);
+    }
+    free(names);
+    free(counts);
+}
+
 static void devices_section(mbuf *b, const jobs_mgr *m)
 {
     static const char *const names[3] = {"accumd_device_memory_total_bytes", "accumd_device_memory_in_use_bytes",
@@ -127,6 +170,10 @@ static void http_section(mbuf *b, const api_server *s)
         if (n > 0)
             put(b, "accumd_http_requests_total{code=\"%d\"} %llu\n", code, (unsigned long long)n);
     }
+    head(b, "accumd_http_connections_closed_total", "counter",
+         "Connections closed for sending their request too slowly (header_timeout, request_timeout) "
+         "or to keep a reserve (max_pending_connections).");
+    put(b, "accumd_http_connections_closed_total %llu\n", (unsigned long long)api_server_evicted(s));
 }
 
 char *api_metrics_text(api_server *s, size_t *len)
@@ -137,6 +184,7 @@ char *api_metrics_text(api_server *s, size_t *len)
         return NULL;
     b.p[0] = '\0';
     jobs_section(&b, m);
+    users_section(&b, m);
     devices_section(&b, m);
     http_section(&b, s);
     if (b.failed) {

@@ -1,6 +1,7 @@
 /* api_routes: the v1 routing table (DESIGN.md "HTTP API v1").
  *
  *   GET  /healthz                    liveness (no token ever)
+ *   (and HEAD wherever GET is)
  *   GET  /metrics                    Prometheus text
  *   GET  /v1/devices                 devices, memory, holder
  *   GET  /v1/jobs[?state=S]          list
@@ -12,10 +13,12 @@
  *                                    Last-Event-ID or ?since=N
  *   GET  /v1/jobs/{id}/metrics       step history
  *
- * The app pointer of the server is the jobs manager. Handlers run on the
- * loop thread and never block.
+ * HEAD is answered wherever GET is (the same headers, no body). The path,
+ * the method and every query parameter and header a route reads are parsed
+ * first, strictly, by api_parse_request() (api_parse.c); the handlers here
+ * get an api_call. The app pointer of the server is the jobs manager.
+ * Handlers run on the loop thread and never block.
  */
-#include <errno.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <stdio.h>
@@ -23,6 +26,7 @@
 #include <string.h>
 
 #include "api_http.h"
+#include "api_parse.h"
 #include "jobs.h"
 
 static void resp_json_obj(api_response *resp, int status, json_t *o)
@@ -45,24 +49,6 @@ static void resp_json_obj(api_response *resp, int status, json_t *o)
     resp->content_type = "application/json";
     resp->body = text;
     resp->body_len = n;
-}
-
-static const char *query(const api_request *req, const char *key)
-{
-    return MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, key);
-}
-
-static bool is_method(const api_request *req, const char *m) { return !strcmp(req->method, m); }
-
-static void method_not_allowed(const api_request *req, api_response *resp, const char *allow)
-{
-    api_resp_error(resp, 405, "method_not_allowed", NULL, "%s %s: allowed: %s", req->method, req->path, allow);
-    resp->allow = allow;
-}
-
-static bool flag_on(const char *v)
-{
-    return v != NULL && (!strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "yes") || v[0] == '\0');
 }
 
 /* ---- /healthz, /metrics, /v1/devices --------------------------------------- */
@@ -124,27 +110,20 @@ static void route_devices(api_server *s, const api_request *req, api_response *r
 
 /* ---- /v1/jobs --------------------------------------------------------------- */
 
-static void route_list(api_server *s, const api_request *req, api_response *resp)
+static void route_list(api_server *s, const api_call *c, api_response *resp)
 {
     jobs_mgr *m = api_server_app(s);
-    const char *state = query(req, "state");
-    int want = -1;
-    if (state != NULL && (want = job_state_parse(state)) < 0) {
-        api_resp_error(resp, 400, "invalid", "state",
-                       "state must be queued, running, succeeded, failed or cancelled, got '%s'", state);
-        return;
-    }
     json_t *a = json_array();
     for (size_t i = 0; a != NULL && i < m->njobs; i++)
-        if (want < 0 || (int)m->jobs[i]->state == want)
+        if (c->state < 0 || (int)m->jobs[i]->state == c->state)
             json_array_append_new(a, job_to_json(m->jobs[i], false, m->devs));
     resp_json_obj(resp, 200, json_pack("{s:o}", "jobs", a ? a : json_array()));
 }
 
-static void route_submit(api_server *s, const api_request *req, api_response *resp)
+static void route_submit(api_server *s, const api_request *req, const api_call *c, api_response *resp)
 {
     jobs_mgr *m = api_server_app(s);
-    bool dry = flag_on(query(req, "dry_run"));
+    bool dry = c->dry_run;
     acc_err err = {0};
     job *j = NULL;
     json_t *plan = NULL;
@@ -152,7 +131,7 @@ static void route_submit(api_server *s, const api_request *req, api_response *re
         api_resp_error(resp, 400, "invalid", NULL, "empty body: send the job spec as JSON");
         return;
     }
-    if (jobs_submit(m, req->body, req->body_len, dry, &j, &plan, &err) != 0) {
+    if (jobs_submit_as(m, req->who->name, req->body, req->body_len, dry, &j, &plan, &err) != 0) {
         api_resp_from_err(resp, &err);
         return;
     }
@@ -160,99 +139,62 @@ static void route_submit(api_server *s, const api_request *req, api_response *re
         resp_json_obj(resp, 200, plan);
         return;
     }
+    api_audit_record(api_server_audit(s), req->who, "submit", j->id, "ok", j->spec.name);
     snprintf(resp->location, sizeof resp->location, "/v1/jobs/%s", j->id);
     resp_json_obj(resp, 201, job_to_json(j, true, m->devs));
 }
 
-/* "/v1/jobs/{id}[/tail]": the job and the tail ("", "events", "metrics"). */
-static job *job_of_path(jobs_mgr *m, const char *rest, char *tail, size_t n)
+static void route_events(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
 {
-    char id[32];
-    const char *slash = strchr(rest, '/');
-    size_t il = slash ? (size_t)(slash - rest) : strlen(rest);
-    if (il == 0 || il >= sizeof id)
-        return NULL;
-    memcpy(id, rest, il);
-    id[il] = '\0';
-    snprintf(tail, n, "%s", slash ? slash + 1 : "");
-    return jobs_find(m, id);
-}
-
-/* Where a stream starts: Last-Event-ID (last seen) or ?since=N (last seen),
- * else the oldest event held. */
-static int stream_start(const api_request *req, uint64_t *from, api_response *resp)
-{
-    const char *last = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Last-Event-ID");
-    const char *since = query(req, "since");
-    const char *v = last ? last : since;
-    *from = 1;
-    if (v == NULL)
-        return 0;
-    char *end;
-    errno = 0;
-    unsigned long long n = strtoull(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || v[0] == '-') {
-        api_resp_error(resp, 400, "invalid", last ? "Last-Event-ID" : "since",
-                       "%s must be a non-negative event sequence number, got '%s'", last ? "Last-Event-ID" : "since",
-                       v);
-        return -1;
-    }
-    *from = (uint64_t)n + 1;
-    return 0;
-}
-
-static void route_events(api_server *s, const api_request *req, api_response *resp, job *j)
-{
-    const char *format = query(req, "format");
-    if (format != NULL && strcmp(format, "sse") && strcmp(format, "ndjson")) {
-        api_resp_error(resp, 400, "invalid", "format", "format must be sse or ndjson, got '%s'", format);
+    if (c->head) { /* the stream's headers, no stream */
+        api_resp_json(resp, 200, "");
+        resp->content_type = c->ndjson ? "application/x-ndjson" : "text/event-stream";
         return;
     }
-    uint64_t from;
-    if (stream_start(req, &from, resp) != 0)
-        return;
-    resp->stream = api_stream_new(s, req->conn, &j->ring, from, format && !strcmp(format, "ndjson"));
+    resp->stream = api_stream_new(s, req->conn, &j->ring, c->from, c->ndjson);
     if (resp->stream == NULL)
         api_resp_error(resp, 500, "internal", NULL, "out of memory");
 }
 
-static void route_job(api_server *s, const api_request *req, api_response *resp, const char *rest)
+static void route_cancel(api_server *s, const api_request *req, api_response *resp, job *j);
+
+static void route_job(api_server *s, const api_request *req, const api_call *c, api_response *resp)
 {
     jobs_mgr *m = api_server_app(s);
-    char tail[64];
-    job *j = job_of_path(m, rest, tail, sizeof tail);
+    job *j = jobs_find(m, c->id);
     if (j == NULL) {
-        api_resp_error(resp, 404, "not_found", NULL, "no job '%.*s'", (int)strcspn(rest, "/"), rest);
+        api_resp_error(resp, 404, "not_found", NULL, "no job '%s'", c->id);
         return;
     }
-    if (!strcmp(tail, "events") || !strcmp(tail, "metrics")) {
-        if (!is_method(req, "GET")) {
-            method_not_allowed(req, resp, "GET");
-            return;
-        }
-        if (tail[0] == 'e')
-            route_events(s, req, resp, j);
-        else
-            resp_json_obj(resp, 200, job_metrics_json(j));
-        return;
+    switch (c->route) {
+    case API_R_JOB_EVENTS: route_events(s, req, c, resp, j); return;
+    case API_R_JOB_METRICS: resp_json_obj(resp, 200, job_metrics_json(j)); return;
+    case API_R_JOB_GET: resp_json_obj(resp, 200, job_to_json(j, true, m->devs)); return;
+    default: break;
     }
-    if (tail[0] != '\0') {
-        api_resp_error(resp, 404, "not_found", NULL, "no route for %s %s", req->method, req->path);
-        return;
-    }
-    if (is_method(req, "GET")) {
-        resp_json_obj(resp, 200, job_to_json(j, true, m->devs));
-        return;
-    }
-    if (!is_method(req, "DELETE")) {
-        method_not_allowed(req, resp, "GET, DELETE");
+    route_cancel(s, req, resp, j);
+}
+
+/* Only the owner or an admin may cancel; everyone may read. */
+static void route_cancel(api_server *s, const api_request *req, api_response *resp, job *j)
+{
+    jobs_mgr *m = api_server_app(s);
+    api_audit *audit = api_server_audit(s);
+    if (req->who->role != API_ROLE_ADMIN && strcmp(req->who->name, j->owner) != 0) {
+        api_resp_error(resp, 403, "forbidden", NULL,
+                       "only the job's owner or an admin may cancel it: job %s is %s's, you are %s (role %s)",
+                       j->id, j->owner[0] ? j->owner : "nobody", req->who->name, api_role_name(req->who->role));
+        api_audit_record(audit, req->who, "cancel", j->id, "forbidden", "not the owner, not an admin");
         return;
     }
     acc_err err = {0};
     if (jobs_cancel(m, j, &err) != 0) {
+        api_audit_record(audit, req->who, "cancel", j->id, acc_err_name(err.code), err.msg);
         api_resp_from_err(resp, &err);
         return;
     }
+    api_audit_record(audit, req->who, "cancel", j->id, "ok",
+                     job_state_final(j->state) ? "cancelled while queued" : "stop requested");
     json_t *o = job_to_json(j, false, m->devs);
     if (o != NULL)
         json_object_set_new(o, "cancel_requested", json_true());
@@ -261,33 +203,15 @@ static void route_job(api_server *s, const api_request *req, api_response *resp,
 
 void api_route(api_server *s, const api_request *req, api_response *resp)
 {
-    const char *p = req->path;
-    bool get = is_method(req, "GET") || is_method(req, "HEAD");
-    if (!strcmp(p, "/healthz")) {
-        if (get)
-            api_resp_json(resp, 200, "{\"status\":\"ok\"}\n");
-        else
-            method_not_allowed(req, resp, "GET, HEAD");
-    } else if (!strcmp(p, "/metrics")) {
-        if (get)
-            route_metrics(s, req, resp);
-        else
-            method_not_allowed(req, resp, "GET");
-    } else if (!strcmp(p, "/v1/devices")) {
-        if (get)
-            route_devices(s, req, resp);
-        else
-            method_not_allowed(req, resp, "GET");
-    } else if (!strcmp(p, "/v1/jobs") || !strcmp(p, "/v1/jobs/")) {
-        if (get)
-            route_list(s, req, resp);
-        else if (is_method(req, "POST"))
-            route_submit(s, req, resp);
-        else
-            method_not_allowed(req, resp, "GET, POST");
-    } else if (!strncmp(p, "/v1/jobs/", 9)) {
-        route_job(s, req, resp, p + 9);
-    } else {
-        api_resp_error(resp, 404, "not_found", NULL, "no route for %s %s", req->method, req->path);
+    api_call c;
+    if (api_parse_request(req, &c, resp) != 0)
+        return;
+    switch (c.route) {
+    case API_R_HEALTHZ: api_resp_json(resp, 200, "{\"status\":\"ok\"}\n"); break;
+    case API_R_METRICS: route_metrics(s, req, resp); break;
+    case API_R_DEVICES: route_devices(s, req, resp); break;
+    case API_R_JOBS_LIST: route_list(s, &c, resp); break;
+    case API_R_JOBS_SUBMIT: route_submit(s, req, &c, resp); break;
+    default: route_job(s, req, &c, resp); break;
     }
 }

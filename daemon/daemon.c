@@ -29,10 +29,13 @@ static void on_signal(uv_signal_t *h, int signum)
 {
     acc_daemon *d = h->data;
     if (signum == SIGHUP) {
+        acc_err e = {0};
         if (log_reopen() != 0)
             acc_log(ACC_LOG_WARN, "daemon", "SIGHUP: cannot reopen the log: %m");
         else
             acc_log(ACC_LOG_INFO, "daemon", "SIGHUP: log reopened");
+        if (api_server_reload_users(d->api, &e) != 0)
+            acc_log(ACC_LOG_ERROR, "auth", "SIGHUP: users_file not reloaded, the users of before stay: %s", e.msg);
         return;
     }
     daemon_stop(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -248,7 +251,7 @@ int daemon_init(acc_daemon *d, acc_err *err)
         return rc;
     start_watchdog(d);
     acc_log(ACC_LOG_INFO, "daemon", "accumd listening on %s port %d, state in %s%s", d->conf.listen_host,
-            api_server_port(d->api), d->conf.state_dir, d->conf.require_token ? ", token required" : "");
+            api_server_port(d->api), d->conf.state_dir, api_server_requires_token(d->api) ? ", token required" : "");
     sd_notifyf(0, "READY=1\nSTATUS=listening on %s port %d", d->conf.listen_host, api_server_port(d->api));
     update_status(d);
     return 0;

@@ -26,6 +26,7 @@ static void usage(FILE *out)
             "  -s, --set KEY=VALUE   set one config key (repeatable, applied after FILE)\n"
             "      --KEY VALUE       the same, for any key below ('_' may be written '-')\n"
             "      --check-config    validate the configuration, print it, and exit\n"
+            "      --hash-token      read a token on stdin, print its users_file hash\n"
             "  -h, --help            this text\n"
             "  -V, --version         print the version\n"
             "\nconfig keys:");
@@ -53,18 +54,45 @@ static void print_conf(const acc_conf *c)
            "token_file = %s\nrequire_token = %s\ndevices = %s\ncpu_devices = %d\n"
            "cpu_device_memory = %llu\ncpu_threads_per_device = %d\nmax_body = %llu\n"
            "max_connections = %d\nmax_connections_per_ip = %d\nconnection_timeout = %d\n"
+           "header_timeout = %d\nrequest_timeout = %d\nmax_pending_connections = %d\n"
            "shutdown_grace = %d\ncheckpoint_keep = %d\nevent_ring = %d\nlog_level = %s\n"
-           "log_file = %s\n",
+           "log_file = %s\nusers_file = %s\nuser_max_running = %d\nuser_max_devices = %d\n",
            c->listen, c->state_dir, c->data_roots, c->output_root, c->token_file,
            c->require_token ? "true" : "false",
            c->devices == CONF_DEVICES_AUTO ? "auto" : c->devices == CONF_DEVICES_CUDA ? "cuda" : "cpu",
            c->cpu_devices, (unsigned long long)c->cpu_device_memory, c->cpu_threads_per_device,
            (unsigned long long)c->max_body, c->max_connections, c->max_connections_per_ip,
-           c->connection_timeout, c->shutdown_grace, c->checkpoint_keep, c->event_ring,
-           c->log_level, c->log_file);
+           c->connection_timeout, c->header_timeout, c->request_timeout, c->max_pending_connections,
+           c->shutdown_grace, c->checkpoint_keep, c->event_ring,
+           c->log_level, c->log_file, c->users_file, c->user_max_running, c->user_max_devices);
 }
 
 enum { OPT_CHECK = 1000 };
+
+/* --hash-token: the users_file form of a token read from stdin (one line),
+ * so an admin can add a user whose token was made elsewhere. */
+static int hash_token(void)
+{
+    char line[512];
+    if (fgets(line, sizeof line, stdin) == NULL) {
+        fprintf(stderr, "accumd: --hash-token: no token on stdin\n");
+        return -1;
+    }
+    line[strcspn(line, "\r\n")] = '\0';
+    if (strlen(line) < 16 || strpbrk(line, " \t") != NULL) {
+        fprintf(stderr, "accumd: --hash-token: a token is 16 or more characters without blanks\n");
+        return -1;
+    }
+    unsigned char h[API_HASH_LEN];
+    char hex[2 * API_HASH_LEN + 1];
+    if (api_token_hash(line, h) != 0) {
+        fprintf(stderr, "accumd: --hash-token: SHA-256 failed\n");
+        return -1;
+    }
+    api_hash_hex(h, hex);
+    printf("sha256:%s\n", hex);
+    return 1;
+}
 
 /* Two passes: the config file first wherever --config appears, then the
  * overrides in command-line order. Returns 0, 1 (exit 0 now) or -1 (exit 2). */
@@ -93,6 +121,8 @@ static int parse_args(int argc, char **argv, acc_conf *c, int *check_only)
             printf("accumd %s (%s)\n", ACCUMD_VERSION, kern_cuda_built() ? "cuda" : "cpu-only");
             return 1;
         }
+        if (!strcmp(a, "--hash-token"))
+            return hash_token();
         if (!strcmp(a, "--check-config")) {
             *check_only = 1;
             continue;

@@ -1,18 +1,25 @@
 #include "conf.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 const char *const conf_keys[] = {
     "listen", "state_dir", "data_roots", "output_root", "token_file",
     "require_token", "devices", "cpu_devices", "cpu_device_memory",
     "cpu_threads_per_device", "max_body", "max_connections",
-    "max_connections_per_ip", "connection_timeout", "shutdown_grace",
-    "checkpoint_keep", "event_ring", "log_level", "log_file", NULL,
+    "max_connections_per_ip", "connection_timeout", "header_timeout",
+    "request_timeout", "max_pending_connections", "shutdown_grace",
+    "checkpoint_keep", "event_ring", "log_level", "log_file",
+    "users_file", "user_max_running", "user_max_devices", NULL,
 };
 
 void conf_defaults(acc_conf *c)
@@ -29,6 +36,9 @@ void conf_defaults(acc_conf *c)
     c->max_connections = 1024;
     c->max_connections_per_ip = 600;
     c->connection_timeout = 60;
+    c->header_timeout = 10;
+    c->request_timeout = 120;
+    c->max_pending_connections = 0; /* finalize: max_connections_per_ip less an eighth */
     c->shutdown_grace = 30;
     c->checkpoint_keep = 2;
     c->event_ring = 4096;
@@ -61,12 +71,44 @@ int conf_parse_bytes(const char *s, uint64_t *out)
     return 0;
 }
 
+int conf_parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (s == NULL || *s == '\0')
+        return -1;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return -1; /* no sign, no space, no hex: what strtoull forgives */
+        unsigned d = (unsigned)(*s - '0');
+        if (v > (max - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+int conf_parse_bool(const char *s, bool *out)
+{
+    static const char *const yes[] = {"1", "true", "yes", "on"}, *const no[] = {"0", "false", "no", "off"};
+    for (size_t i = 0; s != NULL && i < sizeof yes / sizeof yes[0]; i++) {
+        if (!strcasecmp(s, yes[i])) {
+            *out = true;
+            return 0;
+        }
+        if (!strcasecmp(s, no[i])) {
+            *out = false;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Every integer key is non-negative: lo >= 0. */
 static int parse_int(const char *key, const char *v, long lo, long hi, int *out, acc_err *err)
 {
-    char *end;
-    errno = 0;
-    long n = strtol(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || n < lo || n > hi)
+    uint64_t n;
+    if (conf_parse_u64(v, (uint64_t)hi, &n) != 0 || n < (uint64_t)lo)
         return acc_err_set(err, ACC_EINVAL, key, "%s must be an integer in [%ld, %ld], got '%s'",
                            key, lo, hi, v);
     *out = (int)n;
@@ -75,14 +117,8 @@ static int parse_int(const char *key, const char *v, long lo, long hi, int *out,
 
 static int parse_bool(const char *key, const char *v, bool *out, acc_err *err)
 {
-    if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1") || !strcmp(v, "on")) {
-        *out = true;
+    if (conf_parse_bool(v, out) == 0)
         return 0;
-    }
-    if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0") || !strcmp(v, "off")) {
-        *out = false;
-        return 0;
-    }
     return acc_err_set(err, ACC_EINVAL, key, "%s must be true or false, got '%s'", key, v);
 }
 
@@ -185,6 +221,14 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         return parse_int(key, v, 1, 65536, &c->max_connections_per_ip, err);
     if (!strcmp(key, "connection_timeout"))
         return parse_int(key, v, 1, 86400, &c->connection_timeout, err);
+    if (!strcmp(key, "header_timeout"))
+        return parse_int(key, v, 1, 86400, &c->header_timeout, err);
+    if (!strcmp(key, "request_timeout"))
+        return parse_int(key, v, 1, 86400, &c->request_timeout, err);
+    if (!strcmp(key, "max_pending_connections")) {
+        c->set_pending = true;
+        return parse_int(key, v, 1, 65536, &c->max_pending_connections, err);
+    }
     if (!strcmp(key, "shutdown_grace"))
         return parse_int(key, v, 0, 86400, &c->shutdown_grace, err);
     if (!strcmp(key, "checkpoint_keep"))
@@ -203,6 +247,16 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         snprintf(c->log_file, sizeof c->log_file, "%s", v);
         return 0;
     }
+    if (!strcmp(key, "users_file")) {
+        if (strlen(v) >= sizeof c->users_file)
+            return acc_err_set(err, ACC_EINVAL, key, "users_file is too long");
+        snprintf(c->users_file, sizeof c->users_file, "%s", v);
+        return 0;
+    }
+    if (!strcmp(key, "user_max_running"))
+        return parse_int(key, v, 0, 1 << 20, &c->user_max_running, err);
+    if (!strcmp(key, "user_max_devices"))
+        return parse_int(key, v, 0, 1 << 20, &c->user_max_devices, err);
     return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);
 }
 
@@ -218,6 +272,27 @@ int conf_set_pair(acc_conf *c, const char *pair, acc_err *err)
     memcpy(key, pair, kl);
     key[kl] = '\0';
     return conf_set(c, key, eq + 1, err);
+}
+
+/* The HTTP limits must leave a reserve: connections still sending their
+ * request are capped below the per-address and total limits, so clients
+ * that have sent theirs (and /healthz) always find a slot. */
+static int check_limits(acc_conf *c, acc_err *err)
+{
+    int cap = c->max_connections < c->max_connections_per_ip ? c->max_connections : c->max_connections_per_ip;
+    if (!c->set_pending) /* default: all but an eighth of the slots */
+        c->max_pending_connections = cap - (cap / 8 > 0 ? cap / 8 : 1);
+    if (c->max_pending_connections < 1)
+        c->max_pending_connections = 1;
+    if (c->set_pending && c->max_pending_connections >= cap && cap > 1)
+        return acc_err_set(err, ACC_EINVAL, "max_pending_connections",
+                           "max_pending_connections %d must be below max_connections (%d) and "
+                           "max_connections_per_ip (%d), to keep a reserve",
+                           c->max_pending_connections, c->max_connections, c->max_connections_per_ip);
+    if (c->header_timeout > c->request_timeout)
+        return acc_err_set(err, ACC_EINVAL, "header_timeout", "header_timeout %d is above request_timeout %d",
+                           c->header_timeout, c->request_timeout);
+    return 0;
 }
 
 static int join_path(char *dst, size_t n, const char *dir, const char *leaf)
@@ -242,11 +317,31 @@ int conf_finalize(acc_conf *c, acc_err *err)
     }
     if (!conf_listen_is_loopback(c))
         c->require_token = true; /* never serve jobs to the network without auth */
-    return 0;
+    return check_limits(c, err);
 }
 
+bool conf_addr_is_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family != AF_INET6)
+        return false;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
+/* Resolved as the server will bind it (api_http.c checks the bound socket
+ * again): a name that does not resolve, or resolves to any address that is
+ * not loopback, is not loopback. */
 bool conf_listen_is_loopback(const acc_conf *c)
 {
-    return !strncmp(c->listen_host, "127.", 4) || !strcmp(c->listen_host, "::1") ||
-           !strcmp(c->listen_host, "localhost");
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(c->listen_host, NULL, &hints, &res) != 0 || res == NULL)
+        return false;
+    bool all = true;
+    for (const struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next)
+        all = all && conf_addr_is_loopback(ai->ai_addr);
+    freeaddrinfo(res);
+    return all;
 }

@@ -35,13 +35,19 @@ typedef struct acc_conf {
     int max_connections;
     int max_connections_per_ip;
     int connection_timeout;      /* seconds an idle connection is kept */
+    int header_timeout;          /* seconds to send a whole request header */
+    int request_timeout;         /* seconds to send a whole request, body included */
+    int max_pending_connections; /* connections not yet past their request; the oldest goes */
     int shutdown_grace;          /* seconds SIGTERM waits for jobs to stop */
     int checkpoint_keep;         /* checkpoints kept per job */
     int event_ring;              /* events kept in memory per job */
     char log_level[16];          /* error | warn | info | debug */
     char log_file[PATH_MAX];     /* "" = stderr (journald); else appended, reopened on SIGHUP */
+    char users_file[PATH_MAX];   /* "" = no users: the token_file's token is the admin */
+    int user_max_running;        /* jobs running at once per user, 0 = no limit */
+    int user_max_devices;        /* devices held at once per user, 0 = no limit */
     /* which keys were set explicitly, so derived defaults don't override them */
-    bool set_data_roots, set_output_root, set_token_file, set_threads;
+    bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;
 
 /* Fill every key with its default. */
@@ -60,10 +66,23 @@ int conf_finalize(acc_conf *c, acc_err *err);
 /* Parse a byte size with an optional K/M/G/T suffix (powers of 1024). */
 int conf_parse_bytes(const char *s, uint64_t *out);
 
+/* The strict scalar parsers every string-to-value path uses (config keys,
+ * query parameters, headers): 0 and *out, or -1 on anything else.
+ * u64: decimal digits only (no sign, no space), at most `max`.
+ * bool: 1 true yes on / 0 false no off, in any case. */
+int conf_parse_u64(const char *s, uint64_t max, uint64_t *out);
+int conf_parse_bool(const char *s, bool *out);
+
 /* The list of keys, NULL-terminated, for --help and docs. */
 extern const char *const conf_keys[];
 
-/* True when the listen host is a loopback address. */
+/* True when the listen host resolves to loopback addresses only
+ * (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104): decided on the resolved
+ * addresses, never on the spelling of the name. */
 bool conf_listen_is_loopback(const acc_conf *c);
+
+/* True when `sa` is a loopback address (as above). */
+struct sockaddr;
+bool conf_addr_is_loopback(const struct sockaddr *sa);
 
 #endif

@@ -31,9 +31,11 @@ typedef struct jobs_mgr jobs_mgr;
 /* Checkpoint paths a job lists under "outputs" (the newest ones, as many as
  * the daemon keeps, at most this many). */
 #define JOB_MAX_OUTPUTS 16
+#define JOB_OWNER_MAX 64 /* user names: 1..63 characters */
 
 typedef struct job {
     char id[32];
+    char owner[JOB_OWNER_MAX]; /* who submitted it ("" for jobs from before users) */
     uint64_t submit_seq;
     double submitted_at, started_at, finished_at; /* unix seconds, 0 = not yet */
     job_spec spec;
@@ -65,6 +67,9 @@ const char *job_state_name(job_state s);
 /* -1 when the name is unknown. */
 int job_state_parse(const char *name);
 bool job_state_final(job_state s);
+/* The job id grammar: 'j' and 6 to 30 digits ("j000001"), nothing else
+ * (no NUL, no slash): every route and the store check ids with it. */
+bool job_id_valid(const char *s, size_t len);
 
 /* Append a step to the history (grows; ACC_ENOMEM on failure). */
 int job_add_metric(job *j, const job_metric *m, acc_err *err);

@@ -614,6 +614,12 @@ static int parse_deepspeed(const json_t *ds, job_spec *out, batch_in *b, bool *c
         (rc = ds_precision(ds, out, &bf16_set, err)) ||
         (rc = ds_optimizer(ds, out, err)) || (rc = ds_scheduler(ds, out, err)))
         return rc;
+    /* accepted for DeepSpeed files, no effect here: still of DeepSpeed's type */
+    int steps_per_print = 0;
+    bool wall_clock = false;
+    if ((rc = get_int(ds, "deepspeed", "steps_per_print", 1, INT_MAX, &steps_per_print, err)) ||
+        (rc = get_bool(ds, "deepspeed", "wall_clock_breakdown", &wall_clock, err)))
+        return rc;
     if (json_object_get(ds, "gradient_clipping") != NULL) {
         if ((rc = get_num(ds, "deepspeed", "gradient_clipping", 0, false, 1e9, &out->optim.grad_clip, err)))
             return rc;
@@ -784,11 +790,69 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
     return check_cross(out, err);
 }
 
+/* ---- integers past 64 bits --------------------------------------------------- */
+
+/* The key path of the first value equal to `v` in document order (jansson
+ * keeps objects in insertion order); arrays add no component. */
+static bool find_real(const json_t *j, double v, const char *prefix, char *path, size_t n)
+{
+    if (json_is_real(j)) {
+        if (json_real_value(j) != v)
+            return false;
+        snprintf(path, n, "%s", prefix ? prefix : "");
+        return true;
+    }
+    char f[128];
+    if (json_is_array(j)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach((json_t *)j, i, e) {
+            if (find_real(e, v, prefix, path, n))
+                return true;
+        }
+    } else if (json_is_object(j)) {
+        const char *k;
+        json_t *e;
+        json_object_foreach((json_t *)j, k, e) {
+            if (find_real(e, v, field(f, sizeof f, prefix, k), path, n))
+                return true;
+        }
+    }
+    return false;
+}
+
+/* jansson refuses an integer beyond int64 as a parse error, naming no key:
+ * read the text again with integers as reals, find the value the failing
+ * token (which ends at je->position) has, and name its key path. */
+static int big_integer_error(const char *text, size_t len, const json_error_t *je, acc_err *err)
+{
+    size_t end = (size_t)je->position, start = end;
+    while (start > 0 && end <= len && strchr("0123456789-+.eE", text[start - 1]) != NULL)
+        start--;
+    char tok[64];
+    int tl = (int)(end - start);
+    snprintf(tok, sizeof tok, "%.*s%s", tl > 40 ? 40 : tl, text + start, tl > 40 ? "..." : "");
+    char num[512];
+    snprintf(num, sizeof num, "%.*s", tl, text + start);
+    json_error_t je2;
+    json_t *root = tl > 0 ? json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &je2) : NULL;
+    char path[128] = "";
+    bool found = root != NULL && find_real(root, strtod(num, NULL), NULL, path, sizeof path);
+    json_decref(root);
+    if (!found)
+        return acc_err_set(err, ACC_EINVAL, "", "malformed JSON at line %d column %d: %s", je->line, je->column,
+                           je->text);
+    return acc_err_set(err, ACC_EINVAL, path, "%s: the integer %s does not fit in 64 bits",
+                       path[0] ? path : "the spec", tok);
+}
+
 int job_spec_parse(const char *text, size_t len, const acc_conf *conf, job_spec *out, acc_err *err)
 {
     json_error_t je;
     set_defaults(out);
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (root == NULL && json_error_code(&je) == json_error_numeric_overflow)
+        return big_integer_error(text, len, &je, err);
     if (root == NULL)
         return acc_err_set(err, ACC_EINVAL, "", "malformed JSON at line %d column %d: %s", je.line, je.column,
                            je.text);

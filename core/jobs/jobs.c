@@ -241,13 +241,65 @@ static json_t *plan_json(const job_spec *s, kern_dev_kind kind, uint64_t budget,
     return arr;
 }
 
-static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s)
+/* The owners of the jobs as small indexes for the scheduler: what each
+ * runs and holds now, and when each last had a job start. */
+typedef struct owner_tab {
+    const char **name;
+    int *running, *devices;
+    uint64_t *last;          /* microseconds of the latest started_at */
+    int n;
+} owner_tab;
+
+static int owner_tab_build(const jobs_mgr *m, owner_tab *t);
+static int owner_index(owner_tab *t, const char *name);
+static void owner_tab_free(owner_tab *t);
+static void owner_limits(const jobs_mgr *m, owner_tab *t, sched_limits *lim);
+
+static size_t queue_fill(jobs_mgr *m, owner_tab *ot, sched_req *q);
+
+/* Would a job of `owner` with spec `s` start now? The scheduler's own
+ * answer: every queued job and this one planned on the devices as they
+ * are, with the owners' shares. *before: the queued jobs ahead of it in
+ * run order that are not held back by their owner's limits. */
+static int plan_with_queue(jobs_mgr *m, const job_spec *s, const char *owner, sched_req *out, int *before)
 {
+    size_t nq = 0;
+    for (size_t i = 0; i < m->njobs; i++)
+        nq += m->jobs[i]->state == JOB_QUEUED;
+    sched_req *q = calloc(nq + 1, sizeof *q);
+    owner_tab ot;
+    if (q == NULL || owner_tab_build(m, &ot) != 0) {
+        free(q);
+        return -1;
+    }
+    size_t k = queue_fill(m, &ot, q);
+    int u = owner_index(&ot, owner ? owner : "");
+    q[k] = (sched_req){.want = s->devices, .prio = s->priority, .submit = m->next_submit, .user = u,
+                       .user_last = ot.last[u]};
     sched_dev sd[KERN_MAX_DEVICES];
     sched_devs(m, sd);
-    sched_req r = {.want = s->devices, .prio = s->priority, .submit = m->next_submit};
-    /* would it start now, given what runs and what is queued before it? */
-    sched_plan(sd, m->ndev, &r, 1);
+    sched_limits lim;
+    owner_limits(m, &ot, &lim);
+    sched_plan_users(sd, m->ndev, q, (int)k + 1, &lim);
+    *before = 0;
+    for (size_t i = 0; i <= k; i++) {
+        if (q[i].job == NULL) { /* this one */
+            *out = q[i];
+            break;
+        }
+        *before += !q[i].over_share;
+    }
+    owner_tab_free(&ot);
+    free(q);
+    return 0;
+}
+
+static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner)
+{
+    sched_req r;
+    int queued_before;
+    if (plan_with_queue(m, s, owner, &r, &queued_before) != 0)
+        return NULL;
     uint64_t budget = 0;
     for (int i = 0; i < m->ndev; i++)
         if (budget == 0 || m->devs[i].mem_total < budget)
@@ -262,19 +314,18 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s)
             json_array_append_new(devs, json_string(m->devs[r.placed[i]].name));
         json_array_append_new(mem, json_integer(bytes_json(peak)));
     }
-    int queued_before = 0;
-    for (size_t i = 0; i < m->njobs; i++)
-        if (m->jobs[i]->state == JOB_QUEUED &&
-            sched_order(m->jobs[i]->spec.priority, m->jobs[i]->submit_seq, s->priority, m->next_submit) < 0)
-            queued_before++;
     int per_rank = s->train_batch_size / (s->devices > 0 ? s->devices : 1);
-    return json_pack("{s:b, s:{s:i, s:i, s:i, s:i, s:b}, s:s, s:{s:b, s:o, s:s, s:i}, s:o, s:I, s:o}", "dry_run", 1,
+    json_t *plan = json_pack("{s:b, s:{s:i, s:i, s:i, s:i, s:b}, s:s, s:{s:b, s:o, s:s, s:i}, s:o, s:I, s:o}", "dry_run", 1,
                      "batch", "train_batch_size", s->train_batch_size, "micro_batch", micro, "accum_steps",
                      micro > 0 ? per_rank / micro : 0, "world", s->devices, "micro_auto", s->micro_auto,
-                     "precision", spec_precision_name(s->precision), "placement", "starts_now", r.start && queued_before == 0, "devices", devs, "kind",
+                     "precision", spec_precision_name(s->precision), "placement", "starts_now", r.start, "devices", devs, "kind",
                      m->ndev > 0 && m->devs[0].kind == KERN_DEV_CUDA ? "cuda" : "cpu", "queued_before",
                      queued_before, "predicted_peak_memory_bytes", mem, "device_memory_bytes", (json_int_t)budget,
                      "micro_batch_candidates", cands);
+    json_t *pl = json_object_get(plan, "placement");
+    if (pl != NULL) /* it would wait for its owner's share (user_max_*) */
+        json_object_set_new(pl, "over_user_limit", json_boolean(r.over_share));
+    return plan;
 }
 
 /* Everything that can be refused before a job exists: spec, fit, data. */
@@ -287,6 +338,10 @@ static int validate(jobs_mgr *m, const char *text, size_t len, job_spec *s, acc_
     sched_devs(m, sd);
     if ((rc = sched_can_ever_fit(sd, m->ndev, s->devices, err)) != 0)
         return rc;
+    if (m->conf->user_max_devices > 0 && s->devices > m->conf->user_max_devices)
+        return acc_err_set(err, ACC_EINVAL, "devices",
+                           "devices %d can never be placed: over user_max_devices %d (devices one user may hold at once)",
+                           s->devices, m->conf->user_max_devices);
     return trainer_check_spec(s, err);
 }
 
@@ -323,12 +378,18 @@ static int persist_new(jobs_mgr *m, job *j, acc_err *err)
 
 int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **out, json_t **plan, acc_err *err)
 {
+    return jobs_submit_as(m, NULL, text, len, dry_run, out, plan, err);
+}
+
+int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len, bool dry_run, job **out,
+                   json_t **plan, acc_err *err)
+{
     job_spec *s = malloc(sizeof *s);
     if (s == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     int rc = validate(m, text, len, s, err);
     if (rc == 0 && dry_run) {
-        *plan = dry_run_plan(m, s);
+        *plan = dry_run_plan(m, s, owner);
         rc = *plan ? 0 : acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     }
     if (rc != 0 || dry_run) {
@@ -348,6 +409,7 @@ int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **o
     free(s);
     j->submit_seq = m->next_submit;
     snprintf(j->id, sizeof j->id, "j%06llu", (unsigned long long)j->submit_seq);
+    snprintf(j->owner, sizeof j->owner, "%s", owner ? owner : "");
     set_output_dir(m, j);
     j->submitted_at = job_now();
     j->cur_micro = j->spec.micro_batch;
@@ -450,6 +512,70 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
     set_state(j, JOB_RUNNING, msg);
 }
 
+
+static int owner_index(owner_tab *t, const char *name)
+{
+    for (int i = 0; i < t->n; i++)
+        if (!strcmp(t->name[i], name))
+            return i;
+    t->name[t->n] = name;
+    t->running[t->n] = t->devices[t->n] = 0;
+    t->last[t->n] = 0;
+    return t->n++;
+}
+
+static void owner_tab_free(owner_tab *t)
+{
+    free(t->name);
+    free(t->running);
+    free(t->devices);
+    free(t->last);
+}
+
+static int owner_tab_build(const jobs_mgr *m, owner_tab *t)
+{
+    size_t n = m->njobs, cap = n + 1; /* + one owner with no job yet (a dry run's) */
+    *t = (owner_tab){.name = calloc(cap, sizeof *t->name), .running = calloc(cap, sizeof *t->running),
+                     .devices = calloc(cap, sizeof *t->devices), .last = calloc(cap, sizeof *t->last)};
+    if (t->name == NULL || t->running == NULL || t->devices == NULL || t->last == NULL) {
+        owner_tab_free(t);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const job *j = m->jobs[i];
+        int u = owner_index(t, j->owner);
+        uint64_t started = j->started_at > 0 ? (uint64_t)(j->started_at * 1e6) : 0;
+        if (started > t->last[u])
+            t->last[u] = started;
+        if (j->tr != NULL) { /* holds its devices until its workers end */
+            t->running[u]++;
+            t->devices[u] += j->ndev;
+        }
+    }
+    return 0;
+}
+
+/* The queued jobs as scheduler requests, with their owners; how many. */
+static size_t queue_fill(jobs_mgr *m, owner_tab *ot, sched_req *q)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < m->njobs; i++) {
+        job *j = m->jobs[i];
+        if (j->state != JOB_QUEUED)
+            continue;
+        int u = owner_index(ot, j->owner);
+        q[k++] = (sched_req){.want = j->spec.devices, .prio = j->spec.priority, .submit = j->submit_seq,
+                             .job = j, .user = u, .user_last = ot->last[u]};
+    }
+    return k;
+}
+
+static void owner_limits(const jobs_mgr *m, owner_tab *t, sched_limits *lim)
+{
+    *lim = (sched_limits){.max_running = m->conf->user_max_running, .max_devices = m->conf->user_max_devices,
+                          .nusers = t->n, .running = t->running, .devices = t->devices};
+}
+
 void jobs_schedule(jobs_mgr *m)
 {
     if (m->draining)
@@ -460,23 +586,22 @@ void jobs_schedule(jobs_mgr *m)
     if (nq == 0)
         return;
     sched_req *q = calloc(nq, sizeof *q);
-    if (q == NULL) {
+    owner_tab ot;
+    if (q == NULL || owner_tab_build(m, &ot) != 0) {
+        free(q);
         acc_log(ACC_LOG_ERROR, "sched", "out of memory planning %zu jobs", nq);
         return;
     }
-    size_t k = 0;
-    for (size_t i = 0; i < m->njobs; i++) {
-        job *j = m->jobs[i];
-        if (j->state == JOB_QUEUED)
-            q[k++] = (sched_req){.want = j->spec.devices, .prio = j->spec.priority, .submit = j->submit_seq,
-                                 .job = j};
-    }
+    queue_fill(m, &ot, q);
     sched_dev sd[KERN_MAX_DEVICES];
     sched_devs(m, sd);
-    sched_plan(sd, m->ndev, q, (int)nq);
+    sched_limits lim;
+    owner_limits(m, &ot, &lim);
+    sched_plan_users(sd, m->ndev, q, (int)nq, &lim);
     for (size_t i = 0; i < nq; i++)
         if (q[i].start)
             start_job(m, q[i].job, &q[i]);
+    owner_tab_free(&ot);
     free(q);
 }
 

@@ -65,12 +65,16 @@ void jobs_free(jobs_mgr *m);
 /* Validate, persist, queue. With dry_run, nothing is stored: *plan gets
  * the resolved batch, the placement and a memory estimate. */
 int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **out, json_t **plan, acc_err *err);
+/* The same for a named owner (a user name; NULL or "" for none). */
+int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len, bool dry_run, job **out,
+                   json_t **plan, acc_err *err);
 job *jobs_find(jobs_mgr *m, const char *id);
 /* Queued: cancelled now. Running: asked to stop (final state follows).
  * Final: ACC_ESTATE. */
 int jobs_cancel(jobs_mgr *m, job *j, acc_err *err);
 
-/* Start every queued job the scheduler places now. */
+/* Start every queued job the scheduler places now: priority, then round
+ * robin by owner, within the per-user limits of the config. */
 void jobs_schedule(jobs_mgr *m);
 /* Apply the trainer events queued since the last call (loop thread). */
 void jobs_drain_events(jobs_mgr *m);

@@ -1,6 +1,7 @@
 /* scheduler: see scheduler.h. */
 #include "scheduler.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 
 int sched_order(int prio_a, uint64_t submit_a, int prio_b, uint64_t submit_b)
@@ -14,6 +15,58 @@ static int cmp_req(const void *a, const void *b)
 {
     const sched_req *x = a, *y = b;
     return sched_order(x->prio, x->submit, y->prio, y->submit);
+}
+
+/* Round robin by user within a priority (see scheduler.h). */
+static int cmp_fair(const void *a, const void *b)
+{
+    const sched_req *x = a, *y = b;
+    if (x->prio != y->prio)
+        return x->prio > y->prio ? -1 : 1;
+    if (x->depth != y->depth)
+        return x->depth < y->depth ? -1 : 1;
+    if (x->user != y->user && x->user_last != y->user_last)
+        return x->user_last < y->user_last ? -1 : 1;
+    return sched_order(x->prio, x->submit, y->prio, y->submit);
+}
+
+/* q sorted by (priority, submission): each job's depth among its owner's
+ * jobs of the same priority, then the fair order. */
+static void fair_sort(sched_req *q, int nq)
+{
+    int nusers = 0;
+    for (int i = 0; i < nq; i++)
+        if (q[i].user >= nusers)
+            nusers = q[i].user + 1;
+    int *seen = nusers > 0 ? calloc((size_t)nusers, sizeof *seen) : NULL;
+    if (seen == NULL) /* out of memory: submission order, still correct */
+        return;
+    for (int i = 0, g = 0; i < nq; i++) {
+        if (q[i].prio != q[g].prio) { /* a new priority group: reset its counts */
+            for (int k = g; k < i; k++)
+                seen[q[k].user < 0 ? 0 : q[k].user] = 0;
+            g = i;
+        }
+        q[i].depth = q[i].user < 0 ? 0 : seen[q[i].user]++;
+    }
+    free(seen);
+    qsort(q, (size_t)nq, sizeof *q, cmp_fair);
+}
+
+static bool over_share(const sched_limits *lim, const sched_req *r)
+{
+    if (lim == NULL || r->user < 0 || r->user >= lim->nusers)
+        return false;
+    return (lim->max_running > 0 && lim->running[r->user] + 1 > lim->max_running) ||
+           (lim->max_devices > 0 && lim->devices[r->user] + r->want > lim->max_devices);
+}
+
+static void charge(sched_limits *lim, const sched_req *r)
+{
+    if (lim == NULL || r->user < 0 || r->user >= lim->nusers)
+        return;
+    lim->running[r->user]++;
+    lim->devices[r->user] += r->want;
 }
 
 static int count_kind(const sched_dev *devs, int ndev, kern_dev_kind kind, bool free_only)
@@ -84,20 +137,28 @@ static int held_behind(const sched_dev *devs, int ndev, kern_dev_kind kind, cons
 
 int sched_plan(sched_dev *devs, int ndev, sched_req *q, int nq)
 {
+    return sched_plan_users(devs, ndev, q, nq, NULL);
+}
+
+int sched_plan_users(sched_dev *devs, int ndev, sched_req *q, int nq, sched_limits *lim)
+{
     int started = 0;
     const sched_req *head = NULL;
     kern_dev_kind hk = KERN_DEV_CPU;
     qsort(q, (size_t)nq, sizeof *q, cmp_req);
+    fair_sort(q, nq);
     for (int i = 0; i < nq; i++) {
         sched_req *r = &q[i];
         r->start = false;
         r->backfilled = false;
-        if (r->want < 1 || r->want > SCHED_MAX_GANG)
+        r->over_share = over_share(lim, r);
+        if (r->want < 1 || r->want > SCHED_MAX_GANG || r->over_share)
             continue;
         int kind = kind_with_room(devs, ndev, r->want);
         if (head == NULL) {
             if (kind >= 0) {
                 place(devs, ndev, r, (kern_dev_kind)kind);
+                charge(lim, r);
                 started++;
                 continue;
             }
@@ -114,6 +175,7 @@ int sched_plan(sched_dev *devs, int ndev, sched_req *q, int nq)
         if (total - held_behind(devs, ndev, hk, head) - take < head->want)
             continue;
         place(devs, ndev, r, (kern_dev_kind)kind);
+        charge(lim, r);
         r->backfilled = true;
         started++;
     }

@@ -9,6 +9,17 @@
  * estimates that means the devices of the head's kind left to the head,
  * after every job ordered behind the head took its share, still cover what
  * the head asks.
+ *
+ * Users (sched_plan_users): within one priority the queue is served round
+ * robin by user, as a lab's fair share: a job's depth is how many jobs of
+ * its owner wait before it at that priority; lower depth first, then the
+ * owner whose last job started longest ago, then submission order. So
+ * two users with a burst each alternate, and one user's long queue never
+ * starves another's first job. Per-user limits (running jobs, devices at
+ * once) hold a job back while its owner is at the limit; such a job waits
+ * for its owner's share and does not block the queue of other users.
+ * Backfill still judges which running jobs are "behind" the head by
+ * (priority, submission): running jobs carry no fair-order key.
  */
 #ifndef ACC_SCHEDULER_H
 #define ACC_SCHEDULER_H
@@ -34,11 +45,25 @@ typedef struct sched_req {
     int prio;
     uint64_t submit;          /* submission order, unique */
     void *job;                /* the caller's, untouched */
+    int user;                 /* the owner: an index of the caller's, 0..nusers-1 */
+    uint64_t user_last;       /* when the owner last had a job started (0 = never;
+                                 any increasing key, smaller = longer ago) */
     /* out */
     bool start;
     int placed[SCHED_MAX_GANG];
     bool backfilled;
+    bool over_share;          /* held back: its owner is at a per-user limit */
+    int depth;                /* jobs of the same owner and priority before it */
 } sched_req;
+
+/* Per-user limits and what each user holds now (updated as jobs start). */
+typedef struct sched_limits {
+    int max_running;          /* jobs running at once per user, 0 = no limit */
+    int max_devices;          /* devices held at once per user, 0 = no limit */
+    int nusers;
+    int *running;             /* [nusers] */
+    int *devices;             /* [nusers] */
+} sched_limits;
 
 /* < 0 when a runs before b. */
 int sched_order(int prio_a, uint64_t submit_a, int prio_b, uint64_t submit_b);
@@ -50,5 +75,9 @@ int sched_can_ever_fit(const sched_dev *devs, int ndev, int want, acc_err *err);
 /* Sort `q` into run order and mark what starts now (start, placed[]).
  * devs[] is updated: placed devices become busy. Returns how many start. */
 int sched_plan(sched_dev *devs, int ndev, sched_req *q, int nq);
+
+/* The same with owners: round robin by user within a priority, and the
+ * limits of `lim` (NULL: none; every q[i].user must be < lim->nusers). */
+int sched_plan_users(sched_dev *devs, int ndev, sched_req *q, int nq, sched_limits *lim);
 
 #endif

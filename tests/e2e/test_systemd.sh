@@ -13,7 +13,8 @@ prefix=$(meson introspect "$build" --buildoptions | python3 -c \
     'import json,sys; print([o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"][0])')
 root=$dest$prefix
 for f in sbin/accumd lib/systemd/system/accumd.service lib/sysusers.d/accumd.conf \
-         lib/tmpfiles.d/accumd.conf share/accumd/accumd.conf etc/accumd/accumd.conf; do
+         lib/tmpfiles.d/accumd.conf share/accumd/accumd.conf etc/accumd/accumd.conf \
+         bin/accumctl share/man/man1/accumctl.1 share/bash-completion/completions/accumctl; do
     [ -e "$root/$f" ] || fail "meson install did not create $f"
 done
 unit=$root/lib/systemd/system/accumd.service

@@ -66,6 +66,90 @@ static void test_listen(void **state)
     assert_string_equal(err.field, "listen");
 }
 
+/* Issue 16 defect 17: loopback is decided on the resolved address. */
+static void test_loopback_is_resolved(void **state)
+{
+    acc_conf c;
+    acc_err err = {0};
+    const char *loop[] = {"127.0.0.1:1", "127.9.8.7:1", "[::1]:1", "localhost:1", "[::ffff:127.0.0.1]:1"};
+    const char *net[] = {"127.example.com:1", "127.0.0.1.example.invalid:1", "127.:1", "0.0.0.0:1",
+                         "[::ffff:10.0.0.1]:1", "[::]:1", "10.1.2.3:1", "128.0.0.1:1"};
+    for (size_t i = 0; i < sizeof loop / sizeof loop[0]; i++) {
+        conf_defaults(&c);
+        assert_int_equal(conf_set(&c, "listen", loop[i], &err), 0);
+        assert_int_equal(conf_finalize(&c, &err), 0);
+        if (c.require_token)
+            fail_msg("%s: token forced on", loop[i]);
+    }
+    for (size_t i = 0; i < sizeof net / sizeof net[0]; i++) {
+        conf_defaults(&c);
+        assert_int_equal(conf_set(&c, "listen", net[i], &err), 0);
+        assert_int_equal(conf_finalize(&c, &err), 0);
+        if (!c.require_token)
+            fail_msg("%s counts as loopback", net[i]);
+    }
+}
+
+/* Issue 16 defects 13, 14: one strict integer and boolean parser. */
+static void test_strict_scalars(void **state)
+{
+    uint64_t v = 0;
+    bool b = false;
+    assert_int_equal(conf_parse_u64("0", 10, &v), 0);
+    assert_true(v == 0);
+    assert_int_equal(conf_parse_u64("18446744073709551615", UINT64_MAX, &v), 0);
+    assert_true(v == UINT64_MAX);
+    assert_int_not_equal(conf_parse_u64("18446744073709551616", UINT64_MAX, &v), 0);
+    assert_int_not_equal(conf_parse_u64("9223372036854775808", INT64_MAX, &v), 0);
+    assert_int_equal(conf_parse_u64("9223372036854775807", INT64_MAX, &v), 0);
+    const char *bad[] = {"", " 1", "1 ", "+5", "-1", " -1", "0x10", "1e3", "1.0", "٣"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (conf_parse_u64(bad[i], UINT64_MAX, &v) == 0)
+            fail_msg("'%s' parsed as %llu", bad[i], (unsigned long long)v);
+    const char *yes[] = {"1", "true", "TRUE", "True", "yes", "on", "ON"}, *no[] = {"0", "false", "FALSE", "no", "off"};
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+        assert_int_equal(conf_parse_bool(yes[i], &b), 0);
+        assert_true(b);
+    }
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        assert_int_equal(conf_parse_bool(no[i], &b), 0);
+        assert_false(b);
+    }
+    const char *nb[] = {"", "maybe", "2", "tru", "true ", " yes", "y", "-1"};
+    for (size_t i = 0; i < sizeof nb / sizeof nb[0]; i++)
+        if (conf_parse_bool(nb[i], &b) == 0)
+            fail_msg("'%s' parsed as a boolean", nb[i]);
+    /* and the config keys use them */
+    acc_conf c;
+    acc_err err = {0};
+    conf_defaults(&c);
+    assert_int_equal(conf_set(&c, "cpu_devices", " 2", &err), ACC_EINVAL);
+    assert_int_equal(conf_set(&c, "cpu_devices", "+2", &err), ACC_EINVAL);
+    assert_int_equal(conf_set(&c, "max_connections", "18446744073709551617", &err), ACC_EINVAL);
+    assert_int_equal(conf_set(&c, "require_token", "TRUE", &err), 0);
+    assert_true(c.require_token);
+}
+
+/* Issue 16 defect 11: the connection limits keep a reserve. */
+static void test_connection_limits(void **state)
+{
+    acc_conf c;
+    acc_err err = {0};
+    conf_defaults(&c);
+    assert_int_equal(conf_finalize(&c, &err), 0);
+    assert_true(c.max_pending_connections > 0 && c.max_pending_connections < c.max_connections_per_ip);
+    conf_defaults(&c);
+    assert_int_equal(conf_set(&c, "max_connections_per_ip", "50", &err), 0);
+    assert_int_equal(conf_set(&c, "max_pending_connections", "50", &err), 0);
+    assert_int_equal(conf_finalize(&c, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "max_pending_connections");
+    conf_defaults(&c);
+    assert_int_equal(conf_set(&c, "header_timeout", "30", &err), 0);
+    assert_int_equal(conf_set(&c, "request_timeout", "20", &err), 0);
+    assert_int_equal(conf_finalize(&c, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "header_timeout");
+}
+
 static void test_errors_name_the_key(void **state)
 {
     acc_conf c;
@@ -116,6 +200,9 @@ int main(void)
         cmocka_unit_test(test_bytes),
         cmocka_unit_test(test_listen),
         cmocka_unit_test(test_errors_name_the_key),
+        cmocka_unit_test(test_loopback_is_resolved),
+        cmocka_unit_test(test_strict_scalars),
+        cmocka_unit_test(test_connection_limits),
         cmocka_unit_test(test_overrides_and_derived),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

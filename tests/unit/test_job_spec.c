@@ -204,6 +204,38 @@ static void test_paths(void **state)
     assert_int_equal(job_spec_parse(text, strlen(text), &f->conf, &s, &err), 0);
 }
 
+/* Issue 16 defect 16: the DeepSpeed keys accepted without effect keep
+ * their type, and integers past 64 bits name their key. */
+static void test_ignored_keys_and_big_integers(void **state)
+{
+    fixture *f = *state;
+    job_spec s;
+    acc_err err = {0};
+    const char *ok[] = {"\"deepspeed\":{\"train_batch_size\":8,\"steps_per_print\":10,\"wall_clock_breakdown\":false}",
+                        "\"deepspeed\":{\"train_batch_size\":8,\"steps_per_print\":2000,\"wall_clock_breakdown\":true}"};
+    for (size_t i = 0; i < 2; i++)
+        assert_int_equal(parse_with(f, ok[i], &s, &err), 0);
+    expect_field(f, "\"deepspeed\":{\"steps_per_print\":\"x\"}", "deepspeed.steps_per_print");
+    expect_field(f, "\"deepspeed\":{\"steps_per_print\":[1]}", "deepspeed.steps_per_print");
+    expect_field(f, "\"deepspeed\":{\"steps_per_print\":0}", "deepspeed.steps_per_print");
+    expect_field(f, "\"deepspeed\":{\"steps_per_print\":true}", "deepspeed.steps_per_print");
+    expect_field(f, "\"deepspeed\":{\"wall_clock_breakdown\":1}", "deepspeed.wall_clock_breakdown");
+    expect_field(f, "\"deepspeed\":{\"wall_clock_breakdown\":\"no\"}", "deepspeed.wall_clock_breakdown");
+    expect_field(f, "\"deepspeed\":{\"wall_clock_breakdown\":{}}", "deepspeed.wall_clock_breakdown");
+    expect_field(f, "\"seed\":18446744073709551616", "seed");
+    expect_field(f, "\"seed\":9223372036854775808", "seed");
+    expect_field(f, "\"max_steps\":-9223372036854775809", "max_steps");
+    expect_field(f, "\"optimizer\":{\"lr\":1e19,\"betas\":[0.9,99999999999999999999]}", "optimizer.betas");
+    expect_field(f, "\"deepspeed\":{\"steps_per_print\":123456789012345678901234567890}",
+                 "deepspeed.steps_per_print");
+    assert_int_equal(parse_with(f, "\"seed\":9223372036854775808", &s, &err), ACC_EINVAL);
+    assert_null(strstr(err.msg, "malformed"));
+    assert_non_null(strstr(err.msg, "9223372036854775808"));
+    /* a real malformation is still reported as one */
+    assert_int_equal(job_spec_parse("{\"seed\":1", 10, &f->conf, &s, &err), ACC_EINVAL);
+    assert_non_null(strstr(err.msg, "malformed JSON"));
+}
+
 static void test_deepspeed(void **state)
 {
     fixture *f = *state;
@@ -259,6 +291,7 @@ int main(void)
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_paths),
         cmocka_unit_test(test_deepspeed),
+        cmocka_unit_test(test_ignored_keys_and_big_integers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -81,6 +81,90 @@ static void test_prefers_cuda(void **state)
     assert_int_equal(q[0].placed[1], 2);
 }
 
+/* Round robin by user within a priority: alice's burst of three, then
+ * bob's of three, on one device: one job starts per round, and the users
+ * alternate (the one served longest ago first at equal depth). */
+static void test_fair_order_alternates(void **state)
+{
+    enum { ALICE = 0, BOB = 1 };
+    sched_req all[6];
+    for (int i = 0; i < 6; i++)
+        all[i] = (sched_req){.want = 1, .submit = (uint64_t)i + 1, .user = i < 3 ? ALICE : BOB};
+    uint64_t last[2] = {0, 0}, clock = 0;
+    bool done[6] = {false};
+    int order[6];
+    for (int round = 0; round < 6; round++) {
+        sched_dev d[1];
+        cpus(d, 1);
+        sched_req q[6];
+        int nq = 0;
+        for (int i = 0; i < 6; i++)
+            if (!done[i]) {
+                q[nq] = all[i];
+                q[nq].user_last = last[all[i].user];
+                nq++;
+            }
+        assert_int_equal(sched_plan_users(d, 1, q, nq, NULL), 1);
+        assert_true(q[0].start);
+        for (int k = 1; k < nq; k++)
+            assert_false(q[k].start);
+        int idx = (int)q[0].submit - 1;
+        done[idx] = true;
+        order[round] = idx;
+        last[all[idx].user] = ++clock;
+    }
+    /* a1 b1 a2 b2 a3 b3 */
+    const int want[6] = {0, 3, 1, 4, 2, 5};
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(order[i], want[i]);
+    /* priority still comes first: a later, higher-priority job of alice's
+     * goes before bob's first */
+    sched_dev d[1];
+    cpus(d, 1);
+    sched_req q[2] = {{.want = 1, .submit = 1, .user = BOB}, {.want = 1, .prio = 1, .submit = 2, .user = ALICE,
+                                                             .user_last = 5}};
+    assert_int_equal(sched_plan_users(d, 1, q, 2, NULL), 1);
+    assert_true(q[0].submit == 2 && q[0].start);
+}
+
+/* Per-user limits: alice at her running limit waits for her share, and
+ * does not block bob's jobs; devices at once are a limit of their own. */
+static void test_user_limits(void **state)
+{
+    enum { ALICE = 0, BOB = 1 };
+    sched_dev d[4];
+    cpus(d, 4);
+    int running[2] = {1, 0}, devices[2] = {1, 0};
+    d[0].busy = true; /* alice's running job */
+    d[0].holder_submit = 1;
+    sched_limits lim = {.max_running = 1, .nusers = 2, .running = running, .devices = devices};
+    sched_req q[3] = {{.want = 1, .submit = 2, .user = ALICE},
+                      {.want = 1, .submit = 3, .user = BOB},
+                      {.want = 1, .submit = 4, .user = BOB}};
+    assert_int_equal(sched_plan_users(d, 4, q, 3, &lim), 1);
+    for (int i = 0; i < 3; i++) {
+        if (q[i].submit == 2)
+            assert_true(!q[i].start && q[i].over_share);
+        if (q[i].submit == 3)
+            assert_true(q[i].start && !q[i].over_share);
+        if (q[i].submit == 4) /* bob is at his limit now */
+            assert_true(!q[i].start && q[i].over_share);
+    }
+    assert_int_equal(running[BOB], 1);
+    assert_int_equal(devices[BOB], 1);
+
+    /* devices at once: 3 allowed per user; alice holds 2 */
+    cpus(d, 4);
+    d[0].busy = d[1].busy = true;
+    int run2[2] = {1, 0}, dev2[2] = {2, 0};
+    sched_limits lim2 = {.max_devices = 3, .nusers = 2, .running = run2, .devices = dev2};
+    sched_req q2[2] = {{.want = 2, .submit = 2, .user = ALICE}, {.want = 1, .submit = 3, .user = ALICE}};
+    assert_int_equal(sched_plan_users(d, 4, q2, 2, &lim2), 1);
+    assert_true(q2[0].over_share && !q2[0].start);
+    assert_true(q2[1].submit == 3 && q2[1].start);
+    assert_int_equal(dev2[ALICE], 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -88,6 +172,8 @@ int main(void)
         cmocka_unit_test(test_order_and_gang),
         cmocka_unit_test(test_backfill),
         cmocka_unit_test(test_prefers_cuda),
+        cmocka_unit_test(test_fair_order_alternates),
+        cmocka_unit_test(test_user_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

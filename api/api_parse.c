@@ -1,0 +1,329 @@
+/* api_parse: routing and the strict parsing of query parameters and headers
+ * (see api_parse.h). Pure: no MHD, no jobs. */
+#include "api_parse.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "conf.h"
+#include "job.h"
+
+/* ---- safe echo --------------------------------------------------------------- */
+
+/* Bytes of the valid UTF-8 sequence at s (RFC 3629: no overlongs, no
+ * surrogates, nothing past U+10FFFF), 0 when there is none. */
+static size_t utf8_seq(const unsigned char *s, size_t len)
+{
+    unsigned char c = s[0];
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    } else
+        return 0;
+    if (len < n || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF)
+            return 0;
+    return n;
+}
+
+void api_safe_text(const char *in, size_t len, char *out, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)in;
+    size_t k = 0;
+    if (n == 0)
+        return;
+    for (size_t i = 0; i < len;) {
+        size_t q = utf8_seq(s + i, len - i);
+        if (q == 1 && (s[i] < 0x20 || s[i] == 0x7F))
+            q = 0; /* a control character: escaped like a stray byte */
+        if (q == 0) {
+            if (k + 4 >= n)
+                break;
+            snprintf(out + k, 5, "\\x%02x", s[i]);
+            k += 4;
+            i++;
+            continue;
+        }
+        if (k + q >= n)
+            break;
+        memcpy(out + k, s + i, q);
+        k += q;
+        i += q;
+    }
+    out[k] = '\0';
+}
+
+/* ---- unescaping ----------------------------------------------------------------- */
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+size_t api_unescape(char *s)
+{
+    char *w = s;
+    for (const char *r = s; *r; r++) {
+        int hi, lo;
+        if (r[0] == '%' && (hi = hexval(r[1])) >= 0 && (lo = hexval(r[2])) >= 0 && (hi | lo) != 0) {
+            *w++ = (char)(hi * 16 + lo);
+            r += 2;
+        } else {
+            *w++ = *r;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
+/* ---- query parameters and headers -------------------------------------------- */
+
+int api_query_get(const api_request *in, const char *key, const char **v, api_response *resp)
+{
+    int found = 0;
+    *v = NULL;
+    for (size_t i = 0; i < in->nquery; i++) {
+        if (strcmp(in->query[i].key, key) != 0)
+            continue;
+        if (found++) {
+            api_resp_error(resp, 400, "invalid", key, "query parameter %s is given more than once", key);
+            return -1;
+        }
+        *v = in->query[i].value;
+    }
+    return found;
+}
+
+int api_query_bool(const api_request *in, const char *key, bool *out, api_response *resp)
+{
+    const char *v;
+    int rc = api_query_get(in, key, &v, resp);
+    if (rc <= 0)
+        return rc;
+    if (v == NULL || v[0] == '\0') { /* a bare ?dry_run means yes */
+        *out = true;
+        return 0;
+    }
+    if (conf_parse_bool(v, out) == 0)
+        return 0;
+    char safe[64];
+    api_safe_text(v, strlen(v), safe, sizeof safe);
+    api_resp_error(resp, 400, "invalid", key, "%s must be 1, true, yes, on, 0, false, no or off, got '%s'", key,
+                   safe);
+    return -1;
+}
+
+static int parse_seq(const char *what, const char *v, uint64_t max, uint64_t *out, api_response *resp)
+{
+    if (v != NULL && conf_parse_u64(v, max, out) == 0)
+        return 0;
+    char safe[64];
+    api_safe_text(v ? v : "", v ? strlen(v) : 0, safe, sizeof safe);
+    api_resp_error(resp, 400, "invalid", what, "%s must be a decimal integer in [0, %llu], got '%s'", what,
+                   (unsigned long long)max, safe);
+    return -1;
+}
+
+int api_query_u64(const api_request *in, const char *key, uint64_t max, uint64_t *out, bool *present,
+                  api_response *resp)
+{
+    const char *v;
+    int rc = api_query_get(in, key, &v, resp);
+    if (present != NULL)
+        *present = rc > 0;
+    if (rc <= 0)
+        return rc;
+    return parse_seq(key, v, max, out, resp);
+}
+
+const char *api_header(const api_request *in, const char *name)
+{
+    for (size_t i = 0; i < in->nheaders; i++)
+        if (!strcasecmp(in->headers[i].key, name))
+            return in->headers[i].value;
+    return NULL;
+}
+
+/* A NUL inside a path, query pair or header is refused outright: C code
+ * past this point would see a shorter string than the client sent. */
+static int refuse_nul(const api_request *in, api_response *resp)
+{
+    const char *what = NULL;
+    if (strlen(in->path) != in->path_len)
+        what = "the path";
+    for (size_t i = 0; what == NULL && i < in->nquery; i++) {
+        const api_kv *q = &in->query[i];
+        if (strlen(q->key) != q->key_len || (q->value != NULL && strlen(q->value) != q->value_len))
+            what = "a query parameter";
+    }
+    for (size_t i = 0; what == NULL && i < in->nheaders; i++) {
+        const api_kv *h = &in->headers[i];
+        if (strlen(h->key) != h->key_len || (h->value != NULL && strlen(h->value) != h->value_len))
+            what = "a header";
+    }
+    if (what == NULL)
+        return 0;
+    api_resp_error(resp, 400, "invalid", NULL, "%s contains a NUL byte", what);
+    return -1;
+}
+
+/* ---- routes -------------------------------------------------------------------- */
+
+static bool is_get(const char *m) { return !strcmp(m, "GET") || !strcmp(m, "HEAD"); }
+
+static int not_allowed(const api_request *in, api_response *resp, const char *allow)
+{
+    char m[64], p[256];
+    api_safe_text(in->method, strlen(in->method), m, sizeof m);
+    api_safe_text(in->path, in->path_len, p, sizeof p);
+    api_resp_error(resp, 405, "method_not_allowed", NULL, "%s %s: allowed: %s", m, p, allow);
+    resp->allow = allow;
+    return -1;
+}
+
+static int no_route(const api_request *in, api_response *resp)
+{
+    char m[64], p[256];
+    api_safe_text(in->method, strlen(in->method), m, sizeof m);
+    api_safe_text(in->path, in->path_len, p, sizeof p);
+    api_resp_error(resp, 404, "not_found", NULL, "no route for %s %s", m, p);
+    return -1;
+}
+
+static int parse_list(const api_request *in, api_call *out, api_response *resp)
+{
+    const char *state;
+    out->route = API_R_JOBS_LIST;
+    out->state = -1;
+    int rc = api_query_get(in, "state", &state, resp);
+    if (rc < 0)
+        return -1;
+    if (rc > 0 && (state == NULL || (out->state = job_state_parse(state)) < 0)) {
+        char safe[64];
+        api_safe_text(state ? state : "", state ? strlen(state) : 0, safe, sizeof safe);
+        api_resp_error(resp, 400, "invalid", "state",
+                       "state must be queued, running, succeeded, failed or cancelled, got '%s'", safe);
+        return -1;
+    }
+    return 0;
+}
+
+/* Where a stream starts: after Last-Event-ID (the last event seen) or after
+ * ?since=N, else at the oldest event held. Both are checked when both come. */
+static int parse_events(const api_request *in, api_call *out, api_response *resp)
+{
+    const char *format;
+    int rc = api_query_get(in, "format", &format, resp);
+    if (rc < 0)
+        return -1;
+    if (rc > 0 && (format == NULL || (strcmp(format, "sse") && strcmp(format, "ndjson")))) {
+        char safe[64];
+        api_safe_text(format ? format : "", format ? strlen(format) : 0, safe, sizeof safe);
+        api_resp_error(resp, 400, "invalid", "format", "format must be sse or ndjson, got '%s'", safe);
+        return -1;
+    }
+    out->ndjson = rc > 0 && !strcmp(format, "ndjson");
+    uint64_t since = 0, last = 0;
+    bool have_since = false;
+    if (api_query_u64(in, "since", API_SEQ_MAX, &since, &have_since, resp) != 0)
+        return -1;
+    const char *lh = api_header(in, "Last-Event-ID");
+    if (lh != NULL && parse_seq("Last-Event-ID", lh, API_SEQ_MAX, &last, resp) != 0)
+        return -1;
+    out->from = lh != NULL ? last + 1 : have_since ? since + 1 : 1;
+    return 0;
+}
+
+static int parse_job(const api_request *in, const char *rest, size_t rest_len, api_call *out, api_response *resp)
+{
+    const char *slash = memchr(rest, '/', rest_len);
+    size_t il = slash ? (size_t)(slash - rest) : rest_len;
+    if (!job_id_valid(rest, il)) {
+        char safe[128];
+        api_safe_text(rest, il, safe, sizeof safe);
+        api_resp_error(resp, 404, "not_found", NULL, "no job '%s' (job ids are 'j' and digits)", safe);
+        return -1;
+    }
+    memcpy(out->id, rest, il);
+    out->id[il] = '\0';
+    const char *tail = slash ? slash + 1 : "";
+    size_t tl = slash ? rest_len - il - 1 : 0;
+    bool events = tl == 6 && !memcmp(tail, "events", 6), metrics = tl == 7 && !memcmp(tail, "metrics", 7);
+    if (events || metrics) {
+        if (!is_get(in->method))
+            return not_allowed(in, resp, "GET, HEAD");
+        out->route = events ? API_R_JOB_EVENTS : API_R_JOB_METRICS;
+        return events ? parse_events(in, out, resp) : 0;
+    }
+    if (slash != NULL) /* "id/" and "id/anything-else" */
+        return no_route(in, resp);
+    if (is_get(in->method))
+        out->route = API_R_JOB_GET;
+    else if (!strcmp(in->method, "DELETE"))
+        out->route = API_R_JOB_CANCEL;
+    else
+        return not_allowed(in, resp, "GET, HEAD, DELETE");
+    return 0;
+}
+
+/* A fixed path answered to GET and HEAD only. */
+static int fixed_get(const api_request *in, api_call *out, api_route_id r, api_response *resp)
+{
+    if (!is_get(in->method))
+        return not_allowed(in, resp, "GET, HEAD");
+    out->route = r;
+    return 0;
+}
+
+int api_parse_request(const api_request *in, api_call *out, api_response *resp)
+{
+    memset(out, 0, sizeof *out);
+    out->state = -1;
+    out->from = 1;
+    out->head = !strcmp(in->method, "HEAD");
+    if (refuse_nul(in, resp) != 0)
+        return -1;
+    const char *p = in->path;
+    if (!strcmp(p, "/healthz"))
+        return fixed_get(in, out, API_R_HEALTHZ, resp);
+    if (!strcmp(p, "/metrics"))
+        return fixed_get(in, out, API_R_METRICS, resp);
+    if (!strcmp(p, "/v1/devices"))
+        return fixed_get(in, out, API_R_DEVICES, resp);
+    if (!strcmp(p, "/v1/jobs") || !strcmp(p, "/v1/jobs/")) {
+        if (is_get(in->method))
+            return parse_list(in, out, resp);
+        if (!strcmp(in->method, "POST")) {
+            out->route = API_R_JOBS_SUBMIT;
+            return api_query_bool(in, "dry_run", &out->dry_run, resp);
+        }
+        return not_allowed(in, resp, "GET, HEAD, POST");
+    }
+    if (!strncmp(p, "/v1/jobs/", 9))
+        return parse_job(in, p + 9, in->path_len - 9, out, resp);
+    return no_route(in, resp);
+}

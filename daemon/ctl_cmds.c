@@ -1,0 +1,480 @@
+/* ctl_cmds: one function per accumctl command (see accumctl.c for the
+ * command line and docs/accumctl.1 for what each prints).
+ *
+ * Every command returns its exit code (ctl.h). With --json the daemon's
+ * answer is printed as it came (streams: one event a line, NDJSON).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "api_http.h"
+#include "conf.h"
+#include "ctl.h"
+#include "fsutil.h"
+
+#define CTL_MAX_SPEC (64u << 20)
+
+/* A job spec from a file, or stdin for "-". */
+static int read_spec(const char *file, char **text, size_t *len)
+{
+    *text = NULL;
+    *len = 0;
+    if (strcmp(file, "-") != 0) {
+        acc_err err = {0};
+        if (fsu_read_all(file, text, len, CTL_MAX_SPEC, &err) != 0) {
+            fprintf(stderr, "accumctl: %s\n", err.msg);
+            return CTL_EUSAGE;
+        }
+        return 0;
+    }
+    size_t cap = 0;
+    for (;;) {
+        if (*len + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            char *np = cap <= CTL_MAX_SPEC ? realloc(*text, cap) : NULL;
+            if (np == NULL) {
+                free(*text);
+                fprintf(stderr, "accumctl: the spec on stdin is too large\n");
+                return CTL_EUSAGE;
+            }
+            *text = np;
+        }
+        size_t n = fread(*text + *len, 1, 4096, stdin);
+        *len += n;
+        (*text)[*len] = '\0';
+        if (n == 0)
+            break;
+    }
+    if (ferror(stdin)) {
+        free(*text);
+        fprintf(stderr, "accumctl: reading the spec on stdin: %s\n", strerror(errno));
+        return CTL_EUSAGE;
+    }
+    return 0;
+}
+
+/* Job ids go into URLs: letters, digits, '-' and '_' only. */
+static int check_id(const char *id)
+{
+    if (id == NULL || id[0] == '\0' || strlen(id) > 64 || strspn(id, "abcdefghijklmnopqrstuvwxyz"
+                                                                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") !=
+                                                             strlen(id)) {
+        fprintf(stderr, "accumctl: '%s' is not a job id (e.g. j000001)\n", id ? id : "");
+        return CTL_EUSAGE;
+    }
+    return 0;
+}
+
+static int code_of_state(const char *state)
+{
+    if (state == NULL)
+        return CTL_EHTTP;
+    if (!strcmp(state, "succeeded"))
+        return CTL_OK;
+    if (!strcmp(state, "cancelled"))
+        return CTL_JOB_CANCELLED;
+    return CTL_JOB_FAILED;
+}
+
+/* ---- following a job's stream ---------------------------------------------- */
+
+typedef struct follow_ctx {
+    ctl *c;
+    bool print, raw;
+    long long last_seq, until; /* until: stop at this seq (logs without -f), -1 none */
+    char final[32];            /* the state of the done event, "" until then */
+} follow_ctx;
+
+static int on_event_line(void *p, const char *line)
+{
+    follow_ctx *f = p;
+    if (line[0] == '\0')
+        return 0;
+    json_t *ev = json_loads(line, 0, NULL);
+    if (ev == NULL) { /* not ours to judge: show it */
+        if (f->print)
+            printf("%s\n", line);
+        return 0;
+    }
+    json_int_t seq = json_integer_value(json_object_get(ev, "seq"));
+    if (seq > f->last_seq)
+        f->last_seq = seq;
+    if (f->print) {
+        if (f->raw)
+            printf("%s\n", line), fflush(stdout);
+        else
+            ctl_print_event(ev);
+    }
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    int stop = 0;
+    if (type != NULL && !strcmp(type, "done")) {
+        snprintf(f->final, sizeof f->final, "%s", json_string_value(json_object_get(ev, "state")) ?: "");
+        stop = 1;
+    }
+    if (f->until >= 0 && seq >= f->until)
+        stop = 1;
+    json_decref(ev);
+    return stop;
+}
+
+/* The state of a job now; NULL (printed) when it cannot be had. */
+static int job_state_now(ctl *c, const char *id, char *state, size_t n)
+{
+    char path[128];
+    json_t *j;
+    snprintf(path, sizeof path, "/v1/jobs/%s", id);
+    int rc = ctl_get_json(c, path, &j);
+    if (rc != 0)
+        return rc;
+    snprintf(state, n, "%s", json_string_value(json_object_get(j, "state")) ?: "");
+    json_decref(j);
+    return 0;
+}
+
+/* Stream the job's events from after `since` until its done event; across
+ * a daemon restart the stream is picked up where it broke. The exit code
+ * follows the job's final state. */
+static int follow(ctl *c, const char *id, long long since, bool print)
+{
+    follow_ctx f = {.c = c, .print = print, .raw = c->json, .last_seq = since, .until = -1};
+    int conn_failures = 0;
+    for (;;) {
+        char path[160];
+        snprintf(path, sizeof path, "/v1/jobs/%s/events?format=ndjson&since=%lld", id, f.last_seq);
+        int rc = ctl_stream(c, path, on_event_line, &f);
+        if (f.final[0])
+            return code_of_state(f.final);
+        if (rc == CTL_EHTTP)
+            return rc;
+        char state[32] = "";
+        if (rc == 0)
+            rc = job_state_now(c, id, state, sizeof state);
+        if (rc == CTL_EHTTP)
+            return rc;
+        if (rc == 0 && (!strcmp(state, "succeeded") || !strcmp(state, "failed") || !strcmp(state, "cancelled")))
+            return code_of_state(state);
+        if (rc == CTL_ECONN && ++conn_failures > 30)
+            return rc;
+        if (rc == 0)
+            conn_failures = 0;
+        sleep(1); /* the daemon restarts, or the stream was cut: go on from last_seq */
+    }
+}
+
+/* ---- commands --------------------------------------------------------------- */
+
+static int print_answer(ctl *c, const ctl_resp *r, int want1, int want2, json_t **out)
+{
+    if (r->status != want1 && r->status != want2)
+        return ctl_http_error(r);
+    json_error_t je;
+    *out = json_loads(r->body, 0, &je);
+    if (*out == NULL) {
+        fprintf(stderr, "accumctl: the answer is not JSON: %s\n", je.text);
+        return CTL_EHTTP;
+    }
+    if (c->json)
+        fputs(r->body, stdout);
+    return 0;
+}
+
+int ctl_cmd_submit(ctl *c, const ctl_opts *o, const char *file)
+{
+    char *text;
+    size_t len;
+    int rc = read_spec(file, &text, &len);
+    if (rc != 0)
+        return rc;
+    ctl_resp r;
+    rc = ctl_request(c, "POST", o->dry_run ? "/v1/jobs?dry_run=1" : "/v1/jobs", text, len, &r);
+    free(text);
+    if (rc != 0)
+        return rc;
+    json_t *ans = NULL;
+    rc = print_answer(c, &r, o->dry_run ? 200 : 201, -1, &ans);
+    ctl_resp_free(&r);
+    if (rc != 0)
+        return rc;
+    if (o->dry_run) {
+        if (!c->json)
+            ctl_print_plan(ans);
+        json_decref(ans);
+        return 0;
+    }
+    char id[64];
+    snprintf(id, sizeof id, "%s", json_string_value(json_object_get(ans, "id")) ?: "");
+    if (!c->json) {
+        char devs[256] = "";
+        size_t i;
+        const json_t *v;
+        json_array_foreach(json_object_get(ans, "devices"), i, v)
+        {
+            size_t k = strlen(devs);
+            snprintf(devs + k, sizeof devs - k, "%s%s", i ? "," : " on ", json_string_value(v) ?: "?");
+        }
+        printf("%s %s%s (owner %s)\n", id, json_string_value(json_object_get(ans, "state")) ?: "?", devs,
+               json_string_value(json_object_get(ans, "owner")) ?: "-");
+        fflush(stdout);
+    }
+    json_decref(ans);
+    if (!o->wait)
+        return 0;
+    if (check_id(id) != 0)
+        return CTL_EHTTP;
+    return follow(c, id, 0, !c->quiet);
+}
+
+int ctl_cmd_ls(ctl *c, const ctl_opts *o)
+{
+    char path[128] = "/v1/jobs";
+    if (o->state != NULL) {
+        if (strspn(o->state, "abcdefghijklmnopqrstuvwxyz") != strlen(o->state) || strlen(o->state) > 32) {
+            fprintf(stderr, "accumctl: --state must be queued, running, succeeded, failed or cancelled\n");
+            return CTL_EUSAGE;
+        }
+        snprintf(path, sizeof path, "/v1/jobs?state=%s", o->state);
+    }
+    ctl_resp r;
+    int rc = ctl_request(c, "GET", path, NULL, 0, &r);
+    if (rc != 0)
+        return rc;
+    json_t *ans = NULL;
+    rc = print_answer(c, &r, 200, -1, &ans);
+    ctl_resp_free(&r);
+    if (rc == 0 && !c->json)
+        ctl_print_jobs(json_object_get(ans, "jobs"));
+    json_decref(ans);
+    return rc;
+}
+
+static int get_and_print(ctl *c, const char *path, void (*pr)(const json_t *))
+{
+    ctl_resp r;
+    int rc = ctl_request(c, "GET", path, NULL, 0, &r);
+    if (rc != 0)
+        return rc;
+    json_t *ans = NULL;
+    rc = print_answer(c, &r, 200, -1, &ans);
+    ctl_resp_free(&r);
+    if (rc == 0 && !c->json)
+        pr(ans);
+    json_decref(ans);
+    return rc;
+}
+
+int ctl_cmd_show(ctl *c, const char *id)
+{
+    char path[128];
+    if (check_id(id) != 0)
+        return CTL_EUSAGE;
+    snprintf(path, sizeof path, "/v1/jobs/%s", id);
+    return get_and_print(c, path, ctl_print_job);
+}
+
+int ctl_cmd_devices(ctl *c) { return get_and_print(c, "/v1/devices", ctl_print_devices); }
+
+int ctl_cmd_logs(ctl *c, const ctl_opts *o, const char *id)
+{
+    if (check_id(id) != 0)
+        return CTL_EUSAGE;
+    if (o->follow)
+        return follow(c, id, 0, true);
+    /* the events so far: up to the job's last one now */
+    char path[160];
+    json_t *j;
+    snprintf(path, sizeof path, "/v1/jobs/%s", id);
+    int rc = ctl_get_json(c, path, &j);
+    if (rc != 0)
+        return rc;
+    long long last = (long long)json_integer_value(json_object_get(j, "last_event"));
+    json_decref(j);
+    if (last <= 0)
+        return 0;
+    follow_ctx f = {.c = c, .print = true, .raw = c->json, .last_seq = 0, .until = last};
+    snprintf(path, sizeof path, "/v1/jobs/%s/events?format=ndjson&since=0", id);
+    return ctl_stream(c, path, on_event_line, &f);
+}
+
+int ctl_cmd_cancel(ctl *c, const char *id)
+{
+    char path[128];
+    if (check_id(id) != 0)
+        return CTL_EUSAGE;
+    snprintf(path, sizeof path, "/v1/jobs/%s", id);
+    ctl_resp r;
+    int rc = ctl_request(c, "DELETE", path, NULL, 0, &r);
+    if (rc != 0)
+        return rc;
+    json_t *ans = NULL;
+    long status = r.status;
+    rc = print_answer(c, &r, 200, 202, &ans);
+    ctl_resp_free(&r);
+    if (rc == 0 && !c->json) {
+        if (status == 200)
+            printf("%s cancelled\n", id);
+        else
+            printf("%s cancel requested: it stops at its next micro-step (state %s)\n", id,
+                   json_string_value(json_object_get(ans, "state")) ?: "?");
+    }
+    json_decref(ans);
+    return rc;
+}
+
+int ctl_cmd_metrics(ctl *c, const ctl_opts *o, const char *id)
+{
+    char path[128];
+    if (check_id(id) != 0)
+        return CTL_EUSAGE;
+    snprintf(path, sizeof path, "/v1/jobs/%s/metrics", id);
+    ctl_resp r;
+    int rc = ctl_request(c, "GET", path, NULL, 0, &r);
+    if (rc != 0)
+        return rc;
+    json_t *ans = NULL;
+    rc = print_answer(c, &r, 200, -1, &ans);
+    ctl_resp_free(&r);
+    if (rc == 0 && !c->json)
+        ctl_print_metrics(ans, o->csv);
+    json_decref(ans);
+    return rc;
+}
+
+/* The planner (POST /v1/plan, DESIGN.md): the spec plus "hardware". A
+ * daemon without it (404/405) gets the dry run of POST /v1/jobs, which
+ * plans for its own devices, and the user is told so. */
+int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file)
+{
+    uint64_t bytes;
+    if (o->device_memory != NULL && conf_parse_bytes(o->device_memory, &bytes) != 0) {
+        fprintf(stderr, "accumctl: --device-memory must be a size such as 24GiB or 80G, got '%s'\n",
+                o->device_memory);
+        return CTL_EUSAGE;
+    }
+    char *text;
+    size_t len;
+    int rc = read_spec(file, &text, &len);
+    if (rc != 0)
+        return rc;
+    json_error_t je;
+    json_t *spec = json_loadb(text, len, 0, &je);
+    if (!json_is_object(spec)) {
+        fprintf(stderr, "accumctl: %s: not a JSON object (line %d: %s)\n", file, je.line, je.text);
+        json_decref(spec);
+        free(text);
+        return CTL_EUSAGE;
+    }
+    if (o->device_memory != NULL || o->devices > 0) {
+        json_t *hw = json_object();
+        if (o->device_memory != NULL)
+            json_object_set_new(hw, "device_memory", json_string(o->device_memory));
+        if (o->devices > 0)
+            json_object_set_new(hw, "devices", json_integer(o->devices));
+        json_object_set_new(spec, "hardware", hw);
+    }
+    char *body = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(spec);
+    ctl_resp r;
+    rc = body ? ctl_request(c, "POST", "/v1/plan", body, strlen(body), &r) : CTL_EUSAGE;
+    free(body);
+    if (rc == 0 && (r.status == 404 || r.status == 405)) {
+        ctl_resp_free(&r);
+        fprintf(stderr, "accumctl: this accumd has no POST /v1/plan yet; showing its dry run "
+                        "(POST /v1/jobs?dry_run=1) instead, which plans for the daemon's own devices%s\n",
+                o->device_memory || o->devices ? ", not for --device-memory/--devices" : "");
+        rc = ctl_request(c, "POST", "/v1/jobs?dry_run=1", text, len, &r);
+    }
+    free(text);
+    if (rc != 0)
+        return rc;
+    json_t *ans = NULL;
+    rc = print_answer(c, &r, 200, -1, &ans);
+    ctl_resp_free(&r);
+    if (rc == 0 && !c->json)
+        ctl_print_plan(ans);
+    json_decref(ans);
+    return rc;
+}
+
+/* ---- user add: a token and its users_file line (no daemon involved) ------- */
+
+static int append_line(const char *path, const char *name, const char *line)
+{
+    char *text = NULL;
+    size_t len = 0;
+    acc_err err = {0};
+    if (fsu_read_all(path, &text, &len, 4u << 20, &err) == 0) {
+        size_t nl = strlen(name);
+        for (char *p = text; p != NULL && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+            p += strspn(p, " \t");
+            if (!strncmp(p, name, nl) && (p[nl] == ' ' || p[nl] == '\t')) {
+                free(text);
+                fprintf(stderr, "accumctl: %s already lists user '%s'\n", path, name);
+                return CTL_EUSAGE;
+            }
+        }
+        free(text);
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "accumctl: cannot open %s: %s\n", path, strerror(errno));
+        return CTL_EUSAGE;
+    }
+    char buf[512];
+    int n = snprintf(buf, sizeof buf, "%s\n", line);
+    int rc = fsu_write_all(fd, buf, (size_t)n, &err) == 0 && fsync(fd) == 0 ? 0 : -1;
+    close(fd);
+    if (rc != 0) {
+        fprintf(stderr, "accumctl: writing %s: %s\n", path, err.msg[0] ? err.msg : strerror(errno));
+        return CTL_EUSAGE;
+    }
+    return 0;
+}
+
+int ctl_cmd_user_add(const ctl *c, const ctl_opts *o, const char *name)
+{
+    const char *role = o->role ? o->role : "user";
+    if (!api_user_name_ok(name) || !strcmp(name, API_ANONYMOUS)) {
+        fprintf(stderr, "accumctl: a user name is 1..63 of A-Z a-z 0-9 . _ - ('%s' is reserved)\n", API_ANONYMOUS);
+        return CTL_EUSAGE;
+    }
+    if (api_role_parse(role) < 0) {
+        fprintf(stderr, "accumctl: --role must be admin or user, got '%s'\n", role);
+        return CTL_EUSAGE;
+    }
+    unsigned char raw[32], h[API_HASH_LEN];
+    char token[2 * sizeof raw + 1], hex[2 * API_HASH_LEN + 1], line[256];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {
+        fprintf(stderr, "accumctl: getrandom: %s\n", strerror(errno));
+        return CTL_EUSAGE;
+    }
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(token + 2 * i, 3, "%02x", raw[i]);
+    if (api_token_hash(token, h) != 0) {
+        fprintf(stderr, "accumctl: SHA-256 failed\n");
+        return CTL_EUSAGE;
+    }
+    api_hash_hex(h, hex);
+    snprintf(line, sizeof line, "%s %s sha256:%s", name, role, hex);
+    if (o->users_file != NULL) {
+        int rc = append_line(o->users_file, name, line);
+        if (rc != 0)
+            return rc;
+    }
+    if (c->json) {
+        json_t *j = json_pack("{s:s, s:s, s:s, s:s}", "name", name, "role", role, "token", token, "line", line);
+        ctl_print_json(j);
+        json_decref(j);
+        return 0;
+    }
+    printf("%s\n%s\n", token, line);
+    fprintf(stderr,
+            "accumctl: line 1 is %s's token (give it to them: ACCUMD_TOKEN or --token); line 2 %s; "
+            "accumd reads the users file at start and on SIGHUP (systemctl reload accumd)\n",
+            name, o->users_file ? "was appended to the users file" : "goes into the users file (users_file)");
+    return 0;
+}
