@@ -95,6 +95,8 @@ struct trainer {
     model_config cfg;
     data_source *train, *val;  /* opened by rank 0 before the first barrier */
     kern_comm *comm;
+    int own_comm;              /* comm is the trainer's (threads), else the caller's */
+    int first_rank, local_ranks; /* the ranks run here: all, or one rank process */
     atomic_int cancel;
     atomic_int preempt;        /* cancel for a shutdown: checkpoint first */
     int keep;                  /* checkpoints kept */
@@ -936,7 +938,7 @@ static int rank_run(rank_state *rs, acc_err *err)
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
     int rc = rank_setup(rs, err);
-    if (rc == 0 && rs->rank == 0)
+    if (rc == 0 && rs->rank == t->first_rank) /* each rank process opens its own */
         rc = open_data(s, &t->train, &t->val, err);
     if (rc != 0)
         return rc;
@@ -1060,7 +1062,8 @@ static void trainer_destroy(trainer *t)
 {
     data_close(t->train);
     data_close(t->val);
-    kern_comm_destroy(t->comm);
+    if (t->own_comm)
+        kern_comm_destroy(t->comm);
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
@@ -1155,6 +1158,26 @@ static int prepare_spec(trainer *t, const kern_device_info *devs, acc_err *err)
     return rc;
 }
 
+/* The ranks this process runs and their communicator: every rank as a
+ * thread over the job's own (shared memory, NCCL), or the one rank of a
+ * rank process over the caller's (MPI, kern_comm_mpi.h). */
+static int setup_comm(trainer *t, const trainer_opts *o, acc_err *err)
+{
+    if (o->comm == NULL) {
+        t->own_comm = 1;
+        t->first_rank = 0;
+        t->local_ranks = t->nranks;
+        return kern_comm_open(t->devs, t->nranks, &t->comm, err);
+    }
+    if (o->rank < 0 || o->rank >= t->nranks)
+        return acc_err_set(err, ACC_EINVAL, "devices", "rank %d of a job of %d devices",
+                           o->rank, t->nranks);
+    t->comm = o->comm;
+    t->first_rank = o->rank;
+    t->local_ranks = 1;
+    return 0;
+}
+
 int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, acc_err *err)
 {
     *out = NULL;
@@ -1177,16 +1200,17 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     atomic_init(&t->cancel, 0);
     atomic_init(&t->preempt, 0);
     t->keep = o->checkpoint_keep > 0 ? o->checkpoint_keep : 2;
-    atomic_init(&t->live, t->nranks);
     if (pthread_mutex_init(&t->mu, NULL) != 0) {
         free(t);
         return acc_err_set(err, ACC_ENOMEM, "", "pthread_mutex_init failed");
     }
-    if ((rc = kern_comm_open(t->devs, t->nranks, &t->comm, err)) != 0) {
+    if ((rc = setup_comm(t, o, err)) != 0) {
         trainer_destroy(t);
         return rc;
     }
-    for (int r = 0; r < t->nranks; r++) {
+    atomic_init(&t->live, t->local_ranks);
+    int end = t->first_rank + t->local_ranks;
+    for (int r = t->first_rank; r < end; r++) {
         t->ranks[r].t = t;
         t->ranks[r].rank = r;
         if (pthread_create(&t->ranks[r].thread, NULL, rank_main, &t->ranks[r]) != 0) {
@@ -1195,7 +1219,7 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
             acc_err e = {0};
             acc_err_set(&e, ACC_EINTERNAL, "", "cannot start rank thread %d", r);
             fail(t, &e);
-            if (atomic_fetch_sub(&t->live, t->nranks - r) == t->nranks - r)
+            if (atomic_fetch_sub(&t->live, end - r) == end - r)
                 finish_run(t);
             break;
         }
