@@ -50,6 +50,7 @@ typedef struct rank_args {
     int kernel_threads;
     uint64_t device_memory;
     int oom_rank, oom_step, oom_micro; /* --inject-oom, oom_rank < 0 = none */
+    uint64_t bucket_bytes; /* --bucket-bytes: gradient bucket size (0 = the trainer's) */
 } rank_args;
 
 typedef struct rank_prog {
@@ -65,7 +66,8 @@ typedef struct rank_prog {
 static void usage(void)
 {
     fprintf(stderr, "usage: accumd-rank [--local N] [--events PATH] [--output DIR] "
-                    "[--kernel-threads K] [--device-memory BYTES] [--inject-oom R:S:M] SPEC.json\n");
+                    "[--kernel-threads K] [--device-memory BYTES] [--bucket-bytes BYTES] [--inject-oom R:S:M] "
+                    "SPEC.json\n");
 }
 
 static int parse_args(int argc, char **argv, rank_args *a)
@@ -90,6 +92,8 @@ static int parse_args(int argc, char **argv, rank_args *a)
         else if (!strcmp(k, "--kernel-threads"))
             a->kernel_threads = atoi(v);
         else if (!strcmp(k, "--device-memory") && conf_parse_bytes(v, &a->device_memory) == 0)
+            ;
+        else if (!strcmp(k, "--bucket-bytes") && conf_parse_bytes(v, &a->bucket_bytes) == 0)
             ;
         else if (!strcmp(k, "--inject-oom") &&
                  sscanf(v, "%d:%d:%d", &a->oom_rank, &a->oom_step, &a->oom_micro) == 3)
@@ -199,36 +203,35 @@ static int load_spec(const rank_prog *p, job_spec *s, acc_err *err)
     return 0;
 }
 
-/* Every rank checks what it must read on its own host; rank 0 learns the
- * first rank that cannot and fails the job with its host and message. */
-static int check_everywhere(rank_prog *p, kern_comm *comm, const job_spec *s, acc_err *err)
+/* Every rank checks what it must read on its own host (`rc` is how its
+ * spec went); rank 0 learns the first rank that cannot and fails the job
+ * with its host and message; every rank learns the verdict, so all stop
+ * or none. Every rank makes the same two calls, whatever failed before. */
+static int check_everywhere(rank_prog *p, const job_spec *s, int rc, acc_err *err)
 {
-    char mine[768] = "";
-    if (trainer_check_spec(s, err) != 0) {
+    enum { MSG = 768 };
+    char mine[MSG] = "";
+    if (rc != 0 || trainer_check_spec(s, err) != 0) {
         char host[128] = "?";
         gethostname(host, sizeof host - 1);
-        snprintf(mine, sizeof mine, "rank %d on %s: %s%s%s", p->rank, host, err->field,
-                 err->field[0] ? ": " : "", err->msg);
+        snprintf(mine, sizeof mine, "rank %d on %s: %.600s", p->rank, host, err->msg);
     }
-    char *all = p->rank == 0 ? calloc((size_t)p->world, sizeof mine) : NULL;
-    if (p->rank == 0 && all == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
-    int mrc = MPI_Gather(mine, (int)sizeof mine, MPI_CHAR, all, (int)sizeof mine, MPI_CHAR, 0,
-                         MPI_COMM_WORLD);
-    int rc = 0;
-    if (mrc != MPI_SUCCESS)
-        rc = acc_err_set(err, ACC_EDEVICE, "", "MPI_Gather of the start-up checks failed");
-    for (int r = 0; rc == 0 && p->rank == 0 && r < p->world; r++)
-        if (all[(size_t)r * sizeof mine] != '\0')
-            rc = acc_err_set(err, ACC_EINVAL, "data", "%s", all + (size_t)r * sizeof mine);
+    char *all = p->rank == 0 ? calloc((size_t)p->world, MSG) : NULL;
+    int bad = mine[0] != '\0' || (p->rank == 0 && all == NULL), any = 0;
+    int mrc = MPI_Gather(mine, MSG, MPI_CHAR, all, MSG, MPI_CHAR, 0, MPI_COMM_WORLD);
+    int arc = MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    const char *first = NULL;
+    for (int r = 0; all != NULL && mrc == MPI_SUCCESS && r < p->world && first == NULL; r++)
+        if (all[(size_t)r * MSG] != '\0')
+            first = all + (size_t)r * MSG;
+    if (mrc != MPI_SUCCESS || arc != MPI_SUCCESS)
+        rc = acc_err_set(err, ACC_EDEVICE, "", "the start-up checks' collectives failed");
+    else if (any)
+        rc = acc_err_set(err, ACC_EINVAL, "data", "%.700s",
+                         first != NULL ? first : mine[0] ? mine : "another rank failed its start-up check");
+    else
+        rc = 0;
     free(all);
-    (void)comm;
-    /* everyone learns the verdict, so all stop or none */
-    int bad = rc != 0 || mine[0] != '\0', any = 0;
-    if (MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return acc_err_set(err, ACC_EDEVICE, "", "MPI_Allreduce of the start-up checks failed");
-    if (any && rc == 0)
-        rc = acc_err_set(err, ACC_EINVAL, "data", "%s", mine[0] ? mine : "another rank failed its start-up check");
     return rc;
 }
 
@@ -259,7 +262,7 @@ static int run_job(rank_prog *p, kern_comm *comm, const job_spec *s, train_hooks
     kern_device_info devs[TRAIN_MAX_RANKS];
     for (int r = 0; r < p->world; r++) {
         devs[r] = (kern_device_info){.kind = KERN_DEV_CPU, .index = r, .mem_total = p->a.device_memory};
-        snprintf(devs[r].name, sizeof devs[r].name, "cpu%d (rank %d)", r, r);
+        snprintf(devs[r].name, sizeof devs[r].name, "cpu%d", r);
     }
     trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = p->a.kernel_threads,
                       .on_event = on_event, .event_ctx = p, .comm = comm, .rank = p->rank};
@@ -292,20 +295,15 @@ static int rank_program(rank_prog *p, kern_comm *comm, acc_err *err)
     job_spec *s = calloc(1, sizeof *s);
     if (s == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
-    train_hooks h = {.inject_oom = p->a.oom_rank >= 0 ? inject_oom : NULL, .oom_ctx = &p->a};
+    train_hooks h = {.inject_oom = p->a.oom_rank >= 0 ? inject_oom : NULL, .oom_ctx = &p->a,
+                     .bucket_bytes = (size_t)p->a.bucket_bytes};
     int rc = open_events(p, err);
     if (rc == 0 && p->world > TRAIN_MAX_RANKS)
         rc = acc_err_set(err, ACC_EINVAL, "devices", "%d ranks (at most %d)", p->world, TRAIN_MAX_RANKS);
     if (rc == 0)
         rc = load_spec(p, s, err);
-    if (comm != NULL) { /* all ranks reach the check, whatever their spec said */
-        int rc2 = rc == 0 ? check_everywhere(p, comm, s, err) : 0;
-        int bad = rc != 0, any = 0;
-        if (rc != 0 && MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
-            rc = acc_err_set(err, ACC_EDEVICE, "", "MPI_Allreduce failed");
-        if (rc == 0)
-            rc = rc2;
-    }
+    if (comm != NULL) /* all ranks reach the check, whatever their spec said */
+        rc = check_everywhere(p, s, rc, err);
     if (rc == 0)
         rc = comm != NULL ? run_job(p, comm, s, &h, err) : 0;
     if (rc == 0 && comm == NULL) { /* --local: the threads over shared memory */

@@ -817,6 +817,40 @@ static void emit_oom_adjust(rank_state *rs, int step, int from_m, int from_a,
     free(ev);
 }
 
+/* Rank processes: the other ranks' records are in their own memory, so
+ * they travel once, on the out-of-memory path only, through the gradient
+ * buffer (whose contents are dropped anyway): each rank writes its record
+ * as 16-bit pieces, exact in a float sum with zeros, into its own part,
+ * and one all-reduce gives every rank all the records. Threads share them. */
+static int share_oom_records(rank_state *rs, acc_err *err)
+{
+    enum { PIECES = (sizeof(oom_record) + 1) / 2 };
+    trainer *t = rs->t;
+    model *m = rs->model;
+    kern_device *dev = rs->dev;
+    size_t n = (size_t)t->nranks * PIECES;
+    if (t->own_comm || n > m->nparams)
+        return 0;
+    float *host = calloc(n, sizeof *host);
+    if (host == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+    const uint8_t *mine = (const uint8_t *)&t->oom[rs->rank];
+    float *part = host + (size_t)rs->rank * PIECES;
+    for (size_t i = 0; i < sizeof(oom_record); i++)
+        part[i / 2] += (float)((unsigned)mine[i] << (8 * (i % 2)));
+    dev->ops->upload(dev, m->grads, host, n * sizeof *host);
+    int rc = kern_comm_allreduce(t->comm, rs->rank, m->grads, n);
+    dev->ops->download(dev, host, m->grads, n * sizeof *host);
+    model_zero_grad(m);
+    for (int r = 0; rc == 0 && r < t->nranks; r++) {
+        uint8_t *rec = (uint8_t *)&t->oom[r];
+        for (size_t i = 0; i < sizeof(oom_record); i++)
+            rec[i] = (uint8_t)(((unsigned)host[(size_t)r * PIECES + i / 2] >> (8 * (i % 2))) & 0xffu);
+    }
+    free(host);
+    return rc == 0 ? 0 : acc_err_set(err, rc, "", "cancelled");
+}
+
 /* Every rank, after the agreement: drop the step's partial gradients,
  * free the activations and take the next split by the same rule. */
 static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
@@ -825,6 +859,9 @@ static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
     const job_spec *s = &t->spec;
     model_zero_grad(rs->model);
     model_acts_free(rs->model);
+    int src = share_oom_records(rs, err);
+    if (src != 0)
+        return src;
     oom_record r = *first_oom(t);
     int from_m = rs->split.m, from_a = rs->split.a;
     int next = batch_split_smaller_micro(&rs->split);
