@@ -132,8 +132,8 @@ static json_t *event_json(const train_event *ev)
 {
     switch (ev->kind) {
     case TEV_STEP:
-        return json_pack("{s:s,s:i,s:f,s:f,s:f,s:i,s:i}", "event", "step", "step", ev->step,
-                         "loss", ev->loss, "lr", ev->lr, "grad_norm", ev->grad_norm,
+        return json_pack("{s:s,s:i,s:f,s:f,s:f,s:f,s:i,s:i}", "event", "step", "step", ev->step,
+                         "loss", ev->loss, "lr", ev->lr, "grad_norm", ev->grad_norm, "tokens_per_s", ev->tokens_per_s,
                          "micro_batch", ev->micro_batch, "accum_steps", ev->accum_steps);
     case TEV_EVAL:
         return json_pack("{s:s,s:i,s:f}", "event", "eval", "step", ev->step, "val_loss",
