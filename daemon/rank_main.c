@@ -60,7 +60,8 @@ typedef struct rank_prog {
     pthread_mutex_t mu;    /* events lines (local mode: several threads) */
     int status;            /* TEV_DONE's */
     char msg[512];
-    _Atomic(trainer *) running;
+    pthread_mutex_t run_mu; /* guards running: the signal thread vs trainer_free */
+    trainer *running;
 } rank_prog;
 
 static void usage(void)
@@ -248,11 +249,11 @@ static void *signal_thread(void *arg)
         int sig;
         if (sigwait(&set, &sig) != 0)
             continue;
-        trainer *t = atomic_load(&p->running);
-        if (t != NULL)
-            trainer_cancel(t);
-        else
-            _exit(128 + sig); /* not training yet: nothing to stop cleanly */
+        pthread_mutex_lock(&p->run_mu);
+        if (p->running == NULL)
+            _exit(128 + sig); /* not training: nothing to stop cleanly */
+        trainer_cancel(p->running);
+        pthread_mutex_unlock(&p->run_mu);
     }
     return NULL;
 }
@@ -270,9 +271,13 @@ static int run_job(rank_prog *p, kern_comm *comm, const job_spec *s, train_hooks
     int rc = trainer_start_hooked(&o, h, &t, err);
     if (rc != 0)
         return rc;
-    atomic_store(&p->running, t);
+    pthread_mutex_lock(&p->run_mu);
+    p->running = t;
+    pthread_mutex_unlock(&p->run_mu);
     trainer_wait(t);
-    atomic_store(&p->running, NULL);
+    pthread_mutex_lock(&p->run_mu);
+    p->running = NULL;
+    pthread_mutex_unlock(&p->run_mu);
     trainer_free(t);
     if (p->status != 0)
         return acc_err_set(err, p->status, "", "%s", p->msg);
@@ -333,6 +338,7 @@ int main(int argc, char **argv)
         return 2;
     }
     pthread_mutex_init(&p.mu, NULL);
+    pthread_mutex_init(&p.run_mu, NULL);
     acc_err err = {0};
     int rc;
     if (p.a.local > 0) {

@@ -26,10 +26,10 @@ printf '%s slots=1\n%s slots=1\n' "$NET.1" "$NET.2" >"$TMP/hosts"
 S=$(spec job 1 4)
 "$RANK_BIN" --local 2 --events "$TMP/t.jsonl" "$S" || fail "threads"
 export MPI_NETNS_MAP="$NET.2=$NB" MPI_NETNS_LOG="$TMP/launches"
-ip netns exec "$NA" mpirun --allow-run-as-root --hostfile "$TMP/hosts" -np 2 \
+ip netns exec "$NA" env "$MPI_ASAN" mpirun --allow-run-as-root --hostfile "$TMP/hosts" -np 2 \
     --mca plm_rsh_agent "$(cd "$(dirname "$0")" && pwd)/rsh_netns.sh" \
     --mca btl tcp,self --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" \
-    -x LSAN_OPTIONS -x ASAN_OPTIONS -x UBSAN_OPTIONS \
+    -x ASAN_OPTIONS ${UBSAN_OPTIONS:+-x UBSAN_OPTIONS} \
     "$RANK_BIN" --events "$TMP/p.jsonl" "$S" 2>"$TMP/p.err" || fail "mpirun over the veth exited $?: $(tail -5 "$TMP/p.err")"
 grep -qx "$NET.2 $NB" "$TMP/launches" 2>/dev/null || fail "rank 1 was not started in the second namespace"
 losses "$TMP/t.jsonl" >"$TMP/t.loss"
