@@ -41,12 +41,14 @@
 #include "job_spec.h"
 #include "kern_comm.h"
 #include "kern_comm_mpi.h"
+#include "kern_discover.h"
 #include "trainer.h"
 #include "trainer_run.h"
 
 typedef struct rank_args {
     const char *spec_path, *events_path, *output_dir;
     int local;            /* > 0: --local N, threads, no MPI */
+    int cuda;             /* --cuda: one GPU per rank (CUDA builds), else CPU devices */
     int kernel_threads;
     uint64_t device_memory;
     int oom_rank, oom_step, oom_micro; /* --inject-oom, oom_rank < 0 = none */
@@ -56,6 +58,7 @@ typedef struct rank_args {
 typedef struct rank_prog {
     rank_args a;
     int rank, world;
+    int ordinal;           /* --cuda: this process's GPU on its host */
     FILE *events;          /* rank 0 only, else NULL */
     pthread_mutex_t mu;    /* events lines (local mode: several threads) */
     int status;            /* TEV_DONE's */
@@ -66,7 +69,7 @@ typedef struct rank_prog {
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: accumd-rank [--local N] [--events PATH] [--output DIR] "
+    fprintf(stderr, "usage: accumd-rank [--local N] [--cuda] [--events PATH] [--output DIR] "
                     "[--kernel-threads K] [--device-memory BYTES] [--bucket-bytes BYTES] [--inject-oom R:S:M] "
                     "SPEC.json\n");
 }
@@ -81,10 +84,13 @@ static int parse_args(int argc, char **argv, rank_args *a)
             a->spec_path = k;
             continue;
         }
-        if (v == NULL)
+        if (v == NULL && strcmp(k, "--cuda"))
             return -1;
         i++;
-        if (!strcmp(k, "--local"))
+        if (!strcmp(k, "--cuda")) {
+            a->cuda = 1;
+            i--; /* a flag: no value */
+        } else if (!strcmp(k, "--local"))
             a->local = atoi(v);
         else if (!strcmp(k, "--events"))
             a->events_path = v;
@@ -258,17 +264,59 @@ static void *signal_thread(void *arg)
     return NULL;
 }
 
-static int run_job(rank_prog *p, kern_comm *comm, const job_spec *s, train_hooks *h, acc_err *err)
+/* The job's devices as the trainer sees them: CPU slices, or (--cuda) GPU
+ * `first + r` for rank r of this process (a rank process: its one GPU in
+ * every entry, which is all the trainer reads of the others'). */
+static int job_devices(const rank_prog *p, int first, int one, kern_device_info *devs, acc_err *err)
 {
-    kern_device_info devs[TRAIN_MAX_RANKS];
     for (int r = 0; r < p->world; r++) {
         devs[r] = (kern_device_info){.kind = KERN_DEV_CPU, .index = r, .mem_total = p->a.device_memory};
         snprintf(devs[r].name, sizeof devs[r].name, "cpu%d", r);
     }
+    if (!p->a.cuda)
+        return 0;
+#ifdef ACCUMD_HAVE_CUDA
+    kern_device_info gpus[KERN_MAX_DEVICES];
+    int n = 0;
+    int rc = kern_cuda_query(gpus, KERN_MAX_DEVICES, &n, err);
+    if (rc != 0)
+        return rc;
+    for (int r = 0; r < p->world; r++) {
+        int g = one ? first : first + r;
+        if (g >= n)
+            return acc_err_set(err, ACC_EDEVICE, "devices", "rank %d wants GPU %d, this host has %d",
+                               one ? p->rank : r, g, n);
+        devs[r] = gpus[g];
+    }
+    return 0;
+#else
+    (void)first;
+    (void)one;
+    return acc_err_set(err, ACC_EDEVICE, "devices", "--cuda: this accumd-rank was built without CUDA");
+#endif
+}
+
+/* --cuda: this process's GPU is its rank among the ranks of its host. */
+static int local_rank(acc_err *err, int *out)
+{
+    MPI_Comm host;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host) != MPI_SUCCESS)
+        return acc_err_set(err, ACC_EDEVICE, "", "MPI_Comm_split_type failed");
+    int rc = MPI_Comm_rank(host, out);
+    MPI_Comm_free(&host);
+    return rc == MPI_SUCCESS ? 0 : acc_err_set(err, ACC_EDEVICE, "", "MPI_Comm_rank failed");
+}
+
+static int run_job(rank_prog *p, kern_comm *comm, const job_spec *s, train_hooks *h, acc_err *err)
+{
+    kern_device_info devs[TRAIN_MAX_RANKS];
+    int rc = job_devices(p, p->ordinal, 1, devs, err);
+    if (rc != 0)
+        return rc;
     trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = p->a.kernel_threads,
                       .on_event = on_event, .event_ctx = p, .comm = comm, .rank = p->rank};
     trainer *t;
-    int rc = trainer_start_hooked(&o, h, &t, err);
+    rc = trainer_start_hooked(&o, h, &t, err);
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&p->run_mu);
@@ -313,13 +361,11 @@ static int rank_program(rank_prog *p, kern_comm *comm, acc_err *err)
         rc = comm != NULL ? run_job(p, comm, s, &h, err) : 0;
     if (rc == 0 && comm == NULL) { /* --local: the threads over shared memory */
         kern_device_info devs[TRAIN_MAX_RANKS];
-        for (int r = 0; r < p->world; r++) {
-            devs[r] = (kern_device_info){.kind = KERN_DEV_CPU, .index = r, .mem_total = p->a.device_memory};
-            snprintf(devs[r].name, sizeof devs[r].name, "cpu%d", r);
-        }
+        rc = job_devices(p, 0, 0, devs, err);
         trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = p->a.kernel_threads,
                           .on_event = on_event, .event_ctx = p};
-        rc = trainer_run_sync(&o, &h, err);
+        if (rc == 0)
+            rc = trainer_run_sync(&o, &h, err);
     }
     if (rc != 0) {
         p->status = rc;
@@ -365,7 +411,9 @@ int main(int argc, char **argv)
     kern_comm *comm = NULL;
     rc = provided < MPI_THREAD_SERIALIZED
              ? acc_err_set(&err, ACC_EDEVICE, "", "this MPI gives no MPI_THREAD_SERIALIZED")
-             : kern_comm_mpi_open(&comm, &p.rank, &p.world, &err);
+             : !p.a.cuda ? kern_comm_mpi_open(&comm, &p.rank, &p.world, &err)
+             : local_rank(&err, &p.ordinal) != 0 ? err.code
+             : kern_comm_mpi_open_nccl(p.ordinal, &comm, &p.rank, &p.world, &err);
     if (rc == 0)
         rc = rank_program(&p, comm, &err);
     else

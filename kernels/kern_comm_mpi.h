@@ -36,6 +36,14 @@
  * rank and the number of processes. */
 int kern_comm_mpi_open(kern_comm **out, int *rank, int *world, acc_err *err);
 
+/* CUDA builds: the GPU variant. This process's rank of MPI_COMM_WORLD runs
+ * on CUDA device `ordinal`; rank 0's NCCL unique id is broadcast over MPI
+ * (MPI_Bcast) and every process joins with ncclCommInitRank. The
+ * reductions are NCCL's (kern_comm_nccl.h: device buffers, the rank's
+ * stream, ncclCommAbort on abort or error), the barrier MPI's. Without
+ * CUDA: ACC_EDEVICE. */
+int kern_comm_mpi_open_nccl(int ordinal, kern_comm **out, int *rank, int *world, acc_err *err);
+
 extern const kern_comm_ops kern_comm_mpi_ops;
 
 #endif
