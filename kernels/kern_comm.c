@@ -14,7 +14,7 @@ struct kern_comm {
     void *impl;
 };
 
-static int wrap(const kern_comm_ops *ops, void *impl, kern_comm **out, acc_err *err)
+int kern_comm_wrap(const kern_comm_ops *ops, void *impl, kern_comm **out, acc_err *err)
 {
     kern_comm *c = calloc(1, sizeof *c);
     if (c == NULL) {
@@ -31,7 +31,7 @@ int kern_comm_create(int nranks, kern_comm **out, acc_err *err)
 {
     kern_comm_cpu *cpu;
     int rc = kern_comm_cpu_create(nranks, &cpu, err);
-    return rc != 0 ? rc : wrap(&kern_comm_cpu_ops, cpu, out, err);
+    return rc != 0 ? rc : kern_comm_wrap(&kern_comm_cpu_ops, cpu, out, err);
 }
 
 /* The NCCL communicator of n CUDA devices (CUDA builds only). */
@@ -49,7 +49,7 @@ static int open_nccl(const kern_device_info *devs, int n, kern_comm **out, acc_e
     }
     kern_nccl *nccl;
     int rc = kern_nccl_create(n, ordinals, &nccl, err);
-    return rc != 0 ? rc : wrap(&kern_comm_nccl_ops, nccl, out, err);
+    return rc != 0 ? rc : kern_comm_wrap(&kern_comm_nccl_ops, nccl, out, err);
 #else
     (void)devs;
     (void)n;

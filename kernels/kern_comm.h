@@ -109,6 +109,11 @@ typedef struct kern_comm_ops {
     uint64_t (*bucket_calls)(void *impl);
 } kern_comm_ops;
 
+/* A communicator over an implementation opened elsewhere (the MPI one of
+ * rank processes, kernels/kern_comm_mpi.h): takes `impl`, which
+ * ops->destroy frees, also when this fails. */
+int kern_comm_wrap(const kern_comm_ops *ops, void *impl, kern_comm **out, acc_err *err);
+
 /* Shared memory between CPU ranks (kernels/cpu/kern_comm_cpu.c). */
 extern const kern_comm_ops kern_comm_cpu_ops;
 /* NCCL between GPU ranks (kernels/cuda/kern_comm_nccl.cu, CUDA builds). */

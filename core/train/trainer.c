@@ -98,6 +98,9 @@ struct trainer {
     model_config cfg;
     data_source *train, *val;  /* opened by rank 0 before the first barrier */
     kern_comm *comm;
+    int own_comm;              /* comm is the trainer's (threads), else the caller's */
+    int first_rank, local_ranks; /* the ranks run here: all, or one rank process */
+    kern_comm *ext_comm;       /* a rank process: the caller's comm (MPI), else NULL */
     atomic_int cancel;
     atomic_int preempt;        /* cancel for a shutdown: checkpoint first */
     int keep;                  /* checkpoints kept */
@@ -980,6 +983,40 @@ static void emit_oom_adjust(rank_state *rs, int step, int from_m, int from_a,
     free(ev);
 }
 
+/* Rank processes: the other ranks' records are in their own memory, so
+ * they travel once, on the out-of-memory path only, through the gradient
+ * buffer (whose contents are dropped anyway): each rank writes its record
+ * as 16-bit pieces, exact in a float sum with zeros, into its own part,
+ * and one all-reduce gives every rank all the records. Threads share them. */
+static int share_oom_records(rank_state *rs, acc_err *err)
+{
+    enum { PIECES = (sizeof(oom_record) + 1) / 2 };
+    trainer *t = rs->t;
+    model *m = rs->model;
+    kern_device *dev = rs->dev;
+    size_t n = (size_t)t->nranks * PIECES;
+    if (t->own_comm || n > m->nparams)
+        return 0;
+    float *host = calloc(n, sizeof *host);
+    if (host == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+    const uint8_t *mine = (const uint8_t *)&t->oom[rs->rank];
+    float *part = host + (size_t)rs->rank * PIECES;
+    for (size_t i = 0; i < sizeof(oom_record); i++)
+        part[i / 2] += (float)((unsigned)mine[i] << (8 * (i % 2)));
+    dev->ops->upload(dev, m->grads, host, n * sizeof *host);
+    int rc = kern_comm_allreduce(t->comm, rs->rank, m->grads, n);
+    dev->ops->download(dev, host, m->grads, n * sizeof *host);
+    model_zero_grad(m);
+    for (int r = 0; rc == 0 && r < t->nranks; r++) {
+        uint8_t *rec = (uint8_t *)&t->oom[r];
+        for (size_t i = 0; i < sizeof(oom_record); i++)
+            rec[i] = (uint8_t)(((unsigned)host[(size_t)r * PIECES + i / 2] >> (8 * (i % 2))) & 0xffu);
+    }
+    free(host);
+    return rc == 0 ? 0 : acc_err_set(err, rc, "", "cancelled");
+}
+
 /* Every rank, after the agreement: drop the step's partial gradients,
  * free the activations and take the next split by the same rule. */
 static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
@@ -988,6 +1025,9 @@ static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
     const job_spec *s = &t->spec;
     model_zero_grad(rs->model);
     model_acts_free(rs->model);
+    int src = share_oom_records(rs, err);
+    if (src != 0)
+        return src;
     oom_record r = *first_oom(t);
     int from_m = rs->split.m, from_a = rs->split.a;
     int next = batch_split_smaller_micro(&rs->split);
@@ -1101,9 +1141,9 @@ static int rank_run(rank_state *rs, acc_err *err)
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
     int rc = rank_setup(rs, err);
-    if (rc == 0 && rs->rank == 0)
+    if (rc == 0 && rs->rank == t->first_rank) /* each rank process opens its own */
         rc = open_data(t, s, &t->train, &t->val, err);
-    if (rc == 0 && rs->rank == 0)
+    if (rc == 0 && rs->rank == t->first_rank)
         rc = steps_from_epochs(t, err);
     if (rc != 0)
         return rc;
@@ -1229,7 +1269,8 @@ static void trainer_destroy(trainer *t)
         close(t->resume_fd);
     data_close(t->train);
     data_close(t->val);
-    kern_comm_destroy(t->comm);
+    if (t->own_comm)
+        kern_comm_destroy(t->comm);
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
@@ -1378,10 +1419,12 @@ static int prepare_spec(trainer *t, const kern_device_info *devs, acc_err *err)
     return rc;
 }
 
-/* One thread per rank; the comm is open. */
+/* One thread per rank this process runs (all of them, or the one rank of a
+ * rank process: kern_comm_mpi.h); the comm is open. */
 static void spawn_ranks(trainer *t)
 {
-    for (int r = 0; r < t->nranks; r++) {
+    int end = t->first_rank + t->local_ranks;
+    for (int r = t->first_rank; r < end; r++) {
         t->ranks[r].t = t;
         t->ranks[r].rank = r;
         if (pthread_create(&t->ranks[r].thread, NULL, rank_main, &t->ranks[r]) != 0) {
@@ -1390,7 +1433,7 @@ static void spawn_ranks(trainer *t)
             acc_err e = {0};
             acc_err_set(&e, ACC_EINTERNAL, "", "cannot start rank thread %d", r);
             fail(t, &e);
-            if (atomic_fetch_sub(&t->live, t->nranks - r) == t->nranks - r)
+            if (atomic_fetch_sub(&t->live, end - r) == end - r)
                 finish_run(t);
             break;
         }
@@ -1406,8 +1449,10 @@ static int launch(trainer *t, acc_err *err)
     int rc = prepare_spec(t, t->devs, err);
     if (rc == 0 && atomic_load(&t->cancel)) /* stopped while it prepared */
         rc = acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
-    if (rc == 0)
+    if (rc == 0 && t->own_comm)
         rc = kern_comm_open(t->devs, t->nranks, &c, err);
+    else if (rc == 0)
+        c = t->ext_comm; /* a rank process: the caller's (MPI) */
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&t->mu); /* trainer_cancel may abort it from now on */
@@ -1444,6 +1489,16 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     t->spec = *s;
     t->resume_fd = -1;
     t->nranks = s->devices;
+    /* the ranks this process runs: every rank as a thread over the job's own
+     * comm, or the one rank of a rank process over the caller's (MPI) */
+    if (o->comm != NULL && (o->rank < 0 || o->rank >= t->nranks)) {
+        free(t);
+        return acc_err_set(err, ACC_EINVAL, "devices", "rank %d of a job of %d devices", o->rank, s->devices);
+    }
+    t->ext_comm = o->comm;
+    t->own_comm = o->comm == NULL;
+    t->first_rank = o->comm != NULL ? o->rank : 0;
+    t->local_ranks = o->comm != NULL ? 1 : t->nranks;
     t->on_event = o->on_event; /* prepare_spec reports passed-over checkpoints */
     t->event_ctx = o->event_ctx;
     t->keep = o->checkpoint_keep > 0 ? o->checkpoint_keep : 2;
@@ -1452,7 +1507,7 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     memcpy(t->devs, o->devices, (size_t)t->nranks * sizeof *t->devs);
     atomic_init(&t->cancel, 0);
     atomic_init(&t->preempt, 0);
-    atomic_init(&t->live, t->nranks);
+    atomic_init(&t->live, t->local_ranks);
     if (pthread_mutex_init(&t->mu, NULL) != 0) {
         free(t);
         return acc_err_set(err, ACC_ENOMEM, "", "pthread_mutex_init failed");

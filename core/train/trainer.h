@@ -92,6 +92,13 @@ typedef struct trainer_opts {
     bool async_start;
     train_event_fn on_event;
     void *event_ctx;
+    /* Rank processes (daemon/rank_main.c, docs/multinode.md): NULL = every
+     * rank of the job is a thread of this process, over a communicator of
+     * the trainer's own. Else this process runs the one rank `rank` of the
+     * spec->devices ranks over `comm` (kept open, not freed), and the other
+     * ranks are other processes; `devices` still has spec->devices entries. */
+    struct kern_comm *comm;
+    int rank;
 } trainer_opts;
 
 typedef struct trainer trainer;

@@ -64,14 +64,12 @@ static bool ncu_ok(kern_nccl *c, cudaError_t rc, const char *what)
     return false;
 }
 
-extern "C" int kern_nccl_create(int nranks, const int *ordinals, kern_nccl **out, acc_err *err)
+/* The communicator's state for `nranks` ranks, no NCCL communicator yet. */
+static kern_nccl *nccl_alloc(int nranks)
 {
-    *out = NULL;
-    if (nranks < 1)
-        return acc_err_set(err, ACC_EINVAL, "devices", "nccl: %d ranks", nranks);
     kern_nccl *c = (kern_nccl *)calloc(1, sizeof *c);
     if (c == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "nccl: out of host memory");
+        return NULL;
     c->nranks = nranks;
     c->comms = (ncclComm_t *)calloc((size_t)nranks, sizeof *c->comms);
     c->streams = (cudaStream_t *)calloc((size_t)nranks, sizeof *c->streams);
@@ -84,14 +82,68 @@ extern "C" int kern_nccl_create(int nranks, const int *ordinals, kern_nccl **out
     if (c->comms == NULL || c->streams == NULL || c->ordinals == NULL || c->cstreams == NULL ||
         c->ev_ready == NULL || c->ev_done == NULL) {
         kern_nccl_destroy(c);
-        return acc_err_set(err, ACC_ENOMEM, "", "nccl: out of host memory");
+        return NULL;
     }
+    return c;
+}
+
+extern "C" int kern_nccl_create(int nranks, const int *ordinals, kern_nccl **out, acc_err *err)
+{
+    *out = NULL;
+    if (nranks < 1)
+        return acc_err_set(err, ACC_EINVAL, "devices", "nccl: %d ranks", nranks);
+    kern_nccl *c = nccl_alloc(nranks);
+    if (c == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "nccl: out of host memory");
     memcpy(c->ordinals, ordinals, (size_t)nranks * sizeof *ordinals);
     ncclResult_t rc = ncclCommInitAll(c->comms, nranks, c->ordinals);
     if (rc != ncclSuccess) {
         memset(c->comms, 0, (size_t)nranks * sizeof *c->comms);
         int code = acc_err_set(err, ACC_EDEVICE, "devices", "nccl: ncclCommInitAll(%d ranks): %s",
                                nranks, ncclGetErrorString(rc));
+        kern_nccl_destroy(c);
+        return code;
+    }
+    *out = c;
+    return 0;
+}
+
+static_assert(sizeof(ncclUniqueId) == KERN_NCCL_ID_BYTES, "KERN_NCCL_ID_BYTES is NCCL's id size");
+
+extern "C" int kern_nccl_unique_id(unsigned char *id, acc_err *err)
+{
+    ncclUniqueId u;
+    ncclResult_t rc = ncclGetUniqueId(&u);
+    if (rc != ncclSuccess)
+        return acc_err_set(err, ACC_EDEVICE, "devices", "nccl: ncclGetUniqueId: %s",
+                           ncclGetErrorString(rc));
+    memcpy(id, &u, sizeof u);
+    return 0;
+}
+
+extern "C" int kern_nccl_create_rank(int world, int rank, int ordinal, const unsigned char *id,
+                                     kern_nccl **out, acc_err *err)
+{
+    *out = NULL;
+    if (world < 1 || rank < 0 || rank >= world)
+        return acc_err_set(err, ACC_EINVAL, "devices", "nccl: rank %d of %d", rank, world);
+    kern_nccl *c = nccl_alloc(world);
+    if (c == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "nccl: out of host memory");
+    c->ordinals[rank] = ordinal; /* the other ranks' entries stay unused */
+    cudaError_t e = cudaSetDevice(ordinal);
+    if (e != cudaSuccess) {
+        kern_nccl_destroy(c);
+        return acc_err_set(err, ACC_EDEVICE, "devices", "nccl: cudaSetDevice(%d): %s", ordinal,
+                           cudaGetErrorString(e));
+    }
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof u);
+    ncclResult_t rc = ncclCommInitRank(&c->comms[rank], world, u, rank);
+    if (rc != ncclSuccess) {
+        c->comms[rank] = NULL;
+        int code = acc_err_set(err, ACC_EDEVICE, "devices", "nccl: ncclCommInitRank(rank %d of %d): %s",
+                               rank, world, ncclGetErrorString(rc));
         kern_nccl_destroy(c);
         return code;
     }

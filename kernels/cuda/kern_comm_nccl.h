@@ -35,9 +35,22 @@ extern "C" {
 
 typedef struct kern_nccl kern_nccl;
 
+/* Bytes of NCCL's unique id (ncclUniqueId). */
+#define KERN_NCCL_ID_BYTES 128
+
 /* One NCCL communicator per rank; rank r runs on CUDA device ordinals[r]. */
 int kern_nccl_create(int nranks, const int *ordinals, kern_nccl **out, acc_err *err);
 void kern_nccl_destroy(kern_nccl *c);
+
+/* Rank processes (kernels/kern_comm_mpi.h): rank 0 makes the id, the caller
+ * broadcasts it (MPI_Bcast), and every process creates its one rank of
+ * `world` on CUDA device `ordinal` (ncclCommInitRank). Only `rank` may then
+ * be passed to the per-rank calls, and kern_nccl_barrier (a barrier of this
+ * process's threads) must not be used: the caller's MPI barrier stands in.
+ * Counts are kept by the rank 0 process only. */
+int kern_nccl_unique_id(unsigned char *id, acc_err *err);
+int kern_nccl_create_rank(int world, int rank, int ordinal, const unsigned char *id,
+                          kern_nccl **out, acc_err *err);
 
 /* Rank `rank` queues its collectives on `stream` (a cudaStream_t of its GPU). */
 int kern_nccl_bind(kern_nccl *c, int rank, void *stream, acc_err *err);

@@ -1,0 +1,381 @@
+/* kern_comm_mpi: see kern_comm_mpi.h. */
+#include "kern_comm_mpi.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <mpi.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef ACCUMD_HAVE_CUDA
+#include "kern_comm_nccl.h"
+#include "kern_cuda.h"
+#endif
+
+typedef struct comm_mpi {
+    MPI_Comm comm;
+    int rank, world;
+    atomic_int aborted;
+    uint64_t calls, buckets;
+    int fail_code;          /* first MPI failure (ACC_EDEVICE) or 0 */
+    char fail_msg[320];
+    float *pack;            /* the spans' concatenation, [cap] */
+    float *recv;            /* w copies of my chunk, [cap] */
+    size_t cap;
+    int *counts, *displs, *rcounts, *rdispls; /* [world] each */
+} comm_mpi;
+
+/* Check one MPI return; keep the first failure's text. */
+static int mpi_check(comm_mpi *c, int mrc, const char *what)
+{
+    if (mrc == MPI_SUCCESS)
+        return 0;
+    if (c->fail_code == 0) {
+        char s[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        if (MPI_Error_string(mrc, s, &len) != MPI_SUCCESS)
+            snprintf(s, sizeof s, "MPI error %d", mrc);
+        snprintf(c->fail_msg, sizeof c->fail_msg, "%.40s failed on rank %d: %.200s", what, c->rank, s);
+        c->fail_code = ACC_EDEVICE;
+    }
+    return ACC_EDEVICE;
+}
+
+static void chunk_of(size_t n, int w, int r, size_t *lo, size_t *hi)
+{
+    *lo = n * (size_t)r / (size_t)w;
+    *hi = n * (size_t)(r + 1) / (size_t)w;
+}
+
+static int reserve(comm_mpi *c, size_t n)
+{
+    if (n <= c->cap)
+        return 0;
+    float *p = realloc(c->pack, n * sizeof *p);
+    if (p == NULL)
+        return ACC_ENOMEM;
+    c->pack = p;
+    p = realloc(c->recv, n * sizeof *p);
+    if (p == NULL)
+        return ACC_ENOMEM;
+    c->recv = p;
+    c->cap = n;
+    return 0;
+}
+
+/* Copy between the spans of `base` and their concatenation `flat`. */
+static void pack_spans(float *flat, const float *base, const kern_span *sp, int ns)
+{
+    for (int k = 0; k < ns; k++) {
+        memcpy(flat, base + sp[k].off, sp[k].n * sizeof *flat);
+        flat += sp[k].n;
+    }
+}
+
+static void unpack_spans(float *base, const float *flat, const kern_span *sp, int ns)
+{
+    for (int k = 0; k < ns; k++) {
+        memcpy(base + sp[k].off, flat, sp[k].n * sizeof *flat);
+        flat += sp[k].n;
+    }
+}
+
+/* The reduce-scatter: my chunk of every rank, summed here in rank order
+ * (the shared-memory communicator's order, so the same bits). */
+static int reduce_scatter(comm_mpi *c, size_t total)
+{
+    int w = c->world;
+    size_t lo, hi;
+    chunk_of(total, w, c->rank, &lo, &hi);
+    int mine = (int)(hi - lo);
+    for (int q = 0; q < w; q++) {
+        size_t a, b;
+        chunk_of(total, w, q, &a, &b);
+        c->counts[q] = (int)(b - a);
+        c->displs[q] = (int)a;
+        c->rcounts[q] = mine;
+        c->rdispls[q] = q * mine;
+    }
+    int rc = mpi_check(c, MPI_Alltoallv(c->pack, c->counts, c->displs, MPI_FLOAT, c->recv,
+                                        c->rcounts, c->rdispls, MPI_FLOAT, c->comm),
+                       "MPI_Alltoallv");
+    if (rc != 0)
+        return rc;
+    float *out = c->pack + lo;
+    for (int i = 0; i < mine; i++) {
+        float s = c->recv[i];
+        for (int r = 1; r < w; r++)
+            s += c->recv[(size_t)r * (size_t)mine + (size_t)i];
+        out[i] = s;
+    }
+    return 0;
+}
+
+static int all_gather(comm_mpi *c)
+{
+    return mpi_check(c, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, c->pack, c->counts, c->displs,
+                                       MPI_FLOAT, c->comm),
+                     "MPI_Allgatherv");
+}
+
+static int mpi_reduce_start(void *impl, int rank, float *base, const kern_span *sp, int ns)
+{
+    comm_mpi *c = impl;
+    (void)rank;
+    c->buckets++;
+    if (atomic_load(&c->aborted))
+        return ACC_ECANCELLED;
+    if (c->fail_code != 0)
+        return c->fail_code;
+    if (c->world == 1)
+        return 0;
+    size_t total = 0;
+    for (int k = 0; k < ns; k++)
+        total += sp[k].n;
+    if (total > (size_t)INT_MAX)
+        return ACC_EINVAL; /* MPI counts are int: the trainer's buckets are far smaller */
+    if (reserve(c, total) != 0)
+        return ACC_ENOMEM;
+    pack_spans(c->pack, base, sp, ns);
+    int rc = reduce_scatter(c, total);
+    if (rc == 0)
+        rc = all_gather(c);
+    if (rc == 0)
+        unpack_spans(base, c->pack, sp, ns);
+    return rc;
+}
+
+static int mpi_reduce_finish(void *impl, int rank)
+{
+    comm_mpi *c = impl;
+    (void)rank;
+    c->calls++;
+    if (atomic_load(&c->aborted))
+        return ACC_ECANCELLED;
+    return c->fail_code;
+}
+
+static int mpi_allreduce(void *impl, int rank, float *buf, size_t n)
+{
+    kern_span all = {0, n};
+    int rc = mpi_reduce_start(impl, rank, buf, &all, 1);
+    int fin = mpi_reduce_finish(impl, rank);
+    return rc != 0 ? rc : fin;
+}
+
+static int mpi_barrier(void *impl)
+{
+    comm_mpi *c = impl;
+    if (atomic_load(&c->aborted))
+        return ACC_ECANCELLED;
+    return mpi_check(c, MPI_Barrier(c->comm), "MPI_Barrier");
+}
+
+static void mpi_abort(void *impl)
+{
+    comm_mpi *c = impl;
+    atomic_store(&c->aborted, 1);
+}
+
+static int mpi_aborted(void *impl)
+{
+    comm_mpi *c = impl;
+    return atomic_load(&c->aborted);
+}
+
+static int mpi_error(void *impl, acc_err *err)
+{
+    comm_mpi *c = impl;
+    if (c->fail_code == 0)
+        return 0;
+    return acc_err_set(err, c->fail_code, "", "%s", c->fail_msg);
+}
+
+static uint64_t mpi_calls(void *impl) { return ((comm_mpi *)impl)->calls; }
+static uint64_t mpi_buckets(void *impl) { return ((comm_mpi *)impl)->buckets; }
+
+static void mpi_destroy(void *impl)
+{
+    comm_mpi *c = impl;
+    if (c == NULL)
+        return;
+    if (c->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&c->comm); /* a failure here leaves nothing to undo */
+    free(c->pack);
+    free(c->recv);
+    free(c->counts);
+    free(c->displs);
+    free(c->rcounts);
+    free(c->rdispls);
+    free(c);
+}
+
+const kern_comm_ops kern_comm_mpi_ops = {
+    .name = "mpi",
+    .destroy = mpi_destroy,
+    .bind = NULL, /* CPU ranks: nothing to bind */
+    .allreduce = mpi_allreduce,
+    .reduce_start = mpi_reduce_start,
+    .reduce_finish = mpi_reduce_finish,
+    .barrier = mpi_barrier,
+    .abort = mpi_abort,
+    .aborted = mpi_aborted,
+    .error = mpi_error,
+    .allreduce_calls = mpi_calls,
+    .bucket_calls = mpi_buckets,
+};
+
+static int open_world(comm_mpi *c, acc_err *err)
+{
+    if (mpi_check(c, MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN),
+                  "MPI_Comm_set_errhandler") != 0 ||
+        mpi_check(c, MPI_Comm_dup(MPI_COMM_WORLD, &c->comm), "MPI_Comm_dup") != 0 ||
+        mpi_check(c, MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN),
+                  "MPI_Comm_set_errhandler") != 0 ||
+        mpi_check(c, MPI_Comm_rank(c->comm, &c->rank), "MPI_Comm_rank") != 0 ||
+        mpi_check(c, MPI_Comm_size(c->comm, &c->world), "MPI_Comm_size") != 0)
+        return acc_err_set(err, ACC_EDEVICE, "", "%s", c->fail_msg);
+    size_t w = (size_t)c->world;
+    c->counts = calloc(w, sizeof *c->counts);
+    c->displs = calloc(w, sizeof *c->displs);
+    c->rcounts = calloc(w, sizeof *c->rcounts);
+    c->rdispls = calloc(w, sizeof *c->rdispls);
+    if (!c->counts || !c->displs || !c->rcounts || !c->rdispls)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of memory creating an MPI communicator");
+    return 0;
+}
+
+int kern_comm_mpi_open(kern_comm **out, int *rank, int *world, acc_err *err)
+{
+    *out = NULL;
+    comm_mpi *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of memory creating an MPI communicator");
+    c->comm = MPI_COMM_NULL;
+    atomic_init(&c->aborted, 0);
+    int rc = open_world(c, err);
+    if (rc != 0) {
+        mpi_destroy(c);
+        return rc;
+    }
+    *rank = c->rank;
+    *world = c->world;
+    return kern_comm_wrap(&kern_comm_mpi_ops, c, out, err);
+}
+
+/* ---- GPUs: NCCL between processes, wired up over MPI */
+
+#ifdef ACCUMD_HAVE_CUDA
+typedef struct comm_mpi_nccl {
+    comm_mpi *m;    /* the barrier, the id's broadcast */
+    kern_nccl *nc;  /* this process's one rank */
+} comm_mpi_nccl;
+
+static void mn_destroy(void *impl)
+{
+    comm_mpi_nccl *c = impl;
+    kern_nccl_destroy(c->nc);
+    mpi_destroy(c->m);
+    free(c);
+}
+static int mn_bind(void *impl, int rank, kern_device *dev, acc_err *err)
+{
+    return kern_nccl_bind(((comm_mpi_nccl *)impl)->nc, rank, kern_cuda_stream(dev), err);
+}
+static int mn_allreduce(void *impl, int rank, float *buf, size_t n)
+{
+    return kern_nccl_allreduce(((comm_mpi_nccl *)impl)->nc, rank, buf, n);
+}
+static int mn_reduce_start(void *impl, int rank, float *base, const kern_span *sp, int ns)
+{
+    return kern_nccl_reduce_start(((comm_mpi_nccl *)impl)->nc, rank, base, sp, ns);
+}
+static int mn_reduce_finish(void *impl, int rank)
+{
+    return kern_nccl_reduce_finish(((comm_mpi_nccl *)impl)->nc, rank);
+}
+static int mn_barrier(void *impl)
+{
+    comm_mpi_nccl *c = impl;
+    return kern_nccl_aborted(c->nc) ? ACC_ECANCELLED : mpi_barrier(c->m);
+}
+static void mn_abort(void *impl)
+{
+    comm_mpi_nccl *c = impl;
+    kern_nccl_abort(c->nc);
+    mpi_abort(c->m);
+}
+static int mn_aborted(void *impl) { return kern_nccl_aborted(((comm_mpi_nccl *)impl)->nc); }
+static int mn_error(void *impl, acc_err *err)
+{
+    comm_mpi_nccl *c = impl;
+    int rc = kern_nccl_error(c->nc, err);
+    return rc != 0 ? rc : mpi_error(c->m, err);
+}
+static uint64_t mn_calls(void *impl) { return kern_nccl_allreduce_calls(((comm_mpi_nccl *)impl)->nc); }
+static uint64_t mn_buckets(void *impl) { return kern_nccl_bucket_calls(((comm_mpi_nccl *)impl)->nc); }
+
+static const kern_comm_ops kern_comm_mpi_nccl_ops = {
+    .name = "mpi+nccl",
+    .destroy = mn_destroy,
+    .bind = mn_bind,
+    .allreduce = mn_allreduce,
+    .reduce_start = mn_reduce_start,
+    .reduce_finish = mn_reduce_finish,
+    .barrier = mn_barrier,
+    .abort = mn_abort,
+    .aborted = mn_aborted,
+    .error = mn_error,
+    .allreduce_calls = mn_calls,
+    .bucket_calls = mn_buckets,
+};
+
+/* Rank 0's NCCL id, broadcast; then this process's rank of NCCL's world. */
+static int join_nccl(comm_mpi_nccl *c, int ordinal, acc_err *err)
+{
+    unsigned char id[KERN_NCCL_ID_BYTES] = {0};
+    int rc = c->m->rank == 0 ? kern_nccl_unique_id(id, err) : 0;
+    /* every rank reaches the broadcast; a failed id is sent as zeros and
+     * the failing rank 0 ends the job (MPI_Abort) before anyone uses it */
+    if (mpi_check(c->m, MPI_Bcast(id, KERN_NCCL_ID_BYTES, MPI_BYTE, 0, c->m->comm), "MPI_Bcast") != 0)
+        return acc_err_set(err, ACC_EDEVICE, "devices", "%s", c->m->fail_msg);
+    if (rc != 0)
+        return rc;
+    return kern_nccl_create_rank(c->m->world, c->m->rank, ordinal, id, &c->nc, err);
+}
+
+int kern_comm_mpi_open_nccl(int ordinal, kern_comm **out, int *rank, int *world, acc_err *err)
+{
+    *out = NULL;
+    comm_mpi_nccl *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of memory creating an MPI communicator");
+    c->m = calloc(1, sizeof *c->m);
+    if (c->m == NULL) {
+        free(c);
+        return acc_err_set(err, ACC_ENOMEM, "", "out of memory creating an MPI communicator");
+    }
+    c->m->comm = MPI_COMM_NULL;
+    atomic_init(&c->m->aborted, 0);
+    int rc = open_world(c->m, err);
+    if (rc == 0)
+        rc = join_nccl(c, ordinal, err);
+    if (rc != 0) {
+        mn_destroy(c);
+        return rc;
+    }
+    *rank = c->m->rank;
+    *world = c->m->world;
+    return kern_comm_wrap(&kern_comm_mpi_nccl_ops, c, out, err);
+}
+#else
+int kern_comm_mpi_open_nccl(int ordinal, kern_comm **out, int *rank, int *world, acc_err *err)
+{
+    (void)ordinal;
+    (void)rank;
+    (void)world;
+    *out = NULL;
+    return acc_err_set(err, ACC_EDEVICE, "devices", "this accumd-rank was built without CUDA");
+}
+#endif

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Rank processes (issue 13): the same job as 2 and as 4 MPI rank processes
+# over TCP on loopback gives the threaded run's per-step losses (within
+# 1e-6; the reduction is written to give the same bits, checked too) and
+# exactly one gradient reduction per optimizer step; an out-of-memory on
+# one rank process adapts on all (the losses of the same injection in
+# threads, and within 1e-6 of a run started at the adapted split); a rank
+# that cannot read the data fails the job with its rank and the path.
+# Usage: test_mpi_ranks.sh ACCUMD_RANK_BINARY
+RANK_BIN=$1
+TEST=mpi_ranks
+. "$(dirname "$0")/lib_mpi.sh"
+
+S1=$(spec job 1 4)
+for W in 2 4; do
+    "$RANK_BIN" --local "$W" --bucket-bytes 4k --events "$TMP/t$W.jsonl" "$S1" || fail "threads $W"
+    "${MPIRUN[@]}" -np "$W" "$RANK_BIN" --bucket-bytes 4k --events "$TMP/p$W.jsonl" "$S1" ||
+        fail "mpirun -np $W exited $?"
+    losses "$TMP/t$W.jsonl" >"$TMP/t$W.loss"
+    losses "$TMP/p$W.jsonl" >"$TMP/p$W.loss"
+    [ "$(wc -l <"$TMP/p$W.loss")" = 4 ] || fail "$W processes: $(wc -l <"$TMP/p$W.loss") steps, want 4"
+    within "$TMP/t$W.loss" "$TMP/p$W.loss" 1e-6 || fail "$W processes: losses differ from threads: $(paste -d' ' "$TMP/t$W.loss" "$TMP/p$W.loss" | tr '\n' ';')"
+    cmp -s "$TMP/t$W.loss" "$TMP/p$W.loss" || fail "$W processes: losses not bit-identical to threads"
+    [ "$(done_field "$TMP/p$W.jsonl" world)" = "$W" ] || fail "world $(done_field "$TMP/p$W.jsonl" world), want $W"
+    # one reduction per optimizer step (buckets of 4 KiB: several starts each)
+    [ "$(done_field "$TMP/p$W.jsonl" allreduce_calls)" = 4 ] ||
+        fail "$W processes: $(done_field "$TMP/p$W.jsonl" allreduce_calls) reductions for 4 steps"
+    [ "$(done_field "$TMP/p$W.jsonl" bucket_calls)" -gt 4 ] || fail "$W processes: the buckets were not exercised"
+    [ "$(done_field "$TMP/p$W.jsonl" bucket_calls)" = "$(done_field "$TMP/t$W.jsonl" bucket_calls)" ] ||
+        fail "$W processes: bucket starts differ from threads"
+    ok "$W rank processes: the threads' losses bit for bit, 4 reductions for 4 steps"
+done
+# the 2- and 4-rank runs differ in summation order only
+within "$TMP/p2.loss" "$TMP/p4.loss" 1e-5 || fail "2 vs 4 ranks beyond 1e-5"
+
+# OOM on rank 1 in step 2 at micro batch 2: every rank moves to 1 x 4
+S2=$(spec oom 2 4)
+"${MPIRUN[@]}" -np 2 "$RANK_BIN" --inject-oom 1:1:2 --events "$TMP/o.jsonl" "$S2" || fail "oom run exited $?"
+"$RANK_BIN" --local 2 --inject-oom 1:1:2 --events "$TMP/ot.jsonl" "$S2" || fail "oom threads"
+"${MPIRUN[@]}" -np 2 "$RANK_BIN" --events "$TMP/o1.jsonl" "$S1" || fail "m=1 run exited $?"
+adj=$(jq -r 'select(.event == "oom_adjust") | "\(.from_micro)x\(.from_accum)->\(.to_micro)x\(.to_accum) \(.message)"' "$TMP/o.jsonl")
+case "$adj" in "2x2->1x4 device cpu1 out of memory in step 2"*) ;; *) fail "oom_adjust: '$adj'" ;; esac
+[ "$(jq -r 'select(.event == "step") | .micro_batch' "$TMP/o.jsonl" | tr '\n' ' ')" = "2 1 1 1 " ] ||
+    fail "micro batch per step: $(jq -r 'select(.event == "step") | .micro_batch' "$TMP/o.jsonl" | tr '\n' ' ')"
+losses "$TMP/o.jsonl" >"$TMP/o.loss"
+losses "$TMP/ot.jsonl" >"$TMP/ot.loss"
+losses "$TMP/o1.jsonl" >"$TMP/o1.loss"
+cmp -s "$TMP/o.loss" "$TMP/ot.loss" || fail "oom: processes and threads differ"
+# step 1 ran at m = 2 (another summation order), the rest at the adapted split
+within "$TMP/o.loss" "$TMP/o1.loss" 1e-6 || fail "oom: not the losses of a run at 1 x 4: $(paste -d' ' "$TMP/o.loss" "$TMP/o1.loss" | tr '\n' ';')"
+ok "an OOM on rank process 1 adapts on both (same losses as the run at the adapted split)"
+
+# rank 1 cannot read the data (its own spec names a path missing on its "host")
+sed "s|$TMP/gpl.txt|$TMP/missing.txt|" "$S1" >"$TMP/bad.json"
+if "${MPIRUN[@]}" -np 1 "$RANK_BIN" --events "$TMP/b.jsonl" "$S1" : -np 1 "$RANK_BIN" "$TMP/bad.json" 2>"$TMP/b.err"; then
+    fail "a rank without its data: mpirun exited 0"
+fi
+msg=$(done_field "$TMP/b.jsonl" message)
+case "$msg" in *"rank 1 on "*"data.train"*"missing.txt"*) ;; *) fail "no data on rank 1: '$msg'" ;; esac
+[ "$(jq -r 'select(.event == "step")' "$TMP/b.jsonl" | wc -l)" = 0 ] || fail "steps ran without the data"
+wait_gone 5 || fail "rank processes left: $(rank_pids)"
+ok "a rank that cannot read the data fails the job at start: $msg"
