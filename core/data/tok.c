@@ -143,6 +143,39 @@ static int get_pattern(json_t *o, const char *path, bool regex_ok, char **s, siz
     return bad(err, p, "must be {\"String\": ...} or {\"Regex\": ...}");
 }
 
+/* A Sequence component {"type": "Sequence", KEY: [...]}: no other keys, its
+ * list, and zeroed room for its elements (*n set only once it exists, so a
+ * free of the half-parsed component stays safe). */
+static int sequence_of(json_t *o, const char *path, const char *key, size_t size, json_t **list,
+                       void **elems, int *n, acc_err *err)
+{
+    const char *const k[] = {"type", key, NULL};
+    *list = json_object_get(o, key);
+    int rc = check_keys(o, path, k, err);
+    if (rc != 0)
+        return rc;
+    if (!json_is_array(*list)) {
+        char what[96];
+        snprintf(what, sizeof what, "\"%s\" must be a list", key);
+        return bad(err, path, what);
+    }
+    size_t count = json_array_size(*list);
+    if (count > 1024)
+        return bad(err, path, "a sequence of more than 1024 components");
+    *elems = calloc(count ? count : 1, size);
+    if (*elems == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
+    *n = (int)count;
+    return 0;
+}
+
+/* "<path>.<key>[i]": where element i of a sequence is, for messages. */
+static const char *elem_path(char *buf, size_t n, const char *path, const char *key, int i)
+{
+    snprintf(buf, n, "%s.%s[%d]", path, key, i);
+    return buf;
+}
+
 /* ---- normalizers */
 static int parse_norm(json_t *o, const char *path, tok_norm *nm, acc_err *err)
 {
@@ -154,23 +187,14 @@ static int parse_norm(json_t *o, const char *path, tok_norm *nm, acc_err *err)
         return bad(err, tp, "missing");
     static const char *const k_type[] = {"type", NULL};
     if (strcmp(type, "Sequence") == 0) {
-        static const char *const k[] = {"type", "normalizers", NULL};
-        json_t *a = json_object_get(o, "normalizers");
-        if (check_keys(o, path, k, err) || !json_is_array(a))
-            return err->code ? err->code : bad(err, path, "\"normalizers\" must be a list");
+        json_t *a;
         nm->kind = TN_SEQUENCE;
-        nm->nsub = (int)json_array_size(a);
-        nm->sub = calloc(nm->nsub ? nm->nsub : 1, sizeof *nm->sub);
-        if (nm->sub == NULL)
-            return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
-        for (int i = 0; i < nm->nsub; i++) {
-            char p[192];
-            snprintf(p, sizeof p, "%s.normalizers[%d]", path, i);
-            int rc = parse_norm(json_array_get(a, i), p, &nm->sub[i], err);
-            if (rc != 0)
-                return rc;
+        int rc = sequence_of(o, path, "normalizers", sizeof *nm->sub, &a, (void **)&nm->sub, &nm->nsub, err);
+        for (int i = 0; rc == 0 && i < nm->nsub; i++) {
+            char sp[192];
+            rc = parse_norm(json_array_get(a, (size_t)i), elem_path(sp, sizeof sp, path, "normalizers", i), &nm->sub[i], err);
         }
-        return 0;
+        return rc;
     }
     static const struct { const char *name; int kind; } simple[] = {
         {"NFC", TN_NFC}, {"NFD", TN_NFD}, {"NFKC", TN_NFKC}, {"NFKD", TN_NFKD},
@@ -281,23 +305,14 @@ static int parse_pre(tok_tokenizer *t, json_t *o, const char *path, tok_pre *p, 
     if (type == NULL)
         return bad(err, tp, "missing");
     if (strcmp(type, "Sequence") == 0) {
-        static const char *const k[] = {"type", "pretokenizers", NULL};
-        json_t *a = json_object_get(o, "pretokenizers");
-        if (check_keys(o, path, k, err) || !json_is_array(a))
-            return err->code ? err->code : bad(err, path, "\"pretokenizers\" must be a list");
+        json_t *a;
         p->kind = TP_SEQUENCE;
-        p->nsub = (int)json_array_size(a);
-        p->sub = calloc(p->nsub ? p->nsub : 1, sizeof *p->sub);
-        if (p->sub == NULL)
-            return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
-        for (int i = 0; i < p->nsub; i++) {
+        int rc = sequence_of(o, path, "pretokenizers", sizeof *p->sub, &a, (void **)&p->sub, &p->nsub, err);
+        for (int i = 0; rc == 0 && i < p->nsub; i++) {
             char sp[192];
-            snprintf(sp, sizeof sp, "%s.pretokenizers[%d]", path, i);
-            int rc = parse_pre(t, json_array_get(a, i), sp, &p->sub[i], err);
-            if (rc != 0)
-                return rc;
+            rc = parse_pre(t, json_array_get(a, (size_t)i), elem_path(sp, sizeof sp, path, "pretokenizers", i), &p->sub[i], err);
         }
-        return 0;
+        return rc;
     }
     if (strcmp(type, "Split") == 0) {
         static const char *const k[] = {"type", "pattern", "behavior", "invert", NULL};
@@ -374,23 +389,14 @@ static int parse_dec(json_t *o, const char *path, tok_dec *d, acc_err *err)
     if (type == NULL)
         return bad(err, tp, "missing");
     if (strcmp(type, "Sequence") == 0) {
-        static const char *const k[] = {"type", "decoders", NULL};
-        json_t *a = json_object_get(o, "decoders");
-        if (check_keys(o, path, k, err) || !json_is_array(a))
-            return err->code ? err->code : bad(err, path, "\"decoders\" must be a list");
+        json_t *a;
         d->kind = TD_SEQUENCE;
-        d->nsub = (int)json_array_size(a);
-        d->sub = calloc(d->nsub ? d->nsub : 1, sizeof *d->sub);
-        if (d->sub == NULL)
-            return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
-        for (int i = 0; i < d->nsub; i++) {
+        int rc = sequence_of(o, path, "decoders", sizeof *d->sub, &a, (void **)&d->sub, &d->nsub, err);
+        for (int i = 0; rc == 0 && i < d->nsub; i++) {
             char sp[192];
-            snprintf(sp, sizeof sp, "%s.decoders[%d]", path, i);
-            int rc = parse_dec(json_array_get(a, i), sp, &d->sub[i], err);
-            if (rc != 0)
-                return rc;
+            rc = parse_dec(json_array_get(a, (size_t)i), elem_path(sp, sizeof sp, path, "decoders", i), &d->sub[i], err);
         }
-        return 0;
+        return rc;
     }
     if (strcmp(type, "ByteLevel") == 0) {
         static const char *const k[] = {"type", "add_prefix_space", "trim_offsets", "use_regex",
