@@ -463,15 +463,20 @@ static void free_dec(tok_dec *d)
 }
 
 /* ---- the vocabulary, merges and added tokens */
-static int add_ids(int32_t **v, size_t *n, json_t *ids, const char *path, acc_err *err)
+/* The post-processor's special-token ids: each must name a token of the
+ * vocabulary already loaded (an id past it would index past the model's
+ * embedding rows). */
+static int add_ids(const tok_tokenizer *t, int32_t **v, size_t *n, json_t *ids, const char *path,
+                   acc_err *err)
 {
     size_t k;
     json_t *x;
     if (!json_is_array(ids))
         return bad(err, path, "\"ids\" must be a list");
     json_array_foreach(ids, k, x) {
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX)
-            return bad(err, path, "ids must be token ids");
+        if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+            json_integer_value(x) >= t->ntok || t->tok[json_integer_value(x)] == NULL)
+            return bad(err, path, "ids must be ids of the vocabulary");
         int32_t *nv = realloc(*v, (*n + 1) * sizeof *nv);
         if (nv == NULL)
             return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
@@ -482,7 +487,8 @@ static int add_ids(int32_t **v, size_t *n, json_t *ids, const char *path, acc_er
 }
 
 /* TemplateProcessing's "single": the special tokens before and after $A */
-static int parse_template(json_t *o, const char *path, tok_post *pp, acc_err *err)
+static int parse_template(const tok_tokenizer *t, json_t *o, const char *path, tok_post *pp,
+                          acc_err *err)
 {
     static const char *const k[] = {"type", "single", "pair", "special_tokens", NULL};
     if (check_keys(o, path, k, err))
@@ -507,8 +513,8 @@ static int parse_template(json_t *o, const char *path, tok_post *pp, acc_err *er
             json_t *def = name ? json_object_get(sp, name) : NULL;
             if (def == NULL)
                 return bad(err, p, "names a special token missing from \"special_tokens\"");
-            if (seen_a ? add_ids(&pp->post, &pp->npost, json_object_get(def, "ids"), p, err)
-                       : add_ids(&pp->pre, &pp->npre, json_object_get(def, "ids"), p, err))
+            if (seen_a ? add_ids(t, &pp->post, &pp->npost, json_object_get(def, "ids"), p, err)
+                       : add_ids(t, &pp->pre, &pp->npre, json_object_get(def, "ids"), p, err))
                 return err->code;
         } else {
             return bad(err, p, "must be {\"SpecialToken\": ...} or {\"Sequence\": ...}");
@@ -518,7 +524,8 @@ static int parse_template(json_t *o, const char *path, tok_post *pp, acc_err *er
     return 0;
 }
 
-static int parse_post(json_t *o, const char *path, tok_post *pp, acc_err *err)
+static int parse_post(const tok_tokenizer *t, json_t *o, const char *path, tok_post *pp,
+                      acc_err *err)
 {
     const char *type = json_string_value(json_object_get(o, "type"));
     char tp[192];
@@ -530,7 +537,7 @@ static int parse_post(json_t *o, const char *path, tok_post *pp, acc_err *err)
     if (strcmp(type, "TemplateProcessing") == 0) {
         if (pp->present)
             return unsupported(err, path, "a second TemplateProcessing");
-        return parse_template(o, path, pp, err);
+        return parse_template(t, o, path, pp, err);
     }
     if (strcmp(type, "Sequence") == 0) {
         json_t *a = json_object_get(o, "processors");
@@ -539,7 +546,7 @@ static int parse_post(json_t *o, const char *path, tok_post *pp, acc_err *err)
         for (size_t i = 0; i < json_array_size(a); i++) {
             char p[192];
             snprintf(p, sizeof p, "%s.processors[%zu]", path, i);
-            int rc = parse_post(json_array_get(a, i), p, pp, err);
+            int rc = parse_post(t, json_array_get(a, i), p, pp, err);
             if (rc != 0)
                 return rc;
         }
@@ -875,7 +882,7 @@ static int load_json(tok_tokenizer *t, json_t *j, json_t *cfg, acc_err *err)
             return t->dec ? err->code : acc_err_set(err, ACC_ENOMEM, "", "out of memory");
     }
     if ((x = json_object_get(j, "post_processor")) && !json_is_null(x) &&
-        parse_post(x, "post_processor", &t->post, err))
+        parse_post(t, x, "post_processor", &t->post, err))
         return err->code;
     return parse_config(t, cfg, err);
 }

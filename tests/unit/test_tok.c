@@ -130,6 +130,12 @@ static void test_refusals(void **state)
                    "post_processor.type: post-processor type BertProcessing");
     expect_refused("{\"added_tokens\":[{\"id\":9,\"content\":\"x\",\"single_word\":true}],"
                    "\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}}", "added_tokens[0]: single_word");
+    /* a post-processor id past the vocabulary (fuzz_tok found it): the
+     * encoder would emit an id the model has no embedding row for */
+    expect_refused("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\",\"type_id\":0}},"
+                   "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[99],\"tokens\":[\"<s>\"]}}},"
+                   "\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}}",
+                   "post_processor.single[0]: ids must be ids of the vocabulary");
     expect_refused("{\"model\":", "tokenizer.json");
 }
 
