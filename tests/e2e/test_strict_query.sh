@@ -124,7 +124,7 @@ while True:
 head, _, body = out.partition(b"\r\n\r\n")
 lines = head.decode().split("\r\n")
 ctype = [l.split(":", 1)[1].strip() for l in lines[1:] if l.lower().startswith("content-type:")]
-print(lines[0].split(" ")[1], ctype[0] if ctype else "-", len(body))
+print(lines[0].split(" ")[1], ctype[0].replace(" ", "") if ctype else "-", len(body))
 PY
 )
     set -- "$1" "$2" "$3" $got
@@ -132,6 +132,15 @@ PY
     case $5 in "$3"*) ;; *) fail "HEAD $1: content type '$5', want $3" ;; esac
     expect_eq "HEAD $1 body bytes" "$6" 0
 }
+head_check "/healthz" 200 application/json
+head_check "/v1/jobs" 200 application/json
+head_check "/v1/jobs/$victim" 200 application/json
+head_check "/v1/jobs/$victim/metrics" 200 application/json
+head_check "/v1/jobs/$victim/events" 200 text/event-stream
+head_check "/v1/jobs/$victim/events?format=ndjson" 200 application/x-ndjson
+head_check "/v1/devices" 200 application/json
+head_check "/metrics" 200 text/plain
+head_check "/v1/jobs/j999999" 404 application/json
 allow=$(acc_curl -D - -o /dev/null -X PUT "$BASE/v1/jobs/$victim" | tr -d '\r' | grep -i '^allow:')
 case $allow in *HEAD*) ;; *) fail "405 Allow lacks HEAD: $allow" ;; esac
 ok "HEAD on every GET route"

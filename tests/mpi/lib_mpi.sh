@@ -2,8 +2,9 @@
 # Open MPI's TCP transport on loopback, and the process-table checks.
 # Sourced with RANK_BIN set (the accumd-rank binary); TMP is made here.
 set -u
-command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
-command -v jq >/dev/null || { echo "skip: no jq"; exit 77; }
+. "$(dirname "${BASH_SOURCE[0]}")/../support/need.sh"
+command -v mpirun >/dev/null || need_missing "no mpirun"
+command -v jq >/dev/null || need_missing "no jq"
 [ -x "${RANK_BIN:-}" ] || { echo "skip: no accumd-rank (built without Open MPI)"; exit 77; }
 TMP=$(mktemp -d /tmp/accumd-mpi.XXXXXX)
 cleanup() {

@@ -8,8 +8,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dump=${JINJA_DUMP:?JINJA_DUMP: path of the jinja_dump program}
 py=/usr/bin/python3
-"$py" -c 'import jinja2' 2>/dev/null || { echo "SKIP: python3-jinja2 not installed"; exit 77; }
-command -v node >/dev/null && command -v npm >/dev/null || { echo "SKIP: node/npm not installed"; exit 77; }
+. "$here/../support/need.sh"
+"$py" -c 'import jinja2' 2>/dev/null || need_missing "python3-jinja2 not installed"
+command -v node >/dev/null && command -v npm >/dev/null || need_missing "node/npm not installed"
 
 lock_hash=$(sha256sum "$here/package-lock.json" | cut -c1-16)
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/accumd-npm/tok-$lock_hash

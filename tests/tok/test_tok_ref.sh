@@ -13,7 +13,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dump=${TOK_DUMP:?TOK_DUMP: path of the tok_dump program}
 py=/usr/bin/python3
-command -v node >/dev/null && command -v npm >/dev/null || { echo "SKIP: node/npm not installed"; exit 77; }
+. "$here/../support/need.sh"
+command -v node >/dev/null && command -v npm >/dev/null || need_missing "node/npm not installed"
 
 lock_hash=$(sha256sum "$here/package-lock.json" | cut -c1-16)
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/accumd-npm/tok-$lock_hash
