@@ -139,6 +139,22 @@ submit_err '{"model":{"from":"tiny","seq_len":64},"data":{"train":"gpl.txt","tra
     data.train_on "JSONL formats"
 submit_err '{"model":{"n_layer":1,"n_head":2,"n_embd":32,"seq_len":64,"vocab_size":32000},"data":{"train":"chat.jsonl","format":"chat","tokenizer":"tiny","chat_template":"mistral","packing":true},"train_batch_size":8}' \
     data.packing "gpt2 family"
+# a tokenizer component and a template construct accumd does not implement:
+# refused at submit, naming the component / the construct and its place
+mkdir -p "$D/tiny-wp" "$D/tiny-tmpl"
+cp "$D/tiny/"* "$D/tiny-wp/" && cp "$D/tiny/"* "$D/tiny-tmpl/"
+"$PY" - "$D/tiny-wp/tokenizer.json" "$D/tiny-tmpl/tokenizer_config.json" <<'EOF'
+import json, sys
+t = json.load(open(sys.argv[1]))
+t["model"]["type"] = "WordPiece"
+json.dump(t, open(sys.argv[1], "w"))
+c = json.load(open(sys.argv[2]))
+c["chat_template"] = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}\n{% include 'footer.j2' %}{% endfor %}"
+json.dump(c, open(sys.argv[2], "w"))
+EOF
+submit_err "$(sft chat.jsonl | sed 's/"from":"tiny"/"from":"tiny-wp"/')" data.tokenizer "model type WordPiece"
+submit_err "$(sft chat.jsonl | sed 's/"mistral"/"auto"/; s/"from":"tiny"/"from":"tiny-tmpl"/')" data.chat_template "statement 'include' is not supported"
+submit_err "$(sft chat.jsonl | sed 's/"mistral"/"auto"/; s/"from":"tiny"/"from":"tiny-tmpl"/')" data.chat_template "template line 2:4"
 ok "bad data and keys: 400s naming file:line and the key"
 
 # ---- the SFT job ------------------------------------------------------------
