@@ -227,3 +227,49 @@ acc_stop
 # the audit log of the first daemon is still whole (append-only)
 expect_eq "first audit log kept" "$(wc -l <"$keep/audit.log")" 14
 ok "fair order: alice bob alice bob alice bob; anonymous is a plain user; wrong token 401"
+
+# ---- the devices limit under a burst: 3 devices, no running-jobs limit,
+# at most 2 devices per user; 1- and 2-device jobs from both users at once.
+# From the jobs' start and end times: each user's devices in use never
+# exceed 2, all of them never exceed 3, and each user did use 2 at once
+# (the limit was reached, not merely never tested)
+acc_start --set users_file="$USERS" --set require_token=true --set cpu_devices=3 --set cpu_device_memory=256M \
+    --set user_max_running=0 --set user_max_devices=2
+burst=()
+for who in ALICE BOB; do
+    for i in 1 2 3 4; do
+        d=$((i % 2 + 1))
+        as "${!who}" -X POST --data-binary "$(tiny_job "dev$d-$who-$i" 6 "\"devices\":$d")" \
+            "$BASE/v1/jobs" >"$ACC_TMP/devburst-$who-$i" &
+        burst+=($!)
+    done
+done
+wait "${burst[@]}"
+for f in "$ACC_TMP"/devburst-*; do
+    jq -e '.id' "$f" >/dev/null || fail "devices burst submission: $(cat "$f")"
+    wait_final "$(jq -r .id "$f")"
+done
+as "$ROOT" "$BASE/v1/jobs?limit=100" >"$ACC_TMP/devall"
+/usr/bin/python3 - "$ACC_TMP/devall" <<'PY' || fail "user_max_devices=2 under a burst"
+import json, sys
+jobs = [j for j in json.load(open(sys.argv[1]))["jobs"] if j["name"].startswith("dev")]
+assert len(jobs) == 8 and all(j["state"] == "succeeded" for j in jobs), [(j["name"], j["state"]) for j in jobs]
+# (time, +devices) at a start, (time, -devices) at an end; ends first at a tie
+ev = {}
+for j in jobs:
+    d = int(j["name"][3])
+    for key, sign in (("started_at", 1), ("finished_at", -1)):
+        ev.setdefault(j["owner"], []).append((j[key], sign, d))
+        ev.setdefault("*", []).append((j[key], sign, d))
+peak = {}
+for who, es in ev.items():
+    cur = 0
+    for _, sign, d in sorted(es):
+        cur += sign * d
+        peak[who] = max(peak.get(who, 0), cur)
+print("peak devices in use:", peak)
+assert peak["alice"] == 2 and peak["bob"] == 2, peak
+assert peak["*"] <= 3, peak
+PY
+acc_stop
+ok "a burst of 1- and 2-device jobs from both users: at most 2 devices per user, 3 in all, throughout"
