@@ -33,8 +33,9 @@
 #define TRAIN_MAX_RANKS 16
 /* Floats of the trainer's span at the end of the gradient buffer (the
  * step's loss sum, the out-of-memory flag, the eval sum), which ride the
- * step's one all-reduce; see trainer.c. */
-#define TRAIN_SLOTS 16
+ * step's one reduction, and the ZeRO-2 norm partials (3 per rank); see
+ * trainer.c. */
+#define TRAIN_SLOTS 64
 /* Gradient bucket size of the step's reduction (PyTorch DDP's default):
  * GPT-2 124M gets one bucket per block, a small model a single bucket. */
 #define TRAIN_BUCKET_BYTES ((size_t)25 << 20)
@@ -62,6 +63,9 @@ typedef struct train_event {
     /* kern_device_mem_info per rank: bytes held from the device (CUDA's
      * cache included) and free on it */
     uint64_t mem_reserved[TRAIN_MAX_RANKS], mem_free[TRAIN_MAX_RANKS];
+    /* per rank: bytes of its AdamW moments (its shard under ZeRO >= 1) and
+     * of its gradient buffer (whole at every stage) */
+    uint64_t mem_optim[TRAIN_MAX_RANKS], mem_grads[TRAIN_MAX_RANKS];
     /* TEV_EVAL */
     double val_loss;
     /* TEV_OOM_ADJUST */
