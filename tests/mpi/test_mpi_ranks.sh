@@ -30,6 +30,23 @@ for W in 2 4; do
         fail "$W processes: bucket starts differ from threads"
     ok "$W rank processes: the threads' losses bit for bit, 4 reductions for 4 steps"
 done
+# ZeRO (stage 1 and 2) as rank processes: the reduce-scatter (MPI_Alltoallv
+# of the shards' parts) and the parameters' all-gather give stage 0's bits
+for Z in 1 2; do
+    sed 's|"max_steps"|"devices":2,"zero_optimization":{"stage":'$Z'},"max_steps"|' "$S1" >"$TMP/z$Z.json"
+    for W in 2 4; do
+        "${MPIRUN[@]}" -np "$W" "$RANK_BIN" --bucket-bytes 4k --events "$TMP/z$Z-$W.jsonl" "$TMP/z$Z.json" ||
+            fail "ZeRO $Z: mpirun -np $W exited $?"
+        losses "$TMP/z$Z-$W.jsonl" >"$TMP/z$Z-$W.loss"
+        [ "$(wc -l <"$TMP/z$Z-$W.loss")" = 4 ] || fail "ZeRO $Z, $W processes: $(wc -l <"$TMP/z$Z-$W.loss") steps"
+        cmp -s "$TMP/t$W.loss" "$TMP/z$Z-$W.loss" ||
+            fail "ZeRO $Z, $W processes: losses differ from stage 0: $(paste -d' ' "$TMP/t$W.loss" "$TMP/z$Z-$W.loss" | tr '\n' ';')"
+        [ "$(done_field "$TMP/z$Z-$W.jsonl" allreduce_calls)" = 4 ] ||
+            fail "ZeRO $Z, $W processes: $(done_field "$TMP/z$Z-$W.jsonl" allreduce_calls) reductions for 4 steps"
+    done
+    ok "ZeRO stage $Z as 2 and 4 rank processes: stage 0's losses bit for bit, one reduction per step"
+done
+
 # the 2- and 4-rank runs differ in summation order only
 within "$TMP/p2.loss" "$TMP/p4.loss" 1e-5 || fail "2 vs 4 ranks beyond 1e-5"
 
