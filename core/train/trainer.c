@@ -881,7 +881,7 @@ static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
     const job_spec *s = &t->spec;
     model *m = rs->model;
     double loss = get_double(rs->extra + SLOT_LOSS);
-    double norm;
+    double norm = 0.0;
     int rc = grad_norm(rs, &norm, err);
     if (rc != 0)
         return rc;
