@@ -24,7 +24,6 @@ steps_json() { acc_events_text "$1" | jq -sc '[.[] | select(.type == "step")]'; 
 z0=$(acc_submit "$(job z0 2 6)") || exit 1
 z1=$(acc_submit "$(job z1 2 6 '"zero_optimization":{"stage":1}')") || exit 1
 z2=$(acc_submit "$(job z2 2 6 '"deepspeed":{"zero_optimization":{"stage":2}}')") || exit 1
-# while z2 runs (or as it last reported), /v1/devices carries the split figures
 for j in "$z0" "$z1" "$z2"; do acc_wait_state "$j" succeeded 120; done
 h0=$(history "$z0")
 expect_eq "6 steps" "$(echo "$h0" | jq length)" 6
