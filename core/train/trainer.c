@@ -373,7 +373,6 @@ int trainer_device_bytes(const job_spec *spec, uint64_t *bytes, acc_err *err)
 
 /* ---- one rank */
 
-/* The state alone does not fit: no split can help. */
 /* The state bytes of the job's largest rank (rank 0's ZeRO shard is the
  * largest): the same number on every rank, so that decisions from it agree. */
 static uint64_t job_state_bytes(const trainer *t)
@@ -381,6 +380,7 @@ static uint64_t job_state_bytes(const trainer *t)
     return plan_rank_state_bytes(&t->cfg, t->spec.zero_stage, t->nranks, 0);
 }
 
+/* The state alone does not fit: no split can help. */
 static int state_oom(rank_state *rs, acc_err *err)
 {
     uint64_t need = plan_rank_state_bytes(&rs->t->cfg, rs->t->spec.zero_stage, rs->t->nranks, rs->rank);

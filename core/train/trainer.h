@@ -3,7 +3,9 @@
  * trainer_start() spawns one worker thread per device (rank) and returns at
  * once. Each optimizer step runs accum_steps micro-steps of micro_batch
  * samples per rank, accumulating gradients in place, then exactly one
- * all-reduce, clip, AdamW step. Progress is reported through `on_event`,
+ * reduction of the gradients (an all-reduce; a reduce-scatter under ZeRO
+ * stage 2), clip, AdamW step (of the rank's shard under ZeRO stage 1 and
+ * 2, followed by an all-gather of the parameters). Progress is reported through `on_event`,
  * called from worker threads: the callee must copy the event and return
  * quickly (the daemon queues it and wakes its loop with uv_async_send); it
  * must never call back into the trainer.
