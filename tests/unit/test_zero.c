@@ -7,6 +7,7 @@
  *     the planner's prediction to the byte;
  *   - an out-of-memory on one rank under ZeRO-2 adapts every rank, with
  *     the losses of the same adaptation at stage 0;
+ *   - bf16, recomputation, evals and a checkpoint mid-run change nothing;
  *   - checkpoints hold the whole state: a stage-2 checkpoint at w = 4 is
  *     byte for byte stage 0's, and resumed at w = 2 it continues with the
  *     losses of an uninterrupted w = 2 run (and of stage 0) from it.
@@ -237,6 +238,53 @@ static void test_oom_adapts_all_ranks(void **state)
     free(r2.params);
 }
 
+/* The other modes ride along: bf16 operands, activation recomputation,
+ * evals (their all-reduce in the slots) and a checkpoint mid-run (the
+ * moments gathered through the gradient buffer, which must be zero again
+ * for the next step): stage 2 and 1 still give stage 0's bits. */
+static void test_modes(void **state)
+{
+    (void)state;
+    job_spec s;
+    run_out r[3];
+    double val[3][CAP_STEPS];
+    for (int z = 0; z <= 2; z++) {
+        spec_of(&s, "gpt2", 2, 2, 2, z);
+        s.precision = SPEC_BF16;
+        s.activation_checkpointing = true;
+        snprintf(s.data.val, sizeof s.data.val, "%s", text_path);
+        s.eval_interval = 2;
+        s.checkpoint_interval = 2;
+        snprintf(s.output_dir, sizeof s.output_dir, "%s/modes%d", root, z);
+        for (int k = 0; k < CAP_STEPS; k++)
+            val[z][k] = NAN;
+        kern_device_info devs[2];
+        fx_devices(devs, 2, 1ull << 30);
+        run_out *o = &r[z];
+        memset(o, 0, sizeof *o);
+        o->params = calloc(1 << 20, sizeof(float));
+        assert_non_null(o->params);
+        o->h.steps_cap = CAP_STEPS;
+        o->h.step_loss = o->loss;
+        o->h.step_grad_norm = o->norm;
+        o->h.step_val_loss = val[z];
+        o->h.final_params = o->params;
+        o->h.final_params_cap = 1 << 20;
+        o->h.bucket_bytes = 8192;
+        trainer_opts opts = {.spec = &s, .devices = devs, .threads_per_device = 1};
+        acc_err err = {0};
+        assert_int_equal(trainer_run_sync(&opts, &o->h, &err), 0);
+        assert_true(o->h.final_recompute);
+    }
+    for (int z = 1; z <= 2; z++) {
+        assert_bits(&r[0], &r[z], 0, s.max_steps);
+        assert_true(isfinite(val[0][1]) && isfinite(val[0][3]));
+        assert_memory_equal(val[0], val[z], sizeof val[0]);
+    }
+    for (int z = 0; z <= 2; z++)
+        free(r[z].params);
+}
+
 static void read_file(const char *path, char **data, size_t *n)
 {
     FILE *f = fopen(path, "rb");
@@ -325,6 +373,7 @@ int main(void)
         cmocka_unit_test(test_gpt2_four),
         cmocka_unit_test(test_llama_stages),
         cmocka_unit_test(test_oom_adapts_all_ranks),
+        cmocka_unit_test(test_modes),
         cmocka_unit_test(test_checkpoint_across_worlds),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
