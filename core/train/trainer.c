@@ -80,7 +80,7 @@ typedef struct oom_record {
 /* The trainer's span at the end of the gradient buffer (TRAIN_SLOTS
  * floats past the parameters' gradients, model_opts.grad_tail): what it
  * means is the trainer's alone; the model only zeroes and reduces it. */
-enum { SLOT_LOSS = 0, SLOT_OOM = 2, SLOT_EVAL = 4, SLOT_NORM = 8 };
+enum { SLOT_LOSS = 0, SLOT_OOM = 2, SLOT_STOP = 3, SLOT_EVAL = 4, SLOT_NORM = 8 };
 /* SLOT_NORM: 3 floats per rank, a shard's partial sum of squares (ZeRO 2) */
 _Static_assert(SLOT_NORM + 3 * TRAIN_MAX_RANKS <= TRAIN_SLOTS, "the norm's slots fit the tail");
 
@@ -118,6 +118,11 @@ struct trainer {
     kern_comm *ext_comm;       /* a rank process: the caller's comm (MPI), else NULL */
     atomic_int cancel;
     atomic_int preempt;        /* cancel for a shutdown: checkpoint first */
+    /* ZeRO: a shutdown asks every rank to stop together after the step in
+     * progress (the request rides its reduction, SLOT_STOP), so that the
+     * sharded moments can still be gathered for the checkpoint */
+    atomic_int stop_asked;
+    atomic_int stepped;        /* a step of this run completed (rank 0) */
     int keep;                  /* checkpoints kept */
     char resume_dir[PATH_MAX]; /* checkpoint to start from, or "" */
     int resume_fd;             /* that checkpoint directory, open (safepath.h), or -1 */
@@ -167,6 +172,7 @@ typedef struct rank_state {
     int bucket_rc;    /* first failed start this step (0 = none) */
     double step_loss_sum; /* this rank's loss sum of the step (for the slots) */
     int step_oom;     /* this rank ran out of memory in this step attempt */
+    int stop;         /* ZeRO: every rank agreed to stop for a shutdown */
     int *sample;      /* [T+1] */
     int *inputs, *targets; /* [m*T] */
     float *weights;   /* [m*T] */
@@ -979,6 +985,7 @@ static void stage_slots(rank_state *rs)
     memset(rs->extra, 0, sizeof rs->extra);
     put_double(rs->extra + SLOT_LOSS, rs->step_loss_sum);
     rs->extra[SLOT_OOM] = rs->step_oom ? 1.0f : 0.0f;
+    rs->extra[SLOT_STOP] = atomic_load(&rs->t->stop_asked) ? 1.0f : 0.0f;
     rs->dev->ops->upload(rs->dev, m->grads + m->nparams, rs->extra, sizeof rs->extra);
 }
 
@@ -1214,6 +1221,10 @@ static int train_step(rank_state *rs, int step, acc_err *err)
     for (;;) {
         int oom = 0;
         int rc = attempt_step(rs, step, &oom, err);
+        if (rc == 0 && rs->extra[SLOT_STOP] != 0.0f) { /* the same on every rank */
+            rs->stop = 1;
+            return 0;
+        }
         if (rc != 0 || !oom)
             return rc;
         if ((rc = adapt_after_oom(rs, step, err)) != 0)
@@ -1287,6 +1298,25 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
     return rc;
 }
 
+/* ZeRO, a shutdown: every rank stopped after the same step; the moments
+ * are gathered for the checkpoint of the steps done (all ranks call), then
+ * the run ends as a preempted one does. */
+static int stop_together(rank_state *rs, acc_err *err)
+{
+    trainer *t = rs->t;
+    if (rs->rank == 0) {
+        t->steps_done = rs->done;
+        if (t->hooks != NULL)
+            t->hooks->steps_done = rs->done;
+    }
+    if (t->spec.output_dir[0] != '\0' && rs->done > t->start_step) {
+        int rc = save_checkpoint(rs, rs->done, err);
+        if (rc != 0)
+            return rc;
+    }
+    return acc_err_set(err, ACC_ECANCELLED, "", "stopped for shutdown");
+}
+
 static int rank_run(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
@@ -1335,6 +1365,10 @@ static int rank_run(rank_state *rs, acc_err *err)
     for (int step = t->start_step; step < s->max_steps; step++) {
         if ((rc = train_step(rs, step, err)) != 0)
             return rc;
+        if (rs->rank == 0 && rs->done > t->start_step)
+            atomic_store(&t->stepped, 1);
+        if (rs->stop)
+            return stop_together(rs, err);
         if ((rc = maybe_eval_and_save(rs, step, err)) != 0)
             return rc;
         if (rs->rank == 0) {
@@ -1384,8 +1418,8 @@ static void finish_run(trainer *t)
 static int checkpoint_on_preempt(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
-    /* ZeRO: the other ranks' moments cannot be gathered once the
-     * communicator is aborted; the job resumes from its last checkpoint */
+    /* ZeRO: checkpointed together in stop_together (or, stopped before a
+     * step ended, there was nothing to save) */
     if (rs->rank != 0 || !atomic_load(&t->preempt) || rs->model == NULL || t->spec.zero_stage >= 1 ||
         t->spec.output_dir[0] == '\0' || rs->done <= t->start_step)
         return 1;
@@ -1663,6 +1697,8 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     memcpy(t->devs, o->devices, (size_t)t->nranks * sizeof *t->devs);
     atomic_init(&t->cancel, 0);
     atomic_init(&t->preempt, 0);
+    atomic_init(&t->stop_asked, 0);
+    atomic_init(&t->stepped, 0);
     atomic_init(&t->live, t->local_ranks);
     if (pthread_mutex_init(&t->mu, NULL) != 0) {
         free(t);
@@ -1702,6 +1738,14 @@ void trainer_cancel(trainer *t)
 void trainer_preempt(trainer *t)
 {
     atomic_store(&t->preempt, 1);
+    /* ZeRO: the ranks' moments are shards, which an aborted communicator
+     * could no longer gather: the ranks stop together after the step in
+     * progress (stop_together). Before the first step there is nothing to
+     * save, and a wait there (data preparation) may be long: cancel. */
+    if (t->spec.zero_stage >= 1 && atomic_load(&t->stepped)) {
+        atomic_store(&t->stop_asked, 1);
+        return;
+    }
     trainer_cancel(t);
 }
 

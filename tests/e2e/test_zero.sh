@@ -7,7 +7,9 @@
 #    stage 0's, 1/2 each), mem_gradients stays whole, the peak drops by
 #    exactly the moments not held; /v1/devices shows the figures too;
 #  - a stage-2 job on 4 devices checkpoints the whole state: resumed on 2
-#    devices at stage 2 and at stage 0 it continues with the same losses.
+#    devices at stage 2 and at stage 0 it continues with the same losses;
+#  - SIGTERM checkpoints a running ZeRO-2 job (its ranks stop together) and
+#    the restarted daemon resumes it with the losses of a run never stopped.
 . "$(dirname "$0")/lib.sh"
 
 ARGS=(--set cpu_devices=4 --set cpu_device_memory=256M --set cpu_threads_per_device=1)
@@ -73,6 +75,21 @@ hr=$(history "$r2")
 expect_eq "resumed steps" "$(echo "$hr" | jq -c '[.[][0]]')" "[4,5,6]"
 expect_eq "resumed at w=2: stage 2 = stage 0" "$hr" "$(history "$r0")"
 ok "stage-2 checkpoint at w=4 resumed at w=2: losses $(echo "$hr" | jq -c '[.[][1]]')"
+
+# ---- a shutdown checkpoints a ZeRO job (the ranks stop together) and the
+# restarted daemon resumes it with the losses of a run never stopped
+ref=$(acc_submit "$(job ref 2 150)") || exit 1
+acc_wait_state "$ref" succeeded 120
+zs=$(acc_submit "$(job zs 2 150 '"zero_optimization":{"stage":2}')") || exit 1
+acc_wait_step "$zs" 3
+acc_stop
+ls -d "$STATE/out/$zs"/ckpt-* >/dev/null 2>&1 || fail "no shutdown checkpoint of the ZeRO job: $(ls "$STATE/out/$zs")"
+acc_start "${ARGS[@]}"
+acc_wait_state "$zs" succeeded 120
+at=$(acc_events_text "$zs" | grep -o 'resumed from [^ ]* at step [0-9]*' | head -1 | grep -o '[0-9]*$')
+[ -n "$at" ] && [ "$at" -ge 3 ] && [ "$at" -lt 150 ] || fail "the ZeRO job did not resume mid-run from its shutdown checkpoint ('$at')"
+expect_eq "history of the stopped and resumed job" "$(history "$zs")" "$(history "$ref")"
+ok "SIGTERM: the ZeRO-2 job checkpointed after step $at, resumed, with the losses of a run never stopped"
 
 acc_stop
 acc_check_log

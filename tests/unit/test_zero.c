@@ -10,7 +10,8 @@
  *   - bf16, recomputation, evals and a checkpoint mid-run change nothing;
  *   - checkpoints hold the whole state: a stage-2 checkpoint at w = 4 is
  *     byte for byte stage 0's, and resumed at w = 2 it continues with the
- *     losses of an uninterrupted w = 2 run (and of stage 0) from it.
+ *     losses of an uninterrupted w = 2 run (and of stage 0) from it;
+ *   - a shutdown checkpoints a ZeRO job too (the ranks stop together).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +19,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +31,7 @@
 #include "mem_plan.h"
 #include "trainer_run.h"
 
-#define CAP_STEPS 8
+#define CAP_STEPS 256
 #define BATCH 8
 
 static char text_path[64];
@@ -366,6 +369,68 @@ static void test_checkpoint_across_worlds(void **state)
         free(all[i]->params);
 }
 
+/* A shutdown (trainer_preempt) of a ZeRO-2 job: the ranks stop together
+ * after the step in progress and checkpoint it (the moments gathered), so
+ * resuming from it continues with the losses of an uninterrupted run. */
+typedef struct stop_watch {
+    atomic_int steps, done, status, done_step;
+    char msg[512];
+} stop_watch;
+
+static void on_stop_event(void *ctx, const train_event *ev)
+{
+    stop_watch *w = ctx;
+    if (ev->kind == TEV_STEP)
+        atomic_fetch_add(&w->steps, 1);
+    if (ev->kind == TEV_DONE) {
+        snprintf(w->msg, sizeof w->msg, "%s", ev->msg);
+        atomic_store(&w->status, ev->status);
+        atomic_store(&w->done_step, ev->step);
+        atomic_store(&w->done, 1);
+    }
+}
+
+static void test_shutdown_checkpoint(void **state)
+{
+    (void)state;
+    job_spec s;
+    spec_of(&s, "gpt2", 2, 2, 2, 2);
+    s.max_steps = 200;
+    snprintf(s.output_dir, sizeof s.output_dir, "%s/stop", root);
+    kern_device_info devs[2];
+    fx_devices(devs, 2, 1ull << 30);
+    stop_watch w;
+    memset(&w, 0, sizeof w);
+    trainer_opts o = {.spec = &s, .devices = devs, .threads_per_device = 1, .on_event = on_stop_event,
+                      .event_ctx = &w};
+    trainer *t;
+    acc_err err = {0};
+    assert_int_equal(trainer_start(&o, &t, &err), 0);
+    while (atomic_load(&w.steps) < 2 && !atomic_load(&w.done))
+        usleep(1000);
+    trainer_preempt(t);
+    trainer_free(t);
+    assert_true(atomic_load(&w.done));
+    assert_int_equal(atomic_load(&w.status), ACC_ECANCELLED);
+    assert_string_equal(w.msg, "stopped for shutdown");
+    int k = atomic_load(&w.done_step);
+    assert_true(k >= 2 && k < 200 - 2);
+    char ck[300];
+    snprintf(ck, sizeof ck, "%s/stop/ckpt-%08d", root, k);
+    assert_int_equal(access(ck, F_OK), 0);
+    /* resumed (stage 0, to show the state is whole) vs never stopped */
+    run_out resumed, ref;
+    resume_spec(&s, 2, 0, ck, "stop-resumed", k + 2);
+    run(&s, &resumed, NULL);
+    spec_of(&s, "gpt2", 2, 2, 2, 0);
+    s.max_steps = k + 2;
+    run(&s, &ref, NULL);
+    assert_bits(&ref, &resumed, k, k + 2);
+    print_message("shutdown after step %d: checkpointed together, resumed with the uninterrupted losses\n", k);
+    free(resumed.params);
+    free(ref.params);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -375,6 +440,7 @@ int main(void)
         cmocka_unit_test(test_oom_adapts_all_ranks),
         cmocka_unit_test(test_modes),
         cmocka_unit_test(test_checkpoint_across_worlds),
+        cmocka_unit_test(test_shutdown_checkpoint),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
