@@ -134,6 +134,8 @@ static void route_devices(api_server *s, const api_request *req, api_response *r
                 fr = d->mem_total > in_use ? d->mem_total - in_use : 0;
             json_object_set_new(o, "memory_reserved_bytes",
                                 json_integer((json_int_t)(m->dev_mem_reserved[i] ? m->dev_mem_reserved[i] : in_use)));
+            json_object_set_new(o, "memory_optimizer_bytes", json_integer((json_int_t)m->dev_mem_optim[i]));
+            json_object_set_new(o, "memory_gradient_bytes", json_integer((json_int_t)m->dev_mem_grads[i]));
             json_object_set_new(o, "memory_free_bytes", fr || d->kind == KERN_DEV_CPU
                                                              ? json_integer((json_int_t)fr)
                                                              : json_null());

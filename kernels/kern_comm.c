@@ -103,6 +103,19 @@ int kern_comm_reduce_finish(kern_comm *c, int rank)
     return c->ops->reduce_finish(c->impl, rank);
 }
 
+int kern_comm_scatter_start(kern_comm *c, int rank, float *base, const kern_span *spans,
+                            int nspans, size_t n)
+{
+    if (check_spans(spans, nspans) != 0)
+        return ACC_EINVAL;
+    return c->ops->scatter_start(c->impl, rank, base, spans, nspans, n);
+}
+
+int kern_comm_allgather(kern_comm *c, int rank, float *buf, size_t n)
+{
+    return c->ops->allgather(c->impl, rank, buf, n);
+}
+
 int kern_comm_barrier(kern_comm *c)
 {
     return c->ops->barrier(c->impl);

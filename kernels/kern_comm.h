@@ -24,8 +24,21 @@
  * Every rank must make the same sequence of calls with the same spans.
  * kern_comm_allreduce() is one start over [0, n) plus a finish.
  *
+ * ZeRO (stage 2): kern_comm_scatter_start() is the bucket of a
+ * reduce-scatter: the same spans, but each rank is left with the sums of
+ * the elements it owns only (kern_shard_lo over the buffer's first n
+ * floats: the parameters' shards), except that elements at offsets >= n
+ * (the trainer's tail of loss / out-of-memory slots) are summed into every
+ * rank. It is ended by the same kern_comm_reduce_finish(). After the
+ * optimizer updated each rank's shard, kern_comm_allgather() copies every
+ * rank's shard of a buffer to all (stages 1 and 2: the parameters).
+ * Every sum is in rank order 0..w-1 on CPU devices (shared memory and MPI
+ * alike), so a rank's shard of a reduce-scatter has the bits an
+ * all-reduce gives it.
+ *
  * Counting: kern_comm_allreduce_calls() counts reductions (finishes),
- * kern_comm_bucket_calls() counts starts, each once per call, not per rank.
+ * kern_comm_bucket_calls() counts starts (all-reduce and reduce-scatter
+ * buckets), each once per call, not per rank. All-gathers are not counted.
  *
  * Implementations: each communicator implements the one declared set
  * kern_comm_ops below (libuv's src/unix/internal.h style: one list of
@@ -70,6 +83,20 @@ int kern_comm_reduce_start(kern_comm *c, int rank, float *base, const kern_span 
  * GPUs the rank's compute stream is ordered after them. */
 int kern_comm_reduce_finish(kern_comm *c, int rank);
 
+/* Start the reduce-scatter of spans[0..nspans) of `base` (rules of
+ * kern_comm_reduce_start): once kern_comm_reduce_finish() returned, rank
+ * r's elements in [kern_shard_lo(n, r, w), kern_shard_lo(n, r + 1, w))
+ * and those at offsets >= n hold the sums over all ranks; its other
+ * span elements are undefined. Every rank passes the same spans and n. */
+int kern_comm_scatter_start(kern_comm *c, int rank, float *base, const kern_span *spans,
+                            int nspans, size_t n);
+
+/* All-gather: rank r's shard [kern_shard_lo(n, r, w), kern_shard_lo(n, r + 1, w))
+ * of `buf` (device memory) is copied into every rank's `buf`; returns when
+ * done (on GPUs the compute stream is ordered after it). Same returns as
+ * kern_comm_allreduce. */
+int kern_comm_allgather(kern_comm *c, int rank, float *buf, size_t n);
+
 /* All ranks wait for each other. 0 or ACC_ECANCELLED. */
 int kern_comm_barrier(kern_comm *c);
 
@@ -100,6 +127,9 @@ typedef struct kern_comm_ops {
     int (*allreduce)(void *impl, int rank, float *buf, size_t n);
     int (*reduce_start)(void *impl, int rank, float *base, const kern_span *spans, int nspans);
     int (*reduce_finish)(void *impl, int rank);
+    int (*scatter_start)(void *impl, int rank, float *base, const kern_span *spans, int nspans,
+                         size_t n);
+    int (*allgather)(void *impl, int rank, float *buf, size_t n);
     int (*barrier)(void *impl);
     void (*abort)(void *impl);
     int (*aborted)(void *impl);

@@ -164,6 +164,121 @@ static int mpi_allreduce(void *impl, int rank, float *buf, size_t n)
     return rc != 0 ? rc : fin;
 }
 
+/* Rank q's parts of the spans (its shard of [0, n)) packed at `flat`,
+ * owners in rank order; sizes in c->counts, offsets in c->displs. */
+static size_t pack_owned(comm_mpi *c, float *flat, const float *base, const kern_span *sp, int ns,
+                         size_t n)
+{
+    kern_span part[KERN_COMM_MAX_SPANS];
+    size_t at = 0;
+    for (int q = 0; q < c->world; q++) {
+        int np = kern_span_clip(sp, ns, kern_shard_lo(n, q, c->world), kern_shard_lo(n, q + 1, c->world),
+                                part);
+        c->displs[q] = (int)at;
+        for (int k = 0; k < np; k++) {
+            if (flat != NULL)
+                memcpy(flat + at, base + part[k].off, part[k].n * sizeof *flat);
+            at += part[k].n;
+        }
+        c->counts[q] = (int)(at - (size_t)c->displs[q]);
+    }
+    return at;
+}
+
+/* The sums of my parts: every rank's copy of them arrives (MPI_Alltoallv)
+ * and is summed here in rank order, as the shared-memory communicator
+ * sums them, then written into my spans. */
+static int scatter_owned(comm_mpi *c, float *base, const kern_span *sp, int ns, size_t n)
+{
+    size_t total = pack_owned(c, NULL, base, sp, ns, n); /* sizes first */
+    size_t mine = (size_t)c->counts[c->rank];
+    if (total > (size_t)INT_MAX || mine * (size_t)c->world > (size_t)INT_MAX)
+        return ACC_EINVAL; /* MPI counts are int: the trainer's buckets are far smaller */
+    if (reserve(c, total > mine * (size_t)c->world ? total : mine * (size_t)c->world) != 0)
+        return ACC_ENOMEM;
+    pack_owned(c, c->pack, base, sp, ns, n);
+    for (int q = 0; q < c->world; q++) {
+        c->rcounts[q] = (int)mine;
+        c->rdispls[q] = q * (int)mine;
+    }
+    int rc = mpi_check(c, MPI_Alltoallv(c->pack, c->counts, c->displs, MPI_FLOAT, c->recv,
+                                        c->rcounts, c->rdispls, MPI_FLOAT, c->comm),
+                       "MPI_Alltoallv");
+    if (rc != 0)
+        return rc;
+    float *out = c->pack; /* my sums, in my parts' order */
+    for (size_t i = 0; i < mine; i++) {
+        float sum = c->recv[i];
+        for (int r = 1; r < c->world; r++)
+            sum += c->recv[(size_t)r * mine + i];
+        out[i] = sum;
+    }
+    kern_span part[KERN_COMM_MAX_SPANS];
+    int np = kern_span_clip(sp, ns, kern_shard_lo(n, c->rank, c->world),
+                            kern_shard_lo(n, c->rank + 1, c->world), part);
+    unpack_spans(base, out, part, np);
+    return 0;
+}
+
+/* The parts at offsets >= n (the trainer's slots): all-reduced. */
+static int reduce_tail(comm_mpi *c, float *base, const kern_span *sp, int ns, size_t n)
+{
+    kern_span tail[KERN_COMM_MAX_SPANS];
+    int nt = kern_span_clip(sp, ns, n, SIZE_MAX, tail);
+    size_t total = 0;
+    for (int k = 0; k < nt; k++)
+        total += tail[k].n;
+    if (total == 0)
+        return 0;
+    if (total > (size_t)INT_MAX)
+        return ACC_EINVAL;
+    if (reserve(c, total) != 0)
+        return ACC_ENOMEM;
+    pack_spans(c->pack, base, tail, nt);
+    int rc = reduce_scatter(c, total);
+    if (rc == 0)
+        rc = all_gather(c);
+    if (rc == 0)
+        unpack_spans(base, c->pack, tail, nt);
+    return rc;
+}
+
+static int mpi_scatter_start(void *impl, int rank, float *base, const kern_span *sp, int ns, size_t n)
+{
+    comm_mpi *c = impl;
+    (void)rank;
+    c->buckets++;
+    if (atomic_load(&c->aborted))
+        return ACC_ECANCELLED;
+    if (c->fail_code != 0)
+        return c->fail_code;
+    if (c->world == 1)
+        return 0;
+    int rc = scatter_owned(c, base, sp, ns, n);
+    return rc != 0 ? rc : reduce_tail(c, base, sp, ns, n);
+}
+
+static int mpi_allgather(void *impl, int rank, float *buf, size_t n)
+{
+    comm_mpi *c = impl;
+    (void)rank;
+    if (atomic_load(&c->aborted))
+        return ACC_ECANCELLED;
+    if (c->fail_code != 0)
+        return c->fail_code;
+    if (c->world == 1)
+        return 0;
+    if (n > (size_t)INT_MAX)
+        return ACC_EINVAL;
+    for (int q = 0; q < c->world; q++) {
+        c->displs[q] = (int)kern_shard_lo(n, q, c->world);
+        c->counts[q] = (int)kern_shard_lo(n, q + 1, c->world) - c->displs[q];
+    }
+    return mpi_check(c, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, c->counts, c->displs, MPI_FLOAT,
+                                       c->comm),
+                     "MPI_Allgatherv");
+}
+
 static int mpi_barrier(void *impl)
 {
     comm_mpi *c = impl;
@@ -218,6 +333,8 @@ const kern_comm_ops kern_comm_mpi_ops = {
     .allreduce = mpi_allreduce,
     .reduce_start = mpi_reduce_start,
     .reduce_finish = mpi_reduce_finish,
+    .scatter_start = mpi_scatter_start,
+    .allgather = mpi_allgather,
     .barrier = mpi_barrier,
     .abort = mpi_abort,
     .aborted = mpi_aborted,
@@ -295,6 +412,14 @@ static int mn_reduce_finish(void *impl, int rank)
 {
     return kern_nccl_reduce_finish(((comm_mpi_nccl *)impl)->nc, rank);
 }
+static int mn_scatter_start(void *impl, int rank, float *base, const kern_span *sp, int ns, size_t n)
+{
+    return kern_nccl_scatter_start(((comm_mpi_nccl *)impl)->nc, rank, base, sp, ns, n);
+}
+static int mn_allgather(void *impl, int rank, float *buf, size_t n)
+{
+    return kern_nccl_allgather(((comm_mpi_nccl *)impl)->nc, rank, buf, n);
+}
 static int mn_barrier(void *impl)
 {
     comm_mpi_nccl *c = impl;
@@ -323,6 +448,8 @@ static const kern_comm_ops kern_comm_mpi_nccl_ops = {
     .allreduce = mn_allreduce,
     .reduce_start = mn_reduce_start,
     .reduce_finish = mn_reduce_finish,
+    .scatter_start = mn_scatter_start,
+    .allgather = mn_allgather,
     .barrier = mn_barrier,
     .abort = mn_abort,
     .aborted = mn_aborted,

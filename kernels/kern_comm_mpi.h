@@ -10,7 +10,10 @@
  * every rank gathers the summed chunks (MPI_Allgatherv). MPI_Allreduce is
  * not used: its summation order is the library's (it varies with the
  * algorithm Open MPI picks by size and world), so it does not give these
- * bits.
+ * bits. The ZeRO reduce-scatter is the same scheme with the shards as the
+ * chunks (rank q receives every rank's parts of its shard of [0, n),
+ * MPI_Alltoallv, and sums them in rank order); the all-gather is
+ * MPI_Allgatherv in place (a copy: no arithmetic).
  *
  * Errors: the communicator is a dup of MPI_COMM_WORLD with
  * MPI_ERRORS_RETURN; every MPI call is checked, the first failure is kept

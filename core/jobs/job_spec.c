@@ -495,7 +495,8 @@ static int parse_lr_schedule(const json_t *l, spec_lr *out, acc_err *err)
  * configs commonly carry (steps_per_print, wall_clock_breakdown). */
 static const char *const ds_keys[] = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16", "fp16",
-    "gradient_clipping", "optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown", NULL};
+    "gradient_clipping", "optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown",
+    "zero_optimization", NULL};
 
 /* Report every unsupported key at once: users paste whole DeepSpeed files. */
 static int ds_check_keys(const json_t *ds, acc_err *err)
@@ -515,7 +516,8 @@ static int ds_check_keys(const json_t *ds, acc_err *err)
     if (bad == 0)
         return 0;
     return acc_err_set(err, ACC_EINVAL, first, "unsupported DeepSpeed key%s: %s (accumd supports the batch keys, "
-                       "bf16, gradient_clipping, optimizer AdamW and scheduler WarmupLR/WarmupDecayLR/WarmupCosineLR)",
+                       "bf16, gradient_clipping, zero_optimization, optimizer AdamW and scheduler "
+                       "WarmupLR/WarmupDecayLR/WarmupCosineLR)",
                        bad > 1 ? "s" : "", list);
 }
 
@@ -603,6 +605,67 @@ static int ds_scheduler(const json_t *ds, job_spec *out, acc_err *err)
     json_decref(p);
     if (ratio >= 0)
         out->lr.warmup_min_lr = ratio * out->optim.lr;
+    return 0;
+}
+
+/* "zero_optimization": {"stage": 0|1|2}, at the top level or in
+ * "deepspeed". DeepSpeed's other ZeRO keys (offload, stage 3 tuning,
+ * bucket sizes) are known and refused as not supported yet; anything else
+ * is an unknown key. Both before the stage is read. */
+static const char *const zero_unsupported[] = {
+    "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params", "cpu_offload_use_pin_memory",
+    "contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size", "allgather_partitions",
+    "allgather_bucket_size", "round_robin_gradients", "elastic_checkpoint", "load_from_fp32_weights",
+    "sub_group_size", "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold", "stage3_gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save", "zero_hpz_partition_size", "zero_quantized_weights",
+    "zero_quantized_gradients", "mics_shard_size", "mics_hierarchical_params_gather", "ignore_unused_parameters",
+    "memory_efficient_linear", "use_multi_rank_bucket_allreduce", "legacy_stage1", NULL};
+
+static int parse_zero(const json_t *z, const char *prefix, int *stage, acc_err *err)
+{
+    static const char *const keys[] = {"stage", NULL};
+    const char *key;
+    json_t *v;
+    char f[128];
+    json_object_foreach((json_t *)z, key, v) {
+        if (key_allowed(key, zero_unsupported))
+            return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, prefix, key),
+                               "%s is not supported yet (accumd runs ZeRO stages 0, 1 and 2 on the job's "
+                               "devices, without offload)", f);
+    }
+    int rc, st = 0;
+    if ((rc = check_keys(z, prefix, keys, err)) || (rc = get_int(z, prefix, "stage", 0, 3, &st, err)))
+        return rc;
+    if (st == 3)
+        return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, prefix, "stage"),
+                           "%s 3 (sharded parameters) is not supported yet; use 1 or 2", f);
+    *stage = st;
+    return 0;
+}
+
+/* Where zero_optimization was given ("" = nowhere), for the error that
+ * names it; the stage in *stage. Top level and deepspeed must agree. */
+static int get_zero(const json_t *root, const json_t *ds, job_spec *out, char *where, size_t n, acc_err *err)
+{
+    json_t *top = NULL, *inner = NULL;
+    int rc, st_top = -1, st_ds = -1;
+    where[0] = '\0';
+    if ((rc = get_object(root, NULL, "zero_optimization", &top, err)) ||
+        (ds != NULL && (rc = get_object(ds, "deepspeed", "zero_optimization", &inner, err))))
+        return rc;
+    if (inner != NULL && (rc = parse_zero(inner, "deepspeed.zero_optimization", &st_ds, err)))
+        return rc;
+    if (top != NULL && (rc = parse_zero(top, "zero_optimization", &st_top, err)))
+        return rc;
+    if (top != NULL && inner != NULL && st_top != st_ds)
+        return acc_err_set(err, ACC_EINVAL, "zero_optimization.stage",
+                           "zero_optimization.stage %d differs from deepspeed.zero_optimization.stage %d", st_top,
+                           st_ds);
+    if (top != NULL || inner != NULL) {
+        out->zero_stage = top != NULL ? st_top : st_ds;
+        snprintf(where, n, "%s", top != NULL ? "zero_optimization.stage" : "deepspeed.zero_optimization.stage");
+    }
     return 0;
 }
 
@@ -820,7 +883,7 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
         "name", "model", "data", "train_batch_size", "train_micro_batch_size_per_gpu",
         "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
         "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
-        "oom", "resume_from", "deepspeed", "save", "num_train_epochs", NULL};
+        "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "zero_optimization", NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
     bool clip_set = false;
@@ -836,8 +899,15 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
     /* deepspeed first, so the native keys (more specific) win where both set */
     if (ds != NULL && (rc = parse_deepspeed(ds, out, &b, &clip_set, err)))
         return rc;
+    char zero_field[64];
+    if ((rc = get_zero(root, ds, out, zero_field, sizeof zero_field, err)))
+        return rc;
     if ((rc = parse_sections(root, conf, out, err)) || (rc = resolve_batch(&b, out, err)))
         return rc;
+    if (out->zero_stage >= 1 && out->devices < 2)
+        return acc_err_set(err, ACC_EINVAL, zero_field,
+                           "%s %d shards the optimizer state over the job's devices: it needs devices >= 2 "
+                           "(devices is %d)", zero_field, out->zero_stage, out->devices);
     return check_cross(out, err);
 }
 

@@ -114,6 +114,8 @@ typedef struct job_spec {
     bool micro_auto;       /* micro batch was "auto": the planner picks it */
     spec_precision precision;
     bool activation_checkpointing;
+    int zero_stage;        /* zero_optimization.stage: 0 (replicas), 1 (AdamW moments
+                            * sharded), 2 (and the reduced gradients: a reduce-scatter) */
     spec_optim optim;
     spec_lr lr;
     int max_steps;

@@ -800,6 +800,8 @@ static void release_devices(jobs_mgr *m, job *j)
             m->dev_mem_in_use[d] = 0;
             m->dev_mem_reserved[d] = 0;
             m->dev_mem_free[d] = 0; /* unknown until the next job reports */
+            m->dev_mem_optim[d] = 0;
+            m->dev_mem_grads[d] = 0;
         }
     }
 }
@@ -1004,6 +1006,8 @@ static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
         m->dev_mem_in_use[d] = ev->mem_in_use[r];
         m->dev_mem_reserved[d] = ev->mem_reserved[r];
         m->dev_mem_free[d] = ev->mem_free[r];
+        m->dev_mem_optim[d] = ev->mem_optim[r];
+        m->dev_mem_grads[d] = ev->mem_grads[r];
         if (ev->mem_peak[r] > m->dev_mem_peak[d])
             m->dev_mem_peak[d] = ev->mem_peak[r];
         if (ev->mem_peak[r] > mt.mem_peak)
@@ -1027,11 +1031,12 @@ static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
                        .accum_steps = mt.accum_steps, .mem_peak = mt.mem_peak};
     json_t *loss = isfinite(ev->loss) ? json_real(ev->loss) : json_null();
     emit_metric(j, "step",
-         json_pack("{s:i, s:o, s:f, s:f, s:f, s:i, s:i, s:o, s:o, s:o, s:o}", "step", ev->step, "loss", loss,
+         json_pack("{s:i, s:o, s:f, s:f, s:f, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "step", ev->step, "loss", loss,
                    "lr", ev->lr, "grad_norm", isfinite(ev->grad_norm) ? ev->grad_norm : -1.0, "tokens_per_s",
                    ev->tokens_per_s, "micro_batch", ev->micro_batch, "accum_steps", ev->accum_steps,
                    "mem_in_use", mem_array(ev->mem_in_use, nr), "mem_peak", mem_array(ev->mem_peak, nr),
-                   "mem_reserved", mem_array(ev->mem_reserved, nr), "mem_free", mem_array(ev->mem_free, nr)),
+                   "mem_reserved", mem_array(ev->mem_reserved, nr), "mem_free", mem_array(ev->mem_free, nr),
+                   "mem_optimizer", mem_array(ev->mem_optim, nr), "mem_gradients", mem_array(ev->mem_grads, nr)),
          false, &sm);
 }
 

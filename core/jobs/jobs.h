@@ -43,6 +43,9 @@ struct jobs_mgr {
     /* as the job on the device last reported (kern_device_mem_info):
      * bytes it holds from the device, bytes free on it (0: not seen yet) */
     uint64_t dev_mem_reserved[KERN_MAX_DEVICES], dev_mem_free[KERN_MAX_DEVICES];
+    /* of the bytes in use: the job's AdamW moments and gradient buffer on
+     * the device (ZeRO >= 1: the moments of the rank's shard) */
+    uint64_t dev_mem_optim[KERN_MAX_DEVICES], dev_mem_grads[KERN_MAX_DEVICES];
     /* the start-up GPU self-test, for /v1/devices (set by the daemon):
      * -1 none ran (no GPU found or devices = cpu), 0 failed, 1 passed */
     int gpu_check;

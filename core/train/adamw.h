@@ -2,7 +2,9 @@
  *
  * An adamw owns the two moments and the step count for the element range
  * [lo, hi) of a flat parameter buffer: the whole buffer for a replica, or
- * later one rank's ZeRO shard (adamw_shard). A step walks the layout's
+ * one rank's ZeRO shard (adamw_shard: the collectives' kern_shard_lo, so
+ * the shard a rank updates is the one its reduce-scatter sums and its
+ * all-gather sends). A step walks the layout's
  * tensors that meet the range, skips those that do not train, and applies
  * decoupled weight decay only where the layout says `decays`; adjacent
  * tensors with the same flags go to the kernel as one run (the update is
@@ -20,6 +22,7 @@
 #include "err.h"
 #include "job_spec.h"
 #include "kern_device.h"
+#include "kern_span.h"
 #include "model.h"
 
 typedef struct adamw {
@@ -38,8 +41,7 @@ typedef struct adamw {
  * any n (no n * r product). */
 static inline size_t adamw_shard_lo(size_t n, int rank, int world)
 {
-    size_t w = (size_t)world, r = (size_t)rank;
-    return r * (n / w) + (r < n % w ? r : n % w);
+    return kern_shard_lo(n, rank, world); /* the collectives' shards (kern_span.h) */
 }
 
 static inline void adamw_shard(size_t n, int rank, int world, size_t *lo, size_t *hi)

@@ -22,14 +22,17 @@
 /* The weights go to model.safetensors under the family's layout (names,
  * file shapes and orientation: model.h), so this file knows no family. */
 
+/* The weights and, with `opt` (a replica's: the whole buffer), its
+ * moments, to host memory; without, *mom1 = *mom2 = NULL (the caller has
+ * them, gathered). */
 static int download_all(const model *m, const adamw *opt, float **params, float **mom1,
                         float **mom2, acc_err *err)
 {
-    size_t bytes = m->nparams * sizeof(float), mbytes = (opt->hi - opt->lo) * sizeof(float);
+    size_t bytes = m->nparams * sizeof(float);
     *params = malloc(bytes);
-    *mom1 = malloc(mbytes);
-    *mom2 = malloc(mbytes);
-    if (*params == NULL || *mom1 == NULL || *mom2 == NULL) {
+    *mom1 = opt != NULL ? malloc(bytes) : NULL;
+    *mom2 = opt != NULL ? malloc(bytes) : NULL;
+    if (*params == NULL || (opt != NULL && (*mom1 == NULL || *mom2 == NULL))) {
         free(*params);
         free(*mom1);
         free(*mom2);
@@ -37,8 +40,10 @@ static int download_all(const model *m, const adamw *opt, float **params, float 
     }
     kern_device *d = m->dev;
     model_params_download(m, *params);
-    d->ops->download(d, *mom1, opt->m, mbytes);
-    d->ops->download(d, *mom2, opt->v, mbytes);
+    if (opt != NULL) {
+        d->ops->download(d, *mom1, opt->m, bytes);
+        d->ops->download(d, *mom2, opt->v, bytes);
+    }
     return 0;
 }
 
@@ -53,11 +58,11 @@ static int write_model_file(const char *path, const model *m, const float *param
 
 /* master: the fp32 weights in the model's flat layout, or NULL when
  * model.safetensors holds them exactly (F32). */
-static int write_state_file(const char *path, const model *m, const adamw *opt,
-                            const float *mom1, const float *mom2, const float *master,
-                            const ckpt_state *st, const char *spec_json, acc_err *err)
+static int write_state_file(const char *path, const model *m, const float *mom1, const float *mom2,
+                            const float *master, const ckpt_state *st, const char *spec_json,
+                            acc_err *err)
 {
-    size_t nmom = opt->hi - opt->lo;
+    size_t nmom = m->nparams; /* the whole buffer's moments, at every ZeRO stage */
     const model_config *c = &m->cfg;
     char v[12][32];
     snprintf(v[0], 32, "%d", st->step);
@@ -221,9 +226,10 @@ int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const
                         err);
 }
 
-int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
-                 const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
-                 char *path_out, size_t path_n, acc_err *err)
+/* opt (a replica's, downloaded here) or the host moments gm1, gm2. */
+static int save_impl(const char *output_dir, const model *m, const adamw *opt, const float *gm1,
+                     const float *gm2, const ckpt_state *st, const char *spec_json, int keep,
+                     const char *hf_src, st_dtype dtype, char *path_out, size_t path_n, acc_err *err)
 {
     char final[PATH_MAX], partial[PATH_MAX + 16], file[PATH_MAX + 64];
     if (snprintf(final, sizeof final, "%s/ckpt-%08d", output_dir, st->step) >= (int)sizeof final)
@@ -242,8 +248,8 @@ int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const
         rc = write_weights(partial, m, params, st->step, hf_src, dtype, err);
     if (rc == 0) { /* narrower weights on disk: the exact ones for resuming here */
         snprintf(file, sizeof file, "%s/state.safetensors", partial);
-        rc = write_state_file(file, m, opt, mom1, mom2, dtype == ST_F32 ? NULL : params, st,
-                              spec_json, err);
+        rc = write_state_file(file, m, opt != NULL ? mom1 : gm1, opt != NULL ? mom2 : gm2,
+                              dtype == ST_F32 ? NULL : params, st, spec_json, err);
     }
     if (rc == 0) {
         free(params);
@@ -269,6 +275,24 @@ int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const
     if (keep > 0)
         prune(output_dir, keep, -1);
     return 0;
+}
+
+int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
+                 const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
+                 char *path_out, size_t path_n, acc_err *err)
+{
+    if (opt->lo != 0 || opt->hi != m->nparams)
+        return acc_err_set(err, ACC_EINTERNAL, "", "checkpoint of a ZeRO shard: gather the moments first");
+    return save_impl(output_dir, m, opt, NULL, NULL, st, spec_json, keep, hf_src, dtype, path_out, path_n,
+                     err);
+}
+
+int ckpt_save_gathered(const char *output_dir, const model *m, const float *mom1, const float *mom2,
+                       const ckpt_state *st, const char *spec_json, int keep, const char *hf_src,
+                       st_dtype dtype, char *path_out, size_t path_n, acc_err *err)
+{
+    return save_impl(output_dir, m, NULL, mom1, mom2, st, spec_json, keep, hf_src, dtype, path_out, path_n,
+                     err);
 }
 
 /* ---- loading */
@@ -423,7 +447,8 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
         rc = check_shape_meta(sf, &m->cfg, err);
     st_tensor tm, tv;
     if (rc == 0 && (st_get(sf, "adam.m", &tm, err) != 0 || st_get(sf, "adam.v", &tv, err) != 0 ||
-                    tm.nbytes != (opt->hi - opt->lo) * sizeof(float) || tv.nbytes != tm.nbytes))
+                    tm.nbytes != m->nparams * sizeof(float) || tv.nbytes != tm.nbytes ||
+                    opt->lo > opt->hi || opt->hi > m->nparams))
         rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: optimizer state does not match the model", path);
     st_tensor tp;
     int master = rc == 0 && st_get(sf, "params", &tp, NULL) == 0;
@@ -445,8 +470,11 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
     }
     if (rc == 0) {
         kern_device *d = m->dev;
-        d->ops->upload(d, opt->m, tm.data, tm.nbytes);
-        d->ops->upload(d, opt->v, tv.data, tv.nbytes);
+        /* the whole buffer's moments on disk: this optimizer's range of them
+         * (a ZeRO shard of any world size, or all) */
+        size_t each = (opt->hi - opt->lo) * sizeof(float);
+        d->ops->upload(d, opt->m, (const float *)tm.data + opt->lo, each);
+        d->ops->upload(d, opt->v, (const float *)tv.data + opt->lo, each);
         opt->t = got.adam_t;
         *st = got;
     }

@@ -53,7 +53,8 @@ typedef struct ckpt_state {
 typedef void (*ckpt_reject_fn)(void *ctx, const char *dir, const char *why);
 
 /* Write a checkpoint of model `m` (rank 0's replica), its optimizer `opt`
- * (the whole buffer's moments) and `st` under
+ * (the whole buffer's moments; a ZeRO shard is refused: ckpt_save_gathered)
+ * and `st` under
  * `output_dir`, then keep only the newest `keep` checkpoints there.
  * `spec_json` (may be NULL) is stored for reference. The path of the new
  * checkpoint directory is written to path_out. */
@@ -80,8 +81,18 @@ int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const
                  const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
                  char *path_out, size_t path_n, acc_err *err);
 
+/* ckpt_save_as for ZeRO ranks: the moments of the whole buffer given in
+ * host memory (mom1, mom2: m->nparams floats each), gathered from the
+ * ranks' shards by the caller, so the checkpoint is the same file a
+ * replica writes and resumes on any number of devices and any stage. */
+int ckpt_save_gathered(const char *output_dir, const model *m, const float *mom1, const float *mom2,
+                       const ckpt_state *st, const char *spec_json, int keep, const char *hf_src,
+                       st_dtype dtype, char *path_out, size_t path_n, acc_err *err);
+
 /* Load weights, moments and state from checkpoint directory `dir` into `m`
- * and `opt` (whose shapes must match; opt->t := the saved adam_t). */
+ * and `opt` (the model's shapes must match; opt->t := the saved adam_t).
+ * The file holds the whole buffer's moments; `opt` takes its range
+ * [lo, hi) of them: all for a replica, a ZeRO shard of any world size. */
 int ckpt_load(const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *err);
 
 /* The newest checkpoint under output_dir that opens and verifies; partial

@@ -27,13 +27,37 @@ int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
     return rc;
 }
 
-/* The state's bytes, or an error naming the field. */
-static int state_bytes(const model_config *cfg, uint64_t *bytes, acc_err *err)
+/* The AdamW range of rank `rank` of `world` under ZeRO stage `zero`: the
+ * whole buffer at stage 0, the rank's shard from stage 1 (adamw_shard, as
+ * the trainer creates it). */
+static void optim_range(const model_config *cfg, int zero, int world, int rank, size_t *lo, size_t *hi)
+{
+    size_t n = model_num_params(cfg);
+    *lo = 0;
+    *hi = n;
+    if (zero >= 1 && world > 1)
+        adamw_shard(n, rank, world, lo, hi);
+}
+
+uint64_t plan_optim_bytes(const model_config *cfg, int zero, int world, int rank)
+{
+    size_t lo, hi;
+    uint64_t b;
+    optim_range(cfg, zero, world, rank, &lo, &hi);
+    return adamw_state_bytes(lo, hi, &b, NULL) == 0 ? b : ACC_SIZE_OVERFLOW;
+}
+
+/* The state's bytes of rank 0 (the largest shard: the job's peak), or an
+ * error naming the field. */
+static int state_bytes_z(const model_config *cfg, int zero, int world, int rank, uint64_t *bytes,
+                         acc_err *err)
 {
     uint64_t model_b, opt_b;
+    size_t lo, hi;
+    optim_range(cfg, zero, world, rank, &lo, &hi);
     int rc = model_state_bytes(cfg, TRAIN_SLOTS, &model_b, err);
     if (rc == 0)
-        rc = adamw_state_bytes(0, model_num_params(cfg), &opt_b, err);
+        rc = adamw_state_bytes(lo, hi, &opt_b, err);
     if (rc == 0 && acc_add_u64(model_b, opt_b, bytes))
         rc = acc_err_set(err, ACC_EINVAL, "model", "the model's state overflows 64-bit sizes");
     if (rc != 0)
@@ -41,10 +65,20 @@ static int state_bytes(const model_config *cfg, uint64_t *bytes, acc_err *err)
     return rc;
 }
 
+static int state_bytes(const job_spec *spec, const model_config *cfg, uint64_t *bytes, acc_err *err)
+{
+    return state_bytes_z(cfg, spec->zero_stage, spec->devices, 0, bytes, err);
+}
+
 uint64_t plan_state_bytes(const model_config *cfg)
 {
+    return plan_rank_state_bytes(cfg, 0, 1, 0);
+}
+
+uint64_t plan_rank_state_bytes(const model_config *cfg, int zero, int world, int rank)
+{
     uint64_t b;
-    state_bytes(cfg, &b, NULL);
+    state_bytes_z(cfg, zero, world, rank, &b, NULL);
     return b;
 }
 
@@ -64,7 +98,7 @@ int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uin
     if (micro_batch < 1)
         return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu", "must be >= 1");
     uint64_t state, acts;
-    if ((rc = state_bytes(&cfg, &state, err)) != 0 ||
+    if ((rc = state_bytes(spec, &cfg, &state, err)) != 0 ||
         (rc = model_act_bytes(&cfg, micro_batch, spec->model.seq_len, recompute, &acts, err)) != 0)
         return rc;
     if (acc_add_u64(state, acts, bytes))
@@ -85,7 +119,7 @@ int plan_check_sizes(const job_spec *spec, acc_err *err)
     int m0 = spec->micro_batch > 0 ? spec->micro_batch : 1;
     int mmax = spec->train_batch_size / w > m0 ? spec->train_batch_size / w : m0;
     uint64_t state, acts = 0, host;
-    if ((rc = state_bytes(&cfg, &state, err)) != 0)
+    if ((rc = state_bytes(spec, &cfg, &state, err)) != 0)
         return rc;
     /* both modes: an out-of-memory may switch recomputation on */
     for (int rec = 1; rc == 0 && rec >= 0; rec--) /* stored (rec = 0) last: the larger */
@@ -163,7 +197,8 @@ static plan_row make_row(const model_config *cfg, const job_spec *spec, const ba
 {
     int m = split->m;
     plan_row r = {.micro_batch = m, .accum_steps = split->a, .recompute = recompute};
-    r.state_bytes = plan_state_bytes(cfg);
+    r.state_bytes = plan_rank_state_bytes(cfg, spec->zero_stage, spec->devices, 0);
+    r.optim_bytes = plan_optim_bytes(cfg, spec->zero_stage, spec->devices, 0);
     r.act_bytes = plan_act_bytes(cfg, kind, spec->precision, m, spec->model.seq_len, recompute);
     r.peak_bytes = acc_sat_add_u64(r.state_bytes, r.act_bytes); /* UINT64_MAX never fits */
     r.fits = r.peak_bytes <= usable;

@@ -12,6 +12,14 @@
  * the prediction is the measured peak to the byte; it does not depend on
  * gradient_accumulation_steps.
  *
+ * ZeRO (spec zero_optimization.stage, docs/engine.md): from stage 1 a rank
+ * holds the AdamW moments of its shard of the parameters only (adamw_shard:
+ * rank 0's is the largest, so it is the job's peak); the parameters and
+ * the gradient buffer stay whole at every stage (stage 2 accumulates the
+ * micro-steps in the full buffer, as the gradients cross devices once per
+ * step), so stage 2's bytes are stage 1's. The spec-taking functions
+ * below predict rank 0 under the spec's stage and devices.
+ *
  * Every size is overflow-checked (checked.h): a byte count past 2^64 is
  * UINT64_MAX here (it fits no budget), and plan_check_sizes() turns it into
  * ACC_EINVAL naming the spec field, so such a spec is refused at submit.
@@ -41,7 +49,8 @@ typedef struct plan_row {
     int micro_batch;        /* m, divides train_batch_size / devices */
     int accum_steps;        /* a = B / (m w) */
     bool recompute;         /* activation recomputation on */
-    uint64_t state_bytes;   /* parameters, gradients, AdamW moments */
+    uint64_t state_bytes;   /* parameters, gradients, AdamW moments (rank 0's shard) */
+    uint64_t optim_bytes;   /* of which the AdamW moments */
     uint64_t act_bytes;     /* activations for m x seq_len (+ the backend's
                                per-m workspace: CUDA bf16 operand buffers) */
     uint64_t peak_bytes;    /* predicted per-device peak: state + activations */
@@ -55,6 +64,11 @@ int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err);
  * gradients and the trainer's slots (model_state_bytes with TRAIN_SLOTS)
  * plus the AdamW moments of the whole buffer. UINT64_MAX on overflow. */
 uint64_t plan_state_bytes(const model_config *cfg);
+/* The same for rank `rank` of `world` under ZeRO stage `zero` (0, 1, 2):
+ * its AdamW moments are those of its shard from stage 1. */
+uint64_t plan_rank_state_bytes(const model_config *cfg, int zero, int world, int rank);
+/* Of which the AdamW moments. UINT64_MAX on overflow. */
+uint64_t plan_optim_bytes(const model_config *cfg, int zero, int world, int rank);
 /* State + activations for micro batch m on a CPU device (no workspace):
  * the rank's whole peak there. UINT64_MAX on overflow. */
 uint64_t plan_peak_bytes(const model_config *cfg, int micro_batch, int seq_len, bool recompute);

@@ -13,6 +13,19 @@
  *      layers' backward runs; see grad_bucket below);
  *   4. global-norm clip, AdamW, zero grads -- identically on every rank, so
  *      the replicas stay bitwise equal without a broadcast.
+ *
+ * ZeRO (spec zero_stage; docs/engine.md). Stage 1: each rank's AdamW owns
+ * the moments of its shard of the parameters only (adamw_shard); after the
+ * all-reduce it updates that shard and an all-gather of the parameters
+ * makes the replicas whole again. Stage 2: the step's reduction is a
+ * reduce-scatter instead (the same buckets, overlapping the last backward
+ * the same way; the tail slots are still summed into every rank), each
+ * rank holds the sums of its shard only and updates it, then the same
+ * all-gather. The gradient buffer stays whole (the micro-steps accumulate
+ * into it; gradients cross devices once per step). The global norm is, at
+ * every stage, the rank-order sum of the w shards' partial sums of squares
+ * (exchanged exactly at stage 2, computed locally otherwise), so losses
+ * and weights are bit-identical across stages on CPU devices.
  * Rank 0 publishes the events; the last rank to finish publishes TEV_DONE.
  *
  * Out of memory (invariant 4). Activations are allocated per split, at the
@@ -67,7 +80,9 @@ typedef struct oom_record {
 /* The trainer's span at the end of the gradient buffer (TRAIN_SLOTS
  * floats past the parameters' gradients, model_opts.grad_tail): what it
  * means is the trainer's alone; the model only zeroes and reduces it. */
-enum { SLOT_LOSS = 0, SLOT_OOM = 2, SLOT_EVAL = 4 };
+enum { SLOT_LOSS = 0, SLOT_OOM = 2, SLOT_STOP = 3, SLOT_EVAL = 4, SLOT_NORM = 8 };
+/* SLOT_NORM: 3 floats per rank, a shard's partial sum of squares (ZeRO 2) */
+_Static_assert(SLOT_NORM + 3 * TRAIN_MAX_RANKS <= TRAIN_SLOTS, "the norm's slots fit the tail");
 
 /* One bucket of the step's gradient reduction: started once the backward of
  * the last micro-step has finished layer `after_layer` (-1: everything,
@@ -103,6 +118,11 @@ struct trainer {
     kern_comm *ext_comm;       /* a rank process: the caller's comm (MPI), else NULL */
     atomic_int cancel;
     atomic_int preempt;        /* cancel for a shutdown: checkpoint first */
+    /* ZeRO: a shutdown asks every rank to stop together after the step in
+     * progress (the request rides its reduction, SLOT_STOP), so that the
+     * sharded moments can still be gathered for the checkpoint */
+    atomic_int stop_asked;
+    atomic_int stepped;        /* a step of this run completed (rank 0) */
     int keep;                  /* checkpoints kept */
     char resume_dir[PATH_MAX]; /* checkpoint to start from, or "" */
     int resume_fd;             /* that checkpoint directory, open (safepath.h), or -1 */
@@ -119,6 +139,8 @@ struct trainer {
     atomic_uint_least64_t mem_in_use[TRAIN_MAX_RANKS], mem_peak[TRAIN_MAX_RANKS];
     atomic_uint_least64_t mem_reserved[TRAIN_MAX_RANKS], mem_free[TRAIN_MAX_RANKS];
     rank_ctx ranks[TRAIN_MAX_RANKS];
+    /* each rank's optimizer and gradient bytes, written once at setup */
+    uint64_t mem_optim[TRAIN_MAX_RANKS], mem_grads[TRAIN_MAX_RANKS];
     oom_record oom[TRAIN_MAX_RANKS];
     int recompute0;            /* initial activation recomputation */
     int auto_split;            /* micro batch "auto": may move up at checkpoints */
@@ -136,7 +158,8 @@ typedef struct rank_state {
     int rank;
     kern_device *dev;
     model *model;
-    adamw *opt;       /* the AdamW moments of the whole buffer */
+    adamw *opt;       /* the AdamW moments of [zlo, zhi) */
+    size_t zlo, zhi;  /* the parameters this rank updates: all, or its ZeRO shard */
     data_order order;
     batch_split split; /* the split now (B = m a w; OOM lowers m, "auto" raises it) */
     int recompute;    /* activation recomputation now */
@@ -149,6 +172,7 @@ typedef struct rank_state {
     int bucket_rc;    /* first failed start this step (0 = none) */
     double step_loss_sum; /* this rank's loss sum of the step (for the slots) */
     int step_oom;     /* this rank ran out of memory in this step attempt */
+    int stop;         /* ZeRO: every rank agreed to stop for a shutdown */
     int *sample;      /* [T+1] */
     int *inputs, *targets; /* [m*T] */
     float *weights;   /* [m*T] */
@@ -355,10 +379,17 @@ int trainer_device_bytes(const job_spec *spec, uint64_t *bytes, acc_err *err)
 
 /* ---- one rank */
 
+/* The state bytes of the job's largest rank (rank 0's ZeRO shard is the
+ * largest): the same number on every rank, so that decisions from it agree. */
+static uint64_t job_state_bytes(const trainer *t)
+{
+    return plan_rank_state_bytes(&t->cfg, t->spec.zero_stage, t->nranks, 0);
+}
+
 /* The state alone does not fit: no split can help. */
 static int state_oom(rank_state *rs, acc_err *err)
 {
-    uint64_t need = plan_state_bytes(&rs->t->cfg);
+    uint64_t need = plan_rank_state_bytes(&rs->t->cfg, rs->t->spec.zero_stage, rs->t->nranks, rs->rank);
     return acc_err_set(err, ACC_EOOM, "",
                        "out of memory: parameters, gradients and AdamW state need %llu bytes "
                        "per device, device %s has a budget of %llu bytes",
@@ -443,8 +474,23 @@ static int rank_setup(rank_state *rs, acc_err *err)
     model_opts mo = {.B = 0, .T = T, .grad_tail = TRAIN_SLOTS};
     if (rc == 0 && (rc = model_create_ex(rs->dev, &t->cfg, &mo, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);
-    if (rc == 0 && (rc = adamw_create(rs->dev, 0, rs->model->nparams, &rs->opt, err)) == ACC_EOOM)
+    if (rc == 0) {
+        rs->zlo = 0;
+        rs->zhi = rs->model->nparams;
+        if (s->zero_stage >= 1)
+            adamw_shard(rs->model->nparams, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
+    }
+    uint64_t before = rs->dev != NULL ? rs->dev->in_use : 0;
+    if (rc == 0 && (rc = adamw_create(rs->dev, rs->zlo, rs->zhi, &rs->opt, err)) == ACC_EOOM)
         return state_oom(rs, err);
+    if (rc == 0) { /* measured, for the step events and the tests */
+        t->mem_optim[rs->rank] = rs->dev->in_use - before;
+        t->mem_grads[rs->rank] = (rs->model->nparams + rs->model->grad_tail) * sizeof(float);
+        if (t->hooks != NULL) {
+            t->hooks->mem_optim[rs->rank] = t->mem_optim[rs->rank];
+            t->hooks->mem_grads[rs->rank] = t->mem_grads[rs->rank];
+        }
+    }
     if (rc == 0)
         rc = init_weights(rs, err);
     if (rc == 0) {
@@ -647,6 +693,8 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
         ev->mem_peak[r] = atomic_load_explicit(&t->mem_peak[r], memory_order_relaxed);
         ev->mem_reserved[r] = atomic_load_explicit(&t->mem_reserved[r], memory_order_relaxed);
         ev->mem_free[r] = atomic_load_explicit(&t->mem_free[r], memory_order_relaxed);
+        ev->mem_optim[r] = t->mem_optim[r];
+        ev->mem_grads[r] = t->mem_grads[r];
     }
     emit(t, ev);
     free(ev);
@@ -708,43 +756,150 @@ static int save_dtype(const job_spec *s, st_dtype *d, acc_err *err)
     return rc;
 }
 
+/* ZeRO: the whole AdamW moments, gathered through the gradient buffer
+ * (free between steps; zeroed again after): each rank puts its shard of
+ * one moment in place, an all-gather completes it, rank 0 copies it out.
+ * Every rank calls; rank 0 gets mom[0], mom[1] (nparams floats each, to
+ * free), the others NULLs. No device memory beyond the state's. */
+static int gather_moments(rank_state *rs, float *mom[2], acc_err *err)
+{
+    trainer *t = rs->t;
+    model *m = rs->model;
+    kern_device *d = rs->dev;
+    size_t n = m->nparams, k = rs->zhi - rs->zlo;
+    mom[0] = mom[1] = NULL;
+    float *shard = malloc(k > 0 ? k * sizeof(float) : 1);
+    int rc = shard == NULL ? ACC_ENOMEM : 0;
+    for (int i = 0; rc == 0 && i < 2; i++) {
+        if (rs->rank == 0 && (mom[i] = malloc(n * sizeof(float))) == NULL) {
+            rc = ACC_ENOMEM;
+            break;
+        }
+        d->ops->download(d, shard, i == 0 ? rs->opt->m : rs->opt->v, k * sizeof(float));
+        d->ops->upload(d, m->grads + rs->zlo, shard, k * sizeof(float));
+        if ((rc = kern_comm_allgather(t->comm, rs->rank, m->grads, n)) == 0 && rs->rank == 0)
+            d->ops->download(d, mom[i], m->grads, n * sizeof(float));
+    }
+    model_zero_grad(m);
+    free(shard);
+    if (rc == 0)
+        return 0;
+    free(mom[0]);
+    free(mom[1]);
+    mom[0] = mom[1] = NULL;
+    if (rc == ACC_ENOMEM)
+        return acc_err_set(err, rc, "", "out of host memory gathering the optimizer state for a checkpoint");
+    return acc_err_set(err, rc, "", "cancelled");
+}
+
 /* Rank 0: a checkpoint of `step` completed steps (weights, AdamW state,
- * the split in force). A failure is the job's error, never a file trusted
- * later (ckpt.h). */
+ * the split in force). Under ZeRO every rank calls (the moments are
+ * gathered first) and rank 0 writes. A failure is the job's error, never
+ * a file trusted later (ckpt.h). */
 static int save_checkpoint(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
+    float *mom[2] = {NULL, NULL};
+    if (s->zero_stage >= 1) {
+        int grc = gather_moments(rs, mom, err);
+        if (grc != 0 || rs->rank != 0)
+            return grc;
+    }
     ckpt_state st = {.step = step, .adam_t = rs->opt->t, .micro_batch = rs->split.m,
                      .accum_steps = rs->split.a, .seed = s->seed, .recompute = rs->recompute != 0};
     snprintf(st.job_uid, sizeof st.job_uid, "%s", s->job_uid); /* whose checkpoint it is */
     char path[PATH_MAX];
     st_dtype dtype;
     int rc = save_dtype(s, &dtype, err);
-    if (rc == 0)
-        rc = ckpt_save_as(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep,
-                          s->model.from[0] ? s->model.from : NULL, dtype, path, sizeof path,
-                          err);
+    const char *hf_src = s->model.from[0] ? s->model.from : NULL;
+    if (rc == 0 && mom[0] != NULL)
+        rc = ckpt_save_gathered(s->output_dir, rs->model, mom[0], mom[1], &st, NULL, t->keep, hf_src, dtype,
+                                path, sizeof path, err);
+    else if (rc == 0)
+        rc = ckpt_save_as(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep, hf_src, dtype, path,
+                          sizeof path, err);
+    free(mom[0]);
+    free(mom[1]);
     if (rc == 0)
         emit_simple(t, TEV_CHECKPOINT, step, 0.0, path);
     return rc;
 }
 
-/* After the step's all-reduce: clip, update, zero, report. */
-static void finish_step(rank_state *rs, int step, double t0)
+/* A double as three floats, exactly (each the rounding error of the one
+ * before), so it crosses a float collective unchanged. */
+static void put_exact(float *slot, double x)
+{
+    slot[0] = (float)x;
+    double r = x - (double)slot[0];
+    slot[1] = (float)r;
+    slot[2] = (float)(r - (double)slot[1]);
+}
+
+static double get_exact(const float *slot)
+{
+    return (double)slot[0] + (double)slot[1] + (double)slot[2];
+}
+
+/* The sum of squares of the reduced gradients of shard r of w. */
+static double shard_sumsq(rank_state *rs, int r)
+{
+    model *m = rs->model;
+    size_t lo, hi;
+    adamw_shard(m->nparams, r, rs->t->nranks, &lo, &hi);
+    return hi > lo ? rs->dev->ops->sumsq(rs->dev, m->grads + lo, hi - lo) : 0.0;
+}
+
+/* The global gradient norm, the same bits at every ZeRO stage: the w
+ * shards' partial sums of squares, added in rank order. Stage 2 ranks
+ * hold only their own shard's sums: the partials are all-gathered through
+ * the tail slots (exactly: put_exact); otherwise every rank has all. */
+static int grad_norm(rank_state *rs, double *norm, acc_err *err)
+{
+    trainer *t = rs->t;
+    model *m = rs->model;
+    int w = t->nranks;
+    float part[3 * TRAIN_MAX_RANKS];
+    if (t->spec.zero_stage == 2) {
+        float *slots = m->grads + m->nparams + SLOT_NORM;
+        put_exact(part + 3 * rs->rank, shard_sumsq(rs, rs->rank));
+        rs->dev->ops->upload(rs->dev, slots + 3 * rs->rank, part + 3 * rs->rank, 3 * sizeof(float));
+        int rc = kern_comm_allgather(t->comm, rs->rank, slots, 3 * (size_t)w);
+        if (rc != 0)
+            return acc_err_set(err, rc, "", "cancelled");
+        rs->dev->ops->download(rs->dev, part, slots, 3 * (size_t)w * sizeof(float));
+    } else {
+        for (int r = 0; r < w; r++)
+            put_exact(part + 3 * r, shard_sumsq(rs, r));
+    }
+    double sum = 0.0;
+    for (int r = 0; r < w; r++)
+        sum += get_exact(part + 3 * r);
+    *norm = sqrt(sum);
+    return 0;
+}
+
+/* After the step's reduction: clip, update (this rank's shard under
+ * ZeRO, then the parameters' all-gather), zero, report. */
+static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
     model *m = rs->model;
     double loss = get_double(rs->extra + SLOT_LOSS);
-    double norm = sqrt(model_grad_sumsq(m));
+    double norm = 0.0;
+    int rc = grad_norm(rs, &norm, err);
+    if (rc != 0)
+        return rc;
     double lr = optim_lr(s, step);
     adamw_step(rs->opt, &m->layout, m->params, m->grads, (float)lr, &s->optim,
                (float)optim_clip_scale(norm, s->optim.grad_clip));
+    if (s->zero_stage >= 1 && (rc = kern_comm_allgather(t->comm, rs->rank, m->params, m->nparams)) != 0)
+        return acc_err_set(err, rc, "", "cancelled");
     model_zero_grad(m);
     rs->done = step + 1;
     if (rs->rank != 0)
-        return;
+        return 0;
     train_hooks *h = t->hooks;
     if (h != NULL && step < h->steps_cap) {
         if (h->step_loss)
@@ -753,6 +908,7 @@ static void finish_step(rank_state *rs, int step, double t0)
             h->step_grad_norm[step] = norm;
     }
     emit_step(rs, step, loss, lr, norm, now_s() - t0);
+    return 0;
 }
 
 static void record_oom(rank_state *rs, uint64_t asked, oom_record *rec)
@@ -829,6 +985,7 @@ static void stage_slots(rank_state *rs)
     memset(rs->extra, 0, sizeof rs->extra);
     put_double(rs->extra + SLOT_LOSS, rs->step_loss_sum);
     rs->extra[SLOT_OOM] = rs->step_oom ? 1.0f : 0.0f;
+    rs->extra[SLOT_STOP] = atomic_load(&rs->t->stop_asked) ? 1.0f : 0.0f;
     rs->dev->ops->upload(rs->dev, m->grads + m->nparams, rs->extra, sizeof rs->extra);
 }
 
@@ -838,8 +995,12 @@ static void start_bucket(rank_state *rs, const grad_bucket *b)
         return;
     if (b->after_layer < 0)
         stage_slots(rs);
-    rs->bucket_rc = kern_comm_reduce_start(rs->t->comm, rs->rank, rs->model->grads, b->spans,
-                                           b->nspans);
+    model *m = rs->model;
+    if (rs->t->spec.zero_stage == 2) /* the tail (past nparams) is summed into every rank */
+        rs->bucket_rc = kern_comm_scatter_start(rs->t->comm, rs->rank, m->grads, b->spans, b->nspans,
+                                                m->nparams);
+    else
+        rs->bucket_rc = kern_comm_reduce_start(rs->t->comm, rs->rank, m->grads, b->spans, b->nspans);
 }
 
 /* model_backward_notify's callback on the last micro-step: start every
@@ -926,9 +1087,7 @@ static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
         return rc;
     dev->ops->download(dev, rs->extra, m->grads + m->nparams, sizeof rs->extra);
     *oom = rs->extra[SLOT_OOM] != 0.0f;
-    if (!*oom)
-        finish_step(rs, step, t0);
-    return 0;
+    return *oom ? 0 : finish_step(rs, step, t0, err);
 }
 
 static const oom_record *first_oom(const trainer *t)
@@ -941,8 +1100,7 @@ static const oom_record *first_oom(const trainer *t)
 
 static int oom_fail(rank_state *rs, const oom_record *r, const char *why, acc_err *err)
 {
-    const model_config *cfg = &rs->t->cfg;
-    uint64_t state = plan_state_bytes(cfg);
+    uint64_t state = job_state_bytes(rs->t);
     uint64_t acts = rank_act_bytes(rs, rs->split.m);
     return acc_err_set(err, ACC_EOOM, "",
                        "out of memory at micro batch %d%s: a device needs %llu bytes "
@@ -1063,6 +1221,10 @@ static int train_step(rank_state *rs, int step, acc_err *err)
     for (;;) {
         int oom = 0;
         int rc = attempt_step(rs, step, &oom, err);
+        if (rc == 0 && rs->extra[SLOT_STOP] != 0.0f) { /* the same on every rank */
+            rs->stop = 1;
+            return 0;
+        }
         if (rc != 0 || !oom)
             return rc;
         if ((rc = adapt_after_oom(rs, step, err)) != 0)
@@ -1084,7 +1246,7 @@ static void maybe_raise_micro(rank_state *rs, int done)
     int up = batch_split_larger_micro(&rs->split);
     if (up == 0 || (rs->oom_ceiling != 0 && up >= rs->oom_ceiling))
         return;
-    uint64_t need = acc_sat_add_u64(plan_state_bytes(&t->cfg), rank_act_bytes(rs, up));
+    uint64_t need = acc_sat_add_u64(job_state_bytes(t), rank_act_bytes(rs, up));
     uint64_t usable = plan_usable_bytes(t->min_budget);
     if (need > usable)
         return;
@@ -1127,13 +1289,32 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
         }
     }
     int rc = 0;
-    if (rs->rank == 0 && s->output_dir[0] != '\0' &&
+    if ((rs->rank == 0 || s->zero_stage >= 1) && s->output_dir[0] != '\0' &&
         ((s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0) ||
          done == s->max_steps))
-        rc = save_checkpoint(rs, done, err);
+        rc = save_checkpoint(rs, done, err); /* ZeRO: every rank, for the gather */
     if (rc == 0 && s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0 && done < s->max_steps)
         maybe_raise_micro(rs, done);
     return rc;
+}
+
+/* ZeRO, a shutdown: every rank stopped after the same step; the moments
+ * are gathered for the checkpoint of the steps done (all ranks call), then
+ * the run ends as a preempted one does. */
+static int stop_together(rank_state *rs, acc_err *err)
+{
+    trainer *t = rs->t;
+    if (rs->rank == 0) {
+        t->steps_done = rs->done;
+        if (t->hooks != NULL)
+            t->hooks->steps_done = rs->done;
+    }
+    if (t->spec.output_dir[0] != '\0' && rs->done > t->start_step) {
+        int rc = save_checkpoint(rs, rs->done, err);
+        if (rc != 0)
+            return rc;
+    }
+    return acc_err_set(err, ACC_ECANCELLED, "", "stopped for shutdown");
 }
 
 static int rank_run(rank_state *rs, acc_err *err)
@@ -1155,17 +1336,20 @@ static int rank_run(rank_state *rs, acc_err *err)
         emit_log(t, 0,
                  "%s %.2fM parameters, %llu training samples; micro batch %d x %d "
                  "accumulation steps x %d devices%s; %.1f MiB on each %s device "
-                 "(%.1f state + %.1f activations), %d threads, %s%s%s",
+                 "(%.1f state + %.1f activations), %d threads, %s%s%s%s",
                  rs->model->family->name, (double)rs->model->nparams / 1e6,
                  (unsigned long long)data_num_samples(t->train), rs->split.m, rs->split.a, t->nranks,
                  rs->recompute ? ", activation recomputation" : "",
-                 (double)(plan_state_bytes(&t->cfg) + rank_act_bytes(rs, rs->split.m)) /
+                 (double)(job_state_bytes(t) + rank_act_bytes(rs, rs->split.m)) /
                      (1024.0 * 1024.0),
-                 rs->dev->ops->backend, (double)plan_state_bytes(&t->cfg) / (1024.0 * 1024.0),
+                 rs->dev->ops->backend, (double)job_state_bytes(t) / (1024.0 * 1024.0),
                  (double)rank_act_bytes(rs, rs->split.m) / (1024.0 * 1024.0),
                  t->threads,
                  s->precision == SPEC_BF16 ? "precision bf16 (bf16 matmul operands, fp32 accumulation)"
                                            : "precision fp32",
+                 s->zero_stage == 1   ? "; ZeRO stage 1 (AdamW moments sharded)"
+                 : s->zero_stage == 2 ? "; ZeRO stage 2 (AdamW moments and reduced gradients sharded)"
+                                      : "",
                  t->plan_note[0] ? "; " : "", t->plan_note);
     if (rs->rank == 0 && t->resume_dir[0] != '\0')
         emit_log(t, t->start_step, "resumed from %s at step %d (micro batch %d x %d accumulation steps%s)",
@@ -1181,6 +1365,10 @@ static int rank_run(rank_state *rs, acc_err *err)
     for (int step = t->start_step; step < s->max_steps; step++) {
         if ((rc = train_step(rs, step, err)) != 0)
             return rc;
+        if (rs->rank == 0 && rs->done > t->start_step)
+            atomic_store(&t->stepped, 1);
+        if (rs->stop)
+            return stop_together(rs, err);
         if ((rc = maybe_eval_and_save(rs, step, err)) != 0)
             return rc;
         if (rs->rank == 0) {
@@ -1230,7 +1418,9 @@ static void finish_run(trainer *t)
 static int checkpoint_on_preempt(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
-    if (rs->rank != 0 || !atomic_load(&t->preempt) || rs->model == NULL ||
+    /* ZeRO: checkpointed together in stop_together (or, stopped before a
+     * step ended, there was nothing to save) */
+    if (rs->rank != 0 || !atomic_load(&t->preempt) || rs->model == NULL || t->spec.zero_stage >= 1 ||
         t->spec.output_dir[0] == '\0' || rs->done <= t->start_step)
         return 1;
     acc_err e = {0};
@@ -1507,6 +1697,8 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     memcpy(t->devs, o->devices, (size_t)t->nranks * sizeof *t->devs);
     atomic_init(&t->cancel, 0);
     atomic_init(&t->preempt, 0);
+    atomic_init(&t->stop_asked, 0);
+    atomic_init(&t->stepped, 0);
     atomic_init(&t->live, t->local_ranks);
     if (pthread_mutex_init(&t->mu, NULL) != 0) {
         free(t);
@@ -1546,6 +1738,14 @@ void trainer_cancel(trainer *t)
 void trainer_preempt(trainer *t)
 {
     atomic_store(&t->preempt, 1);
+    /* ZeRO: the ranks' moments are shards, which an aborted communicator
+     * could no longer gather: the ranks stop together after the step in
+     * progress (stop_together). Before the first step there is nothing to
+     * save, and a wait there (data preparation) may be long: cancel. */
+    if (t->spec.zero_stage >= 1 && atomic_load(&t->stepped)) {
+        atomic_store(&t->stop_asked, 1);
+        return;
+    }
     trainer_cancel(t);
 }
 

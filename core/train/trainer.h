@@ -3,7 +3,9 @@
  * trainer_start() spawns one worker thread per device (rank) and returns at
  * once. Each optimizer step runs accum_steps micro-steps of micro_batch
  * samples per rank, accumulating gradients in place, then exactly one
- * all-reduce, clip, AdamW step. Progress is reported through `on_event`,
+ * reduction of the gradients (an all-reduce; a reduce-scatter under ZeRO
+ * stage 2), clip, AdamW step (of the rank's shard under ZeRO stage 1 and
+ * 2, followed by an all-gather of the parameters). Progress is reported through `on_event`,
  * called from worker threads: the callee must copy the event and return
  * quickly (the daemon queues it and wakes its loop with uv_async_send); it
  * must never call back into the trainer.
@@ -33,8 +35,9 @@
 #define TRAIN_MAX_RANKS 16
 /* Floats of the trainer's span at the end of the gradient buffer (the
  * step's loss sum, the out-of-memory flag, the eval sum), which ride the
- * step's one all-reduce; see trainer.c. */
-#define TRAIN_SLOTS 16
+ * step's one reduction, and the ZeRO-2 norm partials (3 per rank); see
+ * trainer.c. */
+#define TRAIN_SLOTS 64
 /* Gradient bucket size of the step's reduction (PyTorch DDP's default):
  * GPT-2 124M gets one bucket per block, a small model a single bucket. */
 #define TRAIN_BUCKET_BYTES ((size_t)25 << 20)
@@ -62,6 +65,9 @@ typedef struct train_event {
     /* kern_device_mem_info per rank: bytes held from the device (CUDA's
      * cache included) and free on it */
     uint64_t mem_reserved[TRAIN_MAX_RANKS], mem_free[TRAIN_MAX_RANKS];
+    /* per rank: bytes of its AdamW moments (its shard under ZeRO >= 1) and
+     * of its gradient buffer (whole at every stage) */
+    uint64_t mem_optim[TRAIN_MAX_RANKS], mem_grads[TRAIN_MAX_RANKS];
     /* TEV_EVAL */
     double val_loss;
     /* TEV_OOM_ADJUST */

@@ -44,6 +44,8 @@ typedef struct train_hooks {
     uint64_t bucket_calls;       /* bucket starts (each reduction has >= 1) */
     uint64_t mem_peak[TRAIN_MAX_RANKS];
     uint64_t mem_model[TRAIN_MAX_RANKS]; /* bytes the model allocated per rank (last split) */
+    uint64_t mem_optim[TRAIN_MAX_RANKS]; /* the rank's AdamW moments, measured at creation */
+    uint64_t mem_grads[TRAIN_MAX_RANKS]; /* the rank's gradient buffer (with the tail) */
     int steps_done;
     double seconds;              /* wall time of the training loop (rank 0) */
     /* the split at the end (after any out-of-memory adaptation) */

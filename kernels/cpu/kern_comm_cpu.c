@@ -1,6 +1,7 @@
 /* kern_comm_cpu: the shared-memory communicator (see kern_comm_cpu.h). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -208,6 +209,77 @@ int kern_comm_cpu_reduce_finish(kern_comm_cpu *c, int rank)
     return atomic_load(&c->aborted) ? ACC_ECANCELLED : 0;
 }
 
+/* The reduce-scatter: each rank sums, in rank order, the span elements of
+ * its own shard of [0, n) into its buffer (only it reads that part of the
+ * others); the spans' part at offsets >= n is all-reduced as
+ * reduce_phases does, chunk by chunk. The last barrier: nobody writes its
+ * buffer again while another still reads it. */
+static int scatter_phases(kern_comm_cpu *c, int rank, float *base, const kern_span *sp, int ns,
+                          size_t n)
+{
+    kern_span own[KERN_COMM_MAX_SPANS], tail[KERN_COMM_MAX_SPANS];
+    int no = kern_span_clip(sp, ns, kern_shard_lo(n, rank, c->nranks),
+                            kern_shard_lo(n, rank + 1, c->nranks), own);
+    int nt = kern_span_clip(sp, ns, n, SIZE_MAX, tail);
+    size_t total = 0;
+    for (int k = 0; k < nt; k++)
+        total += tail[k].n;
+    c->bufs[rank] = base;
+    int rc = kern_comm_cpu_barrier(c);
+    if (rc != 0)
+        return rc;
+    for (int k = 0; k < no; k++)
+        run_op(c, rank, rank, own[k].off, own[k].n);
+    size_t lo, hi;
+    chunk_of(total, c->nranks, rank, &lo, &hi);
+    spans_op(c, rank, rank, tail, nt, lo, hi);
+    rc = kern_comm_cpu_barrier(c);
+    if (rc != 0 || nt == 0)
+        return rc;
+    for (int r = 0; r < c->nranks; r++) {
+        if (r == rank)
+            continue;
+        chunk_of(total, c->nranks, r, &lo, &hi);
+        spans_op(c, rank, r, tail, nt, lo, hi);
+    }
+    return kern_comm_cpu_barrier(c);
+}
+
+int kern_comm_cpu_scatter_spans(kern_comm_cpu *c, int rank, float *base, const kern_span *spans,
+                                int nspans, size_t n)
+{
+    if (rank == 0)
+        atomic_fetch_add(&c->buckets, 1);
+    if (c->nranks == 1)
+        return atomic_load(&c->aborted) ? ACC_ECANCELLED : 0;
+    enter(c);
+    return leave(c, scatter_phases(c, rank, base, spans, nspans, n));
+}
+
+/* Each rank copies the other ranks' shards from their buffers; a rank
+ * writes only outside its own shard, the only part the others read. */
+static int gather_phases(kern_comm_cpu *c, int rank, float *buf, size_t n)
+{
+    c->bufs[rank] = buf;
+    int rc = kern_comm_cpu_barrier(c);
+    if (rc != 0)
+        return rc;
+    for (int r = 0; r < c->nranks; r++) {
+        size_t lo = kern_shard_lo(n, r, c->nranks), hi = kern_shard_lo(n, r + 1, c->nranks);
+        if (r != rank && hi > lo)
+            run_op(c, rank, r, lo, hi - lo);
+    }
+    return kern_comm_cpu_barrier(c);
+}
+
+int kern_comm_cpu_allgather(kern_comm_cpu *c, int rank, float *buf, size_t n)
+{
+    if (c->nranks == 1)
+        return atomic_load(&c->aborted) ? ACC_ECANCELLED : 0;
+    enter(c);
+    return leave(c, gather_phases(c, rank, buf, n));
+}
+
 int kern_comm_cpu_allreduce(kern_comm_cpu *c, int rank, float *buf, size_t n)
 {
     kern_span all = {0, n};
@@ -228,6 +300,15 @@ static int shm_reduce_start(void *c, int rank, float *base, const kern_span *spa
     return kern_comm_cpu_reduce_spans(c, rank, base, spans, nspans);
 }
 static int shm_reduce_finish(void *c, int rank) { return kern_comm_cpu_reduce_finish(c, rank); }
+static int shm_scatter_start(void *c, int rank, float *base, const kern_span *spans, int nspans,
+                             size_t n)
+{
+    return kern_comm_cpu_scatter_spans(c, rank, base, spans, nspans, n);
+}
+static int shm_allgather(void *c, int rank, float *buf, size_t n)
+{
+    return kern_comm_cpu_allgather(c, rank, buf, n);
+}
 static int shm_barrier(void *c) { return kern_comm_cpu_barrier(c); }
 static void shm_abort(void *c) { kern_comm_cpu_abort(c); }
 static int shm_aborted(void *c) { return kern_comm_cpu_aborted(c); }
@@ -241,6 +322,8 @@ const kern_comm_ops kern_comm_cpu_ops = {
     .allreduce = shm_allreduce,
     .reduce_start = shm_reduce_start,
     .reduce_finish = shm_reduce_finish,
+    .scatter_start = shm_scatter_start,
+    .allgather = shm_allgather,
     .barrier = shm_barrier,
     .abort = shm_abort,
     .aborted = shm_aborted,

@@ -14,6 +14,14 @@
  * done when it returns; kern_comm_cpu_reduce_finish() only ends and counts
  * one reduction, for the bucketed call shape of kern_comm.h. Counts: one
  * per call, not per rank (reductions and span lists separately).
+ *
+ * ZeRO: kern_comm_cpu_scatter_spans() is the reduce-scatter of a span list:
+ * each rank sums the span elements of its own shard of [0, n)
+ * (kern_shard_lo) in rank order 0..w-1 -- the same sum, element for
+ * element, as the all-reduce's -- and the elements at offsets >= n are
+ * all-reduced; done when it returns, ended by reduce_finish.
+ * kern_comm_cpu_allgather() copies each rank's shard of [0, n) to the
+ * others.
  */
 #ifndef ACC_KERN_COMM_CPU_H
 #define ACC_KERN_COMM_CPU_H
@@ -32,6 +40,9 @@ int kern_comm_cpu_allreduce(kern_comm_cpu *c, int rank, float *buf, size_t n);
 int kern_comm_cpu_reduce_spans(kern_comm_cpu *c, int rank, float *base, const kern_span *spans,
                                int nspans);
 int kern_comm_cpu_reduce_finish(kern_comm_cpu *c, int rank);
+int kern_comm_cpu_scatter_spans(kern_comm_cpu *c, int rank, float *base, const kern_span *spans,
+                                int nspans, size_t n);
+int kern_comm_cpu_allgather(kern_comm_cpu *c, int rank, float *buf, size_t n);
 int kern_comm_cpu_barrier(kern_comm_cpu *c);
 void kern_comm_cpu_abort(kern_comm_cpu *c);
 int kern_comm_cpu_aborted(kern_comm_cpu *c);

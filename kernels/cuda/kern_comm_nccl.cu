@@ -284,6 +284,89 @@ extern "C" int kern_nccl_reduce_start(kern_nccl *c, int rank, float *base, const
     return 0;
 }
 
+/* The ZeRO reduce-scatter of a bucket: each span's part in rank q's shard
+ * of [0, n) is summed into rank q only (ncclReduce with root q: the shards
+ * are uneven in general, and a bucket's parts are more so, which
+ * ncclReduceScatter's equal counts cannot express), the part at offsets
+ * >= n (the trainer's slots) into every rank; one NCCL group on the
+ * communication stream, as reduce_start. */
+extern "C" int kern_nccl_scatter_start(kern_nccl *c, int rank, float *base, const kern_span *spans,
+                                       int nspans, size_t n)
+{
+    if (kern_nccl_aborted(c))
+        return cancelled(c, rank);
+    if (!rank_ready(c, rank))
+        return ACC_ESTATE;
+    if (rank == 0)
+        __atomic_add_fetch(&c->buckets, 1, __ATOMIC_SEQ_CST);
+    cudaStream_t cs = c->cstreams[rank];
+    ncclComm_t comm = c->comms[rank];
+    if (!NCU_OK(c, cudaEventRecord(c->ev_ready[rank], c->streams[rank])) ||
+        !NCU_OK(c, cudaStreamWaitEvent(cs, c->ev_ready[rank], 0)))
+        return fail_rank(c, rank);
+    if (!NC_OK(c, ncclGroupStart()))
+        return fail_rank(c, rank);
+    bool ok = true;
+    kern_span part[KERN_COMM_MAX_SPANS];
+    for (int q = 0; q < c->nranks && ok; q++) {
+        int np = kern_span_clip(spans, nspans, kern_shard_lo(n, q, c->nranks),
+                                kern_shard_lo(n, q + 1, c->nranks), part);
+        for (int k = 0; k < np && ok; k++)
+            ok = NC_OK(c, ncclReduce(base + part[k].off, base + part[k].off, part[k].n, ncclFloat,
+                                     ncclSum, q, comm, cs));
+    }
+    int nt = kern_span_clip(spans, nspans, n, SIZE_MAX, part);
+    for (int k = 0; k < nt && ok; k++)
+        ok = NC_OK(c, ncclAllReduce(base + part[k].off, base + part[k].off, part[k].n, ncclFloat,
+                                    ncclSum, comm, cs));
+    if (!NC_OK(c, ncclGroupEnd()) || !ok)
+        return fail_rank(c, rank);
+    return 0;
+}
+
+static int wait_event(kern_nccl *c, int rank, cudaEvent_t ev);
+
+/* The all-gather of the shards of buf[0, n): ncclAllGather in place when
+ * the shards are equal (n a multiple of w), else one ncclBroadcast per
+ * owner in a group. Queued on the communication stream after the compute
+ * stream's work, then the compute stream waits for it; not a reduction,
+ * so not counted. */
+extern "C" int kern_nccl_allgather(kern_nccl *c, int rank, float *buf, size_t n)
+{
+    if (kern_nccl_aborted(c))
+        return cancelled(c, rank);
+    if (!rank_ready(c, rank))
+        return ACC_ESTATE;
+    cudaStream_t cs = c->cstreams[rank];
+    ncclComm_t comm = c->comms[rank];
+    int w = c->nranks;
+    if (!NCU_OK(c, cudaEventRecord(c->ev_ready[rank], c->streams[rank])) ||
+        !NCU_OK(c, cudaStreamWaitEvent(cs, c->ev_ready[rank], 0)))
+        return fail_rank(c, rank);
+    bool ok = true;
+    if (n % (size_t)w == 0) {
+        size_t each = n / (size_t)w;
+        if (each > 0)
+            ok = NC_OK(c, ncclAllGather(buf + (size_t)rank * each, buf, each, ncclFloat, comm, cs));
+    } else {
+        if (!NC_OK(c, ncclGroupStart()))
+            return fail_rank(c, rank);
+        for (int q = 0; q < w && ok; q++) {
+            size_t lo = kern_shard_lo(n, q, w), hi = kern_shard_lo(n, q + 1, w);
+            if (hi > lo)
+                ok = NC_OK(c, ncclBroadcast(buf + lo, buf + lo, hi - lo, ncclFloat, q, comm, cs));
+        }
+        if (!NC_OK(c, ncclGroupEnd()))
+            ok = false;
+    }
+    if (!ok)
+        return fail_rank(c, rank);
+    cudaEvent_t ev = c->ev_done[rank];
+    if (!NCU_OK(c, cudaEventRecord(ev, cs)) || !NCU_OK(c, cudaStreamWaitEvent(c->streams[rank], ev, 0)))
+        return fail_rank(c, rank);
+    return wait_event(c, rank, ev);
+}
+
 /* Wait for `ev` without blocking in the driver, so that an abort or a
  * peer's NCCL failure is seen. */
 static int wait_event(kern_nccl *c, int rank, cudaEvent_t ev)
@@ -409,6 +492,15 @@ static int nc_reduce_start(void *c, int rank, float *base, const kern_span *span
     return kern_nccl_reduce_start((kern_nccl *)c, rank, base, spans, nspans);
 }
 static int nc_reduce_finish(void *c, int rank) { return kern_nccl_reduce_finish((kern_nccl *)c, rank); }
+static int nc_scatter_start(void *c, int rank, float *base, const kern_span *spans, int nspans,
+                            size_t n)
+{
+    return kern_nccl_scatter_start((kern_nccl *)c, rank, base, spans, nspans, n);
+}
+static int nc_allgather(void *c, int rank, float *buf, size_t n)
+{
+    return kern_nccl_allgather((kern_nccl *)c, rank, buf, n);
+}
 static int nc_barrier(void *c) { return kern_nccl_barrier((kern_nccl *)c); }
 static void nc_abort(void *c) { kern_nccl_abort((kern_nccl *)c); }
 static int nc_aborted(void *c) { return kern_nccl_aborted((kern_nccl *)c); }
@@ -423,6 +515,8 @@ extern "C" const kern_comm_ops kern_comm_nccl_ops = {
     /* .allreduce = */ nc_allreduce,
     /* .reduce_start = */ nc_reduce_start,
     /* .reduce_finish = */ nc_reduce_finish,
+    /* .scatter_start = */ nc_scatter_start,
+    /* .allgather = */ nc_allgather,
     /* .barrier = */ nc_barrier,
     /* .abort = */ nc_abort,
     /* .aborted = */ nc_aborted,

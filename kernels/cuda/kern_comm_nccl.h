@@ -70,6 +70,15 @@ int kern_nccl_reduce_start(kern_nccl *c, int rank, float *base, const kern_span 
  * abortable) until they are done. Counts one reduction. */
 int kern_nccl_reduce_finish(kern_nccl *c, int rank);
 
+/* ZeRO (kern_comm.h): the reduce-scatter bucket of spans (ncclReduce to
+ * each part's owner, ncclAllReduce for offsets >= n), ended by
+ * kern_nccl_reduce_finish; and the all-gather of buf[0, n)'s shards
+ * (ncclAllGather, or ncclBroadcast per owner for uneven shards), which
+ * returns when done. */
+int kern_nccl_scatter_start(kern_nccl *c, int rank, float *base, const kern_span *spans,
+                            int nspans, size_t n);
+int kern_nccl_allgather(kern_nccl *c, int rank, float *buf, size_t n);
+
 /* All ranks wait for each other (host side). 0 or ACC_ECANCELLED. */
 int kern_nccl_barrier(kern_nccl *c);
 

@@ -5,7 +5,10 @@
  * the communication stream, then finish) sums exactly the spans and leaves
  * the rest alone, and a kernel launched right after the wait succeeds; barrier works; after kern_nccl_abort()
  * the all-reduce and the barrier return ACC_ECANCELLED at once and destroy
- * does not hang. With one GPU this is a one-rank communicator (identity).
+ * does not hang. ZeRO: a reduce-scatter of the same buckets leaves each
+ * rank the sums of its shard of [0, ZN) and of the span parts past ZN
+ * (all-reduced), and an all-gather of the shards makes every buffer whole.
+ * With one GPU this is a one-rank communicator (identity).
  * Exits 77 (skipped) with a message where no GPU is present. */
 #include <pthread.h>
 #include <stdio.h>
@@ -21,6 +24,7 @@
 #define NELEM 1000003
 #define MAXR 8
 #define ROUNDS 3 /* the last one bucketed */
+#define ZN 950000 /* the ZeRO round's "parameters"; bucket_b's last span reaches past them */
 
 static const kern_span bucket_a[2] = {{500000, 400000}, {7, 1000}};
 static const kern_span bucket_b[2] = {{2000, 3}, {900001, 100002}};
@@ -94,6 +98,51 @@ static void *rank_main(void *p)
             a->failures++;
         }
     }
+    /* ZeRO: reduce-scatter, then all-gather */
+    for (int i = 0; i < NELEM; i++)
+        h[i] = (float)((i % 89) + a->rank * 5);
+    d->ops->upload(d, buf, h, NELEM * sizeof *h);
+    int rc = kern_nccl_scatter_start(a->comm, a->rank, buf, bucket_a, 2, ZN);
+    if (rc == 0)
+        rc = kern_nccl_scatter_start(a->comm, a->rank, buf, bucket_b, 2, ZN);
+    if (rc == 0)
+        rc = kern_nccl_reduce_finish(a->comm, a->rank);
+    size_t lo = kern_shard_lo(ZN, a->rank, a->nranks), hi = kern_shard_lo(ZN, a->rank + 1, a->nranks);
+    if (rc == 0) {
+        d->ops->download(d, h, buf, NELEM * sizeof *h);
+        int bad = 0;
+        for (int i = 0; i < NELEM && bad < 3; i++) {
+            if (!in_buckets(i) || (i < ZN && ((size_t)i < lo || (size_t)i >= hi)))
+                continue; /* not reduced here: undefined */
+            float want = 0;
+            for (int r = 0; r < a->nranks; r++)
+                want += (float)((i % 89) + r * 5);
+            if (h[i] != want) {
+                fprintf(stderr, "rank %d reduce-scatter [%d]: %g != %g\n", a->rank, i, h[i], want);
+                bad++;
+            }
+        }
+        a->failures += bad;
+        for (int i = 0; i < NELEM; i++)
+            h[i] = (size_t)i >= lo && (size_t)i < hi ? (float)(i % 1013) : -1.0f;
+        d->ops->upload(d, buf, h, NELEM * sizeof *h);
+        rc = kern_nccl_allgather(a->comm, a->rank, buf, ZN);
+    }
+    if (rc == 0) {
+        d->ops->download(d, h, buf, NELEM * sizeof *h);
+        int bad = 0;
+        for (int i = 0; i < ZN && bad < 3; i++)
+            if (h[i] != (float)(i % 1013)) {
+                fprintf(stderr, "rank %d all-gather [%d]: %g\n", a->rank, i, h[i]);
+                bad++;
+            }
+        a->failures += bad;
+    }
+    if (rc != 0) {
+        kern_nccl_error(a->comm, &err);
+        fprintf(stderr, "rank %d: ZeRO collectives rc %d %s\n", a->rank, rc, err.msg);
+        a->failures++;
+    }
     if (kern_cuda_last_error(d, &err) != 0) {
         fprintf(stderr, "rank %d: %s\n", a->rank, err.msg);
         a->failures++;
@@ -137,8 +186,9 @@ int main(void)
     printf("%d rank(s), %llu reductions, %llu buckets\n", nr,
            (unsigned long long)kern_nccl_allreduce_calls(c),
            (unsigned long long)kern_nccl_bucket_calls(c));
-    if (kern_nccl_allreduce_calls(c) != ROUNDS || kern_nccl_bucket_calls(c) != ROUNDS + 1) {
-        fprintf(stderr, "FAIL: expected %d reductions and %d buckets\n", ROUNDS, ROUNDS + 1);
+    /* the ZeRO round: one more reduction of two buckets; all-gathers are not counted */
+    if (kern_nccl_allreduce_calls(c) != ROUNDS + 1 || kern_nccl_bucket_calls(c) != ROUNDS + 3) {
+        fprintf(stderr, "FAIL: expected %d reductions and %d buckets\n", ROUNDS + 1, ROUNDS + 3);
         failures++;
     }
     /* abort: everything returns ACC_ECANCELLED without waiting for peers */
@@ -153,6 +203,6 @@ int main(void)
         printf("%d check(s) failed\n", failures);
         return 1;
     }
-    printf("NCCL all-reduce ok\n");
+    printf("NCCL all-reduce, reduce-scatter and all-gather ok\n");
     return 0;
 }

@@ -9,7 +9,10 @@
  *     (1e-4), because the GPU accounting is the CPU's to the byte;
  *   - the same in bf16, where the GPU also holds the bf16 operand buffers
  *     (sized with the activations, so their out-of-memory adapts too): the
- *     caps differ by plan_cuda_bf16_bytes, the outcome does not.
+ *     caps differ by plan_cuda_bf16_bytes, the outcome does not;
+ *   - with two GPUs or more, ZeRO stage 1 and 2 over 2 GPUs (NCCL
+ *     reduce-scatter and all-gather) against stage 0 over 2 CPU devices:
+ *     losses within 1e-4, each GPU rank's AdamW bytes its shard's.
  * Exits 77 (skipped) with a message where no GPU is present. */
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +21,7 @@
 
 #include "../unit/engine_fixture.h"
 #include "gpu_fixture.h"
+#include "adamw.h"
 #include "mem_plan.h"
 #include "model_gpt2.h"
 #include "trainer_run.h"
@@ -158,6 +162,34 @@ int main(void)
                (unsigned long long)rc.h.mem_peak[0], (unsigned long long)rg.h.mem_peak[0]);
         free(rc.params);
         free(rg.params);
+    }
+    /* ZeRO over 2 GPUs */
+    if (n >= 2) {
+        for (int zero = 1; zero <= 2; zero++) {
+            job_spec s;
+            spec_for(&s, text, 0);
+            s.train_batch_size = BATCH;
+            s.micro_batch = 2;
+            s.accum_steps = 2;
+            s.devices = 2;
+            kern_device_info cpus[2], gpus[2] = {g[0], g[1]};
+            fx_devices(cpus, 2, 1ull << 32);
+            run rc, rg;
+            train(&s, cpus, 0, &rc);
+            s.zero_stage = zero;
+            train(&s, gpus, 1, &rg);
+            compare(zero == 1 ? "zero1" : "zero2", &rc, &rg, 1e-4);
+            for (int r = 0; r < 2; r++) {
+                size_t lo, hi;
+                adamw_shard(rg.h.nparams, r, 2, &lo, &hi);
+                check(rg.h.mem_optim[r] == (hi - lo) * 2 * sizeof(float), "gpu AdamW bytes %g, want %g",
+                      (double)rg.h.mem_optim[r], (double)((hi - lo) * 2 * sizeof(float)));
+            }
+            free(rc.params);
+            free(rg.params);
+        }
+    } else {
+        printf("ZeRO over GPUs: needs 2 GPUs, %d here: not run\n", n);
     }
     unlink(text);
     if (failures) {

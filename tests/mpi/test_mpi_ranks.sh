@@ -5,7 +5,9 @@
 # exactly one gradient reduction per optimizer step; an out-of-memory on
 # one rank process adapts on all (the losses of the same injection in
 # threads, and within 1e-6 of a run started at the adapted split); a rank
-# that cannot read the data fails the job with its rank and the path.
+# that cannot read the data fails the job with its rank and the path. ZeRO
+# stages 1 and 2 as processes give stage 0's losses bit for bit, and a
+# ZeRO-2 checkpoint (moments gathered over MPI) is stage 0's file.
 # Usage: test_mpi_ranks.sh ACCUMD_RANK_BINARY
 RANK_BIN=$1
 TEST=mpi_ranks
@@ -30,6 +32,32 @@ for W in 2 4; do
         fail "$W processes: bucket starts differ from threads"
     ok "$W rank processes: the threads' losses bit for bit, 4 reductions for 4 steps"
 done
+# ZeRO (stage 1 and 2) as rank processes: the reduce-scatter (MPI_Alltoallv
+# of the shards' parts) and the parameters' all-gather give stage 0's bits
+for Z in 1 2; do
+    sed 's|"max_steps"|"devices":2,"zero_optimization":{"stage":'$Z'},"max_steps"|' "$S1" >"$TMP/z$Z.json"
+    for W in 2 4; do
+        "${MPIRUN[@]}" -np "$W" "$RANK_BIN" --bucket-bytes 4k --events "$TMP/z$Z-$W.jsonl" "$TMP/z$Z.json" ||
+            fail "ZeRO $Z: mpirun -np $W exited $?"
+        losses "$TMP/z$Z-$W.jsonl" >"$TMP/z$Z-$W.loss"
+        [ "$(wc -l <"$TMP/z$Z-$W.loss")" = 4 ] || fail "ZeRO $Z, $W processes: $(wc -l <"$TMP/z$Z-$W.loss") steps"
+        cmp -s "$TMP/t$W.loss" "$TMP/z$Z-$W.loss" ||
+            fail "ZeRO $Z, $W processes: losses differ from stage 0: $(paste -d' ' "$TMP/t$W.loss" "$TMP/z$Z-$W.loss" | tr '\n' ';')"
+        [ "$(done_field "$TMP/z$Z-$W.jsonl" allreduce_calls)" = 4 ] ||
+            fail "ZeRO $Z, $W processes: $(done_field "$TMP/z$Z-$W.jsonl" allreduce_calls) reductions for 4 steps"
+    done
+    ok "ZeRO stage $Z as 2 and 4 rank processes: stage 0's losses bit for bit, one reduction per step"
+done
+# a ZeRO-2 checkpoint of rank processes holds the whole state (the moments
+# gathered over MPI): the file a stage-0 run of threads writes, byte for byte
+"${MPIRUN[@]}" -np 2 "$RANK_BIN" --output "$TMP/zck" "$TMP/z2.json" || fail "ZeRO 2 checkpoint run exited $?"
+"$RANK_BIN" --local 2 --output "$TMP/tck" "$S1" || fail "threads checkpoint run"
+for f in state.safetensors model.safetensors; do
+    cmp -s "$TMP/zck/ckpt-00000004/$f" "$TMP/tck/ckpt-00000004/$f" ||
+        fail "ZeRO 2 rank processes: ckpt-00000004/$f differs from stage 0's ($(ls "$TMP/zck" "$TMP/tck" | tr '\n' ' '))"
+done
+ok "a ZeRO-2 checkpoint of 2 rank processes is stage 0's, byte for byte"
+
 # the 2- and 4-rank runs differ in summation order only
 within "$TMP/p2.loss" "$TMP/p4.loss" 1e-5 || fail "2 vs 4 ranks beyond 1e-5"
 

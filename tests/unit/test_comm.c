@@ -250,6 +250,123 @@ static void test_bucketed_spans(void **state)
     kern_comm_destroy(c);
 }
 
+/* ---- ZeRO: reduce-scatter and all-gather */
+
+enum { ZN = 503, ZTAIL = 7 }; /* a buffer of ZN "parameters" + a tail of ZTAIL slots */
+
+/* Spans like the trainer's buckets: out of order, a span crossing shard
+ * boundaries, one reaching into the tail, an empty one. */
+static const kern_span zb1[3] = {{300, 203}, {120, 60}, {0, 0}};
+static const kern_span zb2[3] = {{0, 120}, {180, 120}, {ZN, ZTAIL}};
+
+typedef struct zero_arg {
+    kern_comm *comm;
+    int rank, world;
+    float *red, *sc, *ag; /* all-reduced, reduce-scattered, all-gathered */
+    int rc;
+} zero_arg;
+
+static float zval(int rank, size_t i)
+{
+    return (float)(rank + 1) * 0.37f + (float)i * 1.3e-3f + 1.0f / (float)(i + 3);
+}
+
+static void *zero_rank(void *p)
+{
+    zero_arg *a = p;
+    for (size_t i = 0; i < ZN + ZTAIL; i++)
+        a->red[i] = a->sc[i] = zval(a->rank, i);
+    int rc = kern_comm_reduce_start(a->comm, a->rank, a->red, zb1, 3);
+    if (rc == 0)
+        rc = kern_comm_reduce_start(a->comm, a->rank, a->red, zb2, 3);
+    if (rc == 0)
+        rc = kern_comm_reduce_finish(a->comm, a->rank);
+    if (rc == 0)
+        rc = kern_comm_scatter_start(a->comm, a->rank, a->sc, zb1, 3, ZN);
+    if (rc == 0)
+        rc = kern_comm_scatter_start(a->comm, a->rank, a->sc, zb2, 3, ZN);
+    if (rc == 0)
+        rc = kern_comm_reduce_finish(a->comm, a->rank);
+    /* all-gather: my shard holds my values, the rest garbage */
+    size_t lo = kern_shard_lo(ZN, a->rank, a->world), hi = kern_shard_lo(ZN, a->rank + 1, a->world);
+    for (size_t i = 0; i < ZN; i++)
+        a->ag[i] = i >= lo && i < hi ? zval(7, i) : -1.0f;
+    if (rc == 0)
+        rc = kern_comm_allgather(a->comm, a->rank, a->ag, ZN);
+    a->rc = rc;
+    return NULL;
+}
+
+static void test_scatter_gather(void **state)
+{
+    (void)state;
+    for (int w = 1; w <= 4; w++) {
+        kern_comm *c;
+        acc_err err = {0};
+        assert_int_equal(kern_comm_create(w, &c, &err), 0);
+        zero_arg a[4];
+        pthread_t th[4];
+        for (int r = 0; r < w; r++) {
+            a[r] = (zero_arg){.comm = c, .rank = r, .world = w};
+            a[r].red = calloc(ZN + ZTAIL, sizeof(float));
+            a[r].sc = calloc(ZN + ZTAIL, sizeof(float));
+            a[r].ag = calloc(ZN, sizeof(float));
+            assert_non_null(a[r].red && a[r].sc && a[r].ag);
+            assert_int_equal(pthread_create(&th[r], NULL, zero_rank, &a[r]), 0);
+        }
+        for (int r = 0; r < w; r++)
+            pthread_join(th[r], NULL);
+        for (int r = 0; r < w; r++) {
+            assert_int_equal(a[r].rc, 0);
+            size_t lo = kern_shard_lo(ZN, r, w), hi = kern_shard_lo(ZN, r + 1, w);
+            for (size_t i = 0; i < ZN + ZTAIL; i++) {
+                float want = zval(0, i); /* rank order, by hand */
+                for (int q = 1; q < w; q++)
+                    want += zval(q, i);
+                /* every span element is reduced (zb1 and zb2 cover it all) */
+                assert_true(a[r].red[i] == want);
+                /* owned elements and the tail: the all-reduce's bits */
+                if ((i >= lo && i < hi) || i >= ZN)
+                    assert_true(memcmp(&a[r].sc[i], &a[r].red[i], sizeof(float)) == 0);
+            }
+            for (size_t i = 0; i < ZN; i++)
+                assert_true(a[r].ag[i] == zval(7, i));
+        }
+        /* two reductions, four buckets; the all-gather is not counted */
+        assert_int_equal(kern_comm_allreduce_calls(c), 2);
+        assert_int_equal(kern_comm_bucket_calls(c), 4);
+        kern_comm_destroy(c);
+        for (int r = 0; r < w; r++) {
+            free(a[r].red);
+            free(a[r].sc);
+            free(a[r].ag);
+        }
+    }
+}
+
+/* The shard invariant of kern_shard_lo / kern_span_clip. */
+static void test_shards(void **state)
+{
+    (void)state;
+    const size_t ns[] = {0, 1, 5, 16, 17, 1000003, SIZE_MAX - 3};
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+        for (int w = 1; w <= 16; w++) {
+            size_t n = ns[k];
+            assert_true(kern_shard_lo(n, 0, w) == 0 && kern_shard_lo(n, w, w) == n);
+            for (int r = 0; r < w; r++) {
+                size_t len = kern_shard_lo(n, r + 1, w) - kern_shard_lo(n, r, w);
+                assert_true(len == n / (size_t)w + ((size_t)r < n % (size_t)w));
+            }
+        }
+    kern_span out[3];
+    const kern_span sp[3] = {{10, 10}, {0, 5}, {40, 100}};
+    assert_int_equal(kern_span_clip(sp, 3, 3, 15, out), 2);
+    assert_true(out[0].off == 10 && out[0].n == 5 && out[1].off == 3 && out[1].n == 2);
+    assert_int_equal(kern_span_clip(sp, 3, 50, SIZE_MAX, out), 1);
+    assert_true(out[0].off == 50 && out[0].n == 90);
+    assert_int_equal(kern_span_clip(sp, 3, 20, 40, out), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -259,6 +376,8 @@ int main(void)
         cmocka_unit_test(test_single_rank),
         cmocka_unit_test(test_open_by_kind),
         cmocka_unit_test(test_bucketed_spans),
+        cmocka_unit_test(test_scatter_gather),
+        cmocka_unit_test(test_shards),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,446 @@
+/* ZeRO stages 1 and 2 through the trainer, on CPU devices:
+ *   - stage 1 and 2 over 2, 3 and 4 ranks give bit-identical losses, grad
+ *     norms and final weights to stage 0 (gradient clipping active, small
+ *     buckets so spans cross the shards), GPT-2 and LLaMA;
+ *   - each rank's measured AdamW bytes are its shard's (1/w of stage 0's,
+ *     summing to them), its gradient buffer stays whole, and its peak is
+ *     the planner's prediction to the byte;
+ *   - an out-of-memory on one rank under ZeRO-2 adapts every rank, with
+ *     the losses of the same adaptation at stage 0;
+ *   - bf16, recomputation, evals and a checkpoint mid-run change nothing;
+ *   - checkpoints hold the whole state: a stage-2 checkpoint at w = 4 is
+ *     byte for byte stage 0's, and resumed at w = 2 it continues with the
+ *     losses of an uninterrupted w = 2 run (and of stage 0) from it;
+ *   - a shutdown checkpoints a ZeRO job too (the ranks stop together).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <unistd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adamw.h"
+#include "engine_fixture.h"
+#include "fsutil.h"
+#include "mem_plan.h"
+#include "trainer_run.h"
+
+#define CAP_STEPS 256
+#define BATCH 8
+
+static char text_path[64];
+static char root[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    fx_write_text(text_path, sizeof text_path, 20000);
+    snprintf(root, sizeof root, "/tmp/accumd-zero-XXXXXX");
+    return mkdtemp(root) == NULL ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    unlink(text_path);
+    fsu_rm_rf(root, NULL);
+    return 0;
+}
+
+typedef struct run_out {
+    double loss[CAP_STEPS], norm[CAP_STEPS];
+    float *params;
+    train_hooks h;
+    int status;
+} run_out;
+
+typedef struct inject {
+    int rank, step, m;
+    int fired;
+} inject;
+
+static int inject_oom(void *ctx, int rank, int step, int micro, int m)
+{
+    inject *in = ctx;
+    if (in->fired || rank != in->rank || step != in->step || micro != 0 || m != in->m)
+        return 0;
+    in->fired = 1;
+    return 1;
+}
+
+/* A spec of the tiny GPT-2 (or LLaMA) with clipping that bites. */
+static void spec_of(job_spec *s, const char *arch, int m, int a, int w, int zero)
+{
+    fx_tiny_spec(s, text_path, m * a * w, m, a, w);
+    if (!strcmp(arch, "llama")) {
+        snprintf(s->model.arch, sizeof s->model.arch, "llama");
+        s->model.n_kv_head = 1;
+        s->model.intermediate_size = 48;
+    }
+    s->optim.grad_clip = 0.05; /* the tiny model's norms are ~1: every step clips */
+    s->zero_stage = zero;
+    s->oom_adapt = true;
+}
+
+static void run(const job_spec *s, run_out *r, inject *in)
+{
+    kern_device_info devs[4];
+    fx_devices(devs, s->devices, 1ull << 30);
+    memset(r, 0, sizeof *r);
+    size_t cap = 1 << 20;
+    r->params = calloc(cap, sizeof(float));
+    assert_non_null(r->params);
+    for (int k = 0; k < CAP_STEPS; k++)
+        r->loss[k] = r->norm[k] = NAN;
+    r->h.steps_cap = CAP_STEPS;
+    r->h.step_loss = r->loss;
+    r->h.step_grad_norm = r->norm;
+    r->h.final_params = r->params;
+    r->h.final_params_cap = cap;
+    r->h.bucket_bytes = 8192; /* several buckets, spans across the shards */
+    if (in != NULL) {
+        r->h.inject_oom = inject_oom;
+        r->h.oom_ctx = in;
+    }
+    trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = 1};
+    acc_err err = {0};
+    r->status = trainer_run_sync(&o, &r->h, &err);
+    if (r->status != 0)
+        print_error("run failed: %s\n", err.msg);
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->h.steps_done, s->max_steps);
+}
+
+/* Steps [from, to) and the final weights: the same bits. */
+static void assert_bits(const run_out *a, const run_out *b, int from, int to)
+{
+    for (int k = from; k < to; k++) {
+        if (memcmp(&a->loss[k], &b->loss[k], sizeof(double)) != 0 ||
+            memcmp(&a->norm[k], &b->norm[k], sizeof(double)) != 0)
+            print_error("step %d: loss %.17g vs %.17g, norm %.17g vs %.17g\n", k, a->loss[k], b->loss[k],
+                        a->norm[k], b->norm[k]);
+        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
+        assert_memory_equal(&a->norm[k], &b->norm[k], sizeof(double));
+        assert_true(isfinite(a->loss[k]));
+    }
+    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
+    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+}
+
+/* Rank r's measured bytes: its AdamW moments are those of its shard, as
+ * the planner says; the gradient buffer is stage 0's; the peak is the
+ * prediction to the byte. */
+static void assert_memory(const job_spec *s, const run_out *r, const run_out *r0)
+{
+    model_config cfg;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(s, &cfg, &err), 0);
+    size_t n = r->h.nparams;
+    int w = s->devices;
+    uint64_t sum = 0;
+    for (int k = 0; k < w; k++) {
+        size_t lo = 0, hi = n;
+        if (s->zero_stage >= 1)
+            adamw_shard(n, k, w, &lo, &hi);
+        assert_int_equal(r->h.mem_optim[k], (hi - lo) * 2 * sizeof(float));
+        assert_int_equal(r->h.mem_optim[k], plan_optim_bytes(&cfg, s->zero_stage, w, k));
+        if (s->zero_stage >= 1) { /* 1/w of stage 0's: floor or ceil */
+            uint64_t whole = r0->h.mem_optim[k];
+            assert_true(r->h.mem_optim[k] * (uint64_t)w >= whole - (uint64_t)w * 8);
+            assert_true(r->h.mem_optim[k] * (uint64_t)w <= whole + (uint64_t)w * 8);
+        }
+        sum += r->h.mem_optim[k];
+        assert_int_equal(r->h.mem_grads[k], r0->h.mem_grads[k]);
+        uint64_t want = plan_rank_state_bytes(&cfg, s->zero_stage, w, k) +
+                        plan_act_bytes(&cfg, KERN_DEV_CPU, SPEC_FP32, s->micro_batch, s->model.seq_len, 0);
+        if (r->h.mem_peak[k] != want)
+            print_error("rank %d: peak %llu, predicted %llu\n", k, (unsigned long long)r->h.mem_peak[k],
+                        (unsigned long long)want);
+        assert_int_equal(r->h.mem_peak[k], want);
+        /* and the saving is exactly the moments not held */
+        assert_int_equal(r0->h.mem_peak[k] - r->h.mem_peak[k], r0->h.mem_optim[k] - r->h.mem_optim[k]);
+    }
+    assert_int_equal(sum, s->zero_stage >= 1 ? r0->h.mem_optim[0] : r0->h.mem_optim[0] * (uint64_t)w);
+    uint64_t dev0;
+    assert_int_equal(plan_device_bytes(s, s->micro_batch, false, &dev0, &err), 0);
+    assert_int_equal(r->h.mem_peak[0], dev0); /* the planner's job figure: rank 0, the largest */
+}
+
+static void check_stages(const char *arch, int w, int m, int a)
+{
+    job_spec s;
+    run_out r0, r1, r2;
+    spec_of(&s, arch, m, a, w, 0);
+    run(&s, &r0, NULL);
+    assert_memory(&s, &r0, &r0);
+    spec_of(&s, arch, m, a, w, 1);
+    run(&s, &r1, NULL);
+    assert_bits(&r0, &r1, 0, s.max_steps);
+    assert_memory(&s, &r1, &r0);
+    spec_of(&s, arch, m, a, w, 2);
+    run(&s, &r2, NULL);
+    assert_bits(&r0, &r2, 0, s.max_steps);
+    assert_memory(&s, &r2, &r0);
+    /* stage 2: still one reduction of the gradients per step (the
+     * reduce-scatter), in several buckets */
+    assert_int_equal(r2.h.allreduce_calls, r0.h.allreduce_calls);
+    assert_int_equal(r2.h.bucket_calls, r0.h.bucket_calls);
+    assert_true(r2.h.bucket_calls > r2.h.allreduce_calls);
+    print_message("%s w=%d m=%d a=%d: losses %.6f .. %.6f, stage 1/2 bit-identical; AdamW bytes per rank "
+                  "%llu (stage 0) -> %llu\n",
+                  arch, w, m, a, r0.loss[0], r0.loss[s.max_steps - 1], (unsigned long long)r0.h.mem_optim[0],
+                  (unsigned long long)r2.h.mem_optim[0]);
+    free(r0.params);
+    free(r1.params);
+    free(r2.params);
+}
+
+static void test_gpt2_stages(void **state)
+{
+    (void)state;
+    check_stages("gpt2", 2, 2, 2);
+    check_stages("gpt2", 3, 1, 2); /* uneven shards */
+}
+
+static void test_gpt2_four(void **state)
+{
+    (void)state;
+    check_stages("gpt2", 4, 1, 2);
+}
+
+static void test_llama_stages(void **state)
+{
+    (void)state;
+    check_stages("llama", 2, 2, 2);
+}
+
+/* One rank runs out of memory under ZeRO-2: every rank moves to the
+ * smaller split, and the run matches stage 0 with the same fault. */
+static void test_oom_adapts_all_ranks(void **state)
+{
+    (void)state;
+    job_spec s;
+    run_out r0, r2;
+    inject in0 = {.rank = 1, .step = 1, .m = 4}, in2 = in0;
+    spec_of(&s, "gpt2", 4, 1, 2, 0);
+    run(&s, &r0, &in0);
+    spec_of(&s, "gpt2", 4, 1, 2, 2);
+    run(&s, &r2, &in2);
+    assert_true(in0.fired && in2.fired);
+    assert_int_equal(r2.h.oom_adjusts, 1);
+    assert_int_equal(r2.h.final_micro, 2); /* rank 0 reports it: it adapted too */
+    assert_int_equal(r2.h.final_accum, 2);
+    assert_bits(&r0, &r2, 0, s.max_steps);
+    free(r0.params);
+    free(r2.params);
+}
+
+/* The other modes ride along: bf16 operands, activation recomputation,
+ * evals (their all-reduce in the slots) and a checkpoint mid-run (the
+ * moments gathered through the gradient buffer, which must be zero again
+ * for the next step): stage 2 and 1 still give stage 0's bits. */
+static void test_modes(void **state)
+{
+    (void)state;
+    job_spec s;
+    run_out r[3];
+    double val[3][CAP_STEPS];
+    for (int z = 0; z <= 2; z++) {
+        spec_of(&s, "gpt2", 2, 2, 2, z);
+        s.precision = SPEC_BF16;
+        s.activation_checkpointing = true;
+        snprintf(s.data.val, sizeof s.data.val, "%s", text_path);
+        s.eval_interval = 2;
+        s.checkpoint_interval = 2;
+        snprintf(s.output_dir, sizeof s.output_dir, "%s/modes%d", root, z);
+        for (int k = 0; k < CAP_STEPS; k++)
+            val[z][k] = NAN;
+        kern_device_info devs[2];
+        fx_devices(devs, 2, 1ull << 30);
+        run_out *o = &r[z];
+        memset(o, 0, sizeof *o);
+        o->params = calloc(1 << 20, sizeof(float));
+        assert_non_null(o->params);
+        o->h.steps_cap = CAP_STEPS;
+        o->h.step_loss = o->loss;
+        o->h.step_grad_norm = o->norm;
+        o->h.step_val_loss = val[z];
+        o->h.final_params = o->params;
+        o->h.final_params_cap = 1 << 20;
+        o->h.bucket_bytes = 8192;
+        trainer_opts opts = {.spec = &s, .devices = devs, .threads_per_device = 1};
+        acc_err err = {0};
+        assert_int_equal(trainer_run_sync(&opts, &o->h, &err), 0);
+        assert_true(o->h.final_recompute);
+    }
+    for (int z = 1; z <= 2; z++) {
+        assert_bits(&r[0], &r[z], 0, s.max_steps);
+        assert_true(isfinite(val[0][1]) && isfinite(val[0][3]));
+        assert_memory_equal(val[0], val[z], sizeof val[0]);
+    }
+    for (int z = 0; z <= 2; z++)
+        free(r[z].params);
+}
+
+static void read_file(const char *path, char **data, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *data = malloc(*n);
+    assert_non_null(*data);
+    assert_int_equal(fread(*data, 1, *n, f), *n);
+    fclose(f);
+}
+
+static void assert_same_file(const char *a, const char *b)
+{
+    char *da, *db;
+    size_t na, nb;
+    read_file(a, &da, &na);
+    read_file(b, &db, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(da, db, na);
+    free(da);
+    free(db);
+}
+
+static void resume_spec(job_spec *s, int w, int zero, const char *from, const char *out, int steps)
+{
+    spec_of(s, "gpt2", 2, BATCH / (2 * w), w, zero); /* B = 8 at every w */
+    s->max_steps = steps;
+    snprintf(s->resume_from, sizeof s->resume_from, "%s", from);
+    snprintf(s->output_dir, sizeof s->output_dir, "%s/%s", root, out);
+}
+
+static void test_checkpoint_across_worlds(void **state)
+{
+    (void)state;
+    job_spec s;
+    run_out a4, b4, full, part, rest, base;
+    char ck[256], ck0[256], f1[320], f2[320];
+    /* a stage-2 checkpoint at w = 4, and stage 0's */
+    resume_spec(&s, 4, 2, "", "w4z2", 2);
+    run(&s, &a4, NULL);
+    resume_spec(&s, 4, 0, "", "w4z0", 2);
+    run(&s, &b4, NULL);
+    assert_bits(&a4, &b4, 0, 2);
+    snprintf(ck, sizeof ck, "%s/w4z2/ckpt-00000002", root);
+    snprintf(ck0, sizeof ck0, "%s/w4z0/ckpt-00000002", root);
+    /* the gathered state is the whole state: the same files */
+    snprintf(f1, sizeof f1, "%s/state.safetensors", ck);
+    snprintf(f2, sizeof f2, "%s/state.safetensors", ck0);
+    assert_same_file(f1, f2);
+    snprintf(f1, sizeof f1, "%s/model.safetensors", ck);
+    snprintf(f2, sizeof f2, "%s/model.safetensors", ck0);
+    assert_same_file(f1, f2);
+    /* resumed at w = 2, stage 2, uninterrupted to step 6 */
+    resume_spec(&s, 2, 2, ck, "full", 6);
+    run(&s, &full, NULL);
+    /* the same, interrupted by a checkpoint at step 4 */
+    resume_spec(&s, 2, 2, ck, "part", 4);
+    run(&s, &part, NULL);
+    snprintf(f1, sizeof f1, "%s/part/ckpt-00000004", root);
+    resume_spec(&s, 2, 2, f1, "rest", 6);
+    run(&s, &rest, NULL);
+    /* and stage 0 at w = 2 from the same checkpoint */
+    resume_spec(&s, 2, 0, ck, "base", 6);
+    run(&s, &base, NULL);
+    for (int k = 2; k < 4; k++) {
+        assert_memory_equal(&full.loss[k], &part.loss[k], sizeof(double));
+        assert_true(isnan(rest.loss[k])); /* not run there */
+    }
+    for (int k = 4; k < 6; k++)
+        assert_memory_equal(&full.loss[k], &rest.loss[k], sizeof(double));
+    assert_memory_equal(full.params, rest.params, full.h.nparams * sizeof(float));
+    assert_bits(&full, &base, 2, 6);
+    print_message("stage-2 checkpoint at w=4 resumed at w=2: losses %.9f %.9f %.9f %.9f (steps 3-6)\n",
+                  full.loss[2], full.loss[3], full.loss[4], full.loss[5]);
+    run_out *all[] = {&a4, &b4, &full, &part, &rest, &base};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        free(all[i]->params);
+}
+
+/* A shutdown (trainer_preempt) of a ZeRO-2 job: the ranks stop together
+ * after the step in progress and checkpoint it (the moments gathered), so
+ * resuming from it continues with the losses of an uninterrupted run. */
+typedef struct stop_watch {
+    atomic_int steps, done, status, done_step;
+    char msg[512];
+} stop_watch;
+
+static void on_stop_event(void *ctx, const train_event *ev)
+{
+    stop_watch *w = ctx;
+    if (ev->kind == TEV_STEP)
+        atomic_fetch_add(&w->steps, 1);
+    if (ev->kind == TEV_DONE) {
+        snprintf(w->msg, sizeof w->msg, "%s", ev->msg);
+        atomic_store(&w->status, ev->status);
+        atomic_store(&w->done_step, ev->step);
+        atomic_store(&w->done, 1);
+    }
+}
+
+static void test_shutdown_checkpoint(void **state)
+{
+    (void)state;
+    job_spec s;
+    spec_of(&s, "gpt2", 2, 2, 2, 2);
+    s.max_steps = 200;
+    snprintf(s.output_dir, sizeof s.output_dir, "%s/stop", root);
+    kern_device_info devs[2];
+    fx_devices(devs, 2, 1ull << 30);
+    stop_watch w;
+    memset(&w, 0, sizeof w);
+    trainer_opts o = {.spec = &s, .devices = devs, .threads_per_device = 1, .on_event = on_stop_event,
+                      .event_ctx = &w};
+    trainer *t;
+    acc_err err = {0};
+    assert_int_equal(trainer_start(&o, &t, &err), 0);
+    while (atomic_load(&w.steps) < 2 && !atomic_load(&w.done))
+        usleep(1000);
+    trainer_preempt(t);
+    trainer_free(t);
+    assert_true(atomic_load(&w.done));
+    assert_int_equal(atomic_load(&w.status), ACC_ECANCELLED);
+    assert_string_equal(w.msg, "stopped for shutdown");
+    int k = atomic_load(&w.done_step);
+    assert_true(k >= 2 && k < 200 - 2);
+    char ck[300];
+    snprintf(ck, sizeof ck, "%s/stop/ckpt-%08d", root, k);
+    assert_int_equal(access(ck, F_OK), 0);
+    /* resumed (stage 0, to show the state is whole) vs never stopped */
+    run_out resumed, ref;
+    resume_spec(&s, 2, 0, ck, "stop-resumed", k + 2);
+    run(&s, &resumed, NULL);
+    spec_of(&s, "gpt2", 2, 2, 2, 0);
+    s.max_steps = k + 2;
+    run(&s, &ref, NULL);
+    assert_bits(&ref, &resumed, k, k + 2);
+    print_message("shutdown after step %d: checkpointed together, resumed with the uninterrupted losses\n", k);
+    free(resumed.params);
+    free(ref.params);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpt2_stages),
+        cmocka_unit_test(test_gpt2_four),
+        cmocka_unit_test(test_llama_stages),
+        cmocka_unit_test(test_oom_adapts_all_ranks),
+        cmocka_unit_test(test_modes),
+        cmocka_unit_test(test_checkpoint_across_worlds),
+        cmocka_unit_test(test_shutdown_checkpoint),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
