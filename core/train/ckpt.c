@@ -14,6 +14,7 @@
 #include "fsutil.h"
 #include "hf_dir.h"
 #include "model_hf.h"
+#include "model_lora.h"
 #include "safepath.h"
 #include "safetensors.h"
 
@@ -196,7 +197,7 @@ static int write_weights(const char *dir, const model *m, const float *params, i
                          const char *hf_src, st_dtype dtype, acc_err *err)
 {
     char file[PATH_MAX + 64];
-    model_hf_save_opts o = {.dtype = dtype, .src_dir = hf_src};
+    model_hf_save_opts o = {.dtype = dtype, .src_dir = hf_src, .host_params = params};
     const model_family *f = model_family_of(&m->cfg);
     if (dtype != ST_F32 || model_hf_bytes(m, dtype) > HF_SHARD_DEFAULT)
         return model_hf_save(m, dir, &o, err);
@@ -221,6 +222,24 @@ int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const
                         err);
 }
 
+/* LoRA: the PEFT adapter directory's files, and with merge the merged model
+ * as the Hugging Face directory dir/merged (model_lora.h). */
+static int write_lora(const char *dir, const model *m, float *params, int step,
+                      const char *hf_src, st_dtype dtype, acc_err *err)
+{
+    int rc = model_lora_save(&m->layout, &m->cfg, params, dir, hf_src ? hf_src : "", err);
+    if (rc != 0 || !m->cfg.lora.merge)
+        return rc;
+    char sub[PATH_MAX + 16];
+    if (snprintf(sub, sizeof sub, "%s/" CKPT_MERGED_DIR, dir) >= (int)sizeof sub)
+        return acc_err_set(err, ACC_EINVAL, "", "output path too long");
+    if (mkdir(sub, 0750) != 0)
+        return acc_err_set(err, ACC_EIO, "", "mkdir %s: %s", sub, strerror(errno));
+    /* the master weights were written already: fold the adapters in place */
+    model_lora_merge_host(&m->layout, &m->cfg, params);
+    return write_weights(sub, m, params, step, hf_src, dtype, err);
+}
+
 int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
                  const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
                  char *path_out, size_t path_n, acc_err *err)
@@ -238,13 +257,16 @@ int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const
                            partial, strerror(errno));
     float *params, *mom1, *mom2;
     rc = download_all(m, opt, &params, &mom1, &mom2, err);
-    if (rc == 0)
+    bool lora = m->cfg.lora.r > 0;
+    if (rc == 0 && !lora)
         rc = write_weights(partial, m, params, st->step, hf_src, dtype, err);
-    if (rc == 0) { /* narrower weights on disk: the exact ones for resuming here */
+    if (rc == 0) { /* narrower weights on disk (or an adapter): the exact ones for resuming */
         snprintf(file, sizeof file, "%s/state.safetensors", partial);
-        rc = write_state_file(file, m, opt, mom1, mom2, dtype == ST_F32 ? NULL : params, st,
-                              spec_json, err);
+        rc = write_state_file(file, m, opt, mom1, mom2, dtype == ST_F32 && !lora ? NULL : params,
+                              st, spec_json, err);
     }
+    if (rc == 0 && lora) /* after the state: merging changes params */
+        rc = write_lora(partial, m, params, st->step, hf_src, dtype, err);
     if (rc == 0) {
         free(params);
         free(mom1);

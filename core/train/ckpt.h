@@ -37,6 +37,13 @@
 #include "model.h"
 #include "safetensors.h"
 
+/* LoRA (model_lora.h): a checkpoint directory is a PEFT adapter directory
+ * (adapter_config.json, adapter_model.safetensors; state.safetensors keeps
+ * the whole fp32 buffer and the adapters' moments, so resume is exact) and,
+ * with save.merge_lora, holds the merged model as the Hugging Face
+ * directory <ckpt>/merged. */
+#define CKPT_MERGED_DIR "merged"
+
 typedef struct ckpt_state {
     int step;            /* optimizer steps completed */
     int adam_t;          /* AdamW steps taken */

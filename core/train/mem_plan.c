@@ -8,10 +8,11 @@
 #include "batch_split.h"
 #include "checked.h"
 #include "model_hf.h"
+#include "model_lora.h"
 #include "safepath.h"
 #include "trainer.h"
 
-int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
+static int base_config(const job_spec *spec, model_config *cfg, acc_err *err)
 {
     if (spec->model.from[0] != '\0') /* a Hugging Face directory: its headers only */
         return model_hf_validate(spec->model.from, cfg, err);
@@ -27,13 +28,21 @@ int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
     return rc;
 }
 
+int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
+{
+    int rc = base_config(spec, cfg, err);
+    if (rc == 0) /* the lora section against the model's modules */
+        rc = model_lora_apply(&spec->lora, spec->merge_lora, cfg, err);
+    return rc;
+}
+
 /* The state's bytes, or an error naming the field. */
 static int state_bytes(const model_config *cfg, uint64_t *bytes, acc_err *err)
 {
     uint64_t model_b, opt_b;
     int rc = model_state_bytes(cfg, TRAIN_SLOTS, &model_b, err);
     if (rc == 0)
-        rc = adamw_state_bytes(0, model_num_params(cfg), &opt_b, err);
+        rc = adamw_state_bytes(0, model_num_trainable(cfg), &opt_b, err);
     if (rc == 0 && acc_add_u64(model_b, opt_b, bytes))
         rc = acc_err_set(err, ACC_EINVAL, "model", "the model's state overflows 64-bit sizes");
     if (rc != 0)
