@@ -43,6 +43,11 @@ static int download_all(const model *m, const adamw *opt, float **params, float 
     return 0;
 }
 
+static bool c_lora(const model *m)
+{
+    return m->cfg.lora.r > 0;
+}
+
 static int write_model_file(const char *path, const model *m, const float *params, int step,
                             acc_err *err)
 {
@@ -53,12 +58,13 @@ static int write_model_file(const char *path, const model *m, const float *param
 }
 
 /* master: the fp32 weights in the model's flat layout, or NULL when
- * model.safetensors holds them exactly (F32). */
+ * model.safetensors holds them exactly (F32); under LoRA only the trainable
+ * prefix [0, ngrad) (the adapters: the base is the job's input). */
 static int write_state_file(const char *path, const model *m, const adamw *opt,
                             const float *mom1, const float *mom2, const float *master,
                             const ckpt_state *st, const char *spec_json, acc_err *err)
 {
-    size_t nmom = opt->hi - opt->lo;
+    size_t nmom = opt->hi - opt->lo, nmaster = c_lora(m) ? m->ngrad : m->nparams;
     const model_config *c = &m->cfg;
     char v[12][32];
     snprintf(v[0], 32, "%d", st->step);
@@ -87,8 +93,8 @@ static int write_state_file(const char *path, const model *m, const adamw *opt,
          .data = mom1, .nbytes = nmom * sizeof(float)},
         {.name = "adam.v", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)nmom},
          .data = mom2, .nbytes = nmom * sizeof(float)},
-        {.name = "params", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams},
-         .data = master, .nbytes = m->nparams * sizeof(float)},
+        {.name = "params", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)nmaster},
+         .data = master, .nbytes = nmaster * sizeof(float)},
     };
     return st_write(path, t, master ? 3 : 2, md, nmeta, err);
 }
@@ -449,10 +455,14 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
         rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: optimizer state does not match the model", path);
     st_tensor tp;
     int master = rc == 0 && st_get(sf, "params", &tp, NULL) == 0;
-    if (master && (tp.dtype != ST_F32 || tp.nbytes != m->nparams * sizeof(float)))
+    size_t nmaster = c_lora(m) ? m->ngrad : m->nparams; /* LoRA: the adapters (the caller
+                                                          * loaded the frozen base) */
+    if (c_lora(m) && !master)
+        rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: no adapter weights", path);
+    if (master && (tp.dtype != ST_F32 || tp.nbytes != nmaster * sizeof(float)))
         rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: master weights do not match the model", path);
     if (rc == 0 && master) { /* the fp32 weights beside a narrower model.safetensors */
-        model_params_upload(m, tp.data);
+        m->dev->ops->upload(m->dev, m->params, tp.data, tp.nbytes);
     } else if (rc == 0 && sharded_at(dfd)) {
         rc = load_sharded(dir, m, err);
     } else if (rc == 0) {

@@ -367,16 +367,12 @@ static int state_oom(rank_state *rs, acc_err *err)
                        (unsigned long long)rs->dev->budget);
 }
 
-/* The starting weights: a checkpoint to resume (weights, moments, step),
- * else init_from (the family's native file), else the seed. */
-static int init_weights(rank_state *rs, acc_err *err)
+/* The weights a job starts from: model.from (a Hugging Face directory),
+ * else init_from (the family's native file), else the seed; then LoRA's
+ * adapters. */
+static int init_base(rank_state *rs, acc_err *err)
 {
-    trainer *t = rs->t;
-    const job_spec *s = &t->spec;
-    if (t->resume_fd >= 0) {
-        ckpt_state st;
-        return ckpt_load_at(t->resume_fd, t->resume_dir, rs->model, rs->opt, &st, err);
-    }
+    const job_spec *s = &rs->t->spec;
     int rc;
     if (s->model.from[0] != '\0') { /* a Hugging Face directory, one tensor at a time */
         rc = model_hf_load_dir(rs->model, s->model.from, err);
@@ -393,6 +389,20 @@ static int init_weights(rank_state *rs, acc_err *err)
     if (rc == 0) /* LoRA: the adapters, from the seed (B = 0) */
         rc = model_lora_init(rs->model, s->seed, err);
     return rc;
+}
+
+/* The starting weights: a checkpoint to resume (weights, moments, step),
+ * else init_base's. A LoRA checkpoint holds the adapters only (ckpt.h):
+ * the frozen base is loaded as at the start first. */
+static int init_weights(rank_state *rs, acc_err *err)
+{
+    trainer *t = rs->t;
+    if (t->resume_fd >= 0) {
+        ckpt_state st;
+        int rc = rs->model->cfg.lora.r > 0 ? init_base(rs, err) : 0;
+        return rc != 0 ? rc : ckpt_load_at(t->resume_fd, t->resume_dir, rs->model, rs->opt, &st, err);
+    }
+    return init_base(rs, err);
 }
 
 /* Cut the gradient buffer into buckets of about `bytes` each, walking the

@@ -229,8 +229,18 @@ static void test_resume_and_outputs(void **state)
     }
     snprintf(p, sizeof p, "%s/ckpt-00000006/model.safetensors", part);
     assert_int_not_equal(access(p, F_OK), 0); /* the adapter directory holds no base copy */
-    model_config back;
+    model_config back, cfg;
     acc_err err = {0};
+    /* the state keeps the adapters and their moments, not the frozen base */
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    snprintf(p, sizeof p, "%s/ckpt-00000006/state.safetensors", part);
+    st_file *sf = NULL;
+    st_tensor tp, tm;
+    assert_int_equal(st_open(p, &sf, &err), 0);
+    assert_int_equal(st_get(sf, "params", &tp, &err), 0);
+    assert_int_equal(st_get(sf, "adam.m", &tm, &err), 0);
+    assert_true(tp.shape[0] == (int64_t)model_num_trainable(&cfg) && tm.shape[0] == tp.shape[0]);
+    st_close(sf);
     snprintf(p, sizeof p, "%s/ckpt-00000006/merged", part);
     assert_int_equal(model_hf_validate(p, &back, &err), 0);
     assert_int_equal(back.intermediate_size, 48);
