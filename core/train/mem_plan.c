@@ -8,10 +8,11 @@
 #include "batch_split.h"
 #include "checked.h"
 #include "model_hf.h"
+#include "model_lora.h"
 #include "safepath.h"
 #include "trainer.h"
 
-int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
+static int base_config(const job_spec *spec, model_config *cfg, acc_err *err)
 {
     if (spec->model.from[0] != '\0') /* a Hugging Face directory: its headers only */
         return model_hf_validate(spec->model.from, cfg, err);
@@ -27,12 +28,20 @@ int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
     return rc;
 }
 
+int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
+{
+    int rc = base_config(spec, cfg, err);
+    if (rc == 0) /* the lora section against the model's modules */
+        rc = model_lora_apply(&spec->lora, spec->merge_lora, cfg, err);
+    return rc;
+}
+
 /* The AdamW range of rank `rank` of `world` under ZeRO stage `zero`: the
- * whole buffer at stage 0, the rank's shard from stage 1 (adamw_shard, as
- * the trainer creates it). */
+ * whole trainable range at stage 0, the rank's shard of it from stage 1
+ * (adamw_shard, as the trainer creates it). */
 static void optim_range(const model_config *cfg, int zero, int world, int rank, size_t *lo, size_t *hi)
 {
-    size_t n = model_num_params(cfg);
+    size_t n = model_num_trainable(cfg); /* AdamW covers the trainable prefix (LoRA: the adapters) */
     *lo = 0;
     *hi = n;
     if (zero >= 1 && world > 1)

@@ -63,6 +63,7 @@
 #include "batch_split.h"
 #include "checked.h"
 #include "mem_plan.h"
+#include "model_lora.h"
 #include "model.h"
 #include "model_hf.h"
 #include "optim.h"
@@ -397,28 +398,42 @@ static int state_oom(rank_state *rs, acc_err *err)
                        (unsigned long long)rs->dev->budget);
 }
 
+/* The weights a job starts from: model.from (a Hugging Face directory),
+ * else init_from (the family's native file), else the seed; then LoRA's
+ * adapters. */
+static int init_base(rank_state *rs, acc_err *err)
+{
+    const job_spec *s = &rs->t->spec;
+    int rc;
+    if (s->model.from[0] != '\0') { /* a Hugging Face directory, one tensor at a time */
+        rc = model_hf_load_dir(rs->model, s->model.from, err);
+    } else if (s->model.init_from[0] == '\0') {
+        rc = model_init_seed(rs->model, s->seed, err);
+    } else { /* under the data roots, read through the descriptor checked */
+        int fd;
+        rc = sp_open_file(s->data_roots, s->model.init_from, "model.init_from", &fd, NULL, 0, err);
+        if (rc != 0)
+            return rc;
+        rc = model_load_fd(rs->model, fd, s->model.init_from, err);
+        close(fd);
+    }
+    if (rc == 0) /* LoRA: the adapters, from the seed (B = 0) */
+        rc = model_lora_init(rs->model, s->seed, err);
+    return rc;
+}
+
 /* The starting weights: a checkpoint to resume (weights, moments, step),
- * else init_from (the family's native file), else the seed. */
+ * else init_base's. A LoRA checkpoint holds the adapters only (ckpt.h):
+ * the frozen base is loaded as at the start first. */
 static int init_weights(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
     if (t->resume_fd >= 0) {
         ckpt_state st;
-        return ckpt_load_at(t->resume_fd, t->resume_dir, rs->model, rs->opt, &st, err);
+        int rc = rs->model->cfg.lora.r > 0 ? init_base(rs, err) : 0;
+        return rc != 0 ? rc : ckpt_load_at(t->resume_fd, t->resume_dir, rs->model, rs->opt, &st, err);
     }
-    if (s->model.from[0] != '\0') /* a Hugging Face directory, one tensor at a time */
-        return model_hf_load_dir(rs->model, s->model.from, err);
-    if (s->model.init_from[0] == '\0')
-        return model_init_seed(rs->model, s->seed, err);
-    /* under the data roots, read through the descriptor checked */
-    int fd;
-    int rc = sp_open_file(s->data_roots, s->model.init_from, "model.init_from", &fd, NULL, 0, err);
-    if (rc != 0)
-        return rc;
-    rc = model_load_fd(rs->model, fd, s->model.init_from, err);
-    close(fd);
-    return rc;
+    return init_base(rs, err);
 }
 
 /* Cut the gradient buffer into buckets of about `bytes` each, walking the
@@ -435,7 +450,7 @@ static int plan_buckets(rank_state *rs, size_t bytes, acc_err *err)
     int n = 0, hi = L;
     size_t acc = 0; /* bytes of layers [l, hi) */
     for (int l = L - 1; l >= 1; l--) {
-        acc += model_layout_layer_floats(&m->layout, l) * sizeof(float);
+        acc += model_layout_layer_train_floats(&m->layout, l) * sizeof(float);
         if (acc < bytes)
             continue;
         grad_bucket *b = &rs->buckets[n++];
@@ -476,16 +491,16 @@ static int rank_setup(rank_state *rs, acc_err *err)
         return state_oom(rs, err);
     if (rc == 0) {
         rs->zlo = 0;
-        rs->zhi = rs->model->nparams;
+        rs->zhi = rs->model->ngrad;
         if (s->zero_stage >= 1)
-            adamw_shard(rs->model->nparams, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
+            adamw_shard(rs->model->ngrad, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
     }
     uint64_t before = rs->dev != NULL ? rs->dev->in_use : 0;
     if (rc == 0 && (rc = adamw_create(rs->dev, rs->zlo, rs->zhi, &rs->opt, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0) { /* measured, for the step events and the tests */
         t->mem_optim[rs->rank] = rs->dev->in_use - before;
-        t->mem_grads[rs->rank] = (rs->model->nparams + rs->model->grad_tail) * sizeof(float);
+        t->mem_grads[rs->rank] = (rs->model->ngrad + rs->model->grad_tail) * sizeof(float);
         if (t->hooks != NULL) {
             t->hooks->mem_optim[rs->rank] = t->mem_optim[rs->rank];
             t->hooks->mem_grads[rs->rank] = t->mem_grads[rs->rank];
@@ -654,7 +669,7 @@ static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
      * gradient buffer's spare slots, free between steps */
     model *md = rs->model;
     kern_device *dev = rs->dev;
-    float *slots = md->grads + md->nparams + SLOT_EVAL;
+    float *slots = md->grads + md->ngrad + SLOT_EVAL;
     float buf[2];
     put_double(buf, sum);
     dev->ops->upload(dev, slots, buf, sizeof buf);
@@ -759,14 +774,14 @@ static int save_dtype(const job_spec *s, st_dtype *d, acc_err *err)
 /* ZeRO: the whole AdamW moments, gathered through the gradient buffer
  * (free between steps; zeroed again after): each rank puts its shard of
  * one moment in place, an all-gather completes it, rank 0 copies it out.
- * Every rank calls; rank 0 gets mom[0], mom[1] (nparams floats each, to
+ * Every rank calls; rank 0 gets mom[0], mom[1] (ngrad floats each, to
  * free), the others NULLs. No device memory beyond the state's. */
 static int gather_moments(rank_state *rs, float *mom[2], acc_err *err)
 {
     trainer *t = rs->t;
     model *m = rs->model;
     kern_device *d = rs->dev;
-    size_t n = m->nparams, k = rs->zhi - rs->zlo;
+    size_t n = m->ngrad, k = rs->zhi - rs->zlo;
     mom[0] = mom[1] = NULL;
     float *shard = malloc(k > 0 ? k * sizeof(float) : 1);
     int rc = shard == NULL ? ACC_ENOMEM : 0;
@@ -846,7 +861,7 @@ static double shard_sumsq(rank_state *rs, int r)
 {
     model *m = rs->model;
     size_t lo, hi;
-    adamw_shard(m->nparams, r, rs->t->nranks, &lo, &hi);
+    adamw_shard(m->ngrad, r, rs->t->nranks, &lo, &hi);
     return hi > lo ? rs->dev->ops->sumsq(rs->dev, m->grads + lo, hi - lo) : 0.0;
 }
 
@@ -861,7 +876,7 @@ static int grad_norm(rank_state *rs, double *norm, acc_err *err)
     int w = t->nranks;
     float part[3 * TRAIN_MAX_RANKS];
     if (t->spec.zero_stage == 2) {
-        float *slots = m->grads + m->nparams + SLOT_NORM;
+        float *slots = m->grads + m->ngrad + SLOT_NORM;
         put_exact(part + 3 * rs->rank, shard_sumsq(rs, rs->rank));
         rs->dev->ops->upload(rs->dev, slots + 3 * rs->rank, part + 3 * rs->rank, 3 * sizeof(float));
         int rc = kern_comm_allgather(t->comm, rs->rank, slots, 3 * (size_t)w);
@@ -894,7 +909,7 @@ static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
     double lr = optim_lr(s, step);
     adamw_step(rs->opt, &m->layout, m->params, m->grads, (float)lr, &s->optim,
                (float)optim_clip_scale(norm, s->optim.grad_clip));
-    if (s->zero_stage >= 1 && (rc = kern_comm_allgather(t->comm, rs->rank, m->params, m->nparams)) != 0)
+    if (s->zero_stage >= 1 && (rc = kern_comm_allgather(t->comm, rs->rank, m->params, m->ngrad)) != 0)
         return acc_err_set(err, rc, "", "cancelled");
     model_zero_grad(m);
     rs->done = step + 1;
@@ -986,7 +1001,7 @@ static void stage_slots(rank_state *rs)
     put_double(rs->extra + SLOT_LOSS, rs->step_loss_sum);
     rs->extra[SLOT_OOM] = rs->step_oom ? 1.0f : 0.0f;
     rs->extra[SLOT_STOP] = atomic_load(&rs->t->stop_asked) ? 1.0f : 0.0f;
-    rs->dev->ops->upload(rs->dev, m->grads + m->nparams, rs->extra, sizeof rs->extra);
+    rs->dev->ops->upload(rs->dev, m->grads + m->ngrad, rs->extra, sizeof rs->extra);
 }
 
 static void start_bucket(rank_state *rs, const grad_bucket *b)
@@ -996,9 +1011,9 @@ static void start_bucket(rank_state *rs, const grad_bucket *b)
     if (b->after_layer < 0)
         stage_slots(rs);
     model *m = rs->model;
-    if (rs->t->spec.zero_stage == 2) /* the tail (past nparams) is summed into every rank */
+    if (rs->t->spec.zero_stage == 2) /* the tail (past ngrad) is summed into every rank */
         rs->bucket_rc = kern_comm_scatter_start(rs->t->comm, rs->rank, m->grads, b->spans, b->nspans,
-                                                m->nparams);
+                                                m->ngrad);
     else
         rs->bucket_rc = kern_comm_reduce_start(rs->t->comm, rs->rank, m->grads, b->spans, b->nspans);
 }
@@ -1085,7 +1100,7 @@ static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
     kern_device *dev = rs->dev;
     if ((rc = dev->ops->last_error(dev, err)) != 0) /* a GPU kernel that failed this step */
         return rc;
-    dev->ops->download(dev, rs->extra, m->grads + m->nparams, sizeof rs->extra);
+    dev->ops->download(dev, rs->extra, m->grads + m->ngrad, sizeof rs->extra);
     *oom = rs->extra[SLOT_OOM] != 0.0f;
     return *oom ? 0 : finish_step(rs, step, t0, err);
 }
@@ -1153,7 +1168,7 @@ static int share_oom_records(rank_state *rs, acc_err *err)
     model *m = rs->model;
     kern_device *dev = rs->dev;
     size_t n = (size_t)t->nranks * PIECES;
-    if (t->own_comm || n > m->nparams)
+    if (t->own_comm || n > m->ngrad)
         return 0;
     float *host = calloc(n, sizeof *host);
     if (host == NULL)
