@@ -193,10 +193,10 @@ void ckpt_prune(const char *output_dir, int keep, int protect_step)
  * bytes ckpt_save always wrote) or, over 5 GB, shards with an index; then
  * config.json and the source's tokenizer files. */
 static int write_weights(const char *dir, const model *m, const float *params, int step,
-                         const char *hf_src, st_dtype dtype, acc_err *err)
+                         const char *hf_src, const char *hf_roots, st_dtype dtype, acc_err *err)
 {
     char file[PATH_MAX + 64];
-    model_hf_save_opts o = {.dtype = dtype, .src_dir = hf_src};
+    model_hf_save_opts o = {.dtype = dtype, .src_dir = hf_src, .src_roots = hf_roots};
     const model_family *f = model_family_of(&m->cfg);
     if (dtype != ST_F32 || model_hf_bytes(m, dtype) > HF_SHARD_DEFAULT)
         return model_hf_save(m, dir, &o, err);
@@ -217,12 +217,12 @@ int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const
                  const char *spec_json, int keep, const char *hf_src, char *path_out,
                  size_t path_n, acc_err *err)
 {
-    return ckpt_save_as(output_dir, m, opt, st, spec_json, keep, hf_src, ST_F32, path_out, path_n,
+    return ckpt_save_as(output_dir, m, opt, st, spec_json, keep, hf_src, NULL, ST_F32, path_out, path_n,
                         err);
 }
 
 int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
-                 const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
+                 const char *spec_json, int keep, const char *hf_src, const char *hf_roots, st_dtype dtype,
                  char *path_out, size_t path_n, acc_err *err)
 {
     char final[PATH_MAX], partial[PATH_MAX + 16], file[PATH_MAX + 64];
@@ -239,7 +239,7 @@ int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const
     float *params, *mom1, *mom2;
     rc = download_all(m, opt, &params, &mom1, &mom2, err);
     if (rc == 0)
-        rc = write_weights(partial, m, params, st->step, hf_src, dtype, err);
+        rc = write_weights(partial, m, params, st->step, hf_src, hf_roots, dtype, err);
     if (rc == 0) { /* narrower weights on disk: the exact ones for resuming here */
         snprintf(file, sizeof file, "%s/state.safetensors", partial);
         rc = write_state_file(file, m, opt, mom1, mom2, dtype == ST_F32 ? NULL : params, st,

@@ -75,9 +75,11 @@ int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const
  * model_hf_save (rounded to nearest even; fp16 keeps Inf/NaN, overflows to
  * Inf) with config.json's torch_dtype saying so, and state.safetensors also
  * holds the fp32 master weights ("params", the model's flat layout), which
- * ckpt_load prefers: resuming stays exact whatever the saved dtype. */
+ * ckpt_load prefers: resuming stays exact whatever the saved dtype.
+ * hf_src's files are read under `hf_roots` (the spec's data_roots;
+ * safepath.h; NULL: none). */
 int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
-                 const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
+                 const char *spec_json, int keep, const char *hf_src, const char *hf_roots, st_dtype dtype,
                  char *path_out, size_t path_n, acc_err *err);
 
 /* Load weights, moments and state from checkpoint directory `dir` into `m`

@@ -377,7 +377,7 @@ static int init_weights(rank_state *rs, acc_err *err)
         return ckpt_load_at(t->resume_fd, t->resume_dir, rs->model, rs->opt, &st, err);
     }
     if (s->model.from[0] != '\0') /* a Hugging Face directory, one tensor at a time */
-        return model_hf_load_dir(rs->model, s->model.from, err);
+        return model_hf_load_under(rs->model, s->data_roots, s->model.from, err);
     if (s->model.init_from[0] == '\0')
         return model_init_seed(rs->model, s->seed, err);
     /* under the data roots, read through the descriptor checked */
@@ -701,7 +701,7 @@ static int save_dtype(const job_spec *s, st_dtype *d, acc_err *err)
     }
     if (s->model.from[0] == '\0')
         return 0;
-    int rc = hf_open(s->model.from, 1, &h, err);
+    int rc = hf_open_under(s->data_roots, s->model.from, 1, &h, err);
     if (rc == 0)
         *d = hf_dtype(h);
     hf_close(h);
@@ -723,7 +723,7 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     int rc = save_dtype(s, &dtype, err);
     if (rc == 0)
         rc = ckpt_save_as(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep,
-                          s->model.from[0] ? s->model.from : NULL, dtype, path, sizeof path,
+                          s->model.from[0] ? s->model.from : NULL, s->data_roots, dtype, path, sizeof path,
                           err);
     if (rc == 0)
         emit_simple(t, TEV_CHECKPOINT, step, 0.0, path);
