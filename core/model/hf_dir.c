@@ -258,14 +258,16 @@ static int open_files(hf_dir *h, acc_err *err)
     return rc;
 }
 
-int hf_open_under(const char *roots, const char *dir, int header_only, hf_dir **out, acc_err *err)
+/* dfd >= 0: the directory, open already (not closed here); else opened
+ * under the roots. */
+static int open_dir(const char *roots, int dfd, const char *dir, int header_only, hf_dir **out, acc_err *err)
 {
     hf_dir *h = calloc(1, sizeof *h);
     if (h == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     h->header_only = header_only;
     h->roots = roots != NULL ? roots : "";
-    h->dfd = -1;
+    h->dfd = dfd;
     int rc = 0;
     size_t dl = strlen(dir);
     while (dl > 1 && dir[dl - 1] == '/')
@@ -275,12 +277,12 @@ int hf_open_under(const char *roots, const char *dir, int header_only, hf_dir **
     if (rc == 0) {
         memcpy(h->path, dir, dl);
         acc_err e = {0};
-        if ((rc = sp_open_dir(h->roots, h->path, HF_FIELD, &h->dfd, NULL, 0, &e)) != 0)
+        if (dfd < 0 && (rc = sp_open_dir(h->roots, h->path, HF_FIELD, &h->dfd, NULL, 0, &e)) != 0)
             rc = bad(err, "%s", e.msg);
     }
     if (rc == 0)
         rc = open_files(h, err);
-    if (h->dfd >= 0)
+    if (dfd < 0 && h->dfd >= 0)
         close(h->dfd);
     h->dfd = -1;
     h->roots = NULL;
@@ -290,6 +292,16 @@ int hf_open_under(const char *roots, const char *dir, int header_only, hf_dir **
     }
     *out = h;
     return 0;
+}
+
+int hf_open_under(const char *roots, const char *dir, int header_only, hf_dir **out, acc_err *err)
+{
+    return open_dir(roots, -1, dir, header_only, out, err);
+}
+
+int hf_open_at(int dfd, const char *dir, int header_only, hf_dir **out, acc_err *err)
+{
+    return open_dir(dir, dfd, dir, header_only, out, err);
 }
 
 int hf_open(const char *dir, int header_only, hf_dir **out, acc_err *err)

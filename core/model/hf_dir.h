@@ -59,7 +59,10 @@ typedef struct hf_tensor {
  * the roots, read through the descriptor checked. A file that is not JSON
  * is reported by line and column, never by its bytes. */
 int hf_open_under(const char *roots, const char *dir, int header_only, hf_dir **out, acc_err *err);
-/* hf_open_under without roots (tools, tests, accumd's own checkpoints). */
+/* The directory open as `dfd` (left open; `dir` its path): accumd's own
+ * checkpoints, where a symlink may not lead out of the directory itself. */
+int hf_open_at(int dfd, const char *dir, int header_only, hf_dir **out, acc_err *err);
+/* hf_open_under without roots (tools, tests). */
 int hf_open(const char *dir, int header_only, hf_dir **out, acc_err *err);
 void hf_close(hf_dir *h);
 

@@ -396,11 +396,11 @@ static int sharded_at(int dfd)
 }
 
 /* The shards of a checkpoint directory, by the index (hf_dir.h opens them
- * by path inside the directory that was opened and checked). */
-static int load_sharded(const char *dir, model *m, acc_err *err)
+ * from the directory's descriptor, opened and checked). */
+static int load_sharded(int dfd, const char *dir, model *m, acc_err *err)
 {
     hf_dir *h = NULL;
-    int rc = hf_open(dir, 0, &h, err);
+    int rc = hf_open_at(dfd, dir, 0, &h, err);
     if (rc == 0)
         rc = model_hf_check(h, &m->cfg, err);
     if (rc == 0)
@@ -432,7 +432,7 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
     if (rc == 0 && master) { /* the fp32 weights beside a narrower model.safetensors */
         model_params_upload(m, tp.data);
     } else if (rc == 0 && sharded_at(dfd)) {
-        rc = load_sharded(dir, m, err);
+        rc = load_sharded(dfd, dir, m, err);
     } else if (rc == 0) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         rc = st_open_at(dfd, dir, "model.safetensors", &mf, err);
@@ -476,7 +476,7 @@ static int verify_at(int dfd, const char *dir, ckpt_state *st, acc_err *err)
     int rc;
     if (sharded_at(dfd)) { /* every shard opens and its checksum verifies */
         hf_dir *h = NULL;
-        rc = hf_open(dir, 0, &h, err);
+        rc = hf_open_at(dfd, dir, 0, &h, err);
         hf_close(h);
     } else if ((rc = st_open_at(dfd, dir, "model.safetensors", &f, err)) == 0) {
         st_close(f);
