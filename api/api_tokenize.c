@@ -15,7 +15,8 @@
  * tokens). (In training the first token is never a target.)
  *
  * DIR is resolved as the spec's input paths are (under data_roots,
- * job_spec_resolve_input). Every bad input is ACC_EINVAL naming the field
+ * job_spec_resolve_input), and tokenizer.json / tokenizer_config.json in it
+ * through safepath.h (tok_load_under). Every bad input is ACC_EINVAL naming the field
  * ("messages[1].role", "chat_template", "tokenizer"). api_tokenize_compute
  * opens files and may take long: it is the part to run off the loop
  * thread.
@@ -89,7 +90,7 @@ static int load_tokenizer(const acc_conf *conf, const json_t *req, tok_tokenizer
     snprintf(path, sizeof path, "%s", dir);
     if ((rc = job_spec_resolve_input(path, sizeof path, conf, "tokenizer", err)) != 0)
         return rc;
-    rc = tok_load_dir(path, tok, err);
+    rc = tok_load_under(conf->data_roots, path, "tokenizer", tok, err);
     if (rc != 0 && err != NULL)
         snprintf(err->field, sizeof err->field, "tokenizer");
     return rc;

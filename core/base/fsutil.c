@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,31 +144,39 @@ void fsu_atomic_abort(fsu_atomic *a)
     a->tmp[0] = '\0';
 }
 
-int fsu_copy_file(const char *src, const char *dst, acc_err *err)
+int fsu_copy_fd(int in, const char *src, const char *dst, acc_err *err)
 {
-    int in = open(src, O_RDONLY | O_CLOEXEC);
-    if (in < 0)
-        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s", src,
-                           strerror(errno));
     fsu_atomic a;
     int rc = fsu_atomic_open(&a, dst, err);
     char buf[1 << 16];
+    off_t at = 0;
     while (rc == 0) {
-        ssize_t r = read(in, buf, sizeof buf);
+        ssize_t r = pread(in, buf, sizeof buf, at);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0)
             rc = acc_err_set(err, ACC_EIO, NULL, "read %s: %s", src, strerror(errno));
         if (r <= 0)
             break;
+        at += r;
         rc = fsu_write_all(a.fd, buf, (size_t)r, err);
     }
-    close(in);
     if (rc == 0)
         rc = fsu_atomic_commit(&a, err);
     fsu_atomic_abort(&a);
     if (rc != 0)
         acc_err_prefix(err, "copying %s to %s", src, dst);
+    return rc;
+}
+
+int fsu_copy_file(const char *src, const char *dst, acc_err *err)
+{
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0)
+        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s", src,
+                           strerror(errno));
+    int rc = fsu_copy_fd(in, src, dst, err);
+    close(in);
     return rc;
 }
 
@@ -177,42 +186,47 @@ int fsu_write_atomic(const char *path, const void *data, size_t len, acc_err *er
     return fsu_write_atomic_chunks(path, &c, 1, err);
 }
 
-int fsu_read_all(const char *path, char **out, size_t *len, size_t max, acc_err *err)
+int fsu_read_fd(int fd, const char *name, char **out, size_t *len, size_t max, acc_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s",
-                           path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size > max) {
-        close(fd);
-        return acc_err_set(err, ACC_EIO, NULL, "%s: unreadable or larger than %zu bytes", path, max);
-    }
-    size_t n = (size_t)st.st_size;
+    if (fstat(fd, &st) != 0)
+        return acc_err_set(err, ACC_EIO, NULL, "%s: %s", name, strerror(errno));
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max)
+        return acc_err_set(err, ACC_EINVAL, NULL, "%s: not a regular file of at most %zu bytes", name, max);
+    size_t n = (size_t)st.st_size, got = 0;
     char *buf = malloc(n + 1);
-    if (buf == NULL) {
-        close(fd);
-        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory reading %s", path);
-    }
-    size_t got = 0;
+    if (buf == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory reading %s", name);
     while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)got);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
             break;
         got += (size_t)r;
     }
-    close(fd);
     if (got != n) {
         free(buf);
-        return acc_err_set(err, ACC_EIO, NULL, "%s: short read", path);
+        return acc_err_set(err, ACC_EIO, NULL, "%s: short read", name);
     }
     buf[n] = '\0';
     *out = buf;
     if (len != NULL)
         *len = n;
     return 0;
+}
+
+int fsu_read_all(const char *path, char **out, size_t *len, size_t max, acc_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s",
+                           path, strerror(errno));
+    int rc = fsu_read_fd(fd, path, out, len, max, err);
+    close(fd);
+    if (rc == ACC_EINVAL) /* the code callers knew */
+        rc = acc_err_set(err, ACC_EIO, NULL, "%s: unreadable or larger than %zu bytes", path, max);
+    return rc;
 }
 
 int fsu_rm_rf(const char *path, acc_err *err)

@@ -50,12 +50,18 @@ void fsu_atomic_abort(fsu_atomic *a);
 
 /* Copy regular file `src` to `dst` atomically and durably (streamed, any size). */
 int fsu_copy_file(const char *src, const char *dst, acc_err *err);
+/* The same from the open file `in` (left open; `src` names it in messages). */
+int fsu_copy_fd(int in, const char *src, const char *dst, acc_err *err);
 
 /* Write all of `len` bytes to fd, retrying short writes and EINTR. */
 int fsu_write_all(int fd, const void *data, size_t len, acc_err *err);
 
 /* Read a whole file into a malloc'd, NUL-terminated buffer. */
 int fsu_read_all(const char *path, char **out, size_t *len, size_t max, acc_err *err);
+/* The same from the start of the open regular file `fd` (left open; e.g.
+ * one safepath.h checked); `name` is what messages call it. More than
+ * `max` bytes: ACC_EINVAL. */
+int fsu_read_fd(int fd, const char *name, char **out, size_t *len, size_t max, acc_err *err);
 
 /* Remove a directory tree (used for discarding partial checkpoints). */
 int fsu_rm_rf(const char *path, acc_err *err);

@@ -91,6 +91,9 @@ int sp_resolve(const char *roots, const char *path, const char *field, char *rea
     return 0;
 }
 
+static int open_under(const char *roots, const char *path, int want_dir, const char *field, int *fd,
+                      char *real_out, size_t n, acc_err *err);
+
 /* openat `name` in dirfd, no symlink, the wanted type; `shown` names it in messages. */
 static int openat_checked(int dirfd, const char *name, const char *shown, int want_dir, const char *field,
                           int *fd, acc_err *err)
@@ -126,6 +129,23 @@ int sp_openat(int dirfd, const char *name, int want_dir, const char *field, int 
     if (strchr(name, '/') != NULL)
         return acc_err_set(err, ACC_EINVAL, field, "%s: '%s' is not one path component", field, name);
     return openat_checked(dirfd, name, name, want_dir, field, fd, err);
+}
+
+int sp_open_in(const char *roots, int dirfd, const char *dir, const char *name, const char *field, int *fd,
+               acc_err *err)
+{
+    char shown[PATH_MAX];
+    struct stat st;
+    *fd = -1;
+    if (strchr(name, '/') != NULL || (size_t)snprintf(shown, sizeof shown, "%s/%s", dir, name) >= sizeof shown)
+        return acc_err_set(err, ACC_EINVAL, field, "%s: '%s' is not one path component", field, name);
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EINVAL, field, "%s: '%s': %s", field, shown,
+                           strerror(errno));
+    if (!S_ISLNK(st.st_mode)) /* checked and opened from the directory's descriptor, no name reopened */
+        return openat_checked(dirfd, name, shown, 0, field, fd, err);
+    /* a symlink: its target must lie under the roots, like any path a spec names */
+    return open_under(roots, shown, 0, field, fd, NULL, 0, err);
 }
 
 /* Walk `rel` (a symlink-free relative path) from the directory `cur`

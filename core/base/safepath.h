@@ -2,9 +2,10 @@
  * configured roots, so that what was checked is what is read.
  *
  * Every path a spec reaches (each glob match of data.train / data.val,
- * model.init_from, resume_from, and the model / tokenizer directories to
- * come) is opened here and read through the returned descriptor, never
- * reopened by name:
+ * model.init_from, resume_from, the model.from and data.tokenizer
+ * directories and every file in them, the tokenizer of POST /v1/tokenize)
+ * is opened here and read through the returned descriptor, never reopened
+ * by name:
  *   1. the path is resolved (symlinks included, realpath) and the result
  *      must lie under one of `roots` (colon-separated; each root resolved
  *      too);
@@ -57,6 +58,18 @@ int sp_open_dir(const char *roots, const char *path, const char *field, int *fd,
  * does not exist, ACC_EINVAL (with `field`) for a wrong type or a symlink. */
 int sp_openat(int dirfd, const char *name, int want_dir, const char *field, int *fd,
               acc_err *err);
+
+/* Open the file `name` (one component) of the directory `dirfd`, which
+ * was opened under `roots` as `dir` (sp_open_dir; `dir` also names the file
+ * in messages, "dir/name"), for reading, e.g. a model or tokenizer
+ * directory's config.json. A regular file there is opened without following
+ * anything (sp_openat). A symlink is resolved like any path a spec names:
+ * opened only when its target lies under `roots`, then as sp_open_file
+ * opens it (Hugging Face's hub cache links every file of a snapshot into
+ * ../../blobs). Any other type is refused without blocking. ACC_ENOTFOUND
+ * when no entry of that name exists. */
+int sp_open_in(const char *roots, int dirfd, const char *dir, const char *name, const char *field, int *fd,
+               acc_err *err);
 
 /* Create (when missing) and open the directory `name` (one component) in
  * the directory `dirfd`, never following a symlink: an existing symlink or

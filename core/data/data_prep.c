@@ -17,6 +17,7 @@
 #include "checked.h"
 #include "fsutil.h"
 #include "records.h"
+#include "safepath.h"
 #include "tok.h"
 
 #define PREP_MAGIC 0x3150455250434341ULL /* "ACCPREP1" */
@@ -26,6 +27,7 @@ enum { HDR_WORDS = 8 };
 typedef struct prep_ctx {
     const job_spec *spec;
     tok_tokenizer *tok;
+    tok_files tf;            /* the tokenizer's files as read: parsed and hashed */
     jinja_template *tpl;     /* chat only */
     rec_format rfmt;
     int max_tokens;          /* seq_len + 1 */
@@ -47,6 +49,7 @@ static void ctx_free(prep_ctx *c)
 {
     jinja_free(c->tpl);
     tok_free(c->tok);
+    tok_files_free(&c->tf);
     memset(c, 0, sizeof *c);
 }
 
@@ -56,8 +59,12 @@ static int ctx_open(const job_spec *s, prep_ctx *c, acc_err *err)
     c->spec = s;
     c->rfmt = rec_fmt_of(s->data.format);
     c->max_tokens = s->model.seq_len + 1;
-    int rc = tok_load_dir(s->data.tokenizer, &c->tok, err);
+    /* under the data roots, each file through the descriptor checked */
+    int rc = tok_files_read(s->data_roots, s->data.tokenizer, "data.tokenizer", &c->tf, err);
+    if (rc == 0)
+        rc = tok_load_files(&c->tf, s->data.tokenizer, &c->tok, err);
     if (rc != 0) {
+        tok_files_free(&c->tf);
         if (err != NULL)
             snprintf(err->field, sizeof err->field, "data.tokenizer");
         return rc;
@@ -165,29 +172,51 @@ typedef struct mapped {
     size_t len;
 } mapped;
 
-static int map_path(const char *path, const char *field, mapped *m, acc_err *err)
+/* A data file the spec names: under the roots, a regular file, opened
+ * without blocking (safepath.h). */
+static int open_data(const job_spec *s, const char *path, const char *field, int *fd, acc_err *err)
 {
-    memset(m, 0, sizeof *m);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return acc_err_set(err, ACC_EINVAL, field, "cannot open %s: %s", path, strerror(errno));
+    return sp_open_file(s->data_roots, path, field, fd, NULL, 0, err);
+}
+
+static int map_fd(int fd, const char *path, const char *field, mapped *m, acc_err *err)
+{
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         return acc_err_set(err, ACC_EINVAL, field, "%s is not a regular file", path);
-    }
-    if (st.st_size == 0) {
-        close(fd);
+    if (st.st_size == 0)
         return acc_err_set(err, ACC_EINVAL, field, "%s is empty", path);
-    }
     m->len = (size_t)st.st_size;
     m->p = mmap(NULL, m->len, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
     if (m->p == MAP_FAILED) {
         m->p = NULL;
         return acc_err_set(err, ACC_EINVAL, field, "cannot map %s: %s", path, strerror(errno));
     }
     return 0;
+}
+
+/* The prepared cache (state_dir, accumd's own file): opened by name. */
+static int map_path(const char *path, const char *field, mapped *m, acc_err *err)
+{
+    memset(m, 0, sizeof *m);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return acc_err_set(err, ACC_EINVAL, field, "cannot open %s: %s", path, strerror(errno));
+    int rc = map_fd(fd, path, field, m, err);
+    close(fd);
+    return rc;
+}
+
+static int map_data(const job_spec *s, const char *path, const char *field, mapped *m, acc_err *err)
+{
+    int fd;
+    memset(m, 0, sizeof *m);
+    int rc = open_data(s, path, field, &fd, err);
+    if (rc != 0)
+        return rc;
+    rc = map_fd(fd, path, field, m, err);
+    close(fd);
+    return rc;
 }
 
 static void unmap(mapped *m)
@@ -208,9 +237,10 @@ static const char *base_name(const char *path)
 static int check_file(const prep_ctx *c, tok_encoder *enc, const char *path, const char *field,
                       acc_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return acc_err_set(err, ACC_EINVAL, field, "cannot open %s: %s", path, strerror(errno));
+    int fd;
+    int rc0 = open_data(c->spec, path, field, &fd, err);
+    if (rc0 != 0)
+        return rc0;
     char *buf = malloc(PREP_CHECK_BYTES);
     ssize_t got = buf ? pread(fd, buf, PREP_CHECK_BYTES, 0) : -1;
     struct stat st;
@@ -272,27 +302,10 @@ int prep_validate(const job_spec *s, acc_err *err)
 
 /* ---- the cache key --------------------------------------------------------- */
 
-static int hash_file(EVP_MD_CTX *h, const char *path, int optional)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return optional && errno == ENOENT ? (EVP_DigestUpdate(h, "-", 1) == 1 ? 0 : -1) : -1;
-    char buf[1 << 16];
-    ssize_t n;
-    int rc = 0;
-    while (rc == 0 && (n = read(fd, buf, sizeof buf)) != 0) {
-        if (n < 0 && errno == EINTR)
-            continue;
-        rc = n < 0 || EVP_DigestUpdate(h, buf, (size_t)n) != 1 ? -1 : 0;
-    }
-    close(fd);
-    return rc;
-}
-
 static int cache_key(const prep_ctx *c, const mapped *data, char out[65], acc_err *err)
 {
     const job_spec *s = c->spec;
-    char opts[512], a[PATH_MAX + 32], b[PATH_MAX + 32];
+    char opts[512];
     const char *tsrc = "";
     if (c->rfmt == REC_CHAT)
         tsrc = !strcmp(s->data.chat_template, "auto") ? tok_get_config(c->tok)->chat_template
@@ -301,15 +314,16 @@ static int cache_key(const prep_ctx *c, const mapped *data, char out[65], acc_er
                                         "template %s|",
                      PREP_VERSION, (int)s->data.format, s->model.seq_len, (int)s->data.packing,
                      (int)s->data.train_on, (int)s->data.overlong, s->data.chat_template);
-    snprintf(a, sizeof a, "%s/tokenizer.json", s->data.tokenizer);
-    snprintf(b, sizeof b, "%s/tokenizer_config.json", s->data.tokenizer);
     EVP_MD_CTX *h = EVP_MD_CTX_new();
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
     int ok = h != NULL && EVP_DigestInit_ex(h, EVP_sha256(), NULL) == 1 &&
              EVP_DigestUpdate(h, opts, (size_t)n) == 1 &&
              EVP_DigestUpdate(h, tsrc ? tsrc : "", tsrc ? strlen(tsrc) + 1 : 1) == 1 &&
-             hash_file(h, a, 0) == 0 && hash_file(h, b, 1) == 0 &&
+             /* the tokenizer's bytes as parsed, not the files read again */
+             EVP_DigestUpdate(h, c->tf.json, c->tf.json_len) == 1 &&
+             (c->tf.config != NULL ? EVP_DigestUpdate(h, c->tf.config, c->tf.config_len)
+                                   : EVP_DigestUpdate(h, "-", 1)) == 1 &&
              EVP_DigestUpdate(h, data->p, data->len) == 1 && EVP_DigestFinal_ex(h, md, &mdlen) == 1;
     EVP_MD_CTX_free(h);
     if (!ok)
@@ -662,7 +676,7 @@ int prep_load(const prep_opts *o, prep_samples *out, acc_err *err)
     int rc = ctx_open(o->spec, &c, err);
     if (rc != 0)
         return rc;
-    if ((rc = map_path(o->path, o->field, &m, err)) == 0 && (rc = cache_key(&c, &m, out->key, err)) == 0) {
+    if ((rc = map_data(o->spec, o->path, o->field, &m, err)) == 0 && (rc = cache_key(&c, &m, out->key, err)) == 0) {
         char dir[PATH_MAX], file[PATH_MAX + 16];
         if (o->spec->data.cache_dir[0] != '\0' &&
             cache_path(o->spec, out->key, dir, sizeof dir, file, sizeof file) == 0 && cache_read(file, out) == 0) {

@@ -8,6 +8,11 @@
  *     of data.train and data.val with records.h, rendering the first few.
  *     Every problem is ACC_EINVAL naming the field and, for the data,
  *     "file:line". It opens user paths: call it off the loop thread.
+ *   - Every file is opened under spec->data_roots through safepath.h and
+ *     read through that descriptor: data.train / data.val (sp_open_file)
+ *     and the tokenizer directory's files (tok_files_read); a FIFO or
+ *     other special file is refused without blocking, a symlink out of the
+ *     roots refused, and no message quotes a file's bytes.
  *   - prep_load() tokenizes the whole file on `threads` threads (one
  *     tok_encoder each), in file order. A sample is one line: chat through
  *     the template (chat.h; train_on "assistant": only the assistant turns
@@ -20,7 +25,7 @@
  *     found here fails with "file:line".
  *   - The result is cached under spec->data.cache_dir/<key>/samples.bin,
  *     key = SHA-256 of (the file's content, tokenizer.json and
- *     tokenizer_config.json's content, the template's name and source,
+ *     tokenizer_config.json's content as read and parsed, the template's name and source,
  *     format, seq_len, packing, train_on, overlong, PREP_VERSION). The file
  *     is written to a temporary name and renamed, and checked for its size
  *     on load, so a partial cache is never used. A cache hit tokenizes

@@ -115,7 +115,8 @@ int rec_parse(rec_format fmt, const char *line, size_t len, const char *where, c
     out->root = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
     if (out->root == NULL) {
         char what[256];
-        snprintf(what, sizeof what, "not JSON (%s at column %d)", je.text, je.column);
+        /* not je.text: it quotes the line's bytes */
+        snprintf(what, sizeof what, "not JSON (column %d)", je.column);
         return fail(err, field, where, what);
     }
     int rc;

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fsutil.h"
+#include "safepath.h"
 #include "tok_internal.h"
 
 #define GPT2_PATTERN                                                                      \
@@ -901,20 +903,23 @@ static int load_parsed(json_t *j, json_t *cfg, tok_tokenizer **out, acc_err *err
     return 0;
 }
 
-int tok_load_mem(const char *tj, size_t len, const char *cj, size_t clen, tok_tokenizer **out,
-                 acc_err *err)
+/* Parse both files; `tname` / `cname` name them in messages: a file that
+ * is not JSON is reported by line and column, never by jansson's text,
+ * which quotes the file's bytes. */
+static int load_named(const char *tj, size_t len, const char *tname, const char *cj, size_t clen,
+                      const char *cname, tok_tokenizer **out, acc_err *err)
 {
     json_error_t je;
     *out = NULL;
     json_t *j = json_loadb(tj, len, JSON_REJECT_DUPLICATES, &je);
     if (j == NULL)
-        return acc_err_set(err, ACC_EINVAL, "tokenizer", "tokenizer.json: %s at line %d",
-                           je.text, je.line);
+        return acc_err_set(err, ACC_EINVAL, "tokenizer", "%s: not valid JSON (line %d, column %d)", tname,
+                           je.line, je.column);
     json_t *c = NULL;
     if (cj != NULL && (c = json_loadb(cj, clen, JSON_DECODE_INT_AS_REAL, &je)) == NULL) {
         json_decref(j);
-        return acc_err_set(err, ACC_EINVAL, "tokenizer", "tokenizer_config.json: %s at line %d",
-                           je.text, je.line);
+        return acc_err_set(err, ACC_EINVAL, "tokenizer", "%s: not valid JSON (line %d, column %d)", cname,
+                           je.line, je.column);
     }
     int rc = load_parsed(j, c, out, err);
     json_decref(j);
@@ -922,35 +927,84 @@ int tok_load_mem(const char *tj, size_t len, const char *cj, size_t clen, tok_to
     return rc;
 }
 
-int tok_load(const char *tokenizer_json, const char *config_path, tok_tokenizer **out,
-             acc_err *err)
+int tok_load_mem(const char *tj, size_t len, const char *cj, size_t clen, tok_tokenizer **out,
+                 acc_err *err)
 {
-    json_error_t je;
-    *out = NULL;
-    json_t *j = json_load_file(tokenizer_json, JSON_REJECT_DUPLICATES, &je);
-    if (j == NULL)
-        return acc_err_set(err, ACC_EINVAL, "tokenizer", "%s: %s at line %d", tokenizer_json,
-                           je.text, je.line);
-    json_t *c = NULL;
-    if (config_path != NULL && access(config_path, F_OK) == 0 &&
-        (c = json_load_file(config_path, JSON_DECODE_INT_AS_REAL, &je)) == NULL) {
-        json_decref(j);
-        return acc_err_set(err, ACC_EINVAL, "tokenizer", "%s: %s at line %d", config_path,
-                           je.text, je.line);
+    return load_named(tj, len, "tokenizer.json", cj, clen, "tokenizer_config.json", out, err);
+}
+
+/* DIR/NAME, opened in the directory `dfd` under the roots and read whole;
+ * ACC_ENOTFOUND (nothing set) when absent and `optional`. */
+static int read_member(const char *roots, int dfd, const char *dir, const char *name, const char *field,
+                       int optional, char **text, size_t *len, acc_err *err)
+{
+    char shown[4096 + 64];
+    int fd;
+    acc_err e = {0};
+    snprintf(shown, sizeof shown, "%s/%s", dir, name);
+    int rc = sp_open_in(roots, dfd, dir, name, field, &fd, &e);
+    if (rc == ACC_ENOTFOUND && optional)
+        return rc;
+    if (rc == ACC_ENOTFOUND)
+        return acc_err_set(err, ACC_EINVAL, field, "%s: %s is missing (a tokenizer directory holds tokenizer.json)",
+                           field, shown);
+    if (rc != 0)
+        return acc_err_set(err, rc, field, "%s", e.msg);
+    rc = fsu_read_fd(fd, shown, text, len, TOK_FILE_MAX, &e);
+    close(fd);
+    if (rc != 0)
+        return acc_err_set(err, rc == ACC_ENOMEM ? rc : ACC_EINVAL, field, "%s: %s", field, e.msg);
+    return 0;
+}
+
+int tok_files_read(const char *roots, const char *dir, const char *field, tok_files *out, acc_err *err)
+{
+    memset(out, 0, sizeof *out);
+    int dfd;
+    int rc = sp_open_dir(roots, dir, field, &dfd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = read_member(roots, dfd, dir, "tokenizer.json", field, 0, &out->json, &out->json_len, err);
+    if (rc == 0) {
+        rc = read_member(roots, dfd, dir, "tokenizer_config.json", field, 1, &out->config, &out->config_len, err);
+        if (rc == ACC_ENOTFOUND)
+            rc = 0;
     }
-    int rc = load_parsed(j, c, out, err);
-    json_decref(j);
-    json_decref(c);
+    close(dfd);
+    if (rc != 0)
+        tok_files_free(out);
+    return rc;
+}
+
+void tok_files_free(tok_files *f)
+{
+    free(f->json);
+    free(f->config);
+    memset(f, 0, sizeof *f);
+}
+
+int tok_load_files(const tok_files *f, const char *dir, tok_tokenizer **out, acc_err *err)
+{
+    char a[4096 + 32], b[4096 + 32];
+    snprintf(a, sizeof a, "%s/tokenizer.json", dir);
+    snprintf(b, sizeof b, "%s/tokenizer_config.json", dir);
+    return load_named(f->json, f->json_len, a, f->config, f->config_len, b, out, err);
+}
+
+int tok_load_under(const char *roots, const char *dir, const char *field, tok_tokenizer **out, acc_err *err)
+{
+    tok_files f;
+    *out = NULL;
+    int rc = tok_files_read(roots, dir, field, &f, err);
+    if (rc == 0)
+        rc = tok_load_files(&f, dir, out, err);
+    tok_files_free(&f);
     return rc;
 }
 
 int tok_load_dir(const char *dir, tok_tokenizer **out, acc_err *err)
 {
-    char a[4096], b[4096];
-    if ((size_t)snprintf(a, sizeof a, "%s/tokenizer.json", dir) >= sizeof a ||
-        (size_t)snprintf(b, sizeof b, "%s/tokenizer_config.json", dir) >= sizeof b)
-        return acc_err_set(err, ACC_EINVAL, "tokenizer", "path too long");
-    return tok_load(a, b, out, err);
+    return tok_load_under("", dir, "tokenizer", out, err);
 }
 
 void tok_free(tok_tokenizer *t)

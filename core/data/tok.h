@@ -48,15 +48,33 @@ typedef struct tok_ids {
 
 enum { TOK_ADD_SPECIAL = 1 };
 
-/* Load tokenizer.json (and, when config_path is not NULL and the file
- * exists, tokenizer_config.json). Errors name the JSON path of what is
- * wrong or unsupported. */
-int tok_load(const char *tokenizer_json, const char *config_path, tok_tokenizer **out,
-             acc_err *err);
+/* tokenizer.json and tokenizer_config.json as read from a directory. */
+typedef struct tok_files {
+    char *json;          /* tokenizer.json */
+    size_t json_len;
+    char *config;        /* tokenizer_config.json; NULL when the directory has none */
+    size_t config_len;
+} tok_files;
+#define TOK_FILE_MAX ((size_t)256 << 20)
+
+/* Read DIR/tokenizer.json and DIR/tokenizer_config.json: the directory is
+ * opened under `roots` and each file in it through safepath.h (regular
+ * files only, without blocking; a symlink only to a target under the
+ * roots; "" = no roots), read through that descriptor. Errors are
+ * ACC_EINVAL naming `field` and the file as DIR/NAME, never its bytes. */
+int tok_files_read(const char *roots, const char *dir, const char *field, tok_files *out, acc_err *err);
+void tok_files_free(tok_files *f);
+/* A tokenizer from the files read; `dir` names them in messages. A file
+ * that is not JSON is reported with its line and column only. Errors
+ * name the JSON path of what is wrong or unsupported. */
+int tok_load_files(const tok_files *f, const char *dir, tok_tokenizer **out, acc_err *err);
+/* tok_files_read + tok_load_files: the tokenizer of a spec's directory. */
+int tok_load_under(const char *roots, const char *dir, const char *field, tok_tokenizer **out,
+                   acc_err *err);
 /* The same from memory (config_json may be NULL). */
 int tok_load_mem(const char *tokenizer_json, size_t len, const char *config_json,
                  size_t config_len, tok_tokenizer **out, acc_err *err);
-/* A model directory: DIR/tokenizer.json and DIR/tokenizer_config.json. */
+/* tok_load_under without roots (tools and tests). */
 int tok_load_dir(const char *dir, tok_tokenizer **out, acc_err *err);
 void tok_free(tok_tokenizer *t);
 

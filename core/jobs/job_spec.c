@@ -306,7 +306,7 @@ static int parse_model_from(const json_t *m, const acc_conf *conf, spec_model *o
         (rc = check_path(out->from, sizeof out->from, conf->data_roots, "model.from", err)))
         return rc;
     model_config c;
-    if ((rc = model_hf_validate(out->from, &c, err)) != 0)
+    if ((rc = model_hf_validate_under(conf->data_roots, out->from, &c, err)) != 0)
         return rc;
     const char *family = model_family_of(&c)->name;
     if (arch[0] != '\0' && strcmp(arch, family) != 0)

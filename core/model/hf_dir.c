@@ -8,8 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "fsutil.h"
+#include "safepath.h"
 
 #define CONFIG_MAX (16u << 20)
 #define INDEX_MAX (64u << 20)
@@ -25,6 +27,8 @@ typedef struct hf_entry {
 struct hf_dir {
     char path[PATH_MAX];
     int header_only;
+    const char *roots; /* while opening: the roots the directory was opened under */
+    int dfd;           /* while opening: the directory, checked under them */
     json_t *config;
     int nfiles;
     st_file **files;
@@ -64,22 +68,42 @@ static int bad(acc_err *err, const char *fmt, ...)
 
 /* ---- opening */
 
-static int load_json(const char *path, size_t max, json_t **out, acc_err *err)
+/* A file of the directory, through safepath.h: regular, not blocking, a
+ * symlink only to a target under the roots. ACC_ENOTFOUND when absent. */
+static int open_member(const hf_dir *h, const char *name, int *fd, acc_err *err)
 {
-    char *text;
-    size_t len;
-    int rc = fsu_read_all(path, &text, &len, max, err);
+    acc_err e = {0};
+    int rc = sp_open_in(h->roots, h->dfd, h->path, name, HF_FIELD, fd, &e);
     if (rc == ACC_ENOTFOUND)
         return rc;
+    return rc != 0 ? bad(err, "%s", e.msg) : 0;
+}
+
+/* A JSON object file of the directory. Not JSON: its line and column
+ * only, never jansson's text, which quotes the file's bytes. */
+static int load_json(const hf_dir *h, const char *name, size_t max, json_t **out, acc_err *err)
+{
+    char shown[PATH_MAX + 64], *text;
+    size_t len;
+    int fd;
+    snprintf(shown, sizeof shown, "%s/%s", h->path, name);
+    int rc = open_member(h, name, &fd, err);
     if (rc != 0)
-        return bad(err, "%s: unreadable: %s", path, err ? err->msg : "");
+        return rc;
+    acc_err e = {0};
+    rc = fsu_read_fd(fd, shown, &text, &len, max, &e);
+    close(fd);
+    if (rc != 0)
+        return rc == ACC_ENOMEM ? acc_err_set(err, rc, NULL, "%s", e.msg) : bad(err, "%s", e.msg);
     json_error_t je;
     *out = json_loadb(text, len, 0, &je);
     free(text);
+    if (*out == NULL)
+        return bad(err, "%s: not valid JSON (line %d, column %d)", shown, je.line, je.column);
     if (!json_is_object(*out)) {
         json_decref(*out);
         *out = NULL;
-        return bad(err, "%s: not a JSON object (line %d: %s)", path, je.line, je.text);
+        return bad(err, "%s: not a JSON object", shown);
     }
     return 0;
 }
@@ -107,11 +131,19 @@ static int add_file(hf_dir *h, const char *name, acc_err *err)
     snprintf(path, sizeof path, "%s/%s", h->path, name);
     st_file *sf = NULL;
     acc_err e = {0};
-    int rc = h->header_only ? st_open_header(path, &sf, &e) : st_open(path, &sf, &e);
-    if (rc == ACC_ENOTFOUND && h->sharded) {
+    int fd;
+    int rc = open_member(h, name, &fd, err);
+    if (rc == ACC_ENOTFOUND) {
         free(dup);
-        return bad(err, "%s/%s names shard %s, which is missing", h->path, INDEX_NAME, name);
+        return h->sharded ? bad(err, "%s/%s names shard %s, which is missing", h->path, INDEX_NAME, name)
+                          : bad(err, "%s has neither %s nor %s", h->path, SINGLE_NAME, INDEX_NAME);
     }
+    if (rc != 0) {
+        free(dup);
+        return rc;
+    }
+    rc = h->header_only ? st_open_header_fd(fd, path, &sf, &e) : st_open_fd(fd, path, &sf, &e);
+    close(fd); /* a mapping outlives its descriptor */
     if (rc != 0) {
         free(dup);
         return rc == ACC_ENOMEM ? acc_err_set(err, rc, NULL, "%s", e.msg) : bad(err, "%s", e.msg);
@@ -186,49 +218,95 @@ static int open_sharded(hf_dir *h, const char *index_path, json_t *index, acc_er
     return 0;
 }
 
-int hf_open(const char *dir, int header_only, hf_dir **out, acc_err *err)
+/* The side files hf_save copies must be what any other file of the
+ * directory may be (a symlink out of the roots would be copied into the
+ * output). */
+static int check_side_files(const hf_dir *h, acc_err *err)
+{
+    for (size_t i = 0; i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++) {
+        int fd;
+        int rc = open_member(h, tokenizer_files[i], &fd, err);
+        if (rc == ACC_ENOTFOUND)
+            continue;
+        if (rc != 0)
+            return rc;
+        close(fd);
+    }
+    return 0;
+}
+
+static int open_files(hf_dir *h, acc_err *err)
+{
+    int rc = load_json(h, "config.json", CONFIG_MAX, &h->config, err);
+    if (rc == ACC_ENOTFOUND)
+        return bad(err, "%s has no config.json (not a Hugging Face model directory)", h->path);
+    json_t *index = NULL;
+    char path[PATH_MAX + 64];
+    if (rc == 0) {
+        snprintf(path, sizeof path, "%s/%s", h->path, INDEX_NAME);
+        rc = load_json(h, INDEX_NAME, INDEX_MAX, &index, err);
+        if (rc == 0) {
+            h->sharded = 1;
+            rc = open_sharded(h, path, index, err);
+        } else if (rc == ACC_ENOTFOUND && (rc = add_file(h, SINGLE_NAME, err)) >= 0) {
+            rc = index_tensors(h, err);
+        }
+    }
+    json_decref(index);
+    if (rc == 0)
+        rc = check_side_files(h, err);
+    return rc;
+}
+
+/* dfd >= 0: the directory, open already (not closed here); else opened
+ * under the roots. */
+static int open_dir(const char *roots, int dfd, const char *dir, int header_only, hf_dir **out, acc_err *err)
 {
     hf_dir *h = calloc(1, sizeof *h);
     if (h == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     h->header_only = header_only;
+    h->roots = roots != NULL ? roots : "";
+    h->dfd = dfd;
     int rc = 0;
     size_t dl = strlen(dir);
     while (dl > 1 && dir[dl - 1] == '/')
         dl--;
     if (dl + 64 >= sizeof h->path)
         rc = bad(err, "path too long: %s", dir);
-    char path[PATH_MAX + 64];
     if (rc == 0) {
         memcpy(h->path, dir, dl);
-        snprintf(path, sizeof path, "%s/config.json", h->path);
-        rc = load_json(path, CONFIG_MAX, &h->config, err);
-        if (rc == ACC_ENOTFOUND)
-            rc = bad(err, "%s has no config.json (not a Hugging Face model directory)", h->path);
+        acc_err e = {0};
+        if (dfd < 0 && (rc = sp_open_dir(h->roots, h->path, HF_FIELD, &h->dfd, NULL, 0, &e)) != 0)
+            rc = bad(err, "%s", e.msg);
     }
-    json_t *index = NULL;
-    if (rc == 0) {
-        snprintf(path, sizeof path, "%s/%s", h->path, INDEX_NAME);
-        rc = load_json(path, INDEX_MAX, &index, err);
-        if (rc == 0) {
-            h->sharded = 1;
-            rc = open_sharded(h, path, index, err);
-        } else if (rc == ACC_ENOTFOUND) {
-            struct stat sb;
-            snprintf(path, sizeof path, "%s/%s", h->path, SINGLE_NAME);
-            if (stat(path, &sb) != 0)
-                rc = bad(err, "%s has neither %s nor %s", h->path, SINGLE_NAME, INDEX_NAME);
-            else if ((rc = add_file(h, SINGLE_NAME, err)) >= 0)
-                rc = index_tensors(h, err);
-        }
-    }
-    json_decref(index);
+    if (rc == 0)
+        rc = open_files(h, err);
+    if (dfd < 0 && h->dfd >= 0)
+        close(h->dfd);
+    h->dfd = -1;
+    h->roots = NULL;
     if (rc != 0) {
         hf_close(h);
         return rc;
     }
     *out = h;
     return 0;
+}
+
+int hf_open_under(const char *roots, const char *dir, int header_only, hf_dir **out, acc_err *err)
+{
+    return open_dir(roots, -1, dir, header_only, out, err);
+}
+
+int hf_open_at(int dfd, const char *dir, int header_only, hf_dir **out, acc_err *err)
+{
+    return open_dir(dir, dfd, dir, header_only, out, err);
+}
+
+int hf_open(const char *dir, int header_only, hf_dir **out, acc_err *err)
+{
+    return hf_open_under("", dir, header_only, out, err);
 }
 
 void hf_close(hf_dir *h)
@@ -583,23 +661,34 @@ static int write_shards(const char *dir, const hf_tensor *t, int n, const uint64
     return rc;
 }
 
-static int copy_side_files(const char *src, const char *dir, acc_err *err)
+/* The source's side files, each through safepath.h under the source's
+ * roots and copied from that descriptor (never by name: a symlink out of
+ * the roots would be copied into the output). */
+static int copy_side_files(const char *src, const char *roots, const char *dir, acc_err *err)
 {
     char a[PATH_MAX], b[PATH_MAX];
     if (realpath(src, a) != NULL && realpath(dir, b) != NULL && !strcmp(a, b))
         return 0; /* saving over the source: they are there already */
-    for (size_t i = 0; i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++) {
+    int sfd;
+    int rc = sp_open_dir(roots, src, HF_FIELD, &sfd, NULL, 0, err);
+    for (size_t i = 0; rc == 0 && i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++) {
         char from[PATH_MAX + 64], to[PATH_MAX + 64];
         snprintf(from, sizeof from, "%s/%s", src, tokenizer_files[i]);
         snprintf(to, sizeof to, "%s/%s", dir, tokenizer_files[i]);
-        struct stat sb;
-        if (stat(from, &sb) != 0 || !S_ISREG(sb.st_mode))
+        int fd;
+        rc = sp_open_in(roots, sfd, src, tokenizer_files[i], HF_FIELD, &fd, err);
+        if (rc == ACC_ENOTFOUND) {
+            rc = 0;
             continue;
-        int rc = fsu_copy_file(from, to, err);
-        if (rc != 0)
-            return rc;
+        }
+        if (rc == 0) {
+            rc = fsu_copy_fd(fd, from, to, err);
+            close(fd);
+        }
     }
-    return 0;
+    if (sfd >= 0)
+        close(sfd);
+    return rc;
 }
 
 int hf_save_side(const char *dir, const hf_save_opts *o, acc_err *err)
@@ -614,7 +703,7 @@ int hf_save_side(const char *dir, const hf_save_opts *o, acc_err *err)
         rc = write_json(path, c, err);
     json_decref(c);
     if (rc == 0 && o->src_dir != NULL)
-        rc = copy_side_files(o->src_dir, dir, err);
+        rc = copy_side_files(o->src_dir, o->src_roots ? o->src_roots : "", dir, err);
     if (rc == 0)
         rc = fsu_fsync_dir(dir, err);
     return rc;

@@ -52,7 +52,17 @@ typedef struct hf_tensor {
 } hf_tensor;
 
 /* Open `dir` (config.json and the weights' headers; mapped unless
- * header_only). */
+ * header_only) under `roots` (a spec's model.from: data_roots): the
+ * directory and every file in it (config.json, the index, each shard, and
+ * the side files hf_save would copy) through safepath.h, so each is a
+ * regular file, opened without blocking, a symlink only to a target under
+ * the roots, read through the descriptor checked. A file that is not JSON
+ * is reported by line and column, never by its bytes. */
+int hf_open_under(const char *roots, const char *dir, int header_only, hf_dir **out, acc_err *err);
+/* The directory open as `dfd` (left open; `dir` its path): accumd's own
+ * checkpoints, where a symlink may not lead out of the directory itself. */
+int hf_open_at(int dfd, const char *dir, int header_only, hf_dir **out, acc_err *err);
+/* hf_open_under without roots (tools, tests). */
 int hf_open(const char *dir, int header_only, hf_dir **out, acc_err *err);
 void hf_close(hf_dir *h);
 
@@ -107,6 +117,7 @@ typedef struct hf_save_opts {
     uint64_t max_shard_bytes; /* 0: HF_SHARD_DEFAULT */
     const json_t *config;     /* config.json to write (copied; torch_dtype set) */
     const char *src_dir;      /* copy generation_config.json and tokenizer files from it (may be NULL) */
+    const char *src_roots;    /* the roots src_dir is read under (safepath.h; NULL or "": none) */
 } hf_save_opts;
 
 /* Only the directory's side files: config.json (o->config with torch_dtype

@@ -5,8 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fsutil.h"
+#include "safepath.h"
 
 static const char *const ignore_suffixes[] = {".rotary_emb.inv_freq", ".attn.bias",
                                               ".attn.masked_bias", NULL};
@@ -90,8 +92,13 @@ int model_hf_check(const hf_dir *h, const model_config *cfg, acc_err *err)
 
 int model_hf_validate(const char *dir, model_config *cfg, acc_err *err)
 {
+    return model_hf_validate_under("", dir, cfg, err);
+}
+
+int model_hf_validate_under(const char *roots, const char *dir, model_config *cfg, acc_err *err)
+{
     hf_dir *h;
-    int rc = hf_open(dir, 1, &h, err);
+    int rc = hf_open_under(roots, dir, 1, &h, err);
     if (rc != 0)
         return rc;
     model_config c;
@@ -158,8 +165,13 @@ int model_hf_load(model *m, const hf_dir *h, acc_err *err)
 
 int model_hf_load_dir(model *m, const char *dir, acc_err *err)
 {
+    return model_hf_load_under(m, "", dir, err);
+}
+
+int model_hf_load_under(model *m, const char *roots, const char *dir, acc_err *err)
+{
     hf_dir *h;
-    int rc = hf_open(dir, 0, &h, err);
+    int rc = hf_open_under(roots, dir, 0, &h, err);
     if (rc != 0)
         return rc;
     model_config c;
@@ -207,17 +219,34 @@ static int fill_tensor(void *vctx, int i, float *buf, acc_err *err)
     return 0;
 }
 
-static int output_config(const model *m, const char *src_dir, json_t **out, acc_err *err)
+/* The source's config.json (under its roots, through safepath.h), NULL
+ * when it cannot be read: the family's keys are written anyway. */
+static json_t *source_config(const char *src_dir, const char *roots)
 {
+    char path[PATH_MAX + 16], *text;
+    size_t len;
+    int dfd, fd;
     json_t *c = NULL;
-    if (src_dir != NULL) {
-        char path[PATH_MAX + 16], *text;
-        size_t len;
-        snprintf(path, sizeof path, "%s/config.json", src_dir);
-        if (fsu_read_all(path, &text, &len, 16u << 20, NULL) == 0) {
+    if (sp_open_dir(roots ? roots : "", src_dir, HF_FIELD, &dfd, NULL, 0, NULL) != 0)
+        return NULL;
+    snprintf(path, sizeof path, "%s/config.json", src_dir);
+    if (sp_open_in(roots ? roots : "", dfd, src_dir, "config.json", HF_FIELD, &fd, NULL) == 0) {
+        if (fsu_read_fd(fd, path, &text, &len, 16u << 20, NULL) == 0) {
             c = json_loadb(text, len, 0, NULL);
             free(text);
         }
+        close(fd);
+    }
+    close(dfd);
+    return c;
+}
+
+static int output_config(const model *m, const char *src_dir, const char *src_roots, json_t **out,
+                         acc_err *err)
+{
+    json_t *c = NULL;
+    if (src_dir != NULL) {
+        c = source_config(src_dir, src_roots);
         if (!json_is_object(c)) {
             json_decref(c);
             c = NULL;
@@ -250,8 +279,8 @@ int model_hf_save_config(const model *m, const char *dir, const model_hf_save_op
                          acc_err *err)
 {
     json_t *config = NULL;
-    int rc = output_config(m, o->src_dir, &config, err);
-    hf_save_opts ho = {.dtype = o->dtype, .config = config, .src_dir = o->src_dir};
+    int rc = output_config(m, o->src_dir, o->src_roots, &config, err);
+    hf_save_opts ho = {.dtype = o->dtype, .config = config, .src_dir = o->src_dir, .src_roots = o->src_roots};
     if (rc == 0)
         rc = hf_save_side(dir, &ho, err);
     json_decref(config);
@@ -266,7 +295,7 @@ int model_hf_save(const model *m, const char *dir, const model_hf_save_opts *o, 
     s.tb = malloc(largest_tensor(l) * sizeof(float));
     json_t *config = NULL;
     int rc = t == NULL || s.tb == NULL ? acc_err_set(err, ACC_ENOMEM, "", "out of host memory")
-                                       : output_config(m, o->src_dir, &config, err);
+                                       : output_config(m, o->src_dir, o->src_roots, &config, err);
     for (int i = 0; rc == 0 && i < l->n; i++) {
         snprintf(t[i].name, sizeof t[i].name, "%s", l->t[i].name);
         t[i].ndim = l->t[i].ndim;
@@ -274,7 +303,7 @@ int model_hf_save(const model *m, const char *dir, const model_hf_save_opts *o, 
             t[i].shape[d] = l->t[i].shape[d];
     }
     hf_save_opts ho = {.dtype = o->dtype, .max_shard_bytes = o->max_shard_bytes, .config = config,
-                       .src_dir = o->src_dir};
+                       .src_dir = o->src_dir, .src_roots = o->src_roots};
     if (rc == 0)
         rc = hf_save(dir, t, l->n, fill_tensor, &s, &ho, err);
     json_decref(config);

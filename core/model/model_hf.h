@@ -31,12 +31,16 @@ int model_hf_check(const hf_dir *h, const model_config *cfg, acc_err *err);
 /* Submit-time validation of `dir`: headers only, no tensor data read.
  * cfg (may be NULL) gets the config. */
 int model_hf_validate(const char *dir, model_config *cfg, acc_err *err);
+/* The same for a spec's model.from: the directory and its files under
+ * `roots` (hf_open_under). */
+int model_hf_validate_under(const char *roots, const char *dir, model_config *cfg, acc_err *err);
 
 /* Weights of the open, checked directory h into m (same config). */
 int model_hf_load(model *m, const hf_dir *h, acc_err *err);
 
 /* Open, check and load `dir` into m. */
 int model_hf_load_dir(model *m, const char *dir, acc_err *err);
+int model_hf_load_under(model *m, const char *roots, const char *dir, acc_err *err);
 
 typedef struct model_hf_save_opts {
     st_dtype dtype;           /* on disk (ST_F32, ST_BF16, ST_F16) */
@@ -45,6 +49,7 @@ typedef struct model_hf_save_opts {
                                * merged model); NULL: from the device */
     const char *src_dir;      /* the input directory: its config.json's other keys are kept,
                                * its generation_config.json and tokenizer files copied (NULL: none) */
+    const char *src_roots;    /* the roots src_dir is read under (safepath.h; NULL or "": none) */
 } model_hf_save_opts;
 
 /* Bytes of m's tensors on disk in dtype d (for the choice to shard). */

@@ -374,20 +374,30 @@ static int open_any(const char *path, st_file **out, int header_only, acc_err *e
 
 int st_open(const char *path, st_file **out, acc_err *err) { return open_any(path, out, 0, err); }
 
-int st_open_fd(int fd, const char *name, st_file **out, acc_err *err)
+static int open_fd_any(int fd, const char *name, st_file **out, int header_only, acc_err *err)
 {
     st_file *f = calloc(1, sizeof *f);
     if (f == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
-    int rc = open_fd_file(fd, name, f, 0, err);
+    int rc = open_fd_file(fd, name, f, header_only, err);
     if (rc == 0)
-        rc = parse_opened(f, name, 0, err);
+        rc = parse_opened(f, name, header_only, err);
     if (rc != 0) {
         st_close(f);
         return rc;
     }
     *out = f;
     return 0;
+}
+
+int st_open_fd(int fd, const char *name, st_file **out, acc_err *err)
+{
+    return open_fd_any(fd, name, out, 0, err);
+}
+
+int st_open_header_fd(int fd, const char *name, st_file **out, acc_err *err)
+{
+    return open_fd_any(fd, name, out, 1, err);
 }
 
 int st_open_header(const char *path, st_file **out, acc_err *err)

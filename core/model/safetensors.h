@@ -58,6 +58,8 @@ void st_close(st_file *f);
 
 /* Header only: tensors have names, dtypes, shapes and offsets, data NULL. */
 int st_open_header(const char *path, st_file **out, acc_err *err);
+/* The same through `fd` (left open), like st_open_fd. */
+int st_open_header_fd(int fd, const char *name, st_file **out, acc_err *err);
 
 /* Look up a tensor by name; ACC_ENOTFOUND when absent. */
 int st_get(const st_file *f, const char *name, st_tensor *out, acc_err *err);

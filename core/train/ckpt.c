@@ -207,10 +207,10 @@ void ckpt_prune(const char *output_dir, int keep, int protect_step)
  * bytes ckpt_save always wrote) or, over 5 GB, shards with an index; then
  * config.json and the source's tokenizer files. */
 static int write_weights(const char *dir, const model *m, const float *params, int step,
-                         const char *hf_src, st_dtype dtype, acc_err *err)
+                         const char *hf_src, const char *hf_roots, st_dtype dtype, acc_err *err)
 {
     char file[PATH_MAX + 64];
-    model_hf_save_opts o = {.dtype = dtype, .src_dir = hf_src, .host_params = params};
+    model_hf_save_opts o = {.dtype = dtype, .src_dir = hf_src, .src_roots = hf_roots, .host_params = params};
     const model_family *f = model_family_of(&m->cfg);
     if (dtype != ST_F32 || model_hf_bytes(m, dtype) > HF_SHARD_DEFAULT)
         return model_hf_save(m, dir, &o, err);
@@ -231,14 +231,14 @@ int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const
                  const char *spec_json, int keep, const char *hf_src, char *path_out,
                  size_t path_n, acc_err *err)
 {
-    return ckpt_save_as(output_dir, m, opt, st, spec_json, keep, hf_src, ST_F32, path_out, path_n,
+    return ckpt_save_as(output_dir, m, opt, st, spec_json, keep, hf_src, NULL, ST_F32, path_out, path_n,
                         err);
 }
 
 /* LoRA: the PEFT adapter directory's files, and with merge the merged model
  * as the Hugging Face directory dir/merged (model_lora.h). */
 static int write_lora(const char *dir, const model *m, float *params, int step,
-                      const char *hf_src, st_dtype dtype, acc_err *err)
+                      const char *hf_src, const char *hf_roots, st_dtype dtype, acc_err *err)
 {
     int rc = model_lora_save(&m->layout, &m->cfg, params, dir, hf_src ? hf_src : "", err);
     if (rc != 0 || !m->cfg.lora.merge)
@@ -250,13 +250,14 @@ static int write_lora(const char *dir, const model *m, float *params, int step,
         return acc_err_set(err, ACC_EIO, "", "mkdir %s: %s", sub, strerror(errno));
     /* the master weights were written already: fold the adapters in place */
     model_lora_merge_host(&m->layout, &m->cfg, params);
-    return write_weights(sub, m, params, step, hf_src, dtype, err);
+    return write_weights(sub, m, params, step, hf_src, hf_roots, dtype, err);
 }
 
 /* opt (a replica's, downloaded here) or the host moments gm1, gm2. */
 static int save_impl(const char *output_dir, const model *m, const adamw *opt, const float *gm1,
                      const float *gm2, const ckpt_state *st, const char *spec_json, int keep,
-                     const char *hf_src, st_dtype dtype, char *path_out, size_t path_n, acc_err *err)
+                     const char *hf_src, const char *hf_roots, st_dtype dtype, char *path_out,
+                     size_t path_n, acc_err *err)
 {
     char final[PATH_MAX], partial[PATH_MAX + 16], file[PATH_MAX + 64];
     if (snprintf(final, sizeof final, "%s/ckpt-%08d", output_dir, st->step) >= (int)sizeof final)
@@ -273,14 +274,14 @@ static int save_impl(const char *output_dir, const model *m, const adamw *opt, c
     rc = download_all(m, opt, &params, &mom1, &mom2, err);
     bool lora = m->cfg.lora.r > 0;
     if (rc == 0 && !lora)
-        rc = write_weights(partial, m, params, st->step, hf_src, dtype, err);
+        rc = write_weights(partial, m, params, st->step, hf_src, hf_roots, dtype, err);
     if (rc == 0) { /* narrower weights on disk (or an adapter): the exact ones for resuming */
         snprintf(file, sizeof file, "%s/state.safetensors", partial);
         rc = write_state_file(file, m, opt != NULL ? mom1 : gm1, opt != NULL ? mom2 : gm2,
                               dtype == ST_F32 && !lora ? NULL : params, st, spec_json, err);
     }
     if (rc == 0 && lora) /* after the state: merging changes params */
-        rc = write_lora(partial, m, params, st->step, hf_src, dtype, err);
+        rc = write_lora(partial, m, params, st->step, hf_src, hf_roots, dtype, err);
     if (rc == 0) {
         free(params);
         free(mom1);
@@ -308,21 +309,21 @@ static int save_impl(const char *output_dir, const model *m, const adamw *opt, c
 }
 
 int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
-                 const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
+                 const char *spec_json, int keep, const char *hf_src, const char *hf_roots, st_dtype dtype,
                  char *path_out, size_t path_n, acc_err *err)
 {
     if (opt->lo != 0 || opt->hi != m->ngrad)
         return acc_err_set(err, ACC_EINTERNAL, "", "checkpoint of a ZeRO shard: gather the moments first");
-    return save_impl(output_dir, m, opt, NULL, NULL, st, spec_json, keep, hf_src, dtype, path_out, path_n,
-                     err);
+    return save_impl(output_dir, m, opt, NULL, NULL, st, spec_json, keep, hf_src, hf_roots, dtype, path_out,
+                     path_n, err);
 }
 
 int ckpt_save_gathered(const char *output_dir, const model *m, const float *mom1, const float *mom2,
                        const ckpt_state *st, const char *spec_json, int keep, const char *hf_src,
-                       st_dtype dtype, char *path_out, size_t path_n, acc_err *err)
+                       const char *hf_roots, st_dtype dtype, char *path_out, size_t path_n, acc_err *err)
 {
-    return save_impl(output_dir, m, NULL, mom1, mom2, st, spec_json, keep, hf_src, dtype, path_out, path_n,
-                     err);
+    return save_impl(output_dir, m, NULL, mom1, mom2, st, spec_json, keep, hf_src, hf_roots, dtype, path_out,
+                     path_n, err);
 }
 
 /* ---- loading */
@@ -450,11 +451,11 @@ static int sharded_at(int dfd)
 }
 
 /* The shards of a checkpoint directory, by the index (hf_dir.h opens them
- * by path inside the directory that was opened and checked). */
-static int load_sharded(const char *dir, model *m, acc_err *err)
+ * from the directory's descriptor, opened and checked). */
+static int load_sharded(int dfd, const char *dir, model *m, acc_err *err)
 {
     hf_dir *h = NULL;
-    int rc = hf_open(dir, 0, &h, err);
+    int rc = hf_open_at(dfd, dir, 0, &h, err);
     if (rc == 0)
         rc = model_hf_check(h, &m->cfg, err);
     if (rc == 0)
@@ -491,7 +492,7 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
     if (rc == 0 && master) { /* the fp32 weights beside a narrower model.safetensors */
         m->dev->ops->upload(m->dev, m->params, tp.data, tp.nbytes);
     } else if (rc == 0 && sharded_at(dfd)) {
-        rc = load_sharded(dir, m, err);
+        rc = load_sharded(dfd, dir, m, err);
     } else if (rc == 0) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         rc = st_open_at(dfd, dir, "model.safetensors", &mf, err);
@@ -538,7 +539,7 @@ static int verify_at(int dfd, const char *dir, ckpt_state *st, acc_err *err)
     int rc;
     if (sharded_at(dfd)) { /* every shard opens and its checksum verifies */
         hf_dir *h = NULL;
-        rc = hf_open(dir, 0, &h, err);
+        rc = hf_open_at(dfd, dir, 0, &h, err);
         hf_close(h);
     } else if ((rc = st_open_at(dfd, dir, "model.safetensors", &f, err)) == 0) {
         st_close(f);

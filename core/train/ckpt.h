@@ -62,7 +62,7 @@ typedef struct ckpt_state {
 typedef void (*ckpt_reject_fn)(void *ctx, const char *dir, const char *why);
 
 /* Write a checkpoint of model `m` (rank 0's replica), its optimizer `opt`
- * (the whole buffer's moments; a ZeRO shard is refused: ckpt_save_gathered)
+ * (the whole trainable range's moments; a ZeRO shard is refused: ckpt_save_gathered)
  * and `st` under
  * `output_dir`, then keep only the newest `keep` checkpoints there.
  * `spec_json` (may be NULL) is stored for reference. The path of the new
@@ -85,18 +85,20 @@ int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const
  * model_hf_save (rounded to nearest even; fp16 keeps Inf/NaN, overflows to
  * Inf) with config.json's torch_dtype saying so, and state.safetensors also
  * holds the fp32 master weights ("params", the model's flat layout), which
- * ckpt_load prefers: resuming stays exact whatever the saved dtype. */
+ * ckpt_load prefers: resuming stays exact whatever the saved dtype.
+ * hf_src's files are read under `hf_roots` (the spec's data_roots;
+ * safepath.h; NULL: none). */
 int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
-                 const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
+                 const char *spec_json, int keep, const char *hf_src, const char *hf_roots, st_dtype dtype,
                  char *path_out, size_t path_n, acc_err *err);
 
-/* ckpt_save_as for ZeRO ranks: the moments of the whole buffer given in
- * host memory (mom1, mom2: m->nparams floats each), gathered from the
- * ranks' shards by the caller, so the checkpoint is the same file a
+/* ckpt_save_as for ZeRO ranks: the moments of the whole trainable range
+ * given in host memory (mom1, mom2: m->ngrad floats each), gathered from
+ * the ranks' shards by the caller, so the checkpoint is the same file a
  * replica writes and resumes on any number of devices and any stage. */
 int ckpt_save_gathered(const char *output_dir, const model *m, const float *mom1, const float *mom2,
                        const ckpt_state *st, const char *spec_json, int keep, const char *hf_src,
-                       st_dtype dtype, char *path_out, size_t path_n, acc_err *err);
+                       const char *hf_roots, st_dtype dtype, char *path_out, size_t path_n, acc_err *err);
 
 /* Load weights, moments and state from checkpoint directory `dir` into `m`
  * and `opt` (the model's shapes must match; opt->t := the saved adam_t).

@@ -15,7 +15,7 @@
 static int base_config(const job_spec *spec, model_config *cfg, acc_err *err)
 {
     if (spec->model.from[0] != '\0') /* a Hugging Face directory: its headers only */
-        return model_hf_validate(spec->model.from, cfg, err);
+        return model_hf_validate_under(spec->data_roots, spec->model.from, cfg, err);
     if (spec->model.init_from[0] == '\0')
         return model_config_from_spec(&spec->model, cfg, err);
     /* under the data roots, read through the descriptor checked (safepath.h) */

@@ -406,7 +406,7 @@ static int init_base(rank_state *rs, acc_err *err)
     const job_spec *s = &rs->t->spec;
     int rc;
     if (s->model.from[0] != '\0') { /* a Hugging Face directory, one tensor at a time */
-        rc = model_hf_load_dir(rs->model, s->model.from, err);
+        rc = model_hf_load_under(rs->model, s->data_roots, s->model.from, err);
     } else if (s->model.init_from[0] == '\0') {
         rc = model_init_seed(rs->model, s->seed, err);
     } else { /* under the data roots, read through the descriptor checked */
@@ -764,7 +764,7 @@ static int save_dtype(const job_spec *s, st_dtype *d, acc_err *err)
     }
     if (s->model.from[0] == '\0')
         return 0;
-    int rc = hf_open(s->model.from, 1, &h, err);
+    int rc = hf_open_under(s->data_roots, s->model.from, 1, &h, err);
     if (rc == 0)
         *d = hf_dtype(h);
     hf_close(h);
@@ -829,11 +829,11 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     int rc = save_dtype(s, &dtype, err);
     const char *hf_src = s->model.from[0] ? s->model.from : NULL;
     if (rc == 0 && mom[0] != NULL)
-        rc = ckpt_save_gathered(s->output_dir, rs->model, mom[0], mom[1], &st, NULL, t->keep, hf_src, dtype,
-                                path, sizeof path, err);
+        rc = ckpt_save_gathered(s->output_dir, rs->model, mom[0], mom[1], &st, NULL, t->keep, hf_src,
+                                s->data_roots, dtype, path, sizeof path, err);
     else if (rc == 0)
-        rc = ckpt_save_as(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep, hf_src, dtype, path,
-                          sizeof path, err);
+        rc = ckpt_save_as(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep, hf_src, s->data_roots, dtype,
+                          path, sizeof path, err);
     free(mom[0]);
     free(mom[1]);
     if (rc == 0)

@@ -158,7 +158,7 @@ static void test_dtype_round_trip(void **state)
         char out[300], path[PATH_MAX], file[PATH_MAX + 32];
         acc_err err = {0};
         snprintf(out, sizeof out, "%s/dt%d", dir, k);
-        assert_int_equal(ckpt_save_as(out, a, OPT(a), &st, NULL, 2, NULL, dts[k], path, sizeof path, &err), 0);
+        assert_int_equal(ckpt_save_as(out, a, OPT(a), &st, NULL, 2, NULL, NULL, dts[k], path, sizeof path, &err), 0);
         ckpt_state got = {0};
         assert_int_equal(ckpt_load(path, b, OPT(b), &got, &err), 0);
         assert_memory_equal(a->params, b->params, a->nparams * sizeof(float));

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fsutil.h"
@@ -388,6 +389,115 @@ static void test_save_sharded(void **state)
     assert_int_equal(access(path, F_OK), 0);
 }
 
+/* Issue 16, defects 2 and 3 in model directories: every file of the
+ * directory is reached through safepath.h under the roots, and no message
+ * quotes a file's bytes. `root` stands for the data root; "outside" is a
+ * sibling directory of it. */
+static void put_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void expect_refused_under(const char *roots, const char *dir, const char *want)
+{
+    acc_err e = {0};
+    int rc = model_hf_validate_under(roots, dir, NULL, &e);
+    if (rc == 0)
+        fail_msg("%s: accepted", dir);
+    assert_int_equal(rc, ACC_EINVAL);
+    assert_string_equal(e.field, "model.from");
+    if (strstr(e.msg, want) == NULL)
+        fail_msg("error \"%s\" does not say \"%s\"", e.msg, want);
+    if (strstr(e.msg, "root:") != NULL || strstr(e.msg, "SECRET") != NULL)
+        fail_msg("error \"%s\" quotes the file", e.msg);
+    print_message("  %s\n", e.msg);
+}
+
+static void test_dir_files_under_roots(void **state)
+{
+    (void)state;
+    tdef t[16];
+    int n = base_tensors(t);
+    char data[600], outside[600], secret[700], path[1024], link[1024];
+    snprintf(data, sizeof data, "%s/data", root);
+    snprintf(outside, sizeof outside, "%s/outside", root);
+    assert_int_equal(fsu_mkdir_p(data, 0750, NULL), 0);
+    assert_int_equal(fsu_mkdir_p(outside, 0750, NULL), 0);
+    snprintf(secret, sizeof secret, "%s/passwd", outside);
+    put_text(secret, "root:x:0:0:SECRET-CONTENT:/root:/bin/bash\n");
+
+    /* a file that is not JSON: line and column, never jansson's text ("'[' or
+     * '{' expected near 'root'") */
+    const char *d = make_dir("data/notjson", base_config(), t, n, 1);
+    snprintf(path, sizeof path, "%s/config.json", d);
+    put_text(path, "root:x:0:0:SECRET-CONTENT:/root:/bin/bash\n");
+    expect_refused_under("", d, "config.json: not valid JSON (line 1, column");
+    d = make_dir("data/notjson3", base_config(), t, n, 3);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", d);
+    put_text(path, "root:x:0:0:SECRET-CONTENT:/root:/bin/bash\n");
+    expect_refused_under("", d, "model.safetensors.index.json: not valid JSON (line 1, column");
+
+    /* config.json, a shard, the index, a side file hf_save would copy: a
+     * symlink out of the roots is refused, whatever the file */
+    static const char *const names[] = {"config.json", "model.safetensors", "tokenizer.json",
+                                        "generation_config.json"};
+    for (int k = 0; k < 4; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "data/link%d", k);
+        d = make_dir(name, base_config(), t, n, 1);
+        snprintf(link, sizeof link, "%s/%s", d, names[k]);
+        unlink(link);
+        assert_int_equal(symlink(secret, link), 0);
+        expect_refused_under(data, d, "outside the allowed roots");
+    }
+    /* a FIFO among the files: refused, without blocking */
+    d = make_dir("data/fifo", base_config(), t, n, 1);
+    snprintf(path, sizeof path, "%s/merges.txt", d);
+    assert_int_equal(mkfifo(path, 0640), 0);
+    expect_refused_under(data, d, "FIFO");
+
+    /* the hub cache's layout: every file a symlink into ../../blobs, all of
+     * it under the root: accepted */
+    d = make_dir("data/hub/blobs", base_config(), t, n, 1);
+    char snap[700];
+    snprintf(snap, sizeof snap, "%s/hub/snapshots/abc", data);
+    assert_int_equal(fsu_mkdir_p(snap, 0750, NULL), 0);
+    for (int k = 0; k < 2; k++) {
+        snprintf(link, sizeof link, "%s/%s", snap, names[k]);
+        snprintf(path, sizeof path, "../../blobs/%s", names[k]);
+        assert_int_equal(symlink(path, link), 0);
+    }
+    acc_err e = {0};
+    model_config c;
+    if (model_hf_validate_under(data, snap, &c, &e) != 0)
+        fail_msg("hub layout refused: %s", e.msg);
+    /* ... and hf_save copies a side file only through the same check */
+    snprintf(link, sizeof link, "%s/tokenizer.json", snap);
+    assert_int_equal(symlink(secret, link), 0);
+    tdef t2[16];
+    int n2 = base_tensors(t2);
+    hf_tensor ht[16];
+    for (int i = 0; i < n2; i++) {
+        memset(&ht[i], 0, sizeof ht[i]);
+        snprintf(ht[i].name, sizeof ht[i].name, "%.95s", t2[i].name);
+        ht[i].ndim = t2[i].c ? 2 : 1;
+        ht[i].shape[0] = t2[i].r;
+        ht[i].shape[1] = t2[i].c;
+    }
+    char out[700];
+    snprintf(out, sizeof out, "%s/saved-from-hub", root);
+    src sv = {t2};
+    hf_save_opts o = {.dtype = ST_F32, .config = NULL, .src_dir = snap, .src_roots = data};
+    memset(&e, 0, sizeof e);
+    assert_int_equal(hf_save(out, ht, n2, fill, &sv, &o, &e), ACC_EINVAL);
+    assert_non_null(strstr(e.msg, "outside the allowed roots"));
+    snprintf(path, sizeof path, "%s/tokenizer.json", out);
+    assert_int_not_equal(access(path, F_OK), 0); /* nothing of it copied */
+}
+
 /* A GPT-2 directory as transformers writes GPT2LMHeadModel: names under
  * "transformer.", Conv1D weights [in, out], the causal-mask buffers. */
 static void test_gpt2_dir(void **state)
@@ -468,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_dtypes),
         cmocka_unit_test(test_save_sharded),
         cmocka_unit_test(test_gpt2_dir),
+        cmocka_unit_test(test_dir_files_under_roots),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -136,12 +136,67 @@ static void test_no_symlink_follow(void **state)
     close(rfd);
 }
 
+/* sp_open_in: a directory's file, opened from the directory's descriptor
+ * when it is a regular file; a symlink only to a target under the roots;
+ * anything else refused without blocking. */
+static void test_open_in(void **state)
+{
+    char sub[160], path[256], link[256];
+    snprintf(sub, sizeof sub, "%s/model", root);
+    mkdir(sub, 0750);
+    put(outside, "root:x:0:0:SECRET-CONTENT\n");
+    snprintf(path, sizeof path, "%s/config.json", sub);
+    put(path, "{}");
+    int dfd, fd = -1;
+    acc_err err = {0};
+    assert_int_equal(sp_open_dir(root, sub, "model.from", &dfd, NULL, 0, &err), 0);
+    assert_int_equal(sp_open_in(root, dfd, sub, "config.json", "model.from", &fd, &err), 0);
+    char buf[8] = "";
+    assert_int_equal(read(fd, buf, sizeof buf), 2);
+    assert_memory_equal(buf, "{}", 2);
+    close(fd);
+    assert_int_equal(sp_open_in(root, dfd, sub, "absent.json", "model.from", &fd, &err), ACC_ENOTFOUND);
+    /* out of the root: refused, the message names the file, never its bytes */
+    snprintf(link, sizeof link, "%s/tokenizer.json", sub);
+    assert_int_equal(symlink(outside, link), 0);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(sp_open_in(root, dfd, sub, "tokenizer.json", "data.tokenizer", &fd, &err), ACC_EINVAL);
+    assert_int_equal(fd, -1);
+    assert_string_equal(err.field, "data.tokenizer");
+    assert_non_null(strstr(err.msg, "outside the allowed roots"));
+    assert_non_null(strstr(err.msg, "model/tokenizer.json"));
+    assert_null(strstr(err.msg, "SECRET"));
+    /* without roots (tools, tests) the symlink is followed */
+    assert_int_equal(sp_open_in("", dfd, sub, "tokenizer.json", "data.tokenizer", &fd, &err), 0);
+    close(fd);
+    /* a symlink to a file in the root: fine (the hub cache's layout) */
+    snprintf(link, sizeof link, "%s/vocab.json", sub);
+    assert_int_equal(symlink("config.json", link), 0);
+    assert_int_equal(sp_open_in(root, dfd, sub, "vocab.json", "model.from", &fd, &err), 0);
+    close(fd);
+    /* a FIFO, a directory: refused at once */
+    snprintf(path, sizeof path, "%s/merges.txt", sub);
+    assert_int_equal(mkfifo(path, 0640), 0);
+    assert_int_equal(sp_open_in(root, dfd, sub, "merges.txt", "model.from", &fd, &err), ACC_EINVAL);
+    assert_non_null(strstr(err.msg, "FIFO"));
+    snprintf(link, sizeof link, "%s/pipe-link", sub);
+    assert_int_equal(symlink("merges.txt", link), 0);
+    assert_int_equal(sp_open_in(root, dfd, sub, "pipe-link", "model.from", &fd, &err), ACC_EINVAL);
+    assert_non_null(strstr(err.msg, "FIFO"));
+    snprintf(path, sizeof path, "%s/sub", sub);
+    mkdir(path, 0750);
+    assert_int_equal(sp_open_in(root, dfd, sub, "sub", "model.from", &fd, &err), ACC_EINVAL);
+    assert_int_equal(sp_open_in(root, dfd, sub, "../model/config.json", "model.from", &fd, &err), ACC_EINVAL);
+    close(dfd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_glob_cannot_escape),
         cmocka_unit_test(test_special_files_refused),
         cmocka_unit_test(test_no_symlink_follow),
+        cmocka_unit_test(test_open_in),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

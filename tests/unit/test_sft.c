@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "data.h"
@@ -401,6 +402,48 @@ static void test_bad_lines(void **state)
     assert_string_equal(err.field, "data.tokenizer");
 }
 
+/* Issue 16, defects 2 and 3 for the JSONL formats: data.train is opened
+ * through safepath.h. A FIFO is refused without blocking (before, open()
+ * waited for a writer: the watchdog turns that hang into a failure), and a
+ * symlink out of the data roots is refused without a byte of its target in
+ * the message, at submit (prep_validate) and when preparing (prep_load). */
+static void test_special_data_files(void **state)
+{
+    (void)state;
+    char fifo[400], secret[256], link[400], data[256];
+    snprintf(data, sizeof data, "%s/data", root);
+    assert_int_equal(fsu_mkdir_p(data, 0750, NULL), 0);
+    snprintf(fifo, sizeof fifo, "%s/pipe.jsonl", data);
+    assert_int_equal(mkfifo(fifo, 0640), 0);
+    snprintf(secret, sizeof secret, "%s/secret.txt", root);
+    write_file(secret, "root:x:0:0:SECRET-CONTENT:/root:/bin/bash\n");
+    snprintf(link, sizeof link, "%s/link.jsonl", data);
+    assert_int_equal(symlink(secret, link), 0);
+    alarm(60); /* a watchdog, not a timing: a blocked open never returns */
+    for (int k = 0; k < 2; k++) {
+        const char *file = k ? link : fifo;
+        job_spec s;
+        sft_spec(&s, file, SPEC_DATA_CHAT, 64);
+        snprintf(s.data_roots, sizeof s.data_roots, "%s:%s", data, root); /* the tokenizer is in root/tok */
+        if (k) /* the secret lies in root: only data is a root here */
+            snprintf(s.data_roots, sizeof s.data_roots, "%s:%s", data, tokdir);
+        acc_err err = {0};
+        assert_int_equal(prep_validate(&s, &err), ACC_EINVAL);
+        assert_string_equal(err.field, "data.train");
+        assert_non_null(strstr(err.msg, k ? "outside the allowed roots" : "FIFO"));
+        assert_null(strstr(err.msg, "root:"));
+        prep_samples ps;
+        progress_log pl;
+        memset(&err, 0, sizeof err);
+        assert_int_equal(load(&s, &ps, &pl, &err), ACC_EINVAL);
+        assert_string_equal(err.field, "data.train");
+        assert_non_null(strstr(err.msg, k ? "outside the allowed roots" : "FIFO"));
+    }
+    alarm(0);
+    unlink(fifo);
+    unlink(link);
+}
+
 static void test_packed_windows(void **state)
 {
     (void)state;
@@ -613,6 +656,7 @@ int main(void)
         cmocka_unit_test(test_chat_masks),     cmocka_unit_test(test_prompt_completion_and_text),
         cmocka_unit_test(test_overlong),       cmocka_unit_test(test_cache),
         cmocka_unit_test(test_bad_lines),      cmocka_unit_test(test_packed_windows),
+        cmocka_unit_test(test_special_data_files),
         cmocka_unit_test(test_packed_logits),  cmocka_unit_test(test_split_invariance_masked),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

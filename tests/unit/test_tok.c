@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "tok.h"
 
@@ -205,6 +207,71 @@ static void test_threads(void **state)
     tok_free(t);
 }
 
+/* A tokenizer directory (issue 16, defects 2 and 3): a file that is not
+ * JSON is reported by line and column, never by its bytes; a symlink out of
+ * the roots and a FIFO are refused (without blocking). */
+static void put_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void expect_dir_refused(const char *roots, const char *dir, const char *want)
+{
+    tok_tokenizer *t = NULL;
+    acc_err err = {0};
+    assert_int_equal(roots ? tok_load_under(roots, dir, "data.tokenizer", &t, &err) : tok_load_dir(dir, &t, &err),
+                     ACC_EINVAL);
+    assert_null(t);
+    if (strstr(err.msg, want) == NULL)
+        fail_msg("error \"%s\" does not say \"%s\"", err.msg, want);
+    if (strstr(err.msg, "root:") != NULL || strstr(err.msg, "SECRET") != NULL)
+        fail_msg("error \"%s\" quotes the file", err.msg);
+}
+
+static void test_dir_files(void **state)
+{
+    char top[64] = "/tmp/accumd-tok-XXXXXX", data[128], dir[160], path[256], secret[160];
+    assert_non_null(mkdtemp(top));
+    snprintf(data, sizeof data, "%s/data", top);
+    snprintf(dir, sizeof dir, "%s/tok", data);
+    snprintf(secret, sizeof secret, "%s/passwd", top);
+    assert_int_equal(mkdir(data, 0750), 0);
+    assert_int_equal(mkdir(dir, 0750), 0);
+    put_file(secret, "root:x:0:0:SECRET-CONTENT:/root:/bin/bash\n");
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    put_file(path, "root:x:0:0:SECRET-CONTENT:/root:/bin/bash\n");
+    expect_dir_refused(NULL, dir, "tok/tokenizer.json: not valid JSON (line 1, column");
+    put_file(path, "{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]}}");
+    char cfg[256];
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
+    put_file(cfg, "root:x:0:0:SECRET-CONTENT:/root:/bin/bash\n");
+    expect_dir_refused(NULL, dir, "tok/tokenizer_config.json: not valid JSON (line 1, column");
+    unlink(cfg);
+    tok_tokenizer *t = NULL;
+    acc_err err = {0};
+    assert_int_equal(tok_load_under(data, dir, "data.tokenizer", &t, &err), 0);
+    tok_free(t);
+    /* symlinks out of the root, either file */
+    assert_int_equal(symlink(secret, cfg), 0);
+    expect_dir_refused(data, dir, "outside the allowed roots");
+    unlink(cfg);
+    unlink(path);
+    assert_int_equal(symlink(secret, path), 0);
+    expect_dir_refused(data, dir, "outside the allowed roots");
+    unlink(path);
+    /* a FIFO: refused, never waited on */
+    assert_int_equal(mkfifo(path, 0640), 0);
+    expect_dir_refused(NULL, dir, "FIFO");
+    unlink(path);
+    expect_dir_refused(NULL, dir, "tokenizer.json is missing");
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", top);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -213,6 +280,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_dir_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
