@@ -911,6 +911,23 @@ static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *ou
     return 0;
 }
 
+/* Hugging Face's name for activation recomputation, "gradient_checkpointing":
+ * the same switch; given with activation_checkpointing, the two must agree. */
+static int get_checkpointing_alias(const json_t *root, job_spec *out, acc_err *err)
+{
+    bool gc = out->activation_checkpointing;
+    int rc = get_bool(root, NULL, "gradient_checkpointing", &gc, err);
+    if (rc != 0)
+        return rc;
+    if (json_object_get(root, "activation_checkpointing") != NULL && gc != out->activation_checkpointing)
+        return acc_err_set(err, ACC_EINVAL, "gradient_checkpointing",
+                           "gradient_checkpointing (an alias of activation_checkpointing) is %s but "
+                           "activation_checkpointing is %s", gc ? "true" : "false",
+                           out->activation_checkpointing ? "true" : "false");
+    out->activation_checkpointing = gc;
+    return 0;
+}
+
 static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
 {
     static const char *const precisions[] = {"fp32", "bf16", NULL};
@@ -920,6 +937,7 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         (rc = get_int(root, NULL, "devices", 1, SPEC_MAX_DEVICES, &out->devices, err)) ||
         (rc = get_choice(root, NULL, "precision", precisions, &prec, err)) ||
         (rc = get_bool(root, NULL, "activation_checkpointing", &out->activation_checkpointing, err)) ||
+        (rc = get_checkpointing_alias(root, out, err)) ||
         (rc = get_int(root, NULL, "max_steps", 1, 100000000, &out->max_steps, err)) ||
         (rc = get_num(root, NULL, "num_train_epochs", 0, true, 1e6, &out->num_train_epochs, err)) ||
         (rc = get_int(root, NULL, "eval_interval", 0, INT_MAX, &out->eval_interval, err)) ||
@@ -960,7 +978,8 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
         "name", "model", "data", "train_batch_size", "train_micro_batch_size_per_gpu",
         "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
         "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
-        "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "zero_optimization", "lora", NULL};
+        "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "zero_optimization", "lora",
+        "gradient_checkpointing", NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
     bool clip_set = false;

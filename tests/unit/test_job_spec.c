@@ -350,6 +350,24 @@ static void test_deepspeed(void **state)
 /* zero_optimization: top level or in deepspeed, stages 0..2; stage 3,
  * offload and other DeepSpeed ZeRO keys "not supported yet"; sharding
  * needs two devices. Each error names its key path. */
+/* Hugging Face's gradient_checkpointing: an alias of activation_checkpointing. */
+static void test_gradient_checkpointing_alias(void **state)
+{
+    fixture *f = *state;
+    job_spec s;
+    acc_err err = {0};
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"gradient_checkpointing\":true", &s, &err), 0);
+    assert_true(s.activation_checkpointing);
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"gradient_checkpointing\":false", &s, &err), 0);
+    assert_false(s.activation_checkpointing);
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"gradient_checkpointing\":true,"
+                                   "\"activation_checkpointing\":true", &s, &err), 0);
+    assert_true(s.activation_checkpointing);
+    expect_field(f, "\"train_batch_size\":8,\"gradient_checkpointing\":true,\"activation_checkpointing\":false",
+                 "gradient_checkpointing");
+    expect_field(f, "\"train_batch_size\":8,\"gradient_checkpointing\":1", "gradient_checkpointing");
+}
+
 static void test_zero(void **state)
 {
     fixture *f = *state;
@@ -417,6 +435,7 @@ int main(void)
         cmocka_unit_test(test_lora),
         cmocka_unit_test(test_deepspeed),
         cmocka_unit_test(test_zero),
+        cmocka_unit_test(test_gradient_checkpointing_alias),
         cmocka_unit_test(test_ignored_keys_and_big_integers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
