@@ -19,7 +19,8 @@ const char *const conf_keys[] = {
     "max_connections_per_ip", "connection_timeout", "header_timeout",
     "request_timeout", "max_pending_connections", "shutdown_grace",
     "checkpoint_keep", "event_ring", "log_level", "log_file",
-    "users_file", "user_max_running", "user_max_devices", "history_keep", NULL,
+    "users_file", "user_max_running", "user_max_devices", "history_keep",
+    "worker_processes", "worker_heartbeat_timeout", NULL,
 };
 
 void conf_defaults(acc_conf *c)
@@ -43,6 +44,8 @@ void conf_defaults(acc_conf *c)
     c->checkpoint_keep = 2;
     c->event_ring = 4096;
     c->history_keep = 100000;
+    c->worker_processes = true;
+    c->worker_heartbeat_timeout = 10;
     snprintf(c->log_level, sizeof c->log_level, "info");
 }
 
@@ -260,6 +263,10 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         return parse_int(key, v, 0, 1 << 20, &c->user_max_running, err);
     if (!strcmp(key, "user_max_devices"))
         return parse_int(key, v, 0, 1 << 20, &c->user_max_devices, err);
+    if (!strcmp(key, "worker_processes"))
+        return parse_bool(key, v, &c->worker_processes, err);
+    if (!strcmp(key, "worker_heartbeat_timeout"))
+        return parse_int(key, v, 1, 3600, &c->worker_heartbeat_timeout, err);
     return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);
 }
 

@@ -787,6 +787,7 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         (rc = get_int(root, NULL, "checkpoint_interval", 0, INT_MAX, &out->checkpoint_interval, err)) ||
         (rc = get_u64(root, NULL, "seed", &out->seed, err)) ||
         (rc = get_int(root, NULL, "priority", -1000000, 1000000, &out->priority, err)) ||
+        (rc = get_int(root, NULL, "max_restarts", 0, SPEC_MAX_RESTARTS, &out->max_restarts, err)) ||
         (rc = get_str(root, NULL, "resume_from", true, out->resume_from, sizeof out->resume_from, &resume, err)))
         return rc;
     out->precision = prec == 1 ? SPEC_BF16 : SPEC_FP32;
@@ -820,7 +821,7 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
         "name", "model", "data", "train_batch_size", "train_micro_batch_size_per_gpu",
         "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
         "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
-        "oom", "resume_from", "deepspeed", "save", "num_train_epochs", NULL};
+        "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "max_restarts", NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
     bool clip_set = false;

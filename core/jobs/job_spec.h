@@ -102,6 +102,8 @@ typedef struct spec_lr {
     int total_steps;       /* DeepSpeed total_num_steps; default max_steps */
 } spec_lr;
 
+#define SPEC_MAX_RESTARTS 100
+
 typedef struct job_spec {
     char name[128];
     spec_model model;
@@ -125,6 +127,10 @@ typedef struct job_spec {
     int checkpoint_interval; /* 0 = only at the end */
     uint64_t seed;
     int priority;          /* higher runs first */
+    /* a worker that dies without reporting (a crash, a kill, a lost
+     * heartbeat) requeues the job this many times (Determined's name);
+     * never twice at the same step, never after a reported failure */
+    int max_restarts;
     bool oom_adapt;        /* oom.adapt */
     char resume_from[PATH_MAX]; /* "" or a checkpoint directory */
     spec_save_dtype save_dtype; /* save.dtype (the fp32 master weights stay in state.safetensors) */
