@@ -31,7 +31,7 @@ typedef struct wk_proc {
     int open_handles;
     bool proc_on, pipe_on, timer_on; /* initialised: to be closed */
     bool exited, eof, ended, released;
-    bool heartbeat_lost, bad_line;
+    bool heartbeat_lost, bad_line, no_channel;
     int64_t exit_status;
     int term_signal;
     uint64_t last_heard, last_check, exit_at; /* uv_now, ms */
@@ -119,7 +119,11 @@ static void kill_worker(wk_proc *p, const char *why)
 static void describe_loss(wk_proc *p)
 {
     jobs_wend *e = &p->end;
-    if (p->bad_line) {
+    if (p->no_channel) {
+        e->cause = JOBS_WFAIL_START;
+        e->deterministic = true;
+        snprintf(e->what, sizeof e->what, "could not be given its job (its channel failed) and was killed");
+    } else if (p->bad_line) {
         e->cause = JOBS_WFAIL_PROTOCOL;
         snprintf(e->what, sizeof e->what, "wrote a line that is not an event and was killed");
     } else if (p->heartbeat_lost) {
@@ -275,8 +279,11 @@ static void control(void *ctx, job *j, const char *what)
 static void on_init_written(uv_write_t *req, int status)
 {
     wk_proc *p = req->data;
-    if (status != 0 && status != UV_ECANCELED)
+    /* EPIPE: it is gone already, its exit says why */
+    if (status != 0 && status != UV_ECANCELED && status != UV_EPIPE && !p->exited) {
+        p->no_channel = true;
         kill_worker(p, "its start message could not be written");
+    }
 }
 
 /* ---- heartbeats */
@@ -331,8 +338,10 @@ static int spawn(wk_proc *p, acc_err *err)
         {.flags = UV_INHERIT_FD, .data.fd = 2},
         {.flags = UV_CREATE_PIPE | UV_READABLE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&p->pipe},
     };
-    /* its own session: a terminal's ^C is the daemon's to handle */
-    uv_process_options_t o = {.exit_cb = on_exit_cb, .file = r->exe, .args = args, .stdio = io, .stdio_count = 4,
+    /* this very program, even when its file was replaced since (an upgrade):
+     * the start message's layout is this build's; its own session: a
+     * terminal's ^C is the daemon's to handle */
+    uv_process_options_t o = {.exit_cb = on_exit_cb, .file = "/proc/self/exe", .args = args, .stdio = io, .stdio_count = 4,
                               .flags = UV_PROCESS_DETACHED};
     int rc = uv_spawn(r->loop, &p->proc, &o);
     p->proc_on = true; /* initialised even when it failed */
@@ -344,8 +353,10 @@ static int spawn(wk_proc *p, acc_err *err)
     uv_buf_t b = uv_buf_init((char *)p->init, sizeof *p->init);
     if ((rc = uv_write(&p->init_req, (uv_stream_t *)&p->pipe, &b, 1, on_init_written)) != 0 ||
         (rc = uv_read_start((uv_stream_t *)&p->pipe, on_alloc, on_read)) != 0) {
-        uv_process_kill(&p->proc, SIGKILL);
-        return acc_err_set(err, ACC_EINTERNAL, NULL, "worker channel: %s", uv_strerror(rc));
+        /* it runs: it ends as any worker does (reaped, reported), killed now */
+        p->no_channel = true;
+        p->eof = true;
+        kill_worker(p, uv_strerror(rc));
     }
     return 0;
 }
