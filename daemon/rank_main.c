@@ -149,8 +149,9 @@ static void on_event(void *ctx, const train_event *ev)
 
 static void write_done(rank_prog *p, const train_hooks *h)
 {
-    write_event(p, json_pack("{s:s,s:i,s:s,s:i,s:i,s:I,s:I}", "event", "done", "status",
-                             p->status, "message", p->msg, "world", p->world, "steps",
+    /* a trainer event's "done" (tev_json.h) with the run's counts */
+    write_event(p, json_pack("{s:s,s:i,s:i,s:s,s:i,s:i,s:I,s:I}", "event", "done", "step", h->steps_done,
+                             "status", p->status, "message", p->msg, "world", p->world, "steps",
                              h->steps_done, "allreduce_calls", (json_int_t)h->allreduce_calls,
                              "bucket_calls", (json_int_t)h->bucket_calls));
 }

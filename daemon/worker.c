@@ -133,6 +133,9 @@ static void describe_loss(wk_proc *p)
     } else if (p->term_signal != 0) {
         e->cause = JOBS_WFAIL_SIGNAL;
         snprintf(e->what, sizeof e->what, "killed by signal %d (%s)", p->term_signal, strsignal(p->term_signal));
+    } else if (p->exit_status == WK_EXIT_RANKS) {
+        e->cause = JOBS_WFAIL_EXIT;
+        snprintf(e->what, sizeof e->what, "lost its rank processes (the MPI launcher ended without rank 0's report)");
     } else if (p->exit_status == WK_EXIT_SETUP) {
         e->cause = JOBS_WFAIL_START;
         e->deterministic = true;
@@ -312,17 +315,40 @@ static void on_timer(uv_timer_t *t)
 
 /* ---- start */
 
+/* accumd-rank next to this executable, unless the config names one */
+static void rank_program(const wk_runner *r, char *out, size_t n)
+{
+    if (r->conf->rank_program[0] != '\0') {
+        snprintf(out, n, "%s", r->conf->rank_program);
+        return;
+    }
+    const char *slash = strrchr(r->exe, '/');
+    int dir = slash ? (int)(slash - r->exe) : 0;
+    snprintf(out, n, "%.*s%saccumd-rank", dir, r->exe, slash ? "/" : "");
+}
+
+/* The start message, with the spec's text after it in rank mode. */
 static wk_init *make_init(const wk_runner *r, const job *j, const kern_device_info *devs, int ndev)
 {
-    wk_init *in = calloc(1, sizeof *in);
+    bool ranks = r->conf->rank_processes || j->spec.nodes > 1;
+    size_t text = ranks && j->spec_json ? strlen(j->spec_json) : 0;
+    if (text > WK_MAX_SPEC)
+        return NULL;
+    wk_init *in = calloc(1, sizeof *in + text);
     if (in == NULL)
         return NULL;
     int hb = r->conf->worker_heartbeat_timeout * 1000 / 4;
     *in = (wk_init){.magic = WK_MAGIC, .size = sizeof *in, .ndev = ndev,
                     .threads_per_device = r->conf->cpu_threads_per_device,
                     .checkpoint_keep = r->conf->checkpoint_keep, .heartbeat_ms = hb < 1000 ? hb : 1000,
-                    .attempt = j->worker_restarts, .spec = j->spec};
+                    .attempt = j->worker_restarts, .spec = j->spec, .rank_mode = ranks,
+                    .world = j->spec.devices * j->spec.nodes, .spec_json_len = (uint32_t)text};
     memcpy(in->devices, devs, (size_t)ndev * sizeof *devs);
+    snprintf(in->mpi_launcher, sizeof in->mpi_launcher, "%s", r->conf->mpi_launcher);
+    snprintf(in->hostfile, sizeof in->hostfile, "%s", r->conf->hostfile);
+    snprintf(in->mpi_args, sizeof in->mpi_args, "%s", r->conf->mpi_args);
+    rank_program(r, in->rank_program, sizeof in->rank_program);
+    memcpy(in + 1, j->spec_json, text);
     return in;
 }
 
@@ -350,7 +376,7 @@ static int spawn(wk_proc *p, acc_err *err)
         return acc_err_set(err, ACC_EINTERNAL, NULL, "cannot start a worker process (%s): %s", r->exe,
                            uv_strerror(rc));
     p->init_req.data = p;
-    uv_buf_t b = uv_buf_init((char *)p->init, sizeof *p->init);
+    uv_buf_t b = uv_buf_init((char *)p->init, (unsigned)(sizeof *p->init + p->init->spec_json_len));
     if ((rc = uv_write(&p->init_req, (uv_stream_t *)&p->pipe, &b, 1, on_init_written)) != 0 ||
         (rc = uv_read_start((uv_stream_t *)&p->pipe, on_alloc, on_read)) != 0) {
         /* it runs: it ends as any worker does (reaped, reported), killed now */

@@ -14,6 +14,15 @@
  *
  * A worker that exits without a "done" line crashed, was killed, or could
  * not start (exit status WK_EXIT_SETUP: deterministic, never restarted).
+ *
+ * Rank mode (a job with "nodes" > 1, or the config's rank_processes): the
+ * worker runs no trainer itself but `mpi_launcher -np WORLD [--hostfile H]
+ * MPI_ARGS... rank_program --events - --output DIR ... SPEC` (accumd-rank,
+ * daemon/rank_main.c) on the job's spec with its paths resolved, relays
+ * rank 0's event lines from the launcher's stdout, and turns cancel and
+ * preempt into SIGTERM to the launcher (which forwards it to every rank).
+ * A launcher that ends without rank 0's "done" (a rank killed, a host
+ * lost) is exit status WK_EXIT_RANKS.
  * The worker dies with the daemon (PR_SET_PDEATHSIG) and ignores SIGTERM
  * and SIGINT: the daemon alone tells it to stop.
  *
@@ -37,6 +46,8 @@
 #define WK_MAGIC 0x61636377u /* "accw" */
 #define WK_EXIT_SETUP 3      /* the worker could not start: no restart */
 #define WK_EXIT_FAULT 7      /* the test fault hook's "exit" */
+#define WK_EXIT_RANKS 5      /* rank mode: the launcher ended without rank 0's report */
+#define WK_MAX_SPEC (1u << 20)
 #define WK_MAX_LINE (1u << 20) /* an event line longer than this is a protocol error */
 
 typedef struct wk_init {
@@ -49,6 +60,11 @@ typedef struct wk_init {
     int attempt;             /* earlier workers of this job that died (the fault hook's count) */
     kern_device_info devices[TRAIN_MAX_RANKS];
     job_spec spec;
+    /* rank processes (docs/multinode.md): world ranks under the launcher */
+    bool rank_mode;
+    int world;
+    char mpi_launcher[PATH_MAX], hostfile[PATH_MAX], mpi_args[2048], rank_program[PATH_MAX];
+    uint32_t spec_json_len;  /* then this many bytes: the spec as submitted (rank mode) */
 } wk_init;
 
 /* The worker's main (daemon/worker_main.c); argv as above. */

@@ -103,6 +103,8 @@ typedef struct spec_lr {
 } spec_lr;
 
 #define SPEC_MAX_RESTARTS 100
+#define SPEC_MAX_NODES 16
+#define SPEC_MAX_WORLD 16 /* ranks of a job over its nodes (trainer.h TRAIN_MAX_RANKS) */
 
 typedef struct job_spec {
     char name[128];
@@ -112,7 +114,8 @@ typedef struct job_spec {
     int train_batch_size;
     int micro_batch;       /* train_micro_batch_size_per_gpu */
     int accum_steps;       /* gradient_accumulation_steps */
-    int devices;           /* world size */
+    int devices;           /* devices per node (the world size of a one-node job) */
+    int nodes;             /* servers the job spans (rank processes over MPI); world = devices * nodes */
     bool micro_auto;       /* micro batch was "auto": the planner picks it */
     spec_precision precision;
     bool activation_checkpointing;

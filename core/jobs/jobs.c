@@ -559,6 +559,15 @@ static int check_fits_a_device(const jobs_mgr *m, const job_spec *s, acc_err *er
                        s->oom_adapt ? "" : " (oom.adapt is off)");
 }
 
+/* A job over several servers runs as rank processes from a worker. */
+static int check_nodes(const jobs_mgr *m, const job_spec *s, acc_err *err)
+{
+    if (s->nodes > 1 && !m->conf->worker_processes)
+        return acc_err_set(err, ACC_EINVAL, "nodes", "nodes %d: jobs over several servers need worker_processes = true",
+                           s->nodes);
+    return 0;
+}
+
 /* A job asking for more devices than one user may hold can never start. */
 static int check_user_devices(const jobs_mgr *m, const job_spec *s, acc_err *err)
 {
@@ -588,13 +597,26 @@ jobs_checked *jobs_check_submission(const jobs_mgr *m, const char *text, size_t 
     /* parse, paths under the roots, data and init files, resume checkpoint,
      * fit: everything that can be refused before a job exists */
     if ((c->rc = job_spec_parse(text, len, m->conf, s, &c->err)) == 0 &&
-        (c->rc = check_user_devices(m, s, &c->err)) == 0 &&
-        (c->rc = trainer_check_spec(s, &c->err)) == 0)
-        c->rc = check_fits_a_device(m, s, &c->err);
+        (c->rc = check_user_devices(m, s, &c->err)) == 0)
+        c->rc = check_nodes(m, s, &c->err);
+    /* the trainer and the planner see the job as each rank does: all its
+     * ranks over its nodes (accumd-rank sets the same world) */
+    job_spec *ranks = s->nodes > 1 ? malloc(sizeof *ranks) : s;
+    if (c->rc == 0 && ranks == NULL)
+        c->rc = acc_err_set(&c->err, ACC_ENOMEM, NULL, "out of memory");
+    if (c->rc == 0 && ranks != s) {
+        *ranks = *s;
+        ranks->devices = s->devices * s->nodes;
+        ranks->nodes = 1;
+    }
+    if (c->rc == 0 && (c->rc = trainer_check_spec(ranks, &c->err)) == 0)
+        c->rc = check_fits_a_device(m, ranks, &c->err);
     if (c->rc == 0 && dry_run) {
         kern_dev_kind kind = m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU; /* all of one kind */
-        c->cands = plan_json(s, kind, min_budget(m), &c->peak, &c->micro);
+        c->cands = plan_json(ranks, kind, min_budget(m), &c->peak, &c->micro);
     }
+    if (ranks != s)
+        free(ranks);
     return c;
 }
 
