@@ -344,6 +344,9 @@ int conf_finalize(acc_conf *c, acc_err *err)
         (!c->set_output_root && join_path(c->output_root, sizeof c->output_root, c->state_dir, "out")) ||
         (!c->set_token_file && join_path(c->token_file, sizeof c->token_file, c->state_dir, "token")))
         return acc_err_set(err, ACC_EINVAL, "state_dir", "state_dir is too long");
+    if (c->rank_processes && !c->worker_processes)
+        return acc_err_set(err, ACC_EINVAL, "rank_processes",
+                           "rank_processes = true needs worker_processes = true (a job's worker runs its ranks)");
     if (!c->set_threads) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         if (cores < 1)
