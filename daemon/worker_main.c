@@ -448,7 +448,7 @@ static int run(worker *w)
 
 int worker_main(int argc, char **argv)
 {
-    static worker w; /* the process's one; static only for the signal-free threads' sake */
+    static worker w; /* the process's one: its detached threads outlive this frame at exit */
     w.job_id = argc >= 3 ? argv[2] : "?";
     if (argc != 4 || tie_to_daemon(argv[3]) != 0) {
         say(&w, "not started by a live accumd (usage: accumd --worker JOB_ID DAEMON_PID)%s", "");

@@ -88,6 +88,8 @@ acc_wait_state "$ex" failed 10
 expect_eq "abort error" "$(error_of "$ab")" "worker killed by signal 6 (Aborted) at step 1"
 expect_eq "exit error" "$(error_of "$ex")" "worker exited with status 7 without reporting at step 1"
 devices_free "abort and exit"
+zombies=$(ps --ppid "$ACC_PID" -o stat= | grep -c '^Z' || true)
+expect_eq "zombie children of the daemon" "$zombies" 0
 expect_eq "signal failures" "$(metric 'accumd_worker_failures_total{cause="signal"}')" 3
 expect_eq "heartbeat failures" "$(metric 'accumd_worker_failures_total{cause="heartbeat"}')" 1
 expect_eq "exit failures" "$(metric 'accumd_worker_failures_total{cause="exit"}')" 1
