@@ -366,18 +366,26 @@ static int run_ranks(worker *w)
         ;
     pthread_mutex_lock(&w->mu);
     w->ranks = 0;
-    bool done = w->done;
+    /* rank 0 "cancelled" without our asking: mpirun stopped it because
+     * another rank died; that is a lost rank, not a cancel */
+    bool asked = w->cancel_pending || w->preempt_pending;
+    bool done = w->done && (w->done_ev->status != ACC_ECANCELLED || asked);
     pthread_mutex_unlock(&w->mu);
     if (in != NULL)
         fclose(in);
     else
         close(fds[0]);
+    if (!done && asked) { /* we stopped them: mpirun may end them before rank 0 says so */
+        *w->done_ev = (train_event){.kind = TEV_DONE, .step = w->done_ev->step, .status = ACC_ECANCELLED};
+        snprintf(w->done_ev->msg, sizeof w->done_ev->msg, "the rank processes were stopped");
+        done = true;
+    }
     if (done) {
         send_json(w, tev_to_json(w->done_ev));
         return 0;
     }
     char msg[160];
-    snprintf(msg, sizeof msg, "%s ended (%s %d) without rank 0's report", argv[0],
+    snprintf(msg, sizeof msg, "%s ended (%s %d) without rank 0's report of the run's end", argv[0],
              WIFSIGNALED(st) ? "signal" : "status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
     say(w, "%s", msg);
     send_json(w, json_pack("{s:s, s:i, s:s}", "event", "log", "step", 0, "message", msg));

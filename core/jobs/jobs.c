@@ -1160,8 +1160,10 @@ static void apply_worker_lost(jobs_mgr *m, job *j, const jobs_wend *e)
     acc_log(ACC_LOG_ERROR, "jobs", "job %s: %s", j->id, msg);
     if (j->stop_for_shutdown) /* stays "running" on disk: the next start requeues it */
         return;
-    if (j->cancel_requested) {
-        finish_or_retry(j, JOB_CANCELLED, NULL, msg);
+    if (j->cancel_requested) { /* it was to stop anyway: never restarted */
+        char why[600];
+        snprintf(why, sizeof why, "cancelled while running (%s)", msg);
+        finish_or_retry(j, JOB_CANCELLED, NULL, why);
         return;
     }
     bool same_step = j->crash_step == j->step;

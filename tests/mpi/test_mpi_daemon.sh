@@ -4,7 +4,8 @@
 # processes under mpirun (Open MPI's TCP transport on loopback) and relays
 # rank 0's events; the job, driven with curl, gives the per-step losses of
 # the same job as rank threads inside the daemon (worker_processes = false).
-# "nodes": 2 of 1 device is the same world of 2. Cancel stops every rank.
+# "nodes": 2 of 1 device is the same world of 2. Cancel stops every rank;
+# a rank killed fails the job and leaves no rank process behind.
 # A multi-node job without worker processes is refused naming "nodes".
 . "$(dirname "$0")/../e2e/lib.sh"
 RANK_BIN=${1:-}
@@ -61,5 +62,20 @@ for i in $(seq 1 100); do [ -z "$(ranks_of "$lid")" ] && break; sleep 0.1; done
 [ -z "$(ranks_of "$lid")" ] || fail "rank processes left after cancel: $(ranks_of "$lid")"
 busy=$(acc_curl "$BASE/v1/devices" | jq '[.devices[] | select(.job != null)] | length')
 expect_eq "devices held after cancel" "$busy" 0
-acc_stop
 ok "cancel stops every rank process"
+
+# ---- a rank process killed: the job fails (max_restarts 0), no rank is left
+kid=$(acc_submit "$LONG") || exit 1
+acc_wait_step "$kid" 2
+victim=$(ranks_of "$kid" | tail -1)
+[ -n "$victim" ] || fail "no rank process seen for $kid"
+kill -KILL "$victim"
+acc_wait_state "$kid" failed 30
+err=$(acc_curl "$BASE/v1/jobs/$kid" | jq -r '.error.message')
+expect_eq "killed rank: error" "$err" \
+    "worker lost its rank processes (the MPI launcher ended without rank 0's report) at step $(acc_curl "$BASE/v1/jobs/$kid" | jq .step)"
+for i in $(seq 1 100); do [ -z "$(ranks_of "$kid")" ] && break; sleep 0.1; done
+[ -z "$(ranks_of "$kid")" ] || fail "rank processes left after a rank was killed: $(ranks_of "$kid")"
+expect_eq "exit failures" "$(acc_curl "$BASE/metrics" | awk '$1 == "accumd_worker_failures_total{cause=\"exit\"}" {print $2}')" 1
+acc_stop
+ok "a killed rank process fails the job: $err"
