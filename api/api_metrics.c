@@ -87,6 +87,13 @@ static void jobs_section(mbuf *b, const jobs_mgr *m)
     put(b, "accumd_tokens_total %llu\n", (unsigned long long)m->tokens_total);
     head(b, "accumd_oom_adjustments_total", "counter", "Micro-batch splits changed after an out-of-memory.");
     put(b, "accumd_oom_adjustments_total %llu\n", (unsigned long long)m->oom_adjust_total);
+    head(b, "accumd_worker_failures_total", "counter",
+         "Job worker processes that ended without reporting, by cause (signal, exit, heartbeat, protocol, start).");
+    for (int c = 0; c < JOBS_WFAIL_N; c++)
+        put(b, "accumd_worker_failures_total{cause=\"%s\"} %llu\n", jobs_wfail_names[c],
+            (unsigned long long)m->worker_failures[c]);
+    head(b, "accumd_worker_restarts_total", "counter", "Jobs requeued after their worker died (max_restarts).");
+    put(b, "accumd_worker_restarts_total %llu\n", (unsigned long long)m->worker_restarts_total);
     head(b, "accumd_job_loss", "gauge", "Last training loss of each running job.");
     for (size_t i = 0; i < m->njobs; i++) {
         const job *j = m->jobs[i];
@@ -125,7 +132,7 @@ static void users_section(mbuf *b, const jobs_mgr *m)
         if (u == nu)
             names[nu++] = j->owner;
         counts[u * (JOB_NSTATES + 1) + j->state]++;
-        if (j->tr != NULL)
+        if (jobs_job_active(j))
             counts[u * (JOB_NSTATES + 1) + JOB_NSTATES] += j->ndev;
     }
     char name[200];

@@ -228,6 +228,14 @@ static int start_jobs(acc_daemon *d, acc_err *err)
     if ((rc = jobs_init(&d->jobs, &d->conf, d->devices, d->ndevices, wake_loop, d, err)) != 0)
         return rc;
     d->jobs_on = true;
+    if (d->conf.worker_processes) {
+        int killed = wk_kill_leftovers(d->conf.state_dir);
+        if (killed > 0)
+            acc_log(ACC_LOG_WARN, "worker", "killed %d worker(s) an earlier daemon left running", killed);
+        if ((rc = wk_runner_init(&d->workers, &d->loop, &d->conf, &d->jobs, err)) != 0)
+            return rc;
+        wk_runner_install(&d->workers);
+    }
     d->jobs.gpu_check = d->gpu_check;
     snprintf(d->jobs.gpu_check_msg, sizeof d->jobs.gpu_check_msg, "%s", d->gpu_check_msg);
     return 0;

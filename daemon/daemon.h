@@ -25,6 +25,7 @@
 #include "err.h"
 #include "jobs.h"
 #include "kern_discover.h"
+#include "worker.h"
 
 typedef struct acc_daemon {
     acc_conf conf;
@@ -41,6 +42,7 @@ typedef struct acc_daemon {
     char gpu_check_msg[512];  /* its verdict, as /v1/devices shows it */
     jobs_mgr jobs;
     bool jobs_on;
+    wk_runner workers;     /* each job in a worker process (worker_processes) */
     uv_async_t wake;       /* trainer events are queued */
     bool wake_on;
     uv_timer_t tick;       /* sd_notify STATUS refresh */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "worker_proto.h"
 #include "log.h"
 
 #ifndef ACCUMD_VERSION
@@ -57,7 +58,8 @@ static void print_conf(const acc_conf *c)
            "header_timeout = %d\nrequest_timeout = %d\nmax_pending_connections = %d\n"
            "shutdown_grace = %d\ncheckpoint_keep = %d\nevent_ring = %d\nlog_level = %s\n"
            "log_file = %s\nusers_file = %s\nuser_max_running = %d\nuser_max_devices = %d\n"
-           "history_keep = %d\n",
+           "history_keep = %d\nworker_processes = %s\nworker_heartbeat_timeout = %d\nrank_processes = %s\n"
+           "mpi_launcher = %s\nhostfile = %s\nmpi_args = %s\nrank_program = %s\n",
            c->listen, c->state_dir, c->data_roots, c->output_root, c->token_file,
            c->require_token ? "true" : "false",
            c->devices == CONF_DEVICES_AUTO ? "auto" : c->devices == CONF_DEVICES_CUDA ? "cuda" : "cpu",
@@ -66,7 +68,8 @@ static void print_conf(const acc_conf *c)
            c->connection_timeout, c->header_timeout, c->request_timeout, c->max_pending_connections,
            c->shutdown_grace, c->checkpoint_keep, c->event_ring,
            c->log_level, c->log_file, c->users_file, c->user_max_running, c->user_max_devices,
-           c->history_keep);
+           c->history_keep, c->worker_processes ? "true" : "false", c->worker_heartbeat_timeout,
+           c->rank_processes ? "true" : "false", c->mpi_launcher, c->hostfile, c->mpi_args, c->rank_program);
 }
 
 enum { OPT_CHECK = 1000 };
@@ -182,6 +185,9 @@ int main(int argc, char **argv)
 {
     static acc_daemon d; /* the one context; static only for its size */
     int check_only = 0;
+    /* a job's worker process (daemon/worker_main.c): the daemon starts it */
+    if (argc >= 2 && !strcmp(argv[1], "--worker"))
+        return worker_main(argc, argv);
     conf_defaults(&d.conf);
     int rc = parse_args(argc, argv, &d.conf, &check_only);
     if (rc != 0)

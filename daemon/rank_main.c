@@ -42,6 +42,7 @@
 #include "kern_comm.h"
 #include "kern_comm_mpi.h"
 #include "kern_discover.h"
+#include "tev_json.h"
 #include "trainer.h"
 #include "trainer_run.h"
 
@@ -135,31 +136,6 @@ static void write_event(rank_prog *p, json_t *o)
     json_decref(o);
 }
 
-static json_t *event_json(const train_event *ev)
-{
-    switch (ev->kind) {
-    case TEV_STEP:
-        return json_pack("{s:s,s:i,s:f,s:f,s:f,s:f,s:i,s:i}", "event", "step", "step", ev->step,
-                         "loss", ev->loss, "lr", ev->lr, "grad_norm", ev->grad_norm, "tokens_per_s", ev->tokens_per_s,
-                         "micro_batch", ev->micro_batch, "accum_steps", ev->accum_steps);
-    case TEV_EVAL:
-        return json_pack("{s:s,s:i,s:f}", "event", "eval", "step", ev->step, "val_loss",
-                         ev->val_loss);
-    case TEV_OOM_ADJUST:
-        return json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:b,s:s}", "event", "oom_adjust", "step",
-                         ev->step, "from_micro", ev->from_micro, "from_accum", ev->from_accum,
-                         "to_micro", ev->to_micro, "to_accum", ev->to_accum, "recompute",
-                         ev->recompute, "message", ev->msg);
-    case TEV_CHECKPOINT:
-        return json_pack("{s:s,s:i,s:s}", "event", "checkpoint", "step", ev->step, "path",
-                         ev->path);
-    case TEV_LOG:
-        return json_pack("{s:s,s:i,s:s}", "event", "log", "step", ev->step, "message", ev->msg);
-    default:
-        return NULL;
-    }
-}
-
 static void on_event(void *ctx, const train_event *ev)
 {
     rank_prog *p = ctx;
@@ -168,13 +144,14 @@ static void on_event(void *ctx, const train_event *ev)
         snprintf(p->msg, sizeof p->msg, "%s", ev->msg);
         return;
     }
-    write_event(p, event_json(ev));
+    write_event(p, tev_to_json(ev)); /* as a job's worker writes them (tev_json.h) */
 }
 
 static void write_done(rank_prog *p, const train_hooks *h)
 {
-    write_event(p, json_pack("{s:s,s:i,s:s,s:i,s:i,s:I,s:I}", "event", "done", "status",
-                             p->status, "message", p->msg, "world", p->world, "steps",
+    /* a trainer event's "done" (tev_json.h) with the run's counts */
+    write_event(p, json_pack("{s:s,s:i,s:i,s:s,s:i,s:i,s:I,s:I}", "event", "done", "step", h->steps_done,
+                             "status", p->status, "message", p->msg, "world", p->world, "steps",
                              h->steps_done, "allreduce_calls", (json_int_t)h->allreduce_calls,
                              "bucket_calls", (json_int_t)h->bucket_calls));
 }

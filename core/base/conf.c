@@ -19,7 +19,9 @@ const char *const conf_keys[] = {
     "max_connections_per_ip", "connection_timeout", "header_timeout",
     "request_timeout", "max_pending_connections", "shutdown_grace",
     "checkpoint_keep", "event_ring", "log_level", "log_file",
-    "users_file", "user_max_running", "user_max_devices", "history_keep", NULL,
+    "users_file", "user_max_running", "user_max_devices", "history_keep",
+    "worker_processes", "worker_heartbeat_timeout", "rank_processes", "mpi_launcher", "hostfile",
+    "mpi_args", "rank_program", NULL,
 };
 
 void conf_defaults(acc_conf *c)
@@ -43,6 +45,9 @@ void conf_defaults(acc_conf *c)
     c->checkpoint_keep = 2;
     c->event_ring = 4096;
     c->history_keep = 100000;
+    c->worker_processes = true;
+    c->worker_heartbeat_timeout = 10;
+    snprintf(c->mpi_launcher, sizeof c->mpi_launcher, "mpirun");
     snprintf(c->log_level, sizeof c->log_level, "info");
 }
 
@@ -113,6 +118,21 @@ static int parse_int(const char *key, const char *v, long lo, long hi, int *out,
         return acc_err_set(err, ACC_EINVAL, key, "%s must be an integer in [%ld, %ld], got '%s'",
                            key, lo, hi, v);
     *out = (int)n;
+    return 0;
+}
+
+/* A string key: fits, no control characters (they reach an argv), and
+ * not empty where `needed`. */
+static int set_str(const char *key, const char *v, bool needed, char *out, size_t n, acc_err *err)
+{
+    if (strlen(v) >= n)
+        return acc_err_set(err, ACC_EINVAL, key, "%s is too long (at most %zu bytes)", key, n - 1);
+    if (needed && v[0] == '\0')
+        return acc_err_set(err, ACC_EINVAL, key, "%s must not be empty", key);
+    for (const char *p = v; *p; p++)
+        if ((unsigned char)*p < 0x20 && *p != '\t')
+            return acc_err_set(err, ACC_EINVAL, key, "%s holds a control character", key);
+    snprintf(out, n, "%s", v);
     return 0;
 }
 
@@ -260,6 +280,20 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         return parse_int(key, v, 0, 1 << 20, &c->user_max_running, err);
     if (!strcmp(key, "user_max_devices"))
         return parse_int(key, v, 0, 1 << 20, &c->user_max_devices, err);
+    if (!strcmp(key, "worker_processes"))
+        return parse_bool(key, v, &c->worker_processes, err);
+    if (!strcmp(key, "worker_heartbeat_timeout"))
+        return parse_int(key, v, 1, 3600, &c->worker_heartbeat_timeout, err);
+    if (!strcmp(key, "rank_processes"))
+        return parse_bool(key, v, &c->rank_processes, err);
+    if (!strcmp(key, "mpi_launcher"))
+        return set_str(key, v, true, c->mpi_launcher, sizeof c->mpi_launcher, err);
+    if (!strcmp(key, "hostfile"))
+        return set_str(key, v, false, c->hostfile, sizeof c->hostfile, err);
+    if (!strcmp(key, "mpi_args"))
+        return set_str(key, v, false, c->mpi_args, sizeof c->mpi_args, err);
+    if (!strcmp(key, "rank_program"))
+        return set_str(key, v, false, c->rank_program, sizeof c->rank_program, err);
     return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);
 }
 
@@ -310,6 +344,9 @@ int conf_finalize(acc_conf *c, acc_err *err)
         (!c->set_output_root && join_path(c->output_root, sizeof c->output_root, c->state_dir, "out")) ||
         (!c->set_token_file && join_path(c->token_file, sizeof c->token_file, c->state_dir, "token")))
         return acc_err_set(err, ACC_EINVAL, "state_dir", "state_dir is too long");
+    if (c->rank_processes && !c->worker_processes)
+        return acc_err_set(err, ACC_EINVAL, "rank_processes",
+                           "rank_processes = true needs worker_processes = true (a job's worker runs its ranks)");
     if (!c->set_threads) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         if (cores < 1)

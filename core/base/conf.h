@@ -47,6 +47,16 @@ typedef struct acc_conf {
     char users_file[PATH_MAX];   /* "" = no users: the token_file's token is the admin */
     int user_max_running;        /* jobs running at once per user, 0 = no limit */
     int user_max_devices;        /* devices held at once per user, 0 = no limit */
+    bool worker_processes;       /* each job in a worker process (false: rank threads in the daemon) */
+    int worker_heartbeat_timeout; /* seconds without a worker's heartbeat before it is killed */
+    /* rank processes (docs/multinode.md): jobs with "nodes" > 1, and every
+     * job when rank_processes, run as `mpi_launcher -np W [--hostfile H]
+     * mpi_args... rank_program ...` from their worker */
+    bool rank_processes;
+    char mpi_launcher[PATH_MAX];
+    char hostfile[PATH_MAX];
+    char mpi_args[2048];         /* split at blanks, no quoting */
+    char rank_program[PATH_MAX]; /* "" = accumd-rank next to accumd */
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;

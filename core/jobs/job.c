@@ -161,11 +161,12 @@ json_t *job_to_json(const job *j, bool full, const kern_device_info *devs)
                           "finished_at", job_time_json(j->finished_at), "step", j->step, "max_steps",
                           j->spec.max_steps, "loss", j->have_loss ? num_or_null(j->last_loss) : json_null(),
                           "batch", batch_json(j), "precision", spec_precision_name(j->spec.precision),
-                          "devices", devices_json(j, devs), "restarts", j->restarts,
+                          "devices", devices_json(j, devs), "restarts", j->restarts + j->worker_restarts,
                           "last_event", (json_int_t)(j->ring.next_seq - 1));
     if (o == NULL)
         return NULL;
     json_object_set_new(o, "owner", j->owner[0] ? json_string(j->owner) : json_null());
+    json_object_set_new(o, "worker_restarts", json_integer(j->worker_restarts));
     if (j->err_msg[0])
         json_object_set_new(o, "error", json_pack("{s:s, s:s}", "code", j->err_code, "message", j->err_msg));
     else
@@ -210,6 +211,10 @@ json_t *job_status_json(const job *j)
                      j->restarts, "outputs", outputs_array(j));
     if (o != NULL && j->owner[0])
         json_object_set_new(o, "owner", json_string(j->owner));
+    if (o != NULL && (j->worker_restarts > 0 || j->crash_step >= 0)) {
+        json_object_set_new(o, "worker_restarts", json_integer(j->worker_restarts));
+        json_object_set_new(o, "crash_step", json_integer(j->crash_step));
+    }
     /* the job's unique id: its checkpoints carry it (ckpt.h) */
     if (o != NULL && j->spec.job_uid[0] != '\0') {
         json_object_set_new(o, "uid", json_string(j->spec.job_uid));
@@ -241,6 +246,9 @@ void job_status_apply(job *j, const json_t *st)
     snprintf(j->err_code, sizeof j->err_code, "%s", json_string_value(json_object_get(st, "error_code")) ?: "");
     snprintf(j->err_msg, sizeof j->err_msg, "%s", json_string_value(json_object_get(st, "error")) ?: "");
     j->restarts = (int)json_integer_value(json_object_get(st, "restarts"));
+    j->worker_restarts = (int)json_integer_value(json_object_get(st, "worker_restarts"));
+    json_t *cs = json_object_get(st, "crash_step");
+    j->crash_step = json_is_integer(cs) ? (int)json_integer_value(cs) : -1;
     json_t *outs = json_object_get(st, "outputs"), *o;
     size_t i;
     job_free_outputs(j);

@@ -54,7 +54,12 @@ typedef struct job {
     evring ring;
     job_metric *metrics;
     size_t nmetrics, cap_metrics;
-    trainer *tr;
+    trainer *tr;           /* its rank threads, in this process */
+    void *worker;          /* or its worker process (jobs_runner's) */
+    /* workers that died without reporting, and the step the last one had
+     * reached (-1: none): a second death at that step is not restarted */
+    int worker_restarts;
+    int crash_step;
     bool cancel_requested;
     bool stop_for_shutdown; /* cancelled by SIGTERM: stays "running" on disk */
     char *outputs[JOB_MAX_OUTPUTS]; /* checkpoint directories written, oldest first */

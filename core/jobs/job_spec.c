@@ -723,7 +723,7 @@ static int parse_deepspeed(const json_t *ds, job_spec *out, batch_in *b, bool *c
  * a = 1; m alone (or with a) gives B. */
 static int resolve_batch(const batch_in *b, job_spec *out, acc_err *err)
 {
-    int w = out->devices;
+    int w = out->devices * out->nodes; /* both small: checked in parse_scalars */
     long B = b->B.given ? b->B.v : 0, m = b->m.given ? b->m.v : 0, a = b->a.given ? b->a.v : 0;
     out->micro_auto = b->m.is_auto;
     if (B && m && a) {
@@ -778,6 +778,7 @@ static void set_defaults(job_spec *s)
     s->model.seq_len = 128;
     s->model.vocab_size = 256;
     s->devices = 1;
+    s->nodes = 1;
     s->precision = SPEC_FP32;
     s->optim = (spec_optim){.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
                             .grad_clip = 1.0};
@@ -945,8 +946,13 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         (rc = get_int(root, NULL, "checkpoint_interval", 0, INT_MAX, &out->checkpoint_interval, err)) ||
         (rc = get_u64(root, NULL, "seed", &out->seed, err)) ||
         (rc = get_int(root, NULL, "priority", -1000000, 1000000, &out->priority, err)) ||
+        (rc = get_int(root, NULL, "max_restarts", 0, SPEC_MAX_RESTARTS, &out->max_restarts, err)) ||
+        (rc = get_int(root, NULL, "nodes", 1, SPEC_MAX_NODES, &out->nodes, err)) ||
         (rc = get_str(root, NULL, "resume_from", true, out->resume_from, sizeof out->resume_from, &resume, err)))
         return rc;
+    if (out->nodes > 1 && out->devices * out->nodes > SPEC_MAX_WORLD)
+        return acc_err_set(err, ACC_EINVAL, "nodes", "nodes %d x devices %d is %d ranks, over %d", out->nodes,
+                           out->devices, out->nodes * out->devices, SPEC_MAX_WORLD);
     out->precision = prec == 1 ? SPEC_BF16 : SPEC_FP32;
     out->max_steps_given = json_object_get(root, "max_steps") != NULL;
     if (resume)
@@ -979,7 +985,7 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
         "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
         "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
         "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "zero_optimization", "lora",
-        "gradient_checkpointing", NULL};
+        "gradient_checkpointing", "max_restarts", "nodes", NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
     bool clip_set = false;

@@ -119,6 +119,10 @@ typedef struct spec_lora {
     char targets[SPEC_LORA_MAX_TARGETS][SPEC_LORA_NAME_MAX];
 } spec_lora;
 
+#define SPEC_MAX_RESTARTS 100
+#define SPEC_MAX_NODES 16
+#define SPEC_MAX_WORLD 16 /* ranks of a job over its nodes (trainer.h TRAIN_MAX_RANKS) */
+
 typedef struct job_spec {
     char name[128];
     spec_model model;
@@ -127,7 +131,8 @@ typedef struct job_spec {
     int train_batch_size;
     int micro_batch;       /* train_micro_batch_size_per_gpu */
     int accum_steps;       /* gradient_accumulation_steps */
-    int devices;           /* world size */
+    int devices;           /* devices per node (the world size of a one-node job) */
+    int nodes;             /* servers the job spans (rank processes over MPI); world = devices * nodes */
     bool micro_auto;       /* micro batch was "auto": the planner picks it */
     spec_precision precision;
     bool activation_checkpointing;
@@ -144,6 +149,10 @@ typedef struct job_spec {
     int checkpoint_interval; /* 0 = only at the end */
     uint64_t seed;
     int priority;          /* higher runs first */
+    /* a worker that dies without reporting (a crash, a kill, a lost
+     * heartbeat) requeues the job this many times (Determined's name);
+     * never twice at the same step, never after a reported failure */
+    int max_restarts;
     bool oom_adapt;        /* oom.adapt */
     char resume_from[PATH_MAX]; /* "" or a checkpoint directory */
     spec_save_dtype save_dtype; /* save.dtype (the fp32 master weights stay in state.safetensors) */

@@ -19,7 +19,16 @@ struct jobs_tev {
     jobs_tev *next;
     job *j;
     train_event ev;
+    bool worker_end;       /* the end of j's worker, in `end` (ev unused) */
+    jobs_wend end;
 };
+
+const char *const jobs_wfail_names[JOBS_WFAIL_N] = {
+    [JOBS_WFAIL_SIGNAL] = "signal", [JOBS_WFAIL_EXIT] = "exit", [JOBS_WFAIL_HEARTBEAT] = "heartbeat",
+    [JOBS_WFAIL_PROTOCOL] = "protocol", [JOBS_WFAIL_START] = "start",
+};
+
+bool jobs_job_active(const job *j) { return j->tr != NULL || j->worker != NULL; }
 
 /* ---- events: ring + store ----------------------------------------------------- */
 
@@ -238,6 +247,7 @@ static job *job_new(jobs_mgr *m, acc_err *err)
         return NULL;
     }
     j->mgr = m;
+    j->crash_step = -1;
     j->ring.next_seq = 1; /* the slots come with the first event (ring_ready) */
     return j;
 }
@@ -340,7 +350,7 @@ void jobs_free(jobs_mgr *m)
 {
     for (size_t i = 0; i < m->njobs; i++) {
         job *j = m->jobs[i];
-        if (j->tr != NULL) /* its threads may still touch it: leave it */
+        if (jobs_job_active(j)) /* its threads or worker may still touch it: leave it */
             continue;
         job_delete(j);
     }
@@ -549,6 +559,15 @@ static int check_fits_a_device(const jobs_mgr *m, const job_spec *s, acc_err *er
                        s->oom_adapt ? "" : " (oom.adapt is off)");
 }
 
+/* A job over several servers runs as rank processes from a worker. */
+static int check_nodes(const jobs_mgr *m, const job_spec *s, acc_err *err)
+{
+    if (s->nodes > 1 && !m->conf->worker_processes)
+        return acc_err_set(err, ACC_EINVAL, "nodes", "nodes %d: jobs over several servers need worker_processes = true",
+                           s->nodes);
+    return 0;
+}
+
 /* A job asking for more devices than one user may hold can never start. */
 static int check_user_devices(const jobs_mgr *m, const job_spec *s, acc_err *err)
 {
@@ -578,13 +597,26 @@ jobs_checked *jobs_check_submission(const jobs_mgr *m, const char *text, size_t 
     /* parse, paths under the roots, data and init files, resume checkpoint,
      * fit: everything that can be refused before a job exists */
     if ((c->rc = job_spec_parse(text, len, m->conf, s, &c->err)) == 0 &&
-        (c->rc = check_user_devices(m, s, &c->err)) == 0 &&
-        (c->rc = trainer_check_spec(s, &c->err)) == 0)
-        c->rc = check_fits_a_device(m, s, &c->err);
+        (c->rc = check_user_devices(m, s, &c->err)) == 0)
+        c->rc = check_nodes(m, s, &c->err);
+    /* the trainer and the planner see the job as each rank does: all its
+     * ranks over its nodes (accumd-rank sets the same world) */
+    job_spec *ranks = s->nodes > 1 ? malloc(sizeof *ranks) : s;
+    if (c->rc == 0 && ranks == NULL)
+        c->rc = acc_err_set(&c->err, ACC_ENOMEM, NULL, "out of memory");
+    if (c->rc == 0 && ranks != s) {
+        *ranks = *s;
+        ranks->devices = s->devices * s->nodes;
+        ranks->nodes = 1;
+    }
+    if (c->rc == 0 && (c->rc = trainer_check_spec(ranks, &c->err)) == 0)
+        c->rc = check_fits_a_device(m, ranks, &c->err);
     if (c->rc == 0 && dry_run) {
         kern_dev_kind kind = m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU; /* all of one kind */
-        c->cands = plan_json(s, kind, min_budget(m), &c->peak, &c->micro);
+        c->cands = plan_json(ranks, kind, min_budget(m), &c->peak, &c->micro);
     }
+    if (ranks != s)
+        free(ranks);
     return c;
 }
 
@@ -767,20 +799,23 @@ int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len,
 
 /* ---- running ---------------------------------------------------------------- */
 
-static void on_trainer_event(void *ctx, const train_event *ev)
+/* Queue an event (or a worker's end) for the loop thread. An end, or a
+ * run's TEV_DONE, cannot be dropped: wait until memory returns. */
+static void enqueue(jobs_mgr *m, job *j, const train_event *ev, const jobs_wend *end)
 {
-    job *j = ctx;
-    jobs_mgr *m = j->mgr;
-    jobs_tev *t = malloc(sizeof *t);
-    if (t == NULL) { /* cannot drop TEV_DONE: spin until memory returns */
-        while ((t = malloc(sizeof *t)) == NULL && ev->kind == TEV_DONE)
-            usleep(1000);
-        if (t == NULL)
-            return;
-    }
+    bool must = end != NULL || ev->kind == TEV_DONE;
+    jobs_tev *t;
+    while ((t = malloc(sizeof *t)) == NULL && must)
+        usleep(1000);
+    if (t == NULL)
+        return;
     t->next = NULL;
     t->j = j;
-    t->ev = *ev;
+    t->worker_end = end != NULL;
+    if (end != NULL)
+        t->end = *end;
+    else
+        t->ev = *ev;
     pthread_mutex_lock(&m->qmu);
     if (m->qtail != NULL)
         m->qtail->next = t;
@@ -790,6 +825,18 @@ static void on_trainer_event(void *ctx, const train_event *ev)
     pthread_mutex_unlock(&m->qmu);
     m->wake(m->wake_ctx);
 }
+
+static void on_trainer_event(void *ctx, const train_event *ev)
+{
+    job *j = ctx;
+    enqueue(j->mgr, j, ev, NULL);
+}
+
+void jobs_worker_event(jobs_mgr *m, job *j, const train_event *ev) { enqueue(m, j, ev, NULL); }
+
+void jobs_worker_ended(jobs_mgr *m, job *j, const jobs_wend *e) { enqueue(m, j, NULL, e); }
+
+void jobs_set_runner(jobs_mgr *m, const jobs_runner *r) { m->runner = *r; }
 
 static void release_devices(jobs_mgr *m, job *j)
 {
@@ -858,6 +905,16 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
         finish_or_retry(j, JOB_FAILED, acc_err_name(err.code), err.msg);
         return;
     }
+    if (m->runner.start != NULL) {
+        if (m->runner.start(m->runner.ctx, j, devinfo, r->want, &err) != 0) {
+            j->worker = NULL;
+            release_devices(m, j);
+            m->worker_failures[JOBS_WFAIL_START]++;
+            acc_log(ACC_LOG_ERROR, "jobs", "job %s: cannot start its worker: %s", j->id, err.msg);
+            finish_or_retry(j, JOB_FAILED, acc_err_name(err.code), err.msg);
+        }
+        return;
+    }
     trainer_opts o = {.spec = &j->spec, .devices = devinfo, .threads_per_device = m->conf->cpu_threads_per_device,
                       .checkpoint_keep = m->conf->checkpoint_keep, .async_start = true,
                       .on_event = on_trainer_event, .event_ctx = j};
@@ -904,7 +961,7 @@ static int owner_tab_build(const jobs_mgr *m, owner_tab *t)
         uint64_t started = j->started_at > 0 ? (uint64_t)(j->started_at * 1e6) : 0;
         if (started > t->last[u])
             t->last[u] = started;
-        if (j->tr != NULL) { /* holds its devices until its workers end */
+        if (jobs_job_active(j)) { /* holds its devices until its workers end */
             t->running[u]++;
             t->devices[u] += j->ndev;
         }
@@ -967,7 +1024,7 @@ int jobs_cancel(jobs_mgr *m, job *j, acc_err *err)
 {
     if (job_state_final(j->state))
         return acc_err_set(err, ACC_ESTATE, NULL, "job %s is already %s", j->id, job_state_name(j->state));
-    if (j->pending.on || (j->state == JOB_RUNNING && j->tr == NULL))
+    if (j->pending.on || (j->state == JOB_RUNNING && !jobs_job_active(j)))
         return acc_err_set(err, ACC_EUNAVAIL, NULL, "job %s: its last state change is not stored yet (%s); retry later",
                            j->id, j->mgr->st.why);
     if (j->state == JOB_QUEUED) {
@@ -981,7 +1038,10 @@ int jobs_cancel(jobs_mgr *m, job *j, acc_err *err)
     if (!j->cancel_requested) {
         j->cancel_requested = true;
         emit(j, "log", json_pack("{s:s}", "message", "cancel requested; stopping at the next micro-step"), false);
-        trainer_cancel(j->tr);
+        if (j->worker != NULL)
+            m->runner.control(m->runner.ctx, j, "cancel");
+        else
+            trainer_cancel(j->tr);
     }
     return 0;
 }
@@ -1066,11 +1126,22 @@ static void apply_split_change(job *j, const train_event *ev, const char *type, 
     batch_free(&b);
 }
 
+/* The run is over (its threads joined, or its worker gone): the devices
+ * are free again, once. */
+static void end_run(jobs_mgr *m, job *j)
+{
+    if (j->tr != NULL)
+        trainer_free(j->tr);
+    j->tr = NULL;
+    if (j->worker != NULL)
+        m->runner.release(m->runner.ctx, j);
+    j->worker = NULL;
+    release_devices(m, j);
+}
+
 static void apply_done(jobs_mgr *m, job *j, const train_event *ev)
 {
-    trainer_free(j->tr);
-    j->tr = NULL;
-    release_devices(m, j);
+    end_run(m, j);
     if (j->stop_for_shutdown) {
         /* stays "running" on disk: the next start requeues it */
         emit(j, "log", json_pack("{s:s}", "message", "stopped by daemon shutdown after a checkpoint; resumes at the next start"), true);
@@ -1082,6 +1153,53 @@ static void apply_done(jobs_mgr *m, job *j, const train_event *ev)
         finish_or_retry(j, JOB_CANCELLED, NULL, j->cancel_requested ? "cancelled while running" : ev->msg);
     else
         finish_or_retry(j, JOB_FAILED, acc_err_name(ev->status), ev->msg[0] ? ev->msg : acc_err_name(ev->status));
+}
+
+/* A worker that died without reporting: failed with the cause, or queued
+ * again to resume from its last checkpoint (max_restarts). */
+static void apply_worker_lost(jobs_mgr *m, job *j, const jobs_wend *e)
+{
+    m->worker_failures[e->cause]++;
+    char msg[512];
+    snprintf(msg, sizeof msg, "worker %.300s at step %d", e->what, j->step);
+    acc_log(ACC_LOG_ERROR, "jobs", "job %s: %s", j->id, msg);
+    if (j->stop_for_shutdown) /* stays "running" on disk: the next start requeues it */
+        return;
+    if (j->cancel_requested) { /* it was to stop anyway: never restarted */
+        char why[600];
+        snprintf(why, sizeof why, "cancelled while running (%s)", msg);
+        finish_or_retry(j, JOB_CANCELLED, NULL, why);
+        return;
+    }
+    bool same_step = j->crash_step == j->step;
+    if (e->deterministic || same_step || j->worker_restarts >= j->spec.max_restarts) {
+        char why[700];
+        snprintf(why, sizeof why, "%s%s", msg,
+                 e->deterministic ? "" : same_step ? " (the second time at this step: not restarted)"
+                                 : j->spec.max_restarts > 0 ? " (max_restarts reached)" : "");
+        finish_or_retry(j, JOB_FAILED, acc_err_name(ACC_EINTERNAL), why);
+        return;
+    }
+    j->worker_restarts++;
+    j->crash_step = j->step;
+    m->worker_restarts_total++;
+    j->started_at = 0;
+    j->ndev = 0;
+    char req[700];
+    snprintf(req, sizeof req, "%s; requeued (restart %d of %d), it resumes from its last checkpoint", msg,
+             j->worker_restarts, j->spec.max_restarts);
+    if (set_state(j, JOB_QUEUED, req) != 0)
+        keep_pending(j, JOB_QUEUED, NULL, req, false);
+}
+
+static void apply_worker_end(jobs_mgr *m, job *j, const jobs_wend *e)
+{
+    if (e->reported) {
+        apply_done(m, j, &e->done);
+        return;
+    }
+    end_run(m, j);
+    apply_worker_lost(m, j, e);
 }
 
 static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
@@ -1134,8 +1252,11 @@ void jobs_drain_events(jobs_mgr *m)
     bool ended = false;
     for (jobs_tev *n; t != NULL; t = n) {
         n = t->next;
-        apply_event(m, t->j, &t->ev);
-        ended |= t->ev.kind == TEV_DONE;
+        if (t->worker_end)
+            apply_worker_end(m, t->j, &t->end);
+        else
+            apply_event(m, t->j, &t->ev);
+        ended |= t->worker_end || t->ev.kind == TEV_DONE;
         free(t);
     }
     if (ended)
@@ -1148,7 +1269,7 @@ int jobs_count_running(const jobs_mgr *m)
 {
     int n = 0;
     for (size_t i = 0; i < m->njobs; i++)
-        n += m->jobs[i]->tr != NULL;
+        n += jobs_job_active(m->jobs[i]);
     return n;
 }
 
@@ -1164,10 +1285,13 @@ int jobs_shutdown(jobs_mgr *m)
     m->draining = true;
     for (size_t i = 0; i < m->njobs; i++) {
         job *j = m->jobs[i];
-        if (j->tr == NULL)
+        if (!jobs_job_active(j))
             continue;
         j->stop_for_shutdown = true;
-        trainer_preempt(j->tr); /* checkpoint, then stop */
+        if (j->worker != NULL) /* checkpoint, then stop */
+            m->runner.control(m->runner.ctx, j, "preempt");
+        else
+            trainer_preempt(j->tr);
     }
     return jobs_count_running(m);
 }

@@ -34,6 +34,40 @@
 
 typedef struct jobs_tev jobs_tev; /* a queued trainer event */
 
+/* Why a job's worker process ended without reporting its run's end
+ * (/metrics: accumd_worker_failures_total{cause}). */
+typedef enum jobs_wfail {
+    JOBS_WFAIL_SIGNAL = 0, /* killed by a signal: a crash, SIGKILL, the OOM killer */
+    JOBS_WFAIL_EXIT,       /* exited with a non-zero status */
+    JOBS_WFAIL_HEARTBEAT,  /* stopped sending heartbeats: the daemon killed it */
+    JOBS_WFAIL_PROTOCOL,   /* wrote what is not an event: the daemon killed it */
+    JOBS_WFAIL_START,      /* could not be started, or could not start the run */
+    JOBS_WFAIL_N
+} jobs_wfail;
+extern const char *const jobs_wfail_names[JOBS_WFAIL_N];
+
+/* How a worker process ended (jobs_worker_ended). */
+typedef struct jobs_wend {
+    bool reported;         /* it sent the run's end: `done` is the outcome */
+    train_event done;
+    jobs_wfail cause;      /* else: why not */
+    char what[256];        /* "killed by signal 11 (Segmentation fault)" */
+    bool deterministic;    /* it will fail the same way again: never restarted */
+} jobs_wend;
+
+/* Who runs a started job (the daemon's worker processes, daemon/worker.h).
+ * Without one, a job's rank threads run in this process (trainer.h). All
+ * on the loop thread. start: the job is placed on devs[0..ndev) and
+ * "running"; 0 and j->worker set, or the error (nothing runs). control:
+ * "cancel" or "preempt". release: the job is done with j->worker, after
+ * its end was applied. */
+typedef struct jobs_runner {
+    int (*start)(void *ctx, job *j, const kern_device_info *devs, int ndev, acc_err *err);
+    void (*control)(void *ctx, job *j, const char *what);
+    void (*release)(void *ctx, job *j);
+    void *ctx;
+} jobs_runner;
+
 struct jobs_mgr {
     const acc_conf *conf;
     const kern_device_info *devs;
@@ -65,6 +99,8 @@ struct jobs_mgr {
     bool draining;         /* shutting down: no new jobs, nothing starts */
     /* counters since start (Prometheus) */
     uint64_t steps_total, tokens_total, oom_adjust_total, submitted_total;
+    uint64_t worker_failures[JOBS_WFAIL_N], worker_restarts_total;
+    jobs_runner runner;    /* .start NULL: rank threads in this process */
 };
 
 int jobs_init(jobs_mgr *m, const acc_conf *conf, const kern_device_info *devs, int ndev,
@@ -113,6 +149,19 @@ int jobs_cancel(jobs_mgr *m, job *j, acc_err *err);
 /* Start every queued job the scheduler places now: priority, then round
  * robin by owner, within the per-user limits of the config. */
 void jobs_schedule(jobs_mgr *m);
+/* Run jobs through `r` from now on (before the first jobs_schedule). */
+void jobs_set_runner(jobs_mgr *m, const jobs_runner *r);
+/* From the runner, on the loop thread: an event of j's run, and the end of
+ * its worker (after every event of it). Both are queued behind the events
+ * before them and applied by jobs_drain_events. A worker that ended
+ * without reporting fails the job with `what` and the step it had reached,
+ * or requeues it to resume from its last checkpoint while the spec's
+ * max_restarts allow (never when deterministic, never twice at one step). */
+void jobs_worker_event(jobs_mgr *m, job *j, const train_event *ev);
+void jobs_worker_ended(jobs_mgr *m, job *j, const jobs_wend *e);
+/* Whether j has rank threads or a worker (it holds its devices). */
+bool jobs_job_active(const job *j);
+
 /* Apply the trainer events queued since the last call (loop thread). */
 void jobs_drain_events(jobs_mgr *m);
 

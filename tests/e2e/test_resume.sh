@@ -118,6 +118,10 @@ done
 [ -n "$first" ] || fail "no first checkpoint"
 size=$(stat -c %s "$first/model.safetensors" 2>/dev/null || stat -c %s "$(ls -d "$out"/ckpt-[0-9]* | grep -v partial | tail -1)/model.safetensors")
 prlimit --pid "$ACC_PID" --fsize=$((size / 2)):unlimited || fail "prlimit failed" # soft limit: raised again below
+# the checkpoints are written by the job's worker process (docs/operations.md
+# "Processes"): the same limit there
+wpid=$(cat "$STATE/workers/$id.pid") || fail "no worker pid file for $id"
+prlimit --pid "$wpid" --fsize=$((size / 2)):unlimited || fail "prlimit of the worker failed"
 # the limit may stop the job store too (its database files are files):
 # then the failure is not shown as done until it is stored (issue 16,
 # defect 5): the job stays running, /healthz and /metrics say why, and

@@ -165,6 +165,30 @@ static void test_errors_name_the_field(void **state)
     assert_int_equal(job_spec_parse(dup, strlen(dup), &f->conf, &s, &err), ACC_EINVAL);
 }
 
+/* max_restarts (worker deaths) and nodes (world = devices x nodes) */
+static void test_restarts_and_nodes(void **state)
+{
+    fixture *f = *state;
+    job_spec s;
+    acc_err err = {0};
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8", &s, &err), 0);
+    assert_int_equal(s.max_restarts, 0);
+    assert_int_equal(s.nodes, 1);
+    assert_int_equal(parse_with(f, "\"train_batch_size\":16,\"train_micro_batch_size_per_gpu\":2,\"devices\":2,"
+                                   "\"nodes\":2,\"max_restarts\":3", &s, &err), 0);
+    assert_int_equal(s.max_restarts, 3);
+    assert_int_equal(s.nodes, 2);
+    assert_int_equal(s.accum_steps, 2); /* 16 = 2 x 2 x (2 x 2) */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":16,\"train_micro_batch_size_per_gpu\":2,"
+                                   "\"gradient_accumulation_steps\":2,\"devices\":2,\"nodes\":3", &s, &err), ACC_EINVAL);
+    assert_string_equal(err.msg, "train_batch_size 16 != 2 * 2 * 6 (micro * accum * world)");
+    expect_field(f, "\"train_batch_size\":8,\"max_restarts\":-1", "max_restarts");
+    expect_field(f, "\"train_batch_size\":8,\"max_restarts\":101", "max_restarts");
+    expect_field(f, "\"train_batch_size\":8,\"max_restarts\":true", "max_restarts");
+    expect_field(f, "\"train_batch_size\":8,\"nodes\":0", "nodes");
+    expect_field(f, "\"train_batch_size\":32,\"devices\":4,\"nodes\":8", "nodes");
+}
+
 /* save: the saved weights' dtype, "auto" by default; bad values name save.dtype */
 static void test_save(void **state)
 {
@@ -431,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_batch_triple),
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_paths),
+        cmocka_unit_test(test_restarts_and_nodes),
         cmocka_unit_test(test_save),
         cmocka_unit_test(test_lora),
         cmocka_unit_test(test_deepspeed),
