@@ -63,7 +63,8 @@ static int encode_step(json_t *o, const train_event *ev)
            put_real(o, "tokens_per_s", ev->tokens_per_s) | put_int(o, "micro_batch", ev->micro_batch) |
            put_int(o, "accum_steps", ev->accum_steps) | put_int(o, "nranks", n) |
            put_u64s(o, "mem_in_use", ev->mem_in_use, n) | put_u64s(o, "mem_peak", ev->mem_peak, n) |
-           put_u64s(o, "mem_reserved", ev->mem_reserved, n) | put_u64s(o, "mem_free", ev->mem_free, n);
+           put_u64s(o, "mem_reserved", ev->mem_reserved, n) | put_u64s(o, "mem_free", ev->mem_free, n) |
+           put_u64s(o, "mem_optimizer", ev->mem_optim, n) | put_u64s(o, "mem_gradients", ev->mem_grads, n);
 }
 
 static int encode_split(json_t *o, const train_event *ev)
@@ -210,7 +211,9 @@ static int decode_step(const json_t *o, train_event *ev, acc_err *err)
     int n = ev->nranks;
     if ((rc = get_u64s(o, "mem_in_use", ev->mem_in_use, n, err)) || (rc = get_u64s(o, "mem_peak", ev->mem_peak, n, err)) ||
         (rc = get_u64s(o, "mem_reserved", ev->mem_reserved, n, err)) ||
-        (rc = get_u64s(o, "mem_free", ev->mem_free, n, err)))
+        (rc = get_u64s(o, "mem_free", ev->mem_free, n, err)) ||
+        (rc = get_u64s(o, "mem_optimizer", ev->mem_optim, n, err)) ||
+        (rc = get_u64s(o, "mem_gradients", ev->mem_grads, n, err)))
         return rc;
     return 0;
 }

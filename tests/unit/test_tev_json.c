@@ -34,7 +34,8 @@ static void test_step_exact(void **state)
     train_event in = {.kind = TEV_STEP, .step = 120, .loss = 5.532248724112233, .lr = 6e-4,
                       .grad_norm = 1.0 / 3.0, .tokens_per_s = 2334.689, .micro_batch = 2, .accum_steps = 4,
                       .nranks = 2, .mem_in_use = {715328, 1}, .mem_peak = {UINT64_C(1) << 40, 3},
-                      .mem_reserved = {5, 6}, .mem_free = {7, 8}};
+                      .mem_reserved = {5, 6}, .mem_free = {7, 8}, .mem_optim = {9, 10},
+                      .mem_grads = {11, 12}};
     train_event out;
     trip(&in, &out);
     assert_int_equal(out.kind, TEV_STEP);
@@ -47,6 +48,9 @@ static void test_step_exact(void **state)
     assert_int_equal(out.nranks, 2);
     assert_memory_equal(out.mem_peak, in.mem_peak, sizeof in.mem_peak);
     assert_memory_equal(out.mem_free, in.mem_free, sizeof in.mem_free);
+    /* ZeRO's per-rank optimizer and gradient bytes cross the worker's pipe too */
+    assert_memory_equal(out.mem_optim, in.mem_optim, sizeof in.mem_optim);
+    assert_memory_equal(out.mem_grads, in.mem_grads, sizeof in.mem_grads);
 }
 
 static void test_nan_loss(void **state)
