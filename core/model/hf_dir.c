@@ -207,7 +207,7 @@ int hf_open(const char *dir, int header_only, hf_dir **out, acc_err *err)
             rc = bad(err, "%s has no config.json (not a Hugging Face model directory)", h->path);
     }
     json_t *index = NULL;
-    if (rc == 0) {
+    if (rc == 0 && header_only != HF_OPEN_CONFIG) {
         snprintf(path, sizeof path, "%s/%s", h->path, INDEX_NAME);
         rc = load_json(path, INDEX_MAX, &index, err);
         if (rc == 0) {
@@ -427,6 +427,10 @@ int hf_read(const hf_dir *h, const char *name, float *dst, size_t count, acc_err
 
 st_dtype hf_dtype(const hf_dir *h)
 {
+    st_dtype td;
+    json_t *t = json_object_get(h->config, "torch_dtype");
+    if (h->n == 0 && json_is_string(t) && hf_dtype_of(json_string_value(t), HF_FIELD, &td, NULL) == 0)
+        return td; /* config only (HF_OPEN_CONFIG): what config.json says the weights are */
     uint64_t bytes[3] = {0};
     const st_dtype d[3] = {ST_F32, ST_BF16, ST_F16};
     for (int i = 0; i < h->n; i++)
