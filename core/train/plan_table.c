@@ -158,9 +158,9 @@ void plan_row_why(const plan_row *r, const plan_hw *hw, char *buf, size_t n)
     const plan_parts *p = &r->parts;
     uint64_t state = r->state_bytes;
     char extra[96] = "";
-    if (p->runtime != 0 || p->rounding != 0)
-        snprintf(extra, sizeof extra, " + runtime %.2f GiB + allocator rounding %.2f GiB", gib(p->runtime),
-                 gib(p->rounding));
+    if (p->runtime != 0 || p->rounding != 0) /* CUDA: the context and libraries, the 2 MiB blocks */
+        snprintf(extra, sizeof extra, " + runtime %.2f GiB + allocator rounding %.1f MiB", gib(p->runtime),
+                 (double)p->rounding / (1024.0 * 1024.0));
     if (acc_sat_add_u64(state, p->runtime) > usable) {
         snprintf(buf, n,
                  "model state %.1f GiB alone (weights %.1f + gradients %.1f + optimizer %.1f)%s exceeds the "
