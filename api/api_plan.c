@@ -136,12 +136,20 @@ static json_t *group_json(const plan_table *t, const plan_group *g)
                      why[0] ? json_string(why) : json_null());
 }
 
-static json_t *summary_json(const plan_table *t)
+static json_t *summary_json(const plan_table *t, bool spec_recompute)
 {
     const plan_row *rec = t->recommended >= 0 ? &t->rows[t->recommended] : NULL;
     bool fits = rec != NULL && rec->fits;
     char msg[640];
-    if (fits)
+    const plan_group *rg = t->recommended_group >= 0 ? &t->groups[t->recommended_group] : NULL;
+    if (fits && !spec_recompute && rg != NULL && rg->best >= 0 && t->rows[rg->best].micro_batch > rec->micro_batch)
+        /* "auto" fell back to m = 1 recomputing: recomputing from the start allows more */
+        snprintf(msg, sizeof msg,
+                 "the spec runs as given: micro batch %d x %d accumulation steps on %d device(s)%s; with "
+                 "\"activation_checkpointing\": true, micro batch %d x %d fits",
+                 rec->micro_batch, rec->accum_steps, t->hw.devices, rec->recompute ? " with recomputation" : "",
+                 t->rows[rg->best].micro_batch, t->rows[rg->best].accum_steps);
+    else if (fits)
         snprintf(msg, sizeof msg, "the spec runs as given: micro batch %d x %d accumulation steps on %d device(s)%s",
                  rec->micro_batch, rec->accum_steps, t->hw.devices, rec->recompute ? " with recomputation" : "");
     else if (t->suggested >= 0) {
@@ -173,7 +181,7 @@ static json_t *answer(const job_spec *spec, const model_config *cfg, const plan_
                      bytes_json(t->hw.device_memory), "devices", t->hw.devices, "given", hw_given, "batch",
                      "train_batch_size", spec->train_batch_size, "per_device", spec->train_batch_size / t->hw.devices,
                      "precision", spec_precision_name(spec->precision), "margin_pct", PLAN_MARGIN_PCT, "summary",
-                     summary_json(t), "groups", groups ? groups : json_array(), "rows", rows ? rows : json_array());
+                     summary_json(t, spec->activation_checkpointing), "groups", groups ? groups : json_array(), "rows", rows ? rows : json_array());
 }
 
 int api_plan_compute(const jobs_mgr *m, const char *body, size_t len, json_t **out, acc_err *err)
