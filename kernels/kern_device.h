@@ -77,7 +77,8 @@ typedef struct kern_ops {
     /* out[N,OC] = inp[N,C] * w[OC,C]^T + bias[OC] (bias may be NULL) */
     void (*matmul_fwd)(kern_device *d, float *out, const float *inp, const float *w,
                        const float *bias, int N, int C, int OC);
-    /* dinp += dout*w, dw += dout^T*inp, dbias += colsum(dout) (dbias may be NULL) */
+    /* dinp += dout*w, dw += dout^T*inp, dbias += colsum(dout) (dinp, dw and dbias
+     * may be NULL: dw NULL for a frozen weight, LoRA) */
     void (*matmul_bwd)(kern_device *d, float *dinp, float *dw, float *dbias, const float *dout,
                        const float *inp, const float *w, int N, int C, int OC);
 
@@ -183,7 +184,8 @@ typedef struct kern_ops {
      * alias inp. */
     void (*rmsnorm_fwd)(kern_device *d, float *out, float *rstd, const float *inp,
                         const float *w, float eps, int N, int C);
-    /* dinp += ..., dw += ... (from the forward's inp and rstd) */
+    /* dinp += ..., dw += ... (from the forward's inp and rstd); dw may be
+     * NULL (a frozen weight) */
     void (*rmsnorm_bwd)(kern_device *d, float *dinp, float *dw, const float *dout,
                         const float *inp, const float *w, const float *rstd, int N, int C);
 
@@ -248,6 +250,9 @@ typedef struct kern_ops {
                                   const float *k, const float *v, const float *lse,
                                   const float *out, const int *pos, int B, int T, int NH,
                                   int NKV, int hs);
+
+    /* x[i] *= s (LoRA's alpha / r on the adapter path) */
+    void (*scale)(kern_device *d, float *x, float s, size_t n);
 
     /* Planning extras (pure, callable without a device through
      * kern_backend_ops): what one allocation of `bytes` really takes from

@@ -337,6 +337,8 @@ static void test_llama_norm_mlp(st_ctx *c)
          D->ops->swiglu_bwd(D, F(dgate, r), F(dup, r), F(dh, r), F(gate, r), F(up, r), n));
     st_cmp(c, "swiglu_bwd dgate", &dgate);
     st_cmp(c, "swiglu_bwd dup", &dup);
+    BOTH(c, D->ops->scale(D, F(h, d), 0.37f, n), D->ops->scale(D, F(h, r), 0.37f, n));
+    st_cmp(c, "scale", &h);
     st_buf *all[] = {&tok, &wte, &x, &dx, &out, &rstd, &w, &dw, &dout,
                      &gate, &up, &h, &dh, &dgate, &dup};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)

@@ -1,6 +1,8 @@
 /* job: see job.h. */
 #include "job.h"
 
+#include "ckpt.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -109,12 +111,28 @@ static json_t *outputs_array(const job *j)
     return a;
 }
 
-/* The final model is the checkpoint of the last step (written at the end). */
+/* The final model is the checkpoint of the last step (written at the end).
+ * LoRA: that directory is the PEFT adapter ("adapter"), and with
+ * save.merge_lora its "merged" subdirectory the merged model (ckpt.h). */
 static json_t *outputs_json(const job *j)
 {
     bool final = j->state == JOB_SUCCEEDED && j->noutputs > 0;
-    return json_pack("{s:o, s:o}", "model", final ? json_string(j->outputs[j->noutputs - 1]) : json_null(),
-                     "checkpoints", outputs_array(j));
+    const char *dir = final ? j->outputs[j->noutputs - 1] : NULL;
+    json_t *o = json_pack("{s:o, s:o}", "model", dir ? json_string(dir) : json_null(), "checkpoints",
+                          outputs_array(j));
+    if (o == NULL || j->spec.lora.r == 0)
+        return o;
+    json_t *merged = json_null();
+    if (dir != NULL && j->spec.merge_lora) {
+        char *p = NULL;
+        if (asprintf(&p, "%s/" CKPT_MERGED_DIR, dir) >= 0) {
+            merged = json_string(p);
+            free(p);
+        }
+    }
+    json_object_set_new(o, "adapter", dir ? json_string(dir) : json_null());
+    json_object_set_new(o, "merged", merged ? merged : json_null());
+    return o;
 }
 
 /* JSON has no NaN: a diverged loss is reported as null. */

@@ -12,6 +12,7 @@
 
 #include "safepath.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -725,8 +726,8 @@ static void set_defaults(job_spec *s)
     s->oom_adapt = true;
 }
 
-/* "save": {"format": "hf", "merge_lora": false, "dtype": "auto"}. No LoRA
- * here yet, so merge_lora can only be false. */
+/* "save": {"format": "hf", "merge_lora": false, "dtype": "auto"};
+ * merge_lora needs a lora section (check_lora_cross). */
 static int parse_save(const json_t *sv, job_spec *out, acc_err *err)
 {
     static const char *const keys[] = {"format", "merge_lora", "dtype", NULL};
@@ -738,9 +739,80 @@ static int parse_save(const json_t *sv, job_spec *out, acc_err *err)
         (rc = get_bool(sv, "save", "merge_lora", &merge, err)) ||
         (rc = get_choice(sv, "save", "dtype", dtypes, &dt, err)))
         return rc;
-    if (merge)
-        return acc_err_set(err, ACC_EINVAL, "save.merge_lora", "save.merge_lora needs a lora section");
+    out->merge_lora = merge;
     out->save_dtype = (spec_save_dtype)dt;
+    return 0;
+}
+
+/* A module name: what PEFT matches against a module's last name component
+ * (letters, digits, '_'), so no path or pattern syntax slips through. */
+static bool lora_name_ok(const char *s)
+{
+    if (*s == '\0')
+        return false;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && *s != '_')
+            return false;
+    return true;
+}
+
+/* lora.target_modules: "all-linear" or a list of module names. */
+static int parse_lora_targets(const json_t *v, spec_lora *lo, acc_err *err)
+{
+    char f[64];
+    if (json_is_string(v)) {
+        if (strcmp(json_string_value(v), "all-linear") != 0)
+            return acc_err_set(err, ACC_EINVAL, "lora.target_modules",
+                               "lora.target_modules must be \"all-linear\" or a list of module names");
+        lo->all_linear = true;
+        return 0;
+    }
+    if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > SPEC_LORA_MAX_TARGETS)
+        return acc_err_set(err, ACC_EINVAL, "lora.target_modules",
+                           "lora.target_modules must be \"all-linear\" or a list of 1 to %d module names",
+                           SPEC_LORA_MAX_TARGETS);
+    size_t i;
+    json_t *e;
+    json_array_foreach((json_t *)v, i, e) {
+        snprintf(f, sizeof f, "lora.target_modules[%zu]", i);
+        const char *s = json_string_value(e);
+        if (s == NULL || strlen(s) != json_string_length(e) || strlen(s) >= SPEC_LORA_NAME_MAX ||
+            !lora_name_ok(s))
+            return acc_err_set(err, ACC_EINVAL, f,
+                               "%s must be a module name (letters, digits, _; under %d bytes)", f,
+                               SPEC_LORA_NAME_MAX);
+        for (int k = 0; k < lo->n_targets; k++)
+            if (!strcmp(lo->targets[k], s))
+                return acc_err_set(err, ACC_EINVAL, f, "%s: '%s' is listed twice", f, s);
+        snprintf(lo->targets[lo->n_targets++], SPEC_LORA_NAME_MAX, "%s", s);
+    }
+    return 0;
+}
+
+/* "lora": {"r": 8, "alpha": 8, "dropout": 0.0, "target_modules": [...]}:
+ * PEFT's LoraConfig (lora_alpha / lora_dropout accepted as PEFT spells them). */
+static int parse_lora(const json_t *lv, spec_lora *lo, acc_err *err)
+{
+    static const char *const keys[] = {"r", "alpha", "lora_alpha", "dropout", "lora_dropout",
+                                       "target_modules", NULL};
+    int rc;
+    lo->r = 8;
+    lo->alpha = 8;
+    if ((rc = check_keys(lv, "lora", keys, err)) ||
+        (rc = get_int(lv, "lora", "r", 1, SPEC_LORA_MAX_R, &lo->r, err)) ||
+        (rc = get_num(lv, "lora", "lora_alpha", 0, true, 1e6, &lo->alpha, err)) ||
+        (rc = get_num(lv, "lora", "alpha", 0, true, 1e6, &lo->alpha, err)) ||
+        (rc = get_num(lv, "lora", "lora_dropout", 0, false, 1, &lo->dropout, err)) ||
+        (rc = get_num(lv, "lora", "dropout", 0, false, 1, &lo->dropout, err)))
+        return rc;
+    if (lo->dropout != 0) {
+        bool peft = json_object_get(lv, "dropout") == NULL;
+        return acc_err_set(err, ACC_EINVAL, peft ? "lora.lora_dropout" : "lora.dropout",
+                           "lora dropout %g is not supported yet (only 0.0)", lo->dropout);
+    }
+    const json_t *tm = json_object_get(lv, "target_modules");
+    if (tm != NULL && !json_is_null(tm) && (rc = parse_lora_targets(tm, lo, err)))
+        return rc;
     return 0;
 }
 
@@ -748,8 +820,13 @@ static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *ou
 {
     json_t *jmodel, *data, *optim, *lrs, *oom, *sv;
     int rc;
+    json_t *lv;
     if ((rc = get_object(root, NULL, "save", &sv, err)) || (sv != NULL && (rc = parse_save(sv, out, err))))
         return rc;
+    if ((rc = get_object(root, NULL, "lora", &lv, err)) || (lv != NULL && (rc = parse_lora(lv, &out->lora, err))))
+        return rc;
+    if (out->merge_lora && out->lora.r == 0)
+        return acc_err_set(err, ACC_EINVAL, "save.merge_lora", "save.merge_lora needs a lora section");
     if ((rc = get_object(root, NULL, "model", &jmodel, err)) || (rc = get_object(root, NULL, "data", &data, err)) ||
         (rc = get_object(root, NULL, "optimizer", &optim, err)) ||
         (rc = get_object(root, NULL, "lr_schedule", &lrs, err)) || (rc = get_object(root, NULL, "oom", &oom, err)))
@@ -821,7 +898,7 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
         "name", "model", "data", "train_batch_size", "train_micro_batch_size_per_gpu",
         "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
         "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
-        "oom", "resume_from", "deepspeed", "save", "num_train_epochs", NULL};
+        "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "lora", NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
     bool clip_set = false;

@@ -102,6 +102,23 @@ typedef struct spec_lr {
     int total_steps;       /* DeepSpeed total_num_steps; default max_steps */
 } spec_lr;
 
+/* "lora": PEFT's LoraConfig under its names. r = 0: no lora section (every
+ * weight trains). Targets are module names as the model family calls its
+ * projections (Hugging Face's, e.g. "q_proj"); they are checked against the
+ * model at submission (model_lora.h), the spec checks only their form. */
+#define SPEC_LORA_MAX_TARGETS 16
+#define SPEC_LORA_NAME_MAX 32
+#define SPEC_LORA_MAX_R 4096
+
+typedef struct spec_lora {
+    int r;                 /* rank; 0 = no LoRA */
+    double alpha;          /* lora_alpha: the update is scaled by alpha / r (PEFT default 8) */
+    double dropout;        /* lora_dropout on the adapter input (only 0 for now) */
+    bool all_linear;       /* target_modules "all-linear": every linear layer but the head */
+    int n_targets;         /* 0 and !all_linear: the family's default (PEFT's: q_proj, v_proj) */
+    char targets[SPEC_LORA_MAX_TARGETS][SPEC_LORA_NAME_MAX];
+} spec_lora;
+
 typedef struct job_spec {
     char name[128];
     spec_model model;
@@ -128,6 +145,8 @@ typedef struct job_spec {
     bool oom_adapt;        /* oom.adapt */
     char resume_from[PATH_MAX]; /* "" or a checkpoint directory */
     spec_save_dtype save_dtype; /* save.dtype (the fp32 master weights stay in state.safetensors) */
+    spec_lora lora;             /* "lora" (r = 0: none) */
+    bool merge_lora;            /* save.merge_lora: also the merged model (needs lora) */
     char output_dir[PATH_MAX];  /* set by the daemon: output_root/<job id> */
     /* set by job_spec_parse from the config: every file the spec names is
      * opened under these (safepath.h; empty = unrestricted, for tests) */

@@ -2,6 +2,7 @@
  * handle's buffers, byte counts, weights by layout. Nothing here knows a
  * family's tensors. */
 #include "model.h"
+#include "model_lora.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,9 +200,21 @@ int model_layout_build(const model_config *cfg, model_layout *out, acc_err *err)
     int rc = f->config_check(cfg, err);
     if (rc == 0)
         rc = f->layout(cfg, out, err);
+    out->ntrain = out->nparams;
+    if (rc == 0 && cfg->lora.r > 0) /* adapters first, the base frozen after them */
+        rc = model_lora_layout(cfg, out, err);
     if (rc != 0)
         model_layout_free(out);
     return rc;
+}
+
+model_layout model_layout_base(const model_layout *l)
+{
+    int na = 0;
+    while (na < l->n && l->t[na].adapter)
+        na++;
+    return (model_layout){.t = l->t + na, .n = l->n - na, .nparams = l->nparams,
+                          .ntrain = l->ntrain};
 }
 
 void model_layout_free(model_layout *l)
@@ -237,6 +250,16 @@ size_t model_num_params(const model_config *cfg)
     return n;
 }
 
+size_t model_num_trainable(const model_config *cfg)
+{
+    model_layout l;
+    if (model_layout_build(cfg, &l, NULL) != 0)
+        return 0;
+    size_t n = l.ntrain;
+    model_layout_free(&l);
+    return n;
+}
+
 size_t model_block_params(const model_config *cfg)
 {
     model_layout l;
@@ -257,14 +280,15 @@ int model_state_bytes(const model_config *cfg, size_t grad_tail, uint64_t *bytes
     int rc = f->config_check(cfg, err);
     if (rc != 0)
         return rc;
-    if (f->param_bytes != NULL) {
+    if (f->param_bytes != NULL && cfg->lora.r == 0) {
         rc = f->param_bytes(cfg, &pg, err);
     } else {
         model_layout l;
         if ((rc = model_layout_build(cfg, &l, err)) != 0)
             return rc;
-        /* model_layout_add checked 2 * nparams * 4 */
-        pg = (uint64_t)l.nparams * 2 * sizeof(float);
+        /* parameters + gradients of the trainable ones (ntrain <= nparams;
+         * model_layout_add checked 2 * nparams * 4) */
+        pg = ((uint64_t)l.nparams + l.ntrain) * sizeof(float);
         model_layout_free(&l);
     }
     if (rc != 0)
@@ -331,7 +355,7 @@ static int alloc_buffers(model *m, acc_err *err)
     kern_device *dev = m->dev;
     const kern_ops *k = dev->ops;
     /* model_state_bytes checked these sizes */
-    size_t pb = m->nparams * sizeof(float), gb = (m->nparams + m->grad_tail) * sizeof(float);
+    size_t pb = m->nparams * sizeof(float), gb = (m->ngrad + m->grad_tail) * sizeof(float);
     int rc = k->alloc(dev, pb, (void **)&m->params, err);
     if (rc == 0)
         rc = k->alloc(dev, gb, (void **)&m->grads, err);
@@ -365,6 +389,7 @@ int model_create_ex(kern_device *dev, const model_config *cfg, const model_opts 
     rc = model_layout_build(cfg, &m->layout, err);
     if (rc == 0) {
         m->nparams = m->layout.nparams;
+        m->ngrad = m->layout.ntrain;
         rc = alloc_buffers(m, err);
     }
     if (rc == 0 && m->family->create != NULL)
@@ -485,24 +510,24 @@ int model_grad_spans(const model *m, int lo, int hi, int ends, kern_span *out)
     for (int i = 0; i < l->n; i++) {
         const model_tensor *t = &l->t[i];
         int in = t->layer < 0 ? ends : (t->layer >= lo && t->layer < hi);
-        if (!in)
+        if (!in || t->offset >= m->ngrad) /* frozen: no gradient */
             continue;
         n = push_span(out, n, t->offset, t->count, t->layer >= prev);
         prev = t->layer;
     }
     if (ends)
-        n = push_span(out, n, m->nparams, m->grad_tail, 1);
+        n = push_span(out, n, m->ngrad, m->grad_tail, 1);
     return n;
 }
 
 void model_zero_grad(model *m)
 {
-    m->dev->ops->zero(m->dev, m->grads, (m->nparams + m->grad_tail) * sizeof(float));
+    m->dev->ops->zero(m->dev, m->grads, (m->ngrad + m->grad_tail) * sizeof(float));
 }
 
 double model_grad_sumsq(model *m)
 {
-    return m->dev->ops->sumsq(m->dev, m->grads, m->nparams);
+    return m->dev->ops->sumsq(m->dev, m->grads, m->ngrad);
 }
 
 const model_tensor *model_find_tensor(const model *m, const char *name)
@@ -575,6 +600,8 @@ int model_safetensors_read(const model_layout *l, const st_file *f, const char *
     for (int i = 0; i < l->n; i++) {
         const model_tensor *mt = &l->t[i];
         st_tensor t;
+        if (mt->adapter) /* not in a base model's file (model_lora.h) */
+            continue;
         if (st_get(f, mt->name, &t, NULL) != 0)
             return acc_err_set(err, ACC_EINVAL, field, "%s has no tensor %s", path, mt->name);
         int same = t.dtype == ST_F32 && t.ndim == mt->ndim;
@@ -597,17 +624,21 @@ int model_safetensors_write(const model_layout *l, const float *params, const ch
     int rc = 0;
     if (t == NULL || file == NULL)
         rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory writing %s", path);
+    int k = 0;
     for (int i = 0; rc == 0 && i < l->n; i++) {
         const model_tensor *mt = &l->t[i];
         float *dst = file + mt->offset;
+        if (mt->adapter) /* the base model's file (adapters: model_lora_save) */
+            continue;
         model_tensor_to_file(mt, params, dst);
-        t[i] = (st_tensor){.name = mt->name, .dtype = ST_F32, .ndim = mt->ndim, .data = dst,
+        t[k] = (st_tensor){.name = mt->name, .dtype = ST_F32, .ndim = mt->ndim, .data = dst,
                            .nbytes = model_tensor_file_count(mt) * sizeof(float)};
         for (int d = 0; d < mt->ndim; d++)
-            t[i].shape[d] = mt->shape[d];
+            t[k].shape[d] = mt->shape[d];
+        k++;
     }
     if (rc == 0)
-        rc = st_write(path, t, l->n, md, nmd, err);
+        rc = st_write(path, t, k, md, nmd, err);
     free(file);
     free(t);
     return rc;

@@ -77,6 +77,17 @@ typedef enum model_rope_scaling {
 } model_rope_scaling;
 
 #define MODEL_TYPE_MAX 32
+#define MODEL_LORA_MAX_TARGETS 16
+#define MODEL_LORA_NAME_MAX 32
+
+/* LoRA (model_lora.h): adapters on the named projections; r = 0: none. */
+typedef struct model_lora_cfg {
+    int r;
+    double alpha;          /* the update is scaled by alpha / r */
+    bool merge;            /* outputs also hold the merged model (save.merge_lora) */
+    int n_targets;         /* resolved module names ("all-linear" expanded) */
+    char targets[MODEL_LORA_MAX_TARGETS][MODEL_LORA_NAME_MAX];
+} model_lora_cfg;
 
 typedef struct model_config {
     /* the family; NULL: the default family (model_family_default, "gpt2") */
@@ -103,6 +114,7 @@ typedef struct model_config {
     bool tie_word_embeddings;      /* lm_head is the token embedding (GPT-2: always) */
     bool attention_bias;           /* q/k/v projections have biases (Qwen2; GPT-2: always) */
     bool mlp_bias;                 /* MLP projections have biases (GPT-2: always) */
+    model_lora_cfg lora;           /* LoRA adapters (r = 0: every weight trains) */
 } model_config;
 
 /* ---- layout */
@@ -126,12 +138,15 @@ typedef struct model_tensor {
     bool trains;                /* the optimizer updates it (false: frozen) */
     bool transposed;            /* 2-D, stored [shape[0], shape[1]] in files but
                                  * [shape[1], shape[0]] in the buffer (GPT-2 Conv1D) */
+    bool adapter;               /* a LoRA adapter (PEFT's name), not in the base model's files */
 } model_tensor;
 
 typedef struct model_layout {
     model_tensor *t;            /* ascending offset, contiguous, no overlap */
     int n;
     size_t nparams;             /* floats of the buffer (sum of counts) */
+    size_t ntrain;              /* floats [0, ntrain) train and have gradients; the rest
+                                 * is frozen (LoRA's base weights): nparams without LoRA */
 } model_layout;
 
 /* ---- the family table */
@@ -262,6 +277,9 @@ int model_layout_build(const model_config *cfg, model_layout *out, acc_err *err)
 void model_layout_free(model_layout *l);
 /* The tensor called `name`, or NULL. */
 const model_tensor *model_layout_find(const model_layout *l, const char *name);
+/* A view of l without its leading LoRA adapters: the base model's tensors
+ * (same offsets into the buffer; l itself without LoRA). Not freed. */
+model_layout model_layout_base(const model_layout *l);
 /* Floats of block `layer`'s tensors (a block's share of the gradients). */
 size_t model_layout_layer_floats(const model_layout *l, int layer);
 /* Append a tensor at the end of the buffer (for families' layout()):
@@ -273,6 +291,8 @@ int model_layout_add(model_layout *l, int *cap, const char *name, int layer, int
 
 /* Parameters of a config (the layout's nparams); 0 when the config is invalid. */
 size_t model_num_params(const model_config *cfg);
+/* Of them, the trainable ones (ntrain: the LoRA adapters, else all). */
+size_t model_num_trainable(const model_config *cfg);
 /* Floats of one transformer block (0 when invalid). */
 size_t model_block_params(const model_config *cfg);
 
@@ -294,9 +314,12 @@ struct model {
     model_config cfg;
     model_layout layout;
     size_t nparams;       /* layout.nparams */
+    size_t ngrad;         /* layout.ntrain: floats with a gradient (grads[0, ngrad)); the
+                           * caller's tail follows at grads + ngrad */
     size_t grad_tail;     /* floats past the gradients, the caller's */
     float *params;        /* [nparams], device */
-    float *grads;         /* [nparams + grad_tail], device, accumulated += */
+    float *grads;         /* [ngrad + grad_tail], device, accumulated += (frozen
+                           * tensors past ngrad have none) */
     int B, T;             /* activations are sized for B x T (B = 0: none) */
     int recompute;        /* activation recomputation on */
     uint64_t act_bytes;   /* device bytes of the activations now */
@@ -350,7 +373,7 @@ void model_backward_notify(model *m, int nseq, model_grads_done_fn done, void *c
  * ascending, neighbours in memory merged while the layer does not go down
  * (a layer-major layout: one span per bucket; GPT-2's tensor-major one:
  * one span per block tensor). Buckets that cover [0, L) once plus
- * the ends once cover [0, nparams + grad_tail) exactly once. Writes at most
+ * the ends once cover [0, ngrad + grad_tail) exactly once (frozen tensors have no gradient). Writes at most
  * MODEL_MAX_GRAD_SPANS; returns how many (-1 if more were needed). */
 int model_grad_spans(const model *m, int lo, int hi, int ends, kern_span *out);
 

@@ -78,8 +78,9 @@ int model_hf_check(const hf_dir *h, const model_config *cfg, acc_err *err)
     int rc = in_dir(h, model_layout_build(cfg, &l, err), err);
     hf_tensor *w = NULL;
     int n = 0;
+    model_layout base = model_layout_base(&l); /* LoRA adapters are not in the directory */
     if (rc == 0)
-        rc = wanted(h, &l, &w, &n, err);
+        rc = wanted(h, &base, &w, &n, err);
     if (rc == 0)
         rc = hf_check(h, w, n, ignore_suffixes, err);
     free(w);
@@ -141,7 +142,8 @@ static void transpose(float *dst, const float *src, size_t r, size_t c)
 
 int model_hf_load(model *m, const hf_dir *h, acc_err *err)
 {
-    const model_layout *l = &m->layout;
+    model_layout base = model_layout_base(&m->layout); /* LoRA adapters are not in it */
+    const model_layout *l = &base;
     const char *pre = name_prefix(h, l);
     size_t big = largest_tensor(l);
     float *buf = malloc(big * sizeof *buf), *tb = NULL;
@@ -197,6 +199,8 @@ int model_hf_load_dir(model *m, const char *dir, acc_err *err)
 
 typedef struct save_ctx {
     const model *m;
+    model_layout base; /* the layout without LoRA adapters */
+    const float *host; /* model_hf_save_opts.host_params */
     float *tb; /* transpose staging */
 } save_ctx;
 
@@ -204,9 +208,13 @@ static int fill_tensor(void *vctx, int i, float *buf, acc_err *err)
 {
     (void)err;
     save_ctx *s = vctx;
-    const model_tensor *t = &s->m->layout.t[i];
+    const model_tensor *t = &s->base.t[i];
     size_t n = model_tensor_file_count(t);
     kern_device *d = s->m->dev;
+    if (s->host != NULL) { /* the caller's host copy (model.h's file order) */
+        model_tensor_to_file(t, s->host, buf);
+        return 0;
+    }
     if (!t->transposed) {
         d->ops->download(d, buf, s->m->params + t->offset, n * sizeof *buf);
         return 0;
@@ -250,8 +258,9 @@ static int output_config(const model *m, const char *src_dir, json_t **out, acc_
 uint64_t model_hf_bytes(const model *m, st_dtype d)
 {
     uint64_t b = 0;
-    for (int i = 0; i < m->layout.n; i++) /* counts checked by the layout */
-        b += (uint64_t)model_tensor_file_count(&m->layout.t[i]) * st_dtype_size(d);
+    model_layout l = model_layout_base(&m->layout);
+    for (int i = 0; i < l.n; i++) /* counts checked by the layout */
+        b += (uint64_t)model_tensor_file_count(&l.t[i]) * st_dtype_size(d);
     return b;
 }
 
@@ -269,9 +278,10 @@ int model_hf_save_config(const model *m, const char *dir, const model_hf_save_op
 
 int model_hf_save(const model *m, const char *dir, const model_hf_save_opts *o, acc_err *err)
 {
-    const model_layout *l = &m->layout;
+    save_ctx s = {.m = m, .base = model_layout_base(&m->layout), .host = o->host_params};
+    const model_layout *l = &s.base;
     hf_tensor *t = calloc((size_t)l->n + 1, sizeof *t);
-    save_ctx s = {.m = m, .tb = malloc(largest_tensor(l) * sizeof(float))};
+    s.tb = malloc(largest_tensor(l) * sizeof(float));
     json_t *config = NULL;
     int rc = t == NULL || s.tb == NULL ? acc_err_set(err, ACC_ENOMEM, "", "out of host memory")
                                        : output_config(m, o->src_dir, &config, err);

@@ -47,6 +47,8 @@ int model_hf_load_dir(model *m, const char *dir, acc_err *err);
 typedef struct model_hf_save_opts {
     st_dtype dtype;           /* on disk (ST_F32, ST_BF16, ST_F16) */
     uint64_t max_shard_bytes; /* 0: Hugging Face's 5 GB */
+    const float *host_params; /* the weights from this host copy of the buffer (LoRA's
+                               * merged model); NULL: from the device */
     const char *src_dir;      /* the input directory: its config.json's other keys are kept,
                                * its generation_config.json and tokenizer files copied (NULL: none) */
 } model_hf_save_opts;

@@ -8,6 +8,7 @@
 
 #include "checked.h"
 #include "kern_rope.h"
+#include "model_lora.h"
 #include "rng.h"
 
 #define VOCAB_PAD 64 /* rows of the embedding / lm_head rounded up to this */
@@ -333,7 +334,19 @@ enum {
     A_ENC, A_RESID, A_LN1, A_RSTD1, A_Q, A_K, A_V, A_ATTY, A_LSE, A_RESID2, A_LN2, A_RSTD2,
     A_GATE, A_UP, A_H, A_LNF, A_RSTDF, A_LOGITS, A_LOSSES, A_DRESID, A_DLN, A_DATTY, A_DQ,
     A_DK, A_DV, A_DH, A_DGATE, A_DUP, A_ATT_SCRATCH, A_COS, A_SIN, A_TOKENS, A_TARGETS,
-    A_WEIGHTS, A_POS, A_COUNT
+    A_WEIGHTS, A_POS,
+    A_LORA_U,   /* LoRA: (alpha/r) A x of each adapted projection [Ls][targets][BT, r] */
+    A_LORA_TMP, /* LoRA: B u before it joins the projection [BT, widest output] */
+    A_LORA_DU,  /* LoRA: d u [BT, r] */
+    A_COUNT
+};
+
+/* The projections LoRA may adapt, in block order (model_lora.h). */
+enum { P_Q, P_K, P_V, P_O, P_G, P_U, P_D, P_COUNT };
+static const char *const proj_names[P_COUNT] = {
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
 };
 
 /* Floats of each array for B x T (saturated); bytes of all of them, each
@@ -347,6 +360,9 @@ static uint64_t act_counts(const model_config *c, int B, int T, int recompute, u
     uint64_t btc = acc_sat_mul_u64(BT, C), btq = acc_sat_mul_u64(BT, QD);
     uint64_t btk = acc_sat_mul_u64(BT, KD), bti = acc_sat_mul_u64(BT, I);
     uint64_t rope = acc_sat_mul_u64((uint64_t)T, hs / 2);
+    uint64_t R = (uint64_t)c->lora.r, wide = C > QD ? C : QD;
+    wide = I > wide ? I : wide;
+    uint64_t btr = acc_sat_mul_u64(BT, R);
     uint64_t per[A_COUNT] = {
         [A_ENC] = btc, [A_RESID] = acc_sat_mul_u64(L, btc),
         [A_LN1] = acc_sat_mul_u64(Ls, btc), [A_RSTD1] = acc_sat_mul_u64(Ls, BT),
@@ -364,6 +380,9 @@ static uint64_t act_counts(const model_config *c, int B, int T, int recompute, u
         [A_COS] = rope, [A_SIN] = rope,
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT,
         [A_POS] = BT, /* packed documents' positions (m->positions) */
+        [A_LORA_U] = acc_sat_mul3_u64(Ls, (uint64_t)c->lora.n_targets, btr),
+        [A_LORA_TMP] = R > 0 ? acc_sat_mul_u64(BT, wide) : 0,
+        [A_LORA_DU] = btr,
     };
     uint64_t total = 0;
     for (int i = 0; i < A_COUNT; i++) {
@@ -399,12 +418,17 @@ static void llama_gemm_extent(const model_config *c, uint64_t n, model_gemm_exte
     b = w > b ? w : b;
     b = q > b ? q : b;
     b = x > b ? x : b;
+    uint64_t R = (uint64_t)c->lora.r; /* the adapters: A [r, in], B [out, r], u [n, r] */
+    uint64_t ra = acc_sat_mul_u64(R, wide);
+    b = ra > b ? ra : b;
+    wide = R > wide ? R : wide;
     out->a_elems = acc_sat_mul_u64(n, wide);
     out->b_elems = b;
 }
 
 typedef struct layer_off {
     size_t ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, wu, wd;
+    size_t la[P_COUNT], lb[P_COUNT]; /* LoRA adapters A, B of each projection (NONE) */
 } layer_off;
 
 typedef struct llama_acts {
@@ -416,6 +440,7 @@ typedef struct llama_state {
     layer_off *lo;          /* [L] */
     void *act_mem;
     llama_acts a;
+    int slot[P_COUNT];      /* LoRA: the projection's place among a block's adapters */
     int packed;             /* the last forward had m->positions (A_POS holds them) */
 } llama_state;
 
@@ -462,8 +487,14 @@ static int llama_create(model *m, acc_err *err)
         OFF(wg, "mlp.gate_proj.weight");
         OFF(wu, "mlp.up_proj.weight");
         OFF(wd, "mlp.down_proj.weight");
+        for (int p = 0; p < P_COUNT; p++) {
+            snprintf(n, sizeof n, "model.layers.%d.%s", l, proj_names[p]);
+            model_lora_find(m, n, &s->lo[l].la[p], &s->lo[l].lb[p]);
+        }
     }
 #undef OFF
+    for (int p = 0, k = 0; p < P_COUNT; p++)
+        s->slot[p] = m->cfg.n_layer > 0 && s->lo[0].la[p] != NONE ? k++ : -1;
     m->impl = s;
     return 0;
 }
@@ -542,6 +573,8 @@ static int llama_init_host(const model *m, uint64_t seed, float *host, acc_err *
     for (int k = 0; k < m->layout.n; k++) {
         const model_tensor *t = &m->layout.t[k];
         float *p = host + t->offset;
+        if (t->adapter) /* model_lora_init's, so the base draws as without LoRA */
+            continue;
         size_t n = model_tensor_file_count(t); /* padded rows stay 0 */
         bool norm = strstr(t->name, "norm.weight") != NULL;
         for (size_t j = 0; j < n; j++)
@@ -592,6 +625,57 @@ static const int *positions_of(const model *m)
     return S(m)->packed ? (const int *)S(m)->a.ptr[A_POS] : NULL;
 }
 
+/* The gradient of the tensor at `off`; NULL when it has none (absent, or
+ * frozen under LoRA: past m->ngrad) so the kernels skip it. */
+static float *G(const model *m, size_t off)
+{
+    return off == NONE || off >= m->ngrad ? NULL : m->grads + off;
+}
+
+/* u = (alpha/r) A x of projection p in block l, kept for the backward. */
+static float *lora_u(const model *m, int l, int p)
+{
+    const llama_state *s = S(m);
+    size_t bt = (size_t)m->B * m->T, r = (size_t)m->cfg.lora.r;
+    size_t layer = m->recompute ? 0 : (size_t)l;
+    return s->a.ptr[A_LORA_U] +
+           (layer * (size_t)m->cfg.lora.n_targets + (size_t)s->slot[p]) * bt * r;
+}
+
+/* y[N,out] += B u, u = (alpha/r) A x[N,in]: projection p's adapter (none:
+ * nothing), from existing matmul ops so every backend has it. */
+static void lora_fwd(model *m, int l, int p, float *y, const float *x, int N, int in, int out)
+{
+    const layer_off *o = &S(m)->lo[l];
+    if (o->la[p] == NONE)
+        return;
+    kern_device *d = m->dev;
+    int r = m->cfg.lora.r;
+    float *u = lora_u(m, l, p), *tmp = S(m)->a.ptr[A_LORA_TMP];
+    d->ops->matmul_fwd(d, u, x, m->params + o->la[p], NULL, N, in, r);
+    d->ops->scale(d, u, model_lora_scale(&m->cfg), (size_t)N * r);
+    d->ops->matmul_fwd(d, tmp, u, m->params + o->lb[p], NULL, N, r, out);
+    d->ops->add(d, y, y, tmp, (size_t)N * out);
+}
+
+/* The adapter's backward from dy[N,out]: dB += dy^T u, du = (alpha/r) dy B,
+ * dA += du^T x, dx += du A. */
+static void lora_bwd(model *m, int l, int p, float *dx, const float *dy, const float *x, int N,
+                     int in, int out)
+{
+    const layer_off *o = &S(m)->lo[l];
+    if (o->la[p] == NONE)
+        return;
+    kern_device *d = m->dev;
+    int r = m->cfg.lora.r;
+    float *du = S(m)->a.ptr[A_LORA_DU];
+    d->ops->zero(d, du, (size_t)N * r * sizeof(float));
+    d->ops->matmul_bwd(d, du, G(m, o->lb[p]), NULL, dy, lora_u(m, l, p), m->params + o->lb[p],
+                       N, r, out);
+    d->ops->scale(d, du, model_lora_scale(&m->cfg), (size_t)N * r);
+    d->ops->matmul_bwd(d, dx, G(m, o->la[p]), NULL, du, x, m->params + o->la[p], N, in, r);
+}
+
 static void block_forward(model *m, int l, int B)
 {
     kern_device *d = m->dev;
@@ -605,8 +689,11 @@ static void block_forward(model *m, int l, int B)
     block_acts b = block_at(m, l);
     k->rmsnorm_fwd(d, b.ln1, b.rstd1, x, p + o->ln1, (float)c->norm_eps, N, C);
     k->matmul_fwd(d, b.q, b.ln1, p + o->wq, W(p, o->bq), N, C, QD);
+    lora_fwd(m, l, P_Q, b.q, b.ln1, N, C, QD);
     k->matmul_fwd(d, b.k, b.ln1, p + o->wk, W(p, o->bk), N, C, KD);
+    lora_fwd(m, l, P_K, b.k, b.ln1, N, C, KD);
     k->matmul_fwd(d, b.v, b.ln1, p + o->wv, W(p, o->bv), N, C, KD);
+    lora_fwd(m, l, P_V, b.v, b.ln1, N, C, KD);
     const int *pos = positions_of(m);
     k->rope_fwd(d, b.q, b.q, a[A_COS], a[A_SIN], pos, B, T, NH, hs);
     k->rope_fwd(d, b.k, b.k, a[A_COS], a[A_SIN], pos, B, T, NKV, hs);
@@ -616,12 +703,16 @@ static void block_forward(model *m, int l, int B)
     else
         k->gqa_attention_fwd(d, b.atty, b.lse, a[A_ATT_SCRATCH], b.q, b.k, b.v, B, T, NH, NKV, hs);
     k->matmul_fwd(d, tmp, b.atty, p + o->wo, W(p, o->bo), N, QD, C);
+    lora_fwd(m, l, P_O, tmp, b.atty, N, QD, C);
     k->add(d, b.resid2, x, tmp, (size_t)N * C);
     k->rmsnorm_fwd(d, b.ln2, b.rstd2, b.resid2, p + o->ln2, (float)c->norm_eps, N, C);
     k->matmul_fwd(d, b.gate, b.ln2, p + o->wg, NULL, N, C, I);
+    lora_fwd(m, l, P_G, b.gate, b.ln2, N, C, I);
     k->matmul_fwd(d, b.up, b.ln2, p + o->wu, NULL, N, C, I);
+    lora_fwd(m, l, P_U, b.up, b.ln2, N, C, I);
     k->swiglu_fwd(d, b.h, b.gate, b.up, (size_t)N * I);
     k->matmul_fwd(d, tmp, b.h, p + o->wd, NULL, N, I, C);
+    lora_fwd(m, l, P_D, tmp, b.h, N, I, C);
     k->add(d, b.out, b.resid2, tmp, (size_t)N * C);
 }
 
@@ -662,22 +753,26 @@ static void block_backward(model *m, int l, int B)
     int T = m->T, C = c->channels, NH = c->n_head, NKV = kv_heads(c), hs = head_dim(c);
     int QD = NH * hs, KD = NKV * hs, I = c->intermediate_size, N = B * T;
     size_t f = sizeof(float);
-    float *p = m->params, *g = m->grads, *x = block_input(m, l);
+    float *p = m->params, *x = block_input(m, l);
     float *dresid = a[A_DRESID], *dln = a[A_DLN];
     block_acts b = block_at(m, l);
     /* MLP: dresid = d(out) flows into down_proj and on to resid2 */
     k->zero(d, a[A_DH], (size_t)N * I * f);
-    k->matmul_bwd(d, a[A_DH], g + o->wd, NULL, dresid, b.h, p + o->wd, N, I, C);
+    k->matmul_bwd(d, a[A_DH], G(m, o->wd), NULL, dresid, b.h, p + o->wd, N, I, C);
+    lora_bwd(m, l, P_D, a[A_DH], dresid, b.h, N, I, C);
     k->zero(d, a[A_DGATE], (size_t)N * I * f);
     k->zero(d, a[A_DUP], (size_t)N * I * f);
     k->swiglu_bwd(d, a[A_DGATE], a[A_DUP], a[A_DH], b.gate, b.up, (size_t)N * I);
     k->zero(d, dln, (size_t)N * C * f);
-    k->matmul_bwd(d, dln, g + o->wg, NULL, a[A_DGATE], b.ln2, p + o->wg, N, C, I);
-    k->matmul_bwd(d, dln, g + o->wu, NULL, a[A_DUP], b.ln2, p + o->wu, N, C, I);
-    k->rmsnorm_bwd(d, dresid, g + o->ln2, dln, b.resid2, p + o->ln2, b.rstd2, N, C);
+    k->matmul_bwd(d, dln, G(m, o->wg), NULL, a[A_DGATE], b.ln2, p + o->wg, N, C, I);
+    lora_bwd(m, l, P_G, dln, a[A_DGATE], b.ln2, N, C, I);
+    k->matmul_bwd(d, dln, G(m, o->wu), NULL, a[A_DUP], b.ln2, p + o->wu, N, C, I);
+    lora_bwd(m, l, P_U, dln, a[A_DUP], b.ln2, N, C, I);
+    k->rmsnorm_bwd(d, dresid, G(m, o->ln2), dln, b.resid2, p + o->ln2, b.rstd2, N, C);
     /* attention: dresid is now d(resid2) */
     k->zero(d, a[A_DATTY], (size_t)N * QD * f);
-    k->matmul_bwd(d, a[A_DATTY], g + o->wo, W(g, o->bo), dresid, b.atty, p + o->wo, N, QD, C);
+    k->matmul_bwd(d, a[A_DATTY], G(m, o->wo), G(m, o->bo), dresid, b.atty, p + o->wo, N, QD, C);
+    lora_bwd(m, l, P_O, a[A_DATTY], dresid, b.atty, N, QD, C);
     k->zero(d, a[A_DQ], (size_t)N * QD * f);
     k->zero(d, a[A_DK], (size_t)N * KD * f);
     k->zero(d, a[A_DV], (size_t)N * KD * f);
@@ -691,10 +786,13 @@ static void block_backward(model *m, int l, int B)
     k->rope_bwd(d, a[A_DQ], a[A_DQ], a[A_COS], a[A_SIN], pos, B, T, NH, hs);
     k->rope_bwd(d, a[A_DK], a[A_DK], a[A_COS], a[A_SIN], pos, B, T, NKV, hs);
     k->zero(d, dln, (size_t)N * C * f);
-    k->matmul_bwd(d, dln, g + o->wq, W(g, o->bq), a[A_DQ], b.ln1, p + o->wq, N, C, QD);
-    k->matmul_bwd(d, dln, g + o->wk, W(g, o->bk), a[A_DK], b.ln1, p + o->wk, N, C, KD);
-    k->matmul_bwd(d, dln, g + o->wv, W(g, o->bv), a[A_DV], b.ln1, p + o->wv, N, C, KD);
-    k->rmsnorm_bwd(d, dresid, g + o->ln1, dln, x, p + o->ln1, b.rstd1, N, C);
+    k->matmul_bwd(d, dln, G(m, o->wq), G(m, o->bq), a[A_DQ], b.ln1, p + o->wq, N, C, QD);
+    lora_bwd(m, l, P_Q, dln, a[A_DQ], b.ln1, N, C, QD);
+    k->matmul_bwd(d, dln, G(m, o->wk), G(m, o->bk), a[A_DK], b.ln1, p + o->wk, N, C, KD);
+    lora_bwd(m, l, P_K, dln, a[A_DK], b.ln1, N, C, KD);
+    k->matmul_bwd(d, dln, G(m, o->wv), G(m, o->bv), a[A_DV], b.ln1, p + o->wv, N, C, KD);
+    lora_bwd(m, l, P_V, dln, a[A_DV], b.ln1, N, C, KD);
+    k->rmsnorm_bwd(d, dresid, G(m, o->ln1), dln, x, p + o->ln1, b.rstd1, N, C);
 }
 
 static void llama_backward(model *m, int nseq, void (*done)(void *ctx, int layer), void *ctx)
@@ -705,12 +803,12 @@ static void llama_backward(model *m, int nseq, void (*done)(void *ctx, int layer
     float *const *a = s->a.ptr;
     int B = nseq, T = m->T, C = m->cfg.channels, L = m->cfg.n_layer, N = B * T;
     int Vp = m->cfg.padded_vocab_size;
-    float *p = m->params, *g = m->grads;
+    float *p = m->params;
     k->zero(d, a[A_DRESID], (size_t)N * C * sizeof(float));
     k->zero(d, a[A_DLN], (size_t)N * C * sizeof(float));
     /* logits hold dloss/dlogits (forward with want_grad) */
-    k->matmul_bwd(d, a[A_DLN], g + s->head, NULL, a[A_LOGITS], a[A_LNF], p + s->head, N, C, Vp);
-    k->rmsnorm_bwd(d, a[A_DRESID], g + s->norm, a[A_DLN], block_input(m, L), p + s->norm,
+    k->matmul_bwd(d, a[A_DLN], G(m, s->head), NULL, a[A_LOGITS], a[A_LNF], p + s->head, N, C, Vp);
+    k->rmsnorm_bwd(d, a[A_DRESID], G(m, s->norm), a[A_DLN], block_input(m, L), p + s->norm,
                    a[A_RSTDF], N, C);
     for (int l = L - 1; l >= 0; l--) {
         if (m->recompute) /* rebuild the block's inner activations (same bits) */
@@ -719,7 +817,8 @@ static void llama_backward(model *m, int nseq, void (*done)(void *ctx, int layer
         if (done != NULL)
             done(ctx, l);
     }
-    k->embed_bwd(d, g + s->emb, a[A_DRESID], (const int *)a[A_TOKENS], N, C);
+    if (G(m, s->emb) != NULL) /* frozen under LoRA */
+        k->embed_bwd(d, G(m, s->emb), a[A_DRESID], (const int *)a[A_TOKENS], N, C);
     if (done != NULL)
         done(ctx, -1);
 }

@@ -14,6 +14,7 @@
 #include "fsutil.h"
 #include "hf_dir.h"
 #include "model_hf.h"
+#include "model_lora.h"
 #include "safepath.h"
 #include "safetensors.h"
 
@@ -42,6 +43,11 @@ static int download_all(const model *m, const adamw *opt, float **params, float 
     return 0;
 }
 
+static bool c_lora(const model *m)
+{
+    return m->cfg.lora.r > 0;
+}
+
 static int write_model_file(const char *path, const model *m, const float *params, int step,
                             acc_err *err)
 {
@@ -52,12 +58,13 @@ static int write_model_file(const char *path, const model *m, const float *param
 }
 
 /* master: the fp32 weights in the model's flat layout, or NULL when
- * model.safetensors holds them exactly (F32). */
+ * model.safetensors holds them exactly (F32); under LoRA only the trainable
+ * prefix [0, ngrad) (the adapters: the base is the job's input). */
 static int write_state_file(const char *path, const model *m, const adamw *opt,
                             const float *mom1, const float *mom2, const float *master,
                             const ckpt_state *st, const char *spec_json, acc_err *err)
 {
-    size_t nmom = opt->hi - opt->lo;
+    size_t nmom = opt->hi - opt->lo, nmaster = c_lora(m) ? m->ngrad : m->nparams;
     const model_config *c = &m->cfg;
     char v[12][32];
     snprintf(v[0], 32, "%d", st->step);
@@ -86,8 +93,8 @@ static int write_state_file(const char *path, const model *m, const adamw *opt,
          .data = mom1, .nbytes = nmom * sizeof(float)},
         {.name = "adam.v", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)nmom},
          .data = mom2, .nbytes = nmom * sizeof(float)},
-        {.name = "params", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)m->nparams},
-         .data = master, .nbytes = m->nparams * sizeof(float)},
+        {.name = "params", .dtype = ST_F32, .ndim = 1, .shape = {(int64_t)nmaster},
+         .data = master, .nbytes = nmaster * sizeof(float)},
     };
     return st_write(path, t, master ? 3 : 2, md, nmeta, err);
 }
@@ -196,7 +203,7 @@ static int write_weights(const char *dir, const model *m, const float *params, i
                          const char *hf_src, st_dtype dtype, acc_err *err)
 {
     char file[PATH_MAX + 64];
-    model_hf_save_opts o = {.dtype = dtype, .src_dir = hf_src};
+    model_hf_save_opts o = {.dtype = dtype, .src_dir = hf_src, .host_params = params};
     const model_family *f = model_family_of(&m->cfg);
     if (dtype != ST_F32 || model_hf_bytes(m, dtype) > HF_SHARD_DEFAULT)
         return model_hf_save(m, dir, &o, err);
@@ -221,6 +228,24 @@ int ckpt_save_hf(const char *output_dir, const model *m, const adamw *opt, const
                         err);
 }
 
+/* LoRA: the PEFT adapter directory's files, and with merge the merged model
+ * as the Hugging Face directory dir/merged (model_lora.h). */
+static int write_lora(const char *dir, const model *m, float *params, int step,
+                      const char *hf_src, st_dtype dtype, acc_err *err)
+{
+    int rc = model_lora_save(&m->layout, &m->cfg, params, dir, hf_src ? hf_src : "", err);
+    if (rc != 0 || !m->cfg.lora.merge)
+        return rc;
+    char sub[PATH_MAX + 16];
+    if (snprintf(sub, sizeof sub, "%s/" CKPT_MERGED_DIR, dir) >= (int)sizeof sub)
+        return acc_err_set(err, ACC_EINVAL, "", "output path too long");
+    if (mkdir(sub, 0750) != 0)
+        return acc_err_set(err, ACC_EIO, "", "mkdir %s: %s", sub, strerror(errno));
+    /* the master weights were written already: fold the adapters in place */
+    model_lora_merge_host(&m->layout, &m->cfg, params);
+    return write_weights(sub, m, params, step, hf_src, dtype, err);
+}
+
 int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const ckpt_state *st,
                  const char *spec_json, int keep, const char *hf_src, st_dtype dtype,
                  char *path_out, size_t path_n, acc_err *err)
@@ -238,13 +263,16 @@ int ckpt_save_as(const char *output_dir, const model *m, const adamw *opt, const
                            partial, strerror(errno));
     float *params, *mom1, *mom2;
     rc = download_all(m, opt, &params, &mom1, &mom2, err);
-    if (rc == 0)
+    bool lora = m->cfg.lora.r > 0;
+    if (rc == 0 && !lora)
         rc = write_weights(partial, m, params, st->step, hf_src, dtype, err);
-    if (rc == 0) { /* narrower weights on disk: the exact ones for resuming here */
+    if (rc == 0) { /* narrower weights on disk (or an adapter): the exact ones for resuming */
         snprintf(file, sizeof file, "%s/state.safetensors", partial);
-        rc = write_state_file(file, m, opt, mom1, mom2, dtype == ST_F32 ? NULL : params, st,
-                              spec_json, err);
+        rc = write_state_file(file, m, opt, mom1, mom2, dtype == ST_F32 && !lora ? NULL : params,
+                              st, spec_json, err);
     }
+    if (rc == 0 && lora) /* after the state: merging changes params */
+        rc = write_lora(partial, m, params, st->step, hf_src, dtype, err);
     if (rc == 0) {
         free(params);
         free(mom1);
@@ -427,10 +455,14 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
         rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: optimizer state does not match the model", path);
     st_tensor tp;
     int master = rc == 0 && st_get(sf, "params", &tp, NULL) == 0;
-    if (master && (tp.dtype != ST_F32 || tp.nbytes != m->nparams * sizeof(float)))
+    size_t nmaster = c_lora(m) ? m->ngrad : m->nparams; /* LoRA: the adapters (the caller
+                                                          * loaded the frozen base) */
+    if (c_lora(m) && !master)
+        rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: no adapter weights", path);
+    if (master && (tp.dtype != ST_F32 || tp.nbytes != nmaster * sizeof(float)))
         rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: master weights do not match the model", path);
     if (rc == 0 && master) { /* the fp32 weights beside a narrower model.safetensors */
-        model_params_upload(m, tp.data);
+        m->dev->ops->upload(m->dev, m->params, tp.data, tp.nbytes);
     } else if (rc == 0 && sharded_at(dfd)) {
         rc = load_sharded(dir, m, err);
     } else if (rc == 0) {

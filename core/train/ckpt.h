@@ -37,6 +37,15 @@
 #include "model.h"
 #include "safetensors.h"
 
+/* LoRA (model_lora.h): a checkpoint directory is a PEFT adapter directory
+ * (adapter_config.json, adapter_model.safetensors; state.safetensors keeps
+ * the adapters in fp32 (its "params" is the trainable prefix of the buffer)
+ * and their moments, so resume is exact once the caller has loaded the
+ * frozen base as the job started: ckpt_load_at uploads the prefix only) and,
+ * with save.merge_lora, holds the merged model as the Hugging Face
+ * directory <ckpt>/merged. */
+#define CKPT_MERGED_DIR "merged"
+
 typedef struct ckpt_state {
     int step;            /* optimizer steps completed */
     int adam_t;          /* AdamW steps taken */

@@ -8,10 +8,11 @@
 #include "batch_split.h"
 #include "checked.h"
 #include "model_hf.h"
+#include "model_lora.h"
 #include "safepath.h"
 #include "trainer.h"
 
-int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
+static int base_config(const job_spec *spec, model_config *cfg, acc_err *err)
 {
     if (spec->model.from[0] != '\0' && spec->plan_only) /* planning: config.json only */
         return model_hf_config_only(spec->model.from, cfg, err);
@@ -29,6 +30,14 @@ int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
     return rc;
 }
 
+int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
+{
+    int rc = base_config(spec, cfg, err);
+    if (rc == 0) /* the lora section against the model's modules */
+        rc = model_lora_apply(&spec->lora, spec->merge_lora, cfg, err);
+    return rc;
+}
+
 /* The state by part, as the allocations are made (model.c: parameters,
  * then gradients + the trainer's slots; adamw.c: the moments), or an
  * error naming the field. */
@@ -38,7 +47,7 @@ static int state_parts(const model_config *cfg, plan_parts *p, acc_err *err)
     memset(p, 0, sizeof *p);
     int rc = model_state_bytes(cfg, TRAIN_SLOTS, &model_b, err);
     if (rc == 0)
-        rc = adamw_state_bytes(0, model_num_params(cfg), &p->optimizer, err);
+        rc = adamw_state_bytes(0, model_num_trainable(cfg), &p->optimizer, err);
     if (rc != 0)
         return rc;
     p->weights = acc_sat_mul_u64(model_num_params(cfg), sizeof(float));

@@ -50,6 +50,7 @@
 #include "batch_split.h"
 #include "checked.h"
 #include "mem_plan.h"
+#include "model_lora.h"
 #include "model.h"
 #include "model_hf.h"
 #include "optim.h"
@@ -366,28 +367,42 @@ static int state_oom(rank_state *rs, acc_err *err)
                        (unsigned long long)rs->dev->budget);
 }
 
+/* The weights a job starts from: model.from (a Hugging Face directory),
+ * else init_from (the family's native file), else the seed; then LoRA's
+ * adapters. */
+static int init_base(rank_state *rs, acc_err *err)
+{
+    const job_spec *s = &rs->t->spec;
+    int rc;
+    if (s->model.from[0] != '\0') { /* a Hugging Face directory, one tensor at a time */
+        rc = model_hf_load_dir(rs->model, s->model.from, err);
+    } else if (s->model.init_from[0] == '\0') {
+        rc = model_init_seed(rs->model, s->seed, err);
+    } else { /* under the data roots, read through the descriptor checked */
+        int fd;
+        rc = sp_open_file(s->data_roots, s->model.init_from, "model.init_from", &fd, NULL, 0, err);
+        if (rc != 0)
+            return rc;
+        rc = model_load_fd(rs->model, fd, s->model.init_from, err);
+        close(fd);
+    }
+    if (rc == 0) /* LoRA: the adapters, from the seed (B = 0) */
+        rc = model_lora_init(rs->model, s->seed, err);
+    return rc;
+}
+
 /* The starting weights: a checkpoint to resume (weights, moments, step),
- * else init_from (the family's native file), else the seed. */
+ * else init_base's. A LoRA checkpoint holds the adapters only (ckpt.h):
+ * the frozen base is loaded as at the start first. */
 static int init_weights(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
     if (t->resume_fd >= 0) {
         ckpt_state st;
-        return ckpt_load_at(t->resume_fd, t->resume_dir, rs->model, rs->opt, &st, err);
+        int rc = rs->model->cfg.lora.r > 0 ? init_base(rs, err) : 0;
+        return rc != 0 ? rc : ckpt_load_at(t->resume_fd, t->resume_dir, rs->model, rs->opt, &st, err);
     }
-    if (s->model.from[0] != '\0') /* a Hugging Face directory, one tensor at a time */
-        return model_hf_load_dir(rs->model, s->model.from, err);
-    if (s->model.init_from[0] == '\0')
-        return model_init_seed(rs->model, s->seed, err);
-    /* under the data roots, read through the descriptor checked */
-    int fd;
-    int rc = sp_open_file(s->data_roots, s->model.init_from, "model.init_from", &fd, NULL, 0, err);
-    if (rc != 0)
-        return rc;
-    rc = model_load_fd(rs->model, fd, s->model.init_from, err);
-    close(fd);
-    return rc;
+    return init_base(rs, err);
 }
 
 /* Cut the gradient buffer into buckets of about `bytes` each, walking the
@@ -443,7 +458,7 @@ static int rank_setup(rank_state *rs, acc_err *err)
     model_opts mo = {.B = 0, .T = T, .grad_tail = TRAIN_SLOTS};
     if (rc == 0 && (rc = model_create_ex(rs->dev, &t->cfg, &mo, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);
-    if (rc == 0 && (rc = adamw_create(rs->dev, 0, rs->model->nparams, &rs->opt, err)) == ACC_EOOM)
+    if (rc == 0 && (rc = adamw_create(rs->dev, 0, rs->model->ngrad, &rs->opt, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0)
         rc = init_weights(rs, err);
@@ -608,7 +623,7 @@ static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
      * gradient buffer's spare slots, free between steps */
     model *md = rs->model;
     kern_device *dev = rs->dev;
-    float *slots = md->grads + md->nparams + SLOT_EVAL;
+    float *slots = md->grads + md->ngrad + SLOT_EVAL;
     float buf[2];
     put_double(buf, sum);
     dev->ops->upload(dev, slots, buf, sizeof buf);
@@ -829,7 +844,7 @@ static void stage_slots(rank_state *rs)
     memset(rs->extra, 0, sizeof rs->extra);
     put_double(rs->extra + SLOT_LOSS, rs->step_loss_sum);
     rs->extra[SLOT_OOM] = rs->step_oom ? 1.0f : 0.0f;
-    rs->dev->ops->upload(rs->dev, m->grads + m->nparams, rs->extra, sizeof rs->extra);
+    rs->dev->ops->upload(rs->dev, m->grads + m->ngrad, rs->extra, sizeof rs->extra);
 }
 
 static void start_bucket(rank_state *rs, const grad_bucket *b)
@@ -924,7 +939,7 @@ static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
     kern_device *dev = rs->dev;
     if ((rc = dev->ops->last_error(dev, err)) != 0) /* a GPU kernel that failed this step */
         return rc;
-    dev->ops->download(dev, rs->extra, m->grads + m->nparams, sizeof rs->extra);
+    dev->ops->download(dev, rs->extra, m->grads + m->ngrad, sizeof rs->extra);
     *oom = rs->extra[SLOT_OOM] != 0.0f;
     if (!*oom)
         finish_step(rs, step, t0);
@@ -995,7 +1010,7 @@ static int share_oom_records(rank_state *rs, acc_err *err)
     model *m = rs->model;
     kern_device *dev = rs->dev;
     size_t n = (size_t)t->nranks * PIECES;
-    if (t->own_comm || n > m->nparams)
+    if (t->own_comm || n > m->ngrad)
         return 0;
     float *host = calloc(n, sizeof *host);
     if (host == NULL)

@@ -353,7 +353,7 @@ static void cpu_matmul_bwd_bf16(kern_device *d, float *dinp, float *dw, float *d
         /* dinp[N,C] += dout[N,OC] w[OC,C] */
         if (dinp != NULL && r1 > r0)
             bf16_gemm(scr, 0, 0, r0, r1, C, OC, dout, OC, w, C, 1.0f, dinp, C);
-        if (o1 > o0) {
+        if (o1 > o0 && dw != NULL) {
             /* dw[OC,C] += dout^T[OC,N] inp[N,C] */
             bf16_gemm(scr, 1, 0, o0, o1, C, N, dout, OC, inp, C, 1.0f, dw, C);
             if (dbias != NULL)
@@ -401,7 +401,7 @@ static void cpu_matmul_bwd(kern_device *d, float *dinp, float *dw, float *dbias,
         if (dinp != NULL && r1 > r0)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, C, OC, 1.0f,
                         dout + (size_t)r0 * OC, OC, w, C, 1.0f, dinp + (size_t)r0 * C, C);
-        if (o1 > o0) {
+        if (o1 > o0 && dw != NULL) {
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N, 1.0f,
                         dout + o0, OC, inp, C, 1.0f, dw + (size_t)o0 * C, C);
             if (dbias != NULL)
@@ -592,6 +592,13 @@ static void cpu_add(kern_device *d, float *out, const float *a, const float *b, 
 #pragma omp parallel for num_threads(d->threads)
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
+}
+
+static void cpu_scale(kern_device *d, float *x, float s, size_t n)
+{
+#pragma omp parallel for num_threads(d->threads)
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
 }
 
 /* ---- loss */
@@ -788,6 +795,7 @@ static const kern_ops cpu_ops = {
     .gqa_attention_bwd = kern_cpu_gqa_attention_bwd,
     .gqa_attention_pos_fwd = kern_cpu_gqa_attention_pos_fwd,
     .gqa_attention_pos_bwd = kern_cpu_gqa_attention_pos_bwd,
+    .scale = cpu_scale,
 };
 
 const kern_ops *kern_cpu_ops(void)

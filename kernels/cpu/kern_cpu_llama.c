@@ -89,6 +89,8 @@ void kern_cpu_rmsnorm_bwd(kern_device *d, float *dinp, float *dw, const float *d
         for (int c = 0; c < C; c++)
             di[c] += s * g[c] * w[c] - k * x[c];
     }
+    if (dw == NULL) /* a frozen weight (LoRA) */
+        return;
     enum { CB = 64 };
     int nblk = (C + CB - 1) / CB;
 #pragma omp parallel for num_threads(d->threads)

@@ -268,6 +268,7 @@ static const kern_ops cuda_ops = {
     /* .gqa_attention_bwd = */ kern_cuda_gqa_attention_bwd,
     /* .gqa_attention_pos_fwd = */ kern_cuda_gqa_attention_pos_fwd,
     /* .gqa_attention_pos_bwd = */ kern_cuda_gqa_attention_pos_bwd,
+    /* .scale = */ cu_scale,
 };
 
 /* the op files' hooks into the device state (kern_cuda_llama.h) */

@@ -215,7 +215,7 @@ extern "C" void kern_cuda_rmsnorm_bwd(kern_device *d, float *dinp, float *dw, co
     if (N <= 0 || C <= 0)
         return;
     k_rmsnorm_bwd_inp<<<(unsigned)N, LL_THREADS, 0, stream_of(d)>>>(dinp, dout, inp, w, rstd, C);
-    if (!LL_LAUNCHED(d, "rmsnorm_bwd_inp"))
+    if (!LL_LAUNCHED(d, "rmsnorm_bwd_inp") || dw == NULL) /* dw NULL: a frozen weight */
         return;
     dim3 grid((unsigned)((C + 255) / 256), (unsigned)((N + LL_ROWS - 1) / LL_ROWS));
     k_rmsnorm_bwd_w<<<grid, 256, 0, stream_of(d)>>>(dw, dout, inp, rstd, N, C);

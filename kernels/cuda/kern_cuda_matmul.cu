@@ -257,8 +257,8 @@ void cu_matmul_bwd(kern_device *d, float *dinp, float *dw, float *dbias,
         return;
     if (dinp != NULL) /* dinp[N,C] += dout[N,OC] w[OC,C] */
         lin_gemm(d, false, false, N, C, OC, dout, OC, w, C, 1.0f, dinp, C, NULL, dout16);
-    /* dw[OC,C] += dout^T inp */
-    lin_gemm(d, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dw, C, NULL, dout16);
+    if (dw != NULL) /* dw[OC,C] += dout^T inp (NULL: a frozen weight) */
+        lin_gemm(d, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dw, C, NULL, dout16);
     if (IM(d)->err_code != 0)
         return;
     if (dbias != NULL)

@@ -57,6 +57,23 @@ void cu_gelu_bwd(kern_device *d, float *dinp, const float *inp, const float *dou
     CU_LAUNCHED(d, "gelu_bwd");
 }
 
+__global__ void k_scale(float *x, float s, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+void cu_scale(kern_device *d, float *x, float s, size_t n)
+{
+    CU_LIVE(d);
+    PROF(d, KP_ADD);
+    if (n == 0)
+        return;
+    k_scale<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(x, s, n);
+    CU_LAUNCHED(d, "scale");
+}
+
 void cu_add(kern_device *d, float *out, const float *a, const float *b, size_t n)
 {
     CU_LIVE(d);

@@ -14,6 +14,12 @@
  *   a second run split into micro batches of M sequences (--micro: the
  *   gradients accumulate over B / M micro-steps; "losses" is from that run).
  *   --save writes the weights after the steps as a Hugging Face directory.
+ *   --lora R,ALPHA,MOD[+MOD...]|all-linear: LoRA adapters (model_lora.h),
+ *   seed 7; "param."/"grad." then hold the trainable (adapter) tensors only,
+ *   "frozen_changed" [1] counts the frozen floats the steps changed, and
+ *   "final_loss" [1] is the loss after the steps; --adapter DIR2 writes the
+ *   PEFT adapter directory after the steps and the merged model as DIR2/merged;
+ *   --set-adapter DIR3 starts from DIR3's adapter_model.safetensors instead.
  * Exit 0, or 1 with the error on stderr.
  */
 #include <errno.h>
@@ -21,14 +27,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsutil.h"
 #include "kern_device.h"
 #include "model.h"
 #include "model_hf.h"
 #include "model_llama.h"
+#include "model_lora.h"
 #include "safetensors.h"
 
 typedef struct opts {
-    const char *dir, *batch, *out, *save;
+    const char *dir, *batch, *out, *save, *lora, *adapter, *set_adapter;
     int steps, recompute, bf16, micro, threads;
     double lr, wd, beta1, beta2, eps;
     uint64_t shard;
@@ -73,6 +81,12 @@ static int parse(int argc, char **argv, opts *o)
             o->eps = atof(v), i++;
         else if (!strcmp(a, "--save"))
             o->save = v, i++;
+        else if (!strcmp(a, "--lora"))
+            o->lora = v, i++;
+        else if (!strcmp(a, "--adapter"))
+            o->adapter = v, i++;
+        else if (!strcmp(a, "--set-adapter"))
+            o->set_adapter = v, i++;
         else if (!strcmp(a, "--shard"))
             o->shard = strtoull(v, NULL, 10), i++;
         else if (!strcmp(a, "--dtype")) {
@@ -97,6 +111,8 @@ static void adam_step(model *m, adam *a, const opts *o)
     a->t++;
     for (int i = 0; i < m->layout.n; i++) {
         const model_tensor *t = &m->layout.t[i];
+        if (!t->trains)
+            continue;
         d->ops->adamw(d, m->params + t->offset, m->grads + t->offset, a->m + t->offset,
                       a->v + t->offset, t->count, (float)o->lr, (float)o->beta1, (float)o->beta2,
                       (float)o->eps, t->decays ? (float)o->wd : 0.0f, 1.0f, a->t);
@@ -151,14 +167,16 @@ static int out_add(outbuf *b, const char *name, const float *data, int ndim, con
 /* Every layout tensor of the device buffer `src` as "prefix.NAME". */
 static int out_tensors(outbuf *b, const model *m, const float *src, const char *prefix)
 {
-    float *host = malloc(m->nparams * sizeof *host), *file = malloc(m->nparams * sizeof *file);
+    float *host = calloc(m->nparams, sizeof *host), *file = malloc(m->nparams * sizeof *file);
     if (host == NULL || file == NULL)
         return -1;
-    m->dev->ops->download(m->dev, host, src, m->nparams * sizeof *host);
+    m->dev->ops->download(m->dev, host, src, m->ngrad * sizeof *host);
     int rc = 0;
     for (int i = 0; rc == 0 && i < m->layout.n; i++) {
         const model_tensor *t = &m->layout.t[i];
         char name[MODEL_NAME_MAX + 16];
+        if (t->offset >= m->ngrad) /* frozen (LoRA): no gradient, and params are the base */
+            continue;
         snprintf(name, sizeof name, "%s.%s", prefix, t->name);
         model_tensor_to_file(t, host, file);
         rc = out_add(b, name, file, t->ndim, t->shape);
@@ -198,6 +216,57 @@ static int read_batch(const char *path, int **tok, int **tgt, int *B, int *T, ac
     return rc;
 }
 
+/* "R,ALPHA,MOD+MOD" or "R,ALPHA,all-linear" through the spec's meaning. */
+static int lora_opts(const char *s, model_config *cfg, acc_err *err)
+{
+    spec_lora sl = {0};
+    char mods[256];
+    if (sscanf(s, "%d,%lf,%255s", &sl.r, &sl.alpha, mods) != 3)
+        return acc_err_set(err, ACC_EINVAL, "lora", "--lora R,ALPHA,MODULES");
+    if (!strcmp(mods, "all-linear"))
+        sl.all_linear = true;
+    for (char *t = sl.all_linear ? NULL : strtok(mods, "+"); t && sl.n_targets < SPEC_LORA_MAX_TARGETS;
+         t = strtok(NULL, "+"))
+        snprintf(sl.targets[sl.n_targets++], SPEC_LORA_NAME_MAX, "%s", t);
+    return model_lora_apply(&sl, true, cfg, err);
+}
+
+/* The adapters of a PEFT adapter directory's safetensors, by name, into m. */
+static int set_adapter(model *m, const char *dir, acc_err *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    st_file *f = NULL;
+    int rc = st_open(path, &f, err);
+    for (int i = 0; rc == 0 && i < m->layout.n; i++) {
+        const model_tensor *t = &m->layout.t[i];
+        st_tensor s;
+        if (!t->adapter)
+            continue;
+        if (st_get(f, t->name, &s, err) != 0 || s.dtype != ST_F32 || s.nbytes != t->count * sizeof(float))
+            rc = acc_err_set(err, ACC_EINVAL, "", "%s: no F32 %s of its shape", path, t->name);
+        else
+            m->dev->ops->upload(m->dev, m->params + t->offset, s.data, s.nbytes);
+    }
+    st_close(f);
+    return rc;
+}
+
+/* The adapter directory, and the merged model as dir/merged. */
+static int save_adapter(const model *m, float *host, const char *dir, const char *src, acc_err *err)
+{
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/merged", dir);
+    int rc = fsu_mkdir_p(sub, 0750, err);
+    if (rc == 0)
+        rc = model_lora_save(&m->layout, &m->cfg, host, dir, src, err);
+    model_lora_merge_host(&m->layout, &m->cfg, host);
+    model_hf_save_opts so = {.dtype = ST_F32, .src_dir = src, .host_params = host};
+    if (rc == 0)
+        rc = model_hf_save(m, sub, &so, err);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     opts o;
@@ -212,6 +281,8 @@ int main(int argc, char **argv)
     model_config cfg;
     if (model_hf_validate(o.dir, &cfg, &err) != 0)
         return die("validate", &err);
+    if (o.lora != NULL && lora_opts(o.lora, &cfg, &err) != 0)
+        return die("lora", &err);
     kern_device_info info = {.kind = KERN_DEV_CPU, .mem_total = 8ull << 30};
     snprintf(info.name, sizeof info.name, "cpu0");
     kern_device *d;
@@ -223,8 +294,12 @@ int main(int argc, char **argv)
     model *m;
     if (model_create(d, &cfg, 0, T, &m, &err) != 0 || model_acts_alloc(m, mb, o.recompute, &err) != 0)
         return die("model", &err);
-    if (model_hf_load_dir(m, o.dir, &err) != 0)
+    if (model_hf_load_dir(m, o.dir, &err) != 0 || model_lora_init(m, 7, &err) != 0)
         return die("load", &err);
+    if (o.set_adapter != NULL && set_adapter(m, o.set_adapter, &err) != 0)
+        return die("set-adapter", &err);
+    float *base = malloc(m->nparams * sizeof *base); /* the frozen weights, to compare */
+    model_params_download(m, base);
 
     size_t BT = (size_t)B * T;
     float *w = malloc(BT * sizeof *w);
@@ -264,6 +339,25 @@ int main(int argc, char **argv)
         }
         int64_t n[1] = {o.steps};
         out_add(&ob, "losses", losses, 1, n);
+        if (cfg.lora.r > 0) {
+            double fl = 0;
+            model_forward(m, tok, tgt, w, mb, 0, &fl);
+            for (int s = mb; s < B; s += mb) {
+                double ls = 0;
+                model_forward(m, tok + (size_t)s * T, tgt + (size_t)s * T, w, mb, 0, &ls);
+                fl += ls;
+            }
+            float after = (float)fl, changed = 0;
+            float *now = malloc(m->nparams * sizeof *now);
+            model_params_download(m, now);
+            for (size_t i = m->ngrad; i < m->nparams; i++)
+                changed += memcmp(&now[i], &base[i], sizeof *now) != 0;
+            out_add(&ob, "final_loss", &after, 1, one);
+            out_add(&ob, "frozen_changed", &changed, 1, one);
+            if (o.adapter != NULL && save_adapter(m, now, o.adapter, o.dir, &err) != 0)
+                return die("adapter", &err);
+            free(now);
+        }
         free(losses);
         d->ops->free(d, a.m);
         d->ops->free(d, a.v);
@@ -282,6 +376,7 @@ int main(int argc, char **argv)
     free(w);
     free(tok);
     free(tgt);
+    free(base);
     model_free(m);
     kern_device_close(d);
     return 0;

@@ -187,8 +187,14 @@ def param_names(cfg):
     return names
 
 
-def forward(cfg, P, tokens):
-    """Logits [B, T, V] for tokens [B, T] (P: {name: tensor})."""
+def forward(cfg, P, tokens, lora=None):
+    """Logits [B, T, V] for tokens [B, T] (P: {name: tensor}). lora: None or
+    a function (x, weight name) -> the adapter's addition to x @ W^T (the
+    LoRA check writes PEFT's formula there)."""
+    def lin(x, name):
+        y = x @ P[name].t()
+        return y if lora is None else y + lora(x, name)
+
     B, T = tokens.shape
     dt = P["model.embed_tokens.weight"].dtype
     ang = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq(cfg)[None, :]
@@ -201,7 +207,7 @@ def forward(cfg, P, tokens):
         h = rmsnorm(x, P[p + "input_layernorm.weight"], cfg.eps)
 
         def proj(m, heads):
-            y = h @ P[p + f"self_attn.{m}_proj.weight"].t()
+            y = lin(h, p + f"self_attn.{m}_proj.weight")
             if cfg.bias:
                 y = y + P[p + f"self_attn.{m}_proj.bias"]
             return y.view(B, T, heads, cfg.hs).transpose(1, 2)
@@ -211,14 +217,14 @@ def forward(cfg, P, tokens):
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(cfg.hs) + mask, dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, cfg.NH * cfg.hs)
-        y = y @ P[p + "self_attn.o_proj.weight"].t()
+        y = lin(y, p + "self_attn.o_proj.weight")
         if cfg.obias:
             y = y + P[p + "self_attn.o_proj.bias"]
         x = x + y
         h = rmsnorm(x, P[p + "post_attention_layernorm.weight"], cfg.eps)
-        g = torch.nn.functional.silu(h @ P[p + "mlp.gate_proj.weight"].t())
-        u = h @ P[p + "mlp.up_proj.weight"].t()
-        x = x + (g * u) @ P[p + "mlp.down_proj.weight"].t()
+        g = torch.nn.functional.silu(lin(h, p + "mlp.gate_proj.weight"))
+        u = lin(h, p + "mlp.up_proj.weight")
+        x = x + lin(g * u, p + "mlp.down_proj.weight")
     x = rmsnorm(x, P["model.norm.weight"], cfg.eps)
     head = P["model.embed_tokens.weight"] if cfg.tied else P["lm_head.weight"]
     return x @ head.t()

@@ -178,7 +178,7 @@ static void test_spans_layer_major(void **state)
                                               true, false, "m", &err), 0);
         }
     assert_int_equal(model_layout_add(&l, &cap, "norm", -1, 1, v, 0, false, true, false, "m", &err), 0);
-    model m = {.layout = l, .nparams = l.nparams, .grad_tail = 4};
+    model m = {.layout = l, .nparams = l.nparams, .ngrad = l.nparams, .grad_tail = 4};
     kern_span sp[MODEL_MAX_GRAD_SPANS];
     assert_int_equal(model_grad_spans(&m, 1, 3, 0, sp), 1); /* blocks 1, 2: one span */
     assert_true(sp[0].off == 64 + 136 && sp[0].n == 2 * 136);

@@ -191,6 +191,45 @@ static void test_save(void **state)
     expect_field(f, "\"train_batch_size\":8,\"save\":\"hf\"", "save");
 }
 
+/* lora: PEFT's keys and defaults; each bad value names its key path */
+static void test_lora(void **state)
+{
+    fixture *f = *state;
+    job_spec s;
+    acc_err err = {0};
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8", &s, &err), 0);
+    assert_int_equal(s.lora.r, 0);
+    assert_false(s.merge_lora);
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"lora\":{}", &s, &err), 0);
+    assert_int_equal(s.lora.r, 8); /* PEFT's defaults */
+    assert_true(s.lora.alpha == 8 && s.lora.dropout == 0 && s.lora.n_targets == 0 && !s.lora.all_linear);
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"lora\":{\"r\":16,\"alpha\":32,"
+                                   "\"dropout\":0.0,\"target_modules\":[\"q_proj\",\"v_proj\"]},"
+                                   "\"save\":{\"merge_lora\":true}", &s, &err), 0);
+    assert_true(s.lora.r == 16 && s.lora.alpha == 32 && s.lora.n_targets == 2 && s.merge_lora);
+    assert_string_equal(s.lora.targets[1], "v_proj");
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"lora\":{\"lora_alpha\":4,"
+                                   "\"target_modules\":\"all-linear\"}", &s, &err), 0);
+    assert_true(s.lora.all_linear && s.lora.alpha == 4);
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"r\":0}", "lora.r");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"r\":-4}", "lora.r");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"r\":100000}", "lora.r");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"r\":\"8\"}", "lora.r");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"alpha\":0}", "lora.alpha");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"dropout\":1.5}", "lora.dropout");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"dropout\":0.1}", "lora.dropout");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"rank\":8}", "lora.rank");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"target_modules\":\"all\"}", "lora.target_modules");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"target_modules\":[]}", "lora.target_modules");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"target_modules\":[\"q_proj\",7]}",
+                 "lora.target_modules[1]");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"target_modules\":[\"a.b\"]}",
+                 "lora.target_modules[0]");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":{\"target_modules\":[\"q_proj\",\"q_proj\"]}",
+                 "lora.target_modules[1]");
+    expect_field(f, "\"train_batch_size\":8,\"lora\":[8]", "lora");
+}
+
 static void test_paths(void **state)
 {
     fixture *f = *state;
@@ -317,6 +356,7 @@ int main(void)
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_paths),
         cmocka_unit_test(test_save),
+        cmocka_unit_test(test_lora),
         cmocka_unit_test(test_deepspeed),
         cmocka_unit_test(test_ignored_keys_and_big_integers),
     };
