@@ -6,9 +6,11 @@
  * answers, for every way to run the spec on that hardware (plan_table.h:
  * full or LoRA, ZeRO stage, recomputation, every micro batch m dividing
  * B / w), the predicted bytes per device by part, whether they fit, why
- * not, each variant's largest fitting m, and a summary: the row the dry
- * run would start with and, when it does not fit, the first variant that
- * does.
+ * not, each variant's largest fitting m, the LoRA settings the LoRA rows
+ * were planned with (the spec's lora section, or r 16, alpha 32,
+ * "all-linear" for a family that takes LoRA), and a summary: the row the
+ * dry run would start with and, when it does not fit, the first variant
+ * that does.
  *
  * hardware (optional, each key too): device_memory (bytes, or a size with
  * the config's K/M/G/T suffixes, "24GiB", "80G"; at least 1 MiB), devices
@@ -167,6 +169,29 @@ static json_t *summary_json(const plan_table *t, bool spec_recompute)
                      !fits && t->suggested >= 0 ? row_json(t, t->suggested) : json_null(), "message", msg);
 }
 
+/* The LoRA settings the table's LoRA rows were planned with (the spec's
+ * section or the defaults), null when it has none. */
+static json_t *lora_json(const job_spec *spec, const plan_table *t)
+{
+    const plan_group *g = NULL;
+    for (int i = 0; i < t->ngroups && g == NULL; i++)
+        if (t->groups[i].v.lora)
+            g = &t->groups[i];
+    job_spec *vs = g ? malloc(sizeof *vs) : NULL;
+    model_config cfg;
+    json_t *o = NULL;
+    if (vs != NULL && plan_variant_spec(spec, &t->hw, &g->v, vs, NULL) == 0 && plan_model_config(vs, &cfg, NULL) == 0) {
+        json_t *mods = json_array();
+        for (int i = 0; mods && i < cfg.lora.n_targets; i++)
+            json_array_append_new(mods, json_string(cfg.lora.targets[i]));
+        o = json_pack("{s:i, s:f, s:o, s:b, s:I}", "r", cfg.lora.r, "alpha", cfg.lora.alpha, "target_modules",
+                      mods ? mods : json_array(), "from_spec", spec->lora.r > 0, "trainable_params",
+                      (json_int_t)model_num_trainable(&cfg));
+    }
+    free(vs);
+    return o ? o : json_null();
+}
+
 static json_t *answer(const job_spec *spec, const model_config *cfg, const plan_table *t, bool hw_given)
 {
     json_t *rows = json_array(), *groups = json_array();
@@ -174,14 +199,14 @@ static json_t *answer(const job_spec *spec, const model_config *cfg, const plan_
         json_array_append_new(rows, row_json(t, i));
     for (int g = 0; groups && g < t->ngroups; g++)
         json_array_append_new(groups, group_json(t, &t->groups[g]));
-    return json_pack("{s:{s:s, s:s, s:I, s:i}, s:{s:s, s:I, s:i, s:b}, s:{s:i, s:i}, s:s, s:i, s:o, s:o, s:o}",
+    return json_pack("{s:{s:s, s:s, s:I, s:i}, s:{s:s, s:I, s:i, s:b}, s:{s:i, s:i}, s:s, s:i, s:o, s:o, s:o, s:o}",
                      "model", "family", model_family_of(cfg)->name, "from", spec->model.from, "params",
                      (json_int_t)model_num_params(cfg), "seq_len", spec->model.seq_len, "hardware", "kind",
                      t->hw.kind == KERN_DEV_CUDA ? "cuda" : "cpu", "device_memory_bytes",
                      bytes_json(t->hw.device_memory), "devices", t->hw.devices, "given", hw_given, "batch",
                      "train_batch_size", spec->train_batch_size, "per_device", spec->train_batch_size / t->hw.devices,
                      "precision", spec_precision_name(spec->precision), "margin_pct", PLAN_MARGIN_PCT, "summary",
-                     summary_json(t, spec->activation_checkpointing), "groups", groups ? groups : json_array(), "rows", rows ? rows : json_array());
+                     summary_json(t, spec->activation_checkpointing), "lora", lora_json(spec, t), "groups", groups ? groups : json_array(), "rows", rows ? rows : json_array());
 }
 
 int api_plan_compute(const jobs_mgr *m, const char *body, size_t len, json_t **out, acc_err *err)

@@ -7,10 +7,14 @@
 
 #include "checked.h"
 
+/* LoRA rows of a spec without a lora section: PEFT-style settings that
+ * adapt every linear layer of the blocks (plan_table.h). */
+static const spec_lora default_lora = {.r = 16, .alpha = 32, .dropout = 0, .all_linear = true};
+
 /* The spec's own variant: how it would run as submitted. */
 static plan_variant own_variant(const job_spec *spec)
 {
-    return (plan_variant){.lora = false, .zero_stage = 0, .recompute = spec->activation_checkpointing};
+    return (plan_variant){.lora = spec->lora.r > 0, .zero_stage = 0, .recompute = spec->activation_checkpointing};
 }
 
 bool plan_variant_available(const job_spec *spec, const plan_hw *hw, const plan_variant *v)
@@ -18,8 +22,7 @@ bool plan_variant_available(const job_spec *spec, const plan_hw *hw, const plan_
     (void)spec;
     if (v->zero_stage < 0 || v->zero_stage > 2 || (v->zero_stage > 0 && hw->devices < 2))
         return false;
-    /* the planner counts neither LoRA nor ZeRO shards yet */
-    return !v->lora && v->zero_stage == 0;
+    return v->zero_stage == 0; /* the planner counts no ZeRO shards yet */
 }
 
 int plan_variant_spec(const job_spec *spec, const plan_hw *hw, const plan_variant *v, job_spec *out,
@@ -36,6 +39,12 @@ int plan_variant_spec(const job_spec *spec, const plan_hw *hw, const plan_varian
     out->micro_batch = 0;
     out->accum_steps = 0;
     out->oom_adapt = false; /* no fallback row: recompute is its own variant */
+    if (!v->lora) { /* every weight trains */
+        memset(&out->lora, 0, sizeof out->lora);
+        out->merge_lora = false;
+    } else if (spec->lora.r == 0) {
+        out->lora = default_lora;
+    }
     return 0;
 }
 
@@ -68,6 +77,11 @@ static int add_group(const job_spec *spec, plan_table *t, const plan_variant *v,
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     int n = 0, chosen = -1;
     int rc = plan_variant_spec(spec, &t->hw, v, vs, err);
+    model_config cfg;
+    if (rc == 0 && v->lora && spec->lora.r == 0 && plan_model_config(vs, &cfg, NULL) != 0) {
+        free(vs); /* the default LoRA on a family that takes none: no such rows */
+        return 0;
+    }
     if (rc == 0)
         rc = plan_candidates_on(vs, t->hw.kind, t->hw.device_memory, t->rows + t->nrows, PLAN_MAX_ROWS, &n,
                                 &chosen, err);

@@ -13,10 +13,12 @@
  * B / w, ascending, and names the largest m that fits.
  *
  * Groups are built in the order of least change to a full fine-tune:
- * full before LoRA, ZeRO 0, 1, 2, recomputation off before on. A variant
- * the planner cannot count is left out (plan_variant_available): LoRA
- * until the planner knows LoRA specs, ZeRO 1/2 with one device or until
- * the planner knows ZeRO specs.
+ * full before LoRA, ZeRO 0, 1, 2, recomputation off before on. LoRA rows
+ * use the spec's lora section; a spec without one gets LoRA rows with
+ * PEFT-style settings {r 16, alpha 32, target_modules "all-linear"} when
+ * its family takes LoRA (model_lora_apply accepts them), none otherwise.
+ * A variant the planner cannot count is left out (plan_variant_available):
+ * ZeRO 1/2 with one device, or until the planner knows ZeRO specs.
  *
  * The recommended row is what the dry run (and the trainer) would start
  * with on that hardware: the spec's own variant, its micro batch when it

@@ -5,6 +5,9 @@
 #     on one 24 GiB CUDA device: no full fine-tune fits, and the answer says
 #     why with the numbers (16 bytes a parameter before activations);
 #   - on four 24 GiB devices: still none (without ZeRO each holds it all);
+#   - LoRA rows with r 16, alpha 32, all-linear (39,976,960 adapter
+#     parameters) and the adapters' AdamW state only;
+#   - on 80 GiB: no full fine-tune, a LoRA one fits and is suggested;
 #   - on 141 GiB: a full fine-tune fits, and the summary names it;
 #   - the plan never reads the weights: a directory whose model.safetensors
 #     is garbage plans like one without weights, while a submit of the same
@@ -49,7 +52,7 @@ expect_eq "24 GiB: fits" "$(echo "$a" | jq .summary.fits)" false
 # every full row: no fit, 16 bytes a parameter before activations, the parts sum to the peak
 echo "$a" | jq -e '[.rows[] | select(.mode == "full")] | length > 0 and all(.fits == false)' >/dev/null ||
     fail "a full row fits 24 GiB: $a"
-echo "$a" | jq -e '.rows | all(.weights_bytes == 4 * 6738415616 and .optimizer_bytes == 8 * 6738415616
+echo "$a" | jq -e '[.rows[] | select(.mode == "full")] | all(.weights_bytes == 4 * 6738415616 and .optimizer_bytes == 8 * 6738415616
     and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes + .workspace_bytes == .peak_bytes
     and .peak_bytes + .rounding_bytes + .runtime_bytes == .device_bytes and .runtime_bytes == 536870912)' \
     >/dev/null || fail "breakdown: $(echo "$a" | jq -c '.rows[0]')"
@@ -66,6 +69,12 @@ expect_eq "rows per group" "$(echo "$a" | jq -c '[.rows[] | select(.mode == "ful
     '[1,2,4,8]'
 expect_eq "recompute rows" "$(echo "$a" | jq -c '[.rows[] | select(.mode == "full" and .recompute) | .accum_steps]')" \
     '[8,4,2,1]'
+# LoRA rows (no lora section: r 16, alpha 32, all-linear): the adapters' AdamW state only
+expect_eq "LoRA settings" "$(echo "$a" | jq -c '[.lora.r, .lora.alpha, (.lora.target_modules | length), .lora.trainable_params, .lora.from_spec]')" \
+    '[16,32,7,39976960,false]'
+echo "$a" | jq -e '[.rows[] | select(.mode == "lora")] | length == 8 and all(.optimizer_bytes == 8 * 39976960
+    and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes + .workspace_bytes == .peak_bytes)' \
+    >/dev/null || fail "LoRA rows: $(echo "$a" | jq -c '[.rows[] | select(.mode == "lora")][0]')"
 ok "24 GiB: $why"
 
 # ---- four 24 GiB cards: each still holds the whole state ---------------------
@@ -74,6 +83,13 @@ expect_eq "4 x 24 GiB: per device" "$(echo "$a" | jq .batch.per_device)" 2
 echo "$a" | jq -e '[.rows[] | select(.mode == "full" and .zero_stage == 0)] | all(.fits == false)' >/dev/null ||
     fail "4 x 24 GiB: a replica fits: $a"
 ok "4 x 24 GiB: $(echo "$a" | jq -r .summary.message)"
+
+# ---- 80 GiB: no full fine-tune; LoRA fits, and the summary suggests it -------
+a=$(plan "$SPEC" '{"device_memory": "80GiB", "devices": 1, "kind": "cuda"}')
+echo "$a" | jq -e '.summary.fits == false and .summary.suggested.mode == "lora" and .summary.suggested.fits
+    and ([.groups[] | select(.mode == "full") | .largest_fitting_micro_batch] | all(. == null))' >/dev/null ||
+    fail "80 GiB: $(echo "$a" | jq -c '.summary, .groups')"
+ok "80 GiB: $(echo "$a" | jq -r .summary.message)"
 
 # ---- 141 GiB: a full fine-tune fits ----------------------------------------------
 a=$(plan "$SPEC" '{"device_memory": "141GiB", "devices": 1, "kind": "cuda"}')

@@ -6,9 +6,13 @@
  *     workspace == the peak (every row), on CPU devices nothing beyond it,
  *     on CUDA devices the allocator's rounding (checked against a
  *     by-hand list of the seven allocations) and the runtime's 512 MiB;
- *   - predicted == measured: every row of the full fine-tune (recompute
- *     off and on, every m) is run by the trainer on a CPU device and its
- *     measured peak equals the row's peak to the byte;
+ *   - predicted == measured: every row of the full fine-tune and of LoRA
+ *     (recompute off and on, every m) is run by the trainer on a CPU
+ *     device and its measured peak equals the row's peak to the byte;
+ *   - LoRA rows: a LLaMA spec without a lora section gets them with r 16,
+ *     alpha 32, "all-linear" (its trainable count checked against the
+ *     adapters' shapes by hand), a spec with one gets its own settings, a
+ *     GPT-2 spec (no LoRA for that family yet) gets none;
  *   - config.json only: a directory holding LLaMA-2-7B's config.json (the
  *     published values) and no weights plans (6,738,415,616 parameters,
  *     16 bytes each + the trainer's slots before activations), while a
@@ -108,9 +112,10 @@ static void test_enumeration(void **state)
     plan_hw hw = {.kind = KERN_DEV_CPU, .device_memory = budget, .devices = 2};
     plan_table t;
     assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
-    /* per device 6: m = 1, 2, 3, 6; full, recompute off and on */
+    /* per device 6: m = 1, 2, 3, 6; full and LoRA, recompute off and on */
     static const int ms[4] = {1, 2, 3, 6};
-    assert_true(t.ngroups >= 2);
+    assert_int_equal(t.ngroups, 4);
+    assert_true(t.groups[2].v.lora && t.groups[3].v.lora);
     for (int g = 0; g < t.ngroups; g++) {
         const plan_group *pg = &t.groups[g];
         assert_int_equal(pg->n, 4);
@@ -181,7 +186,8 @@ static void test_cuda_parts(void **state)
     plan_hw hw = {.kind = KERN_DEV_CUDA, .device_memory = 24ull << 30, .devices = 1};
     plan_table t;
     assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
-    for (int i = 0; i < t.nrows; i++) {
+    for (int g = 0; g < t.ngroups; g++)
+    for (int i = t.groups[g].first; i < t.groups[g].first + t.groups[g].n; i++) {
         const plan_row *r = &t.rows[i];
         const plan_parts *p = &r->parts;
         assert_true(parts_sum(p) == r->peak_bytes);
@@ -189,8 +195,10 @@ static void test_cuda_parts(void **state)
         plan_cuda_bf16_split(&cfg, r->micro_batch, s.model.seq_len, &wa, &wb);
         assert_true(p->workspace == wa + wb && wa > 0);
         uint64_t n = model_num_params(&cfg);
-        assert_true(p->weights == 4 * n && p->optimizer == 8 * n);
-        const uint64_t allocs[7] = {p->weights, p->gradients, 4 * n, 4 * n, p->activations, wa, wb};
+        if (!t.groups[g].v.lora)
+            assert_true(p->weights == 4 * n && p->optimizer == 8 * n);
+        const uint64_t allocs[7] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer / 2, p->activations,
+                                    wa, wb};
         uint64_t round = 0;
         for (int k = 0; k < 7; k++) /* all small here: 512-byte blocks */
             round += (allocs[k] + 511) / 512 * 512 - allocs[k];
@@ -214,26 +222,85 @@ static void test_measured(void **state)
     assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
     int checked = 0;
     for (int g = 0; g < t.ngroups; g++) {
-        if (t.groups[g].v.lora || t.groups[g].v.zero_stage != 0)
+        if (t.groups[g].v.zero_stage != 0)
             continue;
         for (int i = t.groups[g].first; i < t.groups[g].first + t.groups[g].n; i++) {
             const plan_row *r = &t.rows[i];
             job_spec run;
             llama_spec(&run, 4, r->micro_batch, r->accum_steps, 1);
             run.activation_checkpointing = r->recompute;
+            if (t.groups[g].v.lora) /* the table's default LoRA, as a spec section */
+                run.lora = (spec_lora){.r = 16, .alpha = 32, .all_linear = true};
             kern_device_info devs[1];
             fx_devices(devs, 1, hw.device_memory);
             train_hooks h = {0};
             trainer_opts o = {.spec = &run, .devices = devs, .threads_per_device = 1, .checkpoint_keep = 1};
             assert_int_equal(trainer_run_sync(&o, &h, &err), 0);
-            print_message("m=%d recompute=%d: predicted %llu, measured %llu\n", r->micro_batch, r->recompute,
+            print_message("%s m=%d recompute=%d: predicted %llu, measured %llu\n",
+                          t.groups[g].v.lora ? "lora" : "full", r->micro_batch, r->recompute,
                           (unsigned long long)r->peak_bytes, (unsigned long long)h.mem_peak[0]);
             assert_true(h.mem_peak[0] == r->peak_bytes);
             assert_true(parts_sum(&r->parts) == h.mem_peak[0]);
             checked++;
         }
     }
-    assert_int_equal(checked, 6); /* m = 1, 2, 4, recompute off and on */
+    assert_int_equal(checked, 12); /* full and LoRA, m = 1, 2, 4, recompute off and on */
+    plan_table_free(&t);
+}
+
+/* LoRA rows: the default settings, the spec's own, none for GPT-2. */
+static void test_lora_rows(void **state)
+{
+    (void)state;
+    job_spec s;
+    llama_spec(&s, 4, 0, 0, 1);
+    s.micro_auto = true;
+    plan_hw hw = {.kind = KERN_DEV_CPU, .device_memory = 1ull << 30, .devices = 1};
+    plan_table t;
+    acc_err err = {0};
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
+    /* all-linear on C 32, 2 heads of 16, 1 KV head, I 48: q 32+32, k 32+16,
+     * v 32+16, o 32+32, gate 32+48, up 32+48, down 48+32 = 464 per rank-1
+     * pair of A, B; x r 16 x 2 layers */
+    const uint64_t trainable = 464 * 16 * 2;
+    int lora_groups = 0;
+    for (int g = 0; g < t.ngroups; g++) {
+        if (!t.groups[g].v.lora)
+            continue;
+        lora_groups++;
+        for (int i = t.groups[g].first; i < t.groups[g].first + t.groups[g].n; i++) {
+            const plan_parts *p = &t.rows[i].parts;
+            assert_true(p->optimizer == 8 * trainable);
+            assert_true(p->gradients >= 4 * trainable && p->gradients < 4 * trainable + 4096); /* + slots */
+            assert_true(p->weights > 4 * trainable); /* the frozen base is there */
+            assert_true(parts_sum(p) == t.rows[i].peak_bytes);
+        }
+    }
+    assert_int_equal(lora_groups, 2);
+    plan_table_free(&t);
+
+    /* the spec's own section: its r; and its full rows drop it */
+    s.lora = (spec_lora){.r = 4, .alpha = 8, .n_targets = 1};
+    snprintf(s.lora.targets[0], sizeof s.lora.targets[0], "q_proj");
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
+    for (int g = 0; g < t.ngroups; g++) {
+        uint64_t opt = t.rows[t.groups[g].first].parts.optimizer;
+        if (t.groups[g].v.lora)
+            assert_true(opt == 8ull * 4 * (32 + 32) * 2); /* q_proj only, r 4 */
+        else
+            assert_true(opt == 8 * t.rows[t.groups[g].first].parts.weights / 4); /* everything trains */
+    }
+    /* a LoRA spec's dry run starts in a LoRA group */
+    assert_true(t.recommended >= 0 && t.groups[t.recommended_group].v.lora);
+    plan_table_free(&t);
+
+    /* GPT-2: no LoRA for that family yet, so no LoRA rows */
+    fx_tiny_spec(&s, text_path, 4, 0, 0, 1);
+    s.micro_auto = true;
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
+    for (int g = 0; g < t.ngroups; g++)
+        assert_false(t.groups[g].v.lora);
+    assert_int_equal(t.ngroups, 2);
     plan_table_free(&t);
 }
 
@@ -286,7 +353,15 @@ static void test_config_only(void **state)
                      0);
     json_t *sum = json_object_get(out, "summary");
     assert_false(json_is_true(json_object_get(sum, "fits")));
-    assert_true(json_is_null(json_object_get(sum, "suggested"))); /* nothing full fits; no LoRA counted yet */
+    /* nothing fits: the full state is 16 bytes a parameter, and LoRA keeps
+     * its frozen base in fp32 (4 bytes a parameter, over 24 GiB) */
+    assert_true(json_is_null(json_object_get(sum, "suggested")));
+    json_t *lora = json_object_get(out, "lora");
+    assert_int_equal(json_integer_value(json_object_get(lora, "r")), 16);
+    assert_int_equal(json_array_size(json_object_get(lora, "target_modules")), 7);
+    /* 7 modules x 32 layers x r 16 x (in + out) */
+    assert_true(json_integer_value(json_object_get(lora, "trainable_params")) ==
+                32 * 16 * ((4096 + 4096) * 4 + (4096 + 11008) * 3));
     size_t i;
     json_t *g;
     json_array_foreach(json_object_get(out, "groups"), i, g) {
@@ -364,6 +439,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_enumeration), cmocka_unit_test(test_cuda_parts), cmocka_unit_test(test_measured),
+        cmocka_unit_test(test_lora_rows),
         cmocka_unit_test(test_config_only), cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
