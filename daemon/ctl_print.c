@@ -311,6 +311,19 @@ static void print_planner(const json_t *plan)
     printf("hardware:   %d x %s of %s (%d%% kept free)\n", (int)num(hw, "devices", 0), str(hw, "kind", "?"), a,
            (int)num(plan, "margin_pct", 0));
     printf("precision:  %s\n", str(plan, "precision", "-"));
+    const json_t *lo = json_object_get(plan, "lora");
+    if (json_is_object(lo)) {
+        char mods[256] = "";
+        size_t k;
+        json_array_foreach(json_object_get(lo, "target_modules"), k, v)
+        {
+            size_t l = strlen(mods);
+            snprintf(mods + l, sizeof mods - l, "%s%s", k ? " " : "", json_string_value(v));
+        }
+        printf("lora rows:  r %d, alpha %g, %s: %.1f M trainable parameters (%s)\n", (int)num(lo, "r", 0),
+               num(lo, "alpha", 0), mods, num(lo, "trainable_params", 0) / 1e6,
+               json_is_true(json_object_get(lo, "from_spec")) ? "the spec's lora section" : "the planner's defaults");
+    }
     printf("summary:    %s\n", str(sm, "message", "-"));
     const char *pk[] = {"recommended", "suggested"};
     for (int k = 0; k < 2; k++) {
