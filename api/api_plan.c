@@ -90,6 +90,8 @@ static int parse_hardware(const jobs_mgr *m, const json_t *h, const job_spec *sp
                                TRAIN_MAX_RANKS);
         hw->devices = (int)d;
     }
+    if (devs == NULL && hw->devices > TRAIN_MAX_RANKS) /* the spec's own, as a job would be refused */
+        return acc_err_set(err, ACC_EINVAL, "devices", "at most %d devices per job", TRAIN_MAX_RANKS);
     if (mem != NULL)
         return hw_memory(mem, &hw->device_memory, err);
     for (int i = 0; i < m->ndev; i++) /* the smallest device of that kind here */

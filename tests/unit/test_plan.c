@@ -417,6 +417,8 @@ static void test_bad_input(void **state)
     expect_field("{" SPEC7B ", \"hardware\": {\"kind\": \"tpu\"}}", "hardware.kind");
     expect_field("{" SPEC7B ", \"hardware\": {\"memory\": \"24G\"}}", "hardware");
     expect_field("{" SPEC7B ", \"hardware\": [1]}", "hardware");
+    /* the spec's devices stand for hardware.devices, within a job's limit */
+    expect_field("{\"model\": {\"from\": \"llama2-7b\"}, \"train_batch_size\": 64, \"devices\": 32}", "devices");
     /* no CUDA device here and no size given */
     expect_field("{" SPEC7B ", \"hardware\": {\"kind\": \"cuda\"}}", "hardware.device_memory");
     /* the spec's own errors keep their fields */
