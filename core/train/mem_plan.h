@@ -17,8 +17,9 @@
  * ACC_EINVAL naming the spec field, so such a spec is refused at submit.
  *
  * A candidate micro batch m divides B / w (so a = B / (m w) is whole); it
- * fits a budget when its peak is at most budget minus PLAN_MARGIN_PCT
- * percent. The planner picks the largest m that fits (fewer micro-steps
+ * fits a budget when its device bytes (the peak, plus on CUDA devices the
+ * allocator's rounding and the runtime's memory: plan_parts) are at most
+ * budget minus PLAN_MARGIN_PCT percent. The planner picks the largest m that fits (fewer micro-steps
  * run faster); when none fits in stored mode and recomputation is allowed
  * (spec activation_checkpointing or oom.adapt), the fallback is m = 1 with
  * recomputation. Pure functions: no device is touched, no state kept.
@@ -69,7 +70,10 @@ typedef struct plan_row {
     bool fits;              /* device_bytes <= budget * (100 - PLAN_MARGIN_PCT) / 100 */
 } plan_row;
 
-/* The spec's model config (from the spec, or from init_from's file). */
+/* The spec's model config (from the spec, from init_from's file, or from
+ * model.from's directory: its config.json and the weights' headers, or
+ * config.json alone for a spec read by job_spec_parse_plan, plan_only),
+ * with the spec's lora section applied. */
 int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err);
 
 /* A rank's state, independent of the micro batch: the model's parameters,
