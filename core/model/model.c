@@ -240,6 +240,15 @@ size_t model_layout_layer_floats(const model_layout *l, int layer)
     return n;
 }
 
+size_t model_layout_layer_train_floats(const model_layout *l, int layer)
+{
+    size_t n = 0;
+    for (int i = 0; i < l->n; i++)
+        if (l->t[i].layer == layer && l->t[i].trains)
+            n += l->t[i].count;
+    return n;
+}
+
 size_t model_num_params(const model_config *cfg)
 {
     model_layout l;

@@ -280,8 +280,10 @@ const model_tensor *model_layout_find(const model_layout *l, const char *name);
 /* A view of l without its leading LoRA adapters: the base model's tensors
  * (same offsets into the buffer; l itself without LoRA). Not freed. */
 model_layout model_layout_base(const model_layout *l);
-/* Floats of block `layer`'s tensors (a block's share of the gradients). */
+/* Floats of block `layer`'s tensors. */
 size_t model_layout_layer_floats(const model_layout *l, int layer);
+/* Of them, the trainable ones (a block's share of the gradients under LoRA). */
+size_t model_layout_layer_train_floats(const model_layout *l, int layer);
 /* Append a tensor at the end of the buffer (for families' layout()):
  * shape of ndim dims, `count` floats in the buffer (0: prod(shape));
  * grows l->t. Overflow or host OOM: an error naming `field`. */

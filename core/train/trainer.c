@@ -419,7 +419,7 @@ static int plan_buckets(rank_state *rs, size_t bytes, acc_err *err)
     int n = 0, hi = L;
     size_t acc = 0; /* bytes of layers [l, hi) */
     for (int l = L - 1; l >= 1; l--) {
-        acc += model_layout_layer_floats(&m->layout, l) * sizeof(float);
+        acc += model_layout_layer_train_floats(&m->layout, l) * sizeof(float);
         if (acc < bytes)
             continue;
         grad_bucket *b = &rs->buckets[n++];

@@ -4,8 +4,9 @@
  * within 1e-4 relative, the weights after the run within 1e-4 of the
  * largest weight; the same in recompute mode; the device accounting peaks
  * at the same byte on both; with bf16 linear layers the GPU's losses stay
- * within 1e-2 of the CPU backend's bf16 run. Exits 77 (skipped) with a
- * message where no GPU is present. */
+ * within 1e-2 of the CPU backend's bf16 run; LoRA (all-linear, r 4: frozen
+ * base, adapters from matmul ops and the scale op) matches alike, stored
+ * and recompute. Exits 77 (skipped) with a message where no GPU is present. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "gpu_fixture.h"
 #include "adamw.h"
 #include "model.h"
+#include "model_lora.h"
 
 enum { L = 2, NH = 4, NKV = 2, C = 64, I = 96, V = 101, VP = 128, MAXT = 64, T = 32, B = 4, STEPS = 10 };
 
@@ -49,15 +51,18 @@ typedef struct run {
 } run;
 
 /* STEPS steps of two micro-steps each (accumulation) */
-static int train(kern_device *d, int recompute, run *r)
+static int train(kern_device *d, int recompute, int lora, run *r)
 {
     model_config cfg = config();
+    spec_lora sl = {.r = lora ? 4 : 0, .alpha = 8, .all_linear = true};
     model *m = NULL;
     adamw *opt = NULL;
     acc_err err = {0};
     kern_device_reset_peak(d);
-    if (model_create(d, &cfg, 0, T, &m, &err) != 0 || model_acts_alloc(m, B, recompute, &err) != 0 ||
-        adamw_create(d, 0, m->nparams, &opt, &err) != 0 || model_init_seed(m, 99, &err) != 0) {
+    if (model_lora_apply(&sl, false, &cfg, &err) != 0 || model_create(d, &cfg, 0, T, &m, &err) != 0 ||
+        model_acts_alloc(m, B, recompute, &err) != 0 ||
+        adamw_create(d, 0, m->ngrad, &opt, &err) != 0 || model_init_seed(m, 99, &err) != 0 ||
+        model_lora_init(m, 99, &err) != 0) {
         fprintf(stderr, "FAIL: llama model on %s: %s\n", d->ops->backend, err.msg);
         failures++;
         return -1;
@@ -101,7 +106,7 @@ static int train(kern_device *d, int recompute, run *r)
     return 0;
 }
 
-static void compare(kern_device *cpu, kern_device *gpu, int recompute, int bf16)
+static void compare(kern_device *cpu, kern_device *gpu, int recompute, int bf16, int lora)
 {
     run c = {0}, g = {0};
     acc_err err = {0};
@@ -111,11 +116,11 @@ static void compare(kern_device *cpu, kern_device *gpu, int recompute, int bf16)
         failures++;
         return;
     }
-    if (train(cpu, recompute, &c) || train(gpu, recompute, &g))
+    if (train(cpu, recompute, lora, &c) || train(gpu, recompute, lora, &g))
         return;
     for (int i = 0; i < STEPS; i++) {
-        printf("recompute %d bf16 %d step %2d loss cpu %.8f gpu %.8f  |g| cpu %.8f gpu %.8f\n",
-               recompute, bf16, i, c.loss[i], g.loss[i], c.gnorm[i], g.gnorm[i]);
+        printf("lora %d recompute %d bf16 %d step %2d loss cpu %.8f gpu %.8f  |g| cpu %.8f gpu %.8f\n",
+               lora, recompute, bf16, i, c.loss[i], g.loss[i], c.gnorm[i], g.gnorm[i]);
         if (!(fabs(c.loss[i] - g.loss[i]) <= tol * fabs(c.loss[i])))
             fail("loss", c.loss[i], g.loss[i]);
         if (!(fabs(c.gnorm[i] - g.gnorm[i]) <= tol * fabs(c.gnorm[i])))
@@ -157,9 +162,12 @@ int main(void)
         fprintf(stderr, "FAIL: %s\n", err.msg);
         return 1;
     }
-    compare(cpu, gpu, 0, 0);
-    compare(cpu, gpu, 1, 0);
-    compare(cpu, gpu, 0, 1);
+    compare(cpu, gpu, 0, 0, 0);
+    compare(cpu, gpu, 1, 0, 0);
+    compare(cpu, gpu, 0, 1, 0);
+    compare(cpu, gpu, 0, 0, 1);
+    compare(cpu, gpu, 1, 0, 1);
+    compare(cpu, gpu, 0, 1, 1);
     kern_device_close(gpu);
     kern_device_close(cpu);
     if (failures) {
