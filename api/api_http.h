@@ -207,6 +207,14 @@ void api_submit(api_server *s, const api_request *req, api_response *resp, bool 
 int api_tokenize_compute(const acc_conf *conf, const char *body, size_t len, json_t **out, acc_err *err);
 void api_tokenize(api_server *s, const api_request *req, api_response *resp);
 
+/* api_plan.c: POST /v1/plan. The compute part parses the spec (config.json
+ * of model.from only) and the hardware and builds the planner's table
+ * (thread-pool safe: reads the manager's immutable config and device
+ * table); the route calls it through api_defer. */
+struct jobs_mgr;
+int api_plan_compute(const struct jobs_mgr *m, const char *body, size_t len, json_t **out, acc_err *err);
+void api_plan(api_server *s, const api_request *req, api_response *resp);
+
 /* Routing, implemented in api_routes.c: fill `resp` for `req`. */
 void api_route(api_server *s, const api_request *req, api_response *resp);
 

@@ -43,6 +43,7 @@ typedef enum api_route_id {
     API_R_JOBS_LIST,
     API_R_JOBS_SUBMIT,
     API_R_TOKENIZE,   /* POST /v1/tokenize (before the job routes: they carry an id) */
+    API_R_PLAN,       /* POST /v1/plan */
     API_R_JOB_GET,
     API_R_JOB_CANCEL,
     API_R_JOB_EVENTS,

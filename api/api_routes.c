@@ -14,6 +14,7 @@
  *   GET  /v1/jobs/{id}/metrics       step history
  *   GET  /, /ui/...                  the dashboard's static files (api_ui.c)
  *   POST /v1/tokenize                ids, token strings, loss mask (api_tokenize.c)
+ *   POST /v1/plan                    every way to run a spec on given hardware (api_plan.c)
  *
  * HEAD is answered wherever GET is (the same headers, no body). The path,
  * the method and every query parameter and header a route reads are parsed
@@ -311,6 +312,7 @@ void api_route(api_server *s, const api_request *req, api_response *resp)
     case API_R_JOBS_LIST: route_list(s, &c, resp); break;
     case API_R_JOBS_SUBMIT: route_submit(s, req, &c, resp); break;
     case API_R_TOKENIZE: api_tokenize(s, req, resp); break; /* off the loop thread (api_tokenize.c) */
+    case API_R_PLAN: api_plan(s, req, resp); break;         /* off the loop thread (api_plan.c) */
     default: route_job(s, req, &c, resp); break;
     }
 }

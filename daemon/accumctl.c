@@ -40,6 +40,7 @@ enum {
     OPT_ROLE = 1 << 7,
     OPT_USERS_FILE = 1 << 8,
     OPT_QUIET = 1 << 9,
+    OPT_KIND = 1 << 10,
 };
 
 static const ctl_command commands[] = {
@@ -56,12 +57,14 @@ static const ctl_command commands[] = {
      OPT_FOLLOW},
     {"cancel", "ID", "cancel a queued job (now) or a running one (at its next micro-step)", "", 1, 0},
     {"devices", "", "the devices: kind, memory total / in use / peak / free, the job holding each", "", 0, 0},
-    {"plan", "FILE|- [--device-memory SIZE] [--devices N]",
+    {"plan", "FILE|- [--device-memory SIZE] [--devices N] [--kind cuda|cpu]",
      "the planner's table for a spec: each way to run it, its predicted peak per device, whether it fits",
      "  --device-memory SIZE  memory of one device to plan for (24GiB, 80G, ...)\n"
-     "  --devices N           devices to plan for (default: the daemon's)\n"
-     "  Without POST /v1/plan on the daemon, its dry run is shown instead (said on stderr).\n",
-     1, OPT_DEVMEM | OPT_DEVICES},
+     "  --devices N           devices to plan for (default: the spec's \"devices\")\n"
+     "  --kind cuda|cpu       kind of device to plan for (default: the daemon's)\n"
+     "  Sent as POST /v1/plan with \"hardware\"; without POST /v1/plan on the daemon, its dry run\n"
+     "  is shown instead (said on stderr).\n",
+     1, OPT_DEVMEM | OPT_DEVICES | OPT_KIND},
     {"metrics", "[--csv] ID", "a job's step history (loss, lr, grad norm, tokens/s, split, peak memory)",
      "  --csv       comma-separated, with a header line\n", 1, OPT_CSV},
     {"user add", "NAME [--role admin|user] [--users-file FILE]",
@@ -158,7 +161,7 @@ static void resolve(ctl *c, const char *url, const char *token, const char *stat
 /* ---- the command line ----------------------------------------------------- */
 
 enum { L_URL = 1000, L_TOKEN, L_STATE_DIR, L_JSON, L_DRY_RUN, L_WAIT, L_STATE, L_DEVMEM, L_DEVICES, L_CSV,
-       L_ROLE, L_USERS_FILE, L_QUIET };
+       L_ROLE, L_USERS_FILE, L_QUIET, L_KIND };
 
 static const struct option long_opts[] = {
     {"url", required_argument, NULL, L_URL},
@@ -174,6 +177,7 @@ static const struct option long_opts[] = {
     {"follow", no_argument, NULL, 'f'},
     {"device-memory", required_argument, NULL, L_DEVMEM},
     {"devices", required_argument, NULL, L_DEVICES},
+    {"kind", required_argument, NULL, L_KIND},
     {"csv", no_argument, NULL, L_CSV},
     {"role", required_argument, NULL, L_ROLE},
     {"users-file", required_argument, NULL, L_USERS_FILE},
@@ -204,6 +208,14 @@ static int take_opt(int opt, const char *arg, cmdline *cl)
     case L_STATE: cl->o.state = arg; cl->given |= OPT_STATE; return 0;
     case 'f': cl->o.follow = true; cl->given |= OPT_FOLLOW; return 0;
     case L_DEVMEM: cl->o.device_memory = arg; cl->given |= OPT_DEVMEM; return 0;
+    case L_KIND:
+        cl->o.kind = arg;
+        cl->given |= OPT_KIND;
+        if (strcmp(arg, "cuda") != 0 && strcmp(arg, "cpu") != 0) {
+            fprintf(stderr, "accumctl: --kind must be cuda or cpu, got '%s'\n", arg);
+            return -1;
+        }
+        return 0;
     case L_DEVICES:
         cl->o.devices = (int)strtol(arg, &end, 10);
         cl->given |= OPT_DEVICES;

@@ -78,7 +78,8 @@ typedef struct ctl_opts {
     bool dry_run, wait, follow, csv;
     const char *state;       /* ls --state */
     const char *device_memory; /* plan */
-    int devices;             /* plan, 0 = this machine's */
+    int devices;             /* plan, 0 = the spec's */
+    const char *kind;        /* plan: "cuda", "cpu", NULL = the daemon's */
     const char *role;        /* user add */
     const char *users_file;  /* user add: append the line there */
 } ctl_opts;

@@ -368,8 +368,10 @@ int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file)
         free(text);
         return CTL_EUSAGE;
     }
-    if (o->device_memory != NULL || o->devices > 0) {
+    if (o->device_memory != NULL || o->devices > 0 || o->kind != NULL) {
         json_t *hw = json_object();
+        if (o->kind != NULL)
+            json_object_set_new(hw, "kind", json_string(o->kind));
         if (o->device_memory != NULL)
             json_object_set_new(hw, "device_memory", json_string(o->device_memory));
         if (o->devices > 0)
@@ -385,7 +387,7 @@ int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file)
         ctl_resp_free(&r);
         fprintf(stderr, "accumctl: this accumd has no POST /v1/plan yet; showing its dry run "
                         "(POST /v1/jobs?dry_run=1) instead, which plans for the daemon's own devices%s\n",
-                o->device_memory || o->devices ? ", not for --device-memory/--devices" : "");
+                o->device_memory || o->devices || o->kind ? ", not for --device-memory/--devices/--kind" : "");
         rc = ctl_request(c, "POST", "/v1/jobs?dry_run=1", text, len, &r);
     }
     free(text);

@@ -290,8 +290,92 @@ static void print_rows(const json_t *rows)
     }
 }
 
+/* One way to run it, in a line (the planner's row). */
+static void fmt_way(const json_t *r, char *out, size_t n)
+{
+    snprintf(out, n, "%s, ZeRO %d, recompute %s, micro batch %d x %d accumulation steps", str(r, "mode", "?"),
+             (int)num(r, "zero_stage", 0), json_is_true(json_object_get(r, "recompute")) ? "on" : "off",
+             (int)num(r, "micro_batch", 0), (int)num(r, "accum_steps", 0));
+}
+
+/* POST /v1/plan's answer: the hardware, the summary, each variant's
+ * largest fitting micro batch, then every row with its parts. */
+static void print_planner(const json_t *plan)
+{
+    const json_t *md = json_object_get(plan, "model"), *hw = json_object_get(plan, "hardware"),
+                 *sm = json_object_get(plan, "summary"), *v;
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], way[160];
+    ctl_fmt_bytes(num(hw, "device_memory_bytes", 0), a, sizeof a);
+    printf("model:      %s, %.2f B parameters, seq_len %d\n", str(md, "family", "?"), num(md, "params", 0) / 1e9,
+           (int)num(md, "seq_len", 0));
+    printf("hardware:   %d x %s of %s (%d%% kept free)\n", (int)num(hw, "devices", 0), str(hw, "kind", "?"), a,
+           (int)num(plan, "margin_pct", 0));
+    printf("precision:  %s\n", str(plan, "precision", "-"));
+    const json_t *lo = json_object_get(plan, "lora");
+    if (json_is_object(lo)) {
+        char mods[256] = "";
+        size_t k;
+        json_array_foreach(json_object_get(lo, "target_modules"), k, v)
+        {
+            size_t l = strlen(mods);
+            snprintf(mods + l, sizeof mods - l, "%s%s", k ? " " : "", json_string_value(v));
+        }
+        printf("lora rows:  r %d, alpha %g, %s: %.1f M trainable parameters (%s)\n", (int)num(lo, "r", 0),
+               num(lo, "alpha", 0), mods, num(lo, "trainable_params", 0) / 1e6,
+               json_is_true(json_object_get(lo, "from_spec")) ? "the spec's lora section" : "the planner's defaults");
+    }
+    printf("summary:    %s\n", str(sm, "message", "-"));
+    const char *pk[] = {"recommended", "suggested"};
+    for (int k = 0; k < 2; k++) {
+        const json_t *r = json_object_get(sm, pk[k]);
+        if (!json_is_object(r))
+            continue;
+        fmt_way(r, way, sizeof way);
+        ctl_fmt_bytes(num(r, "device_bytes", 0), b, sizeof b);
+        printf("%-11s %s: %s per device%s%s\n", k ? "suggested:" : "dry run:", way, b,
+               json_is_true(json_object_get(r, "fits")) ? ", fits" : ", does not fit: ",
+               json_is_true(json_object_get(r, "fits")) ? "" : str(r, "why_not", "?"));
+    }
+    printf("\n%-5s %-5s %-10s %-18s %-12s %s\n", "MODE", "ZERO", "RECOMPUTE", "LARGEST FITTING M", "PER DEVICE",
+           "WHY NOT");
+    size_t i;
+    json_array_foreach(json_object_get(plan, "groups"), i, v)
+    {
+        const json_t *m = json_object_get(v, "largest_fitting_micro_batch");
+        char mm[32] = "none";
+        if (json_is_integer(m))
+            snprintf(mm, sizeof mm, "%d (a = %d)", (int)json_integer_value(m), (int)num(v, "accum_steps", 0));
+        if (json_is_number(json_object_get(v, "device_bytes")))
+            ctl_fmt_bytes(num(v, "device_bytes", 0), b, sizeof b);
+        else
+            snprintf(b, sizeof b, "-");
+        printf("%-5s %-5d %-10s %-18s %-12s %s\n", str(v, "mode", "?"), (int)num(v, "zero_stage", 0),
+               json_is_true(json_object_get(v, "recompute")) ? "on" : "off", mm, b, str(v, "why_not", ""));
+    }
+    printf("\n%-5s %-5s %-10s %6s %6s %10s %10s %10s %10s %10s %10s %10s %s\n", "MODE", "ZERO", "RECOMPUTE", "M", "A",
+           "WEIGHTS", "GRADS", "OPTIMIZER", "ACTS", "WORKSPACE", "PEAK", "DEVICE", "FITS");
+    json_array_foreach(json_object_get(plan, "rows"), i, v)
+    {
+        ctl_fmt_bytes(num(v, "weights_bytes", 0), a, sizeof a);
+        ctl_fmt_bytes(num(v, "gradients_bytes", 0), b, sizeof b);
+        ctl_fmt_bytes(num(v, "optimizer_bytes", 0), c, sizeof c);
+        ctl_fmt_bytes(num(v, "activations_bytes", 0), d, sizeof d);
+        ctl_fmt_bytes(num(v, "workspace_bytes", 0), e, sizeof e);
+        ctl_fmt_bytes(num(v, "peak_bytes", 0), f, sizeof f);
+        ctl_fmt_bytes(num(v, "device_bytes", 0), g, sizeof g);
+        printf("%-5s %-5d %-10s %6d %6d %10s %10s %10s %10s %10s %10s %10s %s\n", str(v, "mode", "?"),
+               (int)num(v, "zero_stage", 0), json_is_true(json_object_get(v, "recompute")) ? "on" : "off",
+               (int)num(v, "micro_batch", 0), (int)num(v, "accum_steps", 0), a, b, c, d, e, f, g,
+               json_is_true(json_object_get(v, "fits")) ? "yes" : "no");
+    }
+}
+
 void ctl_print_plan(const json_t *plan)
 {
+    if (json_is_object(json_object_get(plan, "summary"))) { /* POST /v1/plan */
+        print_planner(plan);
+        return;
+    }
     const json_t *b = json_object_get(plan, "batch"), *p = json_object_get(plan, "placement");
     if (json_is_object(b)) {
         char split[32];

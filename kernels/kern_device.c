@@ -58,6 +58,16 @@ int kern_device_workspace_reserve(kern_device *d, const kern_workspace *w, acc_e
     return d->ops->workspace_reserve != NULL ? d->ops->workspace_reserve(d, w, err) : 0;
 }
 
+uint64_t kern_alloc_size(const kern_ops *ops, uint64_t bytes)
+{
+    return ops != NULL && ops->alloc_size != NULL ? ops->alloc_size(bytes) : bytes;
+}
+
+uint64_t kern_runtime_bytes(const kern_ops *ops)
+{
+    return ops != NULL && ops->runtime_bytes != NULL ? ops->runtime_bytes() : 0;
+}
+
 const kern_ops *kern_backend_ops(kern_dev_kind kind)
 {
     switch (kind) {

@@ -253,6 +253,15 @@ typedef struct kern_ops {
 
     /* x[i] *= s (LoRA's alpha / r on the adapter path) */
     void (*scale)(kern_device *d, float *x, float s, size_t n);
+
+    /* Planning extras (pure, callable without a device through
+     * kern_backend_ops): what one allocation of `bytes` really takes from
+     * the device (the backend allocator's rounding; NULL: exactly
+     * `bytes`), and the device memory the backend holds outside the
+     * accounting (context, library workspaces, collectives' buffers;
+     * NULL: none). The planner adds both to a row's device bytes. */
+    uint64_t (*alloc_size)(uint64_t bytes);
+    uint64_t (*runtime_bytes)(void);
 } kern_ops;
 
 struct kern_device {
@@ -289,6 +298,11 @@ void kern_device_mem_info(kern_device *d, kern_mem_info *out);
 void kern_workspace_size(const kern_ops *ops, const kern_gemm_extent *e, int bf16,
                          kern_workspace *out);
 int kern_device_workspace_reserve(kern_device *d, const kern_workspace *w, acc_err *err);
+
+/* The planning extras of a table (kern_ops.alloc_size / runtime_bytes):
+ * `bytes` itself and 0 where the table leaves them NULL (or ops is NULL). */
+uint64_t kern_alloc_size(const kern_ops *ops, uint64_t bytes);
+uint64_t kern_runtime_bytes(const kern_ops *ops);
 
 /* A backend's ops table without opening a device, for pure queries
  * (workspace_size): CPU devices get the CPU table; CUDA devices get the

@@ -286,7 +286,8 @@ int job_spec_resolve_input(char *path, size_t n, const acc_conf *conf, const cha
 /* "model": {"from": DIR, "seq_len": T}: a Hugging Face directory under
  * data_roots; its headers are read now (model_hf_validate), never its data,
  * so a bad checkpoint is a 400 naming the file and the key or tensor. */
-static int parse_model_from(const json_t *m, const acc_conf *conf, spec_model *out, acc_err *err)
+static int parse_model_from(const json_t *m, const acc_conf *conf, bool plan_only, spec_model *out,
+                            acc_err *err)
 {
     static const char *const keys[] = {"from", "seq_len", "arch", NULL};
     const char *key;
@@ -305,8 +306,9 @@ static int parse_model_from(const json_t *m, const acc_conf *conf, spec_model *o
         (rc = get_int(m, "model", "seq_len", 2, 1 << 20, &out->seq_len, err)) ||
         (rc = check_path(out->from, sizeof out->from, conf->data_roots, "model.from", err)))
         return rc;
-    model_config c;
-    if ((rc = model_hf_validate_under(conf->data_roots, out->from, &c, err)) != 0)
+    model_config c; /* planning: config.json only, the weights may be elsewhere */
+    if ((rc = plan_only ? model_hf_config_only(conf->data_roots, out->from, &c, err)
+                        : model_hf_validate_under(conf->data_roots, out->from, &c, err)) != 0)
         return rc;
     const char *family = model_family_of(&c)->name;
     if (arch[0] != '\0' && strcmp(arch, family) != 0)
@@ -328,7 +330,7 @@ static int parse_model_from(const json_t *m, const acc_conf *conf, spec_model *o
     return 0;
 }
 
-static int parse_model(const json_t *m, const acc_conf *conf, spec_model *out, acc_err *err)
+static int parse_model(const json_t *m, const acc_conf *conf, bool plan_only, spec_model *out, acc_err *err)
 {
     static const char *const keys[] = {"arch", "n_layer", "n_head", "n_embd", "seq_len", "vocab_size",
                                        "padded_vocab_size", "init_from", "n_kv_head", "intermediate_size",
@@ -340,7 +342,7 @@ static int parse_model(const json_t *m, const acc_conf *conf, spec_model *out, a
         archs[na] = f->name;
     archs[na] = NULL;
     if (json_object_get(m, "from") != NULL)
-        return parse_model_from(m, conf, out, err);
+        return parse_model_from(m, conf, plan_only, out, err);
     int rc, arch = 0;
     bool init;
     if ((rc = check_keys(m, "model", keys, err)) || (rc = get_choice(m, "model", "arch", archs, &arch, err)) ||
@@ -894,11 +896,11 @@ static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *ou
         (rc = get_object(root, NULL, "optimizer", &optim, err)) ||
         (rc = get_object(root, NULL, "lr_schedule", &lrs, err)) || (rc = get_object(root, NULL, "oom", &oom, err)))
         return rc;
-    if (jmodel != NULL && (rc = parse_model(jmodel, conf, &out->model, err)))
+    if (jmodel != NULL && (rc = parse_model(jmodel, conf, out->plan_only, &out->model, err)))
         return rc;
-    if (data == NULL)
+    if (data == NULL && !out->plan_only) /* the planner needs no data */
         return acc_err_set(err, ACC_EINVAL, "data", "data is required (at least data.train)");
-    if ((rc = parse_data(data, conf, out->model.from, &out->data, err)))
+    if (data != NULL && (rc = parse_data(data, conf, out->model.from, &out->data, err)))
         return rc;
     if (optim != NULL && (rc = parse_optimizer(optim, &out->optim, err)))
         return rc;
@@ -1069,10 +1071,12 @@ static int big_integer_error(const char *text, size_t len, const json_error_t *j
                        path[0] ? path : "the spec", tok);
 }
 
-int job_spec_parse(const char *text, size_t len, const acc_conf *conf, job_spec *out, acc_err *err)
+static int parse_doc(const char *text, size_t len, const acc_conf *conf, bool plan_only, job_spec *out,
+                     acc_err *err)
 {
     json_error_t je;
     set_defaults(out);
+    out->plan_only = plan_only;
     snprintf(out->data_roots, sizeof out->data_roots, "%s", conf->data_roots);
     snprintf(out->output_root, sizeof out->output_root, "%s", conf->output_root);
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
@@ -1084,4 +1088,14 @@ int job_spec_parse(const char *text, size_t len, const acc_conf *conf, job_spec 
     int rc = parse_root(root, conf, out, err);
     json_decref(root);
     return rc;
+}
+
+int job_spec_parse(const char *text, size_t len, const acc_conf *conf, job_spec *out, acc_err *err)
+{
+    return parse_doc(text, len, conf, false, out, err);
+}
+
+int job_spec_parse_plan(const char *text, size_t len, const acc_conf *conf, job_spec *out, acc_err *err)
+{
+    return parse_doc(text, len, conf, true, out, err);
 }

@@ -170,11 +170,22 @@ typedef struct job_spec {
      * before ids existed; only for jobs submitted before then). */
     char job_uid[40];
     bool adopt_unnamed;
+    /* set by job_spec_parse_plan: a spec read to be planned, not run.
+     * model.from is read for config.json only (no weights needed) and
+     * data may be absent; the planner (mem_plan.h) reads the same way. */
+    bool plan_only;
 } job_spec;
 
 /* Parse and validate a JSON document (text of `len` bytes) against the
  * daemon's config (paths must be under data_roots / output_root). */
 int job_spec_parse(const char *text, size_t len, const acc_conf *conf, job_spec *out, acc_err *err);
+
+/* The same for the planner (POST /v1/plan): every key and value checked
+ * alike, paths resolved under the roots, but model.from's weights are
+ * neither needed nor opened (config.json only, model_hf_config_only) and
+ * `data` is optional. Sets plan_only. A spec accepted here may still be
+ * refused by job_spec_parse (missing or bad weights, no data). */
+int job_spec_parse_plan(const char *text, size_t len, const acc_conf *conf, job_spec *out, acc_err *err);
 
 /* An input path as the spec's keys take one (relative to the first data
  * root; resolved; under data_roots; must exist) into `path` in place

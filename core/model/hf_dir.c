@@ -240,6 +240,8 @@ static int open_files(hf_dir *h, acc_err *err)
     int rc = load_json(h, "config.json", CONFIG_MAX, &h->config, err);
     if (rc == ACC_ENOTFOUND)
         return bad(err, "%s has no config.json (not a Hugging Face model directory)", h->path);
+    if (rc != 0 || h->header_only == HF_OPEN_CONFIG) /* planning: config.json alone */
+        return rc;
     json_t *index = NULL;
     char path[PATH_MAX + 64];
     if (rc == 0) {
@@ -505,6 +507,10 @@ int hf_read(const hf_dir *h, const char *name, float *dst, size_t count, acc_err
 
 st_dtype hf_dtype(const hf_dir *h)
 {
+    st_dtype td;
+    json_t *t = json_object_get(h->config, "torch_dtype");
+    if (h->n == 0 && json_is_string(t) && hf_dtype_of(json_string_value(t), HF_FIELD, &td, NULL) == 0)
+        return td; /* config only (HF_OPEN_CONFIG): what config.json says the weights are */
     uint64_t bytes[3] = {0};
     const st_dtype d[3] = {ST_F32, ST_BF16, ST_F16};
     for (int i = 0; i < h->n; i++)

@@ -57,7 +57,11 @@ typedef struct hf_tensor {
  * the side files hf_save would copy) through safepath.h, so each is a
  * regular file, opened without blocking, a symlink only to a target under
  * the roots, read through the descriptor checked. A file that is not JSON
- * is reported by line and column, never by its bytes. */
+ * is reported by line and column, never by its bytes. header_only =
+ * HF_OPEN_CONFIG: config.json alone, no weights file looked at (the
+ * planner: a model planned without its weights present); such a directory
+ * has no tensors. */
+#define HF_OPEN_CONFIG 2
 int hf_open_under(const char *roots, const char *dir, int header_only, hf_dir **out, acc_err *err);
 /* The directory open as `dfd` (left open; `dir` its path): accumd's own
  * checkpoints, where a symlink may not lead out of the directory itself. */
@@ -100,7 +104,9 @@ int hf_check(const hf_dir *h, const hf_tensor *want, int n, const char *const *i
  * are dropped afterwards). ACC_ESTATE when opened header only. */
 int hf_read(const hf_dir *h, const char *name, float *dst, size_t count, acc_err *err);
 
-/* The dtype most of the weights' bytes are stored in (torch_dtype). */
+/* The dtype most of the weights' bytes are stored in (torch_dtype); for
+ * a directory opened HF_OPEN_CONFIG, config.json's torch_dtype (F32 when
+ * absent or another name). */
 st_dtype hf_dtype(const hf_dir *h);
 /* torch_dtype's spelling of a dtype ("float32", "bfloat16", "float16"). */
 const char *hf_torch_dtype(st_dtype d);

@@ -111,6 +111,24 @@ int model_hf_validate_under(const char *roots, const char *dir, model_config *cf
     return rc;
 }
 
+int model_hf_config_only(const char *roots, const char *dir, model_config *cfg, acc_err *err)
+{
+    hf_dir *h;
+    int rc = hf_open_under(roots, dir, HF_OPEN_CONFIG, &h, err);
+    if (rc != 0)
+        return rc;
+    model_config c;
+    model_layout l = {0};
+    rc = model_hf_config(h, &c, err);
+    if (rc == 0)
+        rc = in_dir(h, model_layout_build(&c, &l, err), err);
+    model_layout_free(&l);
+    if (rc == 0 && cfg != NULL)
+        *cfg = c;
+    hf_close(h);
+    return rc;
+}
+
 static size_t largest_tensor(const model_layout *l)
 {
     size_t n = 1;

@@ -35,6 +35,12 @@ int model_hf_validate(const char *dir, model_config *cfg, acc_err *err);
  * `roots` (hf_open_under). */
 int model_hf_validate_under(const char *roots, const char *dir, model_config *cfg, acc_err *err);
 
+/* The planner's reading of `dir`: config.json alone (HF_OPEN_CONFIG), the
+ * family's config and its layout built (so sizes are checked), no weights
+ * file opened: a directory holding only config.json plans. The submit
+ * path still uses model_hf_validate. */
+int model_hf_config_only(const char *roots, const char *dir, model_config *cfg, acc_err *err);
+
 /* Weights of the open, checked directory h into m (same config). */
 int model_hf_load(model *m, const hf_dir *h, acc_err *err);
 

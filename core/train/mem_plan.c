@@ -14,6 +14,8 @@
 
 static int base_config(const job_spec *spec, model_config *cfg, acc_err *err)
 {
+    if (spec->model.from[0] != '\0' && spec->plan_only) /* planning: config.json only */
+        return model_hf_config_only(spec->data_roots, spec->model.from, cfg, err);
     if (spec->model.from[0] != '\0') /* a Hugging Face directory: its headers only */
         return model_hf_validate_under(spec->data_roots, spec->model.from, cfg, err);
     if (spec->model.init_from[0] == '\0')
@@ -56,18 +58,35 @@ uint64_t plan_optim_bytes(const model_config *cfg, int zero, int world, int rank
     return adamw_state_bytes(lo, hi, &b, NULL) == 0 ? b : ACC_SIZE_OVERFLOW;
 }
 
-/* The state's bytes of rank 0 (the largest shard: the job's peak), or an
- * error naming the field. */
-static int state_bytes_z(const model_config *cfg, int zero, int world, int rank, uint64_t *bytes,
-                         acc_err *err)
+/* Rank `rank`'s state by part, as the allocations are made (model.c:
+ * parameters, then gradients + the trainer's slots; adamw.c: the moments of
+ * its range under ZeRO stage `zero`), or an error naming the field. */
+static int state_parts(const model_config *cfg, int zero, int world, int rank, plan_parts *p,
+                       acc_err *err)
 {
-    uint64_t model_b, opt_b;
+    uint64_t model_b;
     size_t lo, hi;
+    memset(p, 0, sizeof *p);
     optim_range(cfg, zero, world, rank, &lo, &hi);
     int rc = model_state_bytes(cfg, TRAIN_SLOTS, &model_b, err);
     if (rc == 0)
-        rc = adamw_state_bytes(lo, hi, &opt_b, err);
-    if (rc == 0 && acc_add_u64(model_b, opt_b, bytes))
+        rc = adamw_state_bytes(lo, hi, &p->optimizer, err);
+    if (rc != 0)
+        return rc;
+    p->weights = acc_sat_mul_u64(model_num_params(cfg), sizeof(float));
+    p->weights = p->weights <= model_b ? p->weights : model_b;
+    p->gradients = model_b - p->weights;
+    return 0;
+}
+
+/* The state's bytes of rank `rank` (rank 0: the largest shard, the job's
+ * peak), or an error naming the field. */
+static int state_bytes_z(const model_config *cfg, int zero, int world, int rank, uint64_t *bytes,
+                         acc_err *err)
+{
+    plan_parts p;
+    int rc = state_parts(cfg, zero, world, rank, &p, err);
+    if (rc == 0 && (acc_add_u64(p.weights, p.gradients, bytes) || acc_add_u64(*bytes, p.optimizer, bytes)))
         rc = acc_err_set(err, ACC_EINVAL, "model", "the model's state overflows 64-bit sizes");
     if (rc != 0)
         *bytes = ACC_SIZE_OVERFLOW;
@@ -201,6 +220,34 @@ int plan_next_larger_micro(int per_rank, int m)
     return batch_split_larger_micro(&s);
 }
 
+/* The row's peak by part: the state's parts (state_parts), the per-m part
+ * as plan_act_bytes counts it (activations + the backend's workspace);
+ * then what the backend holds beyond: its allocator's rounding of each
+ * allocation (parameters, gradients, each moment, the activations, each
+ * workspace buffer) and its runtime's memory. */
+static void row_parts(const model_config *cfg, const job_spec *spec, const kern_ops *ops, int m,
+                      plan_row *r)
+{
+    plan_parts *p = &r->parts;
+    spec_precision precision = spec->precision;
+    int seq_len = spec->model.seq_len;
+    if (state_parts(cfg, spec->zero_stage, spec->devices, 0, p, NULL) != 0)
+        memset(p, 0, sizeof *p);
+    kern_workspace ws;
+    plan_workspace(cfg, ops, precision, m, seq_len, &ws);
+    p->workspace = acc_sat_add_u64(ws.a_bytes, ws.b_bytes);
+    p->workspace = p->workspace <= r->act_bytes ? p->workspace : r->act_bytes;
+    p->activations = r->act_bytes - p->workspace;
+    const uint64_t allocs[] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer - p->optimizer / 2,
+                               p->activations, ws.a_bytes, ws.b_bytes};
+    p->rounding = 0;
+    for (size_t i = 0; i < sizeof allocs / sizeof allocs[0]; i++)
+        if (allocs[i] != 0 && allocs[i] != ACC_SIZE_OVERFLOW)
+            p->rounding = acc_sat_add_u64(p->rounding, kern_alloc_size(ops, allocs[i]) - allocs[i]);
+    p->runtime = kern_runtime_bytes(ops);
+    r->device_bytes = acc_sat_add_u64(r->peak_bytes, acc_sat_add_u64(p->rounding, p->runtime));
+}
+
 static plan_row make_row(const model_config *cfg, const job_spec *spec, const batch_split *split,
                          bool recompute, uint64_t usable, kern_dev_kind kind)
 {
@@ -210,7 +257,8 @@ static plan_row make_row(const model_config *cfg, const job_spec *spec, const ba
     r.optim_bytes = plan_optim_bytes(cfg, spec->zero_stage, spec->devices, 0);
     r.act_bytes = plan_act_bytes(cfg, kind, spec->precision, m, spec->model.seq_len, recompute);
     r.peak_bytes = acc_sat_add_u64(r.state_bytes, r.act_bytes); /* UINT64_MAX never fits */
-    r.fits = r.peak_bytes <= usable;
+    row_parts(cfg, spec, kern_backend_ops(kind), m, &r);
+    r.fits = r.device_bytes <= usable;
     return r;
 }
 

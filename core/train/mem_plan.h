@@ -25,8 +25,9 @@
  * ACC_EINVAL naming the spec field, so such a spec is refused at submit.
  *
  * A candidate micro batch m divides B / w (so a = B / (m w) is whole); it
- * fits a budget when its peak is at most budget minus PLAN_MARGIN_PCT
- * percent. The planner picks the largest m that fits (fewer micro-steps
+ * fits a budget when its device bytes (the peak, plus on CUDA devices the
+ * allocator's rounding and the runtime's memory: plan_parts) are at most
+ * budget minus PLAN_MARGIN_PCT percent. The planner picks the largest m that fits (fewer micro-steps
  * run faster); when none fits in stored mode and recomputation is allowed
  * (spec activation_checkpointing or oom.adapt), the fallback is m = 1 with
  * recomputation. Pure functions: no device is touched, no state kept.
@@ -45,6 +46,22 @@
 #define PLAN_MARGIN_PCT 5   /* safety margin kept free of the budget */
 #define PLAN_MAX_ROWS 256   /* enough for every divisor of B/w below 10^7 */
 
+/* A row's bytes by what holds them. The first five are the backend's
+ * accounted allocations (their sum is peak_bytes: on CPU devices the
+ * measured peak to the byte); the last two are what a device of the kind
+ * holds beyond that (CUDA: the caching allocator's rounding of those
+ * allocations, kern_cuda_alloc_size, and the runtime's memory outside the
+ * accounting, kern_cuda_runtime_bytes; 0 on CPU devices). */
+typedef struct plan_parts {
+    uint64_t weights;       /* the parameters (fp32) */
+    uint64_t gradients;     /* their gradients + the trainer's slots */
+    uint64_t optimizer;     /* AdamW's two moments */
+    uint64_t activations;   /* model_act_bytes for m x seq_len */
+    uint64_t workspace;     /* the backend's per-m workspace (CUDA bf16 operand buffers) */
+    uint64_t rounding;      /* allocator rounding of the above (CUDA: 512 B / 2 MiB blocks) */
+    uint64_t runtime;       /* outside the accounting (CUDA: context, cuBLASLt, NCCL) */
+} plan_parts;
+
 typedef struct plan_row {
     int micro_batch;        /* m, divides train_batch_size / devices */
     int accum_steps;        /* a = B / (m w) */
@@ -53,11 +70,19 @@ typedef struct plan_row {
     uint64_t optim_bytes;   /* of which the AdamW moments */
     uint64_t act_bytes;     /* activations for m x seq_len (+ the backend's
                                per-m workspace: CUDA bf16 operand buffers) */
-    uint64_t peak_bytes;    /* predicted per-device peak: state + activations */
-    bool fits;              /* peak <= budget * (100 - PLAN_MARGIN_PCT) / 100 */
+    uint64_t peak_bytes;    /* predicted per-device peak: state + activations
+                               (the accounted bytes the device's budget limits) */
+    plan_parts parts;       /* the same by part: weights + gradients + optimizer
+                               + activations + workspace == peak_bytes */
+    uint64_t device_bytes;  /* what a device of the kind must hold: peak_bytes
+                               + parts.rounding + parts.runtime (CPU: peak_bytes) */
+    bool fits;              /* device_bytes <= budget * (100 - PLAN_MARGIN_PCT) / 100 */
 } plan_row;
 
-/* The spec's model config (from the spec, or from init_from's file). */
+/* The spec's model config (from the spec, from init_from's file, or from
+ * model.from's directory: its config.json and the weights' headers, or
+ * config.json alone for a spec read by job_spec_parse_plan, plan_only),
+ * with the spec's lora section applied. */
 int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err);
 
 /* A rank's state, independent of the micro batch: the model's parameters,

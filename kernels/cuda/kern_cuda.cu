@@ -30,13 +30,11 @@
 
 /* ---------------------------------------------------------------- memory */
 
+/* the planner's formula (kern_cuda_plan.c), so both round alike */
 static size_t cu_round(size_t bytes)
 {
-    if (bytes == 0)
-        bytes = 1;
-    if (bytes < CU_SMALL)
-        return (bytes + 511) & ~(size_t)511;
-    return (bytes + (2ull << 20) - 1) & ~(size_t)((2ull << 20) - 1);
+    uint64_t r = kern_cuda_alloc_size(bytes);
+    return r > SIZE_MAX ? SIZE_MAX : (size_t)r;
 }
 
 static void cu_release_cache(kern_device *d)

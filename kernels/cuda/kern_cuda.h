@@ -87,8 +87,22 @@ int kern_cuda_profile_read(kern_device *d, double *ms, int *calls, const char **
  * each side's largest operand (lin_gemm), saturated; 0, 0 in fp32. Plain C
  * (kern_cuda_plan.c), in every build. */
 void kern_cuda_workspace_size(const kern_gemm_extent *e, int bf16, kern_workspace *out);
-/* A table holding only backend "cuda" and workspace_size, for planning
- * without a GPU (kern_backend_ops). */
+#define KERN_CUDA_MARGIN (512ull << 20) /* left free on the GPU at open */
+#define KERN_CUDA_SMALL (1ull << 20)    /* blocks below round to 512 B, others to 2 MiB */
+
+/* The caching allocator's block size for an allocation of `bytes`
+ * (kern_cuda.cu cu_alloc takes its blocks this size): 512-byte steps
+ * below CU_SMALL (1 MiB), 2 MiB steps from there; 0 asks for 1 byte.
+ * Saturated at UINT64_MAX. Plain C (kern_cuda_plan.c), in every build. */
+uint64_t kern_cuda_alloc_size(uint64_t bytes);
+/* Device memory a CUDA device holds outside its accounting: the margin
+ * the budget leaves free at open (CU_MARGIN, 512 MiB: the CUDA context,
+ * cuBLAS / cuBLASLt handles and the 32 MiB cuBLASLt workspace, the
+ * 16-byte scratch, NCCL's buffers). */
+uint64_t kern_cuda_runtime_bytes(void);
+/* A table holding only backend "cuda" and the planning queries
+ * (workspace_size, alloc_size, runtime_bytes), for planning without a
+ * GPU (kern_backend_ops). */
 extern const kern_ops kern_cuda_plan_ops;
 
 /* Free bytes on the whole GPU now (cudaMemGetInfo: other processes' use

@@ -34,8 +34,8 @@ extern "C" {
 #include "kern_cuda.h"
 #include "kern_cuda_flash.h"
 
-#define CU_MARGIN (512ull << 20) /* left free on the GPU: context, cuBLAS, NCCL */
-#define CU_SMALL (1ull << 20)    /* blocks below this round to 512 B, others to 2 MiB */
+#define CU_MARGIN KERN_CUDA_MARGIN /* left free on the GPU: context, cuBLAS, NCCL (kern_cuda.h) */
+#define CU_SMALL KERN_CUDA_SMALL   /* blocks below this round to 512 B, others to 2 MiB */
 
 typedef struct cu_block {
     void *ptr;

@@ -13,7 +13,21 @@ void kern_cuda_workspace_size(const kern_gemm_extent *e, int bf16, kern_workspac
     out->b_bytes = bf16 ? acc_sat_mul_u64(2, e->b_elems) : 0;
 }
 
+uint64_t kern_cuda_alloc_size(uint64_t bytes)
+{
+    uint64_t step = bytes < KERN_CUDA_SMALL ? 512 : 2ull << 20;
+    if (bytes == 0)
+        bytes = 1;
+    if (bytes > UINT64_MAX - (step - 1))
+        return UINT64_MAX;
+    return (bytes + step - 1) / step * step;
+}
+
+uint64_t kern_cuda_runtime_bytes(void) { return KERN_CUDA_MARGIN; }
+
 const kern_ops kern_cuda_plan_ops = {
     .backend = "cuda",
     .workspace_size = kern_cuda_workspace_size,
+    .alloc_size = kern_cuda_alloc_size,
+    .runtime_bytes = kern_cuda_runtime_bytes,
 };

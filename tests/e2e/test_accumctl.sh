@@ -85,10 +85,12 @@ run_ctl 0 submit --dry-run --json "$ACC_TMP/ok.json"
 jq -e '.dry_run == true and (.micro_batch_candidates | length) >= 4' "$OUT" >/dev/null || fail "dry run json: $(cat "$OUT")"
 expect_eq "nothing queued by dry runs" "$(acc_curl "$BASE/v1/jobs" | jq '.jobs | length')" 0
 run_ctl 0 plan "$ACC_TMP/ok.json" --device-memory 24GiB --devices 4
-grep -q 'no POST /v1/plan' "$ERR" || fail "plan fallback not said: $(cat "$ERR")"
-grep -q 'micro_batch_candidates:' "$OUT" || fail "plan table: $(cat "$OUT")"
+grep -q 'no POST /v1/plan' "$ERR" && fail "plan fell back to the dry run: $(cat "$ERR")"
+grep -q '^hardware: *4 x cpu of 24.0 GiB' "$OUT" || fail "plan header: $(cat "$OUT")"
+grep -Eq '^full +0 +off +2 \(a = 1\)' "$OUT" || fail "plan table: $(cat "$OUT")"
 run_ctl 64 plan "$ACC_TMP/ok.json" --device-memory lots
-ok "dry run and plan (dry-run fallback, said on stderr)"
+run_ctl 64 plan "$ACC_TMP/ok.json" --kind tpu
+ok "dry run and plan (POST /v1/plan with the hardware)"
 
 # ---- submit --wait: succeeded (0) ------------------------------------------
 run_ctl 0 submit --wait "$ACC_TMP/ok.json"

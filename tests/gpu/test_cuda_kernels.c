@@ -351,6 +351,10 @@ static void test_alloc(const kern_device_info *gi)
     expect(d->in_use == (4u << 20) && d->peak == (4u << 20), "in_use/peak after 4 MiB", "");
     expect(d->ops->alloc(d, 1000, &b, &err) == 0, "alloc 1000 B", err.msg);
     expect(d->in_use == (4u << 20) + 1000, "in_use counts bytes asked", "");
+    /* what the planner adds for CUDA devices (kern_cuda_alloc_size): the blocks the cache holds */
+    expect(kern_cuda_reserved(d) == kern_cuda_alloc_size(4u << 20) + kern_cuda_alloc_size(1000) &&
+               kern_cuda_alloc_size(1000) == 1024,
+           "reserved = the planner's rounding of each allocation", "");
     acc_err_clear(&err);
     int rc = d->ops->alloc(d, 5u << 20, &c, &err);
     printf("over budget: rc %d, %s\n", rc, err.msg);
@@ -390,6 +394,8 @@ static void test_alloc(const kern_device_info *gi)
     printf("uncapped budget %llu of %llu bytes\n", (unsigned long long)d->budget,
            (unsigned long long)gi->mem_total);
     expect(d->budget > 0 && d->budget < gi->mem_total, "budget below the card's memory", "");
+    expect(d->budget + kern_cuda_runtime_bytes() <= gi->mem_total,
+           "the planner's runtime bytes are left free (budget + runtime <= the card)", "");
     acc_err_clear(&err);
     rc = d->ops->alloc(d, (size_t)d->budget + (1u << 20), &c, &err);
     expect(rc == ACC_EOOM, "beyond free memory is ACC_EOOM", err.msg);

@@ -1,0 +1,314 @@
+/* api_plan: POST /v1/plan, "does it fit on my card?".
+ *
+ *   {<a job spec>, "hardware": {"device_memory": "24GiB", "devices": 4,
+ *                               "kind": "cuda"}}
+ *
+ * answers, for every way to run the spec on that hardware (plan_table.h:
+ * full or LoRA, ZeRO stage, recomputation, every micro batch m dividing
+ * B / w), the predicted bytes per device by part, whether they fit, why
+ * not, each variant's largest fitting m, the LoRA settings the LoRA rows
+ * were planned with (the spec's lora section, or r 16, alpha 32,
+ * "all-linear" for a family that takes LoRA), and a summary: the row the
+ * dry run would start with and, when it does not fit, the first variant
+ * that does.
+ *
+ * hardware (optional, each key too): device_memory (bytes, or a size with
+ * the config's K/M/G/T suffixes, "24GiB", "80G"; at least 1 MiB), devices
+ * (the job's world size w, 1..TRAIN_MAX_RANKS; default the spec's
+ * `devices`), kind ("cuda" or "cpu"; default this machine's). Without
+ * device_memory: this machine's smallest device of that kind (an error
+ * when the machine has none). Unknown keys, wrong types and out-of-range
+ * values are 400s naming "hardware.<key>".
+ *
+ * The spec is read by job_spec_parse_plan: every key checked as at submit,
+ * paths resolved under data_roots (safepath), but model.from is read for
+ * its config.json only, never the weights, and data may be absent. It
+ * opens files: api_plan_compute runs on libuv's thread pool (api_defer)
+ * and reads only the daemon's immutable parts (config, device table).
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_http.h"
+#include "jobs.h"
+#include "plan_table.h"
+#include "trainer.h"
+
+static json_int_t bytes_json(uint64_t b) { return b > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)b; }
+
+static int hw_memory(const json_t *v, uint64_t *out, acc_err *err)
+{
+    static const char f[] = "hardware.device_memory";
+    if (json_is_integer(v)) {
+        json_int_t b = json_integer_value(v);
+        if (b < (1 << 20))
+            return acc_err_set(err, ACC_EINVAL, f, "%s must be at least 1 MiB, got %lld", f, (long long)b);
+        *out = (uint64_t)b;
+        return 0;
+    }
+    if (!json_is_string(v) || conf_parse_bytes(json_string_value(v), out) != 0 || *out < (1 << 20))
+        return acc_err_set(err, ACC_EINVAL, f,
+                           "%s must be a size of at least 1 MiB: bytes, or a number with a K/M/G/T suffix "
+                           "such as \"24GiB\" or \"80G\"",
+                           f);
+    return 0;
+}
+
+/* The hardware object into hw, defaults from the spec and this machine. */
+static int parse_hardware(const jobs_mgr *m, const json_t *h, const job_spec *spec, plan_hw *hw, acc_err *err)
+{
+    static const char *const keys[] = {"device_memory", "devices", "kind", NULL};
+    kern_dev_kind here = m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU; /* all of one kind */
+    *hw = (plan_hw){.kind = here, .devices = spec->devices};
+    if (h != NULL && !json_is_object(h))
+        return acc_err_set(err, ACC_EINVAL, "hardware", "hardware must be an object");
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)h, key, v) {
+        bool ok = false;
+        for (int i = 0; keys[i] != NULL; i++)
+            ok |= !strcmp(key, keys[i]);
+        if (!ok)
+            return acc_err_set(err, ACC_EINVAL, "hardware", "hardware: unknown key '%s' (device_memory, devices, kind)",
+                               key);
+    }
+    json_t *kind = json_object_get(h, "kind"), *devs = json_object_get(h, "devices"),
+           *mem = json_object_get(h, "device_memory");
+    if (kind != NULL) {
+        const char *k = json_is_string(kind) ? json_string_value(kind) : "";
+        if (strcmp(k, "cuda") != 0 && strcmp(k, "cpu") != 0)
+            return acc_err_set(err, ACC_EINVAL, "hardware.kind", "hardware.kind must be \"cuda\" or \"cpu\"");
+        hw->kind = !strcmp(k, "cuda") ? KERN_DEV_CUDA : KERN_DEV_CPU;
+    }
+    if (devs != NULL) {
+        json_int_t d = json_is_integer(devs) ? json_integer_value(devs) : 0;
+        if (d < 1 || d > TRAIN_MAX_RANKS)
+            return acc_err_set(err, ACC_EINVAL, "hardware.devices",
+                               "hardware.devices must be an integer in [1, %d] (the devices one job runs on)",
+                               TRAIN_MAX_RANKS);
+        hw->devices = (int)d;
+    }
+    if (devs == NULL && hw->devices > TRAIN_MAX_RANKS) /* the spec's own, as a job would be refused */
+        return acc_err_set(err, ACC_EINVAL, "devices", "at most %d devices per job", TRAIN_MAX_RANKS);
+    if (mem != NULL)
+        return hw_memory(mem, &hw->device_memory, err);
+    for (int i = 0; i < m->ndev; i++) /* the smallest device of that kind here */
+        if (m->devs[i].kind == hw->kind && (hw->device_memory == 0 || m->devs[i].mem_total < hw->device_memory))
+            hw->device_memory = m->devs[i].mem_total;
+    if (hw->device_memory == 0)
+        return acc_err_set(err, ACC_EINVAL, "hardware.device_memory",
+                           "hardware.device_memory is required: this machine has no %s device",
+                           hw->kind == KERN_DEV_CUDA ? "cuda" : "cpu");
+    return 0;
+}
+
+static const char *mode_name(const plan_variant *v) { return v->lora ? "lora" : "full"; }
+
+static json_t *row_json(const plan_table *t, int i)
+{
+    const plan_row *r = &t->rows[i];
+    const plan_variant *v = NULL;
+    for (int g = 0; g < t->ngroups; g++)
+        if (i >= t->groups[g].first && i < t->groups[g].first + t->groups[g].n)
+            v = &t->groups[g].v;
+    char why[512];
+    plan_row_why(r, &t->hw, why, sizeof why);
+    const plan_parts *p = &r->parts;
+    return json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}", "mode",
+                     v ? mode_name(v) : "full", "zero_stage", v ? v->zero_stage : 0, "recompute", r->recompute,
+                     "micro_batch", r->micro_batch, "accum_steps", r->accum_steps, "weights_bytes",
+                     bytes_json(p->weights), "gradients_bytes", bytes_json(p->gradients), "optimizer_bytes",
+                     bytes_json(p->optimizer), "activations_bytes", bytes_json(p->activations), "workspace_bytes",
+                     bytes_json(p->workspace), "rounding_bytes", bytes_json(p->rounding), "runtime_bytes",
+                     bytes_json(p->runtime), "peak_bytes", bytes_json(r->peak_bytes), "device_bytes",
+                     bytes_json(r->device_bytes), "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null());
+}
+
+static json_t *group_json(const plan_table *t, const plan_group *g)
+{
+    char why[512] = "";
+    if (g->best < 0 && g->n > 0) /* the smallest row says why none fits */
+        plan_row_why(&t->rows[g->first], &t->hw, why, sizeof why);
+    const plan_row *best = g->best >= 0 ? &t->rows[g->best] : NULL;
+    return json_pack("{s:s, s:i, s:b, s:i, s:o, s:o, s:o, s:o}", "mode", mode_name(&g->v), "zero_stage",
+                     g->v.zero_stage, "recompute", g->v.recompute, "rows", g->n, "largest_fitting_micro_batch",
+                     best ? json_integer(best->micro_batch) : json_null(), "accum_steps",
+                     best ? json_integer(best->accum_steps) : json_null(), "device_bytes",
+                     best ? json_integer(bytes_json(best->device_bytes)) : json_null(), "why_not",
+                     why[0] ? json_string(why) : json_null());
+}
+
+static json_t *summary_json(const plan_table *t, bool spec_recompute)
+{
+    const plan_row *rec = t->recommended >= 0 ? &t->rows[t->recommended] : NULL;
+    bool fits = rec != NULL && rec->fits;
+    char msg[640];
+    const plan_group *rg = t->recommended_group >= 0 ? &t->groups[t->recommended_group] : NULL;
+    if (fits && !spec_recompute && rg != NULL && rg->best >= 0 && t->rows[rg->best].micro_batch > rec->micro_batch)
+        /* "auto" fell back to m = 1 recomputing: recomputing from the start allows more */
+        snprintf(msg, sizeof msg,
+                 "the spec runs as given: micro batch %d x %d accumulation steps on %d device(s)%s; with "
+                 "\"activation_checkpointing\": true, micro batch %d x %d fits",
+                 rec->micro_batch, rec->accum_steps, t->hw.devices, rec->recompute ? " with recomputation" : "",
+                 t->rows[rg->best].micro_batch, t->rows[rg->best].accum_steps);
+    else if (fits)
+        snprintf(msg, sizeof msg, "the spec runs as given: micro batch %d x %d accumulation steps on %d device(s)%s",
+                 rec->micro_batch, rec->accum_steps, t->hw.devices, rec->recompute ? " with recomputation" : "");
+    else if (t->suggested >= 0) {
+        const plan_row *s = &t->rows[t->suggested];
+        const plan_variant *v = &t->groups[t->suggested_group].v;
+        snprintf(msg, sizeof msg,
+                 "the spec as given does not fit; %s fine-tune%s%s with micro batch %d x %d accumulation steps does",
+                 v->lora ? "a LoRA" : "a full", v->zero_stage ? (v->zero_stage == 1 ? " with ZeRO-1" : " with ZeRO-2") : "",
+                 v->recompute ? " and recomputation" : "", s->micro_batch, s->accum_steps);
+    } else
+        snprintf(msg, sizeof msg, "no way to run this spec fits %d device(s) of %.1f GiB", t->hw.devices,
+                 (double)t->hw.device_memory / (1024.0 * 1024.0 * 1024.0));
+    return json_pack("{s:o, s:b, s:o, s:s}", "recommended", rec ? row_json(t, t->recommended) : json_null(),
+                     "fits", fits, "suggested",
+                     !fits && t->suggested >= 0 ? row_json(t, t->suggested) : json_null(), "message", msg);
+}
+
+/* The LoRA settings the table's LoRA rows were planned with (the spec's
+ * section or the defaults), null when it has none. */
+static json_t *lora_json(const job_spec *spec, const plan_table *t)
+{
+    const plan_group *g = NULL;
+    for (int i = 0; i < t->ngroups && g == NULL; i++)
+        if (t->groups[i].v.lora)
+            g = &t->groups[i];
+    job_spec *vs = g ? malloc(sizeof *vs) : NULL;
+    model_config cfg;
+    json_t *o = NULL;
+    if (vs != NULL && plan_variant_spec(spec, &t->hw, &g->v, vs, NULL) == 0 && plan_model_config(vs, &cfg, NULL) == 0) {
+        json_t *mods = json_array();
+        for (int i = 0; mods && i < cfg.lora.n_targets; i++)
+            json_array_append_new(mods, json_string(cfg.lora.targets[i]));
+        o = json_pack("{s:i, s:f, s:o, s:b, s:I}", "r", cfg.lora.r, "alpha", cfg.lora.alpha, "target_modules",
+                      mods ? mods : json_array(), "from_spec", spec->lora.r > 0, "trainable_params",
+                      (json_int_t)model_num_trainable(&cfg));
+    }
+    free(vs);
+    return o ? o : json_null();
+}
+
+static json_t *answer(const job_spec *spec, const model_config *cfg, const plan_table *t, bool hw_given)
+{
+    json_t *rows = json_array(), *groups = json_array();
+    for (int i = 0; rows && i < t->nrows; i++)
+        json_array_append_new(rows, row_json(t, i));
+    for (int g = 0; groups && g < t->ngroups; g++)
+        json_array_append_new(groups, group_json(t, &t->groups[g]));
+    return json_pack("{s:{s:s, s:s, s:I, s:i}, s:{s:s, s:I, s:i, s:b}, s:{s:i, s:i}, s:s, s:i, s:o, s:o, s:o, s:o}",
+                     "model", "family", model_family_of(cfg)->name, "from", spec->model.from, "params",
+                     (json_int_t)model_num_params(cfg), "seq_len", spec->model.seq_len, "hardware", "kind",
+                     t->hw.kind == KERN_DEV_CUDA ? "cuda" : "cpu", "device_memory_bytes",
+                     bytes_json(t->hw.device_memory), "devices", t->hw.devices, "given", hw_given, "batch",
+                     "train_batch_size", spec->train_batch_size, "per_device", spec->train_batch_size / t->hw.devices,
+                     "precision", spec_precision_name(spec->precision), "margin_pct", PLAN_MARGIN_PCT, "summary",
+                     summary_json(t, spec->activation_checkpointing), "lora", lora_json(spec, t), "groups", groups ? groups : json_array(), "rows", rows ? rows : json_array());
+}
+
+int api_plan_compute(const jobs_mgr *m, const char *body, size_t len, json_t **out, acc_err *err)
+{
+    *out = NULL;
+    json_error_t je;
+    json_t *req = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(req)) {
+        json_decref(req);
+        return acc_err_set(err, ACC_EINVAL, "", "the plan request must be a JSON object (a job spec plus "
+                                                "\"hardware\"): %s", req == NULL ? je.text : "not an object");
+    }
+    json_t *hw_in = json_incref(json_object_get(req, "hardware"));
+    json_object_del(req, "hardware"); /* the rest is a job spec */
+    char *spec_text = json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(req);
+    job_spec *spec = malloc(sizeof *spec);
+    plan_table t = {0};
+    model_config cfg;
+    plan_hw hw;
+    int rc = spec_text == NULL || spec == NULL ? acc_err_set(err, ACC_ENOMEM, NULL, "out of memory") : 0;
+    if (rc == 0)
+        rc = job_spec_parse_plan(spec_text, strlen(spec_text), m->conf, spec, err);
+    if (rc == 0)
+        rc = parse_hardware(m, hw_in, spec, &hw, err);
+    if (rc == 0)
+        rc = plan_model_config(spec, &cfg, err);
+    if (rc == 0)
+        rc = plan_table_build(spec, &hw, &t, err);
+    if (rc == 0 && (*out = answer(spec, &cfg, &t, hw_in != NULL)) == NULL)
+        rc = acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    plan_table_free(&t);
+    json_decref(hw_in);
+    free(spec_text);
+    free(spec);
+    return rc;
+}
+
+/* ---- the route: computed on libuv's thread pool (api_defer) */
+
+typedef struct plan_ctx {
+    const jobs_mgr *m;
+    char *body;
+    size_t len;
+    int rc;
+    acc_err err;
+    json_t *out;
+} plan_ctx;
+
+static void plan_work(void *arg)
+{
+    plan_ctx *c = arg;
+    c->rc = api_plan_compute(c->m, c->body, c->len, &c->out, &c->err);
+}
+
+static void plan_done(void *arg, api_response *resp, bool orphaned)
+{
+    plan_ctx *c = arg;
+    if (!orphaned && resp != NULL) {
+        char *text = c->rc == 0 ? json_dumps(c->out, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (c->rc != 0) {
+            api_resp_from_err(resp, &c->err);
+        } else if (text == NULL) {
+            api_resp_error(resp, 500, "internal", NULL, "out of memory");
+        } else {
+            size_t n = strlen(text);
+            char *nl = realloc(text, n + 2); /* a newline, for terminals after curl */
+            if (nl != NULL) {
+                text = nl;
+                text[n++] = '\n';
+                text[n] = '\0';
+            }
+            api_resp_json(resp, 200, text);
+        }
+        free(text);
+    }
+    json_decref(c->out);
+    free(c->body);
+    free(c);
+}
+
+void api_plan(api_server *s, const api_request *req, api_response *resp)
+{
+    if (req->body_len == 0) {
+        api_resp_error(resp, 400, "invalid", NULL, "empty body: send a job spec, optionally with \"hardware\"");
+        return;
+    }
+    plan_ctx *c = calloc(1, sizeof *c);
+    char *body = malloc(req->body_len + 1);
+    if (c == NULL || body == NULL) {
+        free(c);
+        free(body);
+        api_resp_error(resp, 500, "internal", NULL, "out of memory");
+        return;
+    }
+    memcpy(body, req->body, req->body_len);
+    body[req->body_len] = '\0';
+    *c = (plan_ctx){.m = api_server_app(s), .body = body, .len = req->body_len};
+    resp->deferred = api_defer(s, plan_work, plan_done, c);
+    if (resp->deferred == NULL)
+        api_resp_error(resp, 503, "unavailable", NULL,
+                       "too many requests being worked on (at most %d at a time); try again", API_MAX_DEFERRED);
+}

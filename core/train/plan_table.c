@@ -1,0 +1,192 @@
+/* plan_table: see plan_table.h. */
+#include "plan_table.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checked.h"
+
+/* LoRA rows of a spec without a lora section: PEFT-style settings that
+ * adapt every linear layer of the blocks (plan_table.h). */
+static const spec_lora default_lora = {.r = 16, .alpha = 32, .dropout = 0, .all_linear = true};
+
+/* The spec's own variant: how it would run as submitted. */
+static plan_variant own_variant(const job_spec *spec)
+{
+    return (plan_variant){.lora = spec->lora.r > 0, .zero_stage = spec->zero_stage,
+                          .recompute = spec->activation_checkpointing};
+}
+
+bool plan_variant_available(const job_spec *spec, const plan_hw *hw, const plan_variant *v)
+{
+    (void)spec;
+    /* ZeRO shards over the ranks: none with one device (a 400 at submit) */
+    return v->zero_stage >= 0 && v->zero_stage <= 2 && (v->zero_stage == 0 || hw->devices >= 2);
+}
+
+int plan_variant_spec(const job_spec *spec, const plan_hw *hw, const plan_variant *v, job_spec *out,
+                      acc_err *err)
+{
+    if (hw->devices < 1 || spec->train_batch_size % hw->devices != 0)
+        return acc_err_set(err, ACC_EINVAL, "hardware.devices",
+                           "train_batch_size %d is not divisible by hardware.devices %d",
+                           spec->train_batch_size, hw->devices);
+    *out = *spec;
+    out->devices = hw->devices;
+    out->activation_checkpointing = v->recompute;
+    out->micro_auto = true; /* every m is a row */
+    out->micro_batch = 0;
+    out->accum_steps = 0;
+    out->oom_adapt = false; /* no fallback row: recompute is its own variant */
+    out->zero_stage = v->zero_stage;
+    if (!v->lora) { /* every weight trains */
+        memset(&out->lora, 0, sizeof out->lora);
+        out->merge_lora = false;
+    } else if (spec->lora.r == 0) {
+        out->lora = default_lora;
+    }
+    return 0;
+}
+
+static int same_variant(const plan_variant *a, const plan_variant *b)
+{
+    return a->lora == b->lora && a->zero_stage == b->zero_stage && a->recompute == b->recompute;
+}
+
+/* The row of variant v with micro batch m, or -1. */
+static int find_row(const plan_table *t, const plan_variant *v, int m, int *group)
+{
+    for (int g = 0; g < t->ngroups; g++) {
+        const plan_group *pg = &t->groups[g];
+        if (!same_variant(&pg->v, v))
+            continue;
+        for (int i = pg->first; i < pg->first + pg->n; i++)
+            if (t->rows[i].micro_batch == m) {
+                *group = g;
+                return i;
+            }
+    }
+    return -1;
+}
+
+/* One group: the variant's spec through the planner. */
+static int add_group(const job_spec *spec, plan_table *t, const plan_variant *v, acc_err *err)
+{
+    job_spec *vs = malloc(sizeof *vs);
+    if (vs == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    int n = 0, chosen = -1;
+    int rc = plan_variant_spec(spec, &t->hw, v, vs, err);
+    model_config cfg;
+    if (rc == 0 && v->lora && spec->lora.r == 0 && plan_model_config(vs, &cfg, NULL) != 0) {
+        free(vs); /* the default LoRA on a family that takes none: no such rows */
+        return 0;
+    }
+    if (rc == 0)
+        rc = plan_candidates_on(vs, t->hw.kind, t->hw.device_memory, t->rows + t->nrows, PLAN_MAX_ROWS, &n,
+                                &chosen, err);
+    free(vs);
+    if (rc != 0)
+        return rc;
+    plan_group *g = &t->groups[t->ngroups++];
+    *g = (plan_group){.v = *v, .first = t->nrows, .n = n, .best = chosen >= 0 ? t->nrows + chosen : -1};
+    t->nrows += n;
+    return 0;
+}
+
+/* What the dry run would start with: the spec's own variant on hw, its
+ * micro batch when it divides B / w, else the planner's pick. */
+static int recommend(const job_spec *spec, plan_table *t, acc_err *err)
+{
+    t->recommended = t->recommended_group = -1;
+    plan_variant v = own_variant(spec);
+    int per_rank = spec->train_batch_size / t->hw.devices;
+    if (!spec->micro_auto && spec->micro_batch >= 1 && per_rank % spec->micro_batch == 0) {
+        t->recommended = find_row(t, &v, spec->micro_batch, &t->recommended_group);
+        return 0;
+    }
+    job_spec *own = malloc(sizeof *own);
+    plan_row *rows = calloc(PLAN_MAX_ROWS, sizeof *rows);
+    int n = 0, chosen = -1, rc = 0;
+    if (own == NULL || rows == NULL)
+        rc = acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    if (rc == 0) {
+        *own = *spec;
+        own->devices = t->hw.devices;
+        own->micro_auto = true;
+        rc = plan_candidates_on(own, t->hw.kind, t->hw.device_memory, rows, PLAN_MAX_ROWS, &n, &chosen, err);
+    }
+    if (rc == 0 && chosen >= 0) {
+        v.recompute = rows[chosen].recompute;
+        t->recommended = find_row(t, &v, rows[chosen].micro_batch, &t->recommended_group);
+    }
+    free(own);
+    free(rows);
+    return rc;
+}
+
+int plan_table_build(const job_spec *spec, const plan_hw *hw, plan_table *t, acc_err *err)
+{
+    memset(t, 0, sizeof *t);
+    t->hw = *hw;
+    t->recommended = t->recommended_group = t->suggested = t->suggested_group = -1;
+    t->rows = calloc((size_t)PLAN_MAX_GROUPS * PLAN_MAX_ROWS, sizeof *t->rows);
+    if (t->rows == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    int rc = 0;
+    /* least change first: full, ZeRO 0..2, recompute off then on */
+    for (int lora = 0; rc == 0 && lora < 2; lora++)
+        for (int z = 0; rc == 0 && z < 3; z++)
+            for (int rec = 0; rc == 0 && rec < 2; rec++) {
+                plan_variant v = {.lora = lora, .zero_stage = z, .recompute = rec};
+                if (plan_variant_available(spec, hw, &v))
+                    rc = add_group(spec, t, &v, err);
+            }
+    if (rc == 0)
+        rc = recommend(spec, t, err);
+    for (int g = 0; rc == 0 && g < t->ngroups && t->suggested < 0; g++)
+        if (t->groups[g].best >= 0) {
+            t->suggested = t->groups[g].best;
+            t->suggested_group = g;
+        }
+    if (rc != 0)
+        plan_table_free(t);
+    return rc;
+}
+
+void plan_table_free(plan_table *t)
+{
+    free(t->rows);
+    t->rows = NULL;
+    t->nrows = t->ngroups = 0;
+}
+
+static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+void plan_row_why(const plan_row *r, const plan_hw *hw, char *buf, size_t n)
+{
+    buf[0] = '\0';
+    if (r->fits)
+        return;
+    uint64_t usable = plan_usable_bytes(hw->device_memory);
+    const plan_parts *p = &r->parts;
+    uint64_t state = r->state_bytes;
+    char extra[96] = "";
+    if (p->runtime != 0 || p->rounding != 0) /* CUDA: the context and libraries, the 2 MiB blocks */
+        snprintf(extra, sizeof extra, " + runtime %.2f GiB + allocator rounding %.1f MiB", gib(p->runtime),
+                 (double)p->rounding / (1024.0 * 1024.0));
+    if (acc_sat_add_u64(state, p->runtime) > usable) {
+        snprintf(buf, n,
+                 "model state %.1f GiB alone (weights %.1f + gradients %.1f + optimizer %.1f)%s exceeds the "
+                 "%.1f GiB device (%.1f GiB usable, %d%% kept free)",
+                 gib(state), gib(p->weights), gib(p->gradients), gib(p->optimizer), extra,
+                 gib(hw->device_memory), gib(usable), PLAN_MARGIN_PCT);
+        return;
+    }
+    snprintf(buf, n,
+             "peak %.1f GiB (model state %.1f + activations %.1f + workspace %.2f%s) exceeds the %.1f GiB device "
+             "(%.1f GiB usable, %d%% kept free)",
+             gib(r->device_bytes), gib(state), gib(p->activations), gib(p->workspace), extra,
+             gib(hw->device_memory), gib(usable), PLAN_MARGIN_PCT);
+}

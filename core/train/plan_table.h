@@ -1,0 +1,92 @@
+/* plan_table: every way to run a job spec on given hardware, for
+ * POST /v1/plan (the planner's question "does it fit on my card?").
+ *
+ * A way to run it is a variant: full fine-tune or LoRA, ZeRO stage 0, 1
+ * or 2, activation recomputation off or on. Each variant is a modified
+ * copy of the spec (plan_variant_spec: lora on or off, zero stage,
+ * recompute, devices = the hardware's, micro batch "auto", no OOM
+ * fallback row) handed to the planner's own entry point,
+ * plan_candidates_on(): so whatever the planner counts for a spec (the
+ * model family's bytes, LoRA's frozen weights, ZeRO's shards, the
+ * backend's workspace and rounding) the table counts, with no formula of
+ * its own. A variant group holds one row per micro batch m dividing
+ * B / w, ascending, and names the largest m that fits.
+ *
+ * Groups are built in the order of least change to a full fine-tune:
+ * full before LoRA, ZeRO 0, 1, 2, recomputation off before on. LoRA rows
+ * use the spec's lora section; a spec without one gets LoRA rows with
+ * PEFT-style settings {r 16, alpha 32, target_modules "all-linear"} when
+ * its family takes LoRA (model_lora_apply accepts them), none otherwise.
+ * A variant that cannot run is left out (plan_variant_available): ZeRO
+ * 1/2 with one device.
+ *
+ * The recommended row is what the dry run (and the trainer) would start
+ * with on that hardware: the spec's own variant, its micro batch when it
+ * divides B / w, else the planner's pick (largest fitting m, else m = 1
+ * with recomputation when oom.adapt allows it). The suggested row, when
+ * the recommended one does not fit, is the first group's largest fitting
+ * row in the order above. Pure: no device is touched.
+ */
+#ifndef ACC_PLAN_TABLE_H
+#define ACC_PLAN_TABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mem_plan.h"
+
+/* The hardware planned for: one kind, `devices` devices of
+ * `device_memory` bytes each (0: unlimited). */
+typedef struct plan_hw {
+    kern_dev_kind kind;
+    uint64_t device_memory;
+    int devices;
+} plan_hw;
+
+typedef struct plan_variant {
+    bool lora;         /* LoRA adapters on a frozen base (false: every weight trains) */
+    int zero_stage;    /* 0, 1 (AdamW moments sharded), 2 (and gradients) */
+    bool recompute;    /* activation recomputation */
+} plan_variant;
+
+typedef struct plan_group {
+    plan_variant v;
+    int first, n;      /* its rows: rows[first, first + n), ascending m */
+    int best;          /* index (in rows) of the largest fitting m; -1: none fits */
+} plan_group;
+
+#define PLAN_MAX_GROUPS 12 /* 2 (full / LoRA) x 3 (ZeRO) x 2 (recompute) */
+
+typedef struct plan_table {
+    plan_hw hw;
+    plan_row *rows;    /* every group's rows, group after group */
+    int nrows;
+    plan_group groups[PLAN_MAX_GROUPS];
+    int ngroups;
+    int recommended;   /* index in rows of the dry run's start; -1: not in the table */
+    int recommended_group;
+    int suggested;     /* first group's largest fitting row; -1: nothing fits */
+    int suggested_group;
+} plan_table;
+
+/* Whether the planner can count variant v for this spec on hw. */
+bool plan_variant_available(const job_spec *spec, const plan_hw *hw, const plan_variant *v);
+
+/* The spec as variant v runs on hw: *out = *spec with devices = hw's,
+ * activation_checkpointing = v's, micro batch "auto", no OOM fallback,
+ * LoRA and the ZeRO stage set as v says. ACC_EINVAL naming
+ * "hardware.devices" when train_batch_size is not a multiple of it. */
+int plan_variant_spec(const job_spec *spec, const plan_hw *hw, const plan_variant *v, job_spec *out,
+                      acc_err *err);
+
+/* The table (rows allocated; plan_table_free). Errors are the planner's
+ * (ACC_EINVAL naming the field) or ACC_ENOMEM. */
+int plan_table_build(const job_spec *spec, const plan_hw *hw, plan_table *t, acc_err *err);
+void plan_table_free(plan_table *t);
+
+/* Why row r does not fit a device of hw.device_memory bytes ("" when it
+ * fits), with the numbers: the model state alone, or the whole peak. */
+void plan_row_why(const plan_row *r, const plan_hw *hw, char *buf, size_t n);
+
+#endif

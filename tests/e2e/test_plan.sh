@@ -1,0 +1,167 @@
+#!/bin/bash
+# POST /v1/plan: "does it fit on my card?" for hardware the daemon does not
+# have, from config.json alone.
+#   - LLaMA-2-7B's config.json (published values, written here; no weights)
+#     on one 24 GiB CUDA device: no full fine-tune fits, and the answer says
+#     why with the numbers (16 bytes a parameter before activations);
+#   - on four 24 GiB devices: still none (without ZeRO each holds it all);
+#   - LoRA rows with r 16, alpha 32, all-linear (39,976,960 adapter
+#     parameters) and the adapters' AdamW state only;
+#   - on 80 GiB: no full fine-tune, a LoRA one fits and is suggested;
+#   - on 141 GiB: a full fine-tune fits, and the summary names it;
+#   - the plan never reads the weights: a directory whose model.safetensors
+#     is garbage plans like one without weights, while a submit of the same
+#     spec is refused (400 naming model.from);
+#   - bad hardware values and unknown keys: 400 naming the field;
+#   - accumctl plan sends it (--device-memory, --devices, --kind) and prints
+#     the table.
+. "$(dirname "$0")/lib.sh"
+command -v jq >/dev/null || { echo "skip: no jq"; exit 77; }
+
+acc_data
+write_config() {
+    mkdir -p "$1"
+    cat >"$1/config.json" <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+ "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+ "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+ "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false,
+ "torch_dtype": "float16", "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
+EOF
+}
+write_config "$STATE/data/llama2-7b"
+write_config "$STATE/data/llama2-7b-garbage"
+head -c 100000 /dev/urandom >"$STATE/data/llama2-7b-garbage/model.safetensors"
+acc_start --set cpu_devices=2 --set cpu_device_memory=256M --set cpu_threads_per_device=1
+
+plan() { # plan SPEC_MEMBERS HARDWARE: the answer's body, status checked 200
+    local out code
+    out=$(acc_curl -w '\n%{http_code}' -X POST --data-binary "{$1, \"hardware\": $2}" "$BASE/v1/plan")
+    code=${out##*$'\n'}
+    [ "$code" = 200 ] || fail "plan $2: HTTP $code: ${out%$'\n'*}"
+    echo "${out%$'\n'*}"
+}
+SPEC='"model": {"from": "llama2-7b", "seq_len": 4096}, "train_batch_size": 8, "train_micro_batch_size_per_gpu": "auto"'
+
+# ---- one 24 GiB card: the full fine-tune does not fit -----------------------
+a=$(plan "$SPEC" '{"device_memory": "24GiB", "devices": 1, "kind": "cuda"}')
+expect_eq "params" "$(echo "$a" | jq .model.params)" 6738415616
+expect_eq "hardware" "$(echo "$a" | jq -c '[.hardware.kind, .hardware.device_memory_bytes, .hardware.devices]')" \
+    '["cuda",25769803776,1]'
+expect_eq "24 GiB: fits" "$(echo "$a" | jq .summary.fits)" false
+# every full row: no fit, 16 bytes a parameter before activations, the parts sum to the peak
+echo "$a" | jq -e '[.rows[] | select(.mode == "full")] | length > 0 and all(.fits == false)' >/dev/null ||
+    fail "a full row fits 24 GiB: $a"
+echo "$a" | jq -e '[.rows[] | select(.mode == "full")] | all(.weights_bytes == 4 * 6738415616 and .optimizer_bytes == 8 * 6738415616
+    and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes + .workspace_bytes == .peak_bytes
+    and .peak_bytes + .rounding_bytes + .runtime_bytes == .device_bytes and .runtime_bytes == 536870912)' \
+    >/dev/null || fail "breakdown: $(echo "$a" | jq -c '.rows[0]')"
+why=$(echo "$a" | jq -r '.groups[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false) | .why_not')
+echo "$why" | grep -q 'model state 100.4 GiB alone (weights 25.1 + gradients 25.1 + optimizer 50.2)' ||
+    fail "24 GiB why: $why"
+echo "$why" | grep -q 'exceeds the 24.0 GiB device' || fail "24 GiB why: $why"
+expect_eq "24 GiB: largest m" "$(echo "$a" | jq '[.groups[] | select(.mode == "full") | .largest_fitting_micro_batch] | unique')" \
+    "[
+  null
+]"
+# every micro batch dividing B / w = 8: 1, 2, 4, 8, recompute off and on
+expect_eq "rows per group" "$(echo "$a" | jq -c '[.rows[] | select(.mode == "full" and .recompute == false) | .micro_batch]')" \
+    '[1,2,4,8]'
+expect_eq "recompute rows" "$(echo "$a" | jq -c '[.rows[] | select(.mode == "full" and .recompute) | .accum_steps]')" \
+    '[8,4,2,1]'
+# LoRA rows (no lora section: r 16, alpha 32, all-linear): the adapters' AdamW state only
+expect_eq "LoRA settings" "$(echo "$a" | jq -c '[.lora.r, .lora.alpha, (.lora.target_modules | length), .lora.trainable_params, .lora.from_spec]')" \
+    '[16,32,7,39976960,false]'
+echo "$a" | jq -e '[.rows[] | select(.mode == "lora")] | length == 8 and all(.optimizer_bytes == 8 * 39976960
+    and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes + .workspace_bytes == .peak_bytes)' \
+    >/dev/null || fail "LoRA rows: $(echo "$a" | jq -c '[.rows[] | select(.mode == "lora")][0]')"
+ok "24 GiB: $why"
+
+# ---- four 24 GiB cards: each still holds the whole state ---------------------
+a=$(plan "$SPEC" '{"device_memory": "24GiB", "devices": 4, "kind": "cuda"}')
+expect_eq "4 x 24 GiB: per device" "$(echo "$a" | jq .batch.per_device)" 2
+echo "$a" | jq -e '[.rows[] | select(.mode == "full" and .zero_stage == 0)] | all(.fits == false)' >/dev/null ||
+    fail "4 x 24 GiB: a replica fits: $a"
+# ZeRO rows on 4 devices: the moments are 1/4 of stage 0's (a shard of
+# floor or ceil), the gradients whole (docs/engine.md "ZeRO")
+echo "$a" | jq -e '
+    ([.rows[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false)][0]) as $z0 |
+    [.rows[] | select(.mode == "full" and .zero_stage >= 1)] as $z |
+    ($z | length) > 0 and
+    ($z | all(.optimizer_bytes * 4 >= $z0.optimizer_bytes - 32 and .optimizer_bytes * 4 <= $z0.optimizer_bytes + 32
+              and .gradients_bytes == $z0.gradients_bytes and .weights_bytes == $z0.weights_bytes))' >/dev/null ||
+    fail "4 x 24 GiB: ZeRO rows: $(echo "$a" | jq -c '[.rows[] | select(.zero_stage >= 1)][0]')"
+ok "4 x 24 GiB: $(echo "$a" | jq -r .summary.message)"
+
+# ---- 80 GiB: no full fine-tune; LoRA fits, and the summary suggests it -------
+a=$(plan "$SPEC" '{"device_memory": "80GiB", "devices": 1, "kind": "cuda"}')
+echo "$a" | jq -e '.summary.fits == false and .summary.suggested.mode == "lora" and .summary.suggested.fits
+    and ([.groups[] | select(.mode == "full") | .largest_fitting_micro_batch] | all(. == null))' >/dev/null ||
+    fail "80 GiB: $(echo "$a" | jq -c '.summary, .groups')"
+ok "80 GiB: $(echo "$a" | jq -r .summary.message)"
+
+# ---- 141 GiB: a full fine-tune fits ----------------------------------------------
+a=$(plan "$SPEC" '{"device_memory": "141GiB", "devices": 1, "kind": "cuda"}')
+echo "$a" | jq -e '.summary.fits == true and .summary.recommended.mode == "full" and .summary.recommended.fits' \
+    >/dev/null || fail "141 GiB: $(echo "$a" | jq -c .summary)"
+# the dry run's start: the largest fitting m of the spec's mode, else m = 1 recomputing (oom.adapt)
+m=$(echo "$a" | jq '.groups[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false) | .largest_fitting_micro_batch')
+if [ "$m" = null ]; then
+    expect_eq "141 GiB: the recompute fallback" "$(echo "$a" | jq -c '.summary.recommended | [.micro_batch, .recompute]')" '[1,true]'
+else
+    expect_eq "141 GiB: the largest stored fit" "$(echo "$a" | jq .summary.recommended.micro_batch)" "$m"
+fi
+ok "141 GiB: $(echo "$a" | jq -r .summary.message)"
+
+# ---- the weights are never read ---------------------------------------------------
+g=$(plan '"model": {"from": "llama2-7b-garbage", "seq_len": 4096}, "train_batch_size": 8' \
+    '{"device_memory": "141GiB", "kind": "cuda"}')
+expect_eq "garbage weights plan alike" "$(echo "$g" | jq -c '[.rows[].device_bytes]')" \
+    "$(echo "$a" | jq -c '[.rows[].device_bytes]')"
+for dir in llama2-7b llama2-7b-garbage; do
+    expect_error POST /v1/jobs "{\"model\": {\"from\": \"$dir\", \"seq_len\": 64}, \"data\": {\"train\": \"gpl.txt\"}, \"train_batch_size\": 8}" \
+        400 model.from
+    expect_error POST '/v1/jobs?dry_run=1' "{\"model\": {\"from\": \"$dir\", \"seq_len\": 64}, \"data\": {\"train\": \"gpl.txt\"}, \"train_batch_size\": 8}" \
+        400 model.from
+done
+# still resolved under data_roots
+expect_error POST /v1/plan '{"model": {"from": "/etc"}, "train_batch_size": 8}' 400 model.from
+expect_error POST /v1/plan '{"model": {"from": "../llama2-7b"}, "train_batch_size": 8}' 400 model.from
+ok "config.json only: plans without (or with unreadable) weights; submit refuses both"
+
+# ---- bad input ----------------------------------------------------------------------
+bad() { expect_error POST /v1/plan "{$SPEC, \"hardware\": $1}" 400 "$2"; }
+bad '{"device_memory": "lots"}' hardware.device_memory
+bad '{"device_memory": "24QB"}' hardware.device_memory
+bad '{"device_memory": 1000}' hardware.device_memory
+bad '{"device_memory": null}' hardware.device_memory
+bad '{"devices": 0}' hardware.devices
+bad '{"devices": 2.5}' hardware.devices
+bad '{"devices": 3}' hardware.devices
+bad '{"devices": 100}' hardware.devices
+bad '{"kind": "tpu"}' hardware.kind
+bad '{"kind": "cuda"}' hardware.device_memory
+bad '{"gpus": 4}' hardware
+bad '"24GiB"' hardware
+expect_error POST /v1/plan "{$SPEC, \"lr\": 1}" 400 lr
+expect_error POST /v1/plan '[1]' 400 ""
+expect_error POST /v1/plan '' 400 ""
+expect_error GET /v1/plan '' 405 ""
+ok "bad hardware values: 400 naming the field"
+
+# ---- without hardware: this machine's devices --------------------------------------
+a=$(plan "$SPEC" '{}')
+expect_eq "this machine" "$(echo "$a" | jq -c '[.hardware.kind, .hardware.device_memory_bytes, .hardware.given]')" \
+    '["cpu",268435456,true]'
+
+# ---- accumctl plan ------------------------------------------------------------------
+if [ -n "${ACCUMCTL:-}" ]; then
+    echo "{$SPEC}" >"$ACC_TMP/7b.json"
+    out=$("$ACCUMCTL" --state-dir "$STATE" plan "$ACC_TMP/7b.json" --device-memory 24GiB --devices 4 --kind cuda 2>&1) ||
+        fail "accumctl plan: $out"
+    echo "$out" | grep -q '^hardware: *4 x cuda of 24.0 GiB' || fail "accumctl plan header: $out"
+    echo "$out" | grep -Eq '^full +0 +off +none .*model state 100.4 GiB alone' || fail "accumctl plan groups: $out"
+    echo "$out" | grep -q 'no POST /v1/plan' && fail "accumctl fell back to the dry run: $out"
+    ok "accumctl plan: $(echo "$out" | grep '^summary:')"
+fi
+acc_stop

@@ -1,0 +1,463 @@
+/* The planner's table (plan_table.h) and POST /v1/plan's compute part:
+ *   - every way to run a small LLaMA spec: one group per variant, one row
+ *     per micro batch m dividing B / w (ascending, a = B / (m w)), the
+ *     largest fitting m per group against a budget set between two rows;
+ *   - the breakdown: weights + gradients + optimizer + activations +
+ *     workspace == the peak (every row), on CPU devices nothing beyond it,
+ *     on CUDA devices the allocator's rounding (checked against a
+ *     by-hand list of the seven allocations) and the runtime's 512 MiB;
+ *   - predicted == measured: every row of the full fine-tune and of LoRA
+ *     (recompute off and on, every m) is run by the trainer on a CPU
+ *     device and its measured peak equals the row's peak to the byte;
+ *   - LoRA rows: a LLaMA spec without a lora section gets them with r 16,
+ *     alpha 32, "all-linear" (its trainable count checked against the
+ *     adapters' shapes by hand), a spec with one gets its own settings, a
+ *     GPT-2 spec (no LoRA for that family yet) gets none;
+ *   - config.json only: a directory holding LLaMA-2-7B's config.json (the
+ *     published values) and no weights plans (6,738,415,616 parameters,
+ *     16 bytes each + the trainer's slots before activations), while a
+ *     submit of the same spec is refused naming model.from; on one 24 GiB
+ *     CUDA device no full fine-tune fits and the reason names the model
+ *     state; on 141 GiB one does;
+ *   - the request: bad hardware values are ACC_EINVAL naming
+ *     hardware.device_memory / hardware.devices / hardware.kind, unknown
+ *     keys refused, the spec's own errors still name their field. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "api_http.h"
+#include "engine_fixture.h"
+#include "fsutil.h"
+#include "jobs.h"
+#include "kern_cuda.h"
+#include "model.h"
+#include "plan_table.h"
+#include "trainer_run.h"
+
+#define LLAMA2_7B_PARAMS 6738415616ull /* Llama-2-7b-hf's parameter count */
+
+static char text_path[64];
+static char root[64];
+static acc_conf conf;
+
+static int setup(void **state)
+{
+    (void)state;
+    fx_write_text(text_path, sizeof text_path, 20000);
+    snprintf(root, sizeof root, "/tmp/accumd-plan-XXXXXX");
+    if (mkdtemp(root) == NULL)
+        return -1;
+    acc_err err = {0};
+    conf_defaults(&conf);
+    if (conf_set(&conf, "state_dir", root, &err) != 0 || conf_finalize(&conf, &err) != 0)
+        return -1;
+    char dir[128], cfg[160];
+    snprintf(dir, sizeof dir, "%s/data/llama2-7b", root);
+    if (fsu_mkdir_p(dir, 0755, &err) != 0)
+        return -1;
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(cfg, "w");
+    if (f == NULL)
+        return -1;
+    fputs("{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
+          " \"intermediate_size\": 11008, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
+          " \"num_key_value_heads\": 32, \"vocab_size\": 32000, \"max_position_embeddings\": 4096,"
+          " \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false,"
+          " \"torch_dtype\": \"float16\", \"hidden_act\": \"silu\"}\n",
+          f);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    unlink(text_path);
+    return fsu_rm_rf(root, NULL);
+}
+
+static void llama_spec(job_spec *s, int B, int m, int a, int w)
+{
+    fx_tiny_spec(s, text_path, B, m, a, w);
+    snprintf(s->model.arch, sizeof s->model.arch, "llama");
+    s->model.n_kv_head = 1;
+    s->model.intermediate_size = 48;
+    s->max_steps = 1;
+}
+
+static uint64_t parts_sum(const plan_parts *p)
+{
+    return p->weights + p->gradients + p->optimizer + p->activations + p->workspace;
+}
+
+static void test_enumeration(void **state)
+{
+    (void)state;
+    job_spec s;
+    llama_spec(&s, 12, 0, 0, 1);
+    s.micro_auto = true;
+    model_config cfg;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    /* a budget between m = 2 and m = 3 stored (margin included) */
+    uint64_t p2 = plan_peak_bytes(&cfg, 2, s.model.seq_len, false), p3 = plan_peak_bytes(&cfg, 3, s.model.seq_len, false);
+    assert_true(p2 < p3);
+    uint64_t budget = (p2 + p3) / 2 * 100 / (100 - PLAN_MARGIN_PCT);
+    plan_hw hw = {.kind = KERN_DEV_CPU, .device_memory = budget, .devices = 2};
+    plan_table t;
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
+    /* per device 6: m = 1, 2, 3, 6; full and LoRA, ZeRO 0, 1, 2 (two
+     * devices), recompute off and on: least change first */
+    static const int ms[4] = {1, 2, 3, 6};
+    assert_int_equal(t.ngroups, 12);
+    for (int g = 0; g < t.ngroups; g++) {
+        assert_int_equal(t.groups[g].v.lora, g >= 6);
+        assert_int_equal(t.groups[g].v.zero_stage, g / 2 % 3);
+        assert_int_equal(t.groups[g].v.recompute, g % 2);
+    }
+    /* ZeRO: each rank's moments a shard of stage 0's (rank 0: the ceiling
+     * half), gradients and weights whole (docs/engine.md "ZeRO") */
+    for (int g = 2; g < 6; g++) {
+        const plan_row *z0 = &t.rows[t.groups[g % 2].first], *z = &t.rows[t.groups[g].first];
+        assert_true(z->parts.optimizer * 2 >= z0->parts.optimizer && z->parts.optimizer * 2 <= z0->parts.optimizer + 16);
+        assert_true(z->parts.gradients == z0->parts.gradients && z->parts.weights == z0->parts.weights);
+        assert_true(z->peak_bytes < z0->peak_bytes);
+    }
+    for (int g = 0; g < t.ngroups; g++) {
+        const plan_group *pg = &t.groups[g];
+        assert_int_equal(pg->n, 4);
+        for (int i = 0; i < 4; i++) {
+            const plan_row *r = &t.rows[pg->first + i];
+            assert_int_equal(r->micro_batch, ms[i]);
+            assert_int_equal(r->accum_steps, 6 / ms[i]);
+            assert_int_equal(r->recompute, pg->v.recompute);
+            assert_true(parts_sum(&r->parts) == r->peak_bytes);
+            assert_true(r->device_bytes == r->peak_bytes); /* CPU: nothing beyond */
+            assert_true(r->parts.rounding == 0 && r->parts.runtime == 0);
+            assert_true(r->fits == (r->peak_bytes <= plan_usable_bytes(budget)));
+        }
+        for (int i = pg->first; i < pg->first + pg->n; i++) /* best: the largest fitting m */
+            if (t.rows[i].fits)
+                assert_true(pg->best >= i);
+    }
+    /* the first group is the full fine-tune, stored: m = 2 is its largest fit */
+    assert_false(t.groups[0].v.lora);
+    assert_false(t.groups[0].v.recompute);
+    assert_int_equal(t.rows[t.groups[0].best].micro_batch, 2);
+    assert_true(t.groups[1].v.recompute);
+    assert_true(t.rows[t.groups[1].best].micro_batch >= 2);
+    /* ZeRO 1 stored holds less per rank: its largest fit is at least stage 0's */
+    assert_true(t.rows[t.groups[2].best].micro_batch >= 2);
+    /* "auto": the dry run starts at the largest fitting m of its own mode */
+    assert_int_equal(t.recommended, t.groups[0].best);
+    assert_int_equal(t.suggested, t.groups[0].best);
+    char why[512];
+    plan_row_why(&t.rows[t.groups[0].first + 2], &hw, why, sizeof why);
+    assert_non_null(strstr(why, "exceeds"));
+    plan_row_why(&t.rows[t.groups[0].first], &hw, why, sizeof why);
+    assert_string_equal(why, "");
+    plan_table_free(&t);
+
+    /* a fixed micro batch is what the dry run starts with, fitting or not */
+    s.micro_auto = false;
+    s.micro_batch = 3;
+    s.accum_steps = 2;
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
+    assert_int_equal(t.rows[t.recommended].micro_batch, 3);
+    assert_false(t.rows[t.recommended].fits);
+    assert_int_equal(t.rows[t.suggested].micro_batch, 2);
+    plan_table_free(&t);
+
+    /* B not a multiple of the hardware's devices: the field is hardware.devices */
+    hw.devices = 5;
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "hardware.devices");
+}
+
+/* CUDA: the seven allocations rounded as kern_cuda.cu's allocator does. */
+static void test_cuda_parts(void **state)
+{
+    (void)state;
+    assert_true(kern_cuda_alloc_size(0) == 512);
+    assert_true(kern_cuda_alloc_size(1) == 512);
+    assert_true(kern_cuda_alloc_size(513) == 1024);
+    assert_true(kern_cuda_alloc_size((1 << 20) - 1) == 1 << 20);
+    assert_true(kern_cuda_alloc_size(1 << 20) == 2 << 20);
+    assert_true(kern_cuda_alloc_size((2 << 20) + 1) == 4 << 20);
+    assert_true(kern_cuda_alloc_size(UINT64_MAX - 5) == UINT64_MAX);
+    job_spec s;
+    llama_spec(&s, 4, 0, 0, 1);
+    s.micro_auto = true;
+    s.precision = SPEC_BF16;
+    model_config cfg;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    plan_hw hw = {.kind = KERN_DEV_CUDA, .device_memory = 24ull << 30, .devices = 1};
+    plan_table t;
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
+    for (int g = 0; g < t.ngroups; g++)
+    for (int i = t.groups[g].first; i < t.groups[g].first + t.groups[g].n; i++) {
+        const plan_row *r = &t.rows[i];
+        const plan_parts *p = &r->parts;
+        assert_true(parts_sum(p) == r->peak_bytes);
+        uint64_t wa, wb;
+        plan_cuda_bf16_split(&cfg, r->micro_batch, s.model.seq_len, &wa, &wb);
+        assert_true(p->workspace == wa + wb && wa > 0);
+        uint64_t n = model_num_params(&cfg);
+        if (!t.groups[g].v.lora)
+            assert_true(p->weights == 4 * n && p->optimizer == 8 * n);
+        const uint64_t allocs[7] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer / 2, p->activations,
+                                    wa, wb};
+        uint64_t round = 0;
+        for (int k = 0; k < 7; k++) /* all small here: 512-byte blocks */
+            round += (allocs[k] + 511) / 512 * 512 - allocs[k];
+        assert_true(p->rounding == round);
+        assert_true(p->runtime == 512ull << 20);
+        assert_true(r->device_bytes == r->peak_bytes + round + (512ull << 20));
+    }
+    plan_table_free(&t);
+}
+
+/* Every row of the full fine-tune, run: measured peak == predicted. */
+static void test_measured(void **state)
+{
+    (void)state;
+    job_spec s;
+    llama_spec(&s, 4, 0, 0, 1);
+    s.micro_auto = true;
+    plan_hw hw = {.kind = KERN_DEV_CPU, .device_memory = 1ull << 30, .devices = 1};
+    plan_table t;
+    acc_err err = {0};
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
+    int checked = 0;
+    for (int g = 0; g < t.ngroups; g++) {
+        if (t.groups[g].v.zero_stage != 0)
+            continue;
+        for (int i = t.groups[g].first; i < t.groups[g].first + t.groups[g].n; i++) {
+            const plan_row *r = &t.rows[i];
+            job_spec run;
+            llama_spec(&run, 4, r->micro_batch, r->accum_steps, 1);
+            run.activation_checkpointing = r->recompute;
+            if (t.groups[g].v.lora) /* the table's default LoRA, as a spec section */
+                run.lora = (spec_lora){.r = 16, .alpha = 32, .all_linear = true};
+            kern_device_info devs[1];
+            fx_devices(devs, 1, hw.device_memory);
+            train_hooks h = {0};
+            trainer_opts o = {.spec = &run, .devices = devs, .threads_per_device = 1, .checkpoint_keep = 1};
+            assert_int_equal(trainer_run_sync(&o, &h, &err), 0);
+            print_message("%s m=%d recompute=%d: predicted %llu, measured %llu\n",
+                          t.groups[g].v.lora ? "lora" : "full", r->micro_batch, r->recompute,
+                          (unsigned long long)r->peak_bytes, (unsigned long long)h.mem_peak[0]);
+            assert_true(h.mem_peak[0] == r->peak_bytes);
+            assert_true(parts_sum(&r->parts) == h.mem_peak[0]);
+            checked++;
+        }
+    }
+    assert_int_equal(checked, 12); /* full and LoRA, m = 1, 2, 4, recompute off and on */
+    plan_table_free(&t);
+}
+
+/* LoRA rows: the default settings, the spec's own, none for GPT-2. */
+static void test_lora_rows(void **state)
+{
+    (void)state;
+    job_spec s;
+    llama_spec(&s, 4, 0, 0, 1);
+    s.micro_auto = true;
+    plan_hw hw = {.kind = KERN_DEV_CPU, .device_memory = 1ull << 30, .devices = 1};
+    plan_table t;
+    acc_err err = {0};
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
+    /* all-linear on C 32, 2 heads of 16, 1 KV head, I 48: q 32+32, k 32+16,
+     * v 32+16, o 32+32, gate 32+48, up 32+48, down 48+32 = 464 per rank-1
+     * pair of A, B; x r 16 x 2 layers */
+    const uint64_t trainable = 464 * 16 * 2;
+    int lora_groups = 0;
+    for (int g = 0; g < t.ngroups; g++) {
+        if (!t.groups[g].v.lora)
+            continue;
+        lora_groups++;
+        for (int i = t.groups[g].first; i < t.groups[g].first + t.groups[g].n; i++) {
+            const plan_parts *p = &t.rows[i].parts;
+            assert_true(p->optimizer == 8 * trainable);
+            assert_true(p->gradients >= 4 * trainable && p->gradients < 4 * trainable + 4096); /* + slots */
+            assert_true(p->weights > 4 * trainable); /* the frozen base is there */
+            assert_true(parts_sum(p) == t.rows[i].peak_bytes);
+        }
+    }
+    assert_int_equal(lora_groups, 2);
+    plan_table_free(&t);
+
+    /* the spec's own section: its r; and its full rows drop it */
+    s.lora = (spec_lora){.r = 4, .alpha = 8, .n_targets = 1};
+    snprintf(s.lora.targets[0], sizeof s.lora.targets[0], "q_proj");
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
+    for (int g = 0; g < t.ngroups; g++) {
+        uint64_t opt = t.rows[t.groups[g].first].parts.optimizer;
+        if (t.groups[g].v.lora)
+            assert_true(opt == 8ull * 4 * (32 + 32) * 2); /* q_proj only, r 4 */
+        else
+            assert_true(opt == 8 * t.rows[t.groups[g].first].parts.weights / 4); /* everything trains */
+    }
+    /* a LoRA spec's dry run starts in a LoRA group */
+    assert_true(t.recommended >= 0 && t.groups[t.recommended_group].v.lora);
+    plan_table_free(&t);
+
+    /* GPT-2: no LoRA for that family yet, so no LoRA rows */
+    fx_tiny_spec(&s, text_path, 4, 0, 0, 1);
+    s.micro_auto = true;
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
+    for (int g = 0; g < t.ngroups; g++)
+        assert_false(t.groups[g].v.lora);
+    assert_int_equal(t.ngroups, 2);
+    plan_table_free(&t);
+}
+
+/* A jobs manager as api_plan_compute reads it: config and devices. */
+static void mgr(jobs_mgr *m, kern_device_info *devs, int n)
+{
+    memset(m, 0, sizeof *m);
+    fx_devices(devs, n, 2ull << 30);
+    m->conf = &conf;
+    m->devs = devs;
+    m->ndev = n;
+}
+
+static int plan(const char *body, json_t **out, acc_err *err)
+{
+    jobs_mgr m;
+    kern_device_info devs[2];
+    mgr(&m, devs, 2);
+    memset(err, 0, sizeof *err);
+    return api_plan_compute(&m, body, strlen(body), out, err);
+}
+
+#define SPEC7B "\"model\": {\"from\": \"llama2-7b\", \"seq_len\": 4096}, \"train_batch_size\": 8, " \
+               "\"train_micro_batch_size_per_gpu\": \"auto\""
+
+static void test_config_only(void **state)
+{
+    (void)state;
+    /* the submit path needs the weights: refused, naming model.from */
+    const char *spec = "{" SPEC7B ", \"data\": {\"train\": \"x\"}}";
+    job_spec *s = malloc(sizeof *s);
+    acc_err err = {0};
+    assert_int_equal(job_spec_parse(spec, strlen(spec), &conf, s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "model.from");
+    assert_non_null(strstr(err.msg, "safetensors"));
+    /* the planner reads config.json only, and needs no data */
+    const char *pspec = "{" SPEC7B "}";
+    memset(&err, 0, sizeof err);
+    assert_int_equal(job_spec_parse_plan(pspec, strlen(pspec), &conf, s, &err), 0);
+    model_config cfg;
+    assert_int_equal(plan_model_config(s, &cfg, &err), 0);
+    assert_true(model_num_params(&cfg) == LLAMA2_7B_PARAMS);
+    assert_int_equal(s->model.seq_len, 4096);
+    free(s);
+
+    json_t *out = NULL;
+    assert_int_equal(plan("{" SPEC7B ", \"hardware\": {\"device_memory\": \"24GiB\", \"devices\": 1, "
+                          "\"kind\": \"cuda\"}}",
+                          &out, &err),
+                     0);
+    json_t *sum = json_object_get(out, "summary");
+    assert_false(json_is_true(json_object_get(sum, "fits")));
+    /* nothing fits: the full state is 16 bytes a parameter, and LoRA keeps
+     * its frozen base in fp32 (4 bytes a parameter, over 24 GiB) */
+    assert_true(json_is_null(json_object_get(sum, "suggested")));
+    json_t *lora = json_object_get(out, "lora");
+    assert_int_equal(json_integer_value(json_object_get(lora, "r")), 16);
+    assert_int_equal(json_array_size(json_object_get(lora, "target_modules")), 7);
+    /* 7 modules x 32 layers x r 16 x (in + out) */
+    assert_true(json_integer_value(json_object_get(lora, "trainable_params")) ==
+                32 * 16 * ((4096 + 4096) * 4 + (4096 + 11008) * 3));
+    size_t i;
+    json_t *g;
+    json_array_foreach(json_object_get(out, "groups"), i, g) {
+        if (strcmp(json_string_value(json_object_get(g, "mode")), "full") != 0)
+            continue;
+        assert_true(json_is_null(json_object_get(g, "largest_fitting_micro_batch")));
+        const char *why = json_string_value(json_object_get(g, "why_not"));
+        assert_non_null(why);
+        assert_non_null(strstr(why, "model state 100.4 GiB alone"));
+    }
+    json_t *r0 = json_array_get(json_object_get(out, "rows"), 0);
+    /* 16 bytes a parameter before activations: fp32 weights, gradients, two moments */
+    assert_true((uint64_t)json_integer_value(json_object_get(r0, "weights_bytes")) == 4 * LLAMA2_7B_PARAMS);
+    assert_true((uint64_t)json_integer_value(json_object_get(r0, "optimizer_bytes")) == 8 * LLAMA2_7B_PARAMS);
+    assert_true((uint64_t)json_integer_value(json_object_get(r0, "gradients_bytes")) >= 4 * LLAMA2_7B_PARAMS);
+    json_decref(out);
+
+    /* 141 GiB: the full fine-tune fits (micro batch 1 with recomputation at least) */
+    assert_int_equal(plan("{" SPEC7B ", \"hardware\": {\"device_memory\": \"141GiB\", \"devices\": 1, "
+                          "\"kind\": \"cuda\"}}",
+                          &out, &err),
+                     0);
+    sum = json_object_get(out, "summary");
+    json_t *pick = json_is_true(json_object_get(sum, "fits")) ? json_object_get(sum, "recommended")
+                                                              : json_object_get(sum, "suggested");
+    assert_true(json_is_object(pick));
+    assert_string_equal(json_string_value(json_object_get(pick, "mode")), "full");
+    assert_true(json_is_true(json_object_get(pick, "fits")));
+    json_decref(out);
+}
+
+static void expect_field(const char *body, const char *field)
+{
+    json_t *out = NULL;
+    acc_err err;
+    int rc = plan(body, &out, &err);
+    if (rc != ACC_EINVAL || strcmp(err.field, field) != 0)
+        fail_msg("%s: rc %d field '%s' (%s), wanted %s", body, rc, err.field, err.msg, field);
+    json_decref(out);
+}
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    expect_field("{" SPEC7B ", \"hardware\": {\"device_memory\": \"24XB\"}}", "hardware.device_memory");
+    expect_field("{" SPEC7B ", \"hardware\": {\"device_memory\": \"12\"}}", "hardware.device_memory");
+    expect_field("{" SPEC7B ", \"hardware\": {\"device_memory\": -5}}", "hardware.device_memory");
+    expect_field("{" SPEC7B ", \"hardware\": {\"device_memory\": true}}", "hardware.device_memory");
+    expect_field("{" SPEC7B ", \"hardware\": {\"devices\": 0}}", "hardware.devices");
+    expect_field("{" SPEC7B ", \"hardware\": {\"devices\": \"4\"}}", "hardware.devices");
+    expect_field("{" SPEC7B ", \"hardware\": {\"devices\": 1000}}", "hardware.devices");
+    expect_field("{" SPEC7B ", \"hardware\": {\"devices\": 3}}", "hardware.devices"); /* 8 % 3 */
+    expect_field("{" SPEC7B ", \"hardware\": {\"kind\": \"tpu\"}}", "hardware.kind");
+    expect_field("{" SPEC7B ", \"hardware\": {\"memory\": \"24G\"}}", "hardware");
+    expect_field("{" SPEC7B ", \"hardware\": [1]}", "hardware");
+    /* the spec's devices stand for hardware.devices, within a job's limit */
+    expect_field("{\"model\": {\"from\": \"llama2-7b\"}, \"train_batch_size\": 64, \"devices\": 32}", "devices");
+    /* no CUDA device here and no size given */
+    expect_field("{" SPEC7B ", \"hardware\": {\"kind\": \"cuda\"}}", "hardware.device_memory");
+    /* the spec's own errors keep their fields */
+    expect_field("{" SPEC7B ", \"bogus\": 1}", "bogus");
+    expect_field("{\"model\": {\"from\": \"nowhere\"}, \"train_batch_size\": 8}", "model.from");
+    expect_field("{\"model\": {\"from\": \"llama2-7b\", \"seq_len\": 8192}, \"train_batch_size\": 8}",
+                 "model.seq_len");
+    /* without hardware: this machine's devices (two CPU devices of 2 GiB), the spec's w */
+    json_t *out = NULL;
+    acc_err err;
+    assert_int_equal(plan("{" SPEC7B "}", &out, &err), 0);
+    json_t *hw = json_object_get(out, "hardware");
+    assert_string_equal(json_string_value(json_object_get(hw, "kind")), "cpu");
+    assert_true(json_integer_value(json_object_get(hw, "device_memory_bytes")) == (json_int_t)(2ull << 30));
+    assert_int_equal(json_integer_value(json_object_get(hw, "devices")), 1);
+    json_decref(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_enumeration), cmocka_unit_test(test_cuda_parts), cmocka_unit_test(test_measured),
+        cmocka_unit_test(test_lora_rows),
+        cmocka_unit_test(test_config_only), cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
