@@ -166,7 +166,7 @@ def main():
                 ("gqa+bf16", "4,8,all-linear", ["q_proj", "k_proj", "v_proj", "o_proj",
                                                "gate_proj", "up_proj", "down_proj"], 4, 8,
                  ["--micro", "2", "--recompute"]),
-                ("gqa+f16", "2,4,q_proj+o_proj", ["q_proj", "o_proj"], 2, 4, [])]):
+                ("qwen2+tied+f16", "2,4,q_proj+o_proj", ["q_proj", "o_proj"], 2, 4, [])]):
             print(f"{variant} lora {spec}:")
             d = os.path.join(tmp, variant)
             batch = d + ".batch"
