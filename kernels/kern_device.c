@@ -97,6 +97,7 @@ int kern_llama_ops_check(const kern_device *d, acc_err *err)
         {"gqa_attention_pos_fwd", o->gqa_attention_pos_fwd != NULL},
         {"gqa_attention_pos_bwd", o->gqa_attention_pos_bwd != NULL},
         {"scale", o->scale != NULL},
+        {"widen16", o->widen16 != NULL},
     };
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
         if (!ops[i].present)

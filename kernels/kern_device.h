@@ -262,6 +262,11 @@ typedef struct kern_ops {
      * NULL: none). The planner adds both to a row's device bytes. */
     uint64_t (*alloc_size)(uint64_t bytes);
     uint64_t (*runtime_bytes)(void);
+    /* out[i] = in[i] widened exactly to fp32: bf16 (f16 = 0) or IEEE
+     * binary16 (f16 = 1) bit patterns. The LoRA base kept in the dtype it
+     * was loaded in (model.h) is fetched through it one tensor at a time
+     * (kern_bf16_to_f32 / kern_f16_to_f32 are the reference). */
+    void (*widen16)(kern_device *d, float *out, const uint16_t *in, size_t n, int f16);
 } kern_ops;
 
 struct kern_device {
@@ -334,6 +339,39 @@ static inline float kern_bf16_round(float x)
     else
         u += 0x7fffu + ((u >> 16) & 1u); /* to nearest, ties to even */
     u &= 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* The fp32 value of a bf16 bit pattern (exact). */
+static inline float kern_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* The fp32 value of an IEEE binary16 bit pattern (exact: subnormals
+ * normalised, Inf and NaN kept). */
+static inline float kern_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0x1f)
+        u = sign | 0x7f800000u | (m << 13);
+    else if (e != 0)
+        u = sign | ((e + 112) << 23) | (m << 13);
+    else if (m == 0)
+        u = sign;
+    else { /* subnormal: normalise */
+        e = 113;
+        while (!(m & 0x400u)) {
+            m <<= 1;
+            e--;
+        }
+        u = sign | (e << 23) | ((m & 0x3ffu) << 13);
+    }
+    float x;
     memcpy(&x, &u, sizeof x);
     return x;
 }

@@ -152,6 +152,34 @@ static void st_scalar(st_ctx *c, const char *what, double got, double want)
 #define F(b, side) ((float *)(b).side)
 #define I(b, side) ((int *)(b).side)
 
+/* n random finite 16-bit patterns (bf16, or binary16 with f16) on both,
+ * subnormals and both signs included */
+static st_buf st_halves(st_ctx *c, size_t n, int f16)
+{
+    st_buf b = {NULL, NULL, n * sizeof(uint16_t)};
+    uint16_t *h = malloc(b.bytes);
+    acc_err e = {0};
+    int rc;
+    if (h == NULL) {
+        fail_alloc(c, acc_err_set(&e, ACC_ENOMEM, "", "self-test: out of host memory"), &e);
+        return b;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v = (uint16_t)uniform(c, 0.0f, 65536.0f);
+        unsigned emask = f16 ? 0x7c00u : 0x7f80u; /* all-ones exponent: Inf / NaN */
+        h[i] = (v & emask) == emask ? (uint16_t)(v & ~0x4000u) : v;
+    }
+    if ((rc = c->dev->ops->alloc(c->dev, b.bytes, &b.d, &e)) != 0 ||
+        (rc = c->ref->ops->alloc(c->ref, b.bytes, &b.r, &e)) != 0) {
+        fail_alloc(c, rc, &e);
+    } else {
+        c->dev->ops->upload(c->dev, b.d, h, b.bytes);
+        c->ref->ops->upload(c->ref, b.r, h, b.bytes);
+    }
+    free(h);
+    return b;
+}
+
 static void test_encoder_layernorm(st_ctx *c)
 {
     st_buf tok = st_ints(c, N, V), wte = st_new(c, (size_t)VP * C, -1, 1);
@@ -339,6 +367,13 @@ static void test_llama_norm_mlp(st_ctx *c)
     st_cmp(c, "swiglu_bwd dup", &dup);
     BOTH(c, D->ops->scale(D, F(h, d), 0.37f, n), D->ops->scale(D, F(h, r), 0.37f, n));
     st_cmp(c, "scale", &h);
+    for (int f16 = 0; f16 <= 1; f16++) {
+        st_buf w16 = st_halves(c, n, f16);
+        BOTH(c, D->ops->widen16(D, F(h, d), (const uint16_t *)w16.d, n, f16),
+             D->ops->widen16(D, F(h, r), (const uint16_t *)w16.r, n, f16));
+        st_cmp(c, f16 ? "widen16 (f16)" : "widen16 (bf16)", &h);
+        st_free(c, &w16);
+    }
     st_buf *all[] = {&tok, &wte, &x, &dx, &out, &rstd, &w, &dw, &dout,
                      &gate, &up, &h, &dh, &dgate, &dup};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)

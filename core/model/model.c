@@ -140,6 +140,12 @@ int model_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
                            "config.json: unsupported model_type \"%s\" (families: %s)", type,
                            model_family_names(names, sizeof names));
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", type);
+    /* the dtype the weights are loaded in (hf_dir checks every tensor has it) */
+    const char *td = json_string_value(json_object_get(hf, "torch_dtype"));
+    cfg->weights_dtype = td == NULL                ? ST_F32
+                         : !strcmp(td, "bfloat16") ? ST_BF16
+                         : !strcmp(td, "float16")  ? ST_F16
+                                                   : ST_F32;
     int rc = f->config_from_hf(hf, cfg, err);
     if (rc == 0)
         set_family(cfg, f);
@@ -279,6 +285,43 @@ size_t model_block_params(const model_config *cfg)
     return n;
 }
 
+/* ---- the frozen 16-bit base */
+
+st_dtype model_base_dtype(const model_config *cfg)
+{
+    bool half = cfg->weights_dtype == ST_BF16 || cfg->weights_dtype == ST_F16;
+    return cfg->lora.r > 0 && half ? cfg->weights_dtype : ST_F32;
+}
+
+/* The fetch scratch's two slots (floats): the largest frozen tensor, the
+ * largest frozen 1-D one. */
+static void fetch_slots(const model_layout *l, size_t *big, size_t *vec)
+{
+    *big = *vec = 0;
+    for (int i = 0; i < l->n; i++) {
+        const model_tensor *t = &l->t[i];
+        if (t->offset < l->ntrain)
+            continue;
+        *big = t->count > *big ? t->count : *big;
+        if (t->ndim == 1)
+            *vec = t->count > *vec ? t->count : *vec;
+    }
+}
+
+/* Device bytes of a 16-bit base layout's state: fp32 adapters and their
+ * gradients, the base at 2 bytes, the fetch scratch. */
+static int base16_bytes(const model_layout *l, uint64_t *pg, acc_err *err)
+{
+    size_t big, vec;
+    fetch_slots(l, &big, &vec);
+    uint64_t train = (uint64_t)l->ntrain * 2 * sizeof(float); /* model_layout_add: no overflow */
+    uint64_t base = (uint64_t)(l->nparams - l->ntrain) * sizeof(uint16_t);
+    uint64_t fetch = ((uint64_t)big + vec) * sizeof(float);
+    if (acc_add_u64(train, base, pg) || acc_add_u64(*pg, fetch, pg))
+        return acc_err_set(err, ACC_EINVAL, "model", "the model's state overflows 64-bit sizes");
+    return 0;
+}
+
 /* ---- bytes */
 
 int model_state_bytes(const model_config *cfg, size_t grad_tail, uint64_t *bytes, acc_err *err)
@@ -298,6 +341,8 @@ int model_state_bytes(const model_config *cfg, size_t grad_tail, uint64_t *bytes
         /* parameters + gradients of the trainable ones (ntrain <= nparams;
          * model_layout_add checked 2 * nparams * 4) */
         pg = ((uint64_t)l.nparams + l.ntrain) * sizeof(float);
+        if (model_base_dtype(cfg) != ST_F32)
+            rc = base16_bytes(&l, &pg, err);
         model_layout_free(&l);
     }
     if (rc != 0)
@@ -364,10 +409,23 @@ static int alloc_buffers(model *m, acc_err *err)
     kern_device *dev = m->dev;
     const kern_ops *k = dev->ops;
     /* model_state_bytes checked these sizes */
-    size_t pb = m->nparams * sizeof(float), gb = (m->ngrad + m->grad_tail) * sizeof(float);
+    m->base_dtype = model_base_dtype(&m->cfg);
+    bool half = m->base_dtype != ST_F32;
+    size_t pb = (half ? m->ngrad : m->nparams) * sizeof(float);
+    size_t gb = (m->ngrad + m->grad_tail) * sizeof(float);
     int rc = k->alloc(dev, pb, (void **)&m->params, err);
     if (rc == 0)
         rc = k->alloc(dev, gb, (void **)&m->grads, err);
+    if (rc == 0 && half) {
+        size_t big, vec, hb = (m->nparams - m->ngrad) * sizeof(uint16_t);
+        fetch_slots(&m->layout, &big, &vec);
+        m->wfetch_big = big;
+        rc = k->alloc(dev, hb, (void **)&m->base16, err);
+        if (rc == 0)
+            rc = k->alloc(dev, (big + vec) * sizeof(float), (void **)&m->wfetch, err);
+        if (rc == 0)
+            k->zero(dev, m->base16, hb);
+    }
     if (rc != 0)
         return rc;
     k->zero(dev, m->params, pb);
@@ -432,6 +490,10 @@ void model_free(model *m)
         k->free(m->dev, m->grads);
     if (m->params != NULL)
         k->free(m->dev, m->params);
+    if (m->base16 != NULL)
+        k->free(m->dev, m->base16);
+    if (m->wfetch != NULL)
+        k->free(m->dev, m->wfetch);
     model_layout_free(&m->layout);
     free(m);
 }
@@ -592,14 +654,113 @@ void model_tensor_from_file(const model_tensor *t, const float *in, float *param
             dst[c * rows + r] = in[r * cols + c];
 }
 
+/* Floats of the layout held in fp32 in params (the rest is base16). */
+static size_t fp32_floats(const model *m)
+{
+    return m->base16 != NULL ? m->ngrad : m->nparams;
+}
+
+#define HALF_CHUNK ((size_t)1 << 20)
+
+/* A host staging buffer for 16-bit copies: *cap elements (a small stack
+ * fallback, `small`, when the heap has none). */
+static uint16_t *half_stage(uint16_t *small, size_t nsmall, size_t n, size_t *cap)
+{
+    *cap = n < HALF_CHUNK ? n : HALF_CHUNK;
+    uint16_t *p = *cap > nsmall ? malloc(*cap * sizeof *p) : NULL;
+    if (p == NULL) {
+        *cap = *cap < nsmall ? *cap : nsmall;
+        p = small;
+    }
+    return p;
+}
+
+void model_weights_download(const model *m, float *host, size_t off, size_t n)
+{
+    kern_device *d = m->dev;
+    size_t nf = fp32_floats(m);
+    if (off < nf) {
+        size_t k = n < nf - off ? n : nf - off;
+        d->ops->download(d, host, m->params + off, k * sizeof *host);
+        host += k, off += k, n -= k;
+    }
+    uint16_t small[2048], *stage;
+    size_t cap;
+    if (n == 0 || (stage = half_stage(small, 2048, n, &cap)) == NULL)
+        return;
+    bool f16 = m->base_dtype == ST_F16;
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < cap ? n - done : cap;
+        d->ops->download(d, stage, m->base16 + (off + done - nf), k * sizeof *stage);
+        for (size_t i = 0; i < k; i++)
+            host[done + i] = f16 ? kern_f16_to_f32(stage[i]) : kern_bf16_to_f32(stage[i]);
+        done += k;
+    }
+    if (stage != small)
+        free(stage);
+}
+
+void model_weights_upload(model *m, const float *host, size_t off, size_t n)
+{
+    kern_device *d = m->dev;
+    size_t nf = fp32_floats(m);
+    if (off < nf) {
+        size_t k = n < nf - off ? n : nf - off;
+        d->ops->upload(d, m->params + off, host, k * sizeof *host);
+        host += k, off += k, n -= k;
+    }
+    uint16_t small[2048], *stage;
+    size_t cap;
+    if (n == 0 || (stage = half_stage(small, 2048, n, &cap)) == NULL)
+        return;
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < cap ? n - done : cap;
+        /* little-endian 16-bit values, as the host holds them; BF16 / F16 cannot fail */
+        (void)st_from_f32(m->base_dtype, host + done, k, stage, NULL);
+        d->ops->upload(d, m->base16 + (off + done - nf), stage, k * sizeof *stage);
+        done += k;
+    }
+    if (stage != small)
+        free(stage);
+}
+
 void model_params_download(const model *m, float *host)
 {
-    m->dev->ops->download(m->dev, host, m->params, m->nparams * sizeof *host);
+    model_weights_download(m, host, 0, m->nparams);
 }
 
 void model_params_upload(model *m, const float *host)
 {
-    m->dev->ops->upload(m->dev, m->params, host, m->nparams * sizeof *host);
+    model_weights_upload(m, host, 0, m->nparams);
+}
+
+/* The tensor starting at layout offset off (ascending offsets), or NULL. */
+static const model_tensor *tensor_at(const model_layout *l, size_t off)
+{
+    int lo = 0, hi = l->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (l->t[mid].offset == off)
+            return &l->t[mid];
+        if (l->t[mid].offset < off)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return NULL;
+}
+
+const float *model_weight(model *m, size_t off, int slot)
+{
+    if (m->base16 == NULL || off < m->ngrad)
+        return m->params + off;
+    const model_tensor *t = tensor_at(&m->layout, off);
+    if (t == NULL) /* not a tensor's start: a family bug */
+        abort();
+    float *dst = m->wfetch + (slot ? m->wfetch_big : 0);
+    m->dev->ops->widen16(m->dev, dst, m->base16 + (off - m->ngrad), t->count,
+                         m->base_dtype == ST_F16);
+    return dst;
 }
 
 int model_safetensors_read(const model_layout *l, const st_file *f, const char *path,

@@ -29,6 +29,18 @@
  * Checkpoints, Hugging Face output, the optimizer and the bucketed gradient
  * reduction all walk the layout; none knows a family's tensors.
  *
+ * Frozen 16-bit base. Under LoRA with a BF16 / F16 model.from
+ * (model_base16), `params` holds only the trainable prefix [0, ntrain) in
+ * fp32 and the frozen tensors live in `base16` at 2 bytes each, in the
+ * dtype they were loaded in, never written after the load. The family
+ * reads every weight through model_weight, which widens a frozen tensor
+ * into a shared fp32 scratch (`wfetch`: one slot the size of the largest
+ * frozen tensor, one the size of the largest 1-D one, for a bias used
+ * beside its matrix) right before the op that uses it; frozen weights
+ * need no gradient, only W for dx. Host copies (model_params_download /
+ * upload, model_weights_*) stay fp32: widened exactly, narrowed by
+ * rounding to nearest even (exact for weights loaded in that dtype).
+ *
  * Bytes. model_state_bytes and model_act_bytes are the device bytes the
  * model allocates (parameters + gradients + tail; activations for B x T),
  * overflow-checked: a size past 2^64 is ACC_EINVAL naming the spec field,
@@ -115,6 +127,11 @@ typedef struct model_config {
     bool attention_bias;           /* q/k/v projections have biases (Qwen2; GPT-2: always) */
     bool mlp_bias;                 /* MLP projections have biases (GPT-2: always) */
     model_lora_cfg lora;           /* LoRA adapters (r = 0: every weight trains) */
+    /* The dtype model.from's weights are stored in (config.json's
+     * torch_dtype; ST_F32 without one, and for every other source). Under
+     * LoRA a BF16 or F16 one keeps the frozen base in it on the device
+     * (model_base16); otherwise it changes nothing. */
+    st_dtype weights_dtype;
 } model_config;
 
 /* ---- layout */
@@ -291,6 +308,10 @@ int model_layout_add(model_layout *l, int *cap, const char *name, int layer, int
                      const int64_t *shape, size_t count, bool decays, bool trains,
                      bool transposed, const char *field, acc_err *err);
 
+/* The dtype a LoRA model keeps its frozen base in on the device: ST_BF16
+ * or ST_F16 for a 16-bit model.from (weights_dtype), else ST_F32. */
+st_dtype model_base_dtype(const model_config *cfg);
+
 /* Parameters of a config (the layout's nparams); 0 when the config is invalid. */
 size_t model_num_params(const model_config *cfg);
 /* Of them, the trainable ones (ntrain: the LoRA adapters, else all). */
@@ -300,7 +321,8 @@ size_t model_block_params(const model_config *cfg);
 
 /* ---- bytes (overflow-checked; ACC_EINVAL naming a field on overflow) */
 
-/* Parameters + gradients + grad_tail floats, as model_create_ex allocates. */
+/* Parameters + gradients + grad_tail floats, as model_create_ex allocates
+ * (a 16-bit base: its 2-byte tensors and the fetch scratch instead of fp32). */
 int model_state_bytes(const model_config *cfg, size_t grad_tail, uint64_t *bytes, acc_err *err);
 /* Activations for B x T (0 when B = 0). */
 int model_act_bytes(const model_config *cfg, int B, int T, int recompute, uint64_t *bytes,
@@ -319,7 +341,12 @@ struct model {
     size_t ngrad;         /* layout.ntrain: floats with a gradient (grads[0, ngrad)); the
                            * caller's tail follows at grads + ngrad */
     size_t grad_tail;     /* floats past the gradients, the caller's */
-    float *params;        /* [nparams], device */
+    float *params;        /* [nparams], device; with base16 [ngrad] (the adapters) */
+    uint16_t *base16;     /* a 16-bit frozen base [nparams - ngrad] (model_base16), else NULL:
+                           * the tensor at layout offset o >= ngrad is at o - ngrad */
+    st_dtype base_dtype;  /* ST_BF16 / ST_F16 with base16, else ST_F32 */
+    float *wfetch;        /* fp32 scratch model_weight widens into (base16 only) */
+    size_t wfetch_big;    /* floats of its first slot (the largest frozen tensor) */
     float *grads;         /* [ngrad + grad_tail], device, accumulated += (frozen
                            * tensors past ngrad have none) */
     int B, T;             /* activations are sized for B x T (B = 0: none) */
@@ -403,9 +430,18 @@ void model_tensor_from_file(const model_tensor *t, const float *in, float *param
 /* Floats of a tensor in files: prod(shape). */
 size_t model_tensor_file_count(const model_tensor *t);
 
-/* Device <-> host copies of the whole parameter buffer. */
+/* Device <-> host copies of the whole parameter buffer (fp32 on the host;
+ * a 16-bit base widened / narrowed). */
 void model_params_download(const model *m, float *host);
 void model_params_upload(model *m, const float *host);
+/* The same for the floats [off, off + n) of the layout (any range). */
+void model_weights_download(const model *m, float *host, size_t off, size_t n);
+void model_weights_upload(model *m, const float *host, size_t off, size_t n);
+/* The fp32 device weights of the tensor at layout offset `off`, for the
+ * next op: params + off, or a frozen 16-bit tensor widened into scratch
+ * slot `slot` (0: any tensor; 1: a 1-D one, e.g. a bias used beside a
+ * slot-0 matrix), valid until the next model_weight of that slot. */
+const float *model_weight(model *m, size_t off, int slot);
 
 /* Every tensor of layout `l` from an open safetensors file into the host
  * buffer params[nparams] (zeroed first, so padding is 0): by name, F32, the

@@ -157,7 +157,6 @@ int model_hf_load(model *m, const hf_dir *h, acc_err *err)
     int rc = buf == NULL ? acc_err_set(err, ACC_ENOMEM, "", "out of host memory loading %s",
                                        hf_path(h))
                          : 0;
-    kern_device *d = m->dev;
     for (int i = 0; rc == 0 && i < l->n; i++) {
         const model_tensor *t = &l->t[i];
         char name[HF_NAME_LEN + 16];
@@ -174,7 +173,7 @@ int model_hf_load(model *m, const hf_dir *h, acc_err *err)
             src = tb;
         }
         if (rc == 0) /* padding rows past n stay as model_create left them: 0 */
-            d->ops->upload(d, m->params + t->offset, src, n * sizeof *src);
+            model_weights_upload(m, src, t->offset, n);
     }
     free(tb);
     free(buf);
@@ -222,17 +221,16 @@ static int fill_tensor(void *vctx, int i, float *buf, acc_err *err)
     save_ctx *s = vctx;
     const model_tensor *t = &s->base.t[i];
     size_t n = model_tensor_file_count(t);
-    kern_device *d = s->m->dev;
     if (s->host != NULL) { /* the caller's host copy (model.h's file order) */
         model_tensor_to_file(t, s->host, buf);
         return 0;
     }
     if (!t->transposed) {
-        d->ops->download(d, buf, s->m->params + t->offset, n * sizeof *buf);
+        model_weights_download(s->m, buf, t->offset, n);
         return 0;
     }
     /* buffer [shape[1], shape[0]] -> file [shape[0], shape[1]] */
-    d->ops->download(d, s->tb, s->m->params + t->offset, n * sizeof *buf);
+    model_weights_download(s->m, s->tb, t->offset, n);
     transpose(buf, s->tb, (size_t)t->shape[1], (size_t)t->shape[0]);
     return 0;
 }

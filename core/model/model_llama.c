@@ -614,9 +614,18 @@ static float *block_input(const model *m, int l)
     return l == 0 ? a[A_ENC] : a[A_RESID] + (size_t)(l - 1) * bt * m->cfg.channels;
 }
 
-static float *W(float *base, size_t off)
+/* The fp32 weights of the tensor at `off` for the next op (model_weight:
+ * a frozen 16-bit base tensor is widened into the fetch scratch). */
+static const float *weight_of(model *m, size_t off)
 {
-    return off == NONE ? NULL : base + off;
+    return model_weight(m, off, 0);
+}
+
+/* A bias (NULL when absent), fetched into the second slot so the matrix
+ * it goes with stays valid. */
+static const float *bias_of(model *m, size_t off)
+{
+    return off == NONE ? NULL : model_weight(m, off, 1);
 }
 
 /* Packed documents: the positions on the device, else NULL (p = t). */
@@ -685,14 +694,14 @@ static void block_forward(model *m, int l, int B)
     const layer_off *o = &S(m)->lo[l];
     int T = m->T, C = c->channels, NH = c->n_head, NKV = kv_heads(c), hs = head_dim(c);
     int QD = NH * hs, KD = NKV * hs, I = c->intermediate_size, N = B * T;
-    float *p = m->params, *x = block_input(m, l), *tmp = a[A_DLN];
+    float *x = block_input(m, l), *tmp = a[A_DLN];
     block_acts b = block_at(m, l);
-    k->rmsnorm_fwd(d, b.ln1, b.rstd1, x, p + o->ln1, (float)c->norm_eps, N, C);
-    k->matmul_fwd(d, b.q, b.ln1, p + o->wq, W(p, o->bq), N, C, QD);
+    k->rmsnorm_fwd(d, b.ln1, b.rstd1, x, weight_of(m, o->ln1), (float)c->norm_eps, N, C);
+    k->matmul_fwd(d, b.q, b.ln1, weight_of(m, o->wq), bias_of(m, o->bq), N, C, QD);
     lora_fwd(m, l, P_Q, b.q, b.ln1, N, C, QD);
-    k->matmul_fwd(d, b.k, b.ln1, p + o->wk, W(p, o->bk), N, C, KD);
+    k->matmul_fwd(d, b.k, b.ln1, weight_of(m, o->wk), bias_of(m, o->bk), N, C, KD);
     lora_fwd(m, l, P_K, b.k, b.ln1, N, C, KD);
-    k->matmul_fwd(d, b.v, b.ln1, p + o->wv, W(p, o->bv), N, C, KD);
+    k->matmul_fwd(d, b.v, b.ln1, weight_of(m, o->wv), bias_of(m, o->bv), N, C, KD);
     lora_fwd(m, l, P_V, b.v, b.ln1, N, C, KD);
     const int *pos = positions_of(m);
     k->rope_fwd(d, b.q, b.q, a[A_COS], a[A_SIN], pos, B, T, NH, hs);
@@ -702,16 +711,16 @@ static void block_forward(model *m, int l, int B)
                                  hs);
     else
         k->gqa_attention_fwd(d, b.atty, b.lse, a[A_ATT_SCRATCH], b.q, b.k, b.v, B, T, NH, NKV, hs);
-    k->matmul_fwd(d, tmp, b.atty, p + o->wo, W(p, o->bo), N, QD, C);
+    k->matmul_fwd(d, tmp, b.atty, weight_of(m, o->wo), bias_of(m, o->bo), N, QD, C);
     lora_fwd(m, l, P_O, tmp, b.atty, N, QD, C);
     k->add(d, b.resid2, x, tmp, (size_t)N * C);
-    k->rmsnorm_fwd(d, b.ln2, b.rstd2, b.resid2, p + o->ln2, (float)c->norm_eps, N, C);
-    k->matmul_fwd(d, b.gate, b.ln2, p + o->wg, NULL, N, C, I);
+    k->rmsnorm_fwd(d, b.ln2, b.rstd2, b.resid2, weight_of(m, o->ln2), (float)c->norm_eps, N, C);
+    k->matmul_fwd(d, b.gate, b.ln2, weight_of(m, o->wg), NULL, N, C, I);
     lora_fwd(m, l, P_G, b.gate, b.ln2, N, C, I);
-    k->matmul_fwd(d, b.up, b.ln2, p + o->wu, NULL, N, C, I);
+    k->matmul_fwd(d, b.up, b.ln2, weight_of(m, o->wu), NULL, N, C, I);
     lora_fwd(m, l, P_U, b.up, b.ln2, N, C, I);
     k->swiglu_fwd(d, b.h, b.gate, b.up, (size_t)N * I);
-    k->matmul_fwd(d, tmp, b.h, p + o->wd, NULL, N, I, C);
+    k->matmul_fwd(d, tmp, b.h, weight_of(m, o->wd), NULL, N, I, C);
     lora_fwd(m, l, P_D, tmp, b.h, N, I, C);
     k->add(d, b.out, b.resid2, tmp, (size_t)N * C);
 }
@@ -731,13 +740,12 @@ static void llama_forward(model *m, const int *tokens, const int *targets, const
     s->packed = m->positions != NULL;
     if (s->packed)
         k->upload(d, a[A_POS], m->positions, (size_t)N * sizeof(int));
-    float *p = m->params;
-    k->embed_fwd(d, a[A_ENC], (const int *)a[A_TOKENS], p + s->emb, N, C);
+    k->embed_fwd(d, a[A_ENC], (const int *)a[A_TOKENS], weight_of(m, s->emb), N, C);
     for (int l = 0; l < L; l++)
         block_forward(m, l, B);
-    k->rmsnorm_fwd(d, a[A_LNF], a[A_RSTDF], block_input(m, L), p + s->norm,
+    k->rmsnorm_fwd(d, a[A_LNF], a[A_RSTDF], block_input(m, L), weight_of(m, s->norm),
                    (float)m->cfg.norm_eps, N, C);
-    k->matmul_fwd(d, a[A_LOGITS], a[A_LNF], p + s->head, NULL, N, C, Vp);
+    k->matmul_fwd(d, a[A_LOGITS], a[A_LNF], weight_of(m, s->head), NULL, N, C, Vp);
     k->xent(d, a[A_LOGITS], a[A_LOSSES], loss_sum, (const int *)a[A_TARGETS], a[A_WEIGHTS], N,
             m->cfg.vocab_size, Vp, want_grad);
 }
@@ -753,25 +761,25 @@ static void block_backward(model *m, int l, int B)
     int T = m->T, C = c->channels, NH = c->n_head, NKV = kv_heads(c), hs = head_dim(c);
     int QD = NH * hs, KD = NKV * hs, I = c->intermediate_size, N = B * T;
     size_t f = sizeof(float);
-    float *p = m->params, *x = block_input(m, l);
+    float *x = block_input(m, l);
     float *dresid = a[A_DRESID], *dln = a[A_DLN];
     block_acts b = block_at(m, l);
     /* MLP: dresid = d(out) flows into down_proj and on to resid2 */
     k->zero(d, a[A_DH], (size_t)N * I * f);
-    k->matmul_bwd(d, a[A_DH], G(m, o->wd), NULL, dresid, b.h, p + o->wd, N, I, C);
+    k->matmul_bwd(d, a[A_DH], G(m, o->wd), NULL, dresid, b.h, weight_of(m, o->wd), N, I, C);
     lora_bwd(m, l, P_D, a[A_DH], dresid, b.h, N, I, C);
     k->zero(d, a[A_DGATE], (size_t)N * I * f);
     k->zero(d, a[A_DUP], (size_t)N * I * f);
     k->swiglu_bwd(d, a[A_DGATE], a[A_DUP], a[A_DH], b.gate, b.up, (size_t)N * I);
     k->zero(d, dln, (size_t)N * C * f);
-    k->matmul_bwd(d, dln, G(m, o->wg), NULL, a[A_DGATE], b.ln2, p + o->wg, N, C, I);
+    k->matmul_bwd(d, dln, G(m, o->wg), NULL, a[A_DGATE], b.ln2, weight_of(m, o->wg), N, C, I);
     lora_bwd(m, l, P_G, dln, a[A_DGATE], b.ln2, N, C, I);
-    k->matmul_bwd(d, dln, G(m, o->wu), NULL, a[A_DUP], b.ln2, p + o->wu, N, C, I);
+    k->matmul_bwd(d, dln, G(m, o->wu), NULL, a[A_DUP], b.ln2, weight_of(m, o->wu), N, C, I);
     lora_bwd(m, l, P_U, dln, a[A_DUP], b.ln2, N, C, I);
-    k->rmsnorm_bwd(d, dresid, G(m, o->ln2), dln, b.resid2, p + o->ln2, b.rstd2, N, C);
+    k->rmsnorm_bwd(d, dresid, G(m, o->ln2), dln, b.resid2, weight_of(m, o->ln2), b.rstd2, N, C);
     /* attention: dresid is now d(resid2) */
     k->zero(d, a[A_DATTY], (size_t)N * QD * f);
-    k->matmul_bwd(d, a[A_DATTY], G(m, o->wo), G(m, o->bo), dresid, b.atty, p + o->wo, N, QD, C);
+    k->matmul_bwd(d, a[A_DATTY], G(m, o->wo), G(m, o->bo), dresid, b.atty, weight_of(m, o->wo), N, QD, C);
     lora_bwd(m, l, P_O, a[A_DATTY], dresid, b.atty, N, QD, C);
     k->zero(d, a[A_DQ], (size_t)N * QD * f);
     k->zero(d, a[A_DK], (size_t)N * KD * f);
@@ -786,13 +794,13 @@ static void block_backward(model *m, int l, int B)
     k->rope_bwd(d, a[A_DQ], a[A_DQ], a[A_COS], a[A_SIN], pos, B, T, NH, hs);
     k->rope_bwd(d, a[A_DK], a[A_DK], a[A_COS], a[A_SIN], pos, B, T, NKV, hs);
     k->zero(d, dln, (size_t)N * C * f);
-    k->matmul_bwd(d, dln, G(m, o->wq), G(m, o->bq), a[A_DQ], b.ln1, p + o->wq, N, C, QD);
+    k->matmul_bwd(d, dln, G(m, o->wq), G(m, o->bq), a[A_DQ], b.ln1, weight_of(m, o->wq), N, C, QD);
     lora_bwd(m, l, P_Q, dln, a[A_DQ], b.ln1, N, C, QD);
-    k->matmul_bwd(d, dln, G(m, o->wk), G(m, o->bk), a[A_DK], b.ln1, p + o->wk, N, C, KD);
+    k->matmul_bwd(d, dln, G(m, o->wk), G(m, o->bk), a[A_DK], b.ln1, weight_of(m, o->wk), N, C, KD);
     lora_bwd(m, l, P_K, dln, a[A_DK], b.ln1, N, C, KD);
-    k->matmul_bwd(d, dln, G(m, o->wv), G(m, o->bv), a[A_DV], b.ln1, p + o->wv, N, C, KD);
+    k->matmul_bwd(d, dln, G(m, o->wv), G(m, o->bv), a[A_DV], b.ln1, weight_of(m, o->wv), N, C, KD);
     lora_bwd(m, l, P_V, dln, a[A_DV], b.ln1, N, C, KD);
-    k->rmsnorm_bwd(d, dresid, G(m, o->ln1), dln, x, p + o->ln1, b.rstd1, N, C);
+    k->rmsnorm_bwd(d, dresid, G(m, o->ln1), dln, x, weight_of(m, o->ln1), b.rstd1, N, C);
 }
 
 static void llama_backward(model *m, int nseq, void (*done)(void *ctx, int layer), void *ctx)
@@ -803,12 +811,11 @@ static void llama_backward(model *m, int nseq, void (*done)(void *ctx, int layer
     float *const *a = s->a.ptr;
     int B = nseq, T = m->T, C = m->cfg.channels, L = m->cfg.n_layer, N = B * T;
     int Vp = m->cfg.padded_vocab_size;
-    float *p = m->params;
     k->zero(d, a[A_DRESID], (size_t)N * C * sizeof(float));
     k->zero(d, a[A_DLN], (size_t)N * C * sizeof(float));
     /* logits hold dloss/dlogits (forward with want_grad) */
-    k->matmul_bwd(d, a[A_DLN], G(m, s->head), NULL, a[A_LOGITS], a[A_LNF], p + s->head, N, C, Vp);
-    k->rmsnorm_bwd(d, a[A_DRESID], G(m, s->norm), a[A_DLN], block_input(m, L), p + s->norm,
+    k->matmul_bwd(d, a[A_DLN], G(m, s->head), NULL, a[A_LOGITS], a[A_LNF], weight_of(m, s->head), N, C, Vp);
+    k->rmsnorm_bwd(d, a[A_DRESID], G(m, s->norm), a[A_DLN], block_input(m, L), weight_of(m, s->norm),
                    a[A_RSTDF], N, C);
     for (int l = L - 1; l >= 0; l--) {
         if (m->recompute) /* rebuild the block's inner activations (same bits) */

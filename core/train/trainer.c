@@ -1400,8 +1400,7 @@ static int rank_run(rank_state *rs, acc_err *err)
         h->seconds = now_s() - t0;
         h->nparams = rs->model->nparams;
         if (h->final_params != NULL && h->final_params_cap >= rs->model->nparams)
-            rs->dev->ops->download(rs->dev, h->final_params, rs->model->params,
-                                   rs->model->nparams * sizeof(float));
+            model_params_download(rs->model, h->final_params);
     }
     return 0;
 }

@@ -601,6 +601,13 @@ static void cpu_scale(kern_device *d, float *x, float s, size_t n)
         x[i] *= s;
 }
 
+static void cpu_widen16(kern_device *d, float *out, const uint16_t *in, size_t n, int f16)
+{
+#pragma omp parallel for num_threads(d->threads)
+    for (size_t i = 0; i < n; i++)
+        out[i] = f16 ? kern_f16_to_f32(in[i]) : kern_bf16_to_f32(in[i]);
+}
+
 /* ---- loss */
 
 static void cpu_xent(kern_device *d, float *logits, float *losses, double *loss_sum,
@@ -796,6 +803,7 @@ static const kern_ops cpu_ops = {
     .gqa_attention_pos_fwd = kern_cpu_gqa_attention_pos_fwd,
     .gqa_attention_pos_bwd = kern_cpu_gqa_attention_pos_bwd,
     .scale = cpu_scale,
+    .widen16 = cpu_widen16,
 };
 
 const kern_ops *kern_cpu_ops(void)

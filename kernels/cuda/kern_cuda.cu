@@ -269,6 +269,9 @@ static const kern_ops cuda_ops = {
     /* .gqa_attention_pos_fwd = */ kern_cuda_gqa_attention_pos_fwd,
     /* .gqa_attention_pos_bwd = */ kern_cuda_gqa_attention_pos_bwd,
     /* .scale = */ cu_scale,
+    /* .alloc_size = */ kern_cuda_alloc_size,
+    /* .runtime_bytes = */ kern_cuda_runtime_bytes,
+    /* .widen16 = */ cu_widen16,
 };
 
 /* the op files' hooks into the device state (kern_cuda_llama.h) */

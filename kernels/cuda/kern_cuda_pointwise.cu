@@ -1,6 +1,8 @@
 /* kern_cuda_pointwise: GELU and the residual add, for the CUDA backend (kern_cuda_impl.cuh). */
 #include "kern_cuda_impl.cuh"
 
+#include <cuda_fp16.h>
+
 /* -------------------------------------------------------------- pointwise */
 
 #define GELU_S 0.7978845608028654f
@@ -72,6 +74,25 @@ void cu_scale(kern_device *d, float *x, float s, size_t n)
         return;
     k_scale<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(x, s, n);
     CU_LAUNCHED(d, "scale");
+}
+
+/* 16-bit weights to fp32 (exact): bf16 is the upper half of an fp32, a
+ * half goes through the hardware conversion. */
+__global__ void k_widen16(float *out, const uint16_t *in, size_t n, int f16)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = f16 ? __half2float(__ushort_as_half(in[i])) : __uint_as_float((uint32_t)in[i] << 16);
+}
+
+void cu_widen16(kern_device *d, float *out, const uint16_t *in, size_t n, int f16)
+{
+    CU_LIVE(d);
+    PROF(d, KP_ADD);
+    if (n == 0)
+        return;
+    k_widen16<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, in, n, f16);
+    CU_LAUNCHED(d, "widen16");
 }
 
 void cu_add(kern_device *d, float *out, const float *a, const float *b, size_t n)

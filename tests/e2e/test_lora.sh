@@ -1,6 +1,7 @@
 #!/bin/bash
 # LoRA through the daemon with curl: a tiny Hugging Face LLaMA directory
-# fine-tuned with "lora" (all-linear, gradient checkpointing, merge_lora);
+# (bf16: its frozen base stays bf16 on the device, the dry run's predicted
+# peak is the measured one to the byte) fine-tuned with "lora" (all-linear, gradient checkpointing, merge_lora);
 # bad lora input is a 400 naming the field; the job's outputs name the PEFT
 # adapter directory (adapter_config.json, adapter_model.safetensors with
 # PEFT's names) and the merged model, and the PyTorch reference gives the
@@ -38,9 +39,15 @@ expect_eq "gpt2 lora: field" "$(echo "${out%$'\n'*}" | jq -r .error.field)" lora
 ok "bad lora input refused at submit, naming the field"
 
 spec='{"name":"lora","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"train_micro_batch_size_per_gpu":2,"max_steps":6,"checkpoint_interval":3,"optimizer":{"lr":0.01},"activation_checkpointing":true,"lora":{"r":4,"alpha":8,"dropout":0.0,"target_modules":"all-linear"},"save":{"merge_lora":true,"dtype":"float32"}}'
+# the bf16 directory's frozen base stays bf16 on the device: the dry run's
+# prediction is the peak the job measures, to the byte
+pred=$(curl -s -X POST --data-binary "$spec" "$BASE/v1/jobs?dry_run=1" | jq '.predicted_peak_memory_bytes[0]')
 id=$(acc_submit "$spec")
 acc_wait_state "$id" succeeded 300
 job=$(acc_curl "$BASE/v1/jobs/$id")
+peak=$(acc_curl "$BASE/v1/jobs/$id/metrics" | jq '[.steps[].mem_peak_bytes] | max')
+expect_eq "bf16 base: predicted peak = measured peak" "$peak" "$pred"
+ok "LoRA on a bf16 directory: predicted and measured peak $peak bytes"
 adapter=$(echo "$job" | jq -r .outputs.adapter)
 merged=$(echo "$job" | jq -r .outputs.merged)
 [ -d "$adapter" ] && [ "$merged" = "$adapter/merged" ] || fail "outputs: $(echo "$job" | jq -c .outputs)"

@@ -5,7 +5,9 @@ formula written here: y = W x + (alpha / r) B (A x)).
 Usage: lora_check.py HF_DUMP   (the tests/support/hf_dump binary)
 Exit 77 (skip) when this Python has no torch.
 
-On tiny generated checkpoints, with accumd's seeded initial adapters (B is 0
+On tiny generated checkpoints (one stored in bf16, one in f16: accumd keeps
+their frozen base in that dtype on the device, the reference widens the same
+values), with accumd's seeded initial adapters (B is 0
 at init, so they are first moved by 5 AdamW steps in a second run):
   - the loss and every adapter gradient within 1e-4 of autograd's (float64),
     also split into micro batches with recompute;
@@ -141,6 +143,9 @@ def grads_case(hf_dump, tmp, d, batch, tag, spec, targets, r, alpha, extra=()):
           f"worst {worst:.2e} ({wname}), {len(g)} tensors")
     check(f"{tag}: loss {' '.join(extra)}", abs(cur["loss"].item() - loss) <= 1e-5 * abs(loss),
           f"{cur['loss'].item():.7f} vs {loss:.7f}")
+    half = next((v for v in tag.split("+") if v in ("bf16", "f16")), None)
+    check(f"{tag}: frozen base kept in {half or 'fp32'} on the device",
+          cur["base16"].item() == (1.0 if half else 0.0), f"base16 = {cur['base16'].item()}")
     # the merged model against base + adapter
     lm, _ = ref_logits(os.path.join(f"{d}.{tag}.ad", "merged"), batch)
     la, _ = ref_logits(d, batch, ad, alpha / r)
@@ -157,7 +162,11 @@ def main():
                 ("gqa", "4,8,q_proj+v_proj+down_proj", ["q_proj", "v_proj", "down_proj"], 4, 8, []),
                 ("qwen2+tied", "2,5,all-linear", ["q_proj", "k_proj", "v_proj", "o_proj",
                                                   "gate_proj", "up_proj", "down_proj"], 2, 5,
-                 ["--micro", "2", "--recompute"])]):
+                 ["--micro", "2", "--recompute"]),
+                ("gqa+bf16", "4,8,all-linear", ["q_proj", "k_proj", "v_proj", "o_proj",
+                                               "gate_proj", "up_proj", "down_proj"], 4, 8,
+                 ["--micro", "2", "--recompute"]),
+                ("qwen2+tied+f16", "2,4,q_proj+o_proj", ["q_proj", "o_proj"], 2, 4, [])]):
             print(f"{variant} lora {spec}:")
             d = os.path.join(tmp, variant)
             batch = d + ".batch"

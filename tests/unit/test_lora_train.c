@@ -9,7 +9,13 @@
  *   - training moves the adapters and leaves every frozen float bit-for-bit
  *     as it was; the split (m, a, w) does not change the losses;
  *   - checkpoints are PEFT adapter directories (+ merged/ with merge_lora),
- *     and resume is exact. */
+ *     and resume is exact;
+ *   - a bf16 model.from keeps the frozen base in bf16 on the device: 2
+ *     bytes a parameter plus the fetch scratch (a direct count of the
+ *     device's bytes and the planner's prediction, to the byte), the same
+ *     losses and adapters as an fp32 directory holding the same values,
+ *     the base bit for bit after training (also under ZeRO 2 over w = 2),
+ *     exact resume, merged output. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,6 +32,8 @@
 #include "mem_plan.h"
 #include "model.h"
 #include "model_hf.h"
+#include "model_lora.h"
+#include "trainer.h"
 #include "trainer_run.h"
 
 #define BATCH 8
@@ -249,6 +257,291 @@ static void test_resume_and_outputs(void **state)
     free(second.params);
 }
 
+/* A Hugging Face directory of the base model of `lora_cfg` (seeded with
+ * `seed`, its values rounded to bf16 first) at `dir`, tensors in `dtype`. */
+static void save_base(const model_config *lora_cfg, int T, uint64_t seed, st_dtype dtype,
+                      const char *dir)
+{
+    acc_err err = {0};
+    kern_device_info info;
+    fx_devices(&info, 1, 1ull << 30);
+    kern_device *d;
+    model *m;
+    model_config cfg = *lora_cfg;
+    memset(&cfg.lora, 0, sizeof cfg.lora);
+    assert_int_equal(kern_device_open(&info, 1, &d, &err), 0);
+    assert_int_equal(model_create(d, &cfg, 0, T, &m, &err), 0);
+    assert_int_equal(model_init_seed(m, seed, &err), 0);
+    float *host = malloc(m->nparams * sizeof *host);
+    assert_non_null(host);
+    model_params_download(m, host);
+    for (size_t i = 0; i < m->nparams; i++) /* values a bf16 file holds exactly */
+        host[i] = kern_bf16_round(host[i] * 8.0f);
+    model_params_upload(m, host);
+    free(host);
+    model_hf_save_opts o = {.dtype = dtype};
+    assert_int_equal(model_hf_save(m, dir, &o, &err), 0);
+    model_free(m);
+    kern_device_close(d);
+}
+
+/* The bf16 and fp32 directories of one base (same values), made once. */
+static char dir_bf16[128], dir_f32[128];
+
+static void base_dirs(void)
+{
+    if (dir_bf16[0] != '\0')
+        return;
+    job_spec s;
+    model_config cfg;
+    acc_err err = {0};
+    lora_spec(&s, BATCH, 8, 1, 1, true);
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    snprintf(dir_bf16, sizeof dir_bf16, "%s/base-bf16", root);
+    snprintf(dir_f32, sizeof dir_f32, "%s/base-f32", root);
+    save_base(&cfg, s.model.seq_len, s.seed + 3, ST_BF16, dir_bf16);
+    save_base(&cfg, s.model.seq_len, s.seed + 3, ST_F32, dir_f32);
+}
+
+static void from_spec(job_spec *s, const char *dir, int B, int m, int a, int w, bool all)
+{
+    lora_spec(s, B, m, a, w, all);
+    snprintf(s->model.from, sizeof s->model.from, "%s", dir);
+}
+
+/* The fetch scratch's floats, counted from the layout here: the largest
+ * frozen tensor plus the largest frozen 1-D one. */
+static size_t fetch_floats(const model_layout *l)
+{
+    size_t big = 0, vec = 0;
+    for (int i = 0; i < l->n; i++) {
+        const model_tensor *t = &l->t[i];
+        if (t->trains)
+            continue;
+        big = t->count > big ? t->count : big;
+        vec = t->ndim == 1 && t->count > vec ? t->count : vec;
+    }
+    return big + vec;
+}
+
+static void test_bf16_base_bytes(void **state)
+{
+    (void)state;
+    base_dirs();
+    job_spec s, f;
+    model_config cfg, cfg32;
+    acc_err err = {0};
+    from_spec(&s, dir_bf16, BATCH, 8, 1, 1, true);
+    from_spec(&f, dir_f32, BATCH, 8, 1, 1, true);
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    assert_int_equal(plan_model_config(&f, &cfg32, &err), 0);
+    assert_int_equal(cfg.weights_dtype, ST_BF16);
+    assert_int_equal(model_base_dtype(&cfg), ST_BF16);
+    assert_int_equal(model_base_dtype(&cfg32), ST_F32);
+    model_config full = cfg; /* a full fine-tune of the same directory keeps fp32 */
+    memset(&full.lora, 0, sizeof full.lora);
+    assert_int_equal(model_base_dtype(&full), ST_F32);
+    /* a direct count of what the device holds after create: fp32 adapters and their
+     * gradients, the caller's tail, 2 bytes a frozen parameter, the fetch scratch */
+    model_layout l;
+    assert_int_equal(model_layout_build(&cfg, &l, &err), 0);
+    size_t frozen = l.nparams - l.ntrain, fetch = fetch_floats(&l);
+    uint64_t want = (uint64_t)l.ntrain * 8 + 16 * 4 + (uint64_t)frozen * 2 + (uint64_t)fetch * 4;
+    kern_device_info info;
+    fx_devices(&info, 1, 1ull << 30);
+    kern_device *d;
+    model *m;
+    assert_int_equal(kern_device_open(&info, 1, &d, &err), 0);
+    uint64_t before = d->in_use;
+    assert_int_equal(model_create(d, &cfg, 0, s.model.seq_len, &m, &err), 0);
+    assert_true(d->in_use - before == want);
+    assert_non_null(m->base16);
+    uint64_t st;
+    assert_int_equal(model_state_bytes(&cfg, 16, &st, &err), 0);
+    assert_true(st == want);
+    /* the base on the device is the directory's bf16 bits */
+    assert_int_equal(model_hf_load_dir(m, dir_bf16, &err), 0);
+    uint16_t *dev16 = malloc(frozen * sizeof *dev16);
+    float *host = malloc(l.nparams * sizeof *host);
+    assert_true(dev16 != NULL && host != NULL);
+    d->ops->download(d, dev16, m->base16, frozen * sizeof *dev16);
+    model_params_download(m, host);
+    for (size_t i = 0; i < frozen; i++) {
+        uint32_t u;
+        memcpy(&u, &host[l.ntrain + i], sizeof u);
+        if (u != (uint32_t)dev16[i] << 16)
+            fail_msg("frozen float %zu: host %08x, device bf16 %04x", i, u, dev16[i]);
+    }
+    free(dev16);
+    free(host);
+    model_free(m);
+    kern_device_close(d);
+    print_message("bf16 base: %zu frozen parameters, %llu state bytes (fp32 base: %llu)\n", frozen,
+                  (unsigned long long)want,
+                  (unsigned long long)(((uint64_t)l.nparams + l.ntrain + 16) * 4));
+    model_layout_free(&l);
+    /* the planner to the byte against the trainer's measured peak */
+    for (int mode = 0; mode < 4; mode++) {
+        int rec = mode & 1, bf16 = mode >> 1, mb = 2 + rec;
+        from_spec(&s, dir_bf16, mb * 2, mb, 2, 1, true);
+        s.activation_checkpointing = rec;
+        s.precision = bf16 ? SPEC_BF16 : SPEC_FP32;
+        s.max_steps = 1;
+        f = s;
+        snprintf(f.model.from, sizeof f.model.from, "%s", dir_f32);
+        uint64_t pred = 0, pred32 = 0;
+        assert_int_equal(plan_device_bytes(&s, mb, rec, &pred, &err), 0);
+        assert_int_equal(plan_device_bytes(&f, mb, rec, &pred32, &err), 0);
+        run_out r;
+        run(&s, &r);
+        print_message("bf16 base m=%d recompute=%d %s: predicted %llu, peak %llu (fp32 base %llu)\n",
+                      mb, rec, bf16 ? "bf16" : "fp32", (unsigned long long)pred,
+                      (unsigned long long)r.h.mem_peak[0], (unsigned long long)pred32);
+        assert_true(pred == r.h.mem_peak[0]);
+        assert_true(pred32 - pred == (uint64_t)frozen * 2 - (uint64_t)fetch * 4);
+        free(r.params);
+    }
+}
+
+static void test_bf16_base_trains(void **state)
+{
+    (void)state;
+    base_dirs();
+    job_spec s;
+    run_out init, a, b, c;
+    from_spec(&s, dir_bf16, BATCH, 8, 1, 1, true);
+    s.max_steps = 0;
+    run(&s, &init);
+    s.max_steps = 4;
+    run(&s, &a);
+    from_spec(&s, dir_f32, BATCH, 8, 1, 1, true); /* the same values in fp32 */
+    run(&s, &b);
+    from_spec(&s, dir_bf16, BATCH, 2, 2, 2, true);
+    s.zero_stage = 2; /* the shards cut the fp32 adapters; the bf16 base is whole on each rank */
+    run(&s, &c);
+    model_config cfg;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    size_t ntrain = model_num_trainable(&cfg), n = a.h.nparams;
+    /* fp32 compute on exactly widened weights: the fp32 base's bits */
+    for (int k = 0; k < 4; k++)
+        assert_true(a.loss[k] == b.loss[k]);
+    assert_memory_equal(a.params, b.params, n * sizeof(float));
+    /* the frozen base bit for bit, still bf16 values; the adapters moved */
+    assert_memory_equal(init.params + ntrain, a.params + ntrain, (n - ntrain) * sizeof(float));
+    assert_memory_equal(init.params + ntrain, c.params + ntrain, (n - ntrain) * sizeof(float));
+    for (size_t i = ntrain; i < n; i++)
+        assert_true(kern_bf16_round(a.params[i]) == a.params[i]);
+    assert_true(fx_rel_diff(init.params, a.params, ntrain) > 1e-3);
+    for (int k = 0; k < 4; k++)
+        assert_true(fabs(a.loss[k] - c.loss[k]) <= 1e-5 * fabs(a.loss[k]));
+    assert_true(a.loss[3] < a.loss[0]);
+    print_message("bf16 base lora losses %.5f -> %.5f\n", a.loss[0], a.loss[3]);
+    free(init.params);
+    free(a.params);
+    free(b.params);
+    free(c.params);
+}
+
+static void test_bf16_base_resume(void **state)
+{
+    (void)state;
+    base_dirs();
+    char full[128], part[128], p[400];
+    snprintf(full, sizeof full, "%s/bf16-full", root);
+    snprintf(part, sizeof part, "%s/bf16-part", root);
+    job_spec s;
+    run_out ref, first, second;
+    from_spec(&s, dir_bf16, BATCH, 2, 4, 1, false);
+    s.merge_lora = true;
+    s.activation_checkpointing = true;
+    s.max_steps = 6;
+    s.checkpoint_interval = 100;
+    snprintf(s.output_dir, sizeof s.output_dir, "%s", full);
+    run(&s, &ref);
+    s.max_steps = 3;
+    snprintf(s.output_dir, sizeof s.output_dir, "%s", part);
+    run(&s, &first);
+    s.max_steps = 6;
+    run(&s, &second); /* the base again from model.from, the adapters from the state */
+    for (int i = 3; i < 6; i++)
+        assert_true(second.loss[i] == ref.loss[i]);
+    assert_memory_equal(second.params, ref.params, ref.h.nparams * sizeof(float));
+    /* merged = the widened base + (alpha / r) B A, in the base's dtype (bf16) */
+    model_config cfg, back;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    model_layout l;
+    assert_int_equal(model_layout_build(&cfg, &l, &err), 0);
+    snprintf(p, sizeof p, "%s/ckpt-00000006/merged", part);
+    assert_int_equal(model_hf_validate(p, &back, &err), 0);
+    snprintf(p, sizeof p, "%s/ckpt-00000006/merged/model.safetensors", part);
+    st_file *sf = NULL;
+    st_tensor t;
+    assert_int_equal(st_open(p, &sf, &err), 0);
+    const char *wn = "model.layers.1.self_attn.q_proj.weight";
+    assert_int_equal(st_get(sf, wn, &t, &err), 0);
+    const model_tensor *w = model_layout_find(&l, wn);
+    const model_tensor *ta = model_layout_find(&l, "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
+    const model_tensor *tb = model_layout_find(&l, "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight");
+    assert_true(w != NULL && ta != NULL && tb != NULL && t.dtype == ST_BF16);
+    float *merged = malloc(w->count * sizeof *merged);
+    assert_non_null(merged);
+    assert_int_equal(st_to_f32(&t, merged, w->count, &err), 0);
+    int64_t R = ta->shape[0], in = ta->shape[1], out = tb->shape[0];
+    double worst = 0, moved = 0;
+    for (int64_t o = 0; o < out; o++)
+        for (int64_t c = 0; c < in; c++) {
+            double want = ref.params[w->offset + o * in + c], delta = 0;
+            for (int64_t k = 0; k < R; k++)
+                delta += 2.0 * ref.params[tb->offset + o * R + k] * ref.params[ta->offset + k * in + c];
+            want += delta;
+            moved = fmax(moved, fabs(delta));
+            worst = fmax(worst, fabs(merged[o * in + c] - want) / fmax(fabs(want), 1e-3));
+        }
+    assert_true(moved > 0 && worst <= 1.0 / 128); /* bf16's rounding */
+    free(merged);
+    st_close(sf);
+    model_layout_free(&l);
+    free(ref.params);
+    free(first.params);
+    free(second.params);
+}
+
+/* LLaMA-2-7B's config.json (bf16 on disk) with PEFT's default LoRA: the
+ * base at 2 bytes a parameter plus the fetch scratch (the embedding), so
+ * the state is below 24 GiB's usable bytes where an fp32 base is not
+ * (LitGPT measures 21.3 GB for LoRA at micro batch 1 with a bf16 base). */
+static void test_7b_plan(void **state)
+{
+    (void)state;
+    json_error_t je;
+    json_t *j = json_loads("{\"model_type\":\"llama\",\"hidden_size\":4096,\"intermediate_size\":11008,"
+                           "\"num_attention_heads\":32,\"num_hidden_layers\":32,\"num_key_value_heads\":32,"
+                           "\"vocab_size\":32000,\"max_position_embeddings\":4096,\"rms_norm_eps\":1e-5,"
+                           "\"torch_dtype\":\"bfloat16\"}", 0, &je);
+    assert_non_null(j);
+    model_config cfg, cfg32;
+    acc_err err = {0};
+    assert_int_equal(model_config_from_hf(j, &cfg, &err), 0);
+    json_decref(j);
+    spec_lora sl = {.r = 8, .alpha = 16};
+    assert_int_equal(model_lora_apply(&sl, false, &cfg, &err), 0);
+    cfg32 = cfg;
+    cfg32.weights_dtype = ST_F32;
+    size_t n = model_num_params(&cfg), nt = model_num_trainable(&cfg);
+    uint64_t st = plan_rank_state_bytes(&cfg, 0, 1, 0), st32 = plan_rank_state_bytes(&cfg32, 0, 1, 0);
+    uint64_t fetch = ((uint64_t)32000 * 4096 + 4096) * 4; /* embedding + a norm */
+    assert_true(st == (uint64_t)nt * 16 + (uint64_t)(n - nt) * 2 + fetch + TRAIN_SLOTS * 4);
+    uint64_t usable = plan_usable_bytes(24ull << 30);
+    uint64_t acts = plan_act_bytes(&cfg, KERN_DEV_CUDA, SPEC_BF16, 1, 2048, true);
+    print_message("LLaMA-2-7B LoRA q,v r=8: state %.2f GiB (fp32 base %.2f), + recompute acts at "
+                  "1 x 2048 (bf16, CUDA) %.2f GiB; usable of 24 GiB %.2f\n", st / 1073741824.0,
+                  st32 / 1073741824.0, acts / 1073741824.0, usable / 1073741824.0);
+    assert_true(st + acts <= usable);
+    assert_true(st32 > usable);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -256,6 +549,10 @@ int main(void)
         cmocka_unit_test(test_planner_exact),
         cmocka_unit_test(test_frozen_and_split),
         cmocka_unit_test(test_resume_and_outputs),
+        cmocka_unit_test(test_bf16_base_bytes),
+        cmocka_unit_test(test_bf16_base_trains),
+        cmocka_unit_test(test_bf16_base_resume),
+        cmocka_unit_test(test_7b_plan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
