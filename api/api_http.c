@@ -146,6 +146,28 @@ void api_resp_json(api_response *resp, int status, const char *json_text)
     resp->body_len = resp->body ? strlen(resp->body) : 0;
 }
 
+void api_resp_json_obj(api_response *resp, int status, json_t *o, size_t flags)
+{
+    char *text = o ? json_dumps(o, flags) : NULL;
+    json_decref(o);
+    if (text == NULL) {
+        api_resp_error(resp, 500, "internal", NULL, "out of memory");
+        return;
+    }
+    size_t n = strlen(text);
+    char *nl = realloc(text, n + 2);
+    if (nl != NULL) {
+        text = nl;
+        text[n++] = '\n';
+        text[n] = '\0';
+    }
+    free(resp->body);
+    resp->status = status;
+    resp->content_type = "application/json";
+    resp->body = text;
+    resp->body_len = n;
+}
+
 void api_resp_error(api_response *resp, int status, const char *code, const char *field,
                     const char *fmt, ...)
 {

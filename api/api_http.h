@@ -220,6 +220,10 @@ void api_route(api_server *s, const api_request *req, api_response *resp);
 
 /* Helpers for routes. */
 void api_resp_json(api_response *resp, int status, const char *json_text);
+/* `o` (taken: decref'd here) as the JSON body, dumped with jansson's
+ * `flags` and a closing newline (for terminals after curl); a 500 when it
+ * cannot be dumped (out of memory). */
+void api_resp_json_obj(api_response *resp, int status, json_t *o, size_t flags);
 void api_resp_error(api_response *resp, int status, const char *code, const char *field,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Map an acc_err to its HTTP status and fill the error body. */

@@ -35,24 +35,7 @@
 
 static void resp_json_obj(api_response *resp, int status, json_t *o)
 {
-    char *text = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
-    json_decref(o);
-    if (text == NULL) {
-        api_resp_error(resp, 500, "internal", NULL, "out of memory");
-        return;
-    }
-    size_t n = strlen(text);
-    char *nl = realloc(text, n + 2); /* a newline, for terminals after curl */
-    if (nl != NULL) {
-        text = nl;
-        text[n++] = '\n';
-        text[n] = '\0';
-    }
-    free(resp->body);
-    resp->status = status;
-    resp->content_type = "application/json";
-    resp->body = text;
-    resp->body_len = n;
+    api_resp_json_obj(resp, status, o, JSON_COMPACT | JSON_REAL_PRECISION(10));
 }
 
 /* A body made of pieces (cached views), with the closing newline. */

@@ -61,24 +61,7 @@ static void submit_free(submit_ctx *c)
 
 static void resp_json(api_response *resp, int status, json_t *o)
 {
-    char *text = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
-    json_decref(o);
-    if (text == NULL) {
-        api_resp_error(resp, 500, "internal", NULL, "out of memory");
-        return;
-    }
-    size_t n = strlen(text);
-    char *nl = realloc(text, n + 2); /* a newline, for terminals after curl */
-    if (nl != NULL) {
-        text = nl;
-        text[n++] = '\n';
-        text[n] = '\0';
-    }
-    free(resp->body);
-    resp->status = status;
-    resp->content_type = "application/json";
-    resp->body = text;
-    resp->body_len = n;
+    api_resp_json_obj(resp, status, o, JSON_COMPACT | JSON_REAL_PRECISION(10));
 }
 
 /* Loop thread: place, persist, queue; the answer. */

@@ -237,22 +237,12 @@ static void tokenize_done(void *arg, api_response *resp, bool orphaned)
 {
     tokenize_ctx *c = arg;
     if (!orphaned && resp != NULL) {
-        char *text = c->rc == 0 ? json_dumps(c->out, JSON_COMPACT) : NULL;
         if (c->rc != 0) {
             api_resp_from_err(resp, &c->err);
-        } else if (text == NULL) {
-            api_resp_error(resp, 500, "internal", NULL, "out of memory");
         } else {
-            size_t n = strlen(text);
-            char *nl = realloc(text, n + 2);
-            if (nl != NULL) {
-                text = nl;
-                text[n++] = '\n';
-                text[n] = '\0';
-            }
-            api_resp_json(resp, 200, text);
+            api_resp_json_obj(resp, 200, c->out, JSON_COMPACT);
+            c->out = NULL; /* taken */
         }
-        free(text);
     }
     json_decref(c->out);
     free(c->body);
