@@ -7,6 +7,7 @@
 #include <math.h>
 #include <sqlite3.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,9 +170,30 @@ static int tx_begin(store *st, bool full, const char *op, acc_err *err)
     return rc ? rc : run(st, STS_BEGIN, op, err, "");
 }
 
+/* The test-only kill of ACCUMD_TEST_KILL_IN_TX (store.h), before a COMMIT. */
+static void test_kill_before_commit(store *st, const char *op)
+{
+    if (st->kill_countdown > 0 && strncmp(op, st->kill_op, strlen(st->kill_op)) == 0 &&
+        --st->kill_countdown == 0)
+        raise(SIGKILL);
+}
+
+static void test_kill_hook_init(store *st)
+{
+    const char *v = getenv("ACCUMD_TEST_KILL_IN_TX");
+    const char *colon = v != NULL ? strrchr(v, ':') : NULL;
+    if (colon == NULL || colon == v || (size_t)(colon - v) >= sizeof st->kill_op)
+        return;
+    memcpy(st->kill_op, v, (size_t)(colon - v));
+    st->kill_op[colon - v] = '\0';
+    st->kill_countdown = atoi(colon + 1);
+}
+
 /* Commit when rc is 0, else roll back; a commit that succeeds ends `failing`. */
 static int tx_end(store *st, int rc, const char *op, acc_err *err)
 {
+    if (rc == 0)
+        test_kill_before_commit(st, op);
     if (rc == 0 && (rc = run(st, STS_COMMIT, op, err, "")) == 0) {
         st->failing = false;
         return 0;
@@ -393,6 +415,7 @@ static int open_db(store *st, acc_err *err)
 int store_init(store *st, const char *state_dir, int history_keep, acc_err *err)
 {
     memset(st, 0, sizeof *st);
+    test_kill_hook_init(st);
     st->history_keep = history_keep > 0 ? history_keep : 100000;
     if (snprintf(st->state_dir, sizeof st->state_dir, "%s", state_dir) >= (int)sizeof st->state_dir ||
         snprintf(st->path, sizeof st->path, "%s/accumd.db", state_dir) >= (int)sizeof st->path)

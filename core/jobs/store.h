@@ -79,6 +79,13 @@ typedef struct store {
     _Atomic int check_state;
     atomic_bool check_stop;  /* store_close: end the check early */
     char check_msg[512];
+    /* ACCUMD_TEST_KILL_IN_TX="PREFIX:N" (test-only, read at store_init):
+     * the N-th write transaction whose operation starts with PREFIX ("create
+     * job", "save state of job", "append events of job") SIGKILLs the
+     * process after its statements ran and before COMMIT, so the tests see
+     * a kill -9 mid-transaction at a chosen place */
+    char kill_op[64];
+    int kill_countdown;       /* 0: no hook */
 } store;
 
 /* Open (create) the database, import round 1, check it. Returns non-zero
