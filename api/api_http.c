@@ -565,6 +565,64 @@ api_deferred *api_defer(api_server *s, api_work_fn work, api_done_fn done, void 
     return d;
 }
 
+/* ---- api_defer_json: a JSON computation of the body on the thread pool */
+typedef struct json_job {
+    api_json_fn compute;
+    const void *arg;
+    size_t flags;
+    char *body;
+    size_t len;
+    int rc;
+    acc_err err;
+    json_t *out;
+} json_job;
+
+static void json_job_work(void *ctx)
+{
+    json_job *c = ctx;
+    c->rc = c->compute(c->arg, c->body, c->len, &c->out, &c->err);
+}
+
+static void json_job_done(void *ctx, api_response *resp, bool orphaned)
+{
+    json_job *c = ctx;
+    if (!orphaned && resp != NULL) {
+        if (c->rc != 0) {
+            api_resp_from_err(resp, &c->err);
+        } else {
+            api_resp_json_obj(resp, 200, c->out, c->flags);
+            c->out = NULL; /* taken */
+        }
+    }
+    json_decref(c->out);
+    free(c->body);
+    free(c);
+}
+
+void api_defer_json(api_server *s, const api_request *req, api_response *resp, api_json_fn compute,
+                    const void *arg, size_t flags, const char *empty)
+{
+    if (req->body_len == 0) {
+        api_resp_error(resp, 400, "invalid", NULL, "%s", empty);
+        return;
+    }
+    json_job *c = calloc(1, sizeof *c);
+    char *body = malloc(req->body_len + 1);
+    if (c == NULL || body == NULL) {
+        free(c);
+        free(body);
+        api_resp_error(resp, 500, "internal", NULL, "out of memory");
+        return;
+    }
+    memcpy(body, req->body, req->body_len);
+    body[req->body_len] = '\0';
+    *c = (json_job){.compute = compute, .arg = arg, .flags = flags, .body = body, .len = req->body_len};
+    resp->deferred = api_defer(s, json_job_work, json_job_done, c);
+    if (resp->deferred == NULL)
+        api_resp_error(resp, 503, "unavailable", NULL,
+                       "too many requests being worked on (at most %d at a time); try again", API_MAX_DEFERRED);
+}
+
 static void on_deferred_work(uv_work_t *w)
 {
     api_deferred *d = w->data;

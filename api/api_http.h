@@ -200,6 +200,15 @@ typedef void (*api_done_fn)(void *ctx, api_response *resp, bool orphaned);
 /* NULL (and `done(ctx, NULL, true)` called) when over the limit or out of memory. */
 api_deferred *api_defer(api_server *s, api_work_fn work, api_done_fn done, void *ctx);
 
+/* A read-only JSON answer computed from the request body off the loop
+ * thread (api_defer): compute(arg, body, len, &out, err) on the thread
+ * pool (body NUL-terminated, `arg` borrowed: it must outlive the server),
+ * then 200 with `out` dumped with jansson's `flags`, or the error's
+ * status. An empty body is a 400 saying `empty`. */
+typedef int (*api_json_fn)(const void *arg, const char *body, size_t len, json_t **out, acc_err *err);
+void api_defer_json(api_server *s, const api_request *req, api_response *resp, api_json_fn compute,
+                    const void *arg, size_t flags, const char *empty);
+
 /* api_submit.c: POST /v1/jobs, validated off the loop thread (api_defer). */
 void api_submit(api_server *s, const api_request *req, api_response *resp, bool dry_run);
 /* api_tokenize.c: POST /v1/tokenize. The compute part opens the tokenizer

@@ -247,58 +247,15 @@ int api_plan_compute(const jobs_mgr *m, const char *body, size_t len, json_t **o
     return rc;
 }
 
-/* ---- the route: computed on libuv's thread pool (api_defer) */
+/* ---- the route: computed on libuv's thread pool (api_defer_json) */
 
-typedef struct plan_ctx {
-    const jobs_mgr *m;
-    char *body;
-    size_t len;
-    int rc;
-    acc_err err;
-    json_t *out;
-} plan_ctx;
-
-static void plan_work(void *arg)
+static int plan_compute(const void *m, const char *body, size_t len, json_t **out, acc_err *err)
 {
-    plan_ctx *c = arg;
-    c->rc = api_plan_compute(c->m, c->body, c->len, &c->out, &c->err);
-}
-
-static void plan_done(void *arg, api_response *resp, bool orphaned)
-{
-    plan_ctx *c = arg;
-    if (!orphaned && resp != NULL) {
-        if (c->rc != 0) {
-            api_resp_from_err(resp, &c->err);
-        } else {
-            api_resp_json_obj(resp, 200, c->out, JSON_COMPACT | JSON_PRESERVE_ORDER);
-            c->out = NULL; /* taken */
-        }
-    }
-    json_decref(c->out);
-    free(c->body);
-    free(c);
+    return api_plan_compute(m, body, len, out, err);
 }
 
 void api_plan(api_server *s, const api_request *req, api_response *resp)
 {
-    if (req->body_len == 0) {
-        api_resp_error(resp, 400, "invalid", NULL, "empty body: send a job spec, optionally with \"hardware\"");
-        return;
-    }
-    plan_ctx *c = calloc(1, sizeof *c);
-    char *body = malloc(req->body_len + 1);
-    if (c == NULL || body == NULL) {
-        free(c);
-        free(body);
-        api_resp_error(resp, 500, "internal", NULL, "out of memory");
-        return;
-    }
-    memcpy(body, req->body, req->body_len);
-    body[req->body_len] = '\0';
-    *c = (plan_ctx){.m = api_server_app(s), .body = body, .len = req->body_len};
-    resp->deferred = api_defer(s, plan_work, plan_done, c);
-    if (resp->deferred == NULL)
-        api_resp_error(resp, 503, "unavailable", NULL,
-                       "too many requests being worked on (at most %d at a time); try again", API_MAX_DEFERRED);
+    api_defer_json(s, req, resp, plan_compute, api_server_app(s), JSON_COMPACT | JSON_PRESERVE_ORDER,
+                   "empty body: send a job spec, optionally with \"hardware\"");
 }

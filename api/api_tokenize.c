@@ -216,58 +216,15 @@ int api_tokenize_compute(const acc_conf *conf, const char *body, size_t len, jso
     return rc;
 }
 
-/* A request's work on libuv's thread pool (api_defer): the tokenizer
- * directory is opened and read there, never on the loop thread. */
-typedef struct tokenize_ctx {
-    const acc_conf *conf;
-    char *body;
-    size_t len;
-    int rc;
-    acc_err err;
-    json_t *out;
-} tokenize_ctx;
-
-static void tokenize_work(void *arg)
+/* The route: computed on libuv's thread pool (api_defer_json), so the
+ * tokenizer directory is opened and read there, never on the loop thread. */
+static int tokenize_compute(const void *conf, const char *body, size_t len, json_t **out, acc_err *err)
 {
-    tokenize_ctx *c = arg;
-    c->rc = api_tokenize_compute(c->conf, c->body, c->len, &c->out, &c->err);
-}
-
-static void tokenize_done(void *arg, api_response *resp, bool orphaned)
-{
-    tokenize_ctx *c = arg;
-    if (!orphaned && resp != NULL) {
-        if (c->rc != 0) {
-            api_resp_from_err(resp, &c->err);
-        } else {
-            api_resp_json_obj(resp, 200, c->out, JSON_COMPACT);
-            c->out = NULL; /* taken */
-        }
-    }
-    json_decref(c->out);
-    free(c->body);
-    free(c);
+    return api_tokenize_compute(conf, body, len, out, err);
 }
 
 void api_tokenize(api_server *s, const api_request *req, api_response *resp)
 {
-    if (req->body_len == 0) {
-        api_resp_error(resp, 400, "invalid", NULL, "empty body: send {\"tokenizer\": DIR, \"text\"|\"messages\"}");
-        return;
-    }
-    tokenize_ctx *c = calloc(1, sizeof *c);
-    char *body = malloc(req->body_len + 1);
-    if (c == NULL || body == NULL) {
-        free(c);
-        free(body);
-        api_resp_error(resp, 500, "internal", NULL, "out of memory");
-        return;
-    }
-    memcpy(body, req->body, req->body_len);
-    body[req->body_len] = '\0';
-    *c = (tokenize_ctx){.conf = api_server_conf(s), .body = body, .len = req->body_len};
-    resp->deferred = api_defer(s, tokenize_work, tokenize_done, c);
-    if (resp->deferred == NULL)
-        api_resp_error(resp, 503, "unavailable", NULL,
-                       "too many requests being worked on (at most %d at a time); try again", API_MAX_DEFERRED);
+    api_defer_json(s, req, resp, tokenize_compute, api_server_conf(s), JSON_COMPACT,
+                   "empty body: send {\"tokenizer\": DIR, \"text\"|\"messages\"}");
 }
