@@ -119,20 +119,15 @@ static int all_gather(comm_mpi *c)
                      "MPI_Allgatherv");
 }
 
-static int mpi_reduce_start(void *impl, int rank, float *base, const kern_span *sp, int ns)
+/* The spans of `base` summed over every rank, in the fixed order of
+ * reduce_scatter + all_gather (packed, so one collective of each). */
+static int allreduce_spans(comm_mpi *c, float *base, const kern_span *sp, int ns)
 {
-    comm_mpi *c = impl;
-    (void)rank;
-    c->buckets++;
-    if (atomic_load(&c->aborted))
-        return ACC_ECANCELLED;
-    if (c->fail_code != 0)
-        return c->fail_code;
-    if (c->world == 1)
-        return 0;
     size_t total = 0;
     for (int k = 0; k < ns; k++)
         total += sp[k].n;
+    if (total == 0)
+        return 0;
     if (total > (size_t)INT_MAX)
         return ACC_EINVAL; /* MPI counts are int: the trainer's buckets are far smaller */
     if (reserve(c, total) != 0)
@@ -144,6 +139,20 @@ static int mpi_reduce_start(void *impl, int rank, float *base, const kern_span *
     if (rc == 0)
         unpack_spans(base, c->pack, sp, ns);
     return rc;
+}
+
+static int mpi_reduce_start(void *impl, int rank, float *base, const kern_span *sp, int ns)
+{
+    comm_mpi *c = impl;
+    (void)rank;
+    c->buckets++;
+    if (atomic_load(&c->aborted))
+        return ACC_ECANCELLED;
+    if (c->fail_code != 0)
+        return c->fail_code;
+    if (c->world == 1)
+        return 0;
+    return allreduce_spans(c, base, sp, ns);
 }
 
 static int mpi_reduce_finish(void *impl, int rank)
@@ -225,22 +234,7 @@ static int reduce_tail(comm_mpi *c, float *base, const kern_span *sp, int ns, si
 {
     kern_span tail[KERN_COMM_MAX_SPANS];
     int nt = kern_span_clip(sp, ns, n, SIZE_MAX, tail);
-    size_t total = 0;
-    for (int k = 0; k < nt; k++)
-        total += tail[k].n;
-    if (total == 0)
-        return 0;
-    if (total > (size_t)INT_MAX)
-        return ACC_EINVAL;
-    if (reserve(c, total) != 0)
-        return ACC_ENOMEM;
-    pack_spans(c->pack, base, tail, nt);
-    int rc = reduce_scatter(c, total);
-    if (rc == 0)
-        rc = all_gather(c);
-    if (rc == 0)
-        unpack_spans(base, c->pack, tail, nt);
-    return rc;
+    return allreduce_spans(c, base, tail, nt);
 }
 
 static int mpi_scatter_start(void *impl, int rank, float *base, const kern_span *sp, int ns, size_t n)

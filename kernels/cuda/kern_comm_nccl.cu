@@ -254,8 +254,12 @@ static int cancelled(kern_nccl *c, int rank)
     return ACC_ECANCELLED;
 }
 
-extern "C" int kern_nccl_reduce_start(kern_nccl *c, int rank, float *base, const kern_span *spans,
-                                      int nspans)
+/* A bucket's start (reduce_start, scatter_start): counted once, its
+ * communication stream made to wait for what the compute stream queued so
+ * far (the backward that produced these gradients; the compute stream does
+ * not wait for the bucket), then an NCCL group opened, which the caller
+ * always ends. 0, or the rank's failure. */
+static int bucket_begin(kern_nccl *c, int rank)
 {
     if (kern_nccl_aborted(c))
         return cancelled(c, rank);
@@ -263,16 +267,22 @@ extern "C" int kern_nccl_reduce_start(kern_nccl *c, int rank, float *base, const
         return ACC_ESTATE;
     if (rank == 0)
         __atomic_add_fetch(&c->buckets, 1, __ATOMIC_SEQ_CST);
-    cudaStream_t cs = c->cstreams[rank];
-    ncclComm_t comm = c->comms[rank];
-    /* the bucket waits for what the compute stream queued so far (the
-     * backward that produced these gradients), the compute stream does not
-     * wait for the bucket */
     if (!NCU_OK(c, cudaEventRecord(c->ev_ready[rank], c->streams[rank])) ||
-        !NCU_OK(c, cudaStreamWaitEvent(cs, c->ev_ready[rank], 0)))
+        !NCU_OK(c, cudaStreamWaitEvent(c->cstreams[rank], c->ev_ready[rank], 0)))
         return fail_rank(c, rank);
     if (!NC_OK(c, ncclGroupStart()))
         return fail_rank(c, rank);
+    return 0;
+}
+
+extern "C" int kern_nccl_reduce_start(kern_nccl *c, int rank, float *base, const kern_span *spans,
+                                      int nspans)
+{
+    int rc = bucket_begin(c, rank);
+    if (rc != 0)
+        return rc;
+    cudaStream_t cs = c->cstreams[rank];
+    ncclComm_t comm = c->comms[rank];
     bool ok = true;
     for (int k = 0; k < nspans && ok; k++)
         if (spans[k].n > 0)
@@ -293,19 +303,11 @@ extern "C" int kern_nccl_reduce_start(kern_nccl *c, int rank, float *base, const
 extern "C" int kern_nccl_scatter_start(kern_nccl *c, int rank, float *base, const kern_span *spans,
                                        int nspans, size_t n)
 {
-    if (kern_nccl_aborted(c))
-        return cancelled(c, rank);
-    if (!rank_ready(c, rank))
-        return ACC_ESTATE;
-    if (rank == 0)
-        __atomic_add_fetch(&c->buckets, 1, __ATOMIC_SEQ_CST);
+    int rc = bucket_begin(c, rank);
+    if (rc != 0)
+        return rc;
     cudaStream_t cs = c->cstreams[rank];
     ncclComm_t comm = c->comms[rank];
-    if (!NCU_OK(c, cudaEventRecord(c->ev_ready[rank], c->streams[rank])) ||
-        !NCU_OK(c, cudaStreamWaitEvent(cs, c->ev_ready[rank], 0)))
-        return fail_rank(c, rank);
-    if (!NC_OK(c, ncclGroupStart()))
-        return fail_rank(c, rank);
     bool ok = true;
     kern_span part[KERN_COMM_MAX_SPANS];
     for (int q = 0; q < c->nranks && ok; q++) {
