@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include "chat.h"
 #include "checked.h"
 #include "fsutil.h"
+#include "parquet.h"
 #include "records.h"
 #include "safepath.h"
 #include "tok.h"
@@ -42,7 +44,10 @@ typedef struct sample_buf {
 
 static rec_format rec_fmt_of(spec_data_format f)
 {
-    return f == SPEC_DATA_CHAT ? REC_CHAT : f == SPEC_DATA_PROMPT_COMPLETION ? REC_PROMPT_COMPLETION : REC_TEXT_JSONL;
+    return f == SPEC_DATA_CHAT                ? REC_CHAT
+           : f == SPEC_DATA_PROMPT_COMPLETION ? REC_PROMPT_COMPLETION
+           : f == SPEC_DATA_TEXT_LINES        ? REC_TEXT_LINES
+                                              : REC_TEXT_JSONL;
 }
 
 static void ctx_free(prep_ctx *c)
@@ -232,26 +237,227 @@ static const char *base_name(const char *path)
     return s ? s + 1 : path;
 }
 
-/* ---- submit-time check ------------------------------------------------------- */
+/* ---- the files: a path, a glob, or a list of them ------------------------------ */
 
-static int check_file(const prep_ctx *c, tok_encoder *enc, const char *path, const char *field,
-                      acc_err *err)
+/* data.train / data.val name one file, a glob (wildcards in the file name),
+ * or several of those separated by newlines (a JSON list in the spec): the
+ * files in the list's order, each glob's matches sorted by name (byte
+ * order), duplicates kept. */
+typedef struct prep_files {
+    char **v;
+    size_t n, cap;
+} prep_files;
+
+static void files_free(prep_files *f)
+{
+    for (size_t i = 0; i < f->n; i++)
+        free(f->v[i]);
+    free(f->v);
+    memset(f, 0, sizeof *f);
+}
+
+static int files_push(prep_files *f, const char *path)
+{
+    if (f->n == f->cap) {
+        size_t cap = f->cap ? f->cap * 2 : 8;
+        char **v = realloc(f->v, cap * sizeof *v);
+        if (v == NULL)
+            return -1;
+        f->v = v;
+        f->cap = cap;
+    }
+    if ((f->v[f->n] = strdup(path)) == NULL)
+        return -1;
+    f->n++;
+    return 0;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int expand_one(const char *pat, const char *field, prep_files *f, acc_err *err)
+{
+    if (strpbrk(pat, "*?[") == NULL)
+        return files_push(f, pat) ? acc_err_set(err, ACC_ENOMEM, field, "out of memory") : 0;
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    int rc = glob(pat, GLOB_NOSORT, NULL, &g);
+    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
+        globfree(&g);
+        return acc_err_set(err, ACC_EINVAL, field, "no file matches %s", pat);
+    }
+    if (rc != 0) {
+        globfree(&g);
+        return acc_err_set(err, ACC_EINVAL, field, "cannot expand %s", pat);
+    }
+    qsort(g.gl_pathv, g.gl_pathc, sizeof *g.gl_pathv, by_name);
+    for (size_t i = 0; rc == 0 && i < g.gl_pathc; i++)
+        if (files_push(f, g.gl_pathv[i]) != 0)
+            rc = acc_err_set(err, ACC_ENOMEM, field, "out of memory");
+    globfree(&g);
+    return rc;
+}
+
+static int expand_files(const char *spec_path, const char *field, prep_files *f, acc_err *err)
+{
+    memset(f, 0, sizeof *f);
+    char *list = strdup(spec_path), *save = NULL;
+    if (list == NULL)
+        return acc_err_set(err, ACC_ENOMEM, field, "out of memory");
+    int rc = 0;
+    for (char *p = strtok_r(list, "\n", &save); rc == 0 && p != NULL; p = strtok_r(NULL, "\n", &save))
+        rc = expand_one(p, field, f, err);
+    free(list);
+    if (rc == 0 && f->n == 0)
+        rc = acc_err_set(err, ACC_EINVAL, field, "no data file given");
+    if (rc != 0)
+        files_free(f);
+    return rc;
+}
+
+/* ---- Parquet rows as the records' JSON lines -------------------------------------- */
+
+/* the columns a record reads (records.h); the rest of a row is never read */
+static const char *const record_columns[] = {"messages", "conversations", "prompt", "completion", "text", NULL};
+
+static int open_parquet(const job_spec *s, const char *path, const char *field, pq_reader **r, acc_err *err)
 {
     int fd;
-    int rc0 = open_data(c->spec, path, field, &fd, err);
-    if (rc0 != 0)
-        return rc0;
-    char *buf = malloc(PREP_CHECK_BYTES);
-    ssize_t got = buf ? pread(fd, buf, PREP_CHECK_BYTES, 0) : -1;
-    struct stat st;
-    int full = fstat(fd, &st) == 0 && (size_t)st.st_size <= PREP_CHECK_BYTES;
+    int rc = open_data(s, path, field, &fd, err);
+    if (rc != 0)
+        return rc;
+    rc = pq_open(fd, base_name(path), field, r, err);
+    if (rc == 0)
+        pq_select(*r, record_columns);
+    return rc;
+}
+
+static bool is_parquet_file(const job_spec *s, const char *path, const char *field)
+{
+    int fd;
+    if (open_data(s, path, field, &fd, NULL) != 0)
+        return false;
+    bool yes = pq_fd_is_parquet(fd);
     close(fd);
-    if (got < 0) {
-        free(buf);
-        return acc_err_set(err, buf ? ACC_EINVAL : ACC_ENOMEM, field, "cannot read %s", path);
+    return yes;
+}
+
+/* Rows appended to *buf as JSON lines until it holds `limit` bytes or the
+ * rows end (*end set). */
+static int parquet_lines(pq_reader *r, size_t limit, char **buf, size_t *len, size_t *cap, bool *end, acc_err *err)
+{
+    *len = 0;
+    *end = false;
+    while (*len < limit) {
+        json_t *row;
+        int rc = pq_next(r, &row, err);
+        if (rc == ACC_ENOTFOUND) {
+            *end = true;
+            return 0;
+        }
+        if (rc != 0)
+            return rc;
+        char *line = json_dumps(row, JSON_COMPACT);
+        json_decref(row);
+        if (line == NULL)
+            return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
+        size_t n = strlen(line);
+        if (*len + n + 1 > *cap) {
+            size_t c = (*len + n + 1) * 2;
+            char *b = realloc(*buf, c);
+            if (b == NULL) {
+                free(line);
+                return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
+            }
+            *buf = b;
+            *cap = c;
+        }
+        memcpy(*buf + *len, line, n);
+        (*buf)[*len + n] = '\n';
+        *len += n + 1;
+        free(line);
     }
+    return 0;
+}
+
+/* ---- the format, when the spec does not name it ------------------------------------ */
+
+static int format_of_keys(bool messages, bool prompt, bool completion, bool text, spec_data_format *out)
+{
+    if (messages)
+        *out = SPEC_DATA_CHAT;
+    else if (prompt && completion)
+        *out = SPEC_DATA_PROMPT_COMPLETION;
+    else if (text)
+        *out = SPEC_DATA_TEXT_JSONL;
+    else
+        return -1;
+    return 0;
+}
+
+int prep_infer_format(const char *roots, const char *train, bool tokenizer, spec_data_format *out, acc_err *err)
+{
+    const char *field = "data.format";
+    prep_files f;
+    job_spec s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.data_roots, sizeof s.data_roots, "%s", roots);
+    int rc = expand_files(train, "data.train", &f, err);
+    if (rc != 0)
+        return rc;
+    const char *path = f.v[0];
+    char why[256] = "";
+    if (is_parquet_file(&s, path, "data.train")) {
+        pq_reader *r;
+        if ((rc = open_parquet(&s, path, "data.train", &r, err)) == 0) {
+            if (format_of_keys(pq_has_column(r, "messages") || pq_has_column(r, "conversations"),
+                               pq_has_column(r, "prompt"), pq_has_column(r, "completion"), pq_has_column(r, "text"),
+                               out) != 0)
+                snprintf(why, sizeof why, "%s has no messages, conversations, prompt/completion or text column",
+                         base_name(path));
+            pq_close(r);
+        }
+    } else {
+        int fd;
+        if ((rc = open_data(&s, path, "data.train", &fd, err)) == 0) {
+            char buf[65536];
+            ssize_t got = pread(fd, buf, sizeof buf - 1, 0);
+            close(fd);
+            buf[got > 0 ? got : 0] = '\0';
+            const char *line = buf + strspn(buf, " \t\r\n");
+            json_t *o = json_loadb(line, strcspn(line, "\n"), 0, NULL);
+            if (json_is_object(o)) {
+                if (format_of_keys(json_object_get(o, "messages") || json_object_get(o, "conversations"),
+                                   json_object_get(o, "prompt"), json_object_get(o, "completion"),
+                                   json_object_get(o, "text"), out) != 0)
+                    snprintf(why, sizeof why,
+                             "the first record of %s has no messages, conversations, prompt/completion or text key",
+                             base_name(path));
+            } else {
+                /* plain text: bytes for a byte-level model; a model with a
+                 * tokenizer never trains on raw bytes */
+                *out = tokenizer ? SPEC_DATA_TEXT_LINES : SPEC_DATA_TEXT;
+            }
+            json_decref(o);
+        }
+    }
+    if (rc == 0 && why[0] != '\0')
+        rc = acc_err_set(err, ACC_EINVAL, field, "cannot tell the format: %s; give data.format", why);
+    files_free(&f);
+    return rc;
+}
+
+/* ---- submit-time check ------------------------------------------------------- */
+
+/* The records of [buf, buf+len) ("name:N", N the line or Parquet row);
+ * `full`: the buffer holds the whole file. */
+static int check_lines(const prep_ctx *c, tok_encoder *enc, const char *buf, size_t len, int full, const char *path,
+                       const char *field, acc_err *err)
+{
     int rc = 0, seen = 0, rendered = 0;
-    size_t at = 0, len = (size_t)got;
+    size_t at = 0;
     sample_buf sb;
     memset(&sb, 0, sizeof sb);
     for (uint64_t line = 1; rc == 0 && at < len && line <= PREP_CHECK_LINES; line++) {
@@ -274,12 +480,78 @@ static int check_file(const prep_ctx *c, tok_encoder *enc, const char *path, con
         at = end + 1;
     }
     if (rc == 0 && seen == 0 && full)
-        rc = acc_err_set(err, ACC_EINVAL, field, "%s holds no samples (only blank lines)", path);
+        rc = acc_err_set(err, ACC_EINVAL, field, "%s holds no samples (%s)", path,
+                         len == 0 ? "no rows" : "only blank lines");
     if (rc != 0 && err != NULL)
         snprintf(err->field, sizeof err->field, "%s", field);
     tok_ids_free(&sb.ids);
     free(sb.mask);
+    return rc;
+}
+
+/* The first rows of a Parquet file, as records (bounded as JSONL's). */
+static int check_parquet(const prep_ctx *c, tok_encoder *enc, const char *path, const char *field, acc_err *err)
+{
+    pq_reader *r;
+    int rc = open_parquet(c->spec, path, field, &r, err);
+    if (rc != 0)
+        return rc;
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    bool end;
+    rc = parquet_lines(r, PREP_CHECK_BYTES, &buf, &len, &cap, &end, err);
+    pq_close(r);
+    if (rc != 0 && err != NULL)
+        snprintf(err->field, sizeof err->field, "%s", field);
+    if (rc == 0)
+        rc = check_lines(c, enc, buf ? buf : "", len, end, path, field, err);
     free(buf);
+    return rc;
+}
+
+static int check_file(const prep_ctx *c, tok_encoder *enc, const char *path, const char *field,
+                      acc_err *err)
+{
+    if (is_parquet_file(c->spec, path, field))
+        return check_parquet(c, enc, path, field, err);
+    int fd;
+    int rc0 = open_data(c->spec, path, field, &fd, err);
+    if (rc0 != 0)
+        return rc0;
+    char *buf = malloc(PREP_CHECK_BYTES);
+    ssize_t got = buf ? pread(fd, buf, PREP_CHECK_BYTES, 0) : -1;
+    struct stat st;
+    int full = fstat(fd, &st) == 0 && (size_t)st.st_size <= PREP_CHECK_BYTES;
+    close(fd);
+    if (got < 0) {
+        free(buf);
+        return acc_err_set(err, buf ? ACC_EINVAL : ACC_ENOMEM, field, "cannot read %s", path);
+    }
+    int rc = check_lines(c, enc, buf, (size_t)got, full, path, field, err);
+    free(buf);
+    return rc;
+}
+
+/* Every file of the list opened under the roots (a Parquet file's footer
+ * read); the first one's records checked. */
+static int check_files(const prep_ctx *c, tok_encoder *enc, const char *spec_path, const char *field, acc_err *err)
+{
+    prep_files f;
+    int rc = expand_files(spec_path, field, &f, err);
+    for (size_t i = 0; rc == 0 && i < f.n; i++) {
+        if (i == 0) {
+            rc = check_file(c, enc, f.v[i], field, err);
+        } else if (is_parquet_file(c->spec, f.v[i], field)) {
+            pq_reader *r;
+            if ((rc = open_parquet(c->spec, f.v[i], field, &r, err)) == 0)
+                pq_close(r);
+        } else {
+            int fd;
+            if ((rc = open_data(c->spec, f.v[i], field, &fd, err)) == 0)
+                close(fd);
+        }
+    }
+    files_free(&f);
     return rc;
 }
 
@@ -292,9 +564,9 @@ int prep_validate(const job_spec *s, acc_err *err)
     tok_encoder *enc = NULL;
     rc = tok_encoder_new(c.tok, &enc, err);
     if (rc == 0)
-        rc = check_file(&c, enc, s->data.train, "data.train", err);
+        rc = check_files(&c, enc, s->data.train, "data.train", err);
     if (rc == 0 && s->data.val[0] != '\0')
-        rc = check_file(&c, enc, s->data.val, "data.val", err);
+        rc = check_files(&c, enc, s->data.val, "data.val", err);
     tok_encoder_free(enc);
     ctx_free(&c);
     return rc;
@@ -302,7 +574,37 @@ int prep_validate(const job_spec *s, acc_err *err)
 
 /* ---- the cache key --------------------------------------------------------- */
 
-static int cache_key(const prep_ctx *c, const mapped *data, char out[65], acc_err *err)
+/* every file's bytes, in order, read through its checked descriptor */
+static int hash_files(EVP_MD_CTX *h, const job_spec *s, const prep_files *f, const char *field, acc_err *err)
+{
+    enum { BLOCK = 1 << 20 };
+    char *buf = malloc(BLOCK);
+    if (buf == NULL)
+        return acc_err_set(err, ACC_ENOMEM, field, "out of memory");
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < f->n; i++) {
+        int fd;
+        if ((rc = open_data(s, f->v[i], field, &fd, err)) != 0)
+            break;
+        uint64_t n = 0;
+        for (ssize_t k; (k = read(fd, buf, BLOCK)) != 0; n += (uint64_t)k) {
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0 || EVP_DigestUpdate(h, buf, (size_t)k) != 1) {
+                rc = acc_err_set(err, ACC_EINVAL, field, "cannot read %s", f->v[i]);
+                break;
+            }
+        }
+        close(fd);
+        /* the file's length: [a][bc] and [ab][c] differ */
+        if (rc == 0 && EVP_DigestUpdate(h, &n, sizeof n) != 1)
+            rc = acc_err_set(err, ACC_EIO, field, "cannot hash %s", f->v[i]);
+    }
+    free(buf);
+    return rc;
+}
+
+static int cache_key(const prep_ctx *c, const prep_files *files, const char *field, char out[65], acc_err *err)
 {
     const job_spec *s = c->spec;
     char opts[512];
@@ -323,9 +625,12 @@ static int cache_key(const prep_ctx *c, const mapped *data, char out[65], acc_er
              /* the tokenizer's bytes as parsed, not the files read again */
              EVP_DigestUpdate(h, c->tf.json, c->tf.json_len) == 1 &&
              (c->tf.config != NULL ? EVP_DigestUpdate(h, c->tf.config, c->tf.config_len)
-                                   : EVP_DigestUpdate(h, "-", 1)) == 1 &&
-             EVP_DigestUpdate(h, data->p, data->len) == 1 && EVP_DigestFinal_ex(h, md, &mdlen) == 1;
+                                   : EVP_DigestUpdate(h, "-", 1)) == 1;
+    int rc = ok ? hash_files(h, s, files, field, err) : 0;
+    ok = ok && rc == 0 && EVP_DigestFinal_ex(h, md, &mdlen) == 1;
     EVP_MD_CTX_free(h);
+    if (rc != 0)
+        return rc;
     if (!ok)
         return acc_err_set(err, ACC_EIO, "data.tokenizer", "cannot hash the tokenizer files in %s",
                            s->data.tokenizer);
@@ -548,12 +853,13 @@ static uint64_t count_lines(const char *data, size_t upto)
 }
 
 /* The failure of the first failing worker, with its file:line. */
-static int worker_failure(const prep_opts *o, const char *data, worker *w, int n, acc_err *err)
+static int worker_failure(const prep_opts *o, const char *name, uint64_t line0, const char *data, worker *w, int n,
+                          acc_err *err)
 {
     for (int i = 0; i < n; i++) {
         if (w[i].rc == 0)
             continue;
-        uint64_t line = count_lines(data, w[i].lo) + w[i].err_line;
+        uint64_t line = line0 + count_lines(data, w[i].lo) + w[i].err_line;
         char msg[sizeof w[i].err.msg];
         /* rec_parse wrote "<empty where>: ..."; other failures their message */
         const char *m = w[i].err.msg;
@@ -562,8 +868,7 @@ static int worker_failure(const prep_opts *o, const char *data, worker *w, int n
         snprintf(msg, sizeof msg, "%s", m);
         if (w[i].rc == ACC_ECANCELLED || w[i].rc == ACC_ENOMEM)
             return acc_err_set(err, w[i].rc, "", "%s", msg);
-        return acc_err_set(err, w[i].rc, o->field, "%s:%llu: %s", base_name(o->path), (unsigned long long)line,
-                           msg);
+        return acc_err_set(err, w[i].rc, o->field, "%s:%llu: %s", base_name(name), (unsigned long long)line, msg);
     }
     return 0;
 }
@@ -619,7 +924,23 @@ static int gather(worker *w, int n, prep_samples *p, acc_err *err)
     return 0;
 }
 
-static int tokenize_all(const prep_ctx *c, const prep_opts *o, const mapped *m, prep_samples *p, acc_err *err)
+/* Progress over all files: this chunk's bytes stand for `span` of `total`
+ * from `base` on. */
+typedef struct prep_prog {
+    uint64_t base, span, total;
+} prep_prog;
+
+static void report(const prep_opts *o, const prep_prog *g, uint64_t done, uint64_t len)
+{
+    if (o->progress)
+        o->progress(o->ctx, "tokenize", g->base + (len ? (uint64_t)((double)g->span * ((double)done / (double)len)) : 0),
+                    g->total);
+}
+
+/* One chunk of JSON lines ("name:line0+N" in messages) tokenized on all
+ * threads into p. */
+static int tokenize_all(const prep_ctx *c, const prep_opts *o, const char *name, uint64_t line0, const prep_prog *g,
+                        const mapped *m, prep_samples *p, acc_err *err)
 {
     int n = o->threads >= 1 ? o->threads : 1;
     if ((size_t)n > m->len)
@@ -629,8 +950,7 @@ static int tokenize_all(const prep_ctx *c, const prep_opts *o, const mapped *m, 
         return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
     cut_ranges(m->p, m->len, w, n);
     int rc = 0;
-    if (o->progress)
-        o->progress(o->ctx, "tokenize", 0, m->len);
+    report(o, g, 0, m->len);
     for (int i = 0; i < n; i++) {
         w[i].c = c;
         w[i].o = o;
@@ -650,21 +970,130 @@ static int tokenize_all(const prep_ctx *c, const prep_opts *o, const mapped *m, 
             done += atomic_load(&w[i].done_bytes);
             live |= w[i].started && !atomic_load(&w[i].finished);
         }
-        if (live && o->progress)
-            o->progress(o->ctx, "tokenize", done, m->len);
+        if (live)
+            report(o, g, done, m->len);
     }
     for (int i = 0; i < n; i++)
         if (w[i].started)
             pthread_join(w[i].th, NULL);
     if (rc == 0)
-        rc = worker_failure(o, m->p, w, n, err);
+        rc = worker_failure(o, name, line0, m->p, w, n, err);
     if (rc == 0)
         rc = gather(w, n, p, err);
     for (int i = 0; i < n; i++)
         worker_free(&w[i]);
     free(w);
-    if (rc == 0 && o->progress)
-        o->progress(o->ctx, "tokenize", m->len, m->len);
+    if (rc == 0)
+        report(o, g, m->len, m->len);
+    return rc;
+}
+
+/* src's samples after dst's (dst's arrays grown; src's freed) */
+static int samples_append(prep_samples *dst, prep_samples *src, acc_err *err)
+{
+    uint64_t n = dst->n + src->n, nt = dst->ntokens + src->ntokens;
+    uint64_t *off = realloc(dst->heap[0], (size_t)(n + 1) * sizeof *off);
+    if (off != NULL)
+        dst->heap[0] = off;
+    int32_t *ids = off ? realloc(dst->heap[1], (size_t)(nt ? nt : 1) * sizeof *ids) : NULL;
+    if (ids != NULL)
+        dst->heap[1] = ids;
+    uint8_t *mask = ids ? realloc(dst->heap[2], (size_t)(nt ? nt : 1)) : NULL;
+    if (mask != NULL)
+        dst->heap[2] = mask;
+    if (mask == NULL) {
+        prep_free(src);
+        return acc_err_set(err, ACC_ENOMEM, "", "out of memory for %llu prepared tokens", (unsigned long long)nt);
+    }
+    if (dst->n == 0)
+        off[0] = 0;
+    for (uint64_t i = 0; i < src->n; i++)
+        off[dst->n + i + 1] = dst->ntokens + src->off[i + 1];
+    if (src->ntokens > 0) {
+        memcpy(ids + dst->ntokens, src->ids, (size_t)src->ntokens * sizeof *ids);
+        memcpy(mask + dst->ntokens, src->mask, (size_t)src->ntokens);
+    }
+    dst->off = off;
+    dst->ids = ids;
+    dst->mask = mask;
+    dst->n = n;
+    dst->ntokens = nt;
+    dst->lines += src->lines;
+    dst->truncated += src->truncated;
+    dst->dropped += src->dropped;
+    dst->no_target += src->no_target;
+    prep_free(src);
+    return 0;
+}
+
+/* the Parquet rows are tokenized in chunks of this many bytes of JSON */
+#define PREP_PARQUET_CHUNK ((size_t)64 << 20)
+
+static int tokenize_parquet(const prep_ctx *c, const prep_opts *o, const char *path, prep_prog g, uint64_t fsize,
+                            prep_samples *out, acc_err *err)
+{
+    pq_reader *r;
+    int rc = open_parquet(c->spec, path, o->field, &r, err);
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    bool end = false;
+    uint64_t base = g.base;
+    while (rc == 0 && !end) {
+        int64_t before = pq_rows_read(r);
+        if ((rc = parquet_lines(r, PREP_PARQUET_CHUNK, &buf, &len, &cap, &end, err)) != 0) {
+            if (err != NULL && err->field[0] == '\0')
+                snprintf(err->field, sizeof err->field, "%s", o->field);
+            break;
+        }
+        if (len == 0)
+            break;
+        int64_t nrows = pq_num_rows(r) > 0 ? pq_num_rows(r) : 1;
+        prep_prog cg = {base + fsize * (uint64_t)before / (uint64_t)nrows,
+                        fsize * (uint64_t)(pq_rows_read(r) - before) / (uint64_t)nrows, g.total};
+        mapped m = {buf, len};
+        prep_samples part;
+        memset(&part, 0, sizeof part);
+        if ((rc = tokenize_all(c, o, path, (uint64_t)before, &cg, &m, &part, err)) == 0)
+            rc = samples_append(out, &part, err);
+    }
+    free(buf);
+    pq_close(r);
+    return rc;
+}
+
+/* Every file of the list, in order, into out. */
+static int tokenize_files(const prep_ctx *c, const prep_opts *o, const prep_files *f, prep_samples *out, acc_err *err)
+{
+    uint64_t total = 0, *size = calloc(f->n + 1, sizeof *size);
+    if (size == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < f->n; i++) {
+        int fd;
+        struct stat st;
+        if ((rc = open_data(o->spec, f->v[i], o->field, &fd, err)) == 0) {
+            size[i] = fstat(fd, &st) == 0 ? (uint64_t)st.st_size : 0;
+            total += size[i];
+            close(fd);
+        }
+    }
+    uint64_t base = 0;
+    for (size_t i = 0; rc == 0 && i < f->n; base += size[i], i++) {
+        prep_prog g = {base, size[i], total};
+        if (is_parquet_file(o->spec, f->v[i], o->field)) {
+            rc = tokenize_parquet(c, o, f->v[i], g, size[i], out, err);
+            continue;
+        }
+        mapped m;
+        prep_samples part;
+        memset(&part, 0, sizeof part);
+        if ((rc = map_data(o->spec, f->v[i], o->field, &m, err)) != 0)
+            break;
+        if ((rc = tokenize_all(c, o, f->v[i], 0, &g, &m, &part, err)) == 0)
+            rc = samples_append(out, &part, err);
+        unmap(&m);
+    }
+    free(size);
     return rc;
 }
 
@@ -672,27 +1101,32 @@ int prep_load(const prep_opts *o, prep_samples *out, acc_err *err)
 {
     memset(out, 0, sizeof *out);
     prep_ctx c;
-    mapped m;
+    prep_files f;
     int rc = ctx_open(o->spec, &c, err);
     if (rc != 0)
         return rc;
-    if ((rc = map_data(o->spec, o->path, o->field, &m, err)) == 0 && (rc = cache_key(&c, &m, out->key, err)) == 0) {
+    if ((rc = expand_files(o->path, o->field, &f, err)) != 0) {
+        ctx_free(&c);
+        return rc;
+    }
+    if ((rc = cache_key(&c, &f, o->field, out->key, err)) == 0) {
         char dir[PATH_MAX], file[PATH_MAX + 16];
         if (o->spec->data.cache_dir[0] != '\0' &&
             cache_path(o->spec, out->key, dir, sizeof dir, file, sizeof file) == 0 && cache_read(file, out) == 0) {
             if (o->progress)
                 o->progress(o->ctx, "cache", out->n, out->n);
-        } else if ((rc = tokenize_all(&c, o, &m, out, err)) == 0) {
+        } else if ((rc = tokenize_files(&c, o, &f, out, err)) == 0) {
             cache_write(o->spec, out);
         }
     }
     if (rc == 0 && out->n == 0)
         rc = acc_err_set(err, ACC_EINVAL, o->field,
-                         "%s: no sample is left (%llu lines: %llu over seq_len+1 = %d tokens dropped, %llu "
+                         "%s: no sample is left (%llu records: %llu over seq_len+1 = %d tokens dropped, %llu "
                          "without a token that carries loss)",
-                         base_name(o->path), (unsigned long long)out->lines, (unsigned long long)out->dropped,
-                         o->spec->model.seq_len + 1, (unsigned long long)out->no_target);
-    unmap(&m);
+                         f.n == 1 ? base_name(f.v[0]) : "the files", (unsigned long long)out->lines,
+                         (unsigned long long)out->dropped, o->spec->model.seq_len + 1,
+                         (unsigned long long)out->no_target);
+    files_free(&f);
     ctx_free(&c);
     if (rc != 0)
         prep_free(out);

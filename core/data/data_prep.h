@@ -2,6 +2,14 @@
  * tokenized once into samples of token ids and a loss mask, cached.
  *
  * Contract:
+ *   - data.train / data.val name a file, a glob (wildcard in the file
+ *     name) or a list of them (newline-separated in the spec, a JSON list
+ *     as submitted): the files in the list's order, each glob's matches
+ *     sorted by name (strcmp). Each is JSONL, plain text lines
+ *     (text_lines) or Parquet (by its PAR1 magic, whatever its name): a
+ *     Parquet file's rows are the records (parquet.h; only the columns a
+ *     record reads), streamed and tokenized PREP_PARQUET_CHUNK bytes of
+ *     JSON at a time; messages name "file:row".
  *   - prep_validate() is the submit-time check, cheap and bounded: it loads
  *     the tokenizer (data.tokenizer), the chat template (data.chat_template),
  *     and parses the first PREP_CHECK_LINES lines (at most PREP_CHECK_BYTES)
@@ -39,6 +47,7 @@
 #define ACC_DATA_PREP_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -79,6 +88,15 @@ typedef struct prep_opts {
 } prep_opts;
 
 int prep_validate(const job_spec *s, acc_err *err);
+
+/* data.format when the spec does not give it, read off the first file of
+ * `train` (under `roots`): a Parquet file by its columns, a JSONL file by
+ * its first record's keys -- messages or conversations (ShareGPT) -> chat,
+ * prompt and completion -> prompt_completion, text -> text_jsonl -- and a
+ * file that is not JSON lines -> text_lines when the model has a tokenizer
+ * (`tokenizer`), text (bytes) when it has none. Neither: ACC_EINVAL naming
+ * data.format. Opens user paths: off the loop thread. */
+int prep_infer_format(const char *roots, const char *train, bool tokenizer, spec_data_format *out, acc_err *err);
 int prep_load(const prep_opts *o, prep_samples *out, acc_err *err);
 void prep_free(prep_samples *p);
 

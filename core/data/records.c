@@ -6,12 +6,12 @@
 
 #include "records.h"
 
-static const char *const format_names[] = {"chat", "prompt_completion", "text_jsonl"};
+static const char *const format_names[] = {"chat", "prompt_completion", "text_jsonl", "text_lines"};
 static const char *const role_names[] = {"system", "user", "assistant"};
 
 int rec_format_from_name(const char *name)
 {
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (strcmp(name, format_names[i]) == 0)
             return i;
     return -1;
@@ -55,8 +55,53 @@ static int string_member(json_t *o, const char *key, const char *field, const ch
     return 0;
 }
 
+/* ShareGPT's role names: "from" human / gpt / system (and the chat names) */
+static const char *sharegpt_role(const char *from)
+{
+    static const char *const names[][2] = {{"human", "user"}, {"user", "user"}, {"gpt", "assistant"},
+                                           {"assistant", "assistant"}, {"system", "system"}};
+    for (size_t i = 0; from != NULL && i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(from, names[i][0]) == 0)
+            return names[i][1];
+    return NULL;
+}
+
+/* A ShareGPT conversation ({"conversations": [{"from": "human", "value":
+ * ".."}, ...]}) as the messages the template renders: root["messages"]. */
+static int sharegpt_messages(rec_record *r, json_t *conv, const char *where, const char *field, acc_err *err)
+{
+    json_t *msgs = json_array();
+    if (msgs == NULL)
+        return acc_err_set(err, ACC_ENOMEM, field, "%s: out of memory", where);
+    for (size_t i = 0; i < json_array_size(conv); i++) {
+        json_t *c = json_array_get(conv, i), *value = json_object_get(c, "value");
+        const char *from = json_string_value(json_object_get(c, "from")), *role = sharegpt_role(from);
+        char what[160];
+        if (!json_is_object(c) || role == NULL || !json_is_string(value)) {
+            if (!json_is_object(c))
+                snprintf(what, sizeof what, "conversations[%zu] must be an object", i);
+            else if (role == NULL)
+                snprintf(what, sizeof what, "conversations[%zu].from: %s%.40s%s is not human, gpt or system", i,
+                         from ? "\"" : "", from ? from : "missing or not a string", from ? "\"" : "");
+            else
+                snprintf(what, sizeof what, "conversations[%zu].value: must be a string", i);
+            json_decref(msgs);
+            return fail(err, field, where, what);
+        }
+        json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", role, "content", value));
+    }
+    json_object_set_new(r->root, "messages", msgs);
+    return 0;
+}
+
 static int parse_chat(rec_record *r, const char *where, const char *field, acc_err *err)
 {
+    json_t *conv = json_object_get(r->root, "conversations");
+    if (json_object_get(r->root, "messages") == NULL && json_is_array(conv)) {
+        int rc = sharegpt_messages(r, conv, where, field, err);
+        if (rc != 0)
+            return rc;
+    }
     json_t *msgs = json_object_get(r->root, "messages");
     if (!json_is_array(msgs))
         return fail(err, field, where, "\"messages\" must be a list");
@@ -105,12 +150,33 @@ static int parse_chat(rec_record *r, const char *where, const char *field, acc_e
     return 0;
 }
 
+/* a plain text line: kept as a JSON string (the root), which must be UTF-8 */
+static int text_line(const char *line, size_t len, const char *where, const char *field, rec_record *out,
+                     acc_err *err)
+{
+    if (len > 0 && line[len - 1] == '\r')
+        len--;
+    out->root = json_stringn(line, len);
+    if (out->root == NULL)
+        return fail(err, field, where, "not UTF-8 text");
+    out->msg = calloc(1, sizeof *out->msg);
+    if (out->msg == NULL) {
+        rec_clear(out);
+        return acc_err_set(err, ACC_ENOMEM, field, "%s: out of memory", where);
+    }
+    out->nmsg = 1;
+    out->msg[0] = (rec_message){REC_ASSISTANT, json_string_value(out->root), json_string_length(out->root)};
+    return 0;
+}
+
 int rec_parse(rec_format fmt, const char *line, size_t len, const char *where, const char *field,
               rec_record *out, acc_err *err)
 {
     memset(out, 0, sizeof *out);
     if (blank(line, len))
         return ACC_ENOTFOUND;
+    if (fmt == REC_TEXT_LINES)
+        return text_line(line, len, where, field, out, err);
     json_error_t je;
     out->root = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
     if (out->root == NULL) {

@@ -5,9 +5,15 @@
  *                        "content": "..."}, ...], ...}   (allenai/tulu-3 style;
  *                      other top-level keys such as "id" and "source" are kept
  *                      and ignored)
+ *                      ShareGPT's form is read as chat too:
+ *                      {"conversations": [{"from": "human"|"gpt"|"system",
+ *                        "value": "..."}, ...]} becomes root["messages"]
+ *                      (human -> user, gpt -> assistant) when the record
+ *                      has no "messages"
  *   prompt_completion  {"prompt": "...", "completion": "..."}  (loss on the
  *                      completion)
  *   text_jsonl         {"text": "..."}
+ *   text_lines         a line of plain text (no JSON): the line is the text
  *
  * Every problem is ACC_EINVAL with the place in the message and the field:
  * "train.jsonl:12: messages[1].role: \"narrator\" is not system, user or
@@ -29,6 +35,7 @@ typedef enum rec_format {
     REC_CHAT = 0,
     REC_PROMPT_COMPLETION,
     REC_TEXT_JSONL,
+    REC_TEXT_LINES, /* a plain text line, not JSON: the text as one assistant turn */
 } rec_format;
 
 typedef enum rec_role { REC_SYSTEM = 0, REC_USER, REC_ASSISTANT } rec_role;
@@ -47,7 +54,7 @@ typedef struct rec_record {
     int nmsg;
 } rec_record;
 
-/* "chat", "prompt_completion", "text_jsonl" -> format; -1 when none. */
+/* "chat", "prompt_completion", "text_jsonl", "text_lines" -> format; -1 when none. */
 int rec_format_from_name(const char *name);
 const char *rec_format_name(rec_format f);
 /* "system" / "user" / "assistant" */

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "batch_split.h"
+#include "data_prep.h"
 #include "model.h"
 #include "model_hf.h"
 
@@ -404,12 +405,53 @@ static int parse_data_jsonl(const json_t *d, const acc_conf *conf, const char *m
         if (model_from[0] == '\0')
             return acc_err_set(err, ACC_EINVAL, "data.tokenizer",
                                "data.tokenizer is required for format %s without model.from",
-                               out->format == SPEC_DATA_CHAT ? "chat"
-                               : out->format == SPEC_DATA_TEXT_JSONL ? "text_jsonl" : "prompt_completion");
+                               out->format == SPEC_DATA_CHAT         ? "chat"
+                               : out->format == SPEC_DATA_TEXT_JSONL ? "text_jsonl"
+                               : out->format == SPEC_DATA_TEXT_LINES ? "text_lines"
+                                                                     : "prompt_completion");
         snprintf(out->tokenizer, sizeof out->tokenizer, "%s", model_from);
         return 0;
     }
     return check_path(out->tokenizer, sizeof out->tokenizer, conf->data_roots, "data.tokenizer", err);
+}
+
+/* data.train / data.val: a path (or glob), or a JSON list of them (h-parquet),
+ * each resolved under the roots; a list is kept newline-separated
+ * (data_prep.h reads it in order). */
+static int get_paths(const json_t *d, const char *key, const acc_conf *conf, char *dst, size_t n, bool *present,
+                     acc_err *err)
+{
+    char f[128];
+    json_t *v = json_object_get(d, key);
+    field(f, sizeof f, "data", key);
+    if (!json_is_array(v)) {
+        int rc = get_str(d, "data", key, true, dst, n, present, err);
+        return rc == 0 && *present ? check_path(dst, n, conf->data_roots, f, err) : rc;
+    }
+    *present = true;
+    if (json_array_size(v) == 0)
+        return acc_err_set(err, ACC_EINVAL, f, "%s must not be an empty list", f);
+    size_t used = 0;
+    dst[0] = '\0';
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        char one[PATH_MAX];
+        json_t *e = json_array_get(v, i);
+        if (!json_is_string(e) || json_string_length(e) >= sizeof one ||
+            strlen(json_string_value(e)) != json_string_length(e) || strchr(json_string_value(e), '\n'))
+            return acc_err_set(err, ACC_EINVAL, f, "%s[%zu] must be a path (a string without NUL or newline)", f, i);
+        snprintf(one, sizeof one, "%s", json_string_value(e));
+        int rc = check_path(one, sizeof one, conf->data_roots, f, err);
+        if (rc != 0)
+            return rc;
+        size_t l = strlen(one);
+        if (used + l + 2 > n)
+            return acc_err_set(err, ACC_EINVAL, f, "%s: the list is too long (at most %zu bytes of paths)", f, n - 1);
+        if (used > 0)
+            dst[used++] = '\n';
+        memcpy(dst + used, one, l + 1);
+        used += l;
+    }
+    return 0;
 }
 
 static int parse_data(const json_t *d, const acc_conf *conf, const char *model_from, spec_data *out,
@@ -417,26 +459,33 @@ static int parse_data(const json_t *d, const acc_conf *conf, const char *model_f
 {
     static const char *const keys[] = {"train", "val", "format", "tokenizer", "chat_template", "train_on",
                                        "packing", "overlong", NULL};
-    static const char *const formats[] = {"text", "tokens", "chat", "prompt_completion", "text_jsonl", NULL};
+    static const char *const formats[] = {"text", "tokens", "chat", "prompt_completion", "text_jsonl",
+                                          "text_lines", NULL};
     static const spec_data_format fmts[] = {SPEC_DATA_TEXT, SPEC_DATA_TOKENS, SPEC_DATA_CHAT,
-                                            SPEC_DATA_PROMPT_COMPLETION, SPEC_DATA_TEXT_JSONL};
+                                            SPEC_DATA_PROMPT_COMPLETION, SPEC_DATA_TEXT_JSONL,
+                                            SPEC_DATA_TEXT_LINES};
     int rc, fmt = 0;
     bool train, val;
     if ((rc = check_keys(d, "data", keys, err)) ||
-        (rc = get_str(d, "data", "train", false, out->train, sizeof out->train, &train, err)) ||
-        (rc = get_str(d, "data", "val", true, out->val, sizeof out->val, &val, err)) ||
+        (rc = get_paths(d, "train", conf, out->train, sizeof out->train, &train, err)) ||
+        (rc = get_paths(d, "val", conf, out->val, sizeof out->val, &val, err)) ||
         (rc = get_choice(d, "data", "format", formats, &fmt, err)))
-        return rc;
-    out->format = fmts[fmt];
-    if ((rc = parse_data_jsonl(d, conf, model_from, out, err)))
         return rc;
     if (!train)
         return acc_err_set(err, ACC_EINVAL, "data.train", "data.train is required");
-    if ((rc = check_path(out->train, sizeof out->train, conf->data_roots, "data.train", err)))
-        return rc;
-    if (val)
-        return check_path(out->val, sizeof out->val, conf->data_roots, "data.val", err);
-    return 0;
+    out->format = fmts[fmt];
+    json_t *fv = json_object_get(d, "format"), *tv = json_object_get(d, "tokenizer");
+    if (fv == NULL || json_is_null(fv)) { /* read off the data: a tokenizer model never trains on bytes */
+        out->format_inferred = true;
+        if ((rc = prep_infer_format(conf->data_roots, out->train, model_from[0] != '\0' || json_is_string(tv),
+                                    &out->format, err)))
+            return rc;
+    }
+    if (!spec_data_is_jsonl(out->format) && (strchr(out->train, '\n') || strchr(out->val, '\n')))
+        return acc_err_set(err, ACC_EINVAL, "data.train",
+                           "a list of files applies to the record formats (chat, prompt_completion, text_jsonl, "
+                           "text_lines); text and tokens take one path or glob");
+    return parse_data_jsonl(d, conf, model_from, out, err);
 }
 
 static int parse_betas(const json_t *obj, const char *prefix, spec_optim *o, acc_err *err)

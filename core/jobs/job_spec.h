@@ -25,12 +25,14 @@ typedef enum spec_data_format {
     SPEC_DATA_CHAT,
     SPEC_DATA_PROMPT_COMPLETION,
     SPEC_DATA_TEXT_JSONL,
+    SPEC_DATA_TEXT_LINES, /* plain text, one sample a line, through the tokenizer (h-parquet) */
 } spec_data_format;
 
 /* A JSONL format: tokenized by data_prep. */
 static inline bool spec_data_is_jsonl(spec_data_format f)
 {
-    return f == SPEC_DATA_CHAT || f == SPEC_DATA_PROMPT_COMPLETION || f == SPEC_DATA_TEXT_JSONL;
+    return f == SPEC_DATA_CHAT || f == SPEC_DATA_PROMPT_COMPLETION || f == SPEC_DATA_TEXT_JSONL ||
+           f == SPEC_DATA_TEXT_LINES;
 }
 
 typedef enum spec_train_on { SPEC_TRAIN_ASSISTANT = 0, SPEC_TRAIN_ALL } spec_train_on;
@@ -76,9 +78,10 @@ typedef struct spec_model {
 } spec_model;
 
 typedef struct spec_data {
-    char train[PATH_MAX];  /* file, or glob of token shards */
+    char train[PATH_MAX];  /* file, or glob; several separated by newlines (a JSON list) */
     char val[PATH_MAX];    /* "" when none */
     spec_data_format format;
+    bool format_inferred;  /* data.format was not given: read off data.train's first file */
     /* the JSONL formats (chat, prompt_completion, text_jsonl) */
     char tokenizer[PATH_MAX];   /* directory with tokenizer.json (default: model.from) */
     char chat_template[64];     /* "auto" (tokenizer_config.json's) or a shipped name */

@@ -513,6 +513,11 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, j
                      m->ndev > 0 && m->devs[0].kind == KERN_DEV_CUDA ? "cuda" : "cpu", "queued_before",
                      queued_before, "predicted_peak_memory_bytes", mem, "device_memory_bytes", (json_int_t)budget,
                      "micro_batch_candidates", cands);
+    /* h-parquet: the data format, and whether it was read off the data */
+    static const char *const fmt_names[] = {"text", "tokens", "chat", "prompt_completion", "text_jsonl", "text_lines"};
+    if (plan != NULL && (unsigned)s->data.format < sizeof fmt_names / sizeof fmt_names[0])
+        json_object_set_new(plan, "data", json_pack("{s:s, s:b}", "format", fmt_names[s->data.format], "format_inferred",
+                                                     s->data.format_inferred));
     json_t *pl = json_object_get(plan, "placement");
     if (pl != NULL) /* it would wait for its owner's share (user_max_*) */
         json_object_set_new(pl, "over_user_limit", json_boolean(r.over_share));

@@ -12,7 +12,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    for (int f = REC_CHAT; f <= REC_TEXT_JSONL; f++) {
+    for (int f = REC_CHAT; f <= REC_TEXT_LINES; f++) {
         rec_record r;
         acc_err err = {0};
         int rc = rec_parse((rec_format)f, (const char *)data, size, "f.jsonl:7", "data.train", &r, &err);
