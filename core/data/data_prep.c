@@ -397,6 +397,17 @@ static int format_of_keys(bool messages, bool prompt, bool completion, bool text
     return 0;
 }
 
+bool prep_has_tokenizer(const char *roots, const char *dir)
+{
+    char path[PATH_MAX + 32];
+    int fd;
+    if (dir == NULL || dir[0] == '\0' || (size_t)snprintf(path, sizeof path, "%s/tokenizer.json", dir) >= sizeof path ||
+        sp_open_file(roots, path, "data.tokenizer", &fd, NULL, 0, NULL) != 0)
+        return false;
+    close(fd);
+    return true;
+}
+
 int prep_infer_format(const char *roots, const char *train, bool tokenizer, spec_data_format *out, acc_err *err)
 {
     const char *field = "data.format";

@@ -97,6 +97,8 @@ int prep_validate(const job_spec *s, acc_err *err);
  * (`tokenizer`), text (bytes) when it has none. Neither: ACC_EINVAL naming
  * data.format. Opens user paths: off the loop thread. */
 int prep_infer_format(const char *roots, const char *train, bool tokenizer, spec_data_format *out, acc_err *err);
+/* Whether `dir` (a resolved model.from) holds a tokenizer.json under `roots`. */
+bool prep_has_tokenizer(const char *roots, const char *dir);
 int prep_load(const prep_opts *o, prep_samples *out, acc_err *err);
 void prep_free(prep_samples *p);
 

@@ -395,7 +395,7 @@ static int parse_data_jsonl(const json_t *d, const acc_conf *conf, const char *m
             if (json_object_get(d, only[i]) != NULL && !json_is_null(json_object_get(d, only[i]))) {
                 char f[128];
                 return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, "data", only[i]),
-                                   "%s applies to the JSONL formats (chat, prompt_completion, text_jsonl) only", f);
+                                   "%s applies to the JSONL formats (chat, prompt_completion, text_jsonl, text_lines) only", f);
             }
         return 0;
     }
@@ -477,8 +477,8 @@ static int parse_data(const json_t *d, const acc_conf *conf, const char *model_f
     json_t *fv = json_object_get(d, "format"), *tv = json_object_get(d, "tokenizer");
     if (fv == NULL || json_is_null(fv)) { /* read off the data: a tokenizer model never trains on bytes */
         out->format_inferred = true;
-        if ((rc = prep_infer_format(conf->data_roots, out->train, model_from[0] != '\0' || json_is_string(tv),
-                                    &out->format, err)))
+        bool tok = json_is_string(tv) || prep_has_tokenizer(conf->data_roots, model_from);
+        if ((rc = prep_infer_format(conf->data_roots, out->train, tok, &out->format, err)))
             return rc;
     }
     if (!spec_data_is_jsonl(out->format) && (strchr(out->train, '\n') || strchr(out->val, '\n')))

@@ -22,7 +22,7 @@ acc_data
 acc_start --set cpu_devices=1 --set cpu_device_memory=512M --set cpu_threads_per_device=1
 
 # a bad checkpoint: 400 at submit, naming the file and the tensor
-spec_bad='{"name":"bad","model":{"from":"broken","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"max_steps":2}'
+spec_bad='{"name":"bad","model":{"from":"broken","seq_len":32},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":4,"max_steps":2}'
 out=$(curl -s -w '\n%{http_code}' -X POST --data-binary "$spec_bad" "$BASE/v1/jobs")
 expect_eq "bad checkpoint status" "${out##*$'\n'}" 400
 body=${out%$'\n'*}
@@ -30,12 +30,12 @@ expect_eq "bad checkpoint field" "$(echo "$body" | jq -r .error.field)" model.fr
 echo "$body" | jq -r .error.message | grep -q 'broken/model.safetensors: missing tensor model.layers.1.mlp.up_proj.weight' ||
     fail "bad checkpoint message: $body"
 out=$(curl -s -w '\n%{http_code}' -X POST --data-binary \
-    '{"model":{"from":"tiny","n_layer":3},"data":{"train":"gpl.txt"}}' "$BASE/v1/jobs")
+    '{"model":{"from":"tiny","n_layer":3},"data":{"train":"gpl.txt","format":"text"}}' "$BASE/v1/jobs")
 expect_eq "sizes with from" "${out##*$'\n'}" 400
 expect_eq "sizes with from: field" "$(echo "${out%$'\n'*}" | jq -r .error.field)" model.n_layer
 ok "bad checkpoints refused at submit"
 
-spec='{"name":"ft","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"train_micro_batch_size_per_gpu":2,"max_steps":6,"checkpoint_interval":3,"optimizer":{"lr":0.003}}'
+spec='{"name":"ft","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":4,"train_micro_batch_size_per_gpu":2,"max_steps":6,"checkpoint_interval":3,"optimizer":{"lr":0.003}}'
 id=$(acc_submit "$spec")
 acc_wait_state "$id" succeeded 300
 job=$(acc_curl "$BASE/v1/jobs/$id")
@@ -60,7 +60,7 @@ loss=$("$PY" "$SUP/llama_ref.py" loss "$final" "$ACC_TMP/batch") || fail "the re
 jq -en "$loss > 0" >/dev/null || fail "reference loss $loss"
 mkdir -p "$STATE/data/again"
 cp "$final"/* "$STATE/data/again/"
-id2=$(acc_submit '{"name":"again","model":{"from":"again","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"max_steps":2}')
+id2=$(acc_submit '{"name":"again","model":{"from":"again","seq_len":32},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":4,"max_steps":2}')
 acc_wait_state "$id2" succeeded 300
 first2=$(acc_curl "$BASE/v1/jobs/$id2/metrics" | jq '.steps[0].loss')
 jq -en "$first2 < $first" >/dev/null || fail "the second job did not start from the trained weights: $first2 vs $first"
@@ -68,7 +68,7 @@ ok "the output directory loads back (reference loss $loss; a job from it starts 
 
 # kill -9 mid-run: the LLaMA job resumes from its last checkpoint and ends
 # with the step history of an uninterrupted run (exact on CPU)
-spec_k='{"name":"kill","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"train_micro_batch_size_per_gpu":2,"max_steps":60,"checkpoint_interval":15,"seed":5}'
+spec_k='{"name":"kill","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":4,"train_micro_batch_size_per_gpu":2,"max_steps":60,"checkpoint_interval":15,"seed":5}'
 ref=$(acc_submit "$spec_k")
 acc_wait_state "$ref" succeeded 300
 ref_hist=$(acc_curl "$BASE/v1/jobs/$ref/metrics" | jq -c '[.steps[] | [.step, .loss]]')
@@ -94,12 +94,12 @@ ok "kill -9 at step >= 20, resumed: the same $(echo "$ref_hist" | jq length)-ste
 # float32 one's within bf16 tolerance
 expect_eq "auto dtype" "$(jq -r .torch_dtype "$final/config.json")" bfloat16
 out=$(curl -s -w '\n%{http_code}' -X POST --data-binary \
-    '{"model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt"},"save":{"dtype":"fp8"}}' "$BASE/v1/jobs")
+    '{"model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt","format":"text"},"save":{"dtype":"fp8"}}' "$BASE/v1/jobs")
 expect_eq "bad save.dtype" "${out##*$'\n'}" 400
 expect_eq "bad save.dtype: field" "$(echo "${out%$'\n'*}" | jq -r .error.field)" save.dtype
 declare -A dout
 for dt in float32 bfloat16 float16; do
-    did=$(acc_submit '{"name":"dt-'$dt'","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"max_steps":3,"seed":9,"save":{"format":"hf","dtype":"'$dt'"}}')
+    did=$(acc_submit '{"name":"dt-'$dt'","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":4,"max_steps":3,"seed":9,"save":{"format":"hf","dtype":"'$dt'"}}')
     acc_wait_state "$did" succeeded 300
     dout[$dt]=$(acc_curl "$BASE/v1/jobs/$did" | jq -r .outputs.model)
     expect_eq "save.dtype $dt: torch_dtype" "$(jq -r .torch_dtype "${dout[$dt]}/config.json")" $dt

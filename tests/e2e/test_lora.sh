@@ -21,7 +21,7 @@ acc_start --set cpu_devices=1 --set cpu_device_memory=512M --set cpu_threads_per
 # expect_400 WHAT SPEC_EXTRA FIELD
 expect_400() {
     local spec out
-    spec="{\"model\":{\"from\":\"tiny\",\"seq_len\":32},\"data\":{\"train\":\"gpl.txt\"},\"train_batch_size\":4,\"max_steps\":2,$2}"
+    spec="{\"model\":{\"from\":\"tiny\",\"seq_len\":32},\"data\":{\"train\":\"gpl.txt\",\"format\":\"text\"},\"train_batch_size\":4,\"max_steps\":2,$2}"
     out=$(curl -s -w '\n%{http_code}' -X POST --data-binary "$spec" "$BASE/v1/jobs")
     expect_eq "$1: status" "${out##*$'\n'}" 400
     expect_eq "$1: field" "$(echo "${out%$'\n'*}" | jq -r .error.field)" "$3"
@@ -38,7 +38,7 @@ expect_eq "gpt2 lora: status" "${out##*$'\n'}" 400
 expect_eq "gpt2 lora: field" "$(echo "${out%$'\n'*}" | jq -r .error.field)" lora
 ok "bad lora input refused at submit, naming the field"
 
-spec='{"name":"lora","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"train_micro_batch_size_per_gpu":2,"max_steps":6,"checkpoint_interval":3,"optimizer":{"lr":0.01},"activation_checkpointing":true,"lora":{"r":4,"alpha":8,"dropout":0.0,"target_modules":"all-linear"},"save":{"merge_lora":true,"dtype":"float32"}}'
+spec='{"name":"lora","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":4,"train_micro_batch_size_per_gpu":2,"max_steps":6,"checkpoint_interval":3,"optimizer":{"lr":0.01},"activation_checkpointing":true,"lora":{"r":4,"alpha":8,"dropout":0.0,"target_modules":"all-linear"},"save":{"merge_lora":true,"dtype":"float32"}}'
 # the bf16 directory's frozen base stays bf16 on the device: the dry run's
 # prediction is the peak the job measures, to the byte
 pred=$(curl -s -X POST --data-binary "$spec" "$BASE/v1/jobs?dry_run=1" | jq '.predicted_peak_memory_bytes[0]')

@@ -132,7 +132,7 @@ acc_curl --max-time 30 -X POST --data-binary '{"tokenizer":"tok","text":"hi"}' "
     jq -e '.ids[0:2] == [106, 107]' >/dev/null || fail "tokenize: the valid tokenizer does not work"
 ok "tokenizer.json / tokenizer_config.json linked to /etc/passwd: 400 at submit and at /v1/tokenize, nothing quoted"
 
-llama() { printf '{"model":{"from":"%s","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"max_steps":2,"checkpoint_interval":1}' "$1"; }
+llama() { printf '{"model":{"from":"%s","seq_len":32},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":4,"max_steps":2,"checkpoint_interval":1}' "$1"; }
 for f in config.json tokenizer.json; do
     body=$(expect_400 /v1/jobs "$(llama "llama-$f")" model.from) || exit 1
     echo "$body" | grep -q "outside the allowed roots" || fail "llama-$f: not refused as outside the roots: $body"

@@ -135,7 +135,7 @@ submit_err '{"model":{"from":"tiny","seq_len":64},"data":{"train":"chat.jsonl","
 submit_err "$(sft chat.jsonl | sed 's/"mistral"/"vicuna"/')" data.chat_template '"vicuna" is not a chat template'
 submit_err "$(sft chat.jsonl | sed 's/"mistral"/"auto"/')" data.chat_template "no chat_template"
 submit_err "$(sft chat.jsonl '"overlong":"wrap"')" data.overlong "truncate, drop"
-submit_err '{"model":{"from":"tiny","seq_len":64},"data":{"train":"gpl.txt","train_on":"all"},"train_batch_size":8}' \
+submit_err '{"model":{"from":"tiny","seq_len":64},"data":{"train":"gpl.txt","format":"text","train_on":"all"},"train_batch_size":8}' \
     data.train_on "JSONL formats"
 submit_err '{"model":{"n_layer":1,"n_head":2,"n_embd":32,"seq_len":64,"vocab_size":32000},"data":{"train":"chat.jsonl","format":"chat","tokenizer":"tiny","chat_template":"mistral","packing":true},"train_batch_size":8}' \
     data.packing "gpt2 family"

@@ -18,6 +18,10 @@
  *     each, no target crosses a boundary; a packed window's logits equal
  *     each document's logits run alone (1e-5), and differ without the
  *     positions (the test can fail);
+ *   - (h-parquet) Parquet shards of an independent writer give the samples
+ *     of the same records as JSONL, ShareGPT conversations those of the
+ *     same messages; lists are read in order, globs in name order;
+ *     text_lines; data.format read off the data; a damaged shard named;
  *   - split invariance on masked chat data whose micro-batches hold unequal
  *     numbers of targets, padded and packed: (m, a, w) = (8,1,1), (1,8,1),
  *     (2,2,2) give the same losses and final weights within 1e-5
@@ -650,6 +654,171 @@ static void split_invariance(const char *file, int packing)
         free(params[i]);
 }
 
+/* ---- h-parquet: Parquet files, globs and lists, the format read off the data ---- */
+
+static void fixture(char *dst, size_t n, const char *name)
+{
+    const char *src = getenv("ACCUMD_SRC");
+    snprintf(dst, n, "%s/tests/parquet/fixtures/%s", src ? src : ".", name);
+}
+
+/* the same samples (ids and masks, in order) */
+static void expect_same_samples(const prep_samples *a, const prep_samples *b, const char *what)
+{
+    if (a->n != b->n || a->ntokens != b->ntokens)
+        fail_msg("%s: %llu samples / %llu tokens vs %llu / %llu", what, (unsigned long long)a->n,
+                 (unsigned long long)a->ntokens, (unsigned long long)b->n, (unsigned long long)b->ntokens);
+    assert_memory_equal(a->off, b->off, (size_t)(a->n + 1) * sizeof *a->off);
+    assert_memory_equal(a->ids, b->ids, (size_t)a->ntokens * sizeof *a->ids);
+    assert_memory_equal(a->mask, b->mask, (size_t)a->ntokens);
+}
+
+static void load_path(const char *path, spec_data_format fmt, prep_samples *ps)
+{
+    job_spec s;
+    progress_log pl;
+    sft_spec(&s, path, fmt, 512);
+    load_ok(&s, ps, &pl);
+    assert_true(pl.tokenize + pl.cache > 0);
+}
+
+/* Parquet shards written by an independent writer (parquet-wasm, snappy,
+ * dictionary, 4 rows a row group) give the very samples of the same
+ * records as JSONL; ShareGPT's conversations the samples of the same
+ * messages; a list of files is read in its order, a glob in name order. */
+static void test_parquet_like_jsonl(void **state)
+{
+    (void)state;
+    char glob[512], jsonl[512], share[512], share_jsonl[512], s0[512], s1[512], list[1100];
+    fixture(glob, sizeof glob, "chat-*-of-00002.parquet");
+    fixture(jsonl, sizeof jsonl, "chat.jsonl");
+    fixture(share, sizeof share, "sharegpt.parquet");
+    fixture(share_jsonl, sizeof share_jsonl, "sharegpt.jsonl");
+    fixture(s0, sizeof s0, "chat-00000-of-00002.parquet");
+    fixture(s1, sizeof s1, "chat-00001-of-00002.parquet");
+    prep_samples pq, js, sp, sj, rev;
+    load_path(glob, SPEC_DATA_CHAT, &pq);
+    load_path(jsonl, SPEC_DATA_CHAT, &js);
+    assert_int_equal(js.n, 10);
+    expect_same_samples(&pq, &js, "parquet shards vs JSONL");
+    load_path(share, SPEC_DATA_CHAT, &sp);
+    load_path(share_jsonl, SPEC_DATA_CHAT, &sj);
+    assert_int_equal(sj.n, 5);
+    expect_same_samples(&sp, &sj, "ShareGPT parquet vs messages JSONL");
+    /* the list "shard 1, shard 0": shard 1's rows (records 6..9) come first */
+    snprintf(list, sizeof list, "%s\n%s", s1, s0);
+    load_path(list, SPEC_DATA_CHAT, &rev);
+    assert_int_equal(rev.n, 10);
+    for (uint64_t i = 0; i < 10; i++) {
+        uint64_t j = i < 4 ? i + 6 : i - 4;
+        size_t len = rev.off[i + 1] - rev.off[i];
+        assert_int_equal(len, js.off[j + 1] - js.off[j]);
+        assert_memory_equal(rev.ids + rev.off[i], js.ids + js.off[j], len * sizeof *rev.ids);
+    }
+    prep_free(&pq);
+    prep_free(&js);
+    prep_free(&sp);
+    prep_free(&sj);
+    prep_free(&rev);
+}
+
+/* A glob of JSONL shards: every match, sorted by name; text_lines: one
+ * sample a line of plain text, BOS + bytes + EOS, all carrying loss. */
+static void test_jsonl_glob_and_text_lines(void **state)
+{
+    (void)state;
+    char a[256], b[256], c[256], pat[256], txt[256];
+    snprintf(a, sizeof a, "%s/shard-b.jsonl", root);
+    snprintf(b, sizeof b, "%s/shard-a.jsonl", root);
+    snprintf(c, sizeof c, "%s/shard-c.jsonl", root);
+    write_file(a, "{\"text\":\"BBBB second\"}\n");
+    write_file(b, "{\"text\":\"AAAA first\"}\n{\"text\":\"AAAA again\"}\n");
+    write_file(c, "{\"text\":\"CCCC third\"}\n");
+    snprintf(pat, sizeof pat, "%s/shard-*.jsonl", root);
+    prep_samples ps;
+    load_path(pat, SPEC_DATA_TEXT_JSONL, &ps);
+    assert_int_equal(ps.n, 4);
+    const char *want[] = {"AAAA first", "AAAA again", "BBBB second", "CCCC third"};
+    for (uint64_t i = 0; i < 4; i++)
+        expect_span(&ps, i, want[i], 1);
+    prep_free(&ps);
+
+    snprintf(txt, sizeof txt, "%s/plain.txt", root);
+    write_file(txt, "first line of text\n\nsecond line \xc3\xa9t\xc3\xa9\r\nthird\n");
+    load_path(txt, SPEC_DATA_TEXT_LINES, &ps);
+    assert_int_equal(ps.n, 3);
+    expect_span(&ps, 1, "second line \xc3\xa9t\xc3\xa9", 1);
+    assert_int_equal(ps.off[1] - ps.off[0], 1 + strlen("first line of text") + 1);
+    assert_int_equal(ps.ids[0], 0);               /* BOS */
+    assert_int_equal(ps.ids[ps.off[1] - 1], 1);   /* EOS */
+    prep_free(&ps);
+}
+
+/* data.format absent: read off the first file. */
+static void test_infer_format(void **state)
+{
+    (void)state;
+    struct {
+        const char *name, *text; /* a fixture when text is NULL */
+        bool tokenizer;
+        int want; /* -1: refused */
+    } cases[] = {
+        {"chat-00000-of-00002.parquet", NULL, true, SPEC_DATA_CHAT},
+        {"sharegpt.parquet", NULL, true, SPEC_DATA_CHAT},
+        {"chat.jsonl", NULL, true, SPEC_DATA_CHAT},
+        {"pc.jsonl", "\n{\"prompt\":\"p\",\"completion\":\"c\"}\n", true, SPEC_DATA_PROMPT_COMPLETION},
+        {"t.jsonl", "{\"text\":\"t\",\"meta\":1}\n", true, SPEC_DATA_TEXT_JSONL},
+        {"sg.jsonl", "{\"conversations\":[{\"from\":\"human\",\"value\":\"x\"}]}\n", true, SPEC_DATA_CHAT},
+        {"plain.txt", "just words\nmore words\n", true, SPEC_DATA_TEXT_LINES},
+        {"plain2.txt", "just words\nmore words\n", false, SPEC_DATA_TEXT},
+        {"other.jsonl", "{\"question\":\"q\",\"answer\":\"a\"}\n", true, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[512];
+        if (cases[i].text == NULL) {
+            fixture(path, sizeof path, cases[i].name);
+        } else {
+            snprintf(path, sizeof path, "%s/%s", root, cases[i].name);
+            write_file(path, cases[i].text);
+        }
+        spec_data_format f = SPEC_DATA_TOKENS;
+        acc_err err = {0};
+        int rc = prep_infer_format("", path, cases[i].tokenizer, &f, &err);
+        if (cases[i].want < 0) {
+            assert_int_equal(rc, ACC_EINVAL);
+            assert_string_equal(err.field, "data.format");
+            assert_non_null(strstr(err.msg, "other.jsonl"));
+        } else if (rc != 0 || (int)f != cases[i].want) {
+            fail_msg("%s: rc %d (%s), format %d, want %d", cases[i].name, rc, err.msg, (int)f, cases[i].want);
+        }
+    }
+}
+
+/* A damaged Parquet shard: 400-style ACC_EINVAL naming data.train and the
+ * file, at submit (prep_validate reads the footer) and when preparing. */
+static void test_parquet_damaged(void **state)
+{
+    (void)state;
+    char src[512], bad[256];
+    fixture(src, sizeof src, "chat-00000-of-00002.parquet");
+    snprintf(bad, sizeof bad, "%s/bad.parquet", root);
+    FILE *in = fopen(src, "rb"), *out = fopen(bad, "wb");
+    assert_non_null(in);
+    assert_non_null(out);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf, in);
+    buf[4] = (char)0xff; /* the first page header: no field of type 15 */
+    fwrite(buf, 1, n, out);
+    fclose(in);
+    fclose(out);
+    job_spec s;
+    sft_spec(&s, bad, SPEC_DATA_CHAT, 512);
+    acc_err err = {0};
+    assert_int_equal(prep_validate(&s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "data.train");
+    assert_non_null(strstr(err.msg, "bad.parquet: row group 0, column "));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -658,6 +827,9 @@ int main(void)
         cmocka_unit_test(test_bad_lines),      cmocka_unit_test(test_packed_windows),
         cmocka_unit_test(test_special_data_files),
         cmocka_unit_test(test_packed_logits),  cmocka_unit_test(test_split_invariance_masked),
+        /* h-parquet */
+        cmocka_unit_test(test_parquet_like_jsonl), cmocka_unit_test(test_jsonl_glob_and_text_lines),
+        cmocka_unit_test(test_infer_format),       cmocka_unit_test(test_parquet_damaged),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
