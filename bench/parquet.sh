@@ -21,14 +21,9 @@ if [ ! -x "$rel/tests/pq_dump" ]; then
     ninja -C "$rel" tests/pq_dump >/dev/null
 fi
 here=$top/tests/parquet
-lock_hash=$(sha256sum "$here/package-lock.json" | cut -c1-16)
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/accumd-npm/parquet-$lock_hash
-if [ ! -f "$cache/.complete" ]; then
-    rm -rf "$cache" && mkdir -p "$cache"
-    cp "$here/package.json" "$here/package-lock.json" "$cache/"
-    (cd "$cache" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
-    touch "$cache/.complete"
-fi
+. "$top/tests/support/npm_cache.sh"
+npm_cache "$here" parquet
+cache=$NPM_CACHE
 cp "$top/bench/parquet_gen.mjs" "$cache/"
 dir=$top/build/bench-parquet
 file=$dir/chat-${size}mb.parquet

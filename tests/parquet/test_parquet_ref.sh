@@ -18,14 +18,9 @@ py=/usr/bin/python3
 . "$here/../support/need.sh"
 command -v node >/dev/null && command -v npm >/dev/null || need_missing "node/npm not installed"
 
-lock_hash=$(sha256sum "$here/package-lock.json" | cut -c1-16)
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/accumd-npm/parquet-$lock_hash
-if [ ! -f "$cache/.complete" ]; then
-    rm -rf "$cache" && mkdir -p "$cache"
-    cp "$here/package.json" "$here/package-lock.json" "$cache/"
-    (cd "$cache" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
-    touch "$cache/.complete"
-fi
+. "$here/../support/npm_cache.sh"
+npm_cache "$here" parquet
+cache=$NPM_CACHE
 # ES modules resolve packages from the script's folder: run it from the cache
 cp "$here/make_parquet.mjs" "$cache/"
 
