@@ -668,8 +668,8 @@ static int entry_all(pq_reader *r, const pq_column *col, uint32_t *rep, uint32_t
 {
     for (int k = 0; k < col->nleaves; k++) {
         pq_leaf *l = &r->leaves[col->first_leaf + k];
-        uint32_t rp, d;
-        pq_value v;
+        uint32_t rp = 0, d = 0;
+        pq_value v = {.i = 0};
         int rc = leaf_next(r, l, &rp, &d, &v, err);
         if (rc != 0)
             return rc;
@@ -718,7 +718,7 @@ static int list_element(pq_reader *r, const pq_column *col, uint32_t *rep, uint3
 
 static int column_list(pq_reader *r, const pq_column *col, json_t **out, acc_err *err)
 {
-    uint32_t rep, def;
+    uint32_t rep = 0, def = 0;
     json_t *el, *arr = json_array();
     if (arr == NULL)
         return acc_err_set(err, ACC_ENOMEM, r->f.field, "out of memory");
@@ -757,7 +757,7 @@ static int column_list(pq_reader *r, const pq_column *col, json_t **out, acc_err
 
 static int column_json(pq_reader *r, const pq_column *col, json_t **out, acc_err *err)
 {
-    uint32_t rep, def;
+    uint32_t rep = 0, def = 0;
     if (col->kind == COL_LIST_PRIM || col->kind == COL_LIST_STRUCT)
         return column_list(r, col, out, err);
     json_t *obj = col->kind == COL_STRUCT ? json_object() : NULL;
@@ -795,7 +795,7 @@ int pq_next(pq_reader *r, json_t **row, acc_err *err)
     for (int i = 0; i < r->ncols; i++) {
         if (!r->cols[i].selected)
             continue;
-        json_t *v;
+        json_t *v = NULL;
         int rc = column_json(r, &r->cols[i], &v, err);
         if (rc != 0) {
             json_decref(o);
