@@ -35,11 +35,13 @@ run() { # label, extra pq_dump arguments
     local label=$1 t0 t1 rss
     shift
     t0=$(date +%s.%N)
-    /usr/bin/time -f '%M' -o "$dir/rss" "$rel/tests/pq_dump" "$file" "$@" > /dev/null
+    /usr/bin/time -f '%M %U %S' -o "$dir/rss" "$rel/tests/pq_dump" "$file" "$@" > /dev/null
     t1=$(date +%s.%N)
-    rss=$(cat "$dir/rss")
-    awk -v b="$bytes" -v t0="$t0" -v t1="$t1" -v rss="$rss" -v l="$label" \
-        'BEGIN { printf "parquet %-14s %8.1f MB  %6.2f s  %7.1f MB/s  peak RSS %6.1f MiB\n", l, b / 1e6, t1 - t0, b / 1e6 / (t1 - t0), rss / 1024 }'
+    read -r rss usr sys < "$dir/rss"
+    # MB/s of wall time, and of CPU time (what a loaded machine does not change)
+    awk -v b="$bytes" -v t0="$t0" -v t1="$t1" -v rss="$rss" -v cpu="$(echo "$usr + $sys" | bc)" -v l="$label" \
+        'BEGIN { printf "parquet %-14s %8.1f MB  %6.2f s  %7.1f MB/s  %6.2f CPU s  %7.1f MB/CPU s  peak RSS %6.1f MiB\n",
+                 l, b / 1e6, t1 - t0, b / 1e6 / (t1 - t0), cpu, b / 1e6 / cpu, rss / 1024 }'
 }
 run "all columns"
 run "messages" messages
