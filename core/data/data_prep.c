@@ -329,9 +329,21 @@ static int open_parquet(const job_spec *s, const char *path, const char *field, 
     if (rc != 0)
         return rc;
     rc = pq_open(fd, base_name(path), field, r, err);
-    if (rc == 0)
-        pq_select(*r, record_columns);
-    return rc;
+    if (rc != 0)
+        return rc;
+    /* a record's column of a shape the reader leaves out: say so, not "missing" */
+    for (int i = 0; record_columns[i] != NULL; i++) {
+        const char *why = pq_column_unsupported(*r, record_columns[i]);
+        if (why != NULL) {
+            rc = acc_err_set(err, ACC_EINVAL, field, "%s: column %s: %s is not read", base_name(path),
+                             record_columns[i], why);
+            pq_close(*r);
+            *r = NULL;
+            return rc;
+        }
+    }
+    pq_select(*r, record_columns);
+    return 0;
 }
 
 static bool is_parquet_file(const job_spec *s, const char *path, const char *field)

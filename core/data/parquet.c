@@ -10,6 +10,8 @@
 #include "parquet_internal.h"
 #include "parquet_thrift.h"
 
+#define UNSUPPORTED_SHAPE "a shape other than a value, a struct of values or a list of those"
+
 enum { REP_REQUIRED = 0, REP_OPTIONAL = 1, REP_REPEATED = 2 };
 enum { CONV_LIST = 3 };
 /* the shapes of a top-level column that become JSON */
@@ -403,7 +405,7 @@ static int build_columns(pq_reader *r, acc_err *err)
         pq_column *col = &r->cols[r->ncols];
         memset(col, 0, sizeof *col);
         if (!classify(r, &r->nodes[c], col)) {
-            unsupported(r, &r->nodes[c], "a shape other than a value, a struct of values or a list of those");
+            unsupported(r, &r->nodes[c], UNSUPPORTED_SHAPE);
             continue;
         }
         snprintf(col->name, sizeof col->name, "%s", r->nodes[c].name);
@@ -573,6 +575,17 @@ const char *pq_unsupported(const pq_reader *r, const char **why)
     if (why != NULL)
         *why = r->unsup_why;
     return r->unsup[0] ? r->unsup : NULL;
+}
+
+const char *pq_column_unsupported(const pq_reader *r, const char *name)
+{
+    for (int c = r->nodes[0].first_child; c >= 0; c = r->nodes[c].next_sibling) {
+        pq_column tmp;
+        memset(&tmp, 0, sizeof tmp);
+        if (strcmp(r->nodes[c].name, name) == 0 && !classify((pq_reader *)r, &r->nodes[c], &tmp))
+            return UNSUPPORTED_SHAPE;
+    }
+    return NULL;
 }
 
 void pq_select(pq_reader *r, const char *const *names)

@@ -63,6 +63,8 @@ const char *pq_column_name(const pq_reader *r, int i);
 bool pq_has_column(const pq_reader *r, const char *name);
 /* The first column left out (see above) and why, or NULL. */
 const char *pq_unsupported(const pq_reader *r, const char **why);
+/* Why top-level column `name` is left out, or NULL (read, or absent). */
+const char *pq_column_unsupported(const pq_reader *r, const char *name);
 
 /* Read only these top-level columns (NULL-terminated; names the file does
  * not have are ignored). Call before the first pq_next. */

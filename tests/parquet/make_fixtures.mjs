@@ -5,6 +5,7 @@
 // them:
 //   chat-0000{0,1}-of-00002.parquet  chat.jsonl   tulu-shaped: id, messages, source
 //   sharegpt.parquet  sharegpt.jsonl (the ShareGPT rows as `messages`)
+//   nested.parquet    messages as list<list<string>>: a shape not read
 // Committed under tests/parquet/fixtures (run by hand to remake them).
 import * as arrow from 'apache-arrow';
 import * as pq from 'parquet-wasm/esm';
@@ -46,4 +47,8 @@ write('sharegpt.parquet', { id: str(share, 'id'),
                             conversations: arrow.vectorFromArray(share.map((r) => r.conversations), turnsT('from', 'value')) });
 fs.writeFileSync(path.join(out, 'sharegpt.jsonl'),
                  chat.slice(0, 5).map((r) => JSON.stringify({ messages: r.messages })).join('\n') + '\n');
+// a messages column of a shape the reader leaves out (a list of lists)
+const nested = [{ messages: [['user', 'hi'], ['assistant', 'hello']] }];
+write('nested.parquet', { messages: arrow.vectorFromArray(nested.map((r) => r.messages),
+    new arrow.List(new arrow.Field('item', new arrow.List(new arrow.Field('item', new arrow.Utf8(), true)), true))) });
 console.log('fixtures written');

@@ -818,6 +818,12 @@ static void test_parquet_damaged(void **state)
     assert_int_equal(prep_validate(&s, &err), ACC_EINVAL);
     assert_string_equal(err.field, "data.train");
     assert_non_null(strstr(err.msg, "bad.parquet: row group 0, column "));
+    /* a messages column of a shape the reader leaves out is named as such */
+    fixture(src, sizeof src, "nested.parquet");
+    sft_spec(&s, src, SPEC_DATA_CHAT, 512);
+    assert_int_equal(prep_validate(&s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "data.train");
+    assert_non_null(strstr(err.msg, "nested.parquet: column messages: a shape other than"));
 }
 
 int main(void)
