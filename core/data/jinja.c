@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "budget.h"
+#include "memfind.h"
 #include "jinja_internal.h"
 
 #define JJ_BLOCK 65536
@@ -90,11 +91,9 @@ void jj_tick(jj_arena *a)
 
 int64_t jj_find(jj_arena *a, const char *hay, size_t hn, size_t from, const char *needle, size_t nn)
 {
-    if (from > hn || nn > hn - from)
-        return -1;
-    jj_work(a, 1 + (hn - from) / 1024);
-    const char *hit = memmem(hay + from, hn - from, needle, nn);
-    return hit ? (int64_t)(hit - hay) : -1;
+    int64_t at = memfind(hay, hn, from, needle, nn);
+    jj_work(a, 1 + ((at < 0 ? hn : (size_t)at) - (from < hn ? from : hn)) / 1024);
+    return at;
 }
 
 void jj_fail(jj_arena *a, int line, int col, const char *fmt, ...)

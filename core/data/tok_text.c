@@ -8,6 +8,7 @@
 #include <unicase.h>
 #include <uninorm.h>
 
+#include "memfind.h"
 #include "tok_internal.h"
 
 /* ---- buffers */
@@ -193,10 +194,10 @@ static int replace_all(tok_encoder *e, tok_buf *dst, const char *s, size_t n, co
         return ACC_ENOMEM;
     size_t i = 0;
     while (i < n) {
-        const char *hit = plen <= n - i ? memmem(s + i, n - i, pat, plen) : NULL;
-        if (hit == NULL)
+        int64_t found = memfind(s, n, i, pat, plen);
+        if (found < 0)
             break;
-        size_t at = (size_t)(hit - s);
+        size_t at = (size_t)found;
         if (e != NULL && (tok_over_output(e, dst->n + (at - i) + rlen) != 0 || tok_over_time(e) != 0))
             return ACC_EINVAL;
         if (tok_buf_put(dst, s + i, at - i) != 0 || tok_buf_put(dst, rep, rlen) != 0)
@@ -366,10 +367,10 @@ static int find_matches(tok_encoder *e, const tok_pre *p, const pcre2_code *re, 
             a = ov[0];
             b = ov[1];
         } else {
-            const char *hit = memmem(s + i, n - i, p->str, p->slen);
-            if (hit == NULL)
+            int64_t found = memfind(s, n, i, p->str, p->slen);
+            if (found < 0)
                 break;
-            a = (size_t)(hit - s);
+            a = (size_t)found;
             b = a + p->slen;
         }
         if (prev != a && spans_add(out, prev, a, false) != 0)
