@@ -269,7 +269,7 @@ static int parse_prepend_scheme(json_t *o, const char *path, int *out, acc_err *
 {
     json_t *ps = json_object_get(o, "prepend_scheme");
     if (ps == NULL) { /* older files: add_prefix_space */
-        bool aps;
+        bool aps = true;
         if (get_bool(o, "add_prefix_space", true, &aps, path, err))
             return err->code;
         *out = aps ? TPS_ALWAYS : TPS_NEVER;
@@ -752,7 +752,7 @@ static int parse_added(tok_tokenizer *t, json_t *added, acc_err *err)
         tok_added *ad = &t->added[i];
         char path[64];
         snprintf(path, sizeof path, "added_tokens[%d]", i);
-        bool single;
+        bool single = false;
         if (check_keys(a, path, k, err) ||
             get_str(a, "content", &ad->s, &ad->len, path, err) ||
             get_bool(a, "single_word", false, &single, path, err) ||
