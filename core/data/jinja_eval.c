@@ -322,8 +322,13 @@ static jj_val arith(jj_render *r, const jj_node *n, int op, const jj_val *a, con
             return jj_mk_str("", 0);
         if ((uint64_t)k > r->max_output / s->u.s.n)
             FAIL(r, n, "string repetition exceeds the output bound");
-        for (int64_t i = 0; i < k; i++)
-            jj_buf_add(r, &sb, s->u.s.s, s->u.s.n);
+        /* by doubling: log k copies, not k */
+        jj_buf_add(r, &sb, s->u.s.s, s->u.s.n);
+        size_t want = (size_t)k * s->u.s.n;
+        while (sb.n < want) {
+            size_t more = sb.n < want - sb.n ? sb.n : want - sb.n;
+            jj_buf_add(r, &sb, sb.s, more);
+        }
         return jj_buf_val(&sb);
     }
     if (!jj_is_num(a) || !jj_is_num(b))
