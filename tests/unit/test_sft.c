@@ -650,6 +650,41 @@ static void split_invariance(const char *file, int packing)
         free(params[i]);
 }
 
+/* Issue 25 (h-tmpl): data preparation renders each record under the time
+ * budget. A template that is slow on one record -- line 11, past the 8 the
+ * submit check renders -- fails the preparation within seconds, naming the
+ * record's line and the limit, instead of hanging the job. */
+static void test_slow_record(void **state)
+{
+    (void)state;
+    char path[512], file[256];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", tokdir);
+    write_file(path, "{\"bos_token\":\"<s>\",\"eos_token\":\"</s>\",\"add_bos_token\":true,\"chat_template\":"
+                     "\"{% for m in messages %}{% if m.content == 'slow' %}{% set s = 'ab' * 1000000 %}"
+                     "{% for i in range(1000000) %}{% if s.count('a') < 0 %}x{% endif %}{% endfor %}{% endif %}"
+                     "<|{{ m.role }}|>{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}\"}");
+    snprintf(file, sizeof file, "%s/slow.jsonl", root);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    for (int i = 1; i <= 12; i++)
+        fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"%s\"}]}\n",
+                i == 11 ? "slow" : "r");
+    fclose(f);
+    job_spec s;
+    sft_spec(&s, file, SPEC_DATA_CHAT, 64);
+    snprintf(s.data.chat_template, sizeof s.data.chat_template, "auto");
+    acc_err err = {0};
+    if (prep_validate(&s, &err) != 0) /* the first 8 records are quick */
+        fail_msg("prep_validate: %s", err.msg);
+    prep_samples ps;
+    progress_log pl;
+    assert_int_equal(load(&s, &ps, &pl, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "data.train");
+    if (strstr(err.msg, "slow.jsonl:11:") == NULL || strstr(err.msg, "time limit of 2000 ms") == NULL)
+        fail_msg("message '%s' names neither the line nor the limit", err.msg);
+    write_tokenizer(); /* the other tests' tokenizer_config.json */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -658,6 +693,7 @@ int main(void)
         cmocka_unit_test(test_bad_lines),      cmocka_unit_test(test_packed_windows),
         cmocka_unit_test(test_special_data_files),
         cmocka_unit_test(test_packed_logits),  cmocka_unit_test(test_split_invariance_masked),
+        cmocka_unit_test(test_slow_record), /* h-tmpl */
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
