@@ -68,6 +68,8 @@ struct api_deferred {
     bool finished;             /* done() ran: resp is the answer */
     bool orphaned;             /* the server stopped first: resp is a 503 */
     bool work_done;            /* the thread pool is through with it */
+    bool heavy;                /* api_defer_json_heavy: counted against heavy_requests_* */
+    char user[API_NAME_MAX];   /* whose, when heavy */
     api_response resp;
 };
 
@@ -621,6 +623,41 @@ void api_defer_json(api_server *s, const api_request *req, api_response *resp, a
     if (resp->deferred == NULL)
         api_resp_error(resp, 503, "unavailable", NULL,
                        "too many requests being worked on (at most %d at a time); try again", API_MAX_DEFERRED);
+}
+
+/* Heavy requests waiting or worked on: in all, and of `user`. */
+static void count_heavy(const api_server *s, const char *user, int *all, int *mine)
+{
+    *all = *mine = 0;
+    for (const api_deferred *d = s->deferred; d != NULL; d = d->next)
+        if (d->heavy) {
+            (*all)++;
+            *mine += !strcmp(d->user, user);
+        }
+}
+
+void api_defer_json_heavy(api_server *s, const api_request *req, api_response *resp, api_json_fn compute,
+                          const void *arg, size_t flags, const char *empty)
+{
+    int all, mine;
+    count_heavy(s, req->who->name, &all, &mine);
+    if (req->body_len > 0 && mine >= s->conf->heavy_requests_per_user) {
+        api_resp_error(resp, 429, "busy", NULL,
+                       "%d request(s) of yours like this are being worked on (heavy_requests_per_user %d); "
+                       "try again when they are answered", mine, s->conf->heavy_requests_per_user);
+        return;
+    }
+    if (req->body_len > 0 && all >= s->conf->heavy_requests_max) {
+        api_resp_error(resp, 429, "busy", NULL,
+                       "%d requests like this are being worked on (heavy_requests_max %d); try again shortly", all,
+                       s->conf->heavy_requests_max);
+        return;
+    }
+    api_defer_json(s, req, resp, compute, arg, flags, empty);
+    if (resp->deferred != NULL) {
+        resp->deferred->heavy = true;
+        snprintf(resp->deferred->user, sizeof resp->deferred->user, "%s", req->who->name);
+    }
 }
 
 static void on_deferred_work(uv_work_t *w)

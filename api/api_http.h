@@ -209,6 +209,14 @@ typedef int (*api_json_fn)(const void *arg, const char *body, size_t len, json_t
 void api_defer_json(api_server *s, const api_request *req, api_response *resp, api_json_fn compute,
                     const void *arg, size_t flags, const char *empty);
 
+/* api_defer_json for work on untrusted input that may run up to its time
+ * limit (POST /v1/tokenize): at most conf heavy_requests_max such requests
+ * are worked on at once, heavy_requests_per_user per user; one over is a 429
+ * at once naming the limit, so the thread pool always has room for submits
+ * and plans. */
+void api_defer_json_heavy(api_server *s, const api_request *req, api_response *resp, api_json_fn compute,
+                          const void *arg, size_t flags, const char *empty);
+
 /* api_submit.c: POST /v1/jobs, validated off the loop thread (api_defer). */
 void api_submit(api_server *s, const api_request *req, api_response *resp, bool dry_run);
 /* api_tokenize.c: POST /v1/tokenize. The compute part opens the tokenizer

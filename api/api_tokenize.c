@@ -17,7 +17,10 @@
  * DIR is resolved as the spec's input paths are (under data_roots,
  * job_spec_resolve_input), and tokenizer.json / tokenizer_config.json in it
  * through safepath.h (tok_load_under). Every bad input is ACC_EINVAL naming the field
- * ("messages[1].role", "chat_template", "tokenizer"). api_tokenize_compute
+ * ("messages[1].role", "chat_template", "tokenizer"). The template and the
+ * tokenizer are untrusted: rendering and encoding run under tok_limits from
+ * the config (render_time_limit_ms, tokenizer_match_limit), and past one the
+ * answer is a 400 naming "chat_template" or "tokenizer" and the limit. api_tokenize_compute
  * opens files and may take long: it is the part to run off the loop
  * thread.
  */
@@ -153,7 +156,7 @@ static int encode_text(const json_t *req, const tok_tokenizer *tok, tok_encoder 
     int special = ast == NULL || json_is_true(ast);
     size_t len = json_string_length(json_object_get(req, "text"));
     if ((rc = tok_encode(enc, text, len, special ? TOK_ADD_SPECIAL : 0, &cs->ids, err)) != 0) {
-        if (err != NULL)
+        if (err != NULL && err->field[0] == '\0') /* a bound names "tokenizer" itself */
             snprintf(err->field, sizeof err->field, "text");
         return rc;
     }
@@ -204,9 +207,15 @@ int api_tokenize_compute(const acc_conf *conf, const char *body, size_t len, jso
         rc = load_tokenizer(conf, req, &tok, err);
     if (rc == 0)
         rc = tok_encoder_new(tok, &enc, err);
-    if (rc == 0)
+    if (rc == 0) { /* the request's text, template and tokenizer are untrusted: bounded */
+        tok_limits lim;
+        tok_limits_default(&lim);
+        lim.time_limit_ms = conf->render_time_limit_ms;
+        lim.match_limit = (uint32_t)conf->tokenizer_match_limit;
+        tok_encoder_set_limits(enc, &lim);
         rc = json_object_get(req, "messages") ? encode_messages(req, tok, enc, &cs, err)
                                               : encode_text(req, tok, enc, &cs, err);
+    }
     if (rc == 0 && (*out = answer(tok, &cs)) == NULL)
         rc = acc_err_set(err, ACC_ENOMEM, "", "out of memory");
     chat_sample_free(&cs);
@@ -225,6 +234,7 @@ static int tokenize_compute(const void *conf, const char *body, size_t len, json
 
 void api_tokenize(api_server *s, const api_request *req, api_response *resp)
 {
-    api_defer_json(s, req, resp, tokenize_compute, api_server_conf(s), JSON_COMPACT,
-                   "empty body: send {\"tokenizer\": DIR, \"text\"|\"messages\"}");
+    /* heavy: bounded in number (heavy_requests_max / _per_user) so the pool keeps room */
+    api_defer_json_heavy(s, req, resp, tokenize_compute, api_server_conf(s), JSON_COMPACT,
+                         "empty body: send {\"tokenizer\": DIR, \"text\"|\"messages\"}");
 }

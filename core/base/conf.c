@@ -21,7 +21,10 @@ const char *const conf_keys[] = {
     "checkpoint_keep", "event_ring", "log_level", "log_file",
     "users_file", "user_max_running", "user_max_devices", "history_keep",
     "worker_processes", "worker_heartbeat_timeout", "rank_processes", "mpi_launcher", "hostfile",
-    "mpi_args", "rank_program", NULL,
+    "mpi_args", "rank_program",
+    /* h-tmpl: bounded work on untrusted templates and tokenizers */
+    "render_time_limit_ms", "tokenizer_match_limit", "heavy_requests_max", "heavy_requests_per_user",
+    NULL,
 };
 
 void conf_defaults(acc_conf *c)
@@ -49,6 +52,11 @@ void conf_defaults(acc_conf *c)
     c->worker_heartbeat_timeout = 10;
     snprintf(c->mpi_launcher, sizeof c->mpi_launcher, "mpirun");
     snprintf(c->log_level, sizeof c->log_level, "info");
+    /* h-tmpl */
+    c->render_time_limit_ms = 2000;
+    c->tokenizer_match_limit = 1000000;
+    c->heavy_requests_max = 2;
+    c->heavy_requests_per_user = 1;
 }
 
 int conf_parse_bytes(const char *s, uint64_t *out)
@@ -294,6 +302,15 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         return set_str(key, v, false, c->mpi_args, sizeof c->mpi_args, err);
     if (!strcmp(key, "rank_program"))
         return set_str(key, v, false, c->rank_program, sizeof c->rank_program, err);
+    /* h-tmpl */
+    if (!strcmp(key, "render_time_limit_ms"))
+        return parse_int(key, v, 10, 600000, &c->render_time_limit_ms, err);
+    if (!strcmp(key, "tokenizer_match_limit"))
+        return parse_int(key, v, 1000, 1 << 30, &c->tokenizer_match_limit, err);
+    if (!strcmp(key, "heavy_requests_max"))
+        return parse_int(key, v, 1, 1 << 16, &c->heavy_requests_max, err);
+    if (!strcmp(key, "heavy_requests_per_user"))
+        return parse_int(key, v, 1, 1 << 16, &c->heavy_requests_per_user, err);
     return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);
 }
 

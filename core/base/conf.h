@@ -57,6 +57,11 @@ typedef struct acc_conf {
     char hostfile[PATH_MAX];
     char mpi_args[2048];         /* split at blanks, no quoting */
     char rank_program[PATH_MAX]; /* "" = accumd-rank next to accumd */
+    /* h-tmpl: bounded work on untrusted input (docs/data.md) */
+    int render_time_limit_ms;    /* one template render + tokenization (a request, a record) */
+    int tokenizer_match_limit;   /* PCRE2 match limit of a tokenizer regex match */
+    int heavy_requests_max;      /* POST /v1/tokenize being worked on at once (429 past it) */
+    int heavy_requests_per_user; /* the same per user */
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;

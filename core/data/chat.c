@@ -41,20 +41,22 @@ json_t *chat_vars(const tok_tokenizer *tok, json_t *messages, int add_generation
                      "eos_token", c ? c->eos_token : "");
 }
 
-static int render(const jinja_template *tpl, const tok_tokenizer *tok, json_t *messages, int agp,
-                  jinja_output *o, acc_err *err)
+/* Renders run under the encoder's deadline (tok_encoder_begin). */
+static int render(const jinja_template *tpl, const tok_tokenizer *tok, tok_encoder *enc, json_t *messages,
+                  int agp, jinja_output *o, acc_err *err)
 {
     json_t *vars = chat_vars(tok, messages, agp);
     if (!vars)
         return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
-    int rc = jinja_render(tpl, vars, NULL, o, err);
+    jinja_limits lim = {.deadline_ns = tok_encoder_deadline(enc), .time_limit_ms = tok_encoder_time_limit_ms(enc)};
+    int rc = jinja_render(tpl, vars, &lim, o, err);
     json_decref(vars);
     return rc;
 }
 
 /* Render messages[0..n) (a new array sharing the messages). */
-static int render_prefix(const jinja_template *tpl, const tok_tokenizer *tok, json_t *messages,
-                         size_t n, int agp, jinja_output *o, acc_err *err)
+static int render_prefix(const jinja_template *tpl, const tok_tokenizer *tok, tok_encoder *enc,
+                         json_t *messages, size_t n, int agp, jinja_output *o, acc_err *err)
 {
     json_t *pre = json_array();
     if (!pre)
@@ -64,7 +66,7 @@ static int render_prefix(const jinja_template *tpl, const tok_tokenizer *tok, js
             json_decref(pre);
             return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
         }
-    int rc = render(tpl, tok, pre, agp, o, err);
+    int rc = render(tpl, tok, enc, pre, agp, o, err);
     json_decref(pre);
     return rc;
 }
@@ -95,8 +97,8 @@ static int is_prefix(const jinja_output *p, const jinja_output *full)
 }
 
 /* Assistant spans by prefix renders, each verified against the whole. */
-static int prefix_spans(const jinja_template *tpl, const tok_tokenizer *tok, json_t *messages,
-                        const jinja_output *full, spans *sp, acc_err *err)
+static int prefix_spans(const jinja_template *tpl, const tok_tokenizer *tok, tok_encoder *enc,
+                        json_t *messages, const jinja_output *full, spans *sp, acc_err *err)
 {
     size_t n = json_array_size(messages), prev_end = 0;
     for (size_t i = 0; i < n; i++) {
@@ -104,10 +106,10 @@ static int prefix_spans(const jinja_template *tpl, const tok_tokenizer *tok, jso
         if (!role || strcmp(role, "assistant"))
             continue;
         jinja_output a, b;
-        int rc = render_prefix(tpl, tok, messages, i, 1, &a, err);
+        int rc = render_prefix(tpl, tok, enc, messages, i, 1, &a, err);
         if (rc)
             return rc;
-        rc = render_prefix(tpl, tok, messages, i + 1, 0, &b, err);
+        rc = render_prefix(tpl, tok, enc, messages, i + 1, 0, &b, err);
         if (rc) {
             jinja_output_free(&a);
             return rc;
@@ -168,14 +170,11 @@ static int token_end(tok_encoder *enc, const chat_sample *s, size_t e, tok_ids *
     return 0;
 }
 
-int chat_encode(const jinja_template *tpl, const tok_tokenizer *tok, tok_encoder *enc,
-                json_t *messages, chat_train_on train_on, chat_sample *out, acc_err *err)
+static int encode_conversation(const jinja_template *tpl, const tok_tokenizer *tok, tok_encoder *enc,
+                               json_t *messages, chat_train_on train_on, chat_sample *out, acc_err *err)
 {
-    memset(out, 0, sizeof(*out));
-    if (!json_is_array(messages))
-        return acc_err_set(err, ACC_EINVAL, "messages", "must be an array");
     jinja_output full;
-    int rc = render(tpl, tok, messages, 0, &full, err);
+    int rc = render(tpl, tok, enc, messages, 0, &full, err);
     if (rc)
         return rc;
     out->text = full.text;
@@ -188,7 +187,7 @@ int chat_encode(const jinja_template *tpl, const tok_tokenizer *tok, tok_encoder
                 if (spans_push(&sp, full.gen[i].start, full.gen[i].end))
                     rc = acc_err_set(err, ACC_ENOMEM, "", "out of memory");
         } else {
-            rc = prefix_spans(tpl, tok, messages, &full, &sp, err);
+            rc = prefix_spans(tpl, tok, enc, messages, &full, &sp, err);
         }
     }
     free(full.gen);
@@ -217,6 +216,19 @@ int chat_encode(const jinja_template *tpl, const tok_tokenizer *tok, tok_encoder
     tok_ids_free(&tmp);
     if (rc)
         chat_sample_free(out);
+    return rc;
+}
+
+int chat_encode(const jinja_template *tpl, const tok_tokenizer *tok, tok_encoder *enc,
+                json_t *messages, chat_train_on train_on, chat_sample *out, acc_err *err)
+{
+    memset(out, 0, sizeof(*out));
+    if (!json_is_array(messages))
+        return acc_err_set(err, ACC_EINVAL, "messages", "must be an array");
+    /* one time bound for every render and encode of the conversation */
+    int64_t saved = tok_encoder_begin(enc);
+    int rc = encode_conversation(tpl, tok, enc, messages, train_on, out, err);
+    tok_encoder_end(enc, saved);
     return rc;
 }
 

@@ -57,6 +57,9 @@ typedef struct chat_sample {
 /* The variables transformers passes for `messages` (a JSON array). */
 json_t *chat_vars(const tok_tokenizer *tok, json_t *messages, int add_generation_prompt);
 
+/* Every render and tokenization of one conversation runs under one time
+ * bound, the encoder's (tok_limits.time_limit_ms, tok_encoder_begin); past
+ * it the error is ACC_EINVAL naming the template's field or "tokenizer". */
 int chat_encode(const jinja_template *tpl, const tok_tokenizer *tok, tok_encoder *enc,
                 json_t *messages, chat_train_on train_on, chat_sample *out, acc_err *err);
 /* The same for a parsed record (its messages, or prompt/completion/text as

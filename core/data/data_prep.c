@@ -586,6 +586,8 @@ int prep_validate(const job_spec *s, acc_err *err)
         return rc;
     tok_encoder *enc = NULL;
     rc = tok_encoder_new(c.tok, &enc, err);
+    if (rc == 0) /* one time bound for all of the check's renders (h-tmpl) */
+        tok_encoder_begin(enc);
     if (rc == 0)
         rc = check_files(&c, enc, s->data.train, "data.train", err);
     if (rc == 0 && s->data.val[0] != '\0')

@@ -10,10 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "budget.h"
+#include "memfind.h"
 #include "jinja_internal.h"
 
 #define JJ_BLOCK 65536
 #define JJ_MAX_PARSE_DEPTH 200
+#define JJ_TICKS_PER_CHECK 256u
 
 struct jj_block {
     jj_block *next;
@@ -26,6 +29,7 @@ void *jj_alloc(jj_arena *a, size_t n)
     n = (n + 15) & ~(size_t)15;
     if (n == 0)
         n = 16;
+    jj_tick(a);
     if (a->limit && (n > a->limit || a->used > a->limit - n))
         jj_fail(a, 0, 0, "template render exceeds its memory bound of %zu bytes", a->limit);
     jj_block *b = a->head;
@@ -65,6 +69,31 @@ char *jj_strndup(jj_arena *a, const char *s, size_t n)
     memcpy(p, s, n);
     p[n] = 0;
     return p;
+}
+
+void jj_work(jj_arena *a, size_t units)
+{
+    if (a->deadline_ns == 0)
+        return;
+    unsigned before = a->ticks;
+    a->ticks += units > JJ_TICKS_PER_CHECK ? JJ_TICKS_PER_CHECK : (unsigned)units;
+    if (a->ticks / JJ_TICKS_PER_CHECK == before / JJ_TICKS_PER_CHECK || !budget_expired(a->deadline_ns))
+        return;
+    acc_err_set(a->err, ACC_EINVAL, a->field,
+                "template rendering exceeds its time limit of %ld ms (render_time_limit_ms)", a->time_limit_ms);
+    longjmp(*a->fail, 1);
+}
+
+void jj_tick(jj_arena *a)
+{
+    jj_work(a, 1);
+}
+
+int64_t jj_find(jj_arena *a, const char *hay, size_t hn, size_t from, const char *needle, size_t nn)
+{
+    int64_t at = memfind(hay, hn, from, needle, nn);
+    jj_work(a, 1 + ((at < 0 ? hn : (size_t)at) - (from < hn ? from : hn)) / 1024);
+    return at;
 }
 
 void jj_fail(jj_arena *a, int line, int col, const char *fmt, ...)

@@ -10,8 +10,12 @@
  * construct and its line:column -- never approximated.
  *
  * A template is user input: parse depth, render recursion, loop iterations,
- * the output size and all memory of one render are bounded; every value of
- * a render lives in one arena freed at the end. `raise_exception(msg)` is
+ * the output size, all memory and the time of one render are bounded
+ * (loops, filters and string operations check the deadline); every value
+ * of a render lives in one arena freed at the end. Past the deadline the
+ * render stops with ACC_EINVAL naming the field and the time limit.
+ * Substring search (`in`, find, replace, split, count) is linear (a real
+ * search) and `unique` hashes. `raise_exception(msg)` is
  * ACC_EINVAL with the template's message (the API answers 400).
  *
  * Threads: a parsed template is read-only; renders may run concurrently.
@@ -21,6 +25,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "err.h"
 
@@ -44,6 +49,8 @@ typedef struct jinja_limits {
     size_t max_memory; /* bytes of the render arena (default 256 MiB) */
     long max_steps;    /* loop iterations + macro calls (default 10 M) */
     int max_depth;     /* macro call nesting (default 64) */
+    int64_t deadline_ns; /* CLOCK_MONOTONIC (budget.h); 0 = no time bound */
+    long time_limit_ms;  /* what the deadline allows, named in the error */
 } jinja_limits;
 
 /* Parse a template; `field` names it in errors ("data.chat_template"). */

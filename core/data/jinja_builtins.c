@@ -111,15 +111,15 @@ static jj_val do_replace(jj_render *r, const jj_node *n, const jj_val *s, const 
         return jj_buf_val(&b);
     }
     while (i < s->u.s.n) {
-        if ((max < 0 || done < max) && i + on <= s->u.s.n && memcmp(s->u.s.s + i, o, on) == 0) {
-            jj_buf_add(r, &b, nw, nn);
-            i += on;
-            done++;
-        } else {
-            jj_buf_add(r, &b, s->u.s.s + i, 1);
-            i++;
-        }
+        int64_t at = max < 0 || done < max ? jj_find(r->a, s->u.s.s, s->u.s.n, i, o, on) : -1;
+        if (at < 0)
+            break;
+        jj_buf_add(r, &b, s->u.s.s + i, (size_t)at - i);
+        jj_buf_add(r, &b, nw, nn);
+        i = (size_t)at + on;
+        done++;
     }
+    jj_buf_add(r, &b, s->u.s.s + i, s->u.s.n - i);
     return jj_buf_val(&b);
 }
 
@@ -174,15 +174,13 @@ static jj_val do_split(jj_render *r, const jj_node *n, const jj_val *s, const jj
         FAIL(r, n, "split: empty separator");
     size_t b = 0;
     int64_t done = 0;
-    for (size_t i = 0; i + sn <= len;) {
-        if ((max < 0 || done < max) && memcmp(p + i, sp, sn) == 0) {
-            jj_list_push(r, l, jj_mk_str(p + b, i - b));
-            i += sn;
-            b = i;
-            done++;
-        } else {
-            i++;
-        }
+    while (max < 0 || done < max) {
+        int64_t at = jj_find(r->a, p, len, b, sp, sn);
+        if (at < 0)
+            break;
+        jj_list_push(r, l, jj_mk_str(p + b, (size_t)at - b));
+        b = (size_t)at + sn;
+        done++;
     }
     jj_list_push(r, l, jj_mk_str(p + b, len - b));
     return jj_mk_list(l);
@@ -233,15 +231,16 @@ jj_val jj_dict_items(jj_render *r, jj_dict *d)
     return jj_mk_list(l);
 }
 
-static int64_t str_find(const jj_val *s, const jj_val *x, int rev)
+static int64_t str_find(jj_render *r, const jj_val *s, const jj_val *x, int rev)
 {
-    int64_t found = -1;
-    for (size_t i = 0; i + x->u.s.n <= s->u.s.n; i++)
-        if (memcmp(s->u.s.s + i, x->u.s.s, x->u.s.n) == 0) {
-            found = (int64_t)i;
-            if (!rev)
-                break;
-        }
+    int64_t found = x->u.s.n == 0 ? (rev ? (int64_t)s->u.s.n : 0) : -1;
+    for (int64_t at = 0; x->u.s.n > 0 && at >= 0;) {
+        at = jj_find(r->a, s->u.s.s, s->u.s.n, found < 0 ? 0 : (size_t)found + 1, x->u.s.s, x->u.s.n);
+        if (at >= 0)
+            found = at;
+        if (!rev)
+            break;
+    }
     if (found < 0)
         return -1;
     return (int64_t)jj_u8_count(s->u.s.s, (size_t)found);
@@ -317,14 +316,12 @@ jj_val jj_call_method(jj_render *r, const jj_node *n, const jj_method *m, const 
             size_t k = a->pos[0].u.s.n;
             if (k == 0)
                 return jj_mk_int((int64_t)jj_u8_count(self->u.s.s, self->u.s.n) + 1);
-            for (size_t i = 0; i + k <= self->u.s.n;)
-                if (memcmp(self->u.s.s + i, a->pos[0].u.s.s, k) == 0)
-                    c++, i += k;
-                else
-                    i++;
+            for (int64_t at = 0; (at = jj_find(r->a, self->u.s.s, self->u.s.n, (size_t)at, a->pos[0].u.s.s, k)) >= 0;
+                 at += (int64_t)k)
+                c++;
             return jj_mk_int(c);
         }
-        return jj_mk_int(str_find(self, &a->pos[0], nm[0] == 'r'));
+        return jj_mk_int(str_find(r, self, &a->pos[0], nm[0] == 'r'));
     }
     if (!strcmp(nm, "isdigit") || !strcmp(nm, "isspace")) {
         jj_check_args(r, n, a, 0, NULL, nm);
@@ -443,6 +440,59 @@ int jj_run_test(jj_render *r, const jj_node *n, const char *name, const jj_val *
     FAIL(r, n, "test '%s' is not supported", name);
 }
 
+/* The hash of what jj_val_eq compares (strings already lowered): equal
+ * values hash alike (numbers by their double value: 1 == 1.0 == true). */
+static uint64_t val_hash(const jj_val *v)
+{
+    uint64_t h = 1469598103934665603u;
+    if (jj_is_num(v)) {
+        double d = jj_num(v);
+        if (d == 0)
+            d = 0; /* -0.0 == 0.0 */
+        unsigned char b[sizeof d];
+        memcpy(b, &d, sizeof d);
+        for (size_t i = 0; i < sizeof b; i++)
+            h = (h ^ b[i]) * 1099511628211u;
+        return h;
+    }
+    h = (h ^ (uint64_t)v->t) * 1099511628211u;
+    if (v->t == JV_STR)
+        for (size_t i = 0; i < v->u.s.n; i++)
+            h = (h ^ (unsigned char)v->u.s.s[i]) * 1099511628211u;
+    else if (v->t == JV_LIST)
+        h = (h ^ v->u.l->n) * 1099511628211u;
+    return h;
+}
+
+/* Jinja2's unique (case-insensitive for strings, first one kept), with a
+ * hash table: linear in the list. */
+static jj_val do_unique(jj_render *r, const jj_list *in)
+{
+    jj_list *out = jj_list_new(r, 0);
+    size_t cap = 16;
+    while (cap < 2 * in->n)
+        cap *= 2;
+    jj_val *keys = jj_alloc(r->a, in->n ? in->n * sizeof(*keys) : 1); /* the compared form of out[i] */
+    size_t *slot = jj_alloc(r->a, cap * sizeof(*slot));                /* index + 1 into out, 0 = free */
+    memset(slot, 0, cap * sizeof(*slot));
+    for (size_t i = 0; i < in->n; i++) {
+        jj_tick(r->a);
+        jj_val x = in->v[i];
+        if (x.t == JV_STR)
+            x = jj_do_case(r, &x, 'l');
+        size_t k = (size_t)val_hash(&x) & (cap - 1);
+        int seen = 0;
+        for (; slot[k] != 0 && !seen; k = (k + 1) & (cap - 1))
+            seen = jj_val_eq(&keys[slot[k] - 1], &x);
+        if (seen)
+            continue;
+        keys[out->n] = x;
+        slot[k] = out->n + 1;
+        jj_list_push(r, out, in->v[i]);
+    }
+    return jj_mk_list(out);
+}
+
 /* ---- filters -------------------------------------------------------- */
 
 static jj_val attr_path(jj_render *r, const jj_node *n, const jj_val *v, const jj_val *attr)
@@ -484,6 +534,7 @@ static void sort_vals(jj_render *r, jj_val *items, jj_val *keys, size_t n, int c
     /* stable insertion sort on keys (chat template lists are short) */
     for (size_t i = 1; i < n; i++)
         for (size_t j = i; j > 0; j--) {
+            jj_tick(r->a);
             int lt = rev ? sort_lt(r, &keys[j - 1], &keys[j], cs) : sort_lt(r, &keys[j], &keys[j - 1], cs);
             if (!lt)
                 break;
@@ -823,22 +874,7 @@ jj_val jj_apply_filter(jj_render *r, jj_scope *s, const jj_node *n, const char *
     }
     if (!strcmp(name, "unique")) {
         want_args(r, n, a, 0, NULL, name);
-        jj_val l = jj_to_list(r, n, v);
-        jj_list *out = jj_list_new(r, 0);
-        for (size_t i = 0; i < l.u.l->n; i++) {
-            int seen = 0;
-            for (size_t j = 0; j < out->n && !seen; j++) {
-                jj_val x = l.u.l->v[i], y = out->v[j];
-                if (x.t == JV_STR && y.t == JV_STR) {
-                    x = jj_do_case(r, &x, 'l');
-                    y = jj_do_case(r, &y, 'l');
-                }
-                seen = jj_val_eq(&x, &y);
-            }
-            if (!seen)
-                jj_list_push(r, out, l.u.l->v[i]);
-        }
-        return jj_mk_list(out);
+        return do_unique(r, jj_to_list(r, n, v).u.l);
     }
     FAIL(r, n, "filter '%s' is not supported", name);
 }

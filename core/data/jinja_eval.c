@@ -272,11 +272,9 @@ int jj_contains(jj_render *r, const jj_node *n, const jj_val *item, const jj_val
             FAIL(r, n, "'in <string>' requires a string as left operand, not %s", jj_type_name(item));
         if (item->u.s.n == 0)
             return 1;
-        for (size_t i = 0; i + item->u.s.n <= coll->u.s.n; i++)
-            if (memcmp(coll->u.s.s + i, item->u.s.s, item->u.s.n) == 0)
-                return 1;
-        return 0;
+        return jj_find(r->a, coll->u.s.s, coll->u.s.n, 0, item->u.s.s, item->u.s.n) >= 0;
     case JV_LIST:
+        jj_work(r->a, 1 + coll->u.l->n / 64);
         for (size_t i = 0; i < coll->u.l->n; i++)
             if (jj_val_eq(&coll->u.l->v[i], item))
                 return 1;
@@ -324,8 +322,13 @@ static jj_val arith(jj_render *r, const jj_node *n, int op, const jj_val *a, con
             return jj_mk_str("", 0);
         if ((uint64_t)k > r->max_output / s->u.s.n)
             FAIL(r, n, "string repetition exceeds the output bound");
-        for (int64_t i = 0; i < k; i++)
-            jj_buf_add(r, &sb, s->u.s.s, s->u.s.n);
+        /* by doubling: log k copies, not k */
+        jj_buf_add(r, &sb, s->u.s.s, s->u.s.n);
+        size_t want = (size_t)k * s->u.s.n;
+        while (sb.n < want) {
+            size_t more = sb.n < want - sb.n ? sb.n : want - sb.n;
+            jj_buf_add(r, &sb, sb.s, more);
+        }
         return jj_buf_val(&sb);
     }
     if (!jj_is_num(a) || !jj_is_num(b))
@@ -842,6 +845,8 @@ int jinja_render(const jinja_template *t, json_t *vars, const jinja_limits *lim,
     arena.err = err;
     arena.field = t->field;
     arena.limit = lim && lim->max_memory ? lim->max_memory : 256u << 20;
+    arena.deadline_ns = lim ? lim->deadline_ns : 0;
+    arena.time_limit_ms = lim ? lim->time_limit_ms : 0;
     jj_buf ob = {0};
     jj_render r = {.a = &arena, .out = &ob};
     r.max_output = lim && lim->max_output ? lim->max_output : 16u << 20;

@@ -21,6 +21,9 @@ typedef struct jj_arena {
     jmp_buf *fail;
     acc_err *err;
     const char *field;
+    int64_t deadline_ns; /* 0 = none (budget.h) */
+    long time_limit_ms;
+    unsigned ticks;      /* the clock is read every JJ_TICKS_PER_CHECK */
 } jj_arena;
 
 void *jj_alloc(jj_arena *a, size_t n);
@@ -28,6 +31,14 @@ void jj_arena_free(jj_arena *a);
 _Noreturn void jj_fail(jj_arena *a, int line, int col, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 char *jj_strndup(jj_arena *a, const char *s, size_t n);
+/* One unit of work: past the arena's deadline the render fails (the clock
+ * is read every few hundred ticks). */
+void jj_tick(jj_arena *a);
+/* `units` ticks at once (a scan of `units` KiB counts as that many). */
+void jj_work(jj_arena *a, size_t units);
+/* The first occurrence of needle[0..nn) in hay[from..hn), or -1 (a linear
+ * search; nn > 0). */
+int64_t jj_find(jj_arena *a, const char *hay, size_t hn, size_t from, const char *needle, size_t nn);
 
 /* ---- tokens (jinja_lex.c) ---- */
 

@@ -44,6 +44,7 @@ void jj_buf_add(jj_render *r, jj_buf *b, const char *s, size_t n)
     if (b == r->out && (n > r->max_output || b->n > r->max_output - n))
         jj_fail(r->a, r->at ? r->at->line : 0, r->at ? r->at->col : 0,
                 "output exceeds its bound of %zu bytes", r->max_output);
+    jj_work(r->a, 1 + n / 1024); /* string building counts against the deadline */
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + n + 1)
@@ -76,6 +77,7 @@ jj_list *jj_list_new(jj_render *r, size_t cap)
 
 void jj_list_push(jj_render *r, jj_list *l, jj_val v)
 {
+    jj_tick(r->a);
     if (l->n == l->cap) {
         jj_val *nv = jj_alloc(r->a, l->cap * 2 * sizeof(jj_val));
         memcpy(nv, l->v, l->n * sizeof(jj_val));

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "budget.h"
+#include "checked.h"
 #include "fsutil.h"
 #include "safepath.h"
 #include "tok_internal.h"
@@ -267,7 +269,7 @@ static int parse_prepend_scheme(json_t *o, const char *path, int *out, acc_err *
 {
     json_t *ps = json_object_get(o, "prepend_scheme");
     if (ps == NULL) { /* older files: add_prefix_space */
-        bool aps;
+        bool aps = true;
         if (get_bool(o, "add_prefix_space", true, &aps, path, err))
             return err->code;
         *out = aps ? TPS_ALWAYS : TPS_NEVER;
@@ -750,7 +752,7 @@ static int parse_added(tok_tokenizer *t, json_t *added, acc_err *err)
         tok_added *ad = &t->added[i];
         char path[64];
         snprintf(path, sizeof path, "added_tokens[%d]", i);
-        bool single;
+        bool single = false;
         if (check_keys(a, path, k, err) ||
             get_str(a, "content", &ad->s, &ad->len, path, err) ||
             get_bool(a, "single_word", false, &single, path, err) ||
@@ -1084,14 +1086,86 @@ const tok_config *tok_get_config(const tok_tokenizer *t)
 }
 
 /* ---- encoding */
+void tok_limits_default(tok_limits *l)
+{
+    *l = (tok_limits){.time_limit_ms = 2000, .match_limit = 1000000, .depth_limit = 100000, .out_factor = 64,
+                      .out_slack = (size_t)1 << 20};
+}
+
+void tok_encoder_set_limits(tok_encoder *e, const tok_limits *l)
+{
+    e->lim = *l;
+    pcre2_set_match_limit(e->mctx, l->match_limit ? l->match_limit : UINT32_MAX);
+    pcre2_set_depth_limit(e->mctx, l->depth_limit ? l->depth_limit : UINT32_MAX);
+    pcre2_set_heap_limit(e->mctx, 64u << 10); /* KiB */
+}
+
+int64_t tok_encoder_begin(tok_encoder *e)
+{
+    int64_t saved = e->deadline_ns;
+    if (saved == 0)
+        e->deadline_ns = budget_after_ms(e->lim.time_limit_ms);
+    return saved;
+}
+
+void tok_encoder_end(tok_encoder *e, int64_t saved)
+{
+    e->deadline_ns = saved;
+}
+
+int64_t tok_encoder_deadline(const tok_encoder *e)
+{
+    return e->deadline_ns;
+}
+
+long tok_encoder_time_limit_ms(const tok_encoder *e)
+{
+    return e->lim.time_limit_ms;
+}
+
+int tok_over_time(tok_encoder *e)
+{
+    if (e->deadline_ns == 0 || ++e->ticks % 64 != 0 || !budget_expired(e->deadline_ns))
+        return 0;
+    e->stop = TOK_STOP_TIME;
+    return ACC_EINVAL;
+}
+
+int tok_match(tok_encoder *e, const pcre2_code *re, const char *s, size_t n, size_t at, const char *where)
+{
+    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
+    if (rc >= 0)
+        return 1;
+    if (rc == PCRE2_ERROR_NOMATCH)
+        return 0;
+    e->stop = TOK_STOP_REGEX;
+    e->stop_pcre = rc;
+    e->stop_where = where;
+    return ACC_EINVAL;
+}
+
+int tok_over_output(tok_encoder *e, size_t n)
+{
+    if (n <= e->out_bound)
+        return 0;
+    e->stop = TOK_STOP_OUTPUT;
+    return ACC_EINVAL;
+}
+
 int tok_encoder_new(const tok_tokenizer *t, tok_encoder **out, acc_err *err)
 {
     tok_encoder *e = calloc(1, sizeof *e);
-    if (e == NULL || (e->md = pcre2_match_data_create(32, NULL)) == NULL) {
+    if (e == NULL || (e->md = pcre2_match_data_create(32, NULL)) == NULL ||
+        (e->mctx = pcre2_match_context_create(NULL)) == NULL) {
+        if (e != NULL)
+            pcre2_match_data_free(e->md);
         free(e);
         return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
     }
     e->t = t;
+    tok_limits l;
+    tok_limits_default(&l);
+    tok_encoder_set_limits(e, &l);
     *out = e;
     return 0;
 }
@@ -1101,6 +1175,7 @@ void tok_encoder_free(tok_encoder *e)
     if (e == NULL)
         return;
     pcre2_match_data_free(e->md);
+    pcre2_match_context_free(e->mctx);
     tok_buf_free(&e->nbuf);
     tok_buf_free(&e->tmp);
     tok_pieces_free(&e->pa);
@@ -1148,6 +1223,8 @@ static int split_added(tok_encoder *e, const char *s, size_t n, bool at_start, b
     for (size_t i = 0; i < n;) {
         int k = added_at_pos(t, s, n, i, normalized);
         if (k < 0) {
+            if ((i & 4095) == 0 && tok_over_time(e) != 0)
+                return ACC_EINVAL;
             i++;
             continue;
         }
@@ -1200,7 +1277,8 @@ static int encode_words(tok_encoder *e, const char *s, size_t n, bool at_start, 
         res = &e->pb;
     }
     for (size_t i = 0; i < res->n; i++)
-        if ((rc = tok_bpe_word(e, res->buf.s + res->p[i].off, res->p[i].len, out)) != 0)
+        if ((rc = tok_over_time(e)) != 0 ||
+            (rc = tok_bpe_word(e, res->buf.s + res->p[i].off, res->p[i].len, out)) != 0)
             return rc;
     return 0;
 }
@@ -1223,6 +1301,33 @@ static int encode_segment(tok_encoder *e, const char *s, size_t n, bool at_start
     return rc;
 }
 
+/* The error of an encode that stopped (rc): the bound it ran into. */
+static int stop_error(const tok_encoder *e, int rc, acc_err *err)
+{
+    switch (e->stop) {
+    case TOK_STOP_TIME:
+        return acc_err_set(err, ACC_EINVAL, "tokenizer",
+                           "encoding the text exceeds its time limit of %ld ms (render_time_limit_ms)",
+                           e->lim.time_limit_ms);
+    case TOK_STOP_REGEX: {
+        PCRE2_UCHAR msg[160];
+        if (pcre2_get_error_message(e->stop_pcre, msg, sizeof msg) < 0)
+            snprintf((char *)msg, sizeof msg, "PCRE2 error %d", e->stop_pcre);
+        return acc_err_set(err, ACC_EINVAL, "tokenizer",
+                           "a %s regex of the tokenizer failed on this text: %s (match limit %u, depth limit %u, "
+                           "tokenizer_match_limit)",
+                           e->stop_where ? e->stop_where : "", (const char *)msg, e->lim.match_limit,
+                           e->lim.depth_limit);
+    }
+    case TOK_STOP_OUTPUT:
+        return acc_err_set(err, ACC_EINVAL, "tokenizer",
+                           "the normalizer's output exceeds its bound of %zu bytes (%zu x the input + %zu)",
+                           e->out_bound, e->lim.out_factor, e->lim.out_slack);
+    default:
+        return acc_err_set(err, rc, "", rc == ACC_ENOMEM ? "out of memory" : "tokenizing failed");
+    }
+}
+
 int tok_encode(tok_encoder *e, const char *text, size_t len, int flags, tok_ids *out,
                acc_err *err)
 {
@@ -1234,9 +1339,14 @@ int tok_encode(tok_encoder *e, const char *text, size_t len, int flags, tok_ids 
     for (size_t i = 0; post && i < t->post.npre; i++)
         if (tok_ids_push(out, t->post.pre[i]) != 0)
             return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
+    e->stop = TOK_STOP_NONE;
+    uint64_t bound = acc_sat_add_u64(acc_sat_mul_u64(len, e->lim.out_factor), e->lim.out_slack);
+    e->out_bound = e->lim.out_factor == 0 || bound > SIZE_MAX ? SIZE_MAX : (size_t)bound;
+    int64_t saved = tok_encoder_begin(e);
     int rc = len ? split_added(e, text, len, true, false, out) : 0;
+    tok_encoder_end(e, saved);
     if (rc != 0)
-        return acc_err_set(err, rc, "", rc == ACC_ENOMEM ? "out of memory" : "regex match failed");
+        return stop_error(e, rc, err);
     for (size_t i = 0; post && i < t->post.npost; i++)
         if (tok_ids_push(out, t->post.post[i]) != 0)
             return acc_err_set(err, ACC_ENOMEM, "", "out of memory");

@@ -99,6 +99,35 @@ const tok_config *tok_get_config(const tok_tokenizer *t);
 int tok_encoder_new(const tok_tokenizer *t, tok_encoder **out, acc_err *err);
 void tok_encoder_free(tok_encoder *e);
 
+/* Bounds of encoding untrusted text with an untrusted tokenizer
+ * (docs/data.md "Limits on untrusted input"). An encoder starts with
+ * tok_limits_default()'s. Past a bound tok_encode() stops with ACC_EINVAL
+ * naming the field "tokenizer" and the limit -- never ACC_EINTERNAL:
+ *   - time: one tok_encode() (or one chat_encode(), renders included)
+ *     takes at most time_limit_ms, checked between regex matches,
+ *     normalizer steps and words (0 = no time bound);
+ *   - each PCRE2 match runs with match_limit and depth_limit (a pattern
+ *     that backtracks without end hits them) and a 64 MiB heap limit;
+ *   - the normalized text stays within out_factor x the input + out_slack
+ *     bytes (a chain of Replace "a" -> "aa" stops there). */
+typedef struct tok_limits {
+    long time_limit_ms;   /* default 2000 */
+    uint32_t match_limit; /* default 1,000,000 */
+    uint32_t depth_limit; /* default 100,000 */
+    size_t out_factor;    /* default 64 */
+    size_t out_slack;     /* default 1 MiB */
+} tok_limits;
+void tok_limits_default(tok_limits *l);
+void tok_encoder_set_limits(tok_encoder *e, const tok_limits *l);
+/* The time bound of an encode spanning several calls (chat.h renders and
+ * tokenizes under one): begin arms a deadline time_limit_ms from now unless
+ * one is armed already and returns what end restores. */
+int64_t tok_encoder_begin(tok_encoder *e);
+void tok_encoder_end(tok_encoder *e, int64_t saved);
+/* The deadline armed (CLOCK_MONOTONIC ns, 0 = none) and the limit it came from. */
+int64_t tok_encoder_deadline(const tok_encoder *e);
+long tok_encoder_time_limit_ms(const tok_encoder *e);
+
 /* Append the ids of text[0..len) to *out. ACC_EINVAL for text that is not
  * UTF-8 (naming the byte offset), ACC_ENOMEM. */
 int tok_encode(tok_encoder *e, const char *text, size_t len, int flags, tok_ids *out,

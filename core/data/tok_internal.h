@@ -161,9 +161,20 @@ typedef struct tok_pieces {
 int tok_pieces_add(tok_pieces *l, const char *s, size_t n, bool at_start);
 void tok_pieces_free(tok_pieces *l);
 
+/* why an encode stopped past a bound (tok_limits) */
+enum tok_stop { TOK_STOP_NONE, TOK_STOP_TIME, TOK_STOP_REGEX, TOK_STOP_OUTPUT };
+
 struct tok_encoder {
     const tok_tokenizer *t;
     pcre2_match_data *md;
+    pcre2_match_context *mctx;  /* the match / depth / heap limits */
+    tok_limits lim;
+    int64_t deadline_ns;        /* armed by tok_encoder_begin; 0 = none */
+    unsigned ticks;
+    size_t out_bound;           /* bytes the normalized text may have */
+    int stop;                   /* enum tok_stop: why the last encode stopped */
+    int stop_pcre;              /* TOK_STOP_REGEX: PCRE2's error code */
+    const char *stop_where;     /* TOK_STOP_REGEX: "normalizer" / "pre_tokenizer" */
     tok_buf nbuf, tmp;          /* normalizer scratch */
     tok_pieces pa, pb;          /* pre-tokenizer ping-pong */
     /* BPE work arrays */
@@ -185,6 +196,15 @@ uint64_t tok_hash(const char *s, size_t n);
 /* The ids of one pre-tokenized word, appended to out. */
 int tok_bpe_word(tok_encoder *e, const char *w, size_t n, tok_ids *out);
 void tok_bpe_encoder_free(tok_encoder *e);
+
+/* tok.c: the bounds. tok_over_time: ACC_EINVAL (and e->stop) past the
+ * deadline, read every few calls; tok_match: pcre2_match under the limits,
+ * 1 on a match (ovector in e->md), 0 on none, ACC_EINVAL with e->stop set
+ * on any failure (`where` names the component kind). */
+int tok_over_time(tok_encoder *e);
+int tok_match(tok_encoder *e, const pcre2_code *re, const char *s, size_t n, size_t at, const char *where);
+/* ACC_EINVAL (and e->stop) when `n` bytes of normalized text exceed the bound. */
+int tok_over_output(tok_encoder *e, size_t n);
 
 /* tok_text.c */
 int tok_normalize(tok_encoder *e, const tok_norm *nm, tok_buf *s);

@@ -8,6 +8,7 @@
 #include <unicase.h>
 #include <uninorm.h>
 
+#include "memfind.h"
 #include "tok_internal.h"
 
 /* ---- buffers */
@@ -183,7 +184,9 @@ void tok_byte_table_init(tok_byte_table *tb)
 }
 
 /* ---- normalizers */
-static int replace_all(tok_buf *dst, const char *s, size_t n, const char *pat, size_t plen,
+/* s with every pat replaced by rep, into dst. With an encoder `e` (a
+ * normalizer) the result stays within its output bound. */
+static int replace_all(tok_encoder *e, tok_buf *dst, const char *s, size_t n, const char *pat, size_t plen,
                        const char *rep, size_t rlen)
 {
     dst->n = 0;
@@ -191,14 +194,18 @@ static int replace_all(tok_buf *dst, const char *s, size_t n, const char *pat, s
         return ACC_ENOMEM;
     size_t i = 0;
     while (i < n) {
-        const char *hit = plen <= n - i ? memmem(s + i, n - i, pat, plen) : NULL;
-        if (hit == NULL)
+        int64_t found = memfind(s, n, i, pat, plen);
+        if (found < 0)
             break;
-        size_t at = (size_t)(hit - s);
+        size_t at = (size_t)found;
+        if (e != NULL && (tok_over_output(e, dst->n + (at - i) + rlen) != 0 || tok_over_time(e) != 0))
+            return ACC_EINVAL;
         if (tok_buf_put(dst, s + i, at - i) != 0 || tok_buf_put(dst, rep, rlen) != 0)
             return ACC_ENOMEM;
         i = at + plen;
     }
+    if (e != NULL && tok_over_output(e, dst->n + (n - i)) != 0)
+        return ACC_EINVAL;
     return tok_buf_put(dst, s + i, n - i);
 }
 
@@ -210,15 +217,21 @@ static int regex_replace_all(tok_encoder *e, tok_buf *dst, const char *s, size_t
         return ACC_ENOMEM;
     size_t i = 0, last = 0;
     while (i <= n) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, i, PCRE2_NO_UTF_CHECK, e->md, NULL);
+        int rc = tok_match(e, re, s, n, i, "normalizer");
         if (rc < 0)
+            return rc;
+        if (rc == 0)
             break;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
+        if (tok_over_output(e, dst->n + (ov[0] - last) + rlen) != 0 || tok_over_time(e) != 0)
+            return ACC_EINVAL;
         if (tok_buf_put(dst, s + last, ov[0] - last) != 0 || tok_buf_put(dst, rep, rlen) != 0)
             return ACC_ENOMEM;
         last = ov[1];
         i = ov[1] > ov[0] ? ov[1] : ov[1] + (ov[1] < n ? tok_utf8_len((const unsigned char *)s, ov[1], n) : 1);
     }
+    if (tok_over_output(e, dst->n + (n - last)) != 0)
+        return ACC_EINVAL;
     return tok_buf_put(dst, s + last, n - last);
 }
 
@@ -259,17 +272,21 @@ int tok_normalize(tok_encoder *e, const tok_norm *nm, tok_buf *s)
     tok_buf t;
     switch (nm->kind) {
     case TN_NFC: case TN_NFD: case TN_NFKC: case TN_NFKD: case TN_LOWERCASE:
-        return s->n ? unicode_form(s, &e->tmp, nm->kind) : 0;
+        if ((rc = tok_over_time(e)) != 0 || (rc = s->n ? unicode_form(s, &e->tmp, nm->kind) : 0) != 0)
+            return rc;
+        return tok_over_output(e, s->n);
     case TN_PREPEND:
         if (s->n == 0)
             return 0;
+        if (tok_over_output(e, s->n + nm->alen) != 0)
+            return ACC_EINVAL;
         e->tmp.n = 0;
         if (tok_buf_put(&e->tmp, nm->a, nm->alen) != 0 || tok_buf_put(&e->tmp, s->s, s->n) != 0)
             return ACC_ENOMEM;
         break;
     case TN_REPLACE:
         rc = nm->re ? regex_replace_all(e, &e->tmp, s->s, s->n, nm->re, nm->b, nm->blen)
-                    : replace_all(&e->tmp, s->s, s->n, nm->a, nm->alen, nm->b, nm->blen);
+                    : replace_all(e, &e->tmp, s->s, s->n, nm->a, nm->alen, nm->b, nm->blen);
         if (rc != 0)
             return rc;
         break;
@@ -292,7 +309,7 @@ int tok_normalize(tok_encoder *e, const tok_norm *nm, tok_buf *s)
     }
     case TN_SEQUENCE:
         for (int i = 0; i < nm->nsub; i++)
-            if ((rc = tok_normalize(e, &nm->sub[i], s)) != 0)
+            if ((rc = tok_over_time(e)) != 0 || (rc = tok_normalize(e, &nm->sub[i], s)) != 0)
                 return rc;
         return 0;
     }
@@ -338,20 +355,22 @@ static int find_matches(tok_encoder *e, const tok_pre *p, const pcre2_code *re, 
     size_t prev = 0, i = 0;
     while (i <= n) {
         size_t a, b;
+        if (tok_over_time(e) != 0)
+            return ACC_EINVAL;
         if (re != NULL) {
-            int rc = pcre2_match(re, (PCRE2_SPTR)s, n, i, PCRE2_NO_UTF_CHECK, e->md, NULL);
-            if (rc == PCRE2_ERROR_NOMATCH)
-                break;
+            int rc = tok_match(e, re, s, n, i, "pre_tokenizer");
             if (rc < 0)
-                return ACC_EINTERNAL;
+                return rc;
+            if (rc == 0)
+                break;
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
             a = ov[0];
             b = ov[1];
         } else {
-            const char *hit = memmem(s + i, n - i, p->str, p->slen);
-            if (hit == NULL)
+            int64_t found = memfind(s, n, i, p->str, p->slen);
+            if (found < 0)
                 break;
-            a = (size_t)(hit - s);
+            a = (size_t)found;
             b = a + p->slen;
         }
         if (prev != a && spans_add(out, prev, a, false) != 0)
@@ -498,7 +517,7 @@ static int pre_one(tok_encoder *e, const tok_pre *p, const char *s, size_t n, bo
     }
     case TP_METASPACE: {
         tok_buf r = {0};
-        if ((rc = replace_all(&r, s, n, " ", 1, p->repl, p->repl_len)) != 0)
+        if ((rc = replace_all(NULL, &r, s, n, " ", 1, p->repl, p->repl_len)) != 0)
             goto ms_out;
         bool starts = r.n >= p->repl_len && memcmp(r.s, p->repl, p->repl_len) == 0;
         bool prepend = !starts && (p->prepend_scheme == TPS_ALWAYS ||

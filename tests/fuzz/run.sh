@@ -15,7 +15,7 @@ top=$PWD
 build=$top/build/fuzz
 secs=${ACCUMD_FUZZ_SECONDS:-30}
 jobs=${ACCUMD_FUZZ_JOBS:-2}
-all=(http job_spec conf safetensors ckpt tok records jinja parquet)
+all=(http job_spec conf safetensors ckpt tok records jinja parquet jinja_budget tok_norm)
 targets=("${@:-${all[@]}}")
 [ $# -gt 0 ] || targets=("${all[@]}")
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "budget.h"
 #include "chat.h"
 #include "jinja.h"
 
@@ -135,6 +136,62 @@ static void test_bounds(void **state)
                                 "{% endfor %}",
                                 NULL, &mem, &out, &err),
                      ACC_EINVAL);
+}
+
+/* Issue 25: a render runs under a time limit (an error naming the field
+ * and the limit); substring search and unique are linear, so the slow
+ * template's work fits well inside one (each case below takes minutes
+ * with a quadratic search or unique, milliseconds with a linear one). */
+static void test_time_budget(void **state)
+{
+    (void)state;
+    char *out = NULL;
+    acc_err err = {0};
+    /* a loop that would run for minutes stops at the deadline */
+    jinja_limits lim = {.max_steps = 1L << 40, .max_memory = 1u << 30, .deadline_ns = budget_after_ms(300),
+                        .time_limit_ms = 300};
+    assert_int_equal(render_str("{% set s = 'ab' * 1000000 %}{% for i in range(1000000) %}{{ s.count('a') }}"
+                                "{% endfor %}",
+                                NULL, &lim, &out, &err),
+                     ACC_EINVAL);
+    assert_string_equal(err.field, "data.chat_template");
+    assert_non_null(strstr(err.msg, "time limit of 300 ms"));
+    /* defect 1's search: a 2001-byte needle that fails at its last byte, in 4 MB (10 times each way) */
+    jinja_limits ten = {.deadline_ns = budget_after_ms(10000), .time_limit_ms = 10000};
+    int rc = render_str("{% set s = 'a' * 4000000 %}{% set t = 'a' * 2000 ~ 'b' %}{% set u = s ~ t %}"
+                        "{% set ns = namespace(n=0) %}{% for i in range(10) %}"
+                        "{% if t in s %}{% set ns.n = ns.n + 1 %}{% endif %}"
+                        "{% if t in u %}{% set ns.n = ns.n + 10 %}{% endif %}{% endfor %}"
+                        "{{ ns.n }} {{ s.find(t) }} {{ u.find(t) }} {{ s.count('aaa') }}",
+                        NULL, &ten, &out, &err);
+    if (rc != 0)
+        fail_msg("linear search: %s", err.msg);
+    assert_string_equal(out, "100 -1 4000000 1333333");
+    free(out);
+    /* unique of 200,000 items (Jinja2: case-insensitive, first kept, 1 == 1.0 == True) */
+    rc = render_str("{{ (range(200000) | list + range(100000) | list) | unique | list | length }}", NULL, &ten,
+                    &out, &err);
+    if (rc != 0)
+        fail_msg("linear unique: %s", err.msg);
+    assert_string_equal(out, "200000");
+    free(out);
+}
+
+/* The searches rewritten for issue 25 give Python's answers (values from
+ * Python 3 / Jinja2). */
+static void test_string_search(void **state)
+{
+    (void)state;
+    expect_out("{{ 'ab' in 'xxab' }} {{ 'ba' in 'aab' }} {{ '' in 'a' }} {{ 'aab' in 'aab' }} {{ 'aabb' in 'aab' }}",
+               NULL, "True False True True False");
+    expect_out("{{ 'a,b,,c'.split(',') }} {{ 'a--b--'.split('--') }} {{ 'a,b,c'.split(',', 1) }}", NULL,
+               "['a', 'b', '', 'c'] ['a', 'b', ''] ['a', 'b,c']");
+    expect_out("{{ 'aaaa'.replace('aa', 'b') }} {{ 'abcabc'.replace('bc', 'X', 1) }} {{ 'abc'.replace('z', 'y') }}",
+               NULL, "bb aXabc abc");
+    expect_out("{{ 'abcabc'.find('c') }} {{ 'abcabc'.rfind('c') }} {{ 'abc'.rfind('') }} {{ 'abc'.find('') }} "
+               "{{ 'aaaa'.rfind('aa') }} {{ 'aaaa'.count('aa') }} {{ 'ab'.find('abc') }} {{ 'héé'.rfind('é') }}",
+               NULL, "2 5 3 0 2 2 -1 2");
+    expect_out("{{ ['A', 'a', 'b', 1, 1.0, true, 'B', none, none] | unique | list }}", NULL, "['A', 'b', 1, None]");
 }
 
 static void test_generation(void **state)
@@ -279,6 +336,7 @@ int main(void)
         cmocka_unit_test(test_basics),     cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_bounds),     cmocka_unit_test(test_generation),
         cmocka_unit_test(test_mask_and_bos),
+        cmocka_unit_test(test_time_budget), cmocka_unit_test(test_string_search),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -826,6 +826,41 @@ static void test_parquet_damaged(void **state)
     assert_non_null(strstr(err.msg, "nested.parquet: column messages: a shape other than"));
 }
 
+/* Issue 25 (h-tmpl): data preparation renders each record under the time
+ * budget. A template that is slow on one record -- line 11, past the 8 the
+ * submit check renders -- fails the preparation within seconds, naming the
+ * record's line and the limit, instead of hanging the job. */
+static void test_slow_record(void **state)
+{
+    (void)state;
+    char path[512], file[256];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", tokdir);
+    write_file(path, "{\"bos_token\":\"<s>\",\"eos_token\":\"</s>\",\"add_bos_token\":true,\"chat_template\":"
+                     "\"{% for m in messages %}{% if m.content == 'slow' %}{% set s = 'ab' * 1000000 %}"
+                     "{% for i in range(1000000) %}{% if s.count('a') < 0 %}x{% endif %}{% endfor %}{% endif %}"
+                     "<|{{ m.role }}|>{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}\"}");
+    snprintf(file, sizeof file, "%s/slow.jsonl", root);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    for (int i = 1; i <= 12; i++)
+        fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"%s\"}]}\n",
+                i == 11 ? "slow" : "r");
+    fclose(f);
+    job_spec s;
+    sft_spec(&s, file, SPEC_DATA_CHAT, 64);
+    snprintf(s.data.chat_template, sizeof s.data.chat_template, "auto");
+    acc_err err = {0};
+    if (prep_validate(&s, &err) != 0) /* the first 8 records are quick */
+        fail_msg("prep_validate: %s", err.msg);
+    prep_samples ps;
+    progress_log pl;
+    assert_int_equal(load(&s, &ps, &pl, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "data.train");
+    if (strstr(err.msg, "slow.jsonl:11:") == NULL || strstr(err.msg, "time limit of 2000 ms") == NULL)
+        fail_msg("message '%s' names neither the line nor the limit", err.msg);
+    write_tokenizer(); /* the other tests' tokenizer_config.json */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -837,6 +872,7 @@ int main(void)
         /* h-parquet */
         cmocka_unit_test(test_parquet_like_jsonl), cmocka_unit_test(test_jsonl_glob_and_text_lines),
         cmocka_unit_test(test_infer_format),       cmocka_unit_test(test_parquet_damaged),
+        cmocka_unit_test(test_slow_record), /* h-tmpl */
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

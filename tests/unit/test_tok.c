@@ -272,6 +272,72 @@ static void test_dir_files(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Issue 25: an untrusted tokenizer's work is bounded. Each bound stops the
+ * encode with ACC_EINVAL naming "tokenizer" and the limit. */
+#define AB_MODEL "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"aa\":2},\"merges\":[\"a a\"]}"
+
+static int encode_err(tok_tokenizer *t, const char *s, size_t n, const tok_limits *lim, acc_err *err)
+{
+    tok_encoder *e;
+    assert_int_equal(tok_encoder_new(t, &e, err), 0);
+    if (lim != NULL)
+        tok_encoder_set_limits(e, lim);
+    tok_ids ids = {0};
+    int rc = tok_encode(e, s, n, 0, &ids, err);
+    tok_ids_free(&ids);
+    tok_encoder_free(e);
+    return rc;
+}
+
+static void expect_bounded(const char *json, const char *text, size_t n, const tok_limits *lim, const char *what)
+{
+    acc_err err = {0};
+    tok_tokenizer *t = load(json, &err);
+    if (t == NULL)
+        fail_msg("load: %s", err.msg);
+    int rc = encode_err(t, text, n, lim, &err);
+    tok_free(t);
+    if (rc == 0)
+        fail_msg("encoded; expected a refusal with \"%s\"", what);
+    assert_int_equal(rc, ACC_EINVAL);
+    assert_string_equal(err.field, "tokenizer");
+    if (strstr(err.msg, what) == NULL)
+        fail_msg("error \"%s\" lacks \"%s\"", err.msg, what);
+}
+
+static void test_budget(void **state)
+{
+    (void)state;
+    /* 40 x Replace "a" -> "aa": 2^40 bytes asked; stops at 64 x the input + 1 MiB */
+    char json[8192];
+    size_t k = (size_t)snprintf(json, sizeof json, "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[");
+    for (int i = 0; i < 40; i++)
+        k += (size_t)snprintf(json + k, sizeof json - k, "%s{\"type\":\"Replace\",\"pattern\":{\"String\":\"a\"},"
+                              "\"content\":\"aa\"}", i ? "," : "");
+    snprintf(json + k, sizeof json - k, "]}," AB_MODEL "}");
+    expect_bounded(json, "a", 1, NULL, "output exceeds its bound of 1048640 bytes");
+    /* a regex that backtracks without end: PCRE2's match limit, never "internal" */
+    const char *star = "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a*)*b|a\"},"
+                       "\"behavior\":\"Isolated\"}," AB_MODEL "}";
+    char as[20001];
+    memset(as, 'a', 20000);
+    as[20000] = 0;
+    expect_bounded(star, as, 40, NULL, "match limit");
+    /* defect 2's regex: each match is bounded, 20,000 of them are not: the time limit */
+    const char *alt = "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(?:a|aa){1,18}b|a\"},"
+                      "\"behavior\":\"Isolated\"}," AB_MODEL "}";
+    tok_limits lim;
+    tok_limits_default(&lim);
+    lim.time_limit_ms = 200;
+    expect_bounded(alt, as, 20000, &lim, "limit");
+    /* the bounds leave ordinary work alone: 64 x is room for a real normalizer */
+    acc_err err = {0};
+    tok_tokenizer *t = load(json, &err);
+    assert_non_null(t);
+    assert_int_equal(encode_err(t, "bbbb", 4, NULL, &err), 0);
+    tok_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -281,6 +347,7 @@ int main(void)
         cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_dir_files),
+        cmocka_unit_test(test_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
