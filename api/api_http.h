@@ -104,6 +104,7 @@ typedef struct api_response {
     const char *cache_control;   /* Cache-Control header when non-NULL */
     const char *csp;             /* Content-Security-Policy (and nosniff) when non-NULL */
     struct api_stream *stream;   /* an event stream instead of a body */
+    bool close;                  /* Connection: close: the connection ends after this answer */
     api_deferred *deferred;      /* answered later (api_defer) instead of now */
 } api_response;
 
@@ -143,9 +144,14 @@ void api_server_kick(api_server *s);
 api_stream **api_server_streams(api_server *s);
 
 /* api_stream.c: stream a job's event ring from sequence `from` on,
- * as SSE or NDJSON. The stream is freed with its MHD response. */
+ * as SSE or NDJSON, for `who`. The stream is freed with its MHD response. */
 api_stream *api_stream_new(api_server *s, struct MHD_Connection *conn, struct evring *ring, uint64_t from,
-                           bool ndjson);
+                           bool ndjson, const api_ident *who);
+/* Whether `who` may open one more event stream: open streams are counted
+ * apart from requests, per user (user_max_streams: 429) and in total
+ * (max_streams: 503); past a limit `resp` gets the error, naming it, with
+ * Connection: close, so a refused client holds no connection either. */
+bool api_stream_admit(api_server *s, const api_ident *who, api_response *resp);
 struct MHD_Response *api_stream_response(api_stream *st);
 /* Shutdown: let every stream end and resume the suspended ones. */
 void api_stream_end_all(api_server *s);
