@@ -57,6 +57,13 @@ typedef struct acc_conf {
     char hostfile[PATH_MAX];
     char mpi_args[2048];         /* split at blanks, no quoting */
     char rank_program[PATH_MAX]; /* "" = accumd-rank next to accumd */
+    /* (h-jobs, issue 25) queue caps, event-stream limits, the cancel deadline */
+    int max_queued_jobs;         /* queued jobs in total, 0 = no limit (429 past it) */
+    int user_max_queued;         /* queued jobs per user, 0 = no limit (429 past it) */
+    int max_streams;             /* open event streams in total (0 until finalized: a quarter of the connections) */
+    int user_max_streams;        /* open event streams per user */
+    int cancel_grace;            /* seconds a cancelled job's worker has to stop before it is killed */
+    bool set_streams;
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;
