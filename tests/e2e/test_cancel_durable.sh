@@ -71,6 +71,7 @@ acc_start --set shutdown_grace=5
 s=$(acc_submit "$(spec stuck)")
 wait_started "$s"
 sleep 2
+check_progress "$s" # stuck on record 11 meanwhile: nothing new to report
 code=$(acc_curl -o "$ACC_TMP/del.json" -w '%{http_code}' -X DELETE "$BASE/v1/jobs/$s")
 expect_eq "DELETE of the stuck job" "$code" 202
 acc_curl "$BASE/v1/jobs/$s" | jq -e '.cancel_requested == true and (.cancel_requested_at | type) == "string"' \
