@@ -10,36 +10,20 @@
 #     (its worker killed after cancel_grace, 30 s, if it cannot stop);
 #   - no two successive stored `progress` events of a job say the same
 #     (a stage stuck on one record is not reported every 100 ms).
-# The tokenizer (byte-level BPE, no merges) is written with python3.
+# The tokenizer: byte-level BPE, no merges (tests/support/byte_tokenizer.py).
 . "$(dirname "$0")/lib.sh"
 
 acc_data
 D=$STATE/data
+# the chat template: slow only for a record that says 'slow'
+cat >"$ACC_TMP/slow.jinja" <<'EOF'
+{% if messages[0].content == 'slow' %}{% set s = 'a' * 4000000 %}{% set t = 'a' * 2000 ~ 'b' %}{% for i in range(1000000) %}{% if t in s %}x{% endif %}{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}
+{% endfor %}
+EOF
+python3 "$ACCUMD_SRC/tests/support/byte_tokenizer.py" "$D/tok" "$ACC_TMP/slow.jinja" || fail "writing the tokenizer"
 python3 - "$D" <<'EOF' || fail "writing the test files"
-import json, os, sys
+import json, sys
 d = sys.argv[1]
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b); cs.append(256 + n); n += 1
-chars = {b: chr(c) for b, c in zip(bs, cs)}
-vocab = {chars[b]: b + 2 for b in range(256)}
-special = lambda i, s: {"id": i, "content": s, "special": True, "single_word": False,
-                        "lstrip": False, "rstrip": False, "normalized": False}
-bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-tok = {"version": "1.0", "added_tokens": [special(0, "<s>"), special(1, "</s>")], "normalizer": None,
-       "pre_tokenizer": bl, "decoder": bl, "post_processor": None,
-       "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                 "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                 "ignore_merges": False, "vocab": vocab, "merges": []}}
-slow = ("{% if messages[0].content == 'slow' %}{% set s = 'a' * 4000000 %}{% set t = 'a' * 2000 ~ 'b' %}"
-        "{% for i in range(1000000) %}{% if t in s %}x{% endif %}{% endfor %}{% endif %}"
-        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
-cfg = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False, "chat_template": slow}
-os.makedirs(f"{d}/tok")
-json.dump(tok, open(f"{d}/tok/tokenizer.json", "w"))
-json.dump(cfg, open(f"{d}/tok/tokenizer_config.json", "w"))
 with open(f"{d}/chat.jsonl", "w") as f:
     for i in range(40):
         q = "slow" if i == 10 else f"question {i}?"
