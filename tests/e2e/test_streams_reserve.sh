@@ -5,7 +5,8 @@
 # listing, a submit and a DELETE are sent: each is answered (no refusal, no
 # loss: the DELETE's cancel shows on the job). Streams past user_max_streams
 # (default 64) are refused at once with a JSON 429 naming the limit, and
-# their connection is closed; those within it stay open.
+# their connection is closed; those within it stay open. The total
+# (max_streams) is a 503, closed too.
 . "$(dirname "$0")/lib.sh"
 
 acc_data
@@ -19,6 +20,8 @@ acc_wait_state "$long" running
 cat >"$ACC_TMP/hold.py" <<'PY'
 import json, os, socket, sys, time
 port, job, n, ready, stop = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+status = (sys.argv[6] if len(sys.argv) > 6 else "429").encode()
+limit = (sys.argv[7] if len(sys.argv) > 7 else "user_max_streams").encode()
 req = ("GET /v1/jobs/%s/events?since=999999999 HTTP/1.1\r\nHost: x\r\n\r\n" % job).encode()
 socks, refused_connect = [], 0
 for i in range(n):
@@ -29,7 +32,7 @@ for i in range(n):
     except OSError:
         refused_connect += 1
 time.sleep(2)  # the answers of the refused ones are in by now
-stats = {"opened": len(socks), "refused_connect": refused_connect, "s429": 0, "s200": 0, "closed": 0,
+stats = {"opened": len(socks), "refused_connect": refused_connect, "refused": 0, "s200": 0, "closed": 0,
          "other": 0, "limit_named": 0}
 held = []
 for s in socks:
@@ -41,8 +44,8 @@ for s in socks:
     except OSError:      # reset: refused by a connection limit
         stats["other"] += 1
         continue
-    if head.startswith(b"HTTP/1.1 429"):
-        stats["s429"] += 1
+    if head.startswith(b"HTTP/1.1 " + status):
+        stats["refused"] += 1
         data = b""
         s.settimeout(2)
         try:
@@ -54,7 +57,7 @@ for s in socks:
                 data += d
         except OSError:
             pass
-        if b"user_max_streams" in data:
+        if limit in data:
             stats["limit_named"] += 1
         s.close()
     elif head.startswith(b"HTTP/1.1 200"):
@@ -94,9 +97,30 @@ wait "$holder"
 acc_wait_state "$long" cancelled 60
 echo "$stats" | jq -e '.refused_connect == 0 and .other == 0' >/dev/null ||
     fail "streams refused at connect or answered otherwise: $stats"
-echo "$stats" | jq -e '.s200 == 64 and .s429 == 650 - 64' >/dev/null ||
+echo "$stats" | jq -e '.s200 == 64 and .refused == 650 - 64' >/dev/null ||
     fail "want 64 streams held and 586 refused with 429 (user_max_streams 64): $stats"
-echo "$stats" | jq -e '.closed == .s429 and .limit_named == .s429' >/dev/null ||
+echo "$stats" | jq -e '.closed == .refused and .limit_named == .refused' >/dev/null ||
     fail "the 429s must name user_max_streams and close their connection: $stats"
 ok "650 idle streams: 64 held, 586 refused (429, closed); /healthz, lists, a submit and a DELETE served meanwhile"
+acc_stop
+
+# the total: max_streams 20 below user_max_streams 100: 30 streams, 20 held,
+# 10 refused with a 503 naming max_streams
+acc_start --set max_streams=20 --set user_max_streams=100
+port=${BASE##*:}
+long2=$(acc_submit "$(tiny_job long2 100000)")
+acc_wait_state "$long2" running
+rm -f "$ACC_TMP/ready" "$ACC_TMP/stop"
+python3 "$ACC_TMP/hold.py" "$port" "$long2" 30 "$ACC_TMP/ready" "$ACC_TMP/stop" 503 max_streams &
+holder=$!
+for i in $(seq 1 300); do [ -f "$ACC_TMP/ready" ] && break; sleep 0.1; done
+touch "$ACC_TMP/stop"
+wait "$holder"
+stats=$(cat "$ACC_TMP/ready" 2>/dev/null) || fail "the 30 streams were not opened"
+echo "$stats" | jq -e '.s200 == 20 and .refused == 10 and .closed == 10 and .limit_named == 10 and .other == 0' \
+    >/dev/null || fail "want 20 streams held and 10 refused with 503 naming max_streams: $stats"
+out=$("$ACCUMD" --set max_streams=400 --check-config 2>&1) && fail "max_streams 400 (over half of 600) accepted"
+grep -q 'max_streams' <<<"$out" || fail "max_streams=400: $out"
+ok "max_streams: 20 held, 10 refused (503, closed); a limit without a reserve is refused"
+acc_curl -o /dev/null -X DELETE "$BASE/v1/jobs/$long2"
 acc_stop
