@@ -10,7 +10,9 @@
  * Before any body is read, the server refuses what it can from the headers
  * alone: 401 without the bearer token (every path but /healthz, when the
  * config requires it) or with one that no user has, and 413 for a
- * Content-Length over max_body. The token says who asks (api_ident): with
+ * Content-Length over max_body. A NUL byte in any header is a 400, a
+ * Transfer-Encoding other than chunked a 501 at once, a Content-Length past
+ * 64 bits a JSON 413 with one status line (each closing the connection). The token says who asks (api_ident): with
  * a users file, the user it belongs to; token_file's token is the admin
  * "admin"; no token on an open loopback is "anonymous", an admin without a
  * users file (everyone could do everything before users existed) and a
@@ -22,7 +24,9 @@
  * closed), so a flood of slow clients never takes the slots of the others.
  * Long-lived event streams
  * (api_stream.c) are suspended MHD connections resumed by their job's event
- * ring: no thread and no polling per watcher.
+ * ring: no thread and no polling per watcher; they are counted apart, per
+ * user and in total (api_stream_admit), so the rest of the connection
+ * slots always serve /healthz, submits, cancels and lists.
  */
 #ifndef ACC_API_HTTP_H
 #define ACC_API_HTTP_H
