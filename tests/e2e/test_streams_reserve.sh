@@ -31,7 +31,22 @@ for i in range(n):
         socks.append(s)
     except OSError:
         refused_connect += 1
-time.sleep(2)  # the answers of the refused ones are in by now
+# every connection's answer (its first bytes) is in, or 60 s have passed
+deadline = time.monotonic() + 60
+for s in socks:
+    s.setblocking(False)
+while time.monotonic() < deadline:
+    waiting = 0
+    for s in socks:
+        try:
+            waiting += not s.recv(16, socket.MSG_PEEK)
+        except BlockingIOError:
+            waiting += 1
+        except OSError:
+            pass
+    if waiting == 0:
+        break
+    time.sleep(0.2)
 stats = {"opened": len(socks), "refused_connect": refused_connect, "refused": 0, "s200": 0, "closed": 0,
          "other": 0, "limit_named": 0}
 held = []
