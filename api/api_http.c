@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,6 +30,7 @@ typedef struct conn_rec {
     struct MHD_Connection *conn;
     uint64_t since;        /* ms, start of the request being received */
     bool pending, headers_done, evicted;
+    bool peeked;           /* its header block was looked at (peek_length) */
 } conn_rec;
 
 struct api_server {
@@ -99,19 +101,28 @@ static void on_ping(uv_timer_t *t);
 
 static void arm_timer(api_server *s);
 
+static void peek_pending(api_server *s);
+
+/* Every MHD run: first the look at new header blocks (peek_length). */
+static void run_mhd(api_server *s)
+{
+    peek_pending(s);
+    MHD_run(s->mhd);
+}
+
 static void on_poll(uv_poll_t *h, int status, int events)
 {
     api_server *s = h->data;
     if (status < 0)
         acc_log(ACC_LOG_WARN, "http", "poll error: %s", uv_strerror(status));
-    MHD_run(s->mhd);
+    run_mhd(s);
     arm_timer(s);
 }
 
 static void on_timer(uv_timer_t *t)
 {
     api_server *s = t->data;
-    MHD_run(s->mhd);
+    run_mhd(s);
     arm_timer(s);
 }
 
@@ -135,6 +146,7 @@ int api_status_of(int code)
     case ACC_EOOM: return 507;
     case ACC_EDEVICE: return 503;
     case ACC_EUNAVAIL: return 503;
+    case ACC_ELIMIT: return 429;
     default: return 500;
     }
 }
@@ -257,6 +269,8 @@ static enum MHD_Result queue(api_server *s, struct MHD_Connection *conn, api_res
     }
     if (r->status == MHD_HTTP_UNAUTHORIZED)
         MHD_add_response_header(mr, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"accumd\"");
+    if (r->close)
+        MHD_add_response_header(mr, MHD_HTTP_HEADER_CONNECTION, "close");
     count(s, r->status);
     enum MHD_Result ok = MHD_queue_response(conn, (unsigned)r->status, mr);
     MHD_destroy_response(mr);
@@ -344,6 +358,22 @@ static bool refuse_early(api_server *s, struct MHD_Connection *conn, const char 
     return false;
 }
 
+/* A transfer coding other than "chunked" (the one HTTP/1.1 requires and
+ * MHD decodes): the body's length is unknowable, so the answer is a 501 at
+ * once and the connection closes (MHD would wait for the body forever). */
+static bool refuse_coding(struct MHD_Connection *conn, api_response *r)
+{
+    const char *te = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    if (te == NULL || strcasecmp(te, "chunked") == 0)
+        return false;
+    char safe[64];
+    api_safe_text(te, strlen(te), safe, sizeof safe);
+    api_resp_error(r, MHD_HTTP_NOT_IMPLEMENTED, "not_implemented", "Transfer-Encoding",
+                   "Transfer-Encoding '%s' is not supported (only chunked)", safe);
+    r->close = true;
+    return true;
+}
+
 /* ---- pending connections: deadlines and the reserve --------------------------- */
 
 static uint64_t now_ms(api_server *s) { return uv_now(s->loop); }
@@ -388,6 +418,7 @@ static void pend_start(api_server *s, conn_rec *c)
     pend_unlink(s, c);
     c->since = now_ms(s);
     c->headers_done = false;
+    c->peeked = false;
     c->pending = true;
     c->prev = s->pend_tail;
     if (s->pend_tail != NULL)
@@ -423,8 +454,98 @@ static void on_reap(uv_timer_t *t)
     }
     if (s->evicted_total != before && s->mhd != NULL) {
         /* reap them now: until MHD has, they count against the limits */
-        MHD_run(s->mhd);
+        run_mhd(s);
         arm_timer(s);
+    }
+}
+
+/* ---- Content-Length past 64 bits ---------------------------------------------
+ * MHD 0.9.75 refuses such a request itself, before any callback sees its
+ * headers, with an HTML 413 whose status line and headers it sends twice.
+ * So the header block is looked at first, in the socket (MSG_PEEK: MHD
+ * still reads every byte): a Content-Length whose digits overflow 64 bits
+ * gets the API's JSON 413 (one status line, Connection: close) and the
+ * connection is closed before MHD parses it. */
+#define PEEK_MAX 8192
+#define PEEK_PER_RUN 64    /* connections looked at per MHD run, newest first */
+
+/* Whether the header block in buf[0, n) has a Content-Length whose value
+ * overflows 64 bits (and is a number: MHD's "too large" case). */
+static bool length_overflows(const char *buf, size_t n)
+{
+    static const char name[] = "content-length:";
+    for (size_t i = 0; i + sizeof name < n; i++) {
+        if ((i > 0 && buf[i - 1] != '\n') || strncasecmp(buf + i, name, sizeof name - 1) != 0)
+            continue;
+        size_t k = i + sizeof name - 1, d = 0;
+        while (k < n && (buf[k] == ' ' || buf[k] == '\t'))
+            k++;
+        uint64_t v = 0;
+        bool over = false;
+        for (; k < n && buf[k] >= '0' && buf[k] <= '9'; k++, d++) {
+            unsigned dig = (unsigned)(buf[k] - '0');
+            over |= v > (UINT64_MAX - dig) / 10;
+            v = v * 10 + dig;
+        }
+        return d > 0 && over;
+    }
+    return false;
+}
+
+static uint64_t now_ms(api_server *s);
+static void evict(api_server *s, conn_rec *c, const char *why);
+
+static void send_length_413(api_server *s, int fd)
+{
+    api_response r = {0};
+    api_resp_error(&r, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "Content-Length",
+                   "Content-Length is past 64 bits; request bodies are at most max_body (%llu bytes)",
+                   (unsigned long long)s->conf->max_body);
+    char head[256];
+    int hl = snprintf(head, sizeof head,
+                      "HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                      "Content-Length: %zu\r\n\r\n",
+                      r.body_len);
+    /* a few hundred bytes into an empty socket buffer: one non-blocking try */
+    if (hl > 0 && send(fd, head, (size_t)hl, MSG_NOSIGNAL | MSG_DONTWAIT) == hl && r.body != NULL)
+        (void)send(fd, r.body, r.body_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    free(r.body);
+    s->counts[413]++;
+}
+
+/* Look at what a connection still sending its header has sent so far. */
+static void peek_length(api_server *s, conn_rec *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci == NULL)
+        return;
+    char buf[PEEK_MAX];
+    ssize_t n = recv(ci->connect_fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0)
+        return;
+    /* the header block only: a body may say anything */
+    const char *blank = memmem(buf, (size_t)n, "\r\n\r\n", 4), *lf = memmem(buf, (size_t)n, "\n\n", 2);
+    if (blank == NULL || (lf != NULL && lf < blank))
+        blank = lf;
+    if (length_overflows(buf, blank != NULL ? (size_t)(blank - buf) + 1 : (size_t)n)) {
+        send_length_413(s, ci->connect_fd);
+        c->peeked = true;
+        evict(s, c, "Content-Length past 64 bits");
+        return;
+    }
+    /* the whole header block seen (or as much as is looked at): done */
+    c->peeked = blank != NULL || (size_t)n == sizeof buf;
+}
+
+static void peek_pending(api_server *s)
+{
+    int k = 0;
+    for (conn_rec *c = s->pend_tail, *prev; c != NULL && k < PEEK_PER_RUN; c = prev) {
+        prev = c->prev;
+        if (c->headers_done || c->peeked || c->evicted)
+            continue;
+        k++;
+        peek_length(s, c);
     }
 }
 
@@ -440,6 +561,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         c->conn = conn;
         *socket_context = c;
         pend_start(s, c);
+        peek_length(s, c); /* MHD reads what has come in this same run */
     } else if (c != NULL) {
         pend_unlink(s, c);
         free(c);
@@ -522,6 +644,60 @@ static bool raw_nul(const req_ctx *rc, const char *version, api_response *r)
         return false;
     api_resp_error(r, MHD_HTTP_BAD_REQUEST, "invalid", NULL, "the request target contains a NUL byte");
     return true;
+}
+
+/* A NUL byte inside a header. MHD 0.9 gives header values as C strings,
+ * cut at a NUL ("Bearer <token>\0junk" would pass as the token). It parses
+ * the header block in place: each line's end ("\r\n" or "\n") turned into
+ * NULs, the next header's name right after it. So after a value come one
+ * or two line-end bytes and then the next name (or, after the last, the
+ * blank line): anything else there is the rest of a value cut at a NUL. */
+typedef struct hdr_scan {
+    const char *prev_end;  /* the end of the previous value */
+    bool nul;
+} hdr_scan;
+
+static bool line_end_byte(char c) { return c == '\0' || c == '\r' || c == '\n'; }
+
+static enum MHD_Result hdr_scan_one(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                                    const char *value, size_t value_size)
+{
+    hdr_scan *h = cls;
+    if (h->prev_end != NULL && key > h->prev_end) { /* in place, in order: the bytes between are known */
+        size_t gap = (size_t)(key - h->prev_end);
+        for (size_t i = 0; i < gap && !h->nul; i++)
+            h->nul = gap > 2 || !line_end_byte(h->prev_end[i]);
+    }
+    h->prev_end = value != NULL ? value + value_size : NULL;
+    return h->nul ? MHD_NO : MHD_YES;
+}
+
+/* The header block starts with the method (in place too, just before the
+ * target): after the last value, up to its end, only its line end and
+ * the blank line (at most 4 bytes). Elsewhere: no verdict on it. */
+static bool last_value_nul(struct MHD_Connection *conn, const req_ctx *rc, const char *method, const char *end_value)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    if (ci == NULL || rc->raw_uri == NULL || method >= rc->raw_uri || rc->raw_uri - method > 64)
+        return !line_end_byte(end_value[0]) || !line_end_byte(end_value[1]);
+    const char *end = method + ci->header_size;
+    if (end < end_value || end - end_value > 4)
+        return end >= end_value;
+    for (const char *p = end_value; p < end; p++)
+        if (!line_end_byte(*p))
+            return true;
+    return false;
+}
+
+static bool header_nul(struct MHD_Connection *conn, const req_ctx *rc, const char *method, api_response *r)
+{
+    hdr_scan h = {0};
+    MHD_get_connection_values_n(conn, MHD_HEADER_KIND, hdr_scan_one, &h);
+    if (!h.nul && h.prev_end != NULL)
+        h.nul = last_value_nul(conn, rc, method, h.prev_end);
+    if (h.nul)
+        api_resp_error(r, MHD_HTTP_BAD_REQUEST, "invalid", NULL, "a header contains a NUL byte");
+    return h.nul;
 }
 
 /* ---- deferred answers (api_defer) ------------------------------------------ */
@@ -746,7 +922,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (cr != NULL)
             cr->headers_done = true;
         api_response early = {.status = 0};
-        if (raw_nul(rc, version, &early) || refuse_early(s, conn, url, &early, &rc->who)) {
+        if (raw_nul(rc, version, &early) || header_nul(conn, rc, method, &early) || refuse_coding(conn, &early) ||
+            refuse_early(s, conn, url, &early, &rc->who)) {
             rc->answered = true; /* still pending: a body may follow, under request_timeout */
             log_request(method, url, early.status);
             return queue(s, conn, &early);

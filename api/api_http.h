@@ -10,7 +10,9 @@
  * Before any body is read, the server refuses what it can from the headers
  * alone: 401 without the bearer token (every path but /healthz, when the
  * config requires it) or with one that no user has, and 413 for a
- * Content-Length over max_body. The token says who asks (api_ident): with
+ * Content-Length over max_body. A NUL byte in any header is a 400, a
+ * Transfer-Encoding other than chunked a 501 at once, a Content-Length past
+ * 64 bits a JSON 413 with one status line (each closing the connection). The token says who asks (api_ident): with
  * a users file, the user it belongs to; token_file's token is the admin
  * "admin"; no token on an open loopback is "anonymous", an admin without a
  * users file (everyone could do everything before users existed) and a
@@ -22,7 +24,9 @@
  * closed), so a flood of slow clients never takes the slots of the others.
  * Long-lived event streams
  * (api_stream.c) are suspended MHD connections resumed by their job's event
- * ring: no thread and no polling per watcher.
+ * ring: no thread and no polling per watcher; they are counted apart, per
+ * user and in total (api_stream_admit), so the rest of the connection
+ * slots always serve /healthz, submits, cancels and lists.
  */
 #ifndef ACC_API_HTTP_H
 #define ACC_API_HTTP_H
@@ -104,6 +108,7 @@ typedef struct api_response {
     const char *cache_control;   /* Cache-Control header when non-NULL */
     const char *csp;             /* Content-Security-Policy (and nosniff) when non-NULL */
     struct api_stream *stream;   /* an event stream instead of a body */
+    bool close;                  /* Connection: close: the connection ends after this answer */
     api_deferred *deferred;      /* answered later (api_defer) instead of now */
 } api_response;
 
@@ -143,9 +148,14 @@ void api_server_kick(api_server *s);
 api_stream **api_server_streams(api_server *s);
 
 /* api_stream.c: stream a job's event ring from sequence `from` on,
- * as SSE or NDJSON. The stream is freed with its MHD response. */
+ * as SSE or NDJSON, for `who`. The stream is freed with its MHD response. */
 api_stream *api_stream_new(api_server *s, struct MHD_Connection *conn, struct evring *ring, uint64_t from,
-                           bool ndjson);
+                           bool ndjson, const api_ident *who);
+/* Whether `who` may open one more event stream: open streams are counted
+ * apart from requests, per user (user_max_streams: 429) and in total
+ * (max_streams: 503); past a limit `resp` gets the error, naming it, with
+ * Connection: close, so a refused client holds no connection either. */
+bool api_stream_admit(api_server *s, const api_ident *who, api_response *resp);
 struct MHD_Response *api_stream_response(api_stream *st);
 /* Shutdown: let every stream end and resume the suspended ones. */
 void api_stream_end_all(api_server *s);

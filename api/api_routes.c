@@ -203,12 +203,14 @@ static void route_events(api_server *s, const api_request *req, const api_call *
         resp->content_type = c->ndjson ? "application/x-ndjson" : "text/event-stream";
         return;
     }
+    if (!api_stream_admit(s, req->who, resp)) /* streams have their own limits (h-jobs, issue 25) */
+        return;
     acc_err err = {0};
     if (jobs_hydrate(api_server_app(s), j, &err) != 0) { /* the history, from the store */
         api_resp_from_err(resp, &err);
         return;
     }
-    resp->stream = api_stream_new(s, req->conn, &j->ring, c->from, c->ndjson);
+    resp->stream = api_stream_new(s, req->conn, &j->ring, c->from, c->ndjson, req->who);
     if (resp->stream == NULL)
         api_resp_error(resp, 500, "internal", NULL, "out of memory");
 }

@@ -8,6 +8,12 @@
  * and goes on from the oldest event still held; it never slows the job.
  * SSE: "id: <seq>\nevent: <type>\ndata: <json>\n\n"; NDJSON: "<json>\n".
  * Only the loop thread touches streams.
+ *
+ * Streams hold their connection for as long as the client stays, reading
+ * or not: they are counted apart from ordinary requests, per user and in
+ * total (api_stream_admit), below the connection limits, so a crowd of
+ * idle watchers never takes the slots /healthz, submits, cancels and
+ * lists need (conf.h: max_streams, user_max_streams).
  */
 #include <inttypes.h>
 #include <microhttpd.h>
@@ -28,6 +34,7 @@ struct api_stream {
     evring *ring;
     evring_watcher w;
     uint64_t next_seq;
+    char user[API_NAME_MAX]; /* who watches: the per-user count */
     bool ndjson, suspended, ending, ping;
     char *buf;
     size_t len, off, cap;
@@ -149,12 +156,34 @@ static void free_stream(void *cls)
     free(st);
 }
 
+bool api_stream_admit(api_server *s, const api_ident *who, api_response *resp)
+{
+    const acc_conf *c = api_server_conf(s);
+    int total = 0, mine = 0;
+    for (api_stream *st = *api_server_streams(s); st != NULL; st = st->next) {
+        total++;
+        mine += !strcmp(st->user, who->name);
+    }
+    if (mine >= c->user_max_streams)
+        api_resp_error(resp, 429, "too_many_requests", NULL,
+                       "user_max_streams %d reached: %s has %d open event streams; close one first",
+                       c->user_max_streams, who->name, mine);
+    else if (total >= c->max_streams)
+        api_resp_error(resp, 503, "unavailable", NULL,
+                       "max_streams %d reached: %d event streams are open; try again later", c->max_streams, total);
+    else
+        return true;
+    resp->close = true;
+    return false;
+}
+
 api_stream *api_stream_new(api_server *s, struct MHD_Connection *conn, struct evring *ring, uint64_t from,
-                           bool ndjson)
+                           bool ndjson, const api_ident *who)
 {
     api_stream *st = calloc(1, sizeof *st);
     if (st == NULL)
         return NULL;
+    snprintf(st->user, sizeof st->user, "%s", who->name);
     st->srv = s;
     st->conn = conn;
     st->ring = ring;

@@ -154,6 +154,8 @@ static void on_tick(uv_timer_t *t)
     acc_daemon *d = t->data;
     if (d->jobs_on)
         jobs_retry_store(&d->jobs); /* state changes the store could not write yet */
+    if (d->jobs_on)
+        jobs_enforce_cancels(&d->jobs); /* cancels not honoured within cancel_grace */
     update_status(d);
 }
 

@@ -70,6 +70,9 @@ static void print_conf(const acc_conf *c)
            c->log_level, c->log_file, c->users_file, c->user_max_running, c->user_max_devices,
            c->history_keep, c->worker_processes ? "true" : "false", c->worker_heartbeat_timeout,
            c->rank_processes ? "true" : "false", c->mpi_launcher, c->hostfile, c->mpi_args, c->rank_program);
+    /* h-jobs, issue 25 */
+    printf("max_queued_jobs = %d\nuser_max_queued = %d\nmax_streams = %d\nuser_max_streams = %d\ncancel_grace = %d\n",
+           c->max_queued_jobs, c->user_max_queued, c->max_streams, c->user_max_streams, c->cancel_grace);
 }
 
 enum { OPT_CHECK = 1000 };

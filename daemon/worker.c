@@ -264,6 +264,10 @@ static void control(void *ctx, job *j, const char *what)
     (void)ctx;
     if (p == NULL || p->ended || p->exited)
         return;
+    if (!strcmp(what, "kill")) { /* a cancel not honoured in time (jobs_enforce_cancels) */
+        kill_worker(p, "cancelled, and not stopped within cancel_grace");
+        return;
+    }
     wk_ctl *c = malloc(sizeof *c);
     if (c == NULL) {
         acc_log(ACC_LOG_ERROR, "worker", "job %s: out of memory sending %s", p->job_id, what);

@@ -24,7 +24,8 @@ const char *const conf_keys[] = {
     "mpi_args", "rank_program",
     /* h-tmpl: bounded work on untrusted templates and tokenizers */
     "render_time_limit_ms", "tokenizer_match_limit", "heavy_requests_max", "heavy_requests_per_user",
-    NULL,
+    /* h-jobs, issue 25 */
+    "max_queued_jobs", "user_max_queued", "max_streams", "user_max_streams", "cancel_grace", NULL,
 };
 
 void conf_defaults(acc_conf *c)
@@ -51,6 +52,10 @@ void conf_defaults(acc_conf *c)
     c->worker_processes = true;
     c->worker_heartbeat_timeout = 10;
     snprintf(c->mpi_launcher, sizeof c->mpi_launcher, "mpirun");
+    c->max_queued_jobs = 10000; /* h-jobs, issue 25 */
+    c->user_max_queued = 1000;
+    c->user_max_streams = 64;
+    c->cancel_grace = 30;
     snprintf(c->log_level, sizeof c->log_level, "info");
     /* h-tmpl */
     c->render_time_limit_ms = 2000;
@@ -197,6 +202,24 @@ static int parse_listen(acc_conf *c, const char *v, acc_err *err)
     return 0;
 }
 
+/* h-jobs, issue 25: the queue caps, the stream limits, the cancel deadline. */
+static int conf_set_limits(acc_conf *c, const char *key, const char *v, acc_err *err)
+{
+    if (!strcmp(key, "max_queued_jobs"))
+        return parse_int(key, v, 0, 1 << 24, &c->max_queued_jobs, err);
+    if (!strcmp(key, "user_max_queued"))
+        return parse_int(key, v, 0, 1 << 24, &c->user_max_queued, err);
+    if (!strcmp(key, "max_streams")) {
+        c->set_streams = true;
+        return parse_int(key, v, 1, 65536, &c->max_streams, err);
+    }
+    if (!strcmp(key, "user_max_streams"))
+        return parse_int(key, v, 1, 65536, &c->user_max_streams, err);
+    if (!strcmp(key, "cancel_grace"))
+        return parse_int(key, v, 1, 86400, &c->cancel_grace, err);
+    return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);
+}
+
 int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
 {
     uint64_t bytes;
@@ -311,7 +334,7 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         return parse_int(key, v, 1, 1 << 16, &c->heavy_requests_max, err);
     if (!strcmp(key, "heavy_requests_per_user"))
         return parse_int(key, v, 1, 1 << 16, &c->heavy_requests_per_user, err);
-    return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);
+    return conf_set_limits(c, key, v, err);
 }
 
 int conf_set_pair(acc_conf *c, const char *pair, acc_err *err)
@@ -343,6 +366,15 @@ static int check_limits(acc_conf *c, acc_err *err)
                            "max_pending_connections %d must be below max_connections (%d) and "
                            "max_connections_per_ip (%d), to keep a reserve",
                            c->max_pending_connections, c->max_connections, c->max_connections_per_ip);
+    /* event streams hold their connection: at most half the slots one
+     * address may have, so requests always find one (h-jobs, issue 25) */
+    if (!c->set_streams)
+        c->max_streams = cap / 4 > 0 ? cap / 4 : 1;
+    if (c->set_streams && c->max_streams > cap / 2)
+        return acc_err_set(err, ACC_EINVAL, "max_streams",
+                           "max_streams %d must be at most half of max_connections (%d) and max_connections_per_ip "
+                           "(%d), to keep a reserve for requests",
+                           c->max_streams, c->max_connections, c->max_connections_per_ip);
     if (c->header_timeout > c->request_timeout)
         return acc_err_set(err, ACC_EINVAL, "header_timeout", "header_timeout %d is above request_timeout %d",
                            c->header_timeout, c->request_timeout);

@@ -62,6 +62,13 @@ typedef struct acc_conf {
     int tokenizer_match_limit;   /* PCRE2 match limit of a tokenizer regex match */
     int heavy_requests_max;      /* POST /v1/tokenize being worked on at once (429 past it) */
     int heavy_requests_per_user; /* the same per user */
+    /* (h-jobs, issue 25) queue caps, event-stream limits, the cancel deadline */
+    int max_queued_jobs;         /* queued jobs in total, 0 = no limit (429 past it) */
+    int user_max_queued;         /* queued jobs per user, 0 = no limit (429 past it) */
+    int max_streams;             /* open event streams in total (0 until finalized: a quarter of the connections) */
+    int user_max_streams;        /* open event streams per user */
+    int cancel_grace;            /* seconds a cancelled job's worker has to stop before it is killed */
+    bool set_streams;
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;

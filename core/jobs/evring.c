@@ -1,4 +1,4 @@
-/* evring: see evring.h. The slot of sequence s is (s - 1) % cap. */
+/* evring: see evring.h. The slot of sequence s is (s - 1) % nslots. */
 #include "evring.h"
 
 #include <inttypes.h>
@@ -12,10 +12,12 @@ int evring_init(evring *r, int cap, acc_err *err)
     memset(r, 0, sizeof *r);
     if (cap < 1)
         return acc_err_set(err, ACC_EINVAL, "event_ring", "event ring capacity must be >= 1");
-    r->slots = calloc((size_t)cap, sizeof *r->slots);
+    int n = cap < EVRING_FIRST_SLOTS ? cap : EVRING_FIRST_SLOTS;
+    r->slots = calloc((size_t)n, sizeof *r->slots);
     if (r->slots == NULL)
-        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for an event ring of %d", cap);
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for an event ring");
     r->cap = cap;
+    r->nslots = n;
     r->next_seq = 1;
     return 0;
 }
@@ -23,7 +25,7 @@ int evring_init(evring *r, int cap, acc_err *err)
 void evring_free(evring *r)
 {
     if (r->slots != NULL)
-        for (int i = 0; i < r->cap; i++)
+        for (int i = 0; i < r->nslots; i++)
             free(r->slots[i].json);
     free(r->slots);
     r->slots = NULL;
@@ -39,15 +41,36 @@ static void notify_all(evring *r)
     }
 }
 
+/* Twice the slots (at most cap), every held event moved to its new slot:
+ * they are consecutive and fewer than the new count, so none collide. */
+static int grow(evring *r, acc_err *err)
+{
+    int n = r->nslots > r->cap / 2 ? r->cap : r->nslots * 2;
+    evring_entry *ns = calloc((size_t)n, sizeof *ns);
+    if (ns == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for an event ring of %d", n);
+    for (int i = 0; i < r->nslots; i++)
+        if (r->slots[i].seq != 0)
+            ns[(r->slots[i].seq - 1) % (uint64_t)n] = r->slots[i];
+    free(r->slots);
+    r->slots = ns;
+    r->nslots = n;
+    return 0;
+}
+
 int evring_push(evring *r, const char *type, const char *json, size_t len, uint64_t *seq_out, acc_err *err)
 {
+    uint64_t seq = r->next_seq;
+    /* the slot is taken by an older event: grow while below cap, else overwrite */
+    if (r->slots[(seq - 1) % (uint64_t)r->nslots].seq != 0 && r->nslots < r->cap && grow(r, err) != 0)
+        return ACC_ENOMEM;
     char *copy = malloc(len + 1);
     if (copy == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for an event");
     memcpy(copy, json, len);
     copy[len] = '\0';
-    uint64_t seq = r->next_seq++;
-    evring_entry *e = &r->slots[(seq - 1) % (uint64_t)r->cap];
+    r->next_seq++;
+    evring_entry *e = &r->slots[(seq - 1) % (uint64_t)r->nslots];
     free(e->json);
     e->seq = seq;
     snprintf(e->type, sizeof e->type, "%s", type);
@@ -67,9 +90,10 @@ void evring_start_at(evring *r, uint64_t next_seq)
 
 uint64_t evring_first(const evring *r)
 {
-    uint64_t oldest = r->next_seq > (uint64_t)r->cap ? r->next_seq - (uint64_t)r->cap : 1;
+    uint64_t n = (uint64_t)r->nslots;
+    uint64_t oldest = r->next_seq > n ? r->next_seq - n : 1;
     /* after evring_start_at, slots below the first pushed event are empty */
-    while (oldest < r->next_seq && r->slots[(oldest - 1) % (uint64_t)r->cap].seq != oldest)
+    while (oldest < r->next_seq && r->slots[(oldest - 1) % n].seq != oldest)
         oldest++;
     return oldest;
 }
@@ -78,7 +102,7 @@ const evring_entry *evring_get(const evring *r, uint64_t seq)
 {
     if (seq < evring_first(r) || seq >= r->next_seq)
         return NULL;
-    const evring_entry *e = &r->slots[(seq - 1) % (uint64_t)r->cap];
+    const evring_entry *e = &r->slots[(seq - 1) % (uint64_t)r->nslots];
     return e->seq == seq ? e : NULL;
 }
 

@@ -36,17 +36,23 @@ struct evring_watcher {
 
 typedef struct evring {
     evring_entry *slots;
-    int cap;
+    int cap;           /* the most events it keeps (event_ring) */
+    int nslots;        /* slots allocated now: grows by doubling up to cap */
     uint64_t next_seq; /* the sequence number the next push gets; first is 1 */
     bool closed;       /* no more events until reopened */
     char job[32];      /* the job's id, for the gap event (evring_gap_json) */
     evring_watcher *watchers;
 } evring;
 
+/* A ring keeping up to `cap` events. Its slots start few
+ * (EVRING_FIRST_SLOTS) and double as events come, up to `cap`: a queued
+ * job with its one event costs a few hundred bytes, not `cap` slots. */
+#define EVRING_FIRST_SLOTS 8
 int evring_init(evring *r, int cap, acc_err *err);
 void evring_free(evring *r);
 
-/* Append an event; `json` is copied. Sets *seq_out (may be NULL). */
+/* Append an event; `json` is copied. Sets *seq_out (may be NULL).
+ * ACC_ENOMEM (nothing pushed) when the slots cannot grow. */
 int evring_push(evring *r, const char *type, const char *json, size_t len, uint64_t *seq_out, acc_err *err);
 
 /* Before any push: continue numbering at `next_seq` (reload after restart). */

@@ -147,6 +147,12 @@ static json_t *batch_json(const job *j)
 
 static json_t *devices_json(const job *j, const kern_device_info *devs)
 {
+    if (j->ndev == 0 && j->record_devices != NULL && job_state_final(j->state)) {
+        json_t *rec = json_loads(j->record_devices, 0, NULL); /* as it ran, before a restart */
+        if (json_is_array(rec))
+            return rec;
+        json_decref(rec);
+    }
     json_t *a = json_array();
     for (int i = 0; a != NULL && i < j->ndev; i++)
         json_array_append_new(a, json_string(devs[j->dev_idx[i]].name));
@@ -167,6 +173,9 @@ json_t *job_to_json(const job *j, bool full, const kern_device_info *devs)
         return NULL;
     json_object_set_new(o, "owner", j->owner[0] ? json_string(j->owner) : json_null());
     json_object_set_new(o, "worker_restarts", json_integer(j->worker_restarts));
+    /* a running job's cancel, as stored (jobs_cancel) */
+    json_object_set_new(o, "cancel_requested", json_boolean(j->cancel_requested));
+    json_object_set_new(o, "cancel_requested_at", job_time_json(j->cancel_requested_at));
     if (j->err_msg[0])
         json_object_set_new(o, "error", json_pack("{s:s, s:s}", "code", j->err_code, "message", j->err_msg));
     else
@@ -201,6 +210,45 @@ void job_view_invalidate(job *j)
     }
 }
 
+/* What a final job's view shows from its spec, as it ran (job.h). */
+static json_t *record_json(const job *j)
+{
+    json_t *devs = j->record_devices ? json_loads(j->record_devices, 0, NULL) : NULL;
+    return json_pack("{s:s, s:i, s:i, s:s, s:i, s:b, s:i, s:b, s:i, s:o}", "name", j->spec.name, "priority",
+                     j->spec.priority, "max_steps", j->spec.max_steps, "precision",
+                     spec_precision_name(j->spec.precision), "train_batch_size", j->spec.train_batch_size,
+                     "micro_auto", j->spec.micro_auto, "world", j->spec.devices, "merge_lora", j->spec.merge_lora,
+                     "lora_r", j->spec.lora.r, "devices", json_is_array(devs) ? devs : json_array());
+}
+
+/* A final job's record back over what the spec, read again, said. */
+static void record_apply(job *j, const json_t *rec)
+{
+    const char *name = json_string_value(json_object_get(rec, "name"));
+    const char *prec = json_string_value(json_object_get(rec, "precision"));
+    if (name != NULL)
+        snprintf(j->spec.name, sizeof j->spec.name, "%s", name);
+    for (int p = SPEC_FP32; prec != NULL && p <= SPEC_BF16; p++)
+        if (!strcmp(prec, spec_precision_name((spec_precision)p)))
+            j->spec.precision = (spec_precision)p;
+    const struct { const char *key; int *to; } ints[] = {
+        {"priority", &j->spec.priority}, {"max_steps", &j->spec.max_steps},
+        {"train_batch_size", &j->spec.train_batch_size}, {"world", &j->spec.devices}, {"lora_r", &j->spec.lora.r}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        json_t *v = json_object_get(rec, ints[i].key);
+        if (json_is_integer(v))
+            *ints[i].to = (int)json_integer_value(v);
+    }
+    json_t *b = json_object_get(rec, "micro_auto");
+    if (json_is_boolean(b))
+        j->spec.micro_auto = json_is_true(b);
+    if (json_is_boolean(b = json_object_get(rec, "merge_lora")))
+        j->spec.merge_lora = json_is_true(b);
+    json_t *devs = json_object_get(rec, "devices");
+    free(j->record_devices);
+    j->record_devices = json_is_array(devs) ? json_dumps(devs, JSON_COMPACT) : NULL;
+}
+
 json_t *job_status_json(const job *j)
 {
     json_t *o = json_pack("{s:s, s:s, s:I, s:f, s:f, s:f, s:i, s:o, s:i, s:i, s:s, s:s, s:i, s:o}", "id", j->id, "state",
@@ -215,6 +263,10 @@ json_t *job_status_json(const job *j)
         json_object_set_new(o, "worker_restarts", json_integer(j->worker_restarts));
         json_object_set_new(o, "crash_step", json_integer(j->crash_step));
     }
+    if (o != NULL && j->cancel_requested_at > 0)
+        json_object_set_new(o, "cancel_requested_at", json_real(j->cancel_requested_at));
+    if (o != NULL)
+        json_object_set_new(o, "record", record_json(j));
     /* the job's unique id: its checkpoints carry it (ckpt.h) */
     if (o != NULL && j->spec.job_uid[0] != '\0') {
         json_object_set_new(o, "uid", json_string(j->spec.job_uid));
@@ -255,6 +307,12 @@ void job_status_apply(job *j, const json_t *st)
     json_array_foreach(outs, i, o) if (json_is_string(o))
         job_add_output(j, json_string_value(o), JOB_MAX_OUTPUTS, NULL);
     snprintf(j->owner, sizeof j->owner, "%s", json_string_value(json_object_get(st, "owner")) ?: "");
+    json_t *cr = json_object_get(st, "cancel_requested_at");
+    j->cancel_requested_at = json_is_number(cr) ? json_number_value(cr) : 0;
+    j->cancel_requested = j->cancel_requested_at > 0;
+    json_t *rec = json_object_get(st, "record");
+    if (json_is_object(rec) && job_state_final(j->state))
+        record_apply(j, rec);
     const char *uid = json_string_value(json_object_get(st, "uid"));
     if (uid != NULL && job_uid_valid(uid)) {
         snprintf(j->spec.job_uid, sizeof j->spec.job_uid, "%s", uid);

@@ -61,6 +61,17 @@ typedef struct job {
     int worker_restarts;
     int crash_step;
     bool cancel_requested;
+    /* when the cancel was asked for (unix seconds, 0 = never): stored with
+     * the status before the answer, so a restart ends the job cancelled */
+    double cancel_requested_at;
+    bool cancel_killed;    /* its worker was killed after cancel_grace */
+    /* the last progress event (stage, done, total): one is stored only
+     * when these change */
+    char progress_stage[16];
+    uint64_t progress_done, progress_total;
+    /* a finished job's device names as it ran ("[...]" JSON text), kept
+     * from its stored record: a restart never rewrites them */
+    char *record_devices;
     bool stop_for_shutdown; /* cancelled by SIGTERM: stays "running" on disk */
     char *outputs[JOB_MAX_OUTPUTS]; /* checkpoint directories written, oldest first */
     int noutputs;
@@ -103,7 +114,11 @@ json_t *job_to_json(const job *j, bool full, const kern_device_info *devs);
 /* The API view as compact JSON text, cached until job_view_invalidate(). */
 const char *job_view(job *j, bool full, const kern_device_info *devs, size_t *len);
 void job_view_invalidate(job *j);
-/* The stored status form (store.h "status"), and back (for reload). */
+/* The stored status form (store.h "status"), and back (for reload).
+ * The status carries the job's "record" (its name, priority, batch,
+ * precision, max_steps as run, devices by name): a final job's view is
+ * rebuilt from it at a restart, never from the spec read again (which may
+ * give other values: num_train_epochs's max_steps, files gone). */
 json_t *job_status_json(const job *j);
 void job_status_apply(job *j, const json_t *status);
 /* The job's unique id (job_spec.job_uid): 128 random bits as 32 lowercase

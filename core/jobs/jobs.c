@@ -255,6 +255,7 @@ static job *job_new(jobs_mgr *m, acc_err *err)
 static void job_delete(job *j)
 {
     evring_free(&j->ring);
+    free(j->record_devices);
     job_view_invalidate(j);
     free(j->metrics);
     job_free_outputs(j);
@@ -723,6 +724,30 @@ static int claim_id(jobs_mgr *m, job *j, acc_err *err)
     return rc;
 }
 
+/* The queue caps (max_queued_jobs, user_max_queued): a full queue is a
+ * 429 naming the limit, so queued jobs cannot grow without bound. */
+static int check_queue_caps(const jobs_mgr *m, const char *owner, acc_err *err)
+{
+    int total = 0, mine = 0;
+    for (size_t i = 0; i < m->njobs; i++) {
+        const job *j = m->jobs[i];
+        if (j->state != JOB_QUEUED)
+            continue;
+        total++;
+        mine += !strcmp(j->owner, owner);
+    }
+    const acc_conf *cf = m->conf;
+    if (cf->user_max_queued > 0 && mine >= cf->user_max_queued)
+        return acc_err_set(err, ACC_ELIMIT, NULL,
+                           "user_max_queued %d reached: %s has %d queued jobs; wait until some start, or cancel some",
+                           cf->user_max_queued, owner[0] ? owner : "the admin", mine);
+    if (cf->max_queued_jobs > 0 && total >= cf->max_queued_jobs)
+        return acc_err_set(err, ACC_ELIMIT, NULL,
+                           "max_queued_jobs %d reached: %d jobs are queued; wait until some start", cf->max_queued_jobs,
+                           total);
+    return 0;
+}
+
 int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, acc_err *err)
 {
     if (c->rc != 0) {
@@ -742,6 +767,8 @@ int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, 
     }
     if (m->draining)
         return acc_err_set(err, ACC_ESTATE, NULL, "the daemon is shutting down; not accepting jobs");
+    if ((rc = check_queue_caps(m, c->owner, err)) != 0)
+        return rc;
     /* checked here, on the loop thread, after the off-loop validation: the
      * store may have turned read-only meanwhile (503) */
     if ((rc = store_writable(m, err)) != 0 || (rc = table_reserve(m, err)) != 0)
@@ -874,6 +901,20 @@ static int open_output_dir(jobs_mgr *m, job *j, acc_err *err)
     return 0;
 }
 
+/* The names of the devices a job runs on, kept in its record (job.h). */
+static void set_record_devices(job *j, const kern_device_info *devs, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a != NULL && i < n; i++)
+        json_array_append_new(a, json_string(devs[i].name));
+    char *text = a ? json_dumps(a, JSON_COMPACT) : NULL;
+    json_decref(a);
+    if (text == NULL)
+        return; /* out of memory: the record keeps the previous names */
+    free(j->record_devices);
+    j->record_devices = text;
+}
+
 /* The job is "running" on disk before its trainer starts: a start the
  * store cannot record does not happen (the job stays queued). */
 static void start_job(jobs_mgr *m, job *j, const sched_req *r)
@@ -888,6 +929,7 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
     }
     double started = j->started_at;
     int micro = j->cur_micro, accum = j->cur_accum;
+    set_record_devices(j, devinfo, r->want);
     j->started_at = job_now();
     /* step, loss and history stay: a requeued job resumes from its last
      * checkpoint, and the steps it redoes replace their old entries */
@@ -905,6 +947,8 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
     }
     j->tokens = 0;
     j->cancel_requested = false;
+    j->cancel_requested_at = 0;
+    j->cancel_killed = false;
     if (open_output_dir(m, j, &err) != 0) {
         release_devices(m, j);
         finish_or_retry(j, JOB_FAILED, acc_err_name(err.code), err.msg);
@@ -1025,6 +1069,30 @@ void jobs_schedule(jobs_mgr *m)
     free(q);
 }
 
+/* A running job's cancel, stored with its status and event in one FULL
+ * commit before anyone is told: a restart ends the job cancelled. When
+ * the store cannot write it, nothing changed (503). */
+static int record_cancel(job *j, acc_err *err)
+{
+    double now = job_now();
+    j->cancel_requested = true;
+    j->cancel_requested_at = now;
+    ev_batch b = {0};
+    acc_err e = {0};
+    int rc = batch_add(j, &b, "log",
+                       json_pack("{s:s}", "message", "cancel requested; stopping at the next micro-step"), now);
+    if (rc == 0)
+        rc = commit_status(j, &b, &e);
+    batch_free(&b);
+    if (rc == 0)
+        return 0;
+    j->cancel_requested = false;
+    j->cancel_requested_at = 0;
+    job_view_invalidate(j);
+    return acc_err_set(err, ACC_EUNAVAIL, NULL, "job %s not cancelled: the job store cannot write: %s", j->id,
+                       rc == ACC_ENOMEM ? "out of memory" : j->mgr->st.why);
+}
+
 int jobs_cancel(jobs_mgr *m, job *j, acc_err *err)
 {
     if (job_state_final(j->state))
@@ -1041,8 +1109,9 @@ int jobs_cancel(jobs_mgr *m, job *j, acc_err *err)
         return 0;
     }
     if (!j->cancel_requested) {
-        j->cancel_requested = true;
-        emit(j, "log", json_pack("{s:s}", "message", "cancel requested; stopping at the next micro-step"), false);
+        int rc = record_cancel(j, err);
+        if (rc != 0)
+            return rc;
         if (j->worker != NULL)
             m->runner.control(m->runner.ctx, j, "cancel");
         else
@@ -1147,7 +1216,7 @@ static void end_run(jobs_mgr *m, job *j)
 static void apply_done(jobs_mgr *m, job *j, const train_event *ev)
 {
     end_run(m, j);
-    if (j->stop_for_shutdown) {
+    if (j->stop_for_shutdown && !j->cancel_requested) {
         /* stays "running" on disk: the next start requeues it */
         emit(j, "log", json_pack("{s:s}", "message", "stopped by daemon shutdown after a checkpoint; resumes at the next start"), true);
         return;
@@ -1156,7 +1225,12 @@ static void apply_done(jobs_mgr *m, job *j, const train_event *ev)
         finish_or_retry(j, JOB_SUCCEEDED, NULL, ev->msg[0] ? ev->msg : NULL);
     else if (ev->status == ACC_ECANCELLED)
         finish_or_retry(j, JOB_CANCELLED, NULL, j->cancel_requested ? "cancelled while running" : ev->msg);
-    else
+    else if (j->cancel_requested) { /* it was asked to stop: it ends as asked */
+        char why[700];
+        snprintf(why, sizeof why, "cancelled while running (it stopped with: %s)",
+                 ev->msg[0] ? ev->msg : acc_err_name(ev->status));
+        finish_or_retry(j, JOB_CANCELLED, NULL, why);
+    } else
         finish_or_retry(j, JOB_FAILED, acc_err_name(ev->status), ev->msg[0] ? ev->msg : acc_err_name(ev->status));
 }
 
@@ -1207,6 +1281,23 @@ static void apply_worker_end(jobs_mgr *m, job *j, const jobs_wend *e)
     apply_worker_lost(m, j, e);
 }
 
+/* A progress event is stored and shown only when it says something new:
+ * a stage stuck on one record reports the same figures every 100 ms. */
+static void apply_progress(job *j, const train_event *ev)
+{
+    bool news = ev->max_steps > 0 || strncmp(j->progress_stage, ev->path, sizeof j->progress_stage - 1) != 0 ||
+                j->progress_done != ev->done || j->progress_total != ev->total;
+    if (ev->max_steps > 0) /* num_train_epochs, now that the samples are known */
+        j->spec.max_steps = ev->max_steps;
+    if (!news)
+        return;
+    snprintf(j->progress_stage, sizeof j->progress_stage, "%.15s", ev->path);
+    j->progress_done = ev->done;
+    j->progress_total = ev->total;
+    emit(j, "progress", json_pack("{s:s, s:I, s:I}", "stage", ev->path, "done", (json_int_t)ev->done, "total",
+                                  (json_int_t)ev->total), false);
+}
+
 static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
 {
     switch (ev->kind) {
@@ -1233,10 +1324,7 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
         emit(j, "log", json_pack("{s:i, s:s}", "step", ev->step, "message", ev->msg), false);
         break;
     case TEV_PROGRESS:
-        if (ev->max_steps > 0) /* num_train_epochs, now that the samples are known */
-            j->spec.max_steps = ev->max_steps;
-        emit(j, "progress", json_pack("{s:s, s:I, s:I}", "stage", ev->path, "done", (json_int_t)ev->done,
-                                      "total", (json_int_t)ev->total), false);
+        apply_progress(j, ev);
         break;
     case TEV_DONE:
         apply_done(m, j, ev);
@@ -1299,6 +1387,24 @@ int jobs_shutdown(jobs_mgr *m)
             trainer_preempt(j->tr);
     }
     return jobs_count_running(m);
+}
+
+void jobs_enforce_cancels(jobs_mgr *m)
+{
+    double now = job_now();
+    for (size_t i = 0; i < m->njobs; i++) {
+        job *j = m->jobs[i];
+        if (j->worker == NULL || !j->cancel_requested || j->cancel_killed ||
+            now - j->cancel_requested_at < m->conf->cancel_grace)
+            continue;
+        j->cancel_killed = true;
+        char msg[200];
+        snprintf(msg, sizeof msg, "the run did not stop within cancel_grace (%d s) of the cancel: its worker is killed",
+                 m->conf->cancel_grace);
+        acc_log(ACC_LOG_WARN, "jobs", "job %s: %s", j->id, msg);
+        emit(j, "log", json_pack("{s:s}", "message", msg), false);
+        m->runner.control(m->runner.ctx, j, "kill");
+    }
 }
 
 void jobs_flush(jobs_mgr *m)
@@ -1548,7 +1654,10 @@ int jobs_load(jobs_mgr *m, acc_err *err)
     int counts[JOB_NSTATES] = {0};
     for (size_t i = 0; i < m->njobs; i++) {
         job *j = m->jobs[i];
-        if (j->state == JOB_RUNNING && !j->pending.on && !m->st.degraded)
+        if (!job_state_final(j->state) && j->cancel_requested && !j->pending.on && !m->st.degraded)
+            finish_or_retry(j, JOB_CANCELLED, NULL,
+                            "cancelled: the cancel was requested before the daemon restarted; not requeued");
+        else if (j->state == JOB_RUNNING && !j->pending.on && !m->st.degraded)
             requeue_after_restart(j);
         if (job_state_final(j->state))
             j->ring.closed = true;

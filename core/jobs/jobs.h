@@ -15,7 +15,9 @@
  * submissions are refused (503) until the store writes again. At start,
  * jobs_load() brings back every job: queued ones stay queued, running ones
  * are requeued (they resume from their last checkpoint, and their event
- * stream says so); a damaged record is kept, failed, with the reason.
+ * stream says so) unless a cancel was requested (they end cancelled); a
+ * damaged record is kept, failed, with the reason. A final job's record
+ * (job.h) is never rewritten: its view is the one it ended with.
  * Final jobs' rings and metrics stay in the store until a client asks
  * (jobs_hydrate), so a start's cost does not grow with their history.
  */
@@ -59,7 +61,8 @@ typedef struct jobs_wend {
  * Without one, a job's rank threads run in this process (trainer.h). All
  * on the loop thread. start: the job is placed on devs[0..ndev) and
  * "running"; 0 and j->worker set, or the error (nothing runs). control:
- * "cancel" or "preempt". release: the job is done with j->worker, after
+ * "cancel", "preempt" or "kill" (SIGKILL now: a cancel not honoured in
+ * time). release: the job is done with j->worker, after
  * its end was applied. */
 typedef struct jobs_runner {
     int (*start)(void *ctx, job *j, const kern_device_info *devs, int ndev, acc_err *err);
@@ -142,8 +145,10 @@ int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, 
 void jobs_checked_free(jobs_checked *c);
 
 job *jobs_find(jobs_mgr *m, const char *id);
-/* Queued: cancelled now. Running: asked to stop (final state follows).
- * Final: ACC_ESTATE. */
+/* Queued: cancelled now. Running: the request is stored (status and a
+ * log event, one FULL commit) before the run is asked to stop, so a
+ * restart ends the job cancelled instead of requeuing it; ACC_EUNAVAIL
+ * when the store cannot write it. Final: ACC_ESTATE. */
 int jobs_cancel(jobs_mgr *m, job *j, acc_err *err);
 
 /* Start every queued job the scheduler places now: priority, then round
@@ -170,6 +175,11 @@ void jobs_drain_events(jobs_mgr *m);
 int jobs_shutdown(jobs_mgr *m);
 int jobs_count_running(const jobs_mgr *m);
 void jobs_count_states(const jobs_mgr *m, int counts[JOB_NSTATES]);
+/* The daemon's tick: a cancelled job whose worker has not ended within
+ * cancel_grace seconds of the request (stuck inside one record of data
+ * preparation, say) has its worker killed; the job then ends cancelled.
+ * Runs in this process (no worker) cannot be killed and are left alone. */
+void jobs_enforce_cancels(jobs_mgr *m);
 /* Shutdown: a last try at the state changes still waiting for the store. */
 void jobs_flush(jobs_mgr *m);
 

@@ -12,35 +12,17 @@
 #    the file; the same for POST /v1/tokenize's tokenizer;
 #  - a file that is not JSON is reported by line and column, not by its
 #    bytes.
-# The tokenizer (byte-level BPE, no merges) and the Hugging Face directory
-# (a tiny LLaMA, zero weights) are written here with the standard library.
+# The tokenizer (byte-level BPE, no merges: tests/support/byte_tokenizer.py)
+# and the Hugging Face directory (a tiny LLaMA, zero weights) are written
+# with the standard library.
 . "$(dirname "$0")/lib.sh"
 
 acc_data
 D=$STATE/data
+python3 "$ACCUMD_SRC/tests/support/byte_tokenizer.py" "$D/tok" || fail "writing the tokenizer"
 python3 - "$D" <<'EOF' || fail "writing the test files"
 import json, os, struct, sys
 d = sys.argv[1]
-# ids 0 <s>, 1 </s>, 2..257 the ByteLevel characters of bytes 0..255
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b); cs.append(256 + n); n += 1
-chars = {b: chr(c) for b, c in zip(bs, cs)}
-vocab = {chars[b]: b + 2 for b in range(256)}
-special = lambda i, s: {"id": i, "content": s, "special": True, "single_word": False,
-                        "lstrip": False, "rstrip": False, "normalized": False}
-bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-tok = {"version": "1.0", "added_tokens": [special(0, "<s>"), special(1, "</s>")], "normalizer": None,
-       "pre_tokenizer": bl, "decoder": bl, "post_processor": None,
-       "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                 "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                 "ignore_merges": False, "vocab": vocab, "merges": []}}
-cfg = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False}
-os.makedirs(f"{d}/tok")
-json.dump(tok, open(f"{d}/tok/tokenizer.json", "w"))
-json.dump(cfg, open(f"{d}/tok/tokenizer_config.json", "w"))
 with open(f"{d}/chat.jsonl", "w") as f:
     for i in range(16):
         f.write(json.dumps({"messages": [{"role": "user", "content": f"question {i}?"},

@@ -117,8 +117,14 @@ PY
     fail "could not lock the store"
 }
 lock "$ACC_TMP/held"
+# a running job's cancel is stored before its 202 (issue 25): refused now,
+# nothing changed
 code=$(curl -s -o /dev/null -w '%{http_code}' -X DELETE "$BASE/v1/jobs/$blocker")
-expect_eq "cancel a running job" "$code" 202
+expect_eq "cancel a running job while the store cannot write" "$code" 503
+expect_eq "no cancel shown that is not stored" "$(curl -s "$BASE/v1/jobs/$blocker" | jq -r .cancel_requested)" false
+# a state change while the store cannot write: the job's worker dies (its
+# end, failed, waits for the store)
+kill -9 "$(cat "$STATE/workers/$blocker.pid")" || fail "no worker pid for $blocker"
 for _ in $(seq 1 100); do
     [ "$(curl -s "$BASE/healthz" | jq -r .status)" = degraded ] && break
     sleep 0.05
@@ -126,14 +132,14 @@ done
 h=$(curl -s "$BASE/healthz")
 expect_eq "healthz degraded" "$(echo "$h" | jq -r .status)" degraded
 echo "$h" | jq -r .store.error | grep -q 'accumd.db' || fail "healthz does not name the file: $h"
-sleep 1 # the trainer has stopped by now; its outcome cannot be stored
-expect_eq "not shown cancelled while unstored" "$(acc_state "$blocker")" running
+sleep 1 # the worker is gone by now; its outcome cannot be stored
+expect_eq "not shown failed while unstored" "$(acc_state "$blocker")" running
 curl -s "$BASE/metrics" | grep -q '^accumd_store_up 0' || fail "metrics: store not down"
 curl -s "$BASE/metrics" | grep -q '^accumd_store_pending_state_changes 1' || fail "metrics: no pending change"
 expect_error POST /v1/jobs "$(tiny_job refused 2)" 503 ""
 grep -q 'not stored' "$STATE/daemon.log" || fail "the log does not say what was not stored"
 rm -f "$ACC_TMP/held"
-acc_wait_state "$blocker" cancelled 20
+acc_wait_state "$blocker" failed 20
 for _ in $(seq 1 100); do
     [ "$(curl -s "$BASE/healthz" | jq -r .status)" = ok ] && break
     sleep 0.05
@@ -143,7 +149,7 @@ acc_submit "$(tiny_job accepted 2)" >/dev/null || exit 1
 [ -e "$STATE/jobs" ] && fail "a job directory was created under state_dir"
 acc_stop
 acc_start "${ARGS[@]}"
-expect_eq "the late change is on disk" "$(acc_state "$blocker")" cancelled
+expect_eq "the late change is on disk" "$(acc_state "$blocker")" failed
 acc_stop
 ok "unwritable store: nothing shown done that is not stored, 503, retried"
 

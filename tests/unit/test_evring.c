@@ -77,12 +77,45 @@ static void test_start_at(void **state)
     evring_free(&r);
 }
 
+/* Issue 25 (h-jobs): the slots start few and double as events come, up to
+ * the capacity; every event held survives each growth, in order, and past
+ * the capacity the oldest go as before. A ring started at a later number
+ * grows the same way. */
+static void test_grows_to_cap(void **state)
+{
+    for (uint64_t start = 1; start <= 1000; start += 999) {
+        evring r;
+        assert_int_equal(evring_init(&r, 100, NULL), 0);
+        evring_start_at(&r, start);
+        assert_true(r.nslots == EVRING_FIRST_SLOTS);
+        push(&r, 0);
+        assert_true(r.nslots == EVRING_FIRST_SLOTS); /* a queued job's one event: a few slots */
+        for (int i = 1; i < 250; i++) {
+            push(&r, i);
+            uint64_t held = (uint64_t)(i + 1) < 100 ? (uint64_t)(i + 1) : 100;
+            assert_true(r.nslots <= 100);
+            assert_true((uint64_t)r.nslots >= held);
+            assert_true(evring_first(&r) == r.next_seq - held);
+            for (uint64_t q = evring_first(&r); q < r.next_seq; q++) { /* every held event, right text */
+                char want[32];
+                snprintf(want, sizeof want, "{\"i\":%d}", (int)(q - start));
+                const evring_entry *e = evring_get(&r, q);
+                assert_non_null(e);
+                assert_string_equal(e->json, want);
+            }
+        }
+        assert_true(r.nslots == 100);
+        evring_free(&r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wraps_and_skips),
         cmocka_unit_test(test_watchers),
         cmocka_unit_test(test_start_at),
+        cmocka_unit_test(test_grows_to_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
