@@ -21,7 +21,9 @@ const char *const conf_keys[] = {
     "checkpoint_keep", "event_ring", "log_level", "log_file",
     "users_file", "user_max_running", "user_max_devices", "history_keep",
     "worker_processes", "worker_heartbeat_timeout", "rank_processes", "mpi_launcher", "hostfile",
-    "mpi_args", "rank_program", NULL,
+    "mpi_args", "rank_program",
+    "hf_hub_cache", /* h-dsconf */
+    NULL,
 };
 
 void conf_defaults(acc_conf *c)
@@ -292,6 +294,15 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         return set_str(key, v, false, c->hostfile, sizeof c->hostfile, err);
     if (!strcmp(key, "mpi_args"))
         return set_str(key, v, false, c->mpi_args, sizeof c->mpi_args, err);
+    /* h-dsconf: the Hugging Face hub cache (HF_HUB_CACHE layout); "" = off */
+    if (!strcmp(key, "hf_hub_cache")) {
+        if (strlen(v) >= sizeof c->hf_hub_cache)
+            return acc_err_set(err, ACC_EINVAL, key, "%s is too long", key);
+        if (v[0] != '\0' && v[0] != '/')
+            return acc_err_set(err, ACC_EINVAL, key, "%s must be an absolute path or empty, got '%s'", key, v);
+        snprintf(c->hf_hub_cache, sizeof c->hf_hub_cache, "%s", v);
+        return 0;
+    }
     if (!strcmp(key, "rank_program"))
         return set_str(key, v, false, c->rank_program, sizeof c->rank_program, err);
     return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);

@@ -57,6 +57,10 @@ typedef struct acc_conf {
     char hostfile[PATH_MAX];
     char mpi_args[2048];         /* split at blanks, no quoting */
     char rank_program[PATH_MAX]; /* "" = accumd-rank next to accumd */
+    /* h-dsconf: the Hugging Face hub cache (models--org--name/, datasets--org--name/;
+     * HF_HUB_CACHE's layout) where model.from and data.dataset find hub names,
+     * offline. "" = off. Read as an extra data root (safepath.h). */
+    char hf_hub_cache[PATH_MAX];
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;
