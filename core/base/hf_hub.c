@@ -380,8 +380,15 @@ int hf_files_as_glob(const hf_files *f, const char *field, char *out, size_t n, 
     if (pre + suf > min)
         suf = min - pre;
     char pattern[PATH_MAX];
-    int w = snprintf(pattern, sizeof pattern, "%.*s*%s", (int)pre, name0, name0 + strlen(name0) - suf);
-    if (w < 0 || (size_t)w >= sizeof pattern || strpbrk(name0, "*?[\\") != NULL)
+    size_t l0 = strlen(name0);
+    bool fits = pre + 1 + suf < sizeof pattern;
+    if (fits) { /* PREFIX*SUFFIX */
+        memcpy(pattern, name0, pre);
+        pattern[pre] = '*';
+        memcpy(pattern + pre + 1, name0 + l0 - suf, suf);
+        pattern[pre + 1 + suf] = '\0';
+    }
+    if (!fits || strpbrk(name0, "*?[\\") != NULL)
         return acc_err_set(err, ACC_EINVAL, field, "%s: the file names of %.*s have no common pattern", field,
                            (int)dl, first);
     char dir[PATH_MAX];

@@ -344,7 +344,9 @@ static int parse_model_from(const json_t *m, const acc_conf *conf, const char *r
         (rc = get_int(m, "model", "seq_len", 2, 1 << 20, &out->seq_len, err)))
         return rc;
     if (names_hub_repo(out->from, roots)) {
-        snprintf(out->hub_repo, sizeof out->hub_repo, "%s", out->from);
+        if (strlen(out->from) >= sizeof out->hub_repo)
+            return acc_err_set(err, ACC_EINVAL, "model.from", "model.from: '%s' is too long for a hub name", out->from);
+        memcpy(out->hub_repo, out->from, strlen(out->from) + 1);
         rc = hf_hub_model_dir(conf->hf_hub_cache, out->hub_repo, "model.from", out->from, sizeof out->from, err);
     }
     if (rc != 0 || (rc = check_path(out->from, sizeof out->from, roots, "model.from", err)))

@@ -260,9 +260,12 @@ void spec_alias_rename_error(const json_t *origin, acc_err *err)
         if (alias == NULL || strchr(alias, '/') != NULL)
             return;
         char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "%s (Hugging Face's name for %s): %s", alias, key, err->msg);
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
-        snprintf(err->field, sizeof err->field, "%s", alias);
+        if (snprintf(msg, sizeof msg, "%s (Hugging Face's name for %s): %s", alias, key, err->msg) < 0)
+            return;
+        memcpy(err->msg, msg, sizeof err->msg);
+        err->msg[sizeof err->msg - 1] = '\0';
+        if (snprintf(err->field, sizeof err->field, "%s", alias) < 0)
+            err->field[0] = '\0';
         return;
     }
 }
@@ -349,7 +352,8 @@ static double score(const char *key, const char *cand)
     double d = (double)edit_distance(k, c);
     size_t lk = strlen(k), lc = strlen(c);
     if (lk >= 3 && lc >= 3 && (strstr(c, k) != NULL || strstr(k, c) != NULL)) {
-        double sub = 0.5 + 0.25 * (double)(lk > lc ? lk - lc : lc - lk);
+        /* a key with more than the candidate is less likely it than one with less */
+        double sub = lk < lc ? 0.5 + 0.25 * (double)(lc - lk) : 0.5 + 0.5 * (double)(lk - lc);
         if (sub < d)
             d = sub;
     }
