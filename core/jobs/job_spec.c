@@ -518,7 +518,16 @@ static int parse_data(const json_t *d, const acc_conf *conf, const char *roots, 
         return rc;
     if (!train && out->dataset[0] == '\0')
         return acc_err_set(err, ACC_EINVAL, "data.train", "data.train (or data.dataset) is required");
-    if ((rc = check_path(out->train, sizeof out->train, roots, out->dataset[0] ? "data.dataset" : "data.train", err)))
+    if (out->dataset[0] != '\0') {
+        /* checked the same way, but kept as the snapshot names it (not the
+         * blob a single file links to): the name carries its extension */
+        char copy[sizeof out->train];
+        memcpy(copy, out->train, sizeof copy);
+        rc = check_path(copy, sizeof copy, roots, "data.dataset", err);
+    } else {
+        rc = check_path(out->train, sizeof out->train, roots, "data.train", err);
+    }
+    if (rc != 0)
         return rc;
     if (val)
         return check_path(out->val, sizeof out->val, roots, "data.val", err);
