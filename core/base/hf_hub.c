@@ -265,7 +265,9 @@ static int conventional_files(hf_files *f, const char *subset, const char *split
     for (int l = 0; l < nl; l++) {
         for (int e = 0; e < 3; e++) {
             char pat[200];
-            snprintf(pat, sizeof pat, "%s.%s", pats[l], exts[e]);
+            int w = snprintf(pat, sizeof pat, "%s.%s", pats[l], exts[e]);
+            if (w < 0 || (size_t)w >= sizeof pat)
+                continue;
             int rc = add_matches(f, dirs[l], pat, err);
             if (rc != 0 || f->n > 0)
                 return rc;
