@@ -328,13 +328,17 @@ static int parse_model_from(const json_t *m, const acc_conf *conf, const char *r
                             spec_model *out, acc_err *err)
 {
     static const char *const keys[] = {"from", "seq_len", "arch", NULL};
+    static const char *const sizes[] = {"n_layer", "n_head", "n_embd", "vocab_size", "padded_vocab_size",
+                                        "init_from", "n_kv_head", "intermediate_size", NULL};
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)m, key, v) {
         char f[128];
-        if (!key_allowed(key, keys))
+        if (key_allowed(key, sizes))
             return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, "model", key),
                                "%s cannot be given with model.from (config.json has the model's sizes)", f);
+        if (!key_allowed(key, keys)) /* h-dsconf: a misspelling gets its key */
+            return unknown_key("model", key, keys, "unknown key", err);
     }
     char arch[sizeof out->arch] = "";
     bool present, seq = json_object_get(m, "seq_len") != NULL;

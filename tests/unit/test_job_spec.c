@@ -732,6 +732,10 @@ static void test_hub_names(void **state)
     assert_non_null(strstr(s.data.train, "/data/train-0000*-of-00002.jsonl"));
     assert_string_equal(s.data.split, "train");
     assert_non_null(strstr(s.data_roots, hub));
+    const char *typo = "{\"model\":{\"from\":\"meta-llama/Llama-2-7b-hf\",\"seq_lenght\":512},\"train_batch_size\":8}";
+    assert_int_equal(job_spec_parse_plan(typo, strlen(typo), &conf, &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "model.seq_lenght");
+    assert_non_null(strstr(err.msg, "did you mean 'seq_len'?"));
     /* seq_len given stays */
     const char *given = "{\"model\":{\"from\":\"meta-llama/Llama-2-7b-hf\",\"seq_len\":512},\"train_batch_size\":8}";
     assert_int_equal(job_spec_parse_plan(given, strlen(given), &conf, &s, &err), 0);
