@@ -67,6 +67,14 @@ static const ctl_command commands[] = {
      1, OPT_DEVMEM | OPT_DEVICES | OPT_KIND},
     {"metrics", "[--csv] ID", "a job's step history (loss, lr, grad norm, tokens/s, split, peak memory)",
      "  --csv       comma-separated, with a header line\n", 1, OPT_CSV},
+    {"launch", "[--submit [--dry-run] [--wait]] accelerate launch|deepspeed|torchrun ARGS...",
+     "the accumd spec an accelerate/deepspeed/torchrun line of a Hugging Face script means (JSON)",
+     "  --submit    submit it (as submit does) instead of printing it\n"
+     "  --dry-run   with --submit: plan it without queuing it\n"
+     "  --wait      with --submit: follow its events until it ends\n"
+     "  Global options go before \"launch\"; everything after it is the line. Flags with no\n"
+     "  meaning in accumd are named on stderr and left out.\n",
+     -1, 0},
     {"user add", "NAME [--role admin|user] [--users-file FILE]",
      "make a user's token and its users_file line (prints the token, then the line)",
      "  --role R          admin or user (default user)\n"
@@ -270,11 +278,49 @@ static int run(ctl *c, const ctl_command *cmd, const ctl_opts *o, char **args)
     return CTL_EUSAGE;
 }
 
+/* h-dsconf: where "launch" stands after the global options (0: not
+ * there): what follows it is a launcher's line, not accumctl's options. */
+static int launch_at(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--url") || !strcmp(a, "--token") || !strcmp(a, "--state-dir"))
+            i++;
+        else if (strncmp(a, "--url=", 6) && strncmp(a, "--token=", 8) && strncmp(a, "--state-dir=", 12) &&
+                 strcmp(a, "--json"))
+            return !strcmp(a, "launch") ? i : 0;
+    }
+    return 0;
+}
+
+static int run_launch(int argc, char **argv, int at)
+{
+    cmdline cl = {0};
+    char *pos[8];
+    int npos;
+    if (parse(at, argv, &cl, pos, &npos) != 0 || npos != 0)
+        return CTL_EUSAGE;
+    if (at + 1 < argc && (!strcmp(argv[at + 1], "--help") || !strcmp(argv[at + 1], "-h"))) {
+        usage_cmd(stdout, find_command("launch", NULL));
+        return 0;
+    }
+    ctl c = {.json = cl.json};
+    resolve(&c, cl.url, cl.token, cl.state_dir);
+    int rc = ctl_http_init(&c);
+    if (rc == 0)
+        rc = ctl_cmd_launch(&c, argc - at - 1, argv + at + 1);
+    ctl_http_free(&c);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     cmdline cl = {0};
     char *pos[8];
     int npos;
+    int at = launch_at(argc, argv);
+    if (at > 0)
+        return run_launch(argc, argv, at);
     if (parse(argc, argv, &cl, pos, &npos) != 0) {
         fprintf(stderr, "accumctl: see accumctl --help\n");
         return CTL_EUSAGE;

@@ -85,6 +85,12 @@ typedef struct ctl_opts {
 } ctl_opts;
 
 int ctl_cmd_submit(ctl *c, const ctl_opts *o, const char *file);
+/* Submit a spec's text (--dry-run, --wait as submit takes them). */
+int ctl_submit_text(ctl *c, const ctl_opts *o, const char *text, size_t len);
+/* ctl_launch.c (h-dsconf): an accelerate launch / deepspeed / torchrun line
+ * (argv after "launch") as an accumd spec: printed as JSON, or submitted
+ * (--submit, with --dry-run / --wait / --quiet). */
+int ctl_cmd_launch(ctl *c, int argc, char **argv);
 int ctl_cmd_ls(ctl *c, const ctl_opts *o);
 int ctl_cmd_show(ctl *c, const char *id);
 int ctl_cmd_logs(ctl *c, const ctl_opts *o, const char *id);

@@ -190,9 +190,15 @@ int ctl_cmd_submit(ctl *c, const ctl_opts *o, const char *file)
     int rc = read_spec(file, &text, &len);
     if (rc != 0)
         return rc;
-    ctl_resp r;
-    rc = ctl_request(c, "POST", o->dry_run ? "/v1/jobs?dry_run=1" : "/v1/jobs", text, len, &r);
+    rc = ctl_submit_text(c, o, text, len);
     free(text);
+    return rc;
+}
+
+int ctl_submit_text(ctl *c, const ctl_opts *o, const char *text, size_t len)
+{
+    ctl_resp r;
+    int rc = ctl_request(c, "POST", o->dry_run ? "/v1/jobs?dry_run=1" : "/v1/jobs", text, len, &r);
     if (rc != 0)
         return rc;
     json_t *ans = NULL;

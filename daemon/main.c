@@ -59,7 +59,7 @@ static void print_conf(const acc_conf *c)
            "shutdown_grace = %d\ncheckpoint_keep = %d\nevent_ring = %d\nlog_level = %s\n"
            "log_file = %s\nusers_file = %s\nuser_max_running = %d\nuser_max_devices = %d\n"
            "history_keep = %d\nworker_processes = %s\nworker_heartbeat_timeout = %d\nrank_processes = %s\n"
-           "mpi_launcher = %s\nhostfile = %s\nmpi_args = %s\nrank_program = %s\n",
+           "mpi_launcher = %s\nhostfile = %s\nmpi_args = %s\nrank_program = %s\nhf_hub_cache = %s\n",
            c->listen, c->state_dir, c->data_roots, c->output_root, c->token_file,
            c->require_token ? "true" : "false",
            c->devices == CONF_DEVICES_AUTO ? "auto" : c->devices == CONF_DEVICES_CUDA ? "cuda" : "cpu",
@@ -69,7 +69,8 @@ static void print_conf(const acc_conf *c)
            c->shutdown_grace, c->checkpoint_keep, c->event_ring,
            c->log_level, c->log_file, c->users_file, c->user_max_running, c->user_max_devices,
            c->history_keep, c->worker_processes ? "true" : "false", c->worker_heartbeat_timeout,
-           c->rank_processes ? "true" : "false", c->mpi_launcher, c->hostfile, c->mpi_args, c->rank_program);
+           c->rank_processes ? "true" : "false", c->mpi_launcher, c->hostfile, c->mpi_args, c->rank_program,
+           c->hf_hub_cache);
     /* h-jobs, issue 25 */
     printf("max_queued_jobs = %d\nuser_max_queued = %d\nmax_streams = %d\nuser_max_streams = %d\ncancel_grace = %d\n",
            c->max_queued_jobs, c->user_max_queued, c->max_streams, c->user_max_streams, c->cancel_grace);

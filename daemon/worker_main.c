@@ -245,7 +245,18 @@ static int write_rank_spec(worker *w, char *path, size_t n)
     if (rc == 0)
         rc = set_path(root, "data", "train", s->data.train) | set_path(root, "data", "val", s->data.val) |
              set_path(root, "model", "init_from", s->model.init_from) | set_path(root, "model", "from", s->model.from) |
-             set_path(root, NULL, "resume_from", s->resume_from);
+             set_path(root, NULL, "resume_from", s->resume_from) |
+             set_path(root, NULL, "deepspeed", s->deepspeed_file); /* h-dsconf: the file as resolved */
+    if (rc == 0 && s->data.dataset[0] != '\0') { /* h-dsconf: the hub split as the files it resolved to */
+        json_t *d = json_object_get(root, "data");
+        static const char *const hub[] = {"dataset", "subset", "split", "data_files", NULL};
+        for (int i = 0; d != NULL && hub[i] != NULL; i++)
+            json_object_del(d, hub[i]);
+        json_object_del(root, "dataset_name");
+        json_object_del(root, "dataset_config_name");
+    }
+    if (rc == 0 && s->model.from[0] != '\0')
+        json_object_del(root, "model_name_or_path"); /* h-dsconf: model.from holds it resolved */
     if (rc == 0 && s->data.tokenizer[0] != '\0' && json_object_get(json_object_get(root, "data"), "tokenizer"))
         rc = set_path(root, "data", "tokenizer", s->data.tokenizer);
     int k = snprintf(path, n, "%s/rank-spec.json", s->output_dir);

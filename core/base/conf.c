@@ -25,7 +25,9 @@ const char *const conf_keys[] = {
     /* h-tmpl: bounded work on untrusted templates and tokenizers */
     "render_time_limit_ms", "tokenizer_match_limit", "heavy_requests_max", "heavy_requests_per_user",
     /* h-jobs, issue 25 */
-    "max_queued_jobs", "user_max_queued", "max_streams", "user_max_streams", "cancel_grace", NULL,
+    "max_queued_jobs", "user_max_queued", "max_streams", "user_max_streams", "cancel_grace",
+    "hf_hub_cache", /* h-dsconf */
+    NULL,
 };
 
 void conf_defaults(acc_conf *c)
@@ -323,6 +325,15 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         return set_str(key, v, false, c->hostfile, sizeof c->hostfile, err);
     if (!strcmp(key, "mpi_args"))
         return set_str(key, v, false, c->mpi_args, sizeof c->mpi_args, err);
+    /* h-dsconf: the Hugging Face hub cache (HF_HUB_CACHE layout); "" = off */
+    if (!strcmp(key, "hf_hub_cache")) {
+        if (strlen(v) >= sizeof c->hf_hub_cache)
+            return acc_err_set(err, ACC_EINVAL, key, "%s is too long", key);
+        if (v[0] != '\0' && v[0] != '/')
+            return acc_err_set(err, ACC_EINVAL, key, "%s must be an absolute path or empty, got '%s'", key, v);
+        snprintf(c->hf_hub_cache, sizeof c->hf_hub_cache, "%s", v);
+        return 0;
+    }
     if (!strcmp(key, "rank_program"))
         return set_str(key, v, false, c->rank_program, sizeof c->rank_program, err);
     /* h-tmpl */

@@ -69,6 +69,10 @@ typedef struct acc_conf {
     int user_max_streams;        /* open event streams per user */
     int cancel_grace;            /* seconds a cancelled job's worker has to stop before it is killed */
     bool set_streams;
+    /* h-dsconf: the Hugging Face hub cache (models--org--name/, datasets--org--name/;
+     * HF_HUB_CACHE's layout) where model.from and data.dataset find hub names,
+     * offline. "" = off. Read as an extra data root (safepath.h). */
+    char hf_hub_cache[PATH_MAX];
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;

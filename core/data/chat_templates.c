@@ -74,7 +74,10 @@ static const char mistral[] =
     "  {%- endif -%}\n"
     "{%- endfor -%}\n";
 
-/* Tulu 2/3: <|system|>\n..\n<|user|>\n..\n<|assistant|>\n{answer}</s>\n */
+/* Tulu 3: <|system|>\n..\n<|user|>\n..\n<|assistant|>\n{answer}</s>\n, with no
+ * newline after the last message's </s> (as the released Tulu-3 template
+ * renders); the generation prompt only after a last message. Unknown roles
+ * raise instead of vanishing. */
 static const char tulu[] =
     "{%- for m in messages -%}\n"
     "  {%- if m['role'] == 'system' -%}\n"
@@ -82,14 +85,14 @@ static const char tulu[] =
     "  {%- elif m['role'] == 'user' -%}\n"
     "    {{- '<|user|>\\n' + m['content'] + '\\n' -}}\n"
     "  {%- elif m['role'] == 'assistant' -%}\n"
-    "    {{- '<|assistant|>\\n' + m['content'] + eos_token + '\\n' -}}\n"
+    "    {{- '<|assistant|>\\n' + m['content'] + eos_token + ('' if loop.last else '\\n') -}}\n"
     "  {%- else -%}\n"
     "    {{- raise_exception('tulu: unknown role ' + m['role']) -}}\n"
     "  {%- endif -%}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    "  {{- '<|assistant|>\\n' -}}\n"
-    "{%- endif -%}\n";
+    "  {%- if loop.last and add_generation_prompt -%}\n"
+    "    {{- '<|assistant|>\\n' -}}\n"
+    "  {%- endif -%}\n"
+    "{%- endfor -%}\n";
 
 static const char *const names[] = {"llama-2", "llama-3", "chatml", "mistral", "tulu", NULL};
 static const char *const sources[] = {llama2, llama3, chatml, mistral, tulu};

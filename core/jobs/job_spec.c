@@ -19,11 +19,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "batch_split.h"
 #include "data_prep.h"
+#include "hf_hub.h"
 #include "model.h"
 #include "model_hf.h"
+#include "spec_keys.h"
 
 #define SPEC_MAX_DEVICES 256
 #define SPEC_MAX_BATCH (1 << 24)
@@ -67,18 +70,36 @@ static bool key_allowed(const char *key, const char *const *allowed)
     return false;
 }
 
+/* "unknown key 'x' (did you mean 'y'?)": the closest accepted key or
+ * alias at that path (spec_keys.h). */
+static int unknown_key(const char *prefix, const char *key, const char *const *allowed, const char *what,
+                       acc_err *err)
+{
+    char f[128];
+    const char *near = spec_keys_suggest(prefix, key, allowed);
+    field(f, sizeof f, prefix, key);
+    if (near == NULL)
+        return acc_err_set(err, ACC_EINVAL, f, "%s '%s'", what, f);
+    return acc_err_set(err, ACC_EINVAL, f, "%s '%s' (did you mean '%s'?)", what, f, near);
+}
+
 /* Refuse the first key of `obj` that is not in `allowed`. */
 static int check_keys(const json_t *obj, const char *prefix, const char *const *allowed, acc_err *err)
 {
     const char *key;
     json_t *v;
-    char f[128];
     json_object_foreach((json_t *)obj, key, v) {
         if (!key_allowed(key, allowed))
-            return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, prefix, key),
-                               "unknown key '%s'", f);
+            return unknown_key(prefix, key, allowed, "unknown key", err);
     }
     return 0;
+}
+
+/* A DeepSpeed value "auto": Hugging Face fills it from the training
+ * arguments; here, from the spec's own keys (or their defaults). */
+static bool is_auto(const json_t *v)
+{
+    return json_is_string(v) && !strcmp(json_string_value(v), "auto");
 }
 
 /* The member `key` of obj as an object (NULL when absent or null). */
@@ -284,39 +305,68 @@ int job_spec_resolve_input(char *path, size_t n, const acc_conf *conf, const cha
 
 /* ---- sections ------------------------------------------------------------- */
 
+/* h-dsconf: a path key that names no path under data_roots but has the
+ * form ORG/NAME is a hub repository, looked up in the hf_hub_cache. */
+static bool names_hub_repo(const char *value, const char *roots)
+{
+    if (!hf_hub_is_org_repo_id(value))
+        return false;
+    char abs[PATH_MAX + 8], real[PATH_MAX];
+    size_t l = strcspn(roots, ":");
+    snprintf(abs, sizeof abs, "%.*s/%s", (int)l, roots, value);
+    return realpath(abs, real) == NULL;
+}
+
+/* h-dsconf: a seq_len not given is the model's positions, at most 4096
+ * (a 32k-position model would otherwise plan 32k-token activations). */
+#define SPEC_SEQ_LEN_DEFAULT_MAX 4096
+
 /* "model": {"from": DIR, "seq_len": T}: a Hugging Face directory under
- * data_roots; its headers are read now (model_hf_validate), never its data,
- * so a bad checkpoint is a 400 naming the file and the key or tensor. */
-static int parse_model_from(const json_t *m, const acc_conf *conf, bool plan_only, spec_model *out,
-                            acc_err *err)
+ * data_roots (or a hub name in the hf_hub_cache); its headers are read now
+ * (model_hf_validate), never its data, so a bad checkpoint is a 400 naming
+ * the file and the key or tensor. */
+static int parse_model_from(const json_t *m, const acc_conf *conf, const char *roots, bool plan_only,
+                            spec_model *out, acc_err *err)
 {
     static const char *const keys[] = {"from", "seq_len", "arch", NULL};
+    static const char *const sizes[] = {"n_layer", "n_head", "n_embd", "vocab_size", "padded_vocab_size",
+                                        "init_from", "n_kv_head", "intermediate_size", NULL};
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)m, key, v) {
         char f[128];
-        if (!key_allowed(key, keys))
+        if (key_allowed(key, sizes))
             return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, "model", key),
                                "%s cannot be given with model.from (config.json has the model's sizes)", f);
+        if (!key_allowed(key, keys)) /* h-dsconf: a misspelling gets its key */
+            return unknown_key("model", key, keys, "unknown key", err);
     }
     char arch[sizeof out->arch] = "";
     bool present, seq = json_object_get(m, "seq_len") != NULL;
     int rc;
     if ((rc = get_str(m, "model", "from", false, out->from, sizeof out->from, &present, err)) ||
         (rc = get_str(m, "model", "arch", true, arch, sizeof arch, NULL, err)) ||
-        (rc = get_int(m, "model", "seq_len", 2, 1 << 20, &out->seq_len, err)) ||
-        (rc = check_path(out->from, sizeof out->from, conf->data_roots, "model.from", err)))
+        (rc = get_int(m, "model", "seq_len", 2, 1 << 20, &out->seq_len, err)))
+        return rc;
+    if (names_hub_repo(out->from, roots)) {
+        if (strlen(out->from) >= sizeof out->hub_repo)
+            return acc_err_set(err, ACC_EINVAL, "model.from", "model.from: '%s' is too long for a hub name", out->from);
+        memcpy(out->hub_repo, out->from, strlen(out->from) + 1);
+        rc = hf_hub_model_dir(conf->hf_hub_cache, out->hub_repo, "model.from", out->from, sizeof out->from, err);
+    }
+    if (rc != 0 || (rc = check_path(out->from, sizeof out->from, roots, "model.from", err)))
         return rc;
     model_config c; /* planning: config.json only, the weights may be elsewhere */
-    if ((rc = plan_only ? model_hf_config_only(conf->data_roots, out->from, &c, err)
-                        : model_hf_validate_under(conf->data_roots, out->from, &c, err)) != 0)
+    if ((rc = plan_only ? model_hf_config_only(roots, out->from, &c, err)
+                        : model_hf_validate_under(roots, out->from, &c, err)) != 0)
         return rc;
     const char *family = model_family_of(&c)->name;
     if (arch[0] != '\0' && strcmp(arch, family) != 0)
         return acc_err_set(err, ACC_EINVAL, "model.arch", "model.arch is %s, %s/config.json is a %s model",
                            arch, out->from, family);
-    if (!seq && out->seq_len > c.max_seq_len)
-        out->seq_len = c.max_seq_len;
+    out->seq_len_default = !seq;
+    if (!seq)
+        out->seq_len = c.max_seq_len < SPEC_SEQ_LEN_DEFAULT_MAX ? c.max_seq_len : SPEC_SEQ_LEN_DEFAULT_MAX;
     if (out->seq_len > c.max_seq_len)
         return acc_err_set(err, ACC_EINVAL, "model.seq_len", "model.seq_len %d is over the model's %d positions",
                            out->seq_len, c.max_seq_len);
@@ -331,7 +381,8 @@ static int parse_model_from(const json_t *m, const acc_conf *conf, bool plan_onl
     return 0;
 }
 
-static int parse_model(const json_t *m, const acc_conf *conf, bool plan_only, spec_model *out, acc_err *err)
+static int parse_model(const json_t *m, const acc_conf *conf, const char *roots, bool plan_only, spec_model *out,
+                       acc_err *err)
 {
     static const char *const keys[] = {"arch", "n_layer", "n_head", "n_embd", "seq_len", "vocab_size",
                                        "padded_vocab_size", "init_from", "n_kv_head", "intermediate_size",
@@ -343,7 +394,7 @@ static int parse_model(const json_t *m, const acc_conf *conf, bool plan_only, sp
         archs[na] = f->name;
     archs[na] = NULL;
     if (json_object_get(m, "from") != NULL)
-        return parse_model_from(m, conf, plan_only, out, err);
+        return parse_model_from(m, conf, roots, plan_only, out, err);
     int rc, arch = 0;
     bool init;
     if ((rc = check_keys(m, "model", keys, err)) || (rc = get_choice(m, "model", "arch", archs, &arch, err)) ||
@@ -366,14 +417,14 @@ static int parse_model(const json_t *m, const acc_conf *conf, bool plan_only, sp
                            "model.padded_vocab_size %d is smaller than model.vocab_size %d",
                            out->padded_vocab_size, out->vocab_size);
     if (init)
-        return check_path(out->init_from, sizeof out->init_from, conf->data_roots, "model.init_from", err);
+        return check_path(out->init_from, sizeof out->init_from, roots, "model.init_from", err);
     return 0;
 }
 
 /* The JSONL formats' keys: the tokenizer directory (default model.from), the
  * chat template, where the loss goes, packing, what to do with overlong
  * samples. Names are checked here; the files at validation (data_prep.h). */
-static int parse_data_jsonl(const json_t *d, const acc_conf *conf, const char *model_from,
+static int parse_data_jsonl(const json_t *d, const char *roots, const char *model_from,
                             spec_data *out, acc_err *err)
 {
     static const char *const train_on[] = {"assistant", "all", NULL};
@@ -412,13 +463,13 @@ static int parse_data_jsonl(const json_t *d, const acc_conf *conf, const char *m
         snprintf(out->tokenizer, sizeof out->tokenizer, "%s", model_from);
         return 0;
     }
-    return check_path(out->tokenizer, sizeof out->tokenizer, conf->data_roots, "data.tokenizer", err);
+    return check_path(out->tokenizer, sizeof out->tokenizer, roots, "data.tokenizer", err);
 }
 
 /* data.train / data.val: a path (or glob), or a JSON list of them (h-parquet),
  * each resolved under the roots; a list is kept newline-separated
  * (data_prep.h reads it in order). */
-static int get_paths(const json_t *d, const char *key, const acc_conf *conf, char *dst, size_t n, bool *present,
+static int get_paths(const json_t *d, const char *key, const char *roots, char *dst, size_t n, bool *present,
                      acc_err *err)
 {
     char f[128];
@@ -426,7 +477,7 @@ static int get_paths(const json_t *d, const char *key, const acc_conf *conf, cha
     field(f, sizeof f, "data", key);
     if (!json_is_array(v)) {
         int rc = get_str(d, "data", key, true, dst, n, present, err);
-        return rc == 0 && *present ? check_path(dst, n, conf->data_roots, f, err) : rc;
+        return rc == 0 && *present ? check_path(dst, n, roots, f, err) : rc;
     }
     *present = true;
     if (json_array_size(v) == 0)
@@ -440,7 +491,7 @@ static int get_paths(const json_t *d, const char *key, const acc_conf *conf, cha
             strlen(json_string_value(e)) != json_string_length(e) || strchr(json_string_value(e), '\n'))
             return acc_err_set(err, ACC_EINVAL, f, "%s[%zu] must be a path (a string without NUL or newline)", f, i);
         snprintf(one, sizeof one, "%s", json_string_value(e));
-        int rc = check_path(one, sizeof one, conf->data_roots, f, err);
+        int rc = check_path(one, sizeof one, roots, f, err);
         if (rc != 0)
             return rc;
         size_t l = strlen(one);
@@ -454,11 +505,50 @@ static int get_paths(const json_t *d, const char *key, const acc_conf *conf, cha
     return 0;
 }
 
-static int parse_data(const json_t *d, const acc_conf *conf, const char *model_from, spec_data *out,
-                      acc_err *err)
+/* h-dsconf: "data": {"dataset": "ORG/NAME", "subset": .., "split": "train",
+ * "data_files": PATTERN}: the split's files in the hf_hub_cache become
+ * data.train, one glob matching exactly them (hf_hub.h). */
+static int parse_data_dataset(const json_t *d, const acc_conf *conf, spec_data *out, acc_err *err)
+{
+    char files[512] = "";
+    bool given;
+    int rc;
+    if ((rc = get_str(d, "data", "dataset", false, out->dataset, sizeof out->dataset, &given, err)) ||
+        (rc = get_str(d, "data", "subset", true, out->subset, sizeof out->subset, NULL, err)) ||
+        (rc = get_str(d, "data", "split", true, out->split, sizeof out->split, NULL, err)) ||
+        (rc = get_str(d, "data", "data_files", true, files, sizeof files, NULL, err)))
+        return rc;
+    if (!given) {
+        static const char *const only[] = {"subset", "split", "data_files", NULL};
+        for (int i = 0; only[i] != NULL; i++)
+            if (json_object_get(d, only[i]) != NULL) {
+                char f[64];
+                return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, "data", only[i]),
+                                   "%s applies to data.dataset (a hub dataset) only", f);
+            }
+        return 0;
+    }
+    if (json_object_get(d, "train") != NULL)
+        return acc_err_set(err, ACC_EINVAL, "data.dataset", "give data.dataset or data.train, not both");
+    if (out->split[0] == '\0')
+        snprintf(out->split, sizeof out->split, "train");
+    hf_files hf;
+    if ((rc = hf_hub_dataset_files(conf->hf_hub_cache, out->dataset, out->subset, out->split, files,
+                                   "data.dataset", &hf, err)))
+        return rc;
+    out->dataset_files = hf.n;
+    rc = hf_files_as_glob(&hf, "data.dataset", out->train, sizeof out->train, err);
+    hf_files_free(&hf);
+    return rc;
+}
+
+static int parse_data(const json_t *d, const acc_conf *conf, const char *roots, const char *model_from,
+                      spec_data *out, acc_err *err)
 {
     static const char *const keys[] = {"train", "val", "format", "tokenizer", "chat_template", "train_on",
-                                       "packing", "overlong", NULL};
+                                       "packing", "overlong",
+                                       "dataset", "subset", "split", "data_files", /* h-dsconf */
+                                       NULL};
     static const char *const formats[] = {"text", "tokens", "chat", "prompt_completion", "text_jsonl",
                                           "text_lines", NULL};
     static const spec_data_format fmts[] = {SPEC_DATA_TEXT, SPEC_DATA_TOKENS, SPEC_DATA_CHAT,
@@ -467,25 +557,35 @@ static int parse_data(const json_t *d, const acc_conf *conf, const char *model_f
     int rc, fmt = 0;
     bool train, val;
     if ((rc = check_keys(d, "data", keys, err)) ||
-        (rc = get_paths(d, "train", conf, out->train, sizeof out->train, &train, err)) ||
-        (rc = get_paths(d, "val", conf, out->val, sizeof out->val, &val, err)) ||
+        (rc = get_paths(d, "train", roots, out->train, sizeof out->train, &train, err)) ||
+        (rc = get_paths(d, "val", roots, out->val, sizeof out->val, &val, err)) ||
         (rc = get_choice(d, "data", "format", formats, &fmt, err)))
         return rc;
-    if (!train)
-        return acc_err_set(err, ACC_EINVAL, "data.train", "data.train is required");
     out->format = fmts[fmt];
+    if ((rc = parse_data_dataset(d, conf, out, err)))
+        return rc;
+    if (!train && out->dataset[0] == '\0')
+        return acc_err_set(err, ACC_EINVAL, "data.train", "data.train (or data.dataset) is required");
+    if (out->dataset[0] != '\0') {
+        /* checked the same way, but kept as the snapshot names it (not the
+         * blob a single file links to): the name carries its extension */
+        char copy[sizeof out->train];
+        memcpy(copy, out->train, sizeof copy);
+        if ((rc = check_path(copy, sizeof copy, roots, "data.dataset", err)))
+            return rc;
+    }
     json_t *fv = json_object_get(d, "format"), *tv = json_object_get(d, "tokenizer");
     if (fv == NULL || json_is_null(fv)) { /* read off the data: a tokenizer model never trains on bytes */
         out->format_inferred = true;
-        bool tok = json_is_string(tv) || prep_has_tokenizer(conf->data_roots, model_from);
-        if ((rc = prep_infer_format(conf->data_roots, out->train, tok, &out->format, err)))
+        bool tok = json_is_string(tv) || prep_has_tokenizer(roots, model_from);
+        if ((rc = prep_infer_format(roots, out->train, tok, &out->format, err)))
             return rc;
     }
     if (!spec_data_is_jsonl(out->format) && (strchr(out->train, '\n') || strchr(out->val, '\n')))
         return acc_err_set(err, ACC_EINVAL, "data.train",
                            "a list of files applies to the record formats (chat, prompt_completion, text_jsonl, "
                            "text_lines); text and tokens take one path or glob");
-    return parse_data_jsonl(d, conf, model_from, out, err);
+    return parse_data_jsonl(d, roots, model_from, out, err);
 }
 
 static int parse_betas(const json_t *obj, const char *prefix, spec_optim *o, acc_err *err)
@@ -495,10 +595,13 @@ static int parse_betas(const json_t *obj, const char *prefix, spec_optim *o, acc
     if (b == NULL)
         return 0;
     field(f, sizeof f, prefix, "betas");
-    if (!json_is_array(b) || json_array_size(b) != 2 || !json_is_number(json_array_get(b, 0)) ||
-        !json_is_number(json_array_get(b, 1)))
+    /* null keeps that beta's default (adam_beta1 / adam_beta2 alone, spec_keys.h) */
+    json_t *e0 = json_array_get(b, 0), *e1 = json_array_get(b, 1);
+    if (!json_is_array(b) || json_array_size(b) != 2 || !(json_is_number(e0) || json_is_null(e0)) ||
+        !(json_is_number(e1) || json_is_null(e1)))
         return acc_err_set(err, ACC_EINVAL, f, "%s must be an array of two numbers", f);
-    double b1 = json_number_value(json_array_get(b, 0)), b2 = json_number_value(json_array_get(b, 1));
+    double b1 = json_is_null(e0) ? o->beta1 : json_number_value(e0);
+    double b2 = json_is_null(e1) ? o->beta2 : json_number_value(e1);
     if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
         return acc_err_set(err, ACC_EINVAL, f, "%s must be in [0, 1), got [%g, %g]", f, b1, b2);
     o->beta1 = b1;
@@ -525,7 +628,7 @@ static int parse_optimizer(const json_t *o, spec_optim *out, acc_err *err)
 static int parse_lr_schedule(const json_t *l, spec_lr *out, acc_err *err)
 {
     static const char *const keys[] = {"type", "warmup_steps", "min_lr", "warmup_min_lr", "cos_min_ratio",
-                                       "total_steps", NULL};
+                                       "total_steps", "warmup_ratio", NULL};
     /* indexes match spec_lr_type */
     static const char *const types[] = {"constant", "cosine", "warmup", "warmup_decay", "warmup_cosine", NULL};
     int rc, type = (int)out->type;
@@ -535,74 +638,138 @@ static int parse_lr_schedule(const json_t *l, spec_lr *out, acc_err *err)
         (rc = get_num(l, "lr_schedule", "min_lr", 0, false, 10, &out->min_lr, err)) ||
         (rc = get_num(l, "lr_schedule", "warmup_min_lr", 0, false, 10, &out->warmup_min_lr, err)) ||
         (rc = get_num(l, "lr_schedule", "cos_min_ratio", 0, false, 1, &out->cos_min_ratio, err)) ||
-        (rc = get_int(l, "lr_schedule", "total_steps", 1, INT_MAX, &out->total_steps, err)))
+        (rc = get_int(l, "lr_schedule", "total_steps", 1, INT_MAX, &out->total_steps, err)) ||
+        (rc = get_num(l, "lr_schedule", "warmup_ratio", 0, false, 1, &out->warmup_ratio, err)))
         return rc;
     out->type = (spec_lr_type)type;
     return 0;
 }
 
-/* ---- the nested "deepspeed" object ------------------------------------------ */
+/* ---- the nested "deepspeed" object (h-dsconf: or a file) ------------------- */
 
-/* The supported keys, plus two with no effect on training that DeepSpeed
- * configs commonly carry (steps_per_print, wall_clock_breakdown). */
+/* DeepSpeed's configuration keys by what they mean here: the first group
+ * takes effect; the rest are tuning and reporting keys with no meaning for
+ * accumd, accepted and listed as ignored (job_spec.ignored). Any other key
+ * is unknown (with a did-you-mean). */
 static const char *const ds_keys[] = {
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16", "fp16",
-    "gradient_clipping", "optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown",
-    "zero_optimization", NULL};
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16", "fp16", "amp",
+    "gradient_clipping", "optimizer", "scheduler", "zero_optimization",
+    /* ignored from here (DS_FIRST_IGNORED) */
+    "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "prescale_gradients",
+    "gradient_predivide_factor", "communication_data_type", "seq_parallel_communication_data_type",
+    "sparse_gradients", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "flops_profiler",
+    "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "activation_checkpointing", "aio",
+    "checkpoint", "data_types", "timers", "disable_allgather", NULL};
+#define DS_FIRST_IGNORED 10
 
-/* Report every unsupported key at once: users paste whole DeepSpeed files. */
-static int ds_check_keys(const json_t *ds, acc_err *err)
+/* The index of key in a NULL-terminated list, -1 when absent. */
+static int key_index(const char *key, const char *const *list)
 {
-    char list[400] = "", first[128] = "";
-    const char *key;
-    json_t *v;
-    int bad = 0;
-    json_object_foreach((json_t *)ds, key, v) {
-        if (key_allowed(key, ds_keys))
-            continue;
-        if (bad++ == 0)
-            snprintf(first, sizeof first, "deepspeed.%s", key);
-        size_t l = strlen(list);
-        snprintf(list + l, sizeof list - l, "%sdeepspeed.%s", l ? ", " : "", key);
-    }
-    if (bad == 0)
-        return 0;
-    return acc_err_set(err, ACC_EINVAL, first, "unsupported DeepSpeed key%s: %s (accumd supports the batch keys, "
-                       "bf16, gradient_clipping, zero_optimization, optimizer AdamW and scheduler "
-                       "WarmupLR/WarmupDecayLR/WarmupCosineLR)",
-                       bad > 1 ? "s" : "", list);
+    for (int i = 0; list[i] != NULL; i++)
+        if (!strcmp(key, list[i]))
+            return i;
+    return -1;
 }
 
-static int ds_precision(const json_t *ds, job_spec *out, bool *bf16_set, acc_err *err)
+static void note_ignored(job_spec *out, const char *prefix, const char *key)
 {
-    static const char *const keys[] = {"enabled", NULL};
-    json_t *bf = NULL, *fp = NULL;
-    int rc;
-    bool on = false;
-    if ((rc = get_object(ds, "deepspeed", "bf16", &bf, err)) || (rc = get_object(ds, "deepspeed", "fp16", &fp, err)))
-        return rc;
-    if (fp != NULL) {
-        if ((rc = check_keys(fp, "deepspeed.fp16", keys, err)) || (rc = get_bool(fp, "deepspeed.fp16", "enabled", &on, err)))
-            return rc;
-        if (on)
-            return acc_err_set(err, ACC_EINVAL, "deepspeed.fp16.enabled",
-                               "deepspeed.fp16 is not supported; use bf16 or fp32");
+    char f[160];
+    spec_list_append(out->ignored, sizeof out->ignored, field(f, sizeof f, prefix, key));
+}
+
+/* Every key of `obj` known (index < first_ignored) or ignored (listed);
+ * the first other one is unknown, with the closest known key. */
+static int classify_keys(const json_t *obj, const char *prefix, const char *const *keys, int first_ignored,
+                         const char *what, job_spec *out, acc_err *err)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        int i = key_index(key, keys);
+        if (i < 0)
+            return unknown_key(prefix, key, keys, what, err);
+        if (i >= first_ignored)
+            note_ignored(out, prefix, key);
     }
-    if (bf == NULL)
-        return 0;
-    on = false;
-    if ((rc = check_keys(bf, "deepspeed.bf16", keys, err)) || (rc = get_bool(bf, "deepspeed.bf16", "enabled", &on, err)))
-        return rc;
-    out->precision = on ? SPEC_BF16 : SPEC_FP32;
-    *bf16_set = true;
     return 0;
 }
 
+/* A number that may be "auto" (left as it is: the spec's own key or its
+ * default fills it, as Hugging Face fills it from TrainingArguments). */
+static int ds_num(const json_t *o, const char *prefix, const char *key, double lo, bool open_lo, double hi,
+                  double *out, acc_err *err)
+{
+    return is_auto(json_object_get(o, key)) ? 0 : get_num(o, prefix, key, lo, open_lo, hi, out, err);
+}
+
+static int ds_int(const json_t *o, const char *prefix, const char *key, long lo, long hi, int *out, acc_err *err)
+{
+    return is_auto(json_object_get(o, key)) ? 0 : get_int(o, prefix, key, lo, hi, out, err);
+}
+
+/* A section's "enabled": true / false / "auto" (-1) / absent (0). */
+static int ds_enabled(const json_t *sect, const char *prefix, int *on, acc_err *err)
+{
+    json_t *v = json_object_get(sect, "enabled");
+    bool b = false;
+    *on = 0;
+    if (is_auto(v)) {
+        *on = -1;
+        return 0;
+    }
+    int rc = get_bool(sect, prefix, "enabled", &b, err);
+    if (rc == 0 && b)
+        *on = 1;
+    return rc;
+}
+
+/* bf16 / fp16 / amp: bf16 sets the precision; fp16 and amp enabled are
+ * not supported yet; their loss-scaling keys mean nothing without them. */
+static int ds_precision(const json_t *ds, job_spec *out, acc_err *err)
+{
+    static const char *const bf_keys[] = {"enabled", "immediate_grad_update", "check_grad_overflow",
+                                          "bf16_master_weights_and_grads", "bf16_optimizer_states", NULL};
+    static const char *const fp_keys[] = {"enabled", "auto_cast", "loss_scale", "initial_scale_power",
+                                          "loss_scale_window", "hysteresis", "consecutive_hysteresis",
+                                          "min_loss_scale", "fp16_master_weights_and_grads", NULL};
+    static const char *const amp_keys[] = {"enabled", "opt_level", NULL};
+    json_t *bf = NULL, *fp = NULL, *amp = NULL;
+    int rc, on;
+    if ((rc = get_object(ds, "deepspeed", "bf16", &bf, err)) || (rc = get_object(ds, "deepspeed", "fp16", &fp, err)) ||
+        (rc = get_object(ds, "deepspeed", "amp", &amp, err)))
+        return rc;
+    if (fp != NULL) {
+        if ((rc = classify_keys(fp, "deepspeed.fp16", fp_keys, 1, "unknown key", out, err)) ||
+            (rc = ds_enabled(fp, "deepspeed.fp16", &on, err)))
+            return rc;
+        if (on == 1)
+            return acc_err_set(err, ACC_EINVAL, "deepspeed.fp16.enabled",
+                               "deepspeed.fp16 is not supported yet; use bf16 (\"bf16\": {\"enabled\": true}) or fp32");
+    }
+    if (amp != NULL) {
+        if ((rc = classify_keys(amp, "deepspeed.amp", amp_keys, 1, "unknown key", out, err)) ||
+            (rc = ds_enabled(amp, "deepspeed.amp", &on, err)))
+            return rc;
+        if (on == 1)
+            return acc_err_set(err, ACC_EINVAL, "deepspeed.amp.enabled", "deepspeed.amp (NVIDIA Apex) is not supported yet; use bf16");
+    }
+    if (bf == NULL)
+        return 0;
+    if ((rc = classify_keys(bf, "deepspeed.bf16", bf_keys, 1, "unknown key", out, err)) ||
+        (rc = ds_enabled(bf, "deepspeed.bf16", &on, err)))
+        return rc;
+    if (on >= 0) /* "auto": the spec's precision */
+        out->precision = on ? SPEC_BF16 : SPEC_FP32;
+    return 0;
+}
+
+/* "optimizer": AdamW (or DeepSpeed's Adam in its default adam_w_mode). */
 static int ds_optimizer(const json_t *ds, job_spec *out, acc_err *err)
 {
     static const char *const keys[] = {"type", "params", NULL};
-    static const char *const pkeys[] = {"lr", "betas", "eps", "weight_decay", NULL};
-    static const char *const types[] = {"AdamW", "adamw", NULL};
+    static const char *const pkeys[] = {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction",
+                                        "amsgrad", "torch_adam", NULL};
+    static const char *const types[] = {"AdamW", "adamw", "Adam", "adam", NULL};
     json_t *o = NULL, *p = NULL;
     int rc, type = 0;
     if ((rc = get_object(ds, "deepspeed", "optimizer", &o, err)) || o == NULL)
@@ -612,86 +779,143 @@ static int ds_optimizer(const json_t *ds, job_spec *out, acc_err *err)
         (rc = get_object(o, "deepspeed.optimizer", "params", &p, err)) || p == NULL)
         return rc;
     const char *pf = "deepspeed.optimizer.params";
-    if ((rc = check_keys(p, pf, pkeys, err)) || (rc = get_num(p, pf, "lr", 0, true, 10, &out->optim.lr, err)) ||
-        (rc = parse_betas(p, pf, &out->optim, err)) || (rc = get_num(p, pf, "eps", 0, true, 1, &out->optim.eps, err)) ||
-        (rc = get_num(p, pf, "weight_decay", 0, false, 10, &out->optim.weight_decay, err)))
+    bool adam_w = true, bias = true, ams = false;
+    if ((rc = classify_keys(p, pf, pkeys, 7, "unknown key", out, err)) ||
+        (rc = ds_num(p, pf, "lr", 0, true, 10, &out->optim.lr, err)) ||
+        (!is_auto(json_object_get(p, "betas")) && (rc = parse_betas(p, pf, &out->optim, err))) ||
+        (rc = ds_num(p, pf, "eps", 0, true, 1, &out->optim.eps, err)) ||
+        (rc = ds_num(p, pf, "weight_decay", 0, false, 10, &out->optim.weight_decay, err)) ||
+        (rc = get_bool(p, pf, "adam_w_mode", &adam_w, err)) || (rc = get_bool(p, pf, "bias_correction", &bias, err)) ||
+        (rc = get_bool(p, pf, "amsgrad", &ams, err)))
         return rc;
+    if (!adam_w && type >= 2)
+        return acc_err_set(err, ACC_EINVAL, "deepspeed.optimizer.params.adam_w_mode",
+                           "deepspeed.optimizer.params.adam_w_mode false (Adam with L2 regularization) is not "
+                           "supported; accumd's optimizer is AdamW");
+    if (!bias || ams)
+        return acc_err_set(err, ACC_EINVAL, !bias ? "deepspeed.optimizer.params.bias_correction"
+                                                  : "deepspeed.optimizer.params.amsgrad",
+                           "%s is not supported (AdamW with bias correction, without amsgrad)",
+                           !bias ? "bias_correction false" : "amsgrad true");
     return 0;
 }
+
+/* The lr_schedule.type a DeepSpeed scheduler type is. */
+static const char *const ds_sched_types[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", NULL};
+static const char *const ds_sched_as[] = {"warmup", "warmup_decay", "warmup_cosine"};
 
 static int ds_scheduler(const json_t *ds, job_spec *out, acc_err *err)
 {
     static const char *const keys[] = {"type", "params", NULL};
     static const char *const pkeys[] = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
                                         "total_num_steps", "warmup_min_ratio", "cos_min_ratio", NULL};
-    static const char *const types[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", NULL};
-    static const char *const wtypes[] = {"linear", NULL};
+    static const char *const wtypes[] = {"linear", "log", NULL};
     json_t *s = NULL, *p = NULL;
     int rc, type = 0, wtype = 0;
     if ((rc = get_object(ds, "deepspeed", "scheduler", &s, err)) || s == NULL)
         return rc;
     if ((rc = check_keys(s, "deepspeed.scheduler", keys, err)) ||
-        (rc = get_choice(s, "deepspeed.scheduler", "type", types, &type, err)) ||
+        (rc = get_choice(s, "deepspeed.scheduler", "type", ds_sched_types, &type, err)) ||
         (rc = get_object(s, "deepspeed.scheduler", "params", &p, err)))
         return rc;
     out->lr.type = type == 0 ? SPEC_LR_WARMUP : type == 1 ? SPEC_LR_WARMUP_DECAY : SPEC_LR_WARMUP_COSINE;
     out->lr.warmup_steps = 1000; /* DeepSpeed's default warmup_num_steps */
     out->lr.warmup_min_lr = 0;
     if (p == NULL)
-        p = json_object();
-    else
-        json_incref(p);
+        return 0;
     const char *pf = "deepspeed.scheduler.params";
+    /* "auto" as Hugging Face resolves it: warmup from the spec's warmup_steps
+     * (or warmup_ratio), total from max_steps, peak from the lr, start 0 */
+    if (is_auto(json_object_get(p, "warmup_num_steps")))
+        out->lr.warmup_steps = 0;
     double ratio = -1;
     if ((rc = check_keys(p, pf, pkeys, err)) ||
-        (rc = get_num(p, pf, "warmup_min_lr", 0, false, 10, &out->lr.warmup_min_lr, err)) ||
-        (rc = get_num(p, pf, "warmup_max_lr", 0, true, 10, &out->optim.lr, err)) ||
-        (rc = get_int(p, pf, "warmup_num_steps", 0, INT_MAX, &out->lr.warmup_steps, err)) ||
+        (rc = ds_num(p, pf, "warmup_min_lr", 0, false, 10, &out->lr.warmup_min_lr, err)) ||
+        (rc = ds_num(p, pf, "warmup_max_lr", 0, true, 10, &out->optim.lr, err)) ||
+        (rc = ds_int(p, pf, "warmup_num_steps", 0, INT_MAX, &out->lr.warmup_steps, err)) ||
         (rc = get_choice(p, pf, "warmup_type", wtypes, &wtype, err)) ||
-        (rc = get_int(p, pf, "total_num_steps", 1, INT_MAX, &out->lr.total_steps, err)) ||
-        (rc = get_num(p, pf, "warmup_min_ratio", 0, false, 1, &ratio, err)) ||
-        (rc = get_num(p, pf, "cos_min_ratio", 0, false, 1, &out->lr.cos_min_ratio, err))) {
-        json_decref(p);
+        (rc = ds_int(p, pf, "total_num_steps", 1, INT_MAX, &out->lr.total_steps, err)) ||
+        (rc = ds_num(p, pf, "warmup_min_ratio", 0, false, 1, &ratio, err)) ||
+        (rc = ds_num(p, pf, "cos_min_ratio", 0, false, 1, &out->lr.cos_min_ratio, err)))
         return rc;
-    }
-    json_decref(p);
     if (ratio >= 0)
         out->lr.warmup_min_lr = ratio * out->optim.lr;
     return 0;
 }
 
 /* "zero_optimization": {"stage": 0|1|2}, at the top level or in
- * "deepspeed". DeepSpeed's other ZeRO keys (offload, stage 3 tuning,
- * bucket sizes) are known and refused as not supported yet; anything else
- * is an unknown key. Both before the stage is read. */
-static const char *const zero_unsupported[] = {
-    "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params", "cpu_offload_use_pin_memory",
+ * "deepspeed". Stage 3 and offloading to a device are refused as not
+ * supported yet (naming the key); DeepSpeed's bucket, overlap and stage-3
+ * tuning keys mean nothing here and are listed as ignored. */
+static const char *const zero_keys[] = {
+    "stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params", "zero_quantized_weights",
+    "zero_quantized_gradients", "zero_quantized_nontrainable_weights", "zero_hpz_partition_size", "mics_shard_size",
+    /* ignored from here (ZERO_FIRST_IGNORED) */
     "contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size", "allgather_partitions",
     "allgather_bucket_size", "round_robin_gradients", "elastic_checkpoint", "load_from_fp32_weights",
     "sub_group_size", "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
     "stage3_param_persistence_threshold", "stage3_gather_16bit_weights_on_model_save",
-    "stage3_gather_fp16_weights_on_model_save", "zero_hpz_partition_size", "zero_quantized_weights",
-    "zero_quantized_gradients", "mics_shard_size", "mics_hierarchical_params_gather", "ignore_unused_parameters",
-    "memory_efficient_linear", "use_multi_rank_bucket_allreduce", "legacy_stage1", NULL};
+    "stage3_gather_fp16_weights_on_model_save", "stage3_model_persistence_threshold", "ignore_unused_parameters",
+    "legacy_stage1", "memory_efficient_linear", "use_multi_rank_bucket_allreduce", "cpu_offload_use_pin_memory",
+    "mics_hierarchical_params_gather", "pipeline_loading_checkpoint", "override_module_apply",
+    "log_trace_cache_warnings", NULL};
+#define ZERO_FIRST_IGNORED 10
 
-static int parse_zero(const json_t *z, const char *prefix, int *stage, acc_err *err)
+static int zero_not_yet(const char *f, acc_err *err)
 {
-    static const char *const keys[] = {"stage", NULL};
-    const char *key;
-    json_t *v;
+    return acc_err_set(err, ACC_EINVAL, f,
+                       "%s is not supported yet (accumd runs ZeRO stages 0, 1 and 2 on the job's devices, without "
+                       "offload)", f);
+}
+
+/* offload_optimizer / offload_param: {"device": "none"} means no offload. */
+static int zero_offload(const json_t *z, const char *prefix, const char *key, job_spec *out, acc_err *err)
+{
+    char f[160];
+    const json_t *o = json_object_get(z, key);
+    if (o == NULL || json_is_null(o))
+        return 0;
+    field(f, sizeof f, prefix, key);
+    const char *dev = json_is_object(o) ? json_string_value(json_object_get(o, "device")) : NULL;
+    if (dev == NULL || strcmp(dev, "none") != 0)
+        return zero_not_yet(f, err);
+    note_ignored(out, prefix, key);
+    return 0;
+}
+
+/* A switch or size whose non-default value asks for something not here. */
+static int zero_default_only(const json_t *z, const char *prefix, const char *key, job_spec *out, acc_err *err)
+{
+    char f[160];
+    const json_t *v = json_object_get(z, key);
+    if (v == NULL)
+        return 0;
+    bool off = json_is_false(v) || json_is_null(v) ||
+               (json_is_integer(v) && json_integer_value(v) <= 1 && strcmp(key, "mics_shard_size") != 0) ||
+               (json_is_integer(v) && json_integer_value(v) < 0);
+    if (!off)
+        return zero_not_yet(field(f, sizeof f, prefix, key), err);
+    note_ignored(out, prefix, key);
+    return 0;
+}
+
+static int parse_zero(const json_t *z, const char *prefix, job_spec *out, int *stage, acc_err *err)
+{
     char f[128];
-    json_object_foreach((json_t *)z, key, v) {
-        if (key_allowed(key, zero_unsupported))
-            return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, prefix, key),
-                               "%s is not supported yet (accumd runs ZeRO stages 0, 1 and 2 on the job's "
-                               "devices, without offload)", f);
-    }
     int rc, st = 0;
-    if ((rc = check_keys(z, prefix, keys, err)) || (rc = get_int(z, prefix, "stage", 0, 3, &st, err)))
+    /* the stage first: a ZeRO-3 file is refused for its stage */
+    if ((rc = get_int(z, prefix, "stage", 0, 3, &st, err)))
         return rc;
     if (st == 3)
         return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, prefix, "stage"),
                            "%s 3 (sharded parameters) is not supported yet; use 1 or 2", f);
+    if ((rc = classify_keys(z, prefix, zero_keys, ZERO_FIRST_IGNORED, "unknown key", out, err)) ||
+        (rc = zero_offload(z, prefix, "offload_optimizer", out, err)) ||
+        (rc = zero_offload(z, prefix, "offload_param", out, err)))
+        return rc;
+    for (int i = 3; i < ZERO_FIRST_IGNORED; i++)
+        if ((rc = zero_default_only(z, prefix, zero_keys[i], out, err)))
+            return rc;
     *stage = st;
     return 0;
 }
@@ -706,9 +930,9 @@ static int get_zero(const json_t *root, const json_t *ds, job_spec *out, char *w
     if ((rc = get_object(root, NULL, "zero_optimization", &top, err)) ||
         (ds != NULL && (rc = get_object(ds, "deepspeed", "zero_optimization", &inner, err))))
         return rc;
-    if (inner != NULL && (rc = parse_zero(inner, "deepspeed.zero_optimization", &st_ds, err)))
+    if (inner != NULL && (rc = parse_zero(inner, "deepspeed.zero_optimization", out, &st_ds, err)))
         return rc;
-    if (top != NULL && (rc = parse_zero(top, "zero_optimization", &st_top, err)))
+    if (top != NULL && (rc = parse_zero(top, "zero_optimization", out, &st_top, err)))
         return rc;
     if (top != NULL && inner != NULL && st_top != st_ds)
         return acc_err_set(err, ACC_EINVAL, "zero_optimization.stage",
@@ -721,51 +945,173 @@ static int get_zero(const json_t *root, const json_t *ds, job_spec *out, char *w
     return 0;
 }
 
-/* A batch key may be set at the top level or inside "deepspeed", not both
- * with different values. */
-static int merge_batch(batch_val *top, const batch_val *ds, const char *key, acc_err *err)
+/* A batch key set in "deepspeed" fills the top level's when that has none
+ * (values that disagree were refused by ds_agrees). */
+static void merge_batch(batch_val *top, const batch_val *ds)
 {
-    if (!ds->given && !ds->is_auto)
-        return 0;
-    if (!top->given && !top->is_auto) {
+    if ((ds->given || ds->is_auto) && !top->given && !top->is_auto)
         *top = *ds;
-        return 0;
-    }
-    if (top->given != ds->given || (top->given && top->v != ds->v))
-        return acc_err_set(err, ACC_EINVAL, key, "%s differs between the top level and deepspeed.%s", key, key);
-    return 0;
 }
 
 typedef struct batch_in {
     batch_val B, m, a;
 } batch_in;
 
-static int parse_deepspeed(const json_t *ds, job_spec *out, batch_in *b, bool *clip_set, acc_err *err)
+/* ---- the DeepSpeed config against the spec's own keys ----------------------- */
+
+/* The value at a dotted path ("optimizer.params.lr"), NULL when absent. */
+static const json_t *at_path(const json_t *o, const char *path)
+{
+    char part[64];
+    while (o != NULL && *path) {
+        size_t l = strcspn(path, ".");
+        snprintf(part, sizeof part, "%.*s", (int)l, path);
+        o = json_is_object(o) ? json_object_get(o, part) : NULL;
+        path += l + (path[l] == '.');
+    }
+    return o;
+}
+
+static int ds_disagree(const job_spec *out, const json_t *origin, const char *dpath, const json_t *dv,
+                       const char *tpath, const json_t *tv, acc_err *err)
+{
+    char f[128], d[64], t[64], top[160], where[PATH_MAX + 8] = "";
+    char *ds = json_dumps(dv, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(10));
+    char *ts = json_dumps(tv, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(10));
+    snprintf(d, sizeof d, "%s", ds ? ds : "?");
+    snprintf(t, sizeof t, "%s", ts ? ts : "?");
+    free(ds);
+    free(ts);
+    if (out->deepspeed_file[0] != '\0')
+        snprintf(where, sizeof where, " in %s", out->deepspeed_file);
+    spec_alias_describe(origin, tpath, top, sizeof top);
+    return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, "deepspeed", dpath),
+                       "%s is %s%s but %s is %s: give one of them, or \"auto\" in the DeepSpeed config", f, d, where,
+                       top, t);
+}
+
+/* Equal numbers (2 and 2.0), or arrays of them where a null element
+ * (a beta left to its default) agrees with anything. */
+static bool agree(const json_t *a, const json_t *b)
+{
+    if (json_is_number(a) && json_is_number(b))
+        return json_number_value(a) == json_number_value(b);
+    if (json_is_array(a) && json_is_array(b) && json_array_size(a) == json_array_size(b)) {
+        for (size_t i = 0; i < json_array_size(a); i++) {
+            const json_t *x = json_array_get(a, i), *y = json_array_get(b, i);
+            if (!json_is_null(x) && !json_is_null(y) && !agree(x, y))
+                return false;
+        }
+        return true;
+    }
+    return json_equal((json_t *)a, (json_t *)b) != 0;
+}
+
+/* Hugging Face refuses a DeepSpeed value that is not "auto" and differs
+ * from its training argument; so does accumd, showing both. */
+static int ds_agrees(const json_t *root, const json_t *ds, const json_t *origin, const job_spec *out, acc_err *err)
+{
+    static const struct {
+        const char *ds, *top;
+    } pairs[] = {
+        {"train_batch_size", "train_batch_size"},
+        {"train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu"},
+        {"gradient_accumulation_steps", "gradient_accumulation_steps"},
+        {"gradient_clipping", "optimizer.grad_clip"},
+        {"optimizer.params.lr", "optimizer.lr"},
+        {"optimizer.params.betas", "optimizer.betas"},
+        {"optimizer.params.eps", "optimizer.eps"},
+        {"optimizer.params.weight_decay", "optimizer.weight_decay"},
+        {"scheduler.params.warmup_max_lr", "optimizer.lr"},
+        {"scheduler.params.warmup_min_lr", "lr_schedule.warmup_min_lr"},
+        {"scheduler.params.warmup_num_steps", "lr_schedule.warmup_steps"},
+        {"scheduler.params.total_num_steps", "lr_schedule.total_steps"},
+        {"scheduler.params.cos_min_ratio", "lr_schedule.cos_min_ratio"},
+        {NULL, NULL},
+    };
+    for (int i = 0; pairs[i].ds != NULL; i++) {
+        const json_t *dv = at_path(ds, pairs[i].ds), *tv = at_path(root, pairs[i].top);
+        if (dv == NULL || tv == NULL || is_auto(dv) || is_auto(tv) || json_is_null(dv) || json_is_null(tv))
+            continue;
+        if (!agree(dv, tv))
+            return ds_disagree(out, origin, pairs[i].ds, dv, pairs[i].top, tv, err);
+    }
+    /* the precision: bf16.enabled against precision (or bf16 / mixed_precision) */
+    const json_t *bf = at_path(ds, "bf16.enabled"), *prec = json_object_get(root, "precision");
+    if (json_is_boolean(bf) && json_is_string(prec) &&
+        json_is_true(bf) != !strcmp(json_string_value(prec), "bf16"))
+        return ds_disagree(out, origin, "bf16.enabled", bf, "precision", prec, err);
+    /* the schedule: a DeepSpeed scheduler against lr_schedule.type */
+    const json_t *st = at_path(ds, "scheduler.type"), *lt = at_path(root, "lr_schedule.type");
+    int k = json_is_string(st) ? key_index(json_string_value(st), ds_sched_types) : -1;
+    if (k >= 0 && json_is_string(lt) && strcmp(json_string_value(lt), ds_sched_as[k]) != 0)
+        return ds_disagree(out, origin, "scheduler.type", st, "lr_schedule.type", lt, err);
+    return 0;
+}
+
+static int parse_deepspeed(const json_t *ds, const json_t *root, const json_t *origin, job_spec *out, batch_in *b,
+                           acc_err *err)
 {
     int rc;
-    bool bf16_set = false;
     batch_in d = {{0}, {0}, {0}};
-    if ((rc = ds_check_keys(ds, err)) || (rc = get_batch(ds, "deepspeed", "train_batch_size", &d.B, err)) ||
+    if ((rc = classify_keys(ds, "deepspeed", ds_keys, DS_FIRST_IGNORED, "unknown DeepSpeed key", out, err)) ||
+        (rc = ds_agrees(root, ds, origin, out, err)) ||
+        (rc = get_batch(ds, "deepspeed", "train_batch_size", &d.B, err)) ||
         (rc = get_batch(ds, "deepspeed", "train_micro_batch_size_per_gpu", &d.m, err)) ||
         (rc = get_batch(ds, "deepspeed", "gradient_accumulation_steps", &d.a, err)) ||
-        (rc = merge_batch(&b->B, &d.B, "train_batch_size", err)) ||
-        (rc = merge_batch(&b->m, &d.m, "train_micro_batch_size_per_gpu", err)) ||
-        (rc = merge_batch(&b->a, &d.a, "gradient_accumulation_steps", err)) ||
-        (rc = ds_precision(ds, out, &bf16_set, err)) ||
-        (rc = ds_optimizer(ds, out, err)) || (rc = ds_scheduler(ds, out, err)))
+        (rc = ds_precision(ds, out, err)) || (rc = ds_optimizer(ds, out, err)) || (rc = ds_scheduler(ds, out, err)))
         return rc;
-    /* accepted for DeepSpeed files, no effect here: still of DeepSpeed's type */
+    merge_batch(&b->B, &d.B);
+    merge_batch(&b->m, &d.m);
+    merge_batch(&b->a, &d.a);
+    /* ignored, but still of DeepSpeed's type */
     int steps_per_print = 0;
     bool wall_clock = false;
     if ((rc = get_int(ds, "deepspeed", "steps_per_print", 1, INT_MAX, &steps_per_print, err)) ||
-        (rc = get_bool(ds, "deepspeed", "wall_clock_breakdown", &wall_clock, err)))
+        (rc = get_bool(ds, "deepspeed", "wall_clock_breakdown", &wall_clock, err)) ||
+        (rc = ds_num(ds, "deepspeed", "gradient_clipping", 0, false, 1e9, &out->optim.grad_clip, err)))
         return rc;
-    if (json_object_get(ds, "gradient_clipping") != NULL) {
-        if ((rc = get_num(ds, "deepspeed", "gradient_clipping", 0, false, 1e9, &out->optim.grad_clip, err)))
-            return rc;
-        *clip_set = true;
-    }
     return 0;
+}
+
+/* "deepspeed": "FILE": a DeepSpeed JSON file under data_roots, opened
+ * through safepath and put in the spec's place. */
+#define SPEC_DS_FILE_MAX (1 << 20)
+
+static int load_deepspeed_file(json_t *root, const char *roots, job_spec *out, acc_err *err)
+{
+    json_t *v = json_object_get(root, "deepspeed");
+    if (!json_is_string(v))
+        return 0;
+    int rc = get_str(root, NULL, "deepspeed", false, out->deepspeed_file, sizeof out->deepspeed_file, NULL, err);
+    if (rc != 0 || (rc = check_path(out->deepspeed_file, sizeof out->deepspeed_file, roots, "deepspeed", err)))
+        return rc;
+    int fd;
+    if ((rc = sp_open_file(roots, out->deepspeed_file, "deepspeed", &fd, NULL, 0, err)))
+        return rc;
+    char *text = malloc(SPEC_DS_FILE_MAX + 1);
+    ssize_t n = 0, got;
+    while (text != NULL && n <= SPEC_DS_FILE_MAX && (got = read(fd, text + n, (size_t)(SPEC_DS_FILE_MAX + 1 - n))) > 0)
+        n += got;
+    close(fd);
+    if (text == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    if (n > SPEC_DS_FILE_MAX) {
+        free(text);
+        return acc_err_set(err, ACC_EINVAL, "deepspeed", "deepspeed: %s is over %d bytes", out->deepspeed_file,
+                           SPEC_DS_FILE_MAX);
+    }
+    json_error_t je;
+    json_t *obj = json_loadb(text, (size_t)(n > 0 ? n : 0), JSON_REJECT_DUPLICATES, &je);
+    free(text);
+    if (obj == NULL)
+        return acc_err_set(err, ACC_EINVAL, "deepspeed", "deepspeed: %s: malformed JSON at line %d column %d: %s",
+                           out->deepspeed_file, je.line, je.column, je.text);
+    if (!json_is_object(obj)) {
+        json_decref(obj);
+        return acc_err_set(err, ACC_EINVAL, "deepspeed", "deepspeed: %s must hold a JSON object", out->deepspeed_file);
+    }
+    return json_object_set_new(root, "deepspeed", obj) ? acc_err_set(err, ACC_ENOMEM, NULL, "out of memory") : 0;
 }
 
 /* ---- the batch triple ------------------------------------------------------- */
@@ -945,11 +1291,11 @@ static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *ou
         (rc = get_object(root, NULL, "optimizer", &optim, err)) ||
         (rc = get_object(root, NULL, "lr_schedule", &lrs, err)) || (rc = get_object(root, NULL, "oom", &oom, err)))
         return rc;
-    if (jmodel != NULL && (rc = parse_model(jmodel, conf, out->plan_only, &out->model, err)))
+    if (jmodel != NULL && (rc = parse_model(jmodel, conf, out->data_roots, out->plan_only, &out->model, err)))
         return rc;
     if (data == NULL && !out->plan_only) /* the planner needs no data */
         return acc_err_set(err, ACC_EINVAL, "data", "data is required (at least data.train)");
-    if (data != NULL && (rc = parse_data(data, conf, out->model.from, &out->data, err)))
+    if (data != NULL && (rc = parse_data(data, conf, out->data_roots, out->model.from, &out->data, err)))
         return rc;
     if (optim != NULL && (rc = parse_optimizer(optim, &out->optim, err)))
         return rc;
@@ -963,23 +1309,6 @@ static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *ou
     return 0;
 }
 
-/* Hugging Face's name for activation recomputation, "gradient_checkpointing":
- * the same switch; given with activation_checkpointing, the two must agree. */
-static int get_checkpointing_alias(const json_t *root, job_spec *out, acc_err *err)
-{
-    bool gc = out->activation_checkpointing;
-    int rc = get_bool(root, NULL, "gradient_checkpointing", &gc, err);
-    if (rc != 0)
-        return rc;
-    if (json_object_get(root, "activation_checkpointing") != NULL && gc != out->activation_checkpointing)
-        return acc_err_set(err, ACC_EINVAL, "gradient_checkpointing",
-                           "gradient_checkpointing (an alias of activation_checkpointing) is %s but "
-                           "activation_checkpointing is %s", gc ? "true" : "false",
-                           out->activation_checkpointing ? "true" : "false");
-    out->activation_checkpointing = gc;
-    return 0;
-}
-
 static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
 {
     static const char *const precisions[] = {"fp32", "bf16", NULL};
@@ -989,7 +1318,6 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         (rc = get_int(root, NULL, "devices", 1, SPEC_MAX_DEVICES, &out->devices, err)) ||
         (rc = get_choice(root, NULL, "precision", precisions, &prec, err)) ||
         (rc = get_bool(root, NULL, "activation_checkpointing", &out->activation_checkpointing, err)) ||
-        (rc = get_checkpointing_alias(root, out, err)) ||
         (rc = get_int(root, NULL, "max_steps", 1, 100000000, &out->max_steps, err)) ||
         (rc = get_num(root, NULL, "num_train_epochs", 0, true, 1e6, &out->num_train_epochs, err)) ||
         (rc = get_int(root, NULL, "eval_interval", 0, INT_MAX, &out->eval_interval, err)) ||
@@ -1023,23 +1351,28 @@ static int check_cross(job_spec *out, acc_err *err)
     if (out->lr.type == SPEC_LR_COSINE && out->lr.min_lr > out->optim.lr)
         return acc_err_set(err, ACC_EINVAL, "lr_schedule.min_lr", "lr_schedule.min_lr %g is above optimizer.lr %g",
                            out->lr.min_lr, out->optim.lr);
+    /* h-dsconf: Hugging Face's warmup_ratio, when warmup_steps is 0: of the
+     * total known now, else of max_steps once num_train_epochs sets it
+     * (trainer.c) */
+    if (out->lr.warmup_ratio > 0 && out->lr.warmup_steps == 0 && !from_epochs)
+        out->lr.warmup_steps = (int)ceil(out->lr.warmup_ratio * (out->lr.total_steps > 0 ? out->lr.total_steps
+                                                                                        : out->max_steps));
     if (out->lr.warmup_min_lr > out->optim.lr)
         return acc_err_set(err, ACC_EINVAL, "lr_schedule.warmup_min_lr",
                            "lr_schedule.warmup_min_lr %g is above optimizer.lr %g", out->lr.warmup_min_lr, out->optim.lr);
     return 0;
 }
 
-static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
+static int parse_root(const json_t *root, const json_t *origin, const acc_conf *conf, job_spec *out, acc_err *err)
 {
     static const char *const keys[] = {
         "name", "model", "data", "train_batch_size", "train_micro_batch_size_per_gpu",
         "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
         "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
         "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "zero_optimization", "lora",
-        "gradient_checkpointing", "max_restarts", "nodes", NULL};
+        "max_restarts", "nodes", NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
-    bool clip_set = false;
     int rc;
     if (!json_is_object(root))
         return acc_err_set(err, ACC_EINVAL, "", "the job spec must be a JSON object, got %s", json_kind(root));
@@ -1050,7 +1383,7 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
         (rc = get_object(root, NULL, "deepspeed", &ds, err)))
         return rc;
     /* deepspeed first, so the native keys (more specific) win where both set */
-    if (ds != NULL && (rc = parse_deepspeed(ds, out, &b, &clip_set, err)))
+    if (ds != NULL && (rc = parse_deepspeed(ds, root, origin, out, &b, err)))
         return rc;
     char zero_field[64];
     if ((rc = get_zero(root, ds, out, zero_field, sizeof zero_field, err)))
@@ -1120,13 +1453,24 @@ static int big_integer_error(const char *text, size_t len, const json_error_t *j
                        path[0] ? path : "the spec", tok);
 }
 
+/* The spec's roots: data_roots, and the hf_hub_cache when there is one
+ * (its snapshots link into its blobs/: both inside it). */
+static void set_roots(const acc_conf *conf, job_spec *out)
+{
+    int w = conf->hf_hub_cache[0] == '\0'
+                ? snprintf(out->data_roots, sizeof out->data_roots, "%s", conf->data_roots)
+                : snprintf(out->data_roots, sizeof out->data_roots, "%s:%s", conf->data_roots, conf->hf_hub_cache);
+    if (w < 0 || (size_t)w >= sizeof out->data_roots) /* no cache rather than a cut root */
+        snprintf(out->data_roots, sizeof out->data_roots, "%s", conf->data_roots);
+}
+
 static int parse_doc(const char *text, size_t len, const acc_conf *conf, bool plan_only, job_spec *out,
                      acc_err *err)
 {
     json_error_t je;
     set_defaults(out);
     out->plan_only = plan_only;
-    snprintf(out->data_roots, sizeof out->data_roots, "%s", conf->data_roots);
+    set_roots(conf, out);
     snprintf(out->output_root, sizeof out->output_root, "%s", conf->output_root);
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     if (root == NULL && json_error_code(&je) == json_error_numeric_overflow)
@@ -1134,7 +1478,19 @@ static int parse_doc(const char *text, size_t len, const acc_conf *conf, bool pl
     if (root == NULL)
         return acc_err_set(err, ACC_EINVAL, "", "malformed JSON at line %d column %d: %s", je.line, je.column,
                            je.text);
-    int rc = parse_root(root, conf, out, err);
+    /* h-dsconf: Hugging Face's names become the spec's own, a DeepSpeed
+     * file its object; errors about an alias's value name the alias */
+    json_t *origin = json_object();
+    int rc = origin == NULL ? acc_err_set(err, ACC_ENOMEM, NULL, "out of memory") : 0;
+    if (rc == 0 && json_is_object(root))
+        rc = spec_alias_apply(root, origin, out->ignored, sizeof out->ignored, err);
+    if (rc == 0 && json_is_object(root))
+        rc = load_deepspeed_file(root, out->data_roots, out, err);
+    if (rc == 0)
+        rc = parse_root(root, origin, conf, out, err);
+    if (rc != 0 && origin != NULL)
+        spec_alias_rename_error(origin, err);
+    json_decref(origin);
     json_decref(root);
     return rc;
 }

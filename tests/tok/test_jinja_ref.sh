@@ -37,6 +37,26 @@ done
 "$dump" render "$work/cases.jsonl" > "$work/ours.jsonl"
 "$py" "$here/jinja_compare.py" "$work/ours.jsonl" "$work/ref.jsonl" || exit 1
 
+# h-dsconf: the shipped tulu template (rendered by accumd) against the
+# released Tulu-3 chat_template (tulu3_chat_template.jinja, rendered by
+# Jinja2) on every conversation: byte-equal, no newline after the last </s>.
+"$py" "$here/jinja_ref.py" cases "$work/tulu-cases.jsonl" "tulu3=$here/tulu3_chat_template.jinja:<s>:</s>"
+"$py" -c "
+import json, sys
+ours = open('$work/tulu.jinja', encoding='utf-8').read()
+with open('$work/tulu-ours-cases.jsonl', 'w', encoding='utf-8') as out:
+    for line in open('$work/tulu-cases.jsonl', encoding='utf-8'):
+        c = json.loads(line)
+        if not c['id'].startswith('tulu3/'):
+            continue
+        c['template'] = ours
+        out.write(json.dumps(c, ensure_ascii=False) + '\\n')
+"
+grep '"id": "tulu3/' "$work/tulu-cases.jsonl" > "$work/tulu-ref-cases.jsonl"
+"$py" "$here/jinja_ref.py" render "$work/tulu-ref-cases.jsonl" > "$work/tulu-ref.jsonl"
+"$dump" render "$work/tulu-ours-cases.jsonl" > "$work/tulu-ours.jsonl"
+"$py" "$here/jinja_compare.py" "$work/tulu-ours.jsonl" "$work/tulu-ref.jsonl" || exit 1
+
 # Masks and ids on the real tokenizers: accumd's render tokenized without
 # special tokens must be Hugging Face's ids of that text; loss on assistant
 # turns only; BOS only where the template writes it.

@@ -355,18 +355,23 @@ static void test_deepspeed(void **state)
     assert_int_equal(s.lr.type, SPEC_LR_WARMUP_COSINE);
     assert_true(s.lr.cos_min_ratio == 0.1);
 
-    /* unsupported keys are reported, all of them */
+    /* DeepSpeed's own activation_checkpointing section means nothing here;
+     * amp enabled is not supported; a misspelt key gets its suggestion */
     assert_int_equal(parse_with(f, "\"deepspeed\":{\"train_batch_size\":8,\"activation_checkpointing\":{},"
-                                   "\"amp\":{}}", &s, &err), ACC_EINVAL);
-    assert_string_equal(err.field, "deepspeed.activation_checkpointing");
-    assert_non_null(strstr(err.msg, "deepspeed.amp"));
+                                   "\"amp\":{\"enabled\":false}}", &s, &err), 0);
+    assert_non_null(strstr(s.ignored, "deepspeed.activation_checkpointing"));
+    expect_field(f, "\"deepspeed\":{\"train_batch_size\":8,\"amp\":{\"enabled\":true}}", "deepspeed.amp.enabled");
+    assert_int_equal(parse_with(f, "\"deepspeed\":{\"train_batch_size\":8,\"zero_optimisation\":{}}", &s, &err),
+                     ACC_EINVAL);
+    assert_string_equal(err.field, "deepspeed.zero_optimisation");
+    assert_non_null(strstr(err.msg, "did you mean 'zero_optimization'?"));
     expect_field(f, "\"deepspeed\":{\"train_batch_size\":8,\"fp16\":{\"enabled\":true}}", "deepspeed.fp16.enabled");
     expect_field(f, "\"deepspeed\":{\"train_batch_size\":8,\"optimizer\":{\"type\":\"Lamb\"}}", "deepspeed.optimizer.type");
     expect_field(f, "\"deepspeed\":{\"train_batch_size\":8,\"optimizer\":{\"type\":\"AdamW\",\"params\":{\"lr\":-1}}}",
                  "deepspeed.optimizer.params.lr");
     expect_field(f, "\"deepspeed\":{\"train_batch_size\":8,\"scheduler\":{\"type\":\"OneCycle\"}}", "deepspeed.scheduler.type");
     expect_field(f, "\"deepspeed\":{\"train_batch_size\":8,\"bf16\":{\"enabled\":1}}", "deepspeed.bf16.enabled");
-    expect_field(f, "\"train_batch_size\":16,\"deepspeed\":{\"train_batch_size\":8}", "train_batch_size");
+    expect_field(f, "\"train_batch_size\":16,\"deepspeed\":{\"train_batch_size\":8}", "deepspeed.train_batch_size");
     expect_field(f, "\"deepspeed\":{\"train_batch_size\":32,\"train_micro_batch_size_per_gpu\":2,"
                     "\"gradient_accumulation_steps\":16},\"devices\":4", "train_batch_size");
 }
@@ -427,8 +432,10 @@ static void test_zero(void **state)
                                    "\"stage\":1,\"offload_param\":{\"device\":\"nvme\"}}}", &s, &err), ACC_EINVAL);
     assert_string_equal(err.field, "deepspeed.zero_optimization.offload_param");
     assert_non_null(strstr(err.msg, "not supported yet"));
-    expect_field(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":2,"
-                    "\"overlap_comm\":true}", "zero_optimization.overlap_comm");
+    /* tuning keys: accepted, listed as ignored */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":2,"
+                                   "\"overlap_comm\":true,\"reduce_bucket_size\":\"auto\"}", &s, &err), 0);
+    assert_string_equal(s.ignored, "zero_optimization.overlap_comm, zero_optimization.reduce_bucket_size");
     expect_field(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stag\":2}",
                  "zero_optimization.stag");
     expect_field(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":\"2\"}",
@@ -447,6 +454,311 @@ static void test_zero(void **state)
                  "deepspeed.zero_optimization.stage");
 }
 
+/* ---- h-dsconf: Hugging Face names, did-you-mean, DeepSpeed files, hub names ---- */
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    assert_int_equal(fclose(fp), 0);
+}
+
+/* TrainingArguments names set the spec's own keys; with those keys given
+ * too, equal values pass and different ones are a 400 naming both. */
+static void test_hf_aliases(void **state)
+{
+    fixture *f = *state;
+    job_spec s;
+    acc_err err = {0};
+    assert_int_equal(parse_with(f, "\"learning_rate\":5e-6,\"per_device_train_batch_size\":2,"
+                                   "\"gradient_accumulation_steps\":16,\"devices\":4,\"bf16\":true,"
+                                   "\"num_train_epochs\":3,\"weight_decay\":0.0,\"max_grad_norm\":0.5,"
+                                   "\"adam_beta2\":0.999,\"adam_epsilon\":1e-6,\"warmup_steps\":7,"
+                                   "\"lr_scheduler_type\":\"cosine\",\"save_steps\":50,\"eval_steps\":25,"
+                                   "\"seed\":42,\"gradient_checkpointing\":true,\"logging_steps\":10",
+                                &s, &err), 0);
+    assert_true(s.optim.lr == 5e-6);
+    assert_int_equal(s.micro_batch, 2);
+    assert_int_equal(s.accum_steps, 16);
+    assert_int_equal(s.train_batch_size, 128);
+    assert_int_equal(s.precision, SPEC_BF16);
+    assert_true(s.num_train_epochs == 3);
+    assert_true(s.optim.weight_decay == 0.0);
+    assert_true(s.optim.grad_clip == 0.5);
+    assert_true(s.optim.beta1 == 0.9 && s.optim.beta2 == 0.999); /* beta1 keeps its default */
+    assert_true(s.optim.eps == 1e-6);
+    assert_int_equal(s.lr.warmup_steps, 7);
+    assert_int_equal(s.lr.type, SPEC_LR_COSINE);
+    assert_int_equal(s.checkpoint_interval, 50);
+    assert_int_equal(s.eval_interval, 25);
+    assert_true(s.activation_checkpointing);
+    assert_non_null(strstr(s.ignored, "logging_steps"));
+    /* mixed_precision (accelerate's) and fp16 false */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"mixed_precision\":\"bf16\",\"fp16\":false", &s, &err), 0);
+    assert_int_equal(s.precision, SPEC_BF16);
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"mixed_precision\":\"no\"", &s, &err), 0);
+    assert_int_equal(s.precision, SPEC_FP32);
+    /* warmup_ratio of max_steps, rounded up as Hugging Face does */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"max_steps\":100,\"warmup_ratio\":0.031", &s, &err), 0);
+    assert_int_equal(s.lr.warmup_steps, 4);
+    /* the same value twice is fine */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"learning_rate\":0.001,\"optimizer\":{\"lr\":1e-3}", &s,
+                                &err), 0);
+    /* conflicts name both */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"learning_rate\":5e-6,\"optimizer\":{\"lr\":3e-4}", &s,
+                                &err), ACC_EINVAL);
+    assert_string_equal(err.field, "learning_rate");
+    assert_non_null(strstr(err.msg, "optimizer.lr"));
+    if (strstr(err.msg, "5e-6") == NULL)
+        fail_msg("%s", err.msg);
+    assert_non_null(strstr(err.msg, "0.0003"));
+    expect_field(f, "\"train_batch_size\":8,\"bf16\":true,\"precision\":\"fp32\"", "bf16");
+    expect_field(f, "\"train_batch_size\":8,\"bf16\":true,\"mixed_precision\":\"no\"", "mixed_precision");
+    expect_field(f, "\"per_device_train_batch_size\":2,\"train_micro_batch_size_per_gpu\":4", "per_device_train_batch_size");
+    expect_field(f, "\"train_batch_size\":8,\"adam_beta1\":0.8,\"optimizer\":{\"betas\":[0.9,0.95]}", "adam_beta1");
+    expect_field(f, "\"train_batch_size\":8,\"gradient_checkpointing\":true,\"activation_checkpointing\":false",
+                 "gradient_checkpointing");
+    /* values with no equivalent, wrong types: the alias named */
+    expect_field(f, "\"train_batch_size\":8,\"fp16\":true", "fp16");
+    expect_field(f, "\"train_batch_size\":8,\"lr_scheduler_type\":\"polynomial\"", "lr_scheduler_type");
+    expect_field(f, "\"train_batch_size\":8,\"learning_rate\":\"fast\"", "learning_rate");
+    expect_field(f, "\"train_batch_size\":8,\"gradient_checkpointing\":1", "gradient_checkpointing");
+    expect_field(f, "\"train_batch_size\":8,\"warmup_ratio\":2", "warmup_ratio");
+}
+
+/* Common misspellings, each with the key it meant. */
+static void test_did_you_mean(void **state)
+{
+    fixture *f = *state;
+    static const struct {
+        const char *extra, *field, *suggest;
+    } cases[] = {
+        {"\"learning_rte\":1e-4", "learning_rte", "learning_rate"},
+        {"\"lerning_rate\":1e-4", "lerning_rate", "learning_rate"},
+        {"\"Learning-Rate\":1e-4", "Learning-Rate", "learning_rate"},
+        {"\"lr\":1e-4", "lr", "optimizer.lr"},
+        {"\"train_batchsize\":8", "train_batchsize", "train_batch_size"},
+        {"\"batch_size\":8", "batch_size", "train_batch_size"},
+        {"\"micro_batch_size\":2", "micro_batch_size", "train_micro_batch_size_per_gpu"},
+        {"\"per_device_batch_size\":2", "per_device_batch_size", "per_device_train_batch_size"},
+        {"\"gradient_accumulation_step\":2", "gradient_accumulation_step", "gradient_accumulation_steps"},
+        {"\"gradient_acumulation_steps\":2", "gradient_acumulation_steps", "gradient_accumulation_steps"},
+        {"\"num_epochs\":2", "num_epochs", "num_train_epochs"},
+        {"\"epochs\":2", "epochs", "num_train_epochs"},
+        {"\"max_step\":2", "max_step", "max_steps"},
+        {"\"warmup_ration\":0.1", "warmup_ration", "warmup_ratio"},
+        {"\"precison\":\"bf16\"", "precison", "precision"},
+        {"\"mixed_precison\":\"bf16\"", "mixed_precison", "mixed_precision"},
+        {"\"zero_stage\":2", "zero_stage", "zero_optimization.stage"},
+        {"\"deepspeed_config\":\"x.json\"", "deepspeed_config", "deepspeed"},
+        {"\"model_name\":\"x\"", "model_name", "model_name_or_path"},
+        {"\"seeds\":1", "seeds", "seed"},
+        {"\"gradient_checkpoint\":true", "gradient_checkpoint", "gradient_checkpointing"},
+        {"\"optimizer\":{\"learning_rate\":1e-4}", "optimizer.learning_rate", "lr"},
+        {"\"optimizer\":{\"weight_decy\":0.1}", "optimizer.weight_decy", "weight_decay"},
+        {"\"model\":{\"n_layers\":2}", "model.n_layers", "n_layer"},
+        {"\"model\":{\"seq_length\":64}", "model.seq_length", "seq_len"},
+        {"\"lr_schedule\":{\"warmup\":5}", "lr_schedule.warmup", "warmup_steps"},
+        {"\"zero_optimization\":{\"stages\":1}", "zero_optimization.stages", "stage"},
+        {"\"zero_optimization\":{\"overlap_com\":true}", "zero_optimization.overlap_com", "overlap_comm"},
+        {"\"deepspeed\":{\"gradient_clip\":1.0}", "deepspeed.gradient_clip", "gradient_clipping"},
+        {"\"deepspeed\":{\"train_micro_batch_size\":2}", "deepspeed.train_micro_batch_size",
+         "train_micro_batch_size_per_gpu"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        job_spec s;
+        acc_err err = {0};
+        char extra[256], want[128];
+        snprintf(extra, sizeof extra, "\"train_batch_size\":8,%s", cases[i].extra);
+        snprintf(want, sizeof want, "(did you mean '%s'?)", cases[i].suggest);
+        if (parse_with(f, extra, &s, &err) != ACC_EINVAL || strcmp(err.field, cases[i].field) != 0 ||
+            strstr(err.msg, want) == NULL)
+            fail_msg("{%s}: field '%s' msg '%s', want field '%s' and %s", cases[i].extra, err.field, err.msg,
+                     cases[i].field, want);
+    }
+    /* data keys: the test's data file is fixed, so through a full spec */
+    job_spec s;
+    acc_err err = {0};
+    char text[1024];
+    snprintf(text, sizeof text, "{\"data\":{\"train\":\"%s\",\"chat_templte\":\"tulu\"},\"train_batch_size\":8}",
+             f->data_file);
+    assert_int_equal(job_spec_parse(text, strlen(text), &f->conf, &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "data.chat_templte");
+    assert_non_null(strstr(err.msg, "did you mean 'chat_template'?"));
+}
+
+/* A ZeRO-2 DeepSpeed file in the shape projects publish for the Hugging
+ * Face Trainer ("auto" everywhere), given by path: the auto values take
+ * the spec's, the tuning keys are listed as ignored; the same file with a
+ * number that differs from the spec's is a 400 showing both. */
+static const char zero2_auto[] =
+    "{\n"
+    "  \"fp16\": {\"enabled\": \"auto\", \"loss_scale\": 0, \"loss_scale_window\": 1000,\n"
+    "           \"initial_scale_power\": 16, \"hysteresis\": 2, \"min_loss_scale\": 1},\n"
+    "  \"bf16\": {\"enabled\": \"auto\"},\n"
+    "  \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\", \"betas\": \"auto\", \"eps\": \"auto\",\n"
+    "                \"weight_decay\": \"auto\"}},\n"
+    "  \"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_min_lr\": \"auto\", \"warmup_max_lr\": \"auto\",\n"
+    "                \"warmup_num_steps\": \"auto\", \"total_num_steps\": \"auto\"}},\n"
+    "  \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"none\", \"pin_memory\": true},\n"
+    "                        \"allgather_partitions\": true, \"allgather_bucket_size\": 2e8, \"overlap_comm\": true,\n"
+    "                        \"reduce_scatter\": true, \"reduce_bucket_size\": \"auto\", \"contiguous_gradients\": true,\n"
+    "                        \"round_robin_gradients\": true},\n"
+    "  \"gradient_accumulation_steps\": \"auto\", \"gradient_clipping\": \"auto\", \"steps_per_print\": 2000,\n"
+    "  \"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": \"auto\", \"wall_clock_breakdown\": false\n"
+    "}\n";
+
+static void test_deepspeed_file(void **state)
+{
+    fixture *f = *state;
+    job_spec s;
+    acc_err err = {0};
+    char path[600];
+    snprintf(path, sizeof path, "%s/data/ds_zero2.json", f->dir);
+    write_file(path, zero2_auto);
+    assert_int_equal(parse_with(f, "\"deepspeed\":\"ds_zero2.json\",\"learning_rate\":5e-6,"
+                                   "\"per_device_train_batch_size\":2,\"gradient_accumulation_steps\":4,\"devices\":2,"
+                                   "\"bf16\":true,\"max_steps\":200,\"warmup_ratio\":0.05,\"weight_decay\":0.01,"
+                                   "\"max_grad_norm\":0.7",
+                                &s, &err), 0);
+    assert_string_equal(s.deepspeed_file, path);
+    assert_int_equal(s.train_batch_size, 16);
+    assert_int_equal(s.micro_batch, 2);
+    assert_int_equal(s.accum_steps, 4);
+    assert_int_equal(s.zero_stage, 2);
+    assert_int_equal(s.precision, SPEC_BF16);
+    assert_true(s.optim.lr == 5e-6);
+    assert_true(s.optim.weight_decay == 0.01);
+    assert_true(s.optim.grad_clip == 0.7);
+    assert_true(s.optim.beta1 == 0.9 && s.optim.beta2 == 0.95);
+    assert_int_equal(s.lr.type, SPEC_LR_WARMUP_DECAY);
+    assert_true(s.lr.warmup_min_lr == 0);
+    assert_int_equal(s.lr.warmup_steps, 10); /* ceil(0.05 x 200) */
+    assert_int_equal(s.lr.total_steps, 200);
+    const char *ignored[] = {"deepspeed.fp16.loss_scale", "deepspeed.fp16.initial_scale_power",
+                             "deepspeed.zero_optimization.offload_optimizer", "deepspeed.zero_optimization.overlap_comm",
+                             "deepspeed.zero_optimization.allgather_bucket_size",
+                             "deepspeed.zero_optimization.reduce_bucket_size",
+                             "deepspeed.zero_optimization.contiguous_gradients",
+                             "deepspeed.zero_optimization.round_robin_gradients", "deepspeed.steps_per_print",
+                             "deepspeed.wall_clock_breakdown"};
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
+        if (strstr(s.ignored, ignored[i]) == NULL)
+            fail_msg("%s not listed as ignored: %s", ignored[i], s.ignored);
+    assert_null(strstr(s.ignored, "zero_optimization.stage"));
+
+    /* numbers in the file: they take effect, and must agree with the spec's */
+    char *fixed = strdup(zero2_auto);
+    char *lr = strstr(fixed, "\"lr\": \"auto\"");
+    memcpy(lr, "\"lr\": 0.0003", 12);
+    write_file(path, fixed);
+    free(fixed);
+    if (parse_with(f, "\"deepspeed\":\"ds_zero2.json\",\"train_batch_size\":8,\"devices\":2", &s, &err) != 0)
+        fail_msg("%s: %s", err.field, err.msg);
+    assert_true(s.optim.lr == 3e-4);
+    assert_int_equal(parse_with(f, "\"deepspeed\":\"ds_zero2.json\",\"train_batch_size\":8,\"devices\":2,\"learning_rate\":5e-6",
+                                &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "deepspeed.optimizer.params.lr");
+    assert_non_null(strstr(err.msg, "0.0003"));
+    assert_non_null(strstr(err.msg, "5e-6"));
+    assert_non_null(strstr(err.msg, "ds_zero2.json"));
+    assert_non_null(strstr(err.msg, "learning_rate"));
+    /* bf16 in the file against the spec's precision; a batch key */
+    write_file(path, "{\"bf16\":{\"enabled\":true},\"train_batch_size\":16}");
+    expect_field(f, "\"deepspeed\":\"ds_zero2.json\",\"precision\":\"fp32\"", "deepspeed.bf16.enabled");
+    expect_field(f, "\"deepspeed\":\"ds_zero2.json\",\"train_batch_size\":8", "deepspeed.train_batch_size");
+    /* ZeRO-3 with offload: refused for its stage, not yet supported */
+    write_file(path, "{\"train_batch_size\":8,\"zero_optimization\":{\"stage\":3,\"offload_optimizer\":"
+                     "{\"device\":\"cpu\"},\"offload_param\":{\"device\":\"cpu\"},\"stage3_prefetch_bucket_size\":\"auto\"}}");
+    assert_int_equal(parse_with(f, "\"deepspeed\":\"ds_zero2.json\",\"devices\":2", &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "deepspeed.zero_optimization.stage");
+    assert_non_null(strstr(err.msg, "not supported yet"));
+    write_file(path, "{\"train_batch_size\":8,\"zero_optimization\":{\"stage\":2,\"offload_optimizer\":"
+                     "{\"device\":\"cpu\"}}}");
+    expect_field(f, "\"deepspeed\":\"ds_zero2.json\",\"devices\":2", "deepspeed.zero_optimization.offload_optimizer");
+    /* a bad file: not JSON, not an object, missing, outside the roots */
+    write_file(path, "{\"train_batch_size\": 8,");
+    expect_field(f, "\"deepspeed\":\"ds_zero2.json\"", "deepspeed");
+    write_file(path, "[1]");
+    expect_field(f, "\"deepspeed\":\"ds_zero2.json\"", "deepspeed");
+    expect_field(f, "\"deepspeed\":\"no-such.json\"", "deepspeed");
+    expect_field(f, "\"deepspeed\":\"/etc/hostname\"", "deepspeed");
+    expect_field(f, "\"deepspeed\":7", "deepspeed");
+}
+
+/* Hub names in a cache layout the test makes: model.from and data.dataset
+ * resolve to the snapshot refs/main names (read for config.json only, as
+ * the planner reads); seq_len defaults to the positions, at most 4096. */
+static void test_hub_names(void **state)
+{
+    fixture *f = *state;
+    char cmd[2048];
+    const char *c = "0123456789abcdef0123456789abcdef01234567";
+    snprintf(cmd, sizeof cmd,
+             "set -e; h=%s/hub; m=$h/models--meta-llama--Llama-2-7b-hf; d=$h/datasets--allenai--tulu-3-sft-mixture;"
+             "mkdir -p $m/refs $m/blobs $m/snapshots/%s $d/refs $d/blobs $d/snapshots/%s/data;"
+             "printf %s > $m/refs/main; printf %s > $d/refs/main;"
+             "for i in 0 1; do echo '{\"messages\":[]}' > $d/blobs/b$i; "
+             "ln -s ../../../blobs/b$i $d/snapshots/%s/data/train-0000$i-of-00002.jsonl; done",
+             f->dir, c, c, c, c, c);
+    assert_int_equal(system(cmd), 0);
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg, "%s/hub/models--meta-llama--Llama-2-7b-hf/blobs/cfg", f->dir);
+    write_file(cfg, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
+                    " \"intermediate_size\": 11008, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
+                    " \"num_key_value_heads\": 32, \"vocab_size\": 32000, \"max_position_embeddings\": 8192,"
+                    " \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false,"
+                    " \"torch_dtype\": \"float16\", \"hidden_act\": \"silu\"}");
+    snprintf(cmd, sizeof cmd, "ln -s ../../blobs/cfg %s/hub/models--meta-llama--Llama-2-7b-hf/snapshots/%s/config.json",
+             f->dir, c);
+    assert_int_equal(system(cmd), 0);
+    acc_conf conf = f->conf;
+    acc_err err = {0};
+    char hub[512];
+    snprintf(hub, sizeof hub, "%s/hub", f->dir);
+    assert_int_equal(conf_set(&conf, "hf_hub_cache", hub, &err), 0);
+    const char *spec = "{\"model_name_or_path\":\"meta-llama/Llama-2-7b-hf\",\"dataset_name\":\"allenai/tulu-3-sft-mixture\","
+                       "\"train_batch_size\":8}";
+    job_spec s;
+    assert_int_equal(job_spec_parse_plan(spec, strlen(spec), &conf, &s, &err), 0);
+    assert_string_equal(s.model.hub_repo, "meta-llama/Llama-2-7b-hf");
+    assert_non_null(strstr(s.model.from, "/hub/models--meta-llama--Llama-2-7b-hf/snapshots/"));
+    assert_non_null(strstr(s.model.from, c));
+    assert_int_equal(s.model.seq_len, 4096);
+    assert_true(s.model.seq_len_default);
+    assert_int_equal(s.model.n_layer, 32);
+    assert_int_equal(s.data.dataset_files, 2);
+    assert_non_null(strstr(s.data.train, "/data/train-0000*-of-00002.jsonl"));
+    assert_string_equal(s.data.split, "train");
+    assert_non_null(strstr(s.data_roots, hub));
+    const char *typo = "{\"model\":{\"from\":\"meta-llama/Llama-2-7b-hf\",\"seq_lenght\":512},\"train_batch_size\":8}";
+    assert_int_equal(job_spec_parse_plan(typo, strlen(typo), &conf, &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "model.seq_lenght");
+    assert_non_null(strstr(err.msg, "did you mean 'seq_len'?"));
+    /* seq_len given stays */
+    const char *given = "{\"model\":{\"from\":\"meta-llama/Llama-2-7b-hf\",\"seq_len\":512},\"train_batch_size\":8}";
+    assert_int_equal(job_spec_parse_plan(given, strlen(given), &conf, &s, &err), 0);
+    assert_int_equal(s.model.seq_len, 512);
+    assert_false(s.model.seq_len_default);
+    /* a name not cached: where it looked, how to fetch it */
+    const char *missing = "{\"model\":{\"from\":\"mistralai/Mistral-7B-v0.1\"},\"train_batch_size\":8}";
+    assert_int_equal(job_spec_parse_plan(missing, strlen(missing), &conf, &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "model.from");
+    assert_non_null(strstr(err.msg, "huggingface-cli download mistralai/Mistral-7B-v0.1"));
+    const char *nosplit = "{\"data\":{\"dataset\":\"allenai/tulu-3-sft-mixture\",\"split\":\"test\"},\"train_batch_size\":8}";
+    assert_int_equal(job_spec_parse(nosplit, strlen(nosplit), &conf, &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "data.dataset");
+    assert_non_null(strstr(err.msg, "split 'test'"));
+    const char *both = "{\"data\":{\"dataset\":\"allenai/tulu-3-sft-mixture\",\"train\":\"a.txt\"},\"train_batch_size\":8}";
+    assert_int_equal(job_spec_parse(both, strlen(both), &conf, &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "data.dataset");
+    /* without hf_hub_cache, a hub name is a 400 saying so */
+    assert_int_equal(job_spec_parse_plan(spec, strlen(spec), &f->conf, &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "model_name_or_path");
+    assert_non_null(strstr(err.msg, "hf_hub_cache"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -462,6 +774,10 @@ int main(void)
         cmocka_unit_test(test_zero),
         cmocka_unit_test(test_gradient_checkpointing_alias),
         cmocka_unit_test(test_ignored_keys_and_big_integers),
+        cmocka_unit_test(test_hf_aliases),
+        cmocka_unit_test(test_did_you_mean),
+        cmocka_unit_test(test_deepspeed_file),
+        cmocka_unit_test(test_hub_names),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
