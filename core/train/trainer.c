@@ -906,6 +906,14 @@ static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
     int rc = grad_norm(rs, &norm, err);
     if (rc != 0)
         return rc;
+    /* every rank has the same reduced loss and norm, so all stop here
+     * together: no update, no checkpoint after a non-finite step */
+    if (!isfinite(loss) || !isfinite(norm))
+        return acc_err_set(err, ACC_EINVAL, "",
+                           "step %d: the %s is %g (not finite); training stopped before the update, "
+                           "the last checkpoint is of step %d or earlier",
+                           step + 1, !isfinite(loss) ? "loss" : "gradient norm", !isfinite(loss) ? loss : norm,
+                           step);
     double lr = optim_lr(s, step);
     adamw_step(rs->opt, &m->layout, m->params, m->grads, (float)lr, &s->optim,
                (float)optim_clip_scale(norm, s->optim.grad_clip));
