@@ -60,6 +60,7 @@ const char *acc_err_name(int code)
     case ACC_EDEVICE: return "device";
     case ACC_ETOOBIG: return "too_large";
     case ACC_EUNAVAIL: return "unavailable";
+    case ACC_ENOSPACE: return "no_space";
     default: return "internal";
     }
 }

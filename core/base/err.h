@@ -28,6 +28,7 @@ enum acc_errcode {
     ACC_ETOOBIG = -9,   /* request or value over a configured limit */
     ACC_EINTERNAL = -10,
     ACC_EUNAVAIL = -11, /* a service (the job store) is down or read-only: retry later */
+    ACC_ENOSPACE = -12, /* a file system is full or over quota (ENOSPC, EDQUOT): retry when it has room (h-engine) */
 };
 
 typedef struct acc_err {
