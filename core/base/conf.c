@@ -21,7 +21,9 @@ const char *const conf_keys[] = {
     "checkpoint_keep", "event_ring", "log_level", "log_file",
     "users_file", "user_max_running", "user_max_devices", "history_keep",
     "worker_processes", "worker_heartbeat_timeout", "rank_processes", "mpi_launcher", "hostfile",
-    "mpi_args", "rank_program", NULL,
+    "mpi_args", "rank_program",
+    "rank_watchdog_factor", "rank_watchdog_min", "mpi_interface", /* h-engine, issue 25 */
+    NULL,
 };
 
 void conf_defaults(acc_conf *c)
@@ -48,6 +50,8 @@ void conf_defaults(acc_conf *c)
     c->worker_processes = true;
     c->worker_heartbeat_timeout = 10;
     snprintf(c->mpi_launcher, sizeof c->mpi_launcher, "mpirun");
+    c->rank_watchdog_factor = 10; /* h-engine, issue 25 */
+    c->rank_watchdog_min = 600;
     snprintf(c->log_level, sizeof c->log_level, "info");
 }
 
@@ -294,6 +298,12 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         return set_str(key, v, false, c->mpi_args, sizeof c->mpi_args, err);
     if (!strcmp(key, "rank_program"))
         return set_str(key, v, false, c->rank_program, sizeof c->rank_program, err);
+    if (!strcmp(key, "rank_watchdog_factor")) /* h-engine, issue 25 */
+        return parse_int(key, v, 2, 1000, &c->rank_watchdog_factor, err);
+    if (!strcmp(key, "rank_watchdog_min"))
+        return parse_int(key, v, 1, 7 * 86400, &c->rank_watchdog_min, err);
+    if (!strcmp(key, "mpi_interface"))
+        return set_str(key, v, false, c->mpi_interface, sizeof c->mpi_interface, err);
     return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);
 }
 
