@@ -381,7 +381,7 @@ static int check_shape_meta(const st_file *f, const model_config *c, acc_err *er
         {"padded_vocab_size", c->padded_vocab_size}, {"max_seq_len", c->max_seq_len},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
-        long long v;
+        long long v = 0; /* set by meta_int on success; -O3 cannot see it */
         int rc = meta_int(f, k[i].key, &v, err);
         if (rc != 0)
             return rc;
