@@ -589,7 +589,8 @@ static int run_ranks(worker *w)
         send_json(w, json_pack("{s:s, s:i, s:s}", "event", "log", "step", 0, "message", msg));
     }
     pthread_t wd;
-    if (pid > 0 && (pthread_create(&wd, NULL, watchdog_thread, w) != 0 || pthread_detach(wd) != 0))
+    bool wd_on = pid > 0 && pthread_create(&wd, NULL, watchdog_thread, w) == 0;
+    if (pid > 0 && !wd_on)
         say(w, "cannot start the rank watchdog%s", "");
     if (pid < 0) { /* cancelled before it started, or fork failed */
         close(fds[0]);
@@ -606,7 +607,11 @@ static int run_ranks(worker *w)
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;
     pthread_mutex_lock(&w->mu);
-    w->ranks = 0;
+    w->ranks = 0; /* the watchdog's sign to end (within its 1 s tick): joined before w->init goes */
+    pthread_mutex_unlock(&w->mu);
+    if (wd_on)
+        pthread_join(wd, NULL);
+    pthread_mutex_lock(&w->mu);
     bool fired = w->watchdog_fired;
     /* rank 0 "cancelled" without our asking: mpirun stopped it because
      * another rank died; that is a lost rank, not a cancel */

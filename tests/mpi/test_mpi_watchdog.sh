@@ -34,7 +34,10 @@ acc_events_text "$id" | jq -r 'select(.type == "log") | .message' | grep -q '^ra
     fail "no watchdog log event: $(acc_events_text "$id" | tail -3)"
 for i in $(seq 1 100); do [ -z "$(ranks_of "$id")" ] && break; sleep 0.1; done
 [ -z "$(ranks_of "$id")" ] || fail "rank processes left: $(ranks_of "$id")"
-kill -0 "$victim" 2>/dev/null && fail "the stopped rank $victim is still there"
+# gone, or a zombie its new parent has yet to reap (it was SIGKILLed)
+alive() { local st; st=$(awk '{print $3}' "/proc/$victim/stat" 2>/dev/null); [ -n "$st" ] && [ "$st" != Z ]; }
+for i in $(seq 1 100); do alive || break; sleep 0.1; done
+alive && fail "the stopped rank $victim is still there: $(cat /proc/$victim/stat 2>/dev/null)"
 busy=$(acc_curl "$BASE/v1/devices" | jq '[.devices[] | select(.job != null)] | length')
 expect_eq "devices held after the watchdog" "$busy" 0
 acc_stop
