@@ -133,6 +133,10 @@ static void describe_loss(wk_proc *p)
     } else if (p->term_signal != 0) {
         e->cause = JOBS_WFAIL_SIGNAL;
         snprintf(e->what, sizeof e->what, "killed by signal %d (%s)", p->term_signal, strsignal(p->term_signal));
+    } else if (p->exit_status == WK_EXIT_WATCHDOG) {
+        e->cause = JOBS_WFAIL_EXIT;
+        snprintf(e->what, sizeof e->what, "ended its rank processes: rank 0 reported no progress within the "
+                 "watchdog's bound (a rank stopped or hung; rank_watchdog_min / rank_watchdog_factor)");
     } else if (p->exit_status == WK_EXIT_RANKS) {
         e->cause = JOBS_WFAIL_EXIT;
         snprintf(e->what, sizeof e->what, "lost its rank processes (the MPI launcher ended without rank 0's report)");
@@ -346,7 +350,9 @@ static wk_init *make_init(const wk_runner *r, const job *j, const kern_device_in
                     .threads_per_device = r->conf->cpu_threads_per_device,
                     .checkpoint_keep = r->conf->checkpoint_keep, .heartbeat_ms = hb < 1000 ? hb : 1000,
                     .attempt = j->worker_restarts, .spec = j->spec, .rank_mode = ranks,
-                    .world = j->spec.devices * j->spec.nodes, .spec_json_len = (uint32_t)text};
+                    .world = j->spec.devices * j->spec.nodes, .spec_json_len = (uint32_t)text,
+                    .watchdog_factor = r->conf->rank_watchdog_factor, .watchdog_min_s = r->conf->rank_watchdog_min};
+    snprintf(in->mpi_interface, sizeof in->mpi_interface, "%s", r->conf->mpi_interface);
     memcpy(in->devices, devs, (size_t)ndev * sizeof *devs);
     snprintf(in->mpi_launcher, sizeof in->mpi_launcher, "%s", r->conf->mpi_launcher);
     snprintf(in->hostfile, sizeof in->hostfile, "%s", r->conf->hostfile);

@@ -3,16 +3,21 @@
  * channel; a reader thread takes the daemon's control lines, a heartbeat
  * thread says it is alive. The main thread waits for the run's end, joins
  * the trainer, writes the "done" line and exits 0. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,6 +42,12 @@ typedef struct worker {
     bool done;
     train_event *done_ev;
     atomic_bool hung;          /* the fault hook's hang: no more heartbeats */
+    /* rank mode's watchdog (under mu): when rank 0 last reported anything,
+     * its step events' times, a pause for disk space, the watchdog's verdict */
+    double last_heard, first_step_at, last_step_at;
+    int steps_seen, last_step;
+    bool paused, watchdog_fired;
+    char watchdog_msg[256];
     enum wk_fault_kind fault;
     int fault_step;
 } worker;
@@ -270,6 +281,68 @@ static int write_rank_spec(worker *w, char *path, size_t n)
 
 enum { MAX_ARGS = 96 };
 
+static bool single_node(const wk_init *in) { return in->spec.nodes <= 1; }
+
+/* Does the blank-separated `args` set MCA parameter `key` (--mca / -mca
+ * / --gmca KEY VALUE)? */
+static bool names_mca(const char *args, const char *key)
+{
+    char buf[sizeof ((wk_init *)0)->mpi_args];
+    snprintf(buf, sizeof buf, "%s", args);
+    bool after_flag = false;
+    for (char *save = NULL, *t = strtok_r(buf, " \t", &save); t != NULL; t = strtok_r(NULL, " \t", &save)) {
+        if (after_flag && !strcmp(t, key))
+            return true;
+        after_flag = !strcmp(t, "--mca") || !strcmp(t, "-mca") || !strcmp(t, "--gmca") || !strcmp(t, "-gmca");
+    }
+    return false;
+}
+
+static int write_text(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, text, strlen(text));
+    close(fd);
+    return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+
+/* The calling process into a network namespace of its own whose only
+ * interface is its loopback, brought up: with CAP_SYS_ADMIN directly,
+ * else inside a user namespace mapping only our own uid and gid (the
+ * capabilities it grants end at exec). 0, or -1 with errno. */
+static int private_network(void)
+{
+    uid_t uid = getuid();
+    gid_t gid = getgid();
+    if (unshare(CLONE_NEWNET) != 0) {
+        char map[64];
+        if (unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0)
+            return -1;
+        snprintf(map, sizeof map, "%u %u 1\n", (unsigned)uid, (unsigned)uid);
+        if (write_text("/proc/self/uid_map", map) != 0 || write_text("/proc/self/setgroups", "deny") != 0)
+            return -1;
+        snprintf(map, sizeof map, "%u %u 1\n", (unsigned)gid, (unsigned)gid);
+        if (write_text("/proc/self/gid_map", map) != 0)
+            return -1;
+    }
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+    int rc = s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0 ? 0 : -1;
+    if (rc == 0) {
+        ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+        rc = ioctl(s, SIOCSIFFLAGS, &ifr);
+    }
+    int e = errno;
+    if (s >= 0)
+        close(s);
+    errno = e;
+    return rc;
+}
+
 /* launcher -np W [--hostfile H] mpi_args... rank_program options spec; the
  * strings live in `store` and `num`, the caller's */
 static int rank_argv(worker *w, const char *spec, char *store, size_t n, char num[3][32], char **argv)
@@ -282,10 +355,24 @@ static int rank_argv(worker *w, const char *spec, char *store, size_t n, char nu
     argv[c++] = (char *)in->mpi_launcher;
     argv[c++] = "-np";
     argv[c++] = num[0];
-    if (in->hostfile[0] != '\0') {
+    bool single = single_node(in);
+    if (in->hostfile[0] != '\0' && !single) { /* a single-node job's ranks are all here */
         argv[c++] = "--hostfile";
         argv[c++] = (char *)in->hostfile;
     }
+    /* the network: loopback on one node, mpi_interface across nodes;
+     * mpi_args naming a parameter keeps its value (Open MPI refuses a
+     * parameter given twice) */
+    const char *iface = single ? "lo" : in->mpi_interface;
+    const char *net[][2] = {{"btl", single ? "self,vader" : ""},
+                            {"btl_tcp_if_include", iface},
+                            {"oob_tcp_if_include", iface}};
+    for (size_t i = 0; i < sizeof net / sizeof net[0]; i++)
+        if (net[i][1][0] != '\0' && !names_mca(in->mpi_args, net[i][0])) {
+            argv[c++] = "--mca";
+            argv[c++] = (char *)net[i][0];
+            argv[c++] = (char *)net[i][1];
+        }
     snprintf(store, n, "%s", in->mpi_args);
     for (char *save = NULL, *t = strtok_r(store, " \t", &save); t != NULL; t = strtok_r(NULL, " \t", &save)) {
         if (c >= MAX_ARGS - 16)
@@ -303,20 +390,160 @@ static int rank_argv(worker *w, const char *spec, char *store, size_t n, char nu
     return 0;
 }
 
-static pid_t start_launcher(worker *w, char **argv, int out_fd)
+/* The launcher, forked; a single-node one in a network namespace of its
+ * own. *isolated (set before the launcher runs): 1 it is, 0 it could not
+ * be (errno in *why), -1 not asked (multi-node). */
+static pid_t start_launcher(worker *w, char **argv, int out_fd, int *isolated, int *why)
 {
+    int st[2];
+    *isolated = -1;
+    *why = 0;
+    if (pipe2(st, O_CLOEXEC) != 0)
+        return -1;
     pid_t pid = fork();
-    if (pid != 0)
+    if (pid != 0) {
+        close(st[1]);
+        int res[2] = {-1, 0};
+        if (pid > 0 && single_node(w->init)) { /* its verdict, written before its exec */
+            ssize_t k;
+            while ((k = read(st[0], res, sizeof res)) < 0 && errno == EINTR)
+                ;
+            *isolated = k == (ssize_t)sizeof res ? res[0] : 0;
+            *why = res[1];
+        }
+        close(st[0]);
         return pid;
+    }
     /* the child: dies with this worker, gets the signals back we ignore */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     const int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGPIPE, SIGXFSZ};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
         signal(sigs[i], SIG_DFL);
+    if (single_node(w->init)) {
+        int res[2] = {private_network() == 0, 0};
+        res[1] = res[0] ? 0 : errno;
+        if (write(st[1], res, sizeof res) != (ssize_t)sizeof res)
+            _exit(127);
+    }
     if (dup2(out_fd, 1) < 0)
         _exit(127);
     execvp(argv[0], argv);
     _exit(127);
+}
+
+/* ---- rank mode's progress watchdog */
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A line of rank 0: progress. Steps time the expected step; a pause for
+ * disk space holds the watchdog until the next line. */
+static void heard(worker *w, const train_event *ev)
+{
+    double now = mono_s();
+    pthread_mutex_lock(&w->mu);
+    w->last_heard = now;
+    w->paused = ev != NULL && ev->kind == TEV_LOG && !strncmp(ev->msg, TRAIN_PAUSED_PREFIX, strlen(TRAIN_PAUSED_PREFIX));
+    if (ev != NULL && ev->kind == TEV_STEP) {
+        if (w->steps_seen++ == 0)
+            w->first_step_at = now;
+        w->last_step_at = now;
+        w->last_step = ev->step;
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Seconds of silence allowed now (under mu). */
+static double watchdog_bound(const worker *w)
+{
+    double bound = (double)w->init->watchdog_min_s;
+    if (w->steps_seen >= 2) {
+        double mean = (w->last_step_at - w->first_step_at) / (w->steps_seen - 1);
+        if (w->init->watchdog_factor * mean > bound)
+            bound = w->init->watchdog_factor * mean;
+    }
+    return bound;
+}
+
+/* SIGKILL to `root` and every process under it (its children's children
+ * too: Open MPI puts each rank in a process group of its own), found
+ * through /proc; a process stopped with SIGSTOP dies all the same. */
+static void kill_tree(pid_t root)
+{
+    enum { MAXP = 4096 };
+    static pid_t pids[MAXP], ppids[MAXP];
+    int n = 0;
+    DIR *d = opendir("/proc");
+    for (struct dirent *e; d != NULL && n < MAXP && (e = readdir(d)) != NULL;) {
+        char path[300], st[512];
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t k = fd >= 0 ? read(fd, st, sizeof st - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        if (k <= 0)
+            continue;
+        st[k] = '\0';
+        const char *rp = strrchr(st, ')');
+        int ppid;
+        if (rp != NULL && sscanf(rp + 1, " %*c %d", &ppid) == 1) {
+            pids[n] = (pid_t)atoi(e->d_name);
+            ppids[n++] = (pid_t)ppid;
+        }
+    }
+    if (d != NULL)
+        closedir(d);
+    /* breadth first from root; `mark` as ppids[i] = 0 once taken */
+    pid_t todo[MAXP];
+    int head = 0, tail = 0;
+    todo[tail++] = root;
+    while (head < tail) {
+        pid_t p = todo[head++];
+        kill(p, SIGKILL);
+        for (int i = 0; i < n && tail < MAXP; i++)
+            if (ppids[i] == p) {
+                ppids[i] = 0;
+                todo[tail++] = pids[i];
+            }
+    }
+}
+
+static void *watchdog_thread(void *arg)
+{
+    worker *w = arg;
+    for (;;) {
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&w->mu);
+        double silent = mono_s() - w->last_heard, bound = watchdog_bound(w);
+        bool fire = w->ranks > 0 && !w->paused && !w->cancel_pending && !w->preempt_pending && silent > bound;
+        pid_t ranks = w->ranks;
+        if (ranks <= 0 || w->done) {
+            pthread_mutex_unlock(&w->mu);
+            return NULL;
+        }
+        if (fire) {
+            w->watchdog_fired = true;
+            snprintf(w->watchdog_msg, sizeof w->watchdog_msg,
+                     "rank watchdog: rank 0 reported nothing for %.0f s after step %d (bound %.0f s: "
+                     "max(rank_watchdog_min %d s, rank_watchdog_factor %d x mean step time)); every rank "
+                     "process killed",
+                     silent, w->last_step, bound, w->init->watchdog_min_s,
+                     w->init->watchdog_factor);
+            kill_tree(ranks); /* under mu: w->ranks is still that launcher, not yet reaped */
+        }
+        pthread_mutex_unlock(&w->mu);
+        if (fire) {
+            say(w, "%s", w->watchdog_msg);
+            return NULL;
+        }
+    }
 }
 
 /* Rank 0's lines from the launcher's stdout: events up, the done kept. */
@@ -338,6 +565,7 @@ static void relay(worker *w, FILE *in)
             w->done = true;
             pthread_mutex_unlock(&w->mu);
         } else {
+            heard(w, ev);
             send_json(w, tev_to_json(ev));
         }
         free(ev);
@@ -356,11 +584,25 @@ static int run_ranks(worker *w)
         say(w, "cannot prepare the rank processes' spec and command%s", "");
         return -1;
     }
+    int isolated = -1, why = 0;
     pthread_mutex_lock(&w->mu);
-    pid_t pid = w->cancel_pending || w->preempt_pending ? -1 : start_launcher(w, argv, fds[1]);
+    pid_t pid = w->cancel_pending || w->preempt_pending ? -1 : start_launcher(w, argv, fds[1], &isolated, &why);
     w->ranks = pid;
+    w->last_heard = mono_s();
     pthread_mutex_unlock(&w->mu);
     close(fds[1]);
+    if (pid > 0 && isolated == 0) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "the rank processes could not get a network namespace of their own (%s): they "
+                 "run on the host's, MPI's transports limited to loopback, but Open MPI's launcher listens on "
+                 "every interface", strerror(why));
+        say(w, "%s", msg);
+        send_json(w, json_pack("{s:s, s:i, s:s}", "event", "log", "step", 0, "message", msg));
+    }
+    pthread_t wd;
+    bool wd_on = pid > 0 && pthread_create(&wd, NULL, watchdog_thread, w) == 0;
+    if (pid > 0 && !wd_on)
+        say(w, "cannot start the rank watchdog%s", "");
     if (pid < 0) { /* cancelled before it started, or fork failed */
         close(fds[0]);
         *w->done_ev = (train_event){.kind = TEV_DONE, .status = w->cancel_pending ? ACC_ECANCELLED : ACC_EINTERNAL};
@@ -376,7 +618,12 @@ static int run_ranks(worker *w)
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;
     pthread_mutex_lock(&w->mu);
-    w->ranks = 0;
+    w->ranks = 0; /* the watchdog's sign to end (within its 1 s tick): joined before w->init goes */
+    pthread_mutex_unlock(&w->mu);
+    if (wd_on)
+        pthread_join(wd, NULL);
+    pthread_mutex_lock(&w->mu);
+    bool fired = w->watchdog_fired;
     /* rank 0 "cancelled" without our asking: mpirun stopped it because
      * another rank died; that is a lost rank, not a cancel */
     bool asked = w->cancel_pending || w->preempt_pending;
@@ -391,9 +638,13 @@ static int run_ranks(worker *w)
         snprintf(w->done_ev->msg, sizeof w->done_ev->msg, "the rank processes were stopped");
         done = true;
     }
-    if (done) {
+    if (done && !fired) {
         send_json(w, tev_to_json(w->done_ev));
         return 0;
+    }
+    if (fired) { /* the daemon fails or requeues the job (max_restarts) */
+        send_json(w, json_pack("{s:s, s:i, s:s}", "event", "log", "step", w->last_step, "message", w->watchdog_msg));
+        exit(WK_EXIT_WATCHDOG);
     }
     char msg[160];
     snprintf(msg, sizeof msg, "%s ended (%s %d) without rank 0's report of the run's end", argv[0],

@@ -22,7 +22,18 @@
  * rank 0's event lines from the launcher's stdout, and turns cancel and
  * preempt into SIGTERM to the launcher (which forwards it to every rank).
  * A launcher that ends without rank 0's "done" (a rank killed, a host
- * lost) is exit status WK_EXIT_RANKS.
+ * lost) is exit status WK_EXIT_RANKS. A progress watchdog ends a run whose
+ * rank 0 reports nothing (no step, no other event) for
+ * max(watchdog_min_s, watchdog_factor x the mean step time so far) -- a
+ * stopped or hung rank holds every other in a collective while the
+ * worker's heartbeats go on -- by killing the launcher and every process
+ * under it: exit status WK_EXIT_WATCHDOG. A run paused for disk space
+ * (TRAIN_PAUSED_PREFIX) is not watched until its next event.
+ * A single-node run (nodes <= 1) gets no hostfile; its launcher runs in a
+ * network namespace of its own holding only a loopback (else, where one
+ * cannot be made, on the host's with loopback-only MCA settings), so no
+ * MPI port is reachable from outside the job; a multi-node one is given
+ * mpi_interface as btl_tcp_if_include / oob_tcp_if_include.
  * The worker dies with the daemon (PR_SET_PDEATHSIG) and ignores SIGTERM
  * and SIGINT: the daemon alone tells it to stop.
  *
@@ -47,6 +58,7 @@
 #define WK_EXIT_SETUP 3      /* the worker could not start: no restart */
 #define WK_EXIT_FAULT 7      /* the test fault hook's "exit" */
 #define WK_EXIT_RANKS 5      /* rank mode: the launcher ended without rank 0's report */
+#define WK_EXIT_WATCHDOG 6   /* rank mode: no progress within the watchdog's bound; every rank killed */
 #define WK_MAX_SPEC (1u << 20)
 #define WK_MAX_LINE (1u << 20) /* an event line longer than this is a protocol error */
 
@@ -64,6 +76,9 @@ typedef struct wk_init {
     bool rank_mode;
     int world;
     char mpi_launcher[PATH_MAX], hostfile[PATH_MAX], mpi_args[2048], rank_program[PATH_MAX];
+    /* rank mode's watchdog and network (issue 25; docs/multinode.md) */
+    int watchdog_factor, watchdog_min_s;
+    char mpi_interface[256];
     uint32_t spec_json_len;  /* then this many bytes: the spec as submitted (rank mode) */
 } wk_init;
 

@@ -27,6 +27,7 @@ const char *const conf_keys[] = {
     /* h-jobs, issue 25 */
     "max_queued_jobs", "user_max_queued", "max_streams", "user_max_streams", "cancel_grace",
     "hf_hub_cache", /* h-dsconf */
+    "rank_watchdog_factor", "rank_watchdog_min", "mpi_interface", /* h-engine, issue 25 */
     NULL,
 };
 
@@ -58,6 +59,8 @@ void conf_defaults(acc_conf *c)
     c->user_max_queued = 1000;
     c->user_max_streams = 64;
     c->cancel_grace = 30;
+    c->rank_watchdog_factor = 10; /* h-engine, issue 25 */
+    c->rank_watchdog_min = 600;
     snprintf(c->log_level, sizeof c->log_level, "info");
     /* h-tmpl */
     c->render_time_limit_ms = 2000;
@@ -345,6 +348,12 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         return parse_int(key, v, 1, 1 << 16, &c->heavy_requests_max, err);
     if (!strcmp(key, "heavy_requests_per_user"))
         return parse_int(key, v, 1, 1 << 16, &c->heavy_requests_per_user, err);
+    if (!strcmp(key, "rank_watchdog_factor")) /* h-engine, issue 25 */
+        return parse_int(key, v, 2, 1000, &c->rank_watchdog_factor, err);
+    if (!strcmp(key, "rank_watchdog_min"))
+        return parse_int(key, v, 1, 7 * 86400, &c->rank_watchdog_min, err);
+    if (!strcmp(key, "mpi_interface"))
+        return set_str(key, v, false, c->mpi_interface, sizeof c->mpi_interface, err);
     return conf_set_limits(c, key, v, err);
 }
 

@@ -73,6 +73,14 @@ typedef struct acc_conf {
      * HF_HUB_CACHE's layout) where model.from and data.dataset find hub names,
      * offline. "" = off. Read as an extra data root (safepath.h). */
     char hf_hub_cache[PATH_MAX];
+    /* h-engine, issue 25: a rank-process job with no step for
+     * max(rank_watchdog_min s, rank_watchdog_factor x its mean step time)
+     * is ended, every rank killed; mpi_interface: multi-node jobs' MPI
+     * network (btl_tcp_if_include / oob_tcp_if_include; "" = Open MPI's
+     * choice). docs/multinode.md */
+    int rank_watchdog_factor;
+    int rank_watchdog_min;
+    char mpi_interface[256];
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;

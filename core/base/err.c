@@ -61,6 +61,7 @@ const char *acc_err_name(int code)
     case ACC_ETOOBIG: return "too_large";
     case ACC_EUNAVAIL: return "unavailable";
     case ACC_ELIMIT: return "too_many_requests";
+    case ACC_ENOSPACE: return "no_space";
     default: return "internal";
     }
 }

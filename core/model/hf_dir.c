@@ -467,6 +467,12 @@ int hf_check(const hf_dir *h, const hf_tensor *want, int n, const char *const *i
         }
         const char *file = h->file_names[e->file];
         seen[e - h->e] = 1;
+        if (want[i].optional) { /* a tensor the layout ties away: it would be ignored */
+            rc = bad(err, "%s/%s: tensor %s is not used: the model ties it to the embedding "
+                          "(tie_word_embeddings); remove it or set tie_word_embeddings to false",
+                     h->path, file, want[i].name);
+            continue;
+        }
         int same = e->t.ndim == want[i].ndim;
         for (int d = 0; same && d < want[i].ndim; d++)
             same = e->t.shape[d] == want[i].shape[d];

@@ -48,7 +48,8 @@ typedef struct hf_tensor {
     char name[HF_NAME_LEN];
     int ndim;
     int64_t shape[2];
-    int optional; /* may be absent (hf_check); hf_save writes every entry */
+    int optional; /* hf_check: one the layout ties away (a tied lm_head):
+                   * absent, or refused naming it; hf_save writes every entry */
 } hf_tensor;
 
 /* Open `dir` (config.json and the weights' headers; mapped unless

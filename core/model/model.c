@@ -149,12 +149,62 @@ int model_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
     int rc = f->config_from_hf(hf, cfg, err);
     if (rc == 0)
         set_family(cfg, f);
+    if (rc == 0 && (rc = model_config_check(cfg, err)) != 0 && err != NULL)
+        snprintf(err->field, sizeof err->field, "model.from"); /* config.json's, like its other errors */
     return rc;
+}
+
+/* Caps on every size a config may carry, checked before any layout is
+ * built (issue 25: a config.json's 10^9 layers grew the layout until the
+ * host ran out). Each names the spec key and the config.json key(s). */
+typedef struct size_cap {
+    const char *spec_key, *hf_keys;
+    int limit;
+    int (*get)(const model_config *c);
+} size_cap;
+
+static int cap_layers(const model_config *c) { return c->n_layer; }
+static int cap_hidden(const model_config *c) { return c->channels; }
+static int cap_heads(const model_config *c) { return c->n_head; }
+static int cap_kv_heads(const model_config *c) { return c->n_kv_head; }
+static int cap_head_dim(const model_config *c) { return c->head_dim; }
+static int cap_inter(const model_config *c) { return c->intermediate_size; }
+static int cap_vocab(const model_config *c) { return c->vocab_size; }
+static int cap_padded(const model_config *c) { return c->padded_vocab_size; }
+static int cap_positions(const model_config *c) { return c->max_seq_len; }
+
+static const size_cap size_caps[] = {
+    {"n_layer", "num_hidden_layers / n_layer", MODEL_MAX_LAYERS, cap_layers},
+    {"n_embd", "hidden_size / n_embd", MODEL_MAX_HIDDEN, cap_hidden},
+    {"n_head", "num_attention_heads / n_head", MODEL_MAX_HEADS, cap_heads},
+    {"n_kv_head", "num_key_value_heads", MODEL_MAX_HEADS, cap_kv_heads},
+    {"head_dim", "head_dim", MODEL_MAX_HEAD_DIM, cap_head_dim},
+    {"intermediate_size", "intermediate_size / n_inner", MODEL_MAX_INTERMEDIATE, cap_inter},
+    {"vocab_size", "vocab_size", MODEL_MAX_VOCAB, cap_vocab},
+    {"padded_vocab_size", "vocab_size", MODEL_MAX_VOCAB, cap_padded},
+    {"seq_len", "max_position_embeddings / n_positions", MODEL_MAX_POSITIONS, cap_positions},
+};
+
+static int check_size_caps(const model_config *cfg, acc_err *err)
+{
+    for (size_t i = 0; i < sizeof size_caps / sizeof size_caps[0]; i++) {
+        const size_cap *k = &size_caps[i];
+        int v = k->get(cfg);
+        if (v > k->limit) {
+            char field[64];
+            snprintf(field, sizeof field, "model.%s", k->spec_key);
+            return acc_err_set(err, ACC_EINVAL, field,
+                               "%s (config.json: %s) is %d, over accumd's limit of %d", k->spec_key,
+                               k->hf_keys, v, k->limit);
+        }
+    }
+    return 0;
 }
 
 int model_config_check(const model_config *cfg, acc_err *err)
 {
-    return model_family_of(cfg)->config_check(cfg, err);
+    int rc = check_size_caps(cfg, err);
+    return rc != 0 ? rc : model_family_of(cfg)->config_check(cfg, err);
 }
 
 /* ---- layout */
@@ -203,7 +253,7 @@ int model_layout_build(const model_config *cfg, model_layout *out, acc_err *err)
 {
     memset(out, 0, sizeof *out);
     const model_family *f = model_family_of(cfg);
-    int rc = f->config_check(cfg, err);
+    int rc = model_config_check(cfg, err);
     if (rc == 0)
         rc = f->layout(cfg, out, err);
     out->ntrain = out->nparams;
@@ -329,7 +379,7 @@ int model_state_bytes(const model_config *cfg, size_t grad_tail, uint64_t *bytes
     const model_family *f = model_family_of(cfg);
     *bytes = ACC_SIZE_OVERFLOW;
     uint64_t pg;
-    int rc = f->config_check(cfg, err);
+    int rc = model_config_check(cfg, err);
     if (rc != 0)
         return rc;
     if (f->param_bytes != NULL && cfg->lora.r == 0) {
@@ -362,7 +412,7 @@ int model_act_bytes(const model_config *cfg, int B, int T, int recompute, uint64
     if (T < 1)
         return acc_err_set(err, ACC_EINVAL, "model.seq_len", "seq_len %d must be >= 1", T);
     const model_family *f = model_family_of(cfg);
-    int rc = f->config_check(cfg, err);
+    int rc = model_config_check(cfg, err);
     if (rc == 0)
         rc = f->act_bytes(cfg, B, T, recompute, bytes, err);
     if (rc != 0)

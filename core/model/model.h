@@ -285,7 +285,20 @@ int model_config_from_file(const char *path, const spec_model *sm, model_config 
 /* Config from a parsed Hugging Face config.json: family by its
  * "model_type" (unknown: ACC_EINVAL, field "model.from"). */
 int model_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err);
-/* The family's config_check. */
+/* Caps on a config's sizes, whatever its source (a spec, config.json, a
+ * native file): checked by model_config_check before any layout is built,
+ * so a hostile config.json cannot make the layout (or the planner's
+ * arithmetic) grow without bound. docs/engine.md states them. */
+#define MODEL_MAX_LAYERS 1024
+#define MODEL_MAX_HIDDEN 65536
+#define MODEL_MAX_HEADS 4096
+#define MODEL_MAX_HEAD_DIM 4096
+#define MODEL_MAX_INTERMEDIATE (1 << 20)
+#define MODEL_MAX_VOCAB (1 << 24)
+#define MODEL_MAX_POSITIONS (1 << 20)
+/* The caps above (ACC_EINVAL, field "model.<spec key>", the message naming
+ * the config.json key too), then the family's config_check. The layout,
+ * model_state_bytes and model_act_bytes call it first. */
 int model_config_check(const model_config *cfg, acc_err *err);
 
 /* ---- layout (generic: walks the family's layout) */

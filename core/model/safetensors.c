@@ -278,6 +278,46 @@ static int verify_crc(st_file *f, acc_err *err)
     return 0;
 }
 
+/* Element i's kind in a float tensor: 0 finite, 1 Inf, 2 NaN (by the
+ * exponent and mantissa bits, little-endian: no float is formed). */
+static int nonfinite_at(st_dtype d, const uint8_t *p, size_t i)
+{
+    if (d == ST_F32) {
+        uint32_t u = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
+                     (uint32_t)p[4 * i + 3] << 24;
+        return (u & 0x7f800000u) != 0x7f800000u ? 0 : (u & 0x007fffffu) ? 2 : 1;
+    }
+    uint16_t h = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+    uint16_t exp = d == ST_BF16 ? 0x7f80u : 0x7c00u;
+    return (h & exp) != exp ? 0 : (h & (uint16_t)~(exp | 0x8000u)) ? 2 : 1;
+}
+
+/* Every F32 / BF16 / F16 tensor holds finite values only: a NaN or Inf
+ * weight (or moment) would poison every step of a job that loads it, so
+ * the file is refused naming the tensor. One pass, page by page. */
+static int check_finite(const st_file *f, acc_err *err)
+{
+    for (int k = 0; k < f->n; k++) {
+        const st_tensor *t = &f->tensors[k];
+        if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
+            continue;
+        size_t es = st_dtype_size(t->dtype), n = t->nbytes / es, piece = (64u << 20) / es;
+        const uint8_t *p = t->data;
+        for (size_t lo = 0; lo < n; lo += piece) {
+            size_t hi = n - lo > piece ? lo + piece : n;
+            for (size_t i = lo; i < hi; i++) {
+                int bad = nonfinite_at(t->dtype, p, i);
+                if (bad != 0)
+                    return acc_err_set(err, ACC_EINVAL, NULL,
+                                       "tensor %s holds a non-finite value (%s) at element %zu", t->name,
+                                       bad == 2 ? "NaN" : "Inf", i);
+            }
+            drop_pages(f, p + lo * es, (hi - lo) * es);
+        }
+    }
+    return 0;
+}
+
 /* Map the file (or, header only, read its first 8 + header bytes). */
 /* Map the file behind `fd` (or, header only, read its first 8 + header
  * bytes); fd is not closed here. Messages never quote the file's bytes. */
@@ -351,6 +391,8 @@ static int parse_opened(st_file *f, const char *path, int header_only, acc_err *
         rc = parse_header(f, err);
     if (rc == 0 && !header_only)
         rc = verify_crc(f, err);
+    if (rc == 0 && !header_only)
+        rc = check_finite(f, err);
     if (rc != 0 && err != NULL && strstr(err->msg, path) == NULL)
         acc_err_prefix(err, "%s", path);
     return rc;

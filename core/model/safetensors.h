@@ -49,7 +49,10 @@ int st_write(const char *path, const st_tensor *t, int n, const st_meta *meta, i
 
 typedef struct st_file st_file;
 
-/* Open and validate (header, ranges, checksum when present). */
+/* Open and validate (header, ranges, checksum when present, and every
+ * F32 / BF16 / F16 value finite: a NaN or Inf is ACC_EINVAL naming the
+ * tensor and the element). The header-only opens read no data and check
+ * neither. */
 int st_open(const char *path, st_file **out, acc_err *err);
 /* The same, reading the file behind `fd` (left open; e.g. one safepath.h
  * checked); `name` is what messages call it. */

@@ -9,8 +9,10 @@
 #include <string.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "checked.h"
 #include "fsutil.h"
 #include "hf_dir.h"
 #include "model_hf.h"
@@ -253,6 +255,32 @@ static int write_lora(const char *dir, const model *m, float *params, int step,
     return write_weights(sub, m, params, step, hf_src, hf_roots, dtype, err);
 }
 
+/* A write that failed for want of room: the failed call's errno says
+ * ENOSPC or EDQUOT, or the file system has no block left for us (a layer
+ * between may have replaced errno). */
+static bool out_of_space(const char *output_dir, int saved_errno)
+{
+    if (saved_errno == ENOSPC || saved_errno == EDQUOT)
+        return true;
+    struct statvfs vs;
+    return statvfs(output_dir, &vs) == 0 && vs.f_bavail == 0;
+}
+
+uint64_t ckpt_bytes_estimate(const model *m)
+{
+    /* weights (+ the fp32 copy in the state at worst) and two moments */
+    return acc_sat_mul_u64(acc_sat_add_u64(acc_sat_mul_u64(m->nparams, 2), acc_sat_mul_u64(m->ngrad, 2)),
+                           sizeof(float));
+}
+
+uint64_t ckpt_free_bytes(const char *output_dir)
+{
+    struct statvfs vs;
+    if (statvfs(output_dir, &vs) != 0)
+        return UINT64_MAX; /* unknown: let a write say */
+    return acc_sat_mul_u64(vs.f_bavail, vs.f_frsize);
+}
+
 /* opt (a replica's, downloaded here) or the host moments gm1, gm2. */
 static int save_impl(const char *output_dir, const model *m, const adamw *opt, const float *gm1,
                      const float *gm2, const ckpt_state *st, const char *spec_json, int keep,
@@ -293,11 +321,14 @@ static int save_impl(const char *output_dir, const model *m, const adamw *opt, c
         else
             rc = fsu_fsync_dir(output_dir, err);
     }
+    int write_errno = errno; /* the failed call's, before the clean-up below */
     free(params);
     free(mom1);
     free(mom2);
     if (rc != 0) {
         fsu_rm_rf(partial, NULL);
+        if (rc == ACC_EIO && out_of_space(output_dir, write_errno))
+            rc = err != NULL ? (err->code = ACC_ENOSPACE) : ACC_ENOSPACE;
         acc_err_prefix(err, "checkpoint at step %d", st->step);
         return rc;
     }
@@ -350,7 +381,7 @@ static int check_shape_meta(const st_file *f, const model_config *c, acc_err *er
         {"padded_vocab_size", c->padded_vocab_size}, {"max_seq_len", c->max_seq_len},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
-        long long v;
+        long long v = 0; /* set by meta_int on success; -O3 cannot see it */
         int rc = meta_int(f, k[i].key, &v, err);
         if (rc != 0)
             return rc;

@@ -100,6 +100,15 @@ int ckpt_save_gathered(const char *output_dir, const model *m, const float *mom1
                        const ckpt_state *st, const char *spec_json, int keep, const char *hf_src,
                        const char *hf_roots, st_dtype dtype, char *path_out, size_t path_n, acc_err *err);
 
+/* A save that fails for want of room (ENOSPC, EDQUOT, or no block left on
+ * output_dir's file system) is ACC_ENOSPACE: the partial directory is
+ * removed, the previous checkpoints are untouched, and the caller may wait
+ * for room and save again (the trainer does, trainer.h). */
+/* Bytes a checkpoint of `m` may take (weights, an fp32 copy, two moments),
+ * and the bytes free to us under output_dir (UINT64_MAX: unknown). */
+uint64_t ckpt_bytes_estimate(const model *m);
+uint64_t ckpt_free_bytes(const char *output_dir);
+
 /* Load weights, moments and state from checkpoint directory `dir` into `m`
  * and `opt` (the model's shapes must match; opt->t := the saved adam_t).
  * The file holds the whole buffer's moments; `opt` takes its range

@@ -242,8 +242,11 @@ static void row_parts(const model_config *cfg, const job_spec *spec, const kern_
                                p->activations, ws.a_bytes, ws.b_bytes};
     p->rounding = 0;
     for (size_t i = 0; i < sizeof allocs / sizeof allocs[0]; i++)
-        if (allocs[i] != 0 && allocs[i] != ACC_SIZE_OVERFLOW)
-            p->rounding = acc_sat_add_u64(p->rounding, kern_alloc_size(ops, allocs[i]) - allocs[i]);
+        if (allocs[i] != 0 && allocs[i] != ACC_SIZE_OVERFLOW) {
+            uint64_t rounded = kern_alloc_size(ops, allocs[i]); /* saturated near 2^64: no rounding then */
+            if (rounded > allocs[i])
+                p->rounding = acc_sat_add_u64(p->rounding, rounded - allocs[i]);
+        }
     p->runtime = kern_runtime_bytes(ops);
     r->device_bytes = acc_sat_add_u64(r->peak_bytes, acc_sat_add_u64(p->rounding, p->runtime));
 }

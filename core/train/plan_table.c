@@ -83,6 +83,10 @@ static int add_group(const job_spec *spec, plan_table *t, const plan_variant *v,
         free(vs); /* the default LoRA on a family that takes none: no such rows */
         return 0;
     }
+    /* a group's rows go at t->rows + nrows, up to PLAN_MAX_ROWS of them:
+     * never past the PLAN_MAX_GROUPS x PLAN_MAX_ROWS the table holds */
+    if (rc == 0 && (t->ngroups >= PLAN_MAX_GROUPS || t->nrows > (PLAN_MAX_GROUPS - 1) * PLAN_MAX_ROWS))
+        rc = acc_err_set(err, ACC_EINTERNAL, NULL, "the plan table is full");
     if (rc == 0)
         rc = plan_candidates_on(vs, t->hw.kind, t->hw.device_memory, t->rows + t->nrows, PLAN_MAX_ROWS, &n,
                                 &chosen, err);

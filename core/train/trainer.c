@@ -810,6 +810,42 @@ static int gather_moments(rank_state *rs, float *mom[2], acc_err *err)
     return acc_err_set(err, rc, "", "cancelled");
 }
 
+static int write_checkpoint(rank_state *rs, const ckpt_state *st, float *mom[2], st_dtype dtype, char *path,
+                            size_t path_n, acc_err *err)
+{
+    trainer *t = rs->t;
+    const job_spec *s = &t->spec;
+    const char *hf_src = s->model.from[0] ? s->model.from : NULL;
+    if (mom[0] != NULL)
+        return ckpt_save_gathered(s->output_dir, rs->model, mom[0], mom[1], st, NULL, t->keep, hf_src,
+                                  s->data_roots, dtype, path, path_n, err);
+    return ckpt_save_as(s->output_dir, rs->model, rs->opt, st, NULL, t->keep, hf_src, s->data_roots, dtype,
+                        path, path_n, err);
+}
+
+/* A checkpoint found the output's file system full: wait until it has
+ * room for one (checked every CKPT_ROOM_POLL_S; a quota statvfs cannot see
+ * is tried every CKPT_RETRY_S anyway), or until the run is cancelled or
+ * stopped for a shutdown (then it resumes from the previous checkpoint). */
+#define CKPT_ROOM_POLL_S 2
+#define CKPT_RETRY_S 60
+static int wait_for_room(trainer *t, const model *m, acc_err *err)
+{
+    uint64_t need = ckpt_bytes_estimate(m);
+    for (int waited = 0;; waited += CKPT_ROOM_POLL_S) {
+        for (int i = 0; i < 4 * CKPT_ROOM_POLL_S; i++) {
+            if (atomic_load(&t->preempt)) /* ZeRO's preempt raises no cancel */
+                return acc_err_set(err, ACC_ECANCELLED, "", "stopped for shutdown while waiting for disk space");
+            if (atomic_load(&t->cancel))
+                return acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
+            struct timespec q = {0, 250 * 1000000L};
+            nanosleep(&q, NULL);
+        }
+        if (ckpt_free_bytes(t->spec.output_dir) >= need || (waited > 0 && waited % CKPT_RETRY_S == 0))
+            return 0;
+    }
+}
+
 /* Rank 0: a checkpoint of `step` completed steps (weights, AdamW state,
  * the split in force). Under ZeRO every rank calls (the moments are
  * gathered first) and rank 0 writes. A failure is the job's error, never
@@ -830,13 +866,20 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     char path[PATH_MAX];
     st_dtype dtype;
     int rc = save_dtype(s, &dtype, err);
-    const char *hf_src = s->model.from[0] ? s->model.from : NULL;
-    if (rc == 0 && mom[0] != NULL)
-        rc = ckpt_save_gathered(s->output_dir, rs->model, mom[0], mom[1], &st, NULL, t->keep, hf_src,
-                                s->data_roots, dtype, path, sizeof path, err);
-    else if (rc == 0)
-        rc = ckpt_save_as(s->output_dir, rs->model, rs->opt, &st, NULL, t->keep, hf_src, s->data_roots, dtype,
-                          path, sizeof path, err);
+    for (bool paused = false; rc == 0;) {
+        rc = write_checkpoint(rs, &st, mom, dtype, path, sizeof path, err);
+        if (rc == 0 && paused)
+            emit_log(t, step, "resumed: the checkpoint of step %d is written; training goes on", step);
+        if (rc != ACC_ENOSPACE)
+            break;
+        if (!paused)
+            emit_log(t, step,
+                     TRAIN_PAUSED_PREFIX "%s; nothing is lost (the previous checkpoint is kept, the partial one "
+                     "removed): training waits and writes it again when %s has room",
+                     err->msg, s->output_dir);
+        paused = true;
+        rc = wait_for_room(t, rs->model, err);
+    }
     free(mom[0]);
     free(mom[1]);
     if (rc == 0)
@@ -909,6 +952,14 @@ static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
     int rc = grad_norm(rs, &norm, err);
     if (rc != 0)
         return rc;
+    /* every rank has the same reduced loss and norm, so all stop here
+     * together: no update, no checkpoint after a non-finite step */
+    if (!isfinite(loss) || !isfinite(norm))
+        return acc_err_set(err, ACC_EINVAL, "",
+                           "step %d: the %s is %g (not finite); training stopped before the update, "
+                           "the last checkpoint is of step %d or earlier",
+                           step + 1, !isfinite(loss) ? "loss" : "gradient norm", !isfinite(loss) ? loss : norm,
+                           step);
     double lr = optim_lr(s, step);
     adamw_step(rs->opt, &m->layout, m->params, m->grads, (float)lr, &s->optim,
                (float)optim_clip_scale(norm, s->optim.grad_clip));

@@ -41,6 +41,12 @@
 /* Gradient bucket size of the step's reduction (PyTorch DDP's default):
  * GPT-2 124M gets one bucket per block, a small model a single bucket. */
 #define TRAIN_BUCKET_BYTES ((size_t)25 << 20)
+/* A checkpoint that finds the output's file system full (ckpt.h's
+ * ACC_ENOSPACE) pauses the run instead of failing it: rank 0 says so in a
+ * TEV_LOG whose message starts with this prefix, waits until there is room
+ * (or a cancel / shutdown), writes the checkpoint and says "resumed: ...".
+ * The other ranks wait in the next step's reduction meanwhile. */
+#define TRAIN_PAUSED_PREFIX "paused: "
 
 typedef enum train_event_kind {
     TEV_STEP = 0,    /* an optimizer step completed */

@@ -170,6 +170,16 @@ static void test_dtype_round_trip(void **state)
         assert_true(json_is_string(td));
         assert_string_equal(json_string_value(td), names[k]);
         hf_close(h);
+        if (dts[k] == ST_F16) {
+            /* 1e6 overflowed to Inf: that file is refused as a model to
+             * load (issue 25: a non-finite weight poisons every step),
+             * naming the tensor; resuming (above) used the fp32 masters */
+            assert_int_equal(model_hf_load_dir(c, path, &err), ACC_EINVAL);
+            assert_non_null(strstr(err.msg, "non-finite value (Inf) at element"));
+            a->params[3] = 1e4f; /* in range: the rest of the roundings */
+            assert_int_equal(ckpt_save_as(out, a, OPT(a), &st, NULL, 2, NULL, NULL, dts[k], path, sizeof path,
+                                          &err), 0);
+        }
         assert_int_equal(model_hf_load_dir(c, path, &err), 0);
         for (size_t i = 0; i < a->nparams; i++) {
             float want = rounded(dts[k], a->params[i]);
@@ -178,7 +188,7 @@ static void test_dtype_round_trip(void **state)
                          c->params[i], want);
         }
         if (dts[k] == ST_F16)
-            assert_true(isinf(c->params[3]) && c->params[5] == 1.0f && c->params[6] != 0.0f);
+            assert_true(c->params[3] == 1e4f && c->params[5] == 1.0f && c->params[6] != 0.0f);
         snprintf(file, sizeof file, "%s/state.safetensors", path);
         st_file *sf;
         st_tensor tp;

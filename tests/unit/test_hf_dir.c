@@ -178,14 +178,28 @@ static void test_valid_single_and_sharded(void **state)
     assert_int_equal(c.intermediate_size, 12);
     d = make_dir("ok3", base_config(), t, n, 3);
     assert_int_equal(model_hf_validate(d, &c, &e), 0);
-    /* a tied model may carry lm_head.weight; an old export rotary buffers */
+    /* a tied model has no lm_head.weight (the last of base_tensors); an
+     * old export may carry rotary buffers */
     json_t *cfg = base_config();
     json_object_set_new(cfg, "tie_word_embeddings", json_true());
-    snprintf(t[n].name, sizeof t[n].name, "model.layers.0.self_attn.rotary_emb.inv_freq");
-    t[n].r = 2, t[n].c = 0, t[n].dtype = ST_F32;
-    d = make_dir("oktied", cfg, t, n + 1, 1);
+    snprintf(t[n - 1].name, sizeof t[n - 1].name, "model.layers.0.self_attn.rotary_emb.inv_freq");
+    t[n - 1].r = 2, t[n - 1].c = 0, t[n - 1].dtype = ST_F32;
+    d = make_dir("oktied", cfg, t, n, 1);
     assert_int_equal(model_hf_validate(d, &c, &e), 0);
     assert_true(c.tie_word_embeddings);
+}
+
+/* issue 25 defect 11: tie_word_embeddings plus an lm_head.weight tensor is
+ * refused (the tensor would be silently ignored), naming both. */
+static void test_tied_with_lm_head(void **state)
+{
+    (void)state;
+    tdef t[16];
+    int n = base_tensors(t);
+    json_t *cfg = base_config();
+    json_object_set_new(cfg, "tie_word_embeddings", json_true());
+    expect_error(make_dir("tiedhead", cfg, t, n, 1), "tiedhead", "lm_head.weight", "tie_word_embeddings",
+                 NULL);
 }
 
 static void test_bad_checkpoints(void **state)
@@ -573,6 +587,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_single_and_sharded),
+        cmocka_unit_test(test_tied_with_lm_head),
         cmocka_unit_test(test_bad_checkpoints),
         cmocka_unit_test(test_header_only),
         cmocka_unit_test(test_dtypes),

@@ -4,6 +4,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <cmocka.h>
 #include <signal.h>
@@ -190,6 +191,53 @@ static void test_failed_write_keeps_old_file(void **state)
     }
 }
 
+/* Issue 25 defect 11: a NaN or Inf in any float dtype is refused at open,
+ * naming the tensor, the kind and the element; the header-only open (a
+ * submit's check) reads no data; finite values, the largest included, open. */
+static void test_rejects_non_finite(void **state)
+{
+    (void)state;
+    const struct {
+        st_dtype dtype;
+        uint16_t bits16;
+        uint32_t bits32;
+        const char *kind;
+    } cases[] = {
+        {ST_F32, 0, 0x7fc00000u, "NaN"}, {ST_F32, 0, 0xff800000u, "Inf"}, {ST_BF16, 0x7fc0u, 0, "NaN"},
+        {ST_BF16, 0x7f80u, 0, "Inf"},    {ST_F16, 0x7e00u, 0, "NaN"},     {ST_F16, 0xfc00u, 0, "Inf"},
+        {ST_F32, 0, 0x7f7fffffu, NULL},  {ST_F16, 0x7bffu, 0, NULL},      {ST_BF16, 0xff7fu, 0, NULL},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint32_t w32[4] = {0x3f800000u, 0, 0, 0x3f800000u};
+        uint16_t w16[4] = {0x3c00u, 0, 0, 0x3c00u};
+        w32[2] = cases[k].bits32;
+        w16[2] = cases[k].bits16;
+        bool f32 = cases[k].dtype == ST_F32;
+        st_tensor t[2] = {
+            {.name = "ok", .dtype = ST_F32, .ndim = 1, .shape = {1}, .data = w32, .nbytes = 4},
+            {.name = "model.layers.0.mlp.up_proj.weight", .dtype = cases[k].dtype, .ndim = 2, .shape = {2, 2},
+             .data = f32 ? (const void *)w32 : (const void *)w16, .nbytes = f32 ? 16 : 8},
+        };
+        char path[300];
+        snprintf(path, sizeof path, "%s/nf%zu.safetensors", dir, k);
+        acc_err err = {0};
+        assert_int_equal(st_write(path, t, 2, NULL, 0, &err), 0);
+        st_file *f = NULL;
+        int rc = st_open(path, &f, &err);
+        if (cases[k].kind == NULL) {
+            assert_int_equal(rc, 0);
+            st_close(f);
+            continue;
+        }
+        assert_int_equal(rc, ACC_EINVAL);
+        assert_non_null(strstr(err.msg, "model.layers.0.mlp.up_proj.weight"));
+        assert_non_null(strstr(err.msg, cases[k].kind));
+        assert_non_null(strstr(err.msg, "element 2"));
+        assert_int_equal(st_open_header(path, &f, &err), 0);
+        st_close(f);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -197,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_rejects_corruption),
         cmocka_unit_test(test_rejects_bad_tensors_on_write),
         cmocka_unit_test(test_failed_write_keeps_old_file),
+        cmocka_unit_test(test_rejects_non_finite),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
