@@ -22,6 +22,7 @@
 enum {
     CTL_OK = 0,
     CTL_JOB_FAILED = 1,
+    CTL_NOTHING_FITS = 1,  /* plan: no way to run the spec fits (h-results, issue 23) */
     CTL_JOB_CANCELLED = 2,
     CTL_EHTTP = 3,
     CTL_ECONN = 4,

@@ -344,6 +344,23 @@ int ctl_cmd_metrics(ctl *c, const ctl_opts *o, const char *id)
     return rc;
 }
 
+/* (h-results, issue 23) No way to run the spec fits: POST /v1/plan's
+ * summary neither fits nor suggests a row (a dry run's answer, from a
+ * daemon without POST /v1/plan: no candidate fits). */
+static bool plan_nothing_fits(const json_t *ans)
+{
+    const json_t *sum = json_object_get(ans, "summary");
+    if (json_is_object(sum))
+        return !json_is_true(json_object_get(sum, "fits")) && json_is_null(json_object_get(sum, "suggested"));
+    const json_t *c;
+    size_t i;
+    json_array_foreach(json_object_get(ans, "micro_batch_candidates"), i, c) {
+        if (json_is_true(json_object_get(c, "fits")))
+            return false;
+    }
+    return json_is_array(json_object_get(ans, "micro_batch_candidates"));
+}
+
 /* The planner (POST /v1/plan, DESIGN.md): the spec plus "hardware". A
  * daemon without it (404/405) gets the dry run of POST /v1/jobs, which
  * plans for its own devices, and the user is told so. */
@@ -398,6 +415,8 @@ int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file)
     ctl_resp_free(&r);
     if (rc == 0 && !c->json)
         ctl_print_plan(ans);
+    if (rc == 0 && plan_nothing_fits(ans))
+        rc = CTL_NOTHING_FITS;
     json_decref(ans);
     return rc;
 }

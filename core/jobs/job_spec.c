@@ -25,7 +25,6 @@
 #include "model_hf.h"
 
 #define SPEC_MAX_DEVICES 256
-#define SPEC_MAX_BATCH (1 << 24)
 
 /* A batch-triple value as written: absent, "auto", or a positive integer. */
 typedef struct batch_val {
@@ -721,44 +720,18 @@ static int parse_deepspeed(const json_t *ds, job_spec *out, batch_in *b, bool *c
 
 /* ---- the batch triple ------------------------------------------------------- */
 
-/* DeepSpeed's rules: any two of (B, m, a) give the third; B alone means
- * a = 1; m alone (or with a) gives B. */
+/* (h-results, issue 23) the given keys through the one resolver
+ * (batch_split_resolve), kept for a planner at another world size */
 static int resolve_batch(const batch_in *b, job_spec *out, acc_err *err)
 {
     int w = out->devices * out->nodes; /* both small: checked in parse_scalars */
-    long B = b->B.given ? b->B.v : 0, m = b->m.given ? b->m.v : 0, a = b->a.given ? b->a.v : 0;
+    batch_given g = {.B = b->B.given ? b->B.v : 0, .m = b->m.given ? b->m.v : 0, .a = b->a.given ? b->a.v : 0};
     out->micro_auto = b->m.is_auto;
-    if (B && m && a) {
-        /* all three given: batch_split_make below checks B = m a w */
-    } else if (B && m) {
-        if (B % (m * w) != 0)
-            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
-                               "train_batch_size %ld is not divisible by %ld * %d (micro * world)", B, m, w);
-        a = B / (m * w);
-    } else if (B && a) {
-        if (B % (a * w) != 0)
-            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
-                               "train_batch_size %ld is not divisible by %ld * %d (accum * world)", B, a, w);
-        m = B / (a * w);
-    } else if (B) {
-        if (B % w != 0)
-            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
-                               "train_batch_size %ld is not divisible by %d (world)", B, w);
-        m = B / w;
-        a = 1;
-    } else if (m) {
-        if (!a)
-            a = 1;
-        B = m * a * w;
-    } else {
-        return acc_err_set(err, ACC_EINVAL, "train_batch_size",
-                           "give train_batch_size or train_micro_batch_size_per_gpu (any two of "
-                           "train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)");
-    }
-    if (B > SPEC_MAX_BATCH)
-        return acc_err_set(err, ACC_EINVAL, "train_batch_size", "train_batch_size %ld is over %d", B, SPEC_MAX_BATCH);
-    batch_split bs; /* the one rule, B = m a w (batch_split.h) */
-    int rc = batch_split_make((int)B, (int)m, (int)a, w, 0, &bs, err);
+    out->given_batch = g.B;
+    out->given_micro = g.m;
+    out->given_accum = g.a;
+    batch_split bs;
+    int rc = batch_split_resolve(&g, w, SPEC_MAX_BATCH, &bs, err);
     if (rc != 0)
         return rc;
     out->train_batch_size = bs.B;
@@ -789,6 +762,7 @@ static void set_defaults(job_spec *s)
     s->eval_batches = 1;
     s->seed = 1337;
     s->oom_adapt = true;
+    s->checkpoint_on_cancel = true; /* h-results, issue 23 */
 }
 
 /* "save": {"format": "hf", "merge_lora": false, "dtype": "auto"};
@@ -950,6 +924,8 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         (rc = get_int(root, NULL, "priority", -1000000, 1000000, &out->priority, err)) ||
         (rc = get_int(root, NULL, "max_restarts", 0, SPEC_MAX_RESTARTS, &out->max_restarts, err)) ||
         (rc = get_int(root, NULL, "nodes", 1, SPEC_MAX_NODES, &out->nodes, err)) ||
+        /* h-results, issue 23 */
+        (rc = get_bool(root, NULL, "checkpoint_on_cancel", &out->checkpoint_on_cancel, err)) ||
         (rc = get_str(root, NULL, "resume_from", true, out->resume_from, sizeof out->resume_from, &resume, err)))
         return rc;
     if (out->nodes > 1 && out->devices * out->nodes > SPEC_MAX_WORLD)
@@ -987,7 +963,9 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
         "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
         "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
         "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "zero_optimization", "lora",
-        "gradient_checkpointing", "max_restarts", "nodes", NULL};
+        "gradient_checkpointing", "max_restarts", "nodes",
+        "checkpoint_on_cancel", /* h-results, issue 23 */
+        NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
     bool clip_set = false;

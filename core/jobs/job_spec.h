@@ -119,6 +119,7 @@ typedef struct spec_lora {
     char targets[SPEC_LORA_MAX_TARGETS][SPEC_LORA_NAME_MAX];
 } spec_lora;
 
+#define SPEC_MAX_BATCH (1 << 24) /* train_batch_size at most */
 #define SPEC_MAX_RESTARTS 100
 #define SPEC_MAX_NODES 16
 #define SPEC_MAX_WORLD 16 /* ranks of a job over its nodes (trainer.h TRAIN_MAX_RANKS) */
@@ -134,6 +135,10 @@ typedef struct job_spec {
     int devices;           /* devices per node (the world size of a one-node job) */
     int nodes;             /* servers the job spans (rank processes over MPI); world = devices * nodes */
     bool micro_auto;       /* micro batch was "auto": the planner picks it */
+    /* (h-results, issue 23) the batch keys as written (0: absent or
+     * "auto"): another world size (POST /v1/plan's hardware.devices)
+     * resolves them through the same batch_split_resolve as submit */
+    int given_batch, given_micro, given_accum;
     spec_precision precision;
     bool activation_checkpointing;
     int zero_stage;        /* zero_optimization.stage: 0 (replicas), 1 (AdamW moments
@@ -154,6 +159,10 @@ typedef struct job_spec {
      * never twice at the same step, never after a reported failure */
     int max_restarts;
     bool oom_adapt;        /* oom.adapt */
+    /* (h-results, issue 23) checkpoint_on_cancel (default true): a cancel
+     * of a running job writes a checkpoint at the next micro-step boundary
+     * unless no optimizer step completed since the last one */
+    bool checkpoint_on_cancel;
     char resume_from[PATH_MAX]; /* "" or a checkpoint directory */
     spec_save_dtype save_dtype; /* save.dtype (the fp32 master weights stay in state.safetensors) */
     spec_lora lora;             /* "lora" (r = 0: none) */

@@ -417,21 +417,24 @@ static json_t *plan_json(const job_spec *s, kern_dev_kind kind, uint64_t budget,
         json_decref(arr);
         return json_null();
     }
+    /* the split this job would start with (h-results, issue 23: one rule,
+     * plan_start_row, as the trainer's start_where_fits) */
+    int start = plan_start_row(s, rows, n, chosen);
     for (int i = 0; i < n; i++) {
         const plan_row *r = &rows[i];
         json_array_append_new(arr, json_pack("{s:i, s:i, s:b, s:I, s:b}", "micro_batch", r->micro_batch,
                                              "accum_steps", r->accum_steps, "recompute", r->recompute,
                                              "predicted_peak_bytes", bytes_json(r->peak_bytes), "fits", r->fits));
-        /* the split this job would start with: its own m, or the planner's pick for "auto" */
-        bool mine = s->micro_auto ? i == chosen
-                                  : (r->micro_batch == s->micro_batch && r->recompute == s->activation_checkpointing);
-        if (mine) {
+        if (i == start) {
             *peak_out = r->peak_bytes;
             *micro_out = r->micro_batch;
         }
     }
+    char note[768];
+    plan_start_note(s, rows, n, chosen, budget, note, sizeof note);
     free(rows);
-    return arr;
+    /* the candidates and what the dry run says of the given micro batch */
+    return json_pack("{s:o, s:o}", "candidates", arr, "note", note[0] ? json_string(note) : json_null());
 }
 
 /* The owners of the jobs as small indexes for the scheduler: what each
@@ -506,6 +509,10 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, j
         json_array_append_new(mem, json_integer(bytes_json(peak)));
     }
     int per_rank = s->train_batch_size / (s->devices > 0 ? s->devices : 1);
+    json_t *note = json_incref(json_object_get(cands, "note")); /* plan_json's pair */
+    json_t *list = json_incref(json_object_get(cands, "candidates"));
+    json_decref(cands);
+    cands = list ? list : json_null();
     json_t *plan = json_pack("{s:b, s:{s:i, s:i, s:i, s:i, s:b}, s:s, s:{s:b, s:o, s:s, s:i}, s:o, s:I, s:o}", "dry_run", 1,
                      "batch", "train_batch_size", s->train_batch_size, "micro_batch", micro, "accum_steps",
                      micro > 0 ? per_rank / micro : 0, "world", s->devices, "micro_auto", s->micro_auto,
@@ -516,6 +523,10 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, j
     json_t *pl = json_object_get(plan, "placement");
     if (pl != NULL) /* it would wait for its owner's share (user_max_*) */
         json_object_set_new(pl, "over_user_limit", json_boolean(r.over_share));
+    if (plan != NULL) /* the given micro batch does not fit: what the daemon does */
+        json_object_set_new(plan, "micro_batch_note", note ? note : json_null());
+    else
+        json_decref(note);
     return plan;
 }
 
@@ -917,7 +928,10 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
     }
     trainer_opts o = {.spec = &j->spec, .devices = devinfo, .threads_per_device = m->conf->cpu_threads_per_device,
                       .checkpoint_keep = m->conf->checkpoint_keep, .async_start = true,
-                      .on_event = on_trainer_event, .event_ctx = j};
+                      .on_event = on_trainer_event, .event_ctx = j,
+                      /* h-results, issue 23; the test-only ACCUMD_TEST_OOM_AT_GIVEN keeps
+                       * the given micro batch, so e2e tests still drive the OOM path */
+                      .start_where_fits = getenv("ACCUMD_TEST_OOM_AT_GIVEN") == NULL};
     if (trainer_start(&o, &j->tr, &err) != 0) {
         j->tr = NULL;
         release_devices(m, j);

@@ -124,6 +124,10 @@ struct trainer {
      * sharded moments can still be gathered for the checkpoint */
     atomic_int stop_asked;
     atomic_int stepped;        /* a step of this run completed (rank 0) */
+    /* (h-results, issue 23) a cancel with spec.checkpoint_on_cancel: the
+     * run checkpoints its last completed step as a shutdown does, unless
+     * that step is already saved (rank_state.last_saved) */
+    atomic_int cancel_ckpt;
     int keep;                  /* checkpoints kept */
     char resume_dir[PATH_MAX]; /* checkpoint to start from, or "" */
     int resume_fd;             /* that checkpoint directory, open (safepath.h), or -1 */
@@ -146,7 +150,8 @@ struct trainer {
     int recompute0;            /* initial activation recomputation */
     int auto_split;            /* micro batch "auto": may move up at checkpoints */
     uint64_t min_budget;       /* smallest device budget of the job (0 = none) */
-    char plan_note[256];       /* the planner's pick for "auto", or "" */
+    char plan_note[512];       /* the planner's pick for "auto", or "" */
+    int start_where_fits;      /* trainer_opts.start_where_fits (h-results, issue 23) */
     int steps_done;            /* written by rank 0 */
     int joined;
     pthread_t launcher;        /* async_start: prepares, then starts the ranks */
@@ -157,6 +162,7 @@ struct trainer {
 typedef struct rank_state {
     trainer *t;
     int rank;
+    int last_saved;   /* step of this rank's latest checkpoint, or the one resumed from */
     kern_device *dev;
     model *model;
     adamw *opt;       /* the AdamW moments of [zlo, zhi) */
@@ -818,6 +824,8 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     float *mom[2] = {NULL, NULL};
     if (s->zero_stage >= 1) {
         int grc = gather_moments(rs, mom, err);
+        if (grc == 0 && rs->rank != 0)
+            rs->last_saved = step;
         if (grc != 0 || rs->rank != 0)
             return grc;
     }
@@ -836,8 +844,10 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
                           path, sizeof path, err);
     free(mom[0]);
     free(mom[1]);
-    if (rc == 0)
+    if (rc == 0) {
+        rs->last_saved = step;
         emit_simple(t, TEV_CHECKPOINT, step, 0.0, path);
+    }
     return rc;
 }
 
@@ -1324,12 +1334,12 @@ static int stop_together(rank_state *rs, acc_err *err)
         if (t->hooks != NULL)
             t->hooks->steps_done = rs->done;
     }
-    if (t->spec.output_dir[0] != '\0' && rs->done > t->start_step) {
+    if (t->spec.output_dir[0] != '\0' && rs->done > t->start_step && rs->done > rs->last_saved) {
         int rc = save_checkpoint(rs, rs->done, err);
         if (rc != 0)
             return rc;
     }
-    return acc_err_set(err, ACC_ECANCELLED, "", "stopped for shutdown");
+    return acc_err_set(err, ACC_ECANCELLED, "", atomic_load(&t->cancel_ckpt) ? "cancelled" : "stopped for shutdown");
 }
 
 static int rank_run(rank_state *rs, acc_err *err)
@@ -1372,6 +1382,7 @@ static int rank_run(rank_state *rs, acc_err *err)
                  rs->recompute ? ", activation recomputation" : "");
     double t0 = now_s();
     rs->done = t->start_step;
+    rs->last_saved = t->start_step; /* resumed from it: already saved */
     if (rs->rank == 0) {
         t->steps_done = t->start_step;
         if (t->hooks != NULL)
@@ -1434,11 +1445,14 @@ static int checkpoint_on_preempt(rank_state *rs, acc_err *err)
     trainer *t = rs->t;
     /* ZeRO: checkpointed together in stop_together (or, stopped before a
      * step ended, there was nothing to save) */
-    if (rs->rank != 0 || !atomic_load(&t->preempt) || rs->model == NULL || t->spec.zero_stage >= 1 ||
-        t->spec.output_dir[0] == '\0' || rs->done <= t->start_step)
+    bool on_cancel = atomic_load(&t->cancel_ckpt) != 0; /* h-results, issue 23 */
+    if (rs->rank != 0 || !(atomic_load(&t->preempt) || on_cancel) || rs->model == NULL || t->spec.zero_stage >= 1 ||
+        t->spec.output_dir[0] == '\0' || rs->done <= t->start_step || rs->done <= rs->last_saved)
         return 1;
     acc_err e = {0};
-    if (save_checkpoint(rs, rs->done, &e) != 0)
+    if (save_checkpoint(rs, rs->done, &e) != 0 && on_cancel) /* still a cancel: the message says what was lost */
+        acc_err_set(err, ACC_ECANCELLED, "", "cancelled; the checkpoint on cancel failed: %s", e.msg);
+    else if (e.code != 0)
         acc_err_set(err, e.code, "", "stopped for shutdown; %s", e.msg);
     return 1;
 }
@@ -1453,7 +1467,7 @@ static void *rank_main(void *arg)
     rs.rank = rc->rank;
     acc_err err = {0};
     if (rank_run(&rs, &err) != 0 && checkpoint_on_preempt(&rs, &err) != 0) {
-        if (err.code == ACC_ECANCELLED && atomic_load(&t->cancel))
+        if (err.code == ACC_ECANCELLED && atomic_load(&t->cancel) && !strstr(err.msg, "checkpoint on cancel"))
             snprintf(err.msg, sizeof err.msg, "cancelled");
         fail(t, &err);
     }
@@ -1481,8 +1495,11 @@ static void trainer_destroy(trainer *t)
 
 /* train_micro_batch_size_per_gpu "auto": the planner's pick against the
  * smallest budget of the job's devices (the first step confirms it; the
- * OOM path corrects a wrong prediction). */
-static int plan_auto_split(trainer *t, const kern_device_info *devs, acc_err *err)
+ * OOM path corrects a wrong prediction). With start_where_fits (h-results,
+ * issue 23) a given micro batch the planner says does not fit starts at
+ * plan_start_row's instead (oom.adapt), without running out of memory down
+ * to it. */
+static int plan_start_split(trainer *t, const kern_device_info *devs, acc_err *err)
 {
     job_spec *s = &t->spec;
     uint64_t budget = 0;
@@ -1496,10 +1513,11 @@ static int plan_auto_split(trainer *t, const kern_device_info *devs, acc_err *er
     int rc = plan_candidates_on(s, devs[0].kind, budget, rows, PLAN_MAX_ROWS, &n, &chosen, err);
     if (rc == 0 && n == 0)
         rc = acc_err_set(err, ACC_EINVAL, "train_batch_size", "no micro batch candidates");
-    if (rc == 0) {
+    int start = rc == 0 ? plan_start_row(s, rows, n, chosen) : -1;
+    if (rc == 0 && s->micro_auto) {
         /* nothing fits: start at the smallest split and let the first step
          * fail with the numbers (or succeed, if the margin was the problem) */
-        const plan_row *r = &rows[chosen >= 0 ? chosen : 0];
+        const plan_row *r = &rows[start >= 0 ? start : 0];
         s->micro_batch = r->micro_batch;
         s->accum_steps = r->accum_steps;
         t->recompute0 = r->recompute;
@@ -1509,6 +1527,11 @@ static int plan_auto_split(trainer *t, const kern_device_info *devs, acc_err *er
                  r->micro_batch, r->recompute ? " with recomputation" : "",
                  (double)r->peak_bytes / (1024.0 * 1024.0), (double)budget / (1024.0 * 1024.0),
                  PLAN_MARGIN_PCT, chosen >= 0 ? "" : " (nothing fits)");
+    } else if (rc == 0 && start >= 0 && rows[start].micro_batch != s->micro_batch) {
+        plan_start_note(s, rows, n, chosen, budget, t->plan_note, sizeof t->plan_note);
+        s->micro_batch = rows[start].micro_batch;
+        s->accum_steps = rows[start].accum_steps;
+        t->recompute0 = rows[start].recompute;
     }
     free(rows);
     return rc;
@@ -1612,8 +1635,8 @@ static int prepare_spec(trainer *t, const kern_device_info *devs, acc_err *err)
             t->min_budget = devs[r].mem_total;
     t->recompute0 = t->spec.activation_checkpointing;
     int rc = check_batch(&t->spec, err);
-    if (rc == 0 && t->spec.micro_auto)
-        rc = plan_auto_split(t, devs, err);
+    if (rc == 0 && (t->spec.micro_auto || (t->start_where_fits && t->spec.oom_adapt)))
+        rc = plan_start_split(t, devs, err);
     if (rc == 0)
         rc = find_resume(t, err);
     if (rc == 0)
@@ -1708,11 +1731,13 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     t->keep = o->checkpoint_keep > 0 ? o->checkpoint_keep : 2;
     t->threads = o->threads_per_device > 0 ? o->threads_per_device : 1;
     t->hooks = h;
+    t->start_where_fits = o->start_where_fits;
     memcpy(t->devs, o->devices, (size_t)t->nranks * sizeof *t->devs);
     atomic_init(&t->cancel, 0);
     atomic_init(&t->preempt, 0);
     atomic_init(&t->stop_asked, 0);
     atomic_init(&t->stepped, 0);
+    atomic_init(&t->cancel_ckpt, 0);
     atomic_init(&t->live, t->local_ranks);
     if (pthread_mutex_init(&t->mu, NULL) != 0) {
         free(t);
@@ -1742,6 +1767,16 @@ int trainer_start(const trainer_opts *o, trainer **out, acc_err *err)
 
 void trainer_cancel(trainer *t)
 {
+    /* (h-results, issue 23) checkpoint_on_cancel: the work is kept as a
+     * shutdown keeps it (ZeRO: the ranks stop together after the step in
+     * progress, so the sharded moments can be gathered) */
+    if (t->spec.checkpoint_on_cancel && !atomic_load(&t->preempt)) {
+        atomic_store(&t->cancel_ckpt, 1);
+        if (t->spec.zero_stage >= 1 && atomic_load(&t->stepped)) {
+            atomic_store(&t->stop_asked, 1);
+            return;
+        }
+    }
     atomic_store(&t->cancel, 1);
     pthread_mutex_lock(&t->mu); /* the launcher may still be opening it */
     if (t->comm != NULL)

@@ -105,6 +105,12 @@ typedef struct trainer_opts {
      * ranks are other processes; `devices` still has spec->devices entries. */
     struct kern_comm *comm;
     int rank;
+    /* (h-results, issue 23) with spec->oom_adapt and a given micro batch
+     * the planner predicts does not fit the smallest device: start at the
+     * largest micro batch it says fits (a log event says so) instead of
+     * running out of memory down to it. The daemon sets it; engine tests of
+     * the out-of-memory path leave it off. */
+    bool start_where_fits;
 } trainer_opts;
 
 typedef struct trainer trainer;

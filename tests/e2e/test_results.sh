@@ -1,0 +1,127 @@
+#!/bin/bash
+# Getting results out (issue 23), through the real daemon over HTTP:
+#  1. one batch resolver: a triple that does not hold at the world size is
+#     the same 400 from submit and from POST /v1/plan (hardware.devices, and
+#     the spec's own devices); accumctl plan exits 1 when nothing fits, 0
+#     when something does;
+#  2. start where it fits: m 128 on a 2 GiB CPU device, which the planner
+#     says does not fit; the dry run says so and names the micro batch the
+#     daemon will start at (the largest fitting candidate); with oom.adapt
+#     the job starts there (no oom_adjust event) with the same per-step
+#     losses as a job submitted at that micro batch; POST /v1/plan's
+#     summary recommends the same start with the same words;
+#  3. cancel keeps the work: a cancelled job (checkpoint_on_cancel, the
+#     default) leaves a checkpoint of its last step, and a job resuming
+#     from it (resume_from) continues with the losses of an uninterrupted
+#     run; with checkpoint_on_cancel false no checkpoint is left.
+. "$(dirname "$0")/lib.sh"
+
+acc_data
+# ---- 1. the same 400 from submit and plan -------------------------------------------
+acc_start --set cpu_devices=4 --set cpu_device_memory=256M
+SPEC1=$(tiny_job bad 2 | jq -c '.train_batch_size = 32 | .train_micro_batch_size_per_gpu = 2 | .gradient_accumulation_steps = 16')
+post() { # post PATH BODY: "CODE BODY"
+    local out
+    out=$(acc_curl -w '\n%{http_code}' -X POST --data-binary "$2" "$BASE$1")
+    echo "${out##*$'\n'} ${out%$'\n'*}"
+}
+sub=$(post /v1/jobs "$(echo "$SPEC1" | jq -c '.devices = 4')")
+expect_eq "submit at 4 devices: status" "${sub%% *}" 400
+expect_eq "submit: field" "$(echo "${sub#* }" | jq -r .error.field)" train_batch_size
+want=$(echo "${sub#* }" | jq -c .error)
+expect_eq "submit: message" "$(echo "$want" | jq -r .message)" "train_batch_size 32 != 2 * 16 * 4 (micro * accum * world)"
+pl=$(post /v1/plan "$(echo "$SPEC1" | jq -c '.hardware = {"devices": 4}')")
+expect_eq "plan at hardware.devices 4: status" "${pl%% *}" 400
+expect_eq "plan at hardware.devices 4: the submit's error" "$(echo "${pl#* }" | jq -c .error)" "$want"
+pl=$(post /v1/plan "$(echo "$SPEC1" | jq -c '.devices = 4')")
+expect_eq "plan of the spec at 4 devices: the submit's error" "$(echo "${pl#* }" | jq -c .error)" "$want"
+pl=$(post /v1/plan "$SPEC1") # at 1 device it holds: 32 = 2 x 16 x 1
+expect_eq "plan at 1 device" "${pl%% *}" 200
+echo "$SPEC1" >"$ACC_TMP/bad.json"
+"$ACCUMCTL" --url "$BASE" plan "$ACC_TMP/bad.json" --devices 4 >"$ACC_TMP/ctl.out" 2>&1
+expect_eq "accumctl plan --devices 4: exit (the daemon's 400)" "$?" 3
+grep -q 'train_batch_size 32 != 2 \* 16 \* 4' "$ACC_TMP/ctl.out" || fail "accumctl plan: $(cat "$ACC_TMP/ctl.out")"
+echo "$SPEC1" | jq -c '.model.vocab_size = 16384' >"$ACC_TMP/wide.json" # over 1 MiB at any split
+"$ACCUMCTL" --url "$BASE" plan "$ACC_TMP/wide.json" --device-memory 1M >"$ACC_TMP/ctl.out" 2>&1
+expect_eq "accumctl plan, nothing fits 1 MiB: exit" "$?" 1
+grep -q '^summary:.*no way to run this spec fits' "$ACC_TMP/ctl.out" || fail "accumctl plan, nothing fits: $(cat "$ACC_TMP/ctl.out")"
+"$ACCUMCTL" --url "$BASE" plan "$ACC_TMP/bad.json" >"$ACC_TMP/ctl.out" 2>&1
+expect_eq "accumctl plan, fits 256 MiB: exit" "$?" 0
+acc_stop
+ok "a bad triple: the same 400 from submit and plan ($(echo "$want" | jq -r .message)); accumctl plan exits 1 when nothing fits"
+
+# ---- 2. m 128 on a 2 GiB device starts where it fits --------------------------------
+# a model whose activations are mostly its logits (seq_len x vocab_size):
+# m 128 predicts about 2.0 GiB, m 64 about 1.0 GiB, at little compute
+BIG=$(tiny_job big 2 '"seed":5' | jq -c '.train_batch_size = 128 | .train_micro_batch_size_per_gpu = 128 |
+    .model.seq_len = 256 | .model.n_embd = 4 | .model.n_head = 1 | .model.vocab_size = 16384')
+acc_start --set cpu_devices=1 --set cpu_device_memory=2G
+plan=$(acc_curl -X POST "$BASE/v1/jobs?dry_run=1" --data-binary "$BIG")
+echo "$plan" | jq -e '.micro_batch_candidates[] | select(.micro_batch == 128 and .recompute == false) | .fits == false' \
+    >/dev/null || fail "fixture: m 128 should not fit 2 GiB: $plan"
+fit=$(echo "$plan" | jq '[.micro_batch_candidates[] | select(.fits and .recompute == false) | .micro_batch] | max')
+[ "$fit" != null ] && [ "$fit" -ge 2 ] || fail "fixture: no m >= 2 fits 2 GiB: $plan"
+expect_eq "dry run: starts at the largest fitting m" "$(echo "$plan" | jq .batch.micro_batch)" "$fit"
+note=$(echo "$plan" | jq -r .micro_batch_note)
+echo "$note" | grep -q 'train_micro_batch_size_per_gpu 128 does not fit' || fail "dry run note: $note"
+echo "$note" | grep -q "starts at micro batch $fit x $((128 / fit)) accumulation steps" || fail "dry run note: $note"
+peak=$(echo "$plan" | jq ".micro_batch_candidates[] | select(.micro_batch == $fit and .recompute == false) | .predicted_peak_bytes")
+expect_eq "dry run: the peak of the start" "$(echo "$plan" | jq '.predicted_peak_memory_bytes[0]')" "$peak"
+# without oom.adapt it could only run out of memory: refused (docs/api.md)
+expect_error POST "/v1/jobs?dry_run=1" "$(echo "$BIG" | jq -c '.oom.adapt = false')" 400 train_micro_batch_size_per_gpu
+# POST /v1/plan: the same start, and the note as its summary
+pl=$(acc_curl -X POST "$BASE/v1/plan" --data-binary "$BIG")
+echo "$pl" | jq -e --argjson m "$fit" '.summary.given_micro_batch_fits == false and .summary.fits and
+    .summary.recommended.micro_batch == $m and .summary.recommended.mode == "full"' >/dev/null ||
+    fail "plan summary: $(echo "$pl" | jq -c .summary)"
+expect_eq "plan message = the dry run's note" "$(echo "$pl" | jq -r .summary.message)" "$note"
+big=$(acc_submit "$BIG") || exit 1
+acc_wait_state "$big" succeeded 300
+ref=$(acc_submit "$(echo "$BIG" | jq -c ".train_micro_batch_size_per_gpu = $fit | .name = \"ref\"")") || exit 1
+acc_wait_state "$ref" succeeded 300
+ev=$(acc_curl "$BASE/v1/jobs/$big/events?format=ndjson" -m 2)
+[ -z "$(echo "$ev" | jq -c 'select(.type == "oom_adjust")')" ] || fail "an oom_adjust event: $ev"
+echo "$ev" | jq -r 'select(.type == "log") | .message' | grep -q "starts at micro batch $fit" ||
+    fail "no log of the start: $(echo "$ev" | jq -c 'select(.type == "log")')"
+expect_eq "split of the job" "$(acc_curl "$BASE/v1/jobs/$big" | jq -c '[.batch.micro_batch, .batch.accum_steps]')" \
+    "[$fit,$((128 / fit))]"
+l_big=$(acc_curl "$BASE/v1/jobs/$big/metrics" | jq -c '[.steps[].loss]')
+l_ref=$(acc_curl "$BASE/v1/jobs/$ref/metrics" | jq -c '[.steps[].loss]')
+expect_eq "steps" "$(echo "$l_big" | jq length)" 2
+expect_eq "losses of m 128 started where it fits and of m $fit" "$l_big" "$l_ref"
+n=$(curl -s "$BASE/metrics" | awk '$1 == "accumd_oom_adjustments_total" { print $2 }')
+expect_eq "accumd_oom_adjustments_total" "$n" 0
+acc_stop
+ok "m 128 on 2 GiB started at m $fit (no oom_adjust), losses $l_big"
+
+# ---- 3. cancel keeps the work ---------------------------------------------------------
+STEPS=300
+JOB=$(tiny_job keep $STEPS '"seed":7')
+acc_start --set cpu_devices=1 --set cpu_device_memory=256M --set cpu_threads_per_device=1
+ref=$(acc_submit "$JOB") || exit 1
+acc_wait_state "$ref" succeeded 300
+ref_hist=$(acc_curl "$BASE/v1/jobs/$ref/metrics" | jq -c '[.steps[] | [.step, .loss]]')
+id=$(acc_submit "$JOB") || exit 1
+acc_wait_step "$id" 5
+acc_curl -X DELETE "$BASE/v1/jobs/$id" >/dev/null
+acc_wait_state "$id" cancelled 60
+at=$(acc_curl "$BASE/v1/jobs/$id" | jq .step)
+[ "$at" -lt "$STEPS" ] || fail "the job ended before the cancel"
+ck=$(acc_curl "$BASE/v1/jobs/$id/events?format=ndjson" -m 2 | jq -c 'select(.type == "checkpoint")')
+[ -n "$ck" ] || fail "no checkpoint event after the cancel"
+expect_eq "the checkpoint's step" "$(echo "$ck" | tail -1 | jq .step)" "$at"
+[ -d "$STATE/out/$id/$(printf 'ckpt-%08d' "$at")" ] || fail "no checkpoint directory: $(ls "$STATE/out/$id")"
+res=$(acc_submit "$(echo "$JOB" | jq -c --arg r "$STATE/out/$id" '.resume_from = $r | .name = "resumed"')") || exit 1
+acc_wait_state "$res" succeeded 300
+hist=$(acc_curl "$BASE/v1/jobs/$res/metrics" | jq -c '[.steps[] | [.step, .loss]]')
+expect_eq "resumed history: steps $((at + 1))..$STEPS" "$(echo "$hist" | jq -c '[.[][0]]')" "$(seq $((at + 1)) $STEPS | jq -sc .)"
+expect_eq "resumed losses = the uninterrupted run's" "$hist" "$(echo "$ref_hist" | jq -c --argjson a "$at" '[.[] | select(.[0] > $a)]')"
+# the switch off: nothing is kept
+no=$(acc_submit "$(echo "$JOB" | jq -c '.checkpoint_on_cancel = false')") || exit 1
+acc_wait_step "$no" 5
+acc_curl -X DELETE "$BASE/v1/jobs/$no" >/dev/null
+acc_wait_state "$no" cancelled 60
+ls -d "$STATE/out/$no"/ckpt-* 2>/dev/null && fail "checkpoint_on_cancel false left a checkpoint"
+expect_error POST /v1/jobs "$(echo "$JOB" | jq -c '.checkpoint_on_cancel = 1')" 400 checkpoint_on_cancel
+acc_stop
+ok "cancelled at step $at with a checkpoint; resume_from continued with the uninterrupted run's losses"
