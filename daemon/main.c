@@ -70,6 +70,7 @@ static void print_conf(const acc_conf *c)
            c->log_level, c->log_file, c->users_file, c->user_max_running, c->user_max_devices,
            c->history_keep, c->worker_processes ? "true" : "false", c->worker_heartbeat_timeout,
            c->rank_processes ? "true" : "false", c->mpi_launcher, c->hostfile, c->mpi_args, c->rank_program);
+    printf("device_peak_flops = %g\n", c->device_peak_flops); /* h-results, issue 23 */
 }
 
 enum { OPT_CHECK = 1000 };

@@ -759,7 +759,7 @@ static void set_defaults(job_spec *s)
                             .grad_clip = 1.0};
     s->lr = (spec_lr){.type = SPEC_LR_CONSTANT, .cos_min_ratio = 0.0001};
     s->max_steps = 100;
-    s->eval_batches = 1;
+    s->eval_batches = 0; /* h-results, issue 23: the whole validation set */
     s->seed = 1337;
     s->oom_adapt = true;
     s->checkpoint_on_cancel = true; /* h-results, issue 23 */
@@ -918,7 +918,8 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         (rc = get_int(root, NULL, "max_steps", 1, 100000000, &out->max_steps, err)) ||
         (rc = get_num(root, NULL, "num_train_epochs", 0, true, 1e6, &out->num_train_epochs, err)) ||
         (rc = get_int(root, NULL, "eval_interval", 0, INT_MAX, &out->eval_interval, err)) ||
-        (rc = get_int(root, NULL, "eval_batches", 1, 1000000, &out->eval_batches, err)) ||
+        /* h-results, issue 23: an optional cap (0, absent: the whole set) */
+        (rc = get_int(root, NULL, "eval_batches", 0, 1000000, &out->eval_batches, err)) ||
         (rc = get_int(root, NULL, "checkpoint_interval", 0, INT_MAX, &out->checkpoint_interval, err)) ||
         (rc = get_u64(root, NULL, "seed", &out->seed, err)) ||
         (rc = get_int(root, NULL, "priority", -1000000, 1000000, &out->priority, err)) ||

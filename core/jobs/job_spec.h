@@ -150,7 +150,8 @@ typedef struct job_spec {
     double num_train_epochs; /* 0 = not given; else max_steps = ceil(epochs x samples / B)
                               * once the data is prepared (when max_steps is not given) */
     int eval_interval;     /* 0 = no eval */
-    int eval_batches;      /* batches of B samples per eval (default 1) */
+    int eval_batches;      /* at most this many batches of B samples per eval
+                            * (0, the default: the whole validation set) */
     int checkpoint_interval; /* 0 = only at the end */
     uint64_t seed;
     int priority;          /* higher runs first */

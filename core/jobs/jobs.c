@@ -1068,6 +1068,31 @@ static json_t *mem_array(const uint64_t *v, int n)
     return a;
 }
 
+/* (h-results, issue 23) Throughput that counts tokens: the step's
+ * loss-carrying and real input tokens (padding excluded), each per second
+ * of the step, the padding fraction of the input positions, the model's
+ * FLOPs a token and, where device_peak_flops is configured, the MFU over
+ * the job's devices. */
+static void add_token_rates(const jobs_mgr *m, json_t *o, const train_event *ev)
+{
+    if (o == NULL)
+        return;
+    double t = ev->step_seconds;
+    double achieved = t > 0 ? ev->flops_per_token * (double)ev->input_tokens / t : 0;
+    double peak = m->conf->device_peak_flops * (ev->nranks > 0 ? ev->nranks : 1);
+    json_object_set_new(o, "loss_tokens", json_integer((json_int_t)ev->loss_tokens));
+    json_object_set_new(o, "input_tokens", json_integer((json_int_t)ev->input_tokens));
+    json_object_set_new(o, "step_time_s", json_real(t));
+    json_object_set_new(o, "loss_tokens_per_s", t > 0 ? json_real((double)ev->loss_tokens / t) : json_null());
+    json_object_set_new(o, "input_tokens_per_s", t > 0 ? json_real((double)ev->input_tokens / t) : json_null());
+    json_object_set_new(o, "padding_fraction",
+                        ev->input_positions > 0
+                            ? json_real(1.0 - (double)ev->input_tokens / (double)ev->input_positions)
+                            : json_null());
+    json_object_set_new(o, "flops_per_token", json_real(ev->flops_per_token));
+    json_object_set_new(o, "mfu", peak > 0 && t > 0 ? json_real(achieved / peak) : json_null());
+}
+
 static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
 {
     uint64_t tokens = (uint64_t)j->spec.train_batch_size * (uint64_t)j->spec.model.seq_len;
@@ -1104,14 +1129,15 @@ static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
                        .tokens_per_s = mt.tokens_per_s, .micro_batch = mt.micro_batch,
                        .accum_steps = mt.accum_steps, .mem_peak = mt.mem_peak};
     json_t *loss = isfinite(ev->loss) ? json_real(ev->loss) : json_null();
-    emit_metric(j, "step",
+    json_t *o =
          json_pack("{s:i, s:o, s:f, s:f, s:f, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "step", ev->step, "loss", loss,
                    "lr", ev->lr, "grad_norm", isfinite(ev->grad_norm) ? ev->grad_norm : -1.0, "tokens_per_s",
                    ev->tokens_per_s, "micro_batch", ev->micro_batch, "accum_steps", ev->accum_steps,
                    "mem_in_use", mem_array(ev->mem_in_use, nr), "mem_peak", mem_array(ev->mem_peak, nr),
                    "mem_reserved", mem_array(ev->mem_reserved, nr), "mem_free", mem_array(ev->mem_free, nr),
-                   "mem_optimizer", mem_array(ev->mem_optim, nr), "mem_gradients", mem_array(ev->mem_grads, nr)),
-         false, &sm);
+                   "mem_optimizer", mem_array(ev->mem_optim, nr), "mem_gradients", mem_array(ev->mem_grads, nr));
+    add_token_rates(m, o, ev);
+    emit_metric(j, "step", o, false, &sm);
 }
 
 /* The trainer changed the job's (micro, accum) split: after an OOM, or
@@ -1223,7 +1249,12 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
         apply_step(m, j, ev);
         break;
     case TEV_EVAL:
-        emit(j, "eval", json_pack("{s:i, s:f}", "step", ev->step, "val_loss", ev->val_loss), false);
+        /* h-results, issue 23: the whole set's tokens and perplexity */
+        emit(j, "eval",
+             json_pack("{s:i, s:f, s:o, s:I, s:I}", "step", ev->step, "val_loss", ev->val_loss, "perplexity",
+                       isfinite(exp(ev->val_loss)) ? json_real(exp(ev->val_loss)) : json_null(), "val_tokens",
+                       (json_int_t)ev->val_tokens, "val_samples", (json_int_t)ev->val_samples),
+             false);
         break;
     case TEV_OOM_ADJUST:
         m->oom_adjust_total++;

@@ -178,6 +178,9 @@ typedef struct rank_state {
     int next_bucket;  /* first bucket not yet started this step */
     int bucket_rc;    /* first failed start this step (0 = none) */
     double step_loss_sum; /* this rank's loss sum of the step (for the slots) */
+    /* the step's loss-carrying targets and real input tokens, all ranks
+     * (count_targets; h-results, issue 23) */
+    double step_targets, step_inputs;
     int step_oom;     /* this rank ran out of memory in this step attempt */
     int stop;         /* ZeRO: every rank agreed to stop for a shutdown */
     int *sample;      /* [T+1] */
@@ -573,21 +576,25 @@ static void fill_mask(rank_state *rs, uint64_t id)
     }
 }
 
-/* Target tokens of the whole step, over every rank and micro-step. */
+/* Target tokens of the whole step, over every rank and micro-step; its
+ * real input tokens (padding excluded) in rs->step_inputs. */
 static double count_targets(rank_state *rs, int step)
 {
     const job_spec *s = &rs->t->spec;
     int T = s->model.seq_len;
     train_hooks *h = rs->t->hooks;
+    rs->step_inputs = (double)s->train_batch_size * T;
     if ((h == NULL || h->target_mask == NULL) && !spec_data_is_jsonl(s->data.format))
         return (double)s->train_batch_size * T;
-    double n = 0;
+    double n = 0, in = 0;
     for (int j = 0; j < s->train_batch_size; j++) {
         uint64_t id = data_order_sample(&rs->order, (uint64_t)step * s->train_batch_size + j);
         fill_mask(rs, id);
+        in += (double)data_sample_inputs(rs->t->train, id);
         for (int i = 0; i < T; i++)
             n += rs->mask[i] != 0;
     }
+    rs->step_inputs = in;
     return n;
 }
 
@@ -643,14 +650,18 @@ static void publish_memory(rank_state *rs)
     atomic_store_explicit(&rs->t->mem_free[rs->rank], mi.free_bytes, memory_order_relaxed);
 }
 
-/* Eval loss over eval_batches x B validation samples, split over ranks. */
-static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
+/* Eval loss over the whole validation set, or its first eval_batches x B
+ * samples when eval_batches caps it (h-results, issue 23), split over
+ * ranks: the mean over every loss-carrying target token of those samples
+ * (*ntok of them, in *nsamp samples). */
+static int run_eval(rank_state *rs, double *val_loss, uint64_t *ntok, uint64_t *nsamp, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
     int T = s->model.seq_len, m = rs->split.m;
-    int nb = s->eval_batches > 0 ? s->eval_batches : 1;
-    uint64_t total = (uint64_t)nb * (uint64_t)s->train_batch_size;
+    uint64_t total = data_num_samples(t->val);
+    if (s->eval_batches > 0 && (uint64_t)s->eval_batches * (uint64_t)s->train_batch_size < total)
+        total = (uint64_t)s->eval_batches * (uint64_t)s->train_batch_size;
     uint64_t lo = total * (uint64_t)rs->rank / (uint64_t)t->nranks;
     uint64_t hi = total * (uint64_t)(rs->rank + 1) / (uint64_t)t->nranks;
     uint64_t nval = data_num_samples(t->val);
@@ -689,7 +700,16 @@ static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
     for (uint64_t j = 0; j < total; j++)
         ntarget += (double)data_sample_targets(t->val, j % nval);
     *val_loss = ntarget > 0 ? get_double(buf) / ntarget : 0.0;
+    *ntok = (uint64_t)ntarget;
+    *nsamp = total;
     return 0;
+}
+
+/* Training FLOPs a token: 6 N (forward and backward of the weights) plus
+ * the causal attention's 6 L C T (bench/bench_gpu_train.c's estimate). */
+static double flops_per_token(const model_config *cfg, int seq_len)
+{
+    return 6.0 * (double)model_num_params(cfg) + 6.0 * cfg->n_layer * (double)cfg->channels * seq_len;
 }
 
 static void emit_step(rank_state *rs, int step, double loss, double lr, double norm,
@@ -706,6 +726,12 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
     ev->lr = lr;
     ev->grad_norm = norm;
     ev->tokens_per_s = seconds > 0 ? (double)s->train_batch_size * s->model.seq_len / seconds : 0;
+    /* h-results, issue 23: the tokens that count, and what they cost */
+    ev->loss_tokens = (uint64_t)rs->step_targets;
+    ev->input_tokens = (uint64_t)rs->step_inputs;
+    ev->input_positions = (uint64_t)s->train_batch_size * (uint64_t)s->model.seq_len;
+    ev->step_seconds = seconds;
+    ev->flops_per_token = flops_per_token(&t->cfg, s->model.seq_len);
     ev->micro_batch = rs->split.m;
     ev->accum_steps = rs->split.a;
     ev->nranks = t->nranks;
@@ -717,6 +743,21 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
         ev->mem_optim[r] = t->mem_optim[r];
         ev->mem_grads[r] = t->mem_grads[r];
     }
+    emit(t, ev);
+    free(ev);
+}
+
+static void emit_eval(trainer *t, int step, double val_loss, uint64_t ntok, uint64_t nsamp)
+{
+    train_event *ev = calloc(1, sizeof *ev);
+    if (ev == NULL)
+        return;
+    ev->kind = TEV_EVAL;
+    ev->step = step;
+    ev->val_loss = val_loss;
+    ev->val_tokens = ntok;
+    ev->val_samples = nsamp;
+    ev->nranks = t->nranks;
     emit(t, ev);
     free(ev);
 }
@@ -1044,6 +1085,7 @@ static int run_micro_steps(rank_state *rs, int step, oom_record *rec, acc_err *e
 {
     model *m = rs->model;
     double n_total = count_targets(rs, step);
+    rs->step_targets = n_total;
     for (int micro = 0; micro < rs->split.a; micro++) {
         if (check_cancel(rs->t) != 0)
             return acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
@@ -1304,13 +1346,14 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
     if (t->val != NULL && s->eval_interval > 0 &&
         (done % s->eval_interval == 0 || done == s->max_steps)) {
         double vl = 0.0;
-        int rc = run_eval(rs, &vl, err);
+        uint64_t ntok = 0, nsamp = 0;
+        int rc = run_eval(rs, &vl, &ntok, &nsamp, err);
         if (rc != 0)
             return rc;
         if (rs->rank == 0) {
             if (t->hooks && t->hooks->step_val_loss && step < t->hooks->steps_cap)
                 t->hooks->step_val_loss[step] = vl;
-            emit_simple(t, TEV_EVAL, done, vl, NULL);
+            emit_eval(t, done, vl, ntok, nsamp);
         }
     }
     int rc = 0;

@@ -13,7 +13,16 @@
 #  3. cancel keeps the work: a cancelled job (checkpoint_on_cancel, the
 #     default) leaves a checkpoint of its last step, and a job resuming
 #     from it (resume_from) continues with the losses of an uninterrupted
-#     run; with checkpoint_on_cancel false no checkpoint is left.
+#     run; with checkpoint_on_cancel false no checkpoint is left;
+#  4. evaluation covers the whole validation set by default: val_loss equals
+#     PyTorch's loss (tests/support/llama_ref.py) over all 93 validation
+#     windows at the job's final weights, with perplexity and the tokens
+#     and samples evaluated; eval_batches 1 caps it at B samples (and equals
+#     the reference over those);
+#  5. each step event counts tokens: loss-carrying and input tokens,
+#     tokens/s x step time = tokens, padding fraction, FLOPs a token
+#     (6 N + 6 L C T with N the planner's) and the MFU against the
+#     configured device_peak_flops.
 . "$(dirname "$0")/lib.sh"
 
 acc_data
@@ -125,3 +134,58 @@ ls -d "$STATE/out/$no"/ckpt-* 2>/dev/null && fail "checkpoint_on_cancel false le
 expect_error POST /v1/jobs "$(echo "$JOB" | jq -c '.checkpoint_on_cancel = 1')" 400 checkpoint_on_cancel
 acc_stop
 ok "cancelled at step $at with a checkpoint; resume_from continued with the uninterrupted run's losses"
+
+# ---- 4. evaluation over the whole validation set; 5. tokens that count ----------------
+# The reference is PyTorch (tests/support/llama_ref.py, written from the
+# architecture): the job's final weights (its last checkpoint, float32)
+# over every validation sample, each text window of seq_len + 1 bytes.
+PY=/usr/bin/python3
+SUP="$ACCUMD_SRC/tests/support"
+. "$SUP/need.sh"
+"$PY" -c 'import torch' 2>/dev/null || need_missing "no torch in $PY"
+"$PY" "$SUP/make_tiny_llama.py" "$STATE/data/tiny" --variant big --seed 3 >/dev/null || fail "make_tiny_llama"
+head -c 3000 /usr/share/common-licenses/GPL-3 >"$STATE/data/val.txt" # 93 windows of 33 bytes
+acc_start --set cpu_devices=1 --set cpu_device_memory=512M --set cpu_threads_per_device=1 --set device_peak_flops=1e12
+EV='{"name":"ev","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt","val":"val.txt"},"train_batch_size":4,"max_steps":2,"eval_interval":2,"seed":3}'
+full=$(acc_submit "$EV") || exit 1
+cap=$(acc_submit "$(echo "$EV" | jq -c '.eval_batches = 1 | .name = "cap"')") || exit 1
+acc_wait_state "$full" succeeded 300
+acc_wait_state "$cap" succeeded 300
+evf=$(acc_curl "$BASE/v1/jobs/$full/events?format=ndjson" -m 2 | jq -c 'select(.type == "eval")' | tail -1)
+evc=$(acc_curl "$BASE/v1/jobs/$cap/events?format=ndjson" -m 2 | jq -c 'select(.type == "eval")' | tail -1)
+echo "$evf" | jq -e '.step == 2 and .val_samples == 93 and .val_tokens == 93 * 32' >/dev/null ||
+    fail "the whole set: $evf"
+echo "$evc" | jq -e '.val_samples == 4 and .val_tokens == 4 * 32' >/dev/null || fail "eval_batches 1: $evc"
+echo "$evf" | jq -e '((.perplexity - (.val_loss | exp)) | fabs) < 1e-9 * .perplexity' >/dev/null || fail "perplexity: $evf"
+model_f=$(acc_curl "$BASE/v1/jobs/$full" | jq -r .outputs.model)
+model_c=$(acc_curl "$BASE/v1/jobs/$cap" | jq -r .outputs.model)
+"$PY" - "$SUP" "$STATE/data/val.txt" "$model_f" "$(echo "$evf" | jq .val_loss)" 93 "$model_c" \
+    "$(echo "$evc" | jq .val_loss)" 4 <<'PYEOF' || fail "val_loss differs from the PyTorch reference"
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from llama_ref import load_params, forward
+data = open(sys.argv[2], "rb").read()
+T = 32
+for d, got, n in ((sys.argv[3], float(sys.argv[4]), int(sys.argv[5])), (sys.argv[6], float(sys.argv[7]), int(sys.argv[8]))):
+    cfg, P = load_params(d, True)
+    w = torch.tensor([list(data[i * T:i * T + T + 1]) for i in range(n)], dtype=torch.long)
+    with torch.no_grad():
+        logits = forward(cfg, P, w[:, :T])
+        ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1)).item()
+    print(f"{n} samples: job {got:.9f}, PyTorch {ref:.9f}")
+    assert abs(got - ref) <= 2e-5 * abs(ref), (d, got, ref)
+PYEOF
+# every step: loss-carrying and input tokens (text data: all B x seq_len),
+# per second of the step, no padding
+st=$(acc_curl "$BASE/v1/jobs/$full/events?format=ndjson" -m 2 | jq -c 'select(.type == "step")')
+expect_eq "step events" "$(echo "$st" | wc -l)" 2
+echo "$st" | jq -e '.loss_tokens == 128 and .input_tokens == 128 and .padding_fraction == 0 and .step_time_s > 0
+    and ((.loss_tokens_per_s * .step_time_s - .loss_tokens) | fabs) <= 1e-9 * .loss_tokens
+    and ((.input_tokens_per_s * .step_time_s - .input_tokens) | fabs) <= 1e-9 * .input_tokens
+    and (.mfu - .flops_per_token * .input_tokens / .step_time_s / 1e12 | fabs) <= 1e-9 * .mfu' >/dev/null ||
+    fail "step token rates: $st"
+# FLOPs a token: 6 N + 6 L C T (tiny "big": 2 layers of 64 channels), N the planner's count
+params=$(acc_curl -X POST "$BASE/v1/plan" --data-binary "$EV" | jq .model.params)
+expect_eq "flops_per_token" "$(echo "$st" | head -1 | jq .flops_per_token)" "$(jq -n "6 * $params + 6 * 2 * 64 * 32")"
+acc_stop
+ok "val_loss over all 93 validation samples = PyTorch's ($(echo "$evf" | jq -c '[.val_loss, .perplexity, .val_tokens]')); eval_batches 1 caps it at 4; token rates $(echo "$st" | head -1 | jq -c '[.loss_tokens_per_s, .padding_fraction]')"
