@@ -148,7 +148,9 @@ static json_t *summary_json(const plan_table *t, bool spec_recompute)
     const plan_group *rg = t->recommended_group >= 0 ? &t->groups[t->recommended_group] : NULL;
     if (fits && !t->given_fits && t->start_note[0]) /* h-results, issue 23: started where it fits */
         snprintf(msg, sizeof msg, "%s", t->start_note);
-    else if (fits && !spec_recompute && rg != NULL && rg->best >= 0 && t->rows[rg->best].micro_batch > rec->micro_batch)
+    /* only where the start needs recomputation (h-results, issue 23) */
+    else if (fits && rec->recompute && !spec_recompute && rg != NULL && rg->best >= 0 &&
+             t->rows[rg->best].micro_batch > rec->micro_batch)
         /* "auto" fell back to m = 1 recomputing: recomputing from the start allows more */
         snprintf(msg, sizeof msg,
                  "the spec runs as given: micro batch %d x %d accumulation steps on %d device(s)%s; with "

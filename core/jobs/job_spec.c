@@ -905,6 +905,32 @@ static int get_checkpointing_alias(const json_t *root, job_spec *out, acc_err *e
     return 0;
 }
 
+/* (h-results, issue 23) "output_dir": a name under the owner's output
+ * area, one or more components of letters, digits, '.', '_', '-' (no
+ * empty, "." or ".." component, no leading '/'), so it never leaves it. */
+static int get_output_name(const json_t *root, job_spec *out, acc_err *err)
+{
+    bool present;
+    int rc = get_str(root, NULL, "output_dir", true, out->output_name, sizeof out->output_name, &present, err);
+    if (rc != 0 || !present)
+        return rc;
+    const char *s = out->output_name;
+    bool ok = s[0] != '\0' && s[0] != '/';
+    for (const char *c = s; ok && *c; c++)
+        ok = isalnum((unsigned char)*c) || strchr("._-/", *c) != NULL;
+    for (const char *c = s; ok && *c;) { /* each component */
+        size_t n = strcspn(c, "/");
+        ok = n > 0 && !(n == 1 && c[0] == '.') && !(n == 2 && c[0] == '.' && c[1] == '.');
+        c += n + (c[n] == '/');
+        ok = ok && !(c[-1] == '/' && *c == '\0'); /* no trailing '/' */
+    }
+    if (!ok)
+        return acc_err_set(err, ACC_EINVAL, "output_dir",
+                           "output_dir must be a relative name of letters, digits, '.', '_' and '-' components "
+                           "(e.g. \"llama2-7b-tulu\"), without '..': it names a directory in your output area");
+    return 0;
+}
+
 static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
 {
     static const char *const precisions[] = {"fp32", "bf16", NULL};
@@ -927,6 +953,8 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         (rc = get_int(root, NULL, "nodes", 1, SPEC_MAX_NODES, &out->nodes, err)) ||
         /* h-results, issue 23 */
         (rc = get_bool(root, NULL, "checkpoint_on_cancel", &out->checkpoint_on_cancel, err)) ||
+        (rc = get_int(root, NULL, "save_total_limit", 1, 1000, &out->save_total_limit, err)) ||
+        (rc = get_output_name(root, out, err)) ||
         (rc = get_str(root, NULL, "resume_from", true, out->resume_from, sizeof out->resume_from, &resume, err)))
         return rc;
     if (out->nodes > 1 && out->devices * out->nodes > SPEC_MAX_WORLD)
@@ -965,7 +993,7 @@ static int parse_root(const json_t *root, const acc_conf *conf, job_spec *out, a
         "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
         "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "zero_optimization", "lora",
         "gradient_checkpointing", "max_restarts", "nodes",
-        "checkpoint_on_cancel", /* h-results, issue 23 */
+        "checkpoint_on_cancel", "output_dir", "save_total_limit", /* h-results, issue 23 */
         NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;

@@ -164,6 +164,13 @@ typedef struct job_spec {
      * of a running job writes a checkpoint at the next micro-step boundary
      * unless no optimizer step completed since the last one */
     bool checkpoint_on_cancel;
+    /* (h-results, issue 23) outputs the user owns: "output_dir"
+     * (Hugging Face's name; a relative name of [A-Za-z0-9._-] components)
+     * places the final export under output_root/<owner>/; save_total_limit
+     * keeps the newest N checkpoints (0: the config's checkpoint_keep) */
+    char output_name[256];
+    int save_total_limit;
+    char export_dir[PATH_MAX]; /* set by the daemon: where the final export goes ("" = none) */
     char resume_from[PATH_MAX]; /* "" or a checkpoint directory */
     spec_save_dtype save_dtype; /* save.dtype (the fp32 master weights stay in state.safetensors) */
     spec_lora lora;             /* "lora" (r = 0: none) */

@@ -653,6 +653,15 @@ static void set_output_dir(const jobs_mgr *m, job *j)
         j->spec.data.cache_dir[0] = '\0';
 }
 
+/* (h-results, issue 23) Where the final export goes: the spec's
+ * output_dir in its owner's area, output_root/<owner>/<output_dir> (an
+ * owner name that is no plain path component, or none: "_"), else
+ * output_root/<id>/export. */
+static void set_export_dir(const jobs_mgr *m, job *j)
+{
+    job_export_dir(j, m->conf->output_root, j->spec.export_dir, sizeof j->spec.export_dir);
+}
+
 /* The submitted text, re-encoded compactly (it parsed, so it loads). */
 static char *compact_spec(const char *text, size_t len)
 {
@@ -911,6 +920,7 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
     }
     j->tokens = 0;
     j->cancel_requested = false;
+    set_export_dir(m, j); /* h-results, issue 23 */
     if (open_output_dir(m, j, &err) != 0) {
         release_devices(m, j);
         finish_or_retry(j, JOB_FAILED, acc_err_name(err.code), err.msg);
@@ -1265,7 +1275,8 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
         break;
     case TEV_CHECKPOINT:
         emit(j, "checkpoint", json_pack("{s:i, s:s}", "step", ev->step, "path", ev->path), true);
-        job_add_output(j, ev->path, m->conf->checkpoint_keep, NULL); /* the job view's outputs */
+        job_add_output(j, ev->path, j->spec.save_total_limit > 0 ? j->spec.save_total_limit : m->conf->checkpoint_keep,
+                       NULL); /* the job view's outputs */
         break;
     case TEV_LOG:
         if (!strncmp(ev->msg, "resumed from", 12))

@@ -76,6 +76,15 @@ static int state_parts(const model_config *cfg, int zero, int world, int rank, p
     p->weights = acc_sat_mul_u64(model_num_params(cfg), sizeof(float));
     p->weights = p->weights <= model_b ? p->weights : model_b;
     p->gradients = model_b - p->weights;
+    size_t ntrain = model_num_trainable(cfg);
+    if (ntrain < model_num_params(cfg)) {
+        /* (h-results, issue 23) LoRA: the gradient buffer covers the
+         * adapters (and the trainer's slots) only, and a 16-bit frozen base
+         * holds less than 4 bytes a parameter: the rest is weights */
+        uint64_t g = acc_sat_mul_u64(acc_sat_add_u64(ntrain, TRAIN_SLOTS), sizeof(float));
+        p->gradients = g <= model_b ? g : model_b;
+        p->weights = model_b - p->gradients;
+    }
     return 0;
 }
 

@@ -57,6 +57,7 @@
 #include "ckpt.h"
 #include "data.h"
 #include "data_prep.h"
+#include "export.h"
 #include "kern_comm.h"
 #include "kern_device.h"
 #include "adamw.h"
@@ -1338,6 +1339,21 @@ static void maybe_raise_micro(rank_state *rs, int done)
     free(ev);
 }
 
+/* (h-results, issue 23) The final checkpoint of `step` as the job's
+ * export (export.h): what loads anywhere, no optimizer state. */
+static int export_run(rank_state *rs, int step, acc_err *err)
+{
+    const job_spec *s = &rs->t->spec;
+    char ckpt[PATH_MAX];
+    if (snprintf(ckpt, sizeof ckpt, "%s/ckpt-%08d", s->output_dir, step) >= (int)sizeof ckpt)
+        return acc_err_set(err, ACC_EINVAL, "", "output path too long");
+    const char *tok = s->data.tokenizer[0] ? s->data.tokenizer : s->model.from[0] ? s->model.from : NULL;
+    int rc = export_final(ckpt, s->export_dir, tok, s->data_roots, err);
+    if (rc == 0)
+        emit_log(rs->t, step, "exported the final model to %s (no optimizer state)", s->export_dir);
+    return rc;
+}
+
 static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
@@ -1361,6 +1377,8 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
         ((s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0) ||
          done == s->max_steps))
         rc = save_checkpoint(rs, done, err); /* ZeRO: every rank, for the gather */
+    if (rc == 0 && rs->rank == 0 && done == s->max_steps && s->output_dir[0] != '\0' && s->export_dir[0] != '\0')
+        rc = export_run(rs, done, err); /* h-results, issue 23 */
     if (rc == 0 && s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0 && done < s->max_steps)
         maybe_raise_micro(rs, done);
     return rc;
@@ -1772,6 +1790,8 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     t->on_event = o->on_event; /* prepare_spec reports passed-over checkpoints */
     t->event_ctx = o->event_ctx;
     t->keep = o->checkpoint_keep > 0 ? o->checkpoint_keep : 2;
+    if (s->save_total_limit > 0) /* h-results, issue 23: the job's own limit */
+        t->keep = s->save_total_limit;
     t->threads = o->threads_per_device > 0 ? o->threads_per_device : 1;
     t->hooks = h;
     t->start_where_fits = o->start_where_fits;

@@ -22,7 +22,14 @@
 #  5. each step event counts tokens: loss-carrying and input tokens,
 #     tokens/s x step time = tokens, padding fraction, FLOPs a token
 #     (6 N + 6 L C T with N the planner's) and the MFU against the
-#     configured device_peak_flops.
+#     configured device_peak_flops;
+#  6. outputs: the export of a full fine-tune (output_dir, in the owner's
+#     area) loads in PyTorch and gives the job's final val_loss (above),
+#     holds config.json, generation_config.json and the tokenizer, never
+#     state.safetensors; a LoRA export holds the adapter and the tokenizer;
+#     save_total_limit 2 leaves two checkpoints (checkpoint_keep is 5);
+#  7. planner output: parameters in K, recomputation suggested only where
+#     the start needs it, LoRA rows with the adapters' gradient bytes.
 . "$(dirname "$0")/lib.sh"
 
 acc_data
@@ -46,6 +53,9 @@ pl=$(post /v1/plan "$(echo "$SPEC1" | jq -c '.devices = 4')")
 expect_eq "plan of the spec at 4 devices: the submit's error" "$(echo "${pl#* }" | jq -c .error)" "$want"
 pl=$(post /v1/plan "$SPEC1") # at 1 device it holds: 32 = 2 x 16 x 1
 expect_eq "plan at 1 device" "${pl%% *}" 200
+# 7. recomputation is suggested only where the start needs it: m 2 fits as given
+expect_eq "plan message" "$(echo "${pl#* }" | jq -r .summary.message)" \
+    "the spec runs as given: micro batch 2 x 16 accumulation steps on 1 device(s)"
 echo "$SPEC1" >"$ACC_TMP/bad.json"
 "$ACCUMCTL" --url "$BASE" plan "$ACC_TMP/bad.json" --devices 4 >"$ACC_TMP/ctl.out" 2>&1
 expect_eq "accumctl plan --devices 4: exit (the daemon's 400)" "$?" 3
@@ -56,6 +66,9 @@ expect_eq "accumctl plan, nothing fits 1 MiB: exit" "$?" 1
 grep -q '^summary:.*no way to run this spec fits' "$ACC_TMP/ctl.out" || fail "accumctl plan, nothing fits: $(cat "$ACC_TMP/ctl.out")"
 "$ACCUMCTL" --url "$BASE" plan "$ACC_TMP/bad.json" >"$ACC_TMP/ctl.out" 2>&1
 expect_eq "accumctl plan, fits 256 MiB: exit" "$?" 0
+params=$(echo "${pl#* }" | jq .model.params)
+grep -q "^model: *gpt2, $(awk "BEGIN { printf \"%.1f\", $params / 1000 }") K parameters" "$ACC_TMP/ctl.out" ||
+    fail "accumctl plan: parameters in K ($params): $(head -1 "$ACC_TMP/ctl.out")"
 acc_stop
 ok "a bad triple: the same 400 from submit and plan ($(echo "$want" | jq -r .message)); accumctl plan exits 1 when nothing fits"
 
@@ -145,10 +158,12 @@ SUP="$ACCUMD_SRC/tests/support"
 "$PY" -c 'import torch' 2>/dev/null || need_missing "no torch in $PY"
 "$PY" "$SUP/make_tiny_llama.py" "$STATE/data/tiny" --variant big --seed 3 >/dev/null || fail "make_tiny_llama"
 head -c 3000 /usr/share/common-licenses/GPL-3 >"$STATE/data/val.txt" # 93 windows of 33 bytes
-acc_start --set cpu_devices=1 --set cpu_device_memory=512M --set cpu_threads_per_device=1 --set device_peak_flops=1e12
+acc_start --set cpu_devices=1 --set cpu_device_memory=512M --set cpu_threads_per_device=1 --set device_peak_flops=1e12 \
+    --set checkpoint_keep=5
 EV='{"name":"ev","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt","val":"val.txt"},"train_batch_size":4,"max_steps":2,"eval_interval":2,"seed":3}'
-full=$(acc_submit "$EV") || exit 1
-cap=$(acc_submit "$(echo "$EV" | jq -c '.eval_batches = 1 | .name = "cap"')") || exit 1
+full=$(acc_submit "$(echo "$EV" | jq -c '.output_dir = "tiny-ft/v1"')") || exit 1
+cap=$(acc_submit "$(echo "$EV" | jq -c '.eval_batches = 1 | .name = "cap" | .max_steps = 4 | .eval_interval = 4 |
+    .checkpoint_interval = 1 | .save_total_limit = 2')") || exit 1
 acc_wait_state "$full" succeeded 300
 acc_wait_state "$cap" succeeded 300
 evf=$(acc_curl "$BASE/v1/jobs/$full/events?format=ndjson" -m 2 | jq -c 'select(.type == "eval")' | tail -1)
@@ -157,8 +172,37 @@ echo "$evf" | jq -e '.step == 2 and .val_samples == 93 and .val_tokens == 93 * 3
     fail "the whole set: $evf"
 echo "$evc" | jq -e '.val_samples == 4 and .val_tokens == 4 * 32' >/dev/null || fail "eval_batches 1: $evc"
 echo "$evf" | jq -e '((.perplexity - (.val_loss | exp)) | fabs) < 1e-9 * .perplexity' >/dev/null || fail "perplexity: $evf"
-model_f=$(acc_curl "$BASE/v1/jobs/$full" | jq -r .outputs.model)
-model_c=$(acc_curl "$BASE/v1/jobs/$cap" | jq -r .outputs.model)
+# 6. outputs: the export (no optimizer state, the tokenizer files) in the
+# owner's area under the spec's output_dir, else in the job's own
+model_f=$(acc_curl "$BASE/v1/jobs/$full" | jq -r .outputs.export)
+model_c=$(acc_curl "$BASE/v1/jobs/$cap" | jq -r .outputs.export)
+expect_eq "output_dir in the owner's area" "$model_f" "$STATE/out/anonymous/tiny-ft/v1"
+expect_eq "export without output_dir" "$model_c" "$STATE/out/$cap/export"
+for d in "$model_f" "$model_c"; do
+    for f in config.json generation_config.json model.safetensors tokenizer.json; do
+        [ -f "$d/$f" ] || fail "export $d has no $f: $(ls "$d")"
+    done
+    [ -e "$d/state.safetensors" ] && fail "export $d holds the optimizer state"
+done
+expect_eq "save_total_limit 2: checkpoints left" "$(cd "$STATE/out/$cap" && ls -d ckpt-* | tr '\n' ' ')" "ckpt-00000003 ckpt-00000004 "
+expect_eq "save_total_limit 2: checkpoints listed" "$(acc_curl "$BASE/v1/jobs/$cap" | jq '.outputs.checkpoints | length')" 2
+expect_error POST /v1/jobs "$(echo "$EV" | jq -c '.output_dir = "../x"')" 400 output_dir
+expect_error POST /v1/jobs "$(echo "$EV" | jq -c '.output_dir = "/abs"')" 400 output_dir
+expect_error POST /v1/jobs "$(echo "$EV" | jq -c '.save_total_limit = 0')" 400 save_total_limit
+lo=$(acc_submit "$(echo "$EV" | jq -c '.lora = {"r": 4} | .name = "lora" | .max_steps = 1 | del(.data.val, .eval_interval)')") || exit 1
+acc_wait_state "$lo" succeeded 300
+lex=$(acc_curl "$BASE/v1/jobs/$lo" | jq -r .outputs.export)
+for f in adapter_config.json adapter_model.safetensors tokenizer.json; do
+    [ -f "$lex/$f" ] || fail "LoRA export has no $f: $(ls "$lex")"
+done
+[ -e "$lex/state.safetensors" ] && fail "LoRA export holds the optimizer state"
+[ -e "$STATE/out/$lo/ckpt-00000001/state.safetensors" ] || fail "the LoRA checkpoint lost its state"
+# 7. LoRA rows: the adapters' gradient buffer (their fp32 gradients and the trainer's 64 slots)
+pl=$(acc_curl -X POST "$BASE/v1/plan" --data-binary "$(echo "$EV" | jq -c '.lora = {"r": 4}')")
+tp=$(echo "$pl" | jq .lora.trainable_params)
+echo "$pl" | jq -e --argjson tp "$tp" '[.rows[] | select(.mode == "lora")] | length > 0 and
+    all(.gradients_bytes == 4 * ($tp + 64))' >/dev/null || fail "LoRA rows' gradients ($tp trainable): $(echo "$pl" | jq -c '[.rows[] | select(.mode == "lora") | .gradients_bytes]')"
+
 "$PY" - "$SUP" "$STATE/data/val.txt" "$model_f" "$(echo "$evf" | jq .val_loss)" 93 "$model_c" \
     "$(echo "$evc" | jq .val_loss)" 4 <<'PYEOF' || fail "val_loss differs from the PyTorch reference"
 import sys, torch
@@ -172,7 +216,7 @@ for d, got, n in ((sys.argv[3], float(sys.argv[4]), int(sys.argv[5])), (sys.argv
     with torch.no_grad():
         logits = forward(cfg, P, w[:, :T])
         ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1)).item()
-    print(f"{n} samples: job {got:.9f}, PyTorch {ref:.9f}")
+    print(f"{n} samples: job {got:.9f}, PyTorch {ref:.9f} on the export {d}")
     assert abs(got - ref) <= 2e-5 * abs(ref), (d, got, ref)
 PYEOF
 # every step: loss-carrying and input tokens (text data: all B x seq_len),
