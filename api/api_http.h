@@ -224,6 +224,11 @@ struct jobs_mgr;
 int api_plan_compute(const struct jobs_mgr *m, const char *body, size_t len, json_t **out, acc_err *err);
 void api_plan(api_server *s, const api_request *req, api_response *resp);
 
+/* api_files.c (h-results, issue 23): GET /v1/jobs/{id}/files, the job's
+ * output files with sizes and SHA-256, listed off the loop thread. */
+struct job;
+void api_files(api_server *s, const api_request *req, api_response *resp, struct job *j);
+
 /* Routing, implemented in api_routes.c: fill `resp` for `req`. */
 void api_route(api_server *s, const api_request *req, api_response *resp);
 

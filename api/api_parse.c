@@ -308,6 +308,12 @@ static int parse_job(const api_request *in, const char *rest, size_t rest_len, a
         out->route = events ? API_R_JOB_EVENTS : API_R_JOB_METRICS;
         return events ? parse_events(in, out, resp) : 0;
     }
+    if (tl == 5 && !memcmp(tail, "files", 5)) { /* h-results, issue 23 */
+        if (!is_get(in->method))
+            return not_allowed(in, resp, "GET, HEAD");
+        out->route = API_R_JOB_FILES;
+        return 0;
+    }
     if (slash != NULL) /* "id/" and "id/anything-else" */
         return no_route(in, resp);
     if (is_get(in->method))

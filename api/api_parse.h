@@ -48,6 +48,7 @@ typedef enum api_route_id {
     API_R_JOB_CANCEL,
     API_R_JOB_EVENTS,
     API_R_JOB_METRICS,
+    API_R_JOB_FILES,  /* GET /v1/jobs/{id}/files (h-results, issue 23) */
 } api_route_id;
 
 typedef struct api_call {

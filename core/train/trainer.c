@@ -748,35 +748,46 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
     free(ev);
 }
 
-static void emit_eval(trainer *t, int step, double val_loss, uint64_t ntok, uint64_t nsamp)
+/* An event of `kind` at `step` (NULL on host OOM: the event is lost, the
+ * run goes on); emit_free sends and frees it. */
+static train_event *event_new(trainer *t, train_event_kind kind, int step)
 {
     train_event *ev = calloc(1, sizeof *ev);
     if (ev == NULL)
-        return;
-    ev->kind = TEV_EVAL;
+        return NULL;
+    ev->kind = kind;
     ev->step = step;
+    ev->nranks = t->nranks;
+    return ev;
+}
+
+static void emit_free(trainer *t, train_event *ev)
+{
+    emit(t, ev);
+    free(ev);
+}
+
+static void emit_eval(trainer *t, int step, double val_loss, uint64_t ntok, uint64_t nsamp)
+{
+    train_event *ev = event_new(t, TEV_EVAL, step);
+    if (ev == NULL)
+        return;
     ev->val_loss = val_loss;
     ev->val_tokens = ntok;
     ev->val_samples = nsamp;
-    ev->nranks = t->nranks;
-    emit(t, ev);
-    free(ev);
+    emit_free(t, ev);
 }
 
 static void emit_simple(trainer *t, train_event_kind kind, int step, double val_loss,
                         const char *path)
 {
-    train_event *ev = calloc(1, sizeof *ev);
+    train_event *ev = event_new(t, kind, step);
     if (ev == NULL)
         return;
-    ev->kind = kind;
-    ev->step = step;
     ev->val_loss = val_loss;
-    ev->nranks = t->nranks;
     if (path != NULL)
         snprintf(ev->path, sizeof ev->path, "%s", path);
-    emit(t, ev);
-    free(ev);
+    emit_free(t, ev);
 }
 
 static void emit_log(trainer *t, int step, const char *fmt, ...)

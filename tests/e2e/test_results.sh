@@ -29,7 +29,10 @@
 #     state.safetensors; a LoRA export holds the adapter and the tokenizer;
 #     save_total_limit 2 leaves two checkpoints (checkpoint_keep is 5);
 #  7. planner output: parameters in K, recomputation suggested only where
-#     the start needs it, LoRA rows with the adapters' gradient bytes.
+#     the start needs it, LoRA rows with the adapters' gradient bytes;
+#  8. GET /v1/jobs/{id}/files: another user gets 403, the owner the list
+#     of the job's files (checkpoints and the export in the owner's area)
+#     with the size and SHA-256 of each file on disk.
 . "$(dirname "$0")/lib.sh"
 
 acc_data
@@ -233,3 +236,32 @@ params=$(acc_curl -X POST "$BASE/v1/plan" --data-binary "$EV" | jq .model.params
 expect_eq "flops_per_token" "$(echo "$st" | head -1 | jq .flops_per_token)" "$(jq -n "6 * $params + 6 * 2 * 64 * 32")"
 acc_stop
 ok "val_loss over all 93 validation samples = PyTorch's ($(echo "$evf" | jq -c '[.val_loss, .perplexity, .val_tokens]')); eval_batches 1 caps it at 4; token rates $(echo "$st" | head -1 | jq -c '[.loss_tokens_per_s, .padding_fraction]')"
+
+# ---- 8. a job's files: its owner (or an admin) lists them, another user gets 403 --------
+USERS=$ACC_TMP/users
+"$ACCUMCTL" user add alice --users-file "$USERS" --json >"$ACC_TMP/alice.json" || fail "user add alice"
+"$ACCUMCTL" user add bob --users-file "$USERS" --json >"$ACC_TMP/bob.json" || fail "user add bob"
+ALICE=$(jq -r .token "$ACC_TMP/alice.json") BOB=$(jq -r .token "$ACC_TMP/bob.json")
+acc_start --set cpu_devices=1 --set cpu_device_memory=512M --set users_file="$USERS"
+TOKEN=$ALICE
+fj=$(acc_submit "$(echo "$EV" | jq -c '.name = "files" | .output_dir = "mine" | del(.data.val, .eval_interval)')") || exit 1
+acc_wait_state "$fj" succeeded 300
+TOKEN=$BOB
+expect_error GET "/v1/jobs/$fj/files" "" 403 ""
+TOKEN=$ALICE
+ls=$(acc_curl "$BASE/v1/jobs/$fj/files")
+echo "$ls" | jq -e --arg j "$fj" '.job == $j and (.files | length) > 0' >/dev/null || fail "files: $ls"
+# every file of the checkpoint and of the export in alice's area, with the size and SHA-256 on disk
+want=$( (cd "$STATE/out/$fj" && find . -type f | sed 's|^\./||'; cd "$STATE/out/alice/mine" && find . -type f | sed 's|^\./|export/|') | sort)
+expect_eq "listed paths" "$(echo "$ls" | jq -r '.files[].path' | sort)" "$want"
+while read -r p size sum; do
+    case $p in export/*) f=$STATE/out/alice/mine/${p#export/} ;; *) f=$STATE/out/$fj/$p ;; esac
+    expect_eq "$p: size" "$size" "$(stat -c %s "$f")"
+    expect_eq "$p: sha256" "$sum" "$(sha256sum "$f" | cut -d' ' -f1)"
+done < <(echo "$ls" | jq -r '.files[] | "\(.path) \(.size) \(.sha256)"')
+echo "$ls" | jq -e '[.files[].path] | any(. == "export/model.safetensors") and
+    any(test("^ckpt-[0-9]+/state[.]safetensors$"))' >/dev/null || fail "export or checkpoint state missing: $ls"
+echo "$ls" | jq -e '[.files[].path | select(startswith("export/"))] | all(endswith("state.safetensors") | not)' \
+    >/dev/null || fail "the export lists optimizer state: $ls"
+acc_stop
+ok "GET /v1/jobs/{id}/files: 403 for another user; the owner's list matches the files on disk (size, sha256)"
