@@ -120,7 +120,7 @@ acc_stop
 ok "m 128 on 2 GiB started at m $fit (no oom_adjust), losses $l_big"
 
 # ---- 3. cancel keeps the work ---------------------------------------------------------
-STEPS=300
+STEPS=600 # long enough that the cancel lands mid-run on a fast machine
 JOB=$(tiny_job keep $STEPS '"seed":7')
 acc_start --set cpu_devices=1 --set cpu_device_memory=256M --set cpu_threads_per_device=1
 ref=$(acc_submit "$JOB") || exit 1
