@@ -104,6 +104,7 @@ typedef struct api_response {
     const char *cache_control;   /* Cache-Control header when non-NULL */
     const char *csp;             /* Content-Security-Policy (and nosniff) when non-NULL */
     struct api_stream *stream;   /* an event stream instead of a body */
+    struct MHD_Response *mhd;    /* a prepared response (a file download, api_files.c) instead of a body */
     api_deferred *deferred;      /* answered later (api_defer) instead of now */
 } api_response;
 
@@ -228,6 +229,14 @@ void api_plan(api_server *s, const api_request *req, api_response *resp);
  * output files with sizes and SHA-256, listed off the loop thread. */
 struct job;
 void api_files(api_server *s, const api_request *req, api_response *resp, struct job *j);
+/* GET /v1/jobs/{id}/files/{path}: one file, streamed (Range: one byte
+ * range, 206), its reads on libuv's thread pool. */
+void api_file_get(api_server *s, const api_request *req, const char *path, api_response *resp, struct job *j);
+uv_loop_t *api_server_loop(api_server *s);
+/* File downloads in flight: ended (resumed, closed) when the server stops. */
+struct api_fstream;
+struct api_fstream **api_server_fstreams(api_server *s);
+void api_fstream_end_all(api_server *s);
 
 /* Routing, implemented in api_routes.c: fill `resp` for `req`. */
 void api_route(api_server *s, const api_request *req, api_response *resp);

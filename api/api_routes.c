@@ -250,6 +250,7 @@ static void route_job(api_server *s, const api_request *req, const api_call *c, 
     case API_R_JOB_METRICS: route_job_metrics(m, resp, j); return;
     case API_R_JOB_GET: route_job_get(m, resp, j); return;
     case API_R_JOB_FILES: api_files(s, req, resp, j); return; /* off the loop thread (api_files.c) */
+    case API_R_JOB_FILE: api_file_get(s, req, c->file, resp, j); return; /* read off the loop thread */
     default: break;
     }
     route_cancel(s, req, resp, j);

@@ -67,6 +67,8 @@ static const ctl_command commands[] = {
      1, OPT_DEVMEM | OPT_DEVICES | OPT_KIND},
     {"metrics", "[--csv] ID", "a job's step history (loss, lr, grad norm, tokens/s, split, peak memory)",
      "  --csv       comma-separated, with a header line\n", 1, OPT_CSV},
+    {"pull", "ID DIR", "download a job's files into DIR (resumable: an interrupted pull goes on; SHA-256 checked)",
+     "", 2, 0}, /* h-results, issue 23 */
     {"user add", "NAME [--role admin|user] [--users-file FILE]",
      "make a user's token and its users_file line (prints the token, then the line)",
      "  --role R          admin or user (default user)\n"
@@ -267,6 +269,7 @@ static int run(ctl *c, const ctl_command *cmd, const ctl_opts *o, char **args)
     if (!strcmp(n, "devices")) return ctl_cmd_devices(c);
     if (!strcmp(n, "plan")) return ctl_cmd_plan(c, o, args[0]);
     if (!strcmp(n, "metrics")) return ctl_cmd_metrics(c, o, args[0]);
+    if (!strcmp(n, "pull")) return ctl_cmd_pull(c, args[0], args[1]);
     return CTL_EUSAGE;
 }
 

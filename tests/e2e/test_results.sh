@@ -32,7 +32,12 @@
 #     the start needs it, LoRA rows with the adapters' gradient bytes;
 #  8. GET /v1/jobs/{id}/files: another user gets 403, the owner the list
 #     of the job's files (checkpoints and the export in the owner's area)
-#     with the size and SHA-256 of each file on disk.
+#     with the size and SHA-256 of each file on disk; GET .../files/{path}
+#     gives the file byte for byte (403 for bob), a Range exactly the asked
+#     bytes (206, Content-Range), 416 past the end, 404 for a planted
+#     symlink, 400 for a path with '..'; accumctl pull gives byte-identical
+#     files, resumes an interrupted pull with a Range request and refuses a
+#     part whose SHA-256 is wrong (fetching the file whole).
 . "$(dirname "$0")/lib.sh"
 
 acc_data
@@ -263,5 +268,55 @@ echo "$ls" | jq -e '[.files[].path] | any(. == "export/model.safetensors") and
     any(test("^ckpt-[0-9]+/state[.]safetensors$"))' >/dev/null || fail "export or checkpoint state missing: $ls"
 echo "$ls" | jq -e '[.files[].path | select(startswith("export/"))] | all(endswith("state.safetensors") | not)' \
     >/dev/null || fail "the export lists optimizer state: $ls"
+# downloads: byte-identical, a Range is exactly the asked bytes, 403 for bob
+f=$STATE/out/$fj/ckpt-00000002/model.safetensors
+size=$(stat -c %s "$f")
+TOKEN=$BOB
+expect_error GET "/v1/jobs/$fj/files/ckpt-00000002/model.safetensors" "" 403 ""
+TOKEN=$ALICE
+code=$(acc_curl -o "$ACC_TMP/dl" -w '%{http_code}' "$BASE/v1/jobs/$fj/files/ckpt-00000002/model.safetensors")
+expect_eq "download status" "$code" 200
+cmp -s "$ACC_TMP/dl" "$f" || fail "the download differs from the file"
+code=$(acc_curl -o "$ACC_TMP/dl" -w '%{http_code}' "$BASE/v1/jobs/$fj/files/export/tokenizer.json")
+expect_eq "export download status" "$code" 200
+cmp -s "$ACC_TMP/dl" "$STATE/out/alice/mine/tokenizer.json" || fail "the export download differs"
+for r in "10-99 10 90" "$((size - 16))- $((size - 16)) 16" "-5 $((size - 5)) 5" "0-0 0 1" "100-$((size * 2)) 100 $((size - 100))"; do
+    set -- $r
+    h=$(acc_curl -D - -o "$ACC_TMP/part" -H "Range: bytes=$1" "$BASE/v1/jobs/$fj/files/ckpt-00000002/model.safetensors" | tr -d '\r')
+    echo "$h" | grep -q '^HTTP/1.1 206' || fail "Range $1: $h"
+    echo "$h" | grep -qi "^Content-Range: bytes $2-$(($2 + $3 - 1))/$size$" || fail "Range $1: Content-Range: $h"
+    cmp -s "$ACC_TMP/part" <(tail -c +$(($2 + 1)) "$f" | head -c "$3") || fail "Range $1: not the asked bytes"
+done
+expect_eq "Range past the end" "$(acc_curl -o /dev/null -w '%{http_code}' -H "Range: bytes=$size-" "$BASE/v1/jobs/$fj/files/ckpt-00000002/model.safetensors")" 416
+expect_eq "two ranges" "$(acc_curl -o /dev/null -w '%{http_code}' -H 'Range: bytes=0-1,4-5' "$BASE/v1/jobs/$fj/files/ckpt-00000002/model.safetensors")" 400
+expect_eq "no such file" "$(acc_curl -o /dev/null -w '%{http_code}' "$BASE/v1/jobs/$fj/files/ckpt-00000002/nope")" 404
+expect_eq "a path out" "$(acc_curl --path-as-is -o /dev/null -w '%{http_code}' "$BASE/v1/jobs/$fj/files/../$fj/x")" 400
+# accumctl pull: byte-identical files; an interrupted pull (a .part holding
+# the first bytes of a file) goes on with a Range request (accumctl counts a 206)
+"$ACCUMCTL" --url "$BASE" --token "$BOB" pull "$fj" "$ACC_TMP/bobs" >/dev/null 2>&1
+expect_eq "accumctl pull by bob: exit (403)" "$?" 3
+out=$("$ACCUMCTL" --url "$BASE" --token "$ALICE" pull "$fj" "$ACC_TMP/pulled") || fail "accumctl pull: $out"
+echo "$out" | grep -q '0 resumed' || fail "a fresh pull resumed: $out"
+n=0
+while read -r p; do
+    case $p in export/*) src=$STATE/out/alice/mine/${p#export/} ;; *) src=$STATE/out/$fj/$p ;; esac
+    cmp -s "$src" "$ACC_TMP/pulled/$p" || fail "pulled $p differs"
+    n=$((n + 1))
+done < <(echo "$ls" | jq -r '.files[].path')
+[ "$n" -gt 3 ] || fail "only $n files pulled"
+rm "$ACC_TMP/pulled/ckpt-00000002/model.safetensors"
+head -c 1000 "$f" >"$ACC_TMP/pulled/ckpt-00000002/model.safetensors.part"
+out=$("$ACCUMCTL" --url "$BASE" --token "$ALICE" pull "$fj" "$ACC_TMP/pulled") || fail "accumctl pull again: $out"
+echo "$out" | grep -q '1 resumed' || fail "accumctl pull did not resume: $out"
+cmp -s "$f" "$ACC_TMP/pulled/ckpt-00000002/model.safetensors" || fail "the resumed file differs"
+[ -e "$ACC_TMP/pulled/ckpt-00000002/model.safetensors.part" ] && fail "a .part left behind"
+# a .part with wrong bytes: the SHA-256 check refuses it and the file is fetched whole
+rm "$ACC_TMP/pulled/ckpt-00000002/model.safetensors"
+head -c 1000 /dev/zero >"$ACC_TMP/pulled/ckpt-00000002/model.safetensors.part"
+out=$("$ACCUMCTL" --url "$BASE" --token "$ALICE" pull "$fj" "$ACC_TMP/pulled") || fail "accumctl pull over a bad part: $out"
+echo "$out" | grep -q '0 resumed' || fail "a bad part counted as resumed: $out"
+cmp -s "$f" "$ACC_TMP/pulled/ckpt-00000002/model.safetensors" || fail "pulled over a bad part: differs"
+ln -s /etc/passwd "$STATE/out/$fj/leak"
+expect_eq "a symlink planted in the outputs" "$(acc_curl -o /dev/null -w '%{http_code}' "$BASE/v1/jobs/$fj/files/leak")" 404
 acc_stop
-ok "GET /v1/jobs/{id}/files: 403 for another user; the owner's list matches the files on disk (size, sha256)"
+ok "GET /v1/jobs/{id}/files: 403 for another user; the owner's list matches the files on disk (size, sha256); downloads byte-identical, Range exact (206), 416 past the end"
