@@ -124,6 +124,26 @@ static int list_dir(const files_job *c, const char *dir, const char *rel, json_t
     return walk(fd, rel, 0, arr, err);
 }
 
+/* Only the job's owner or an admin reads its files (403 otherwise, as cancel). */
+static bool may_read(const api_request *req, const job *j, api_response *resp)
+{
+    if (req->who->role == API_ROLE_ADMIN || !strcmp(req->who->name, j->owner))
+        return true;
+    api_resp_error(resp, 403, "forbidden", NULL,
+                   "only the job's owner or an admin may read its files: job %s is %s's, you are %s (role %s)",
+                   j->id, j->owner[0] ? j->owner : "nobody", req->who->name, api_role_name(req->who->role));
+    return false;
+}
+
+/* The work on the thread pool, the answer later (api_defer; ctx freed by done). */
+static void defer_or_503(api_server *s, api_response *resp, api_work_fn work, api_done_fn done, void *ctx)
+{
+    resp->deferred = api_defer(s, work, done, ctx);
+    if (resp->deferred == NULL)
+        api_resp_error(resp, 503, "unavailable", NULL,
+                       "too many requests being worked on (at most %d at a time); try again", API_MAX_DEFERRED);
+}
+
 static void files_work(void *ctx)
 {
     files_job *c = ctx;
@@ -156,12 +176,8 @@ static void files_done(void *ctx, api_response *resp, bool orphaned)
 void api_files(api_server *s, const api_request *req, api_response *resp, job *j)
 {
     jobs_mgr *m = api_server_app(s);
-    if (req->who->role != API_ROLE_ADMIN && strcmp(req->who->name, j->owner) != 0) {
-        api_resp_error(resp, 403, "forbidden", NULL,
-                       "only the job's owner or an admin may read its files: job %s is %s's, you are %s (role %s)",
-                       j->id, j->owner[0] ? j->owner : "nobody", req->who->name, api_role_name(req->who->role));
+    if (!may_read(req, j, resp))
         return;
-    }
     files_job *c = calloc(1, sizeof *c);
     if (c == NULL) {
         api_resp_error(resp, 500, "internal", NULL, "out of memory");
@@ -178,10 +194,7 @@ void api_files(api_server *s, const api_request *req, api_response *resp, job *j
     job_export_dir(j, m->conf->output_root, ex, sizeof ex);
     if (j->spec.output_name[0] != '\0') /* else it is dir/export, listed with dir */
         snprintf(c->export_dir, sizeof c->export_dir, "%s", ex);
-    resp->deferred = api_defer(s, files_work, files_done, c);
-    if (resp->deferred == NULL)
-        api_resp_error(resp, 503, "unavailable", NULL,
-                       "too many requests being worked on (at most %d at a time); try again", API_MAX_DEFERRED);
+    defer_or_503(s, resp, files_work, files_done, c);
 }
 
 /* ---- GET /v1/jobs/{id}/files/{path}: one file, streamed ------------------------ */
@@ -486,12 +499,8 @@ static void file_done(void *ctx, api_response *resp, bool orphaned)
 void api_file_get(api_server *s, const api_request *req, const char *path, api_response *resp, job *j)
 {
     jobs_mgr *m = api_server_app(s);
-    if (req->who->role != API_ROLE_ADMIN && strcmp(req->who->name, j->owner) != 0) {
-        api_resp_error(resp, 403, "forbidden", NULL,
-                       "only the job's owner or an admin may read its files: job %s is %s's, you are %s (role %s)",
-                       j->id, j->owner[0] ? j->owner : "nobody", req->who->name, api_role_name(req->who->role));
+    if (!may_read(req, j, resp))
         return;
-    }
     file_job *c = calloc(1, sizeof *c);
     if (c == NULL) {
         api_resp_error(resp, 500, "internal", NULL, "out of memory");
@@ -524,8 +533,5 @@ void api_file_get(api_server *s, const api_request *req, const char *path, api_r
         api_resp_error(resp, 500, "internal", NULL, "job %s: output path too long", j->id);
         return;
     }
-    resp->deferred = api_defer(s, file_work, file_done, c);
-    if (resp->deferred == NULL)
-        api_resp_error(resp, 503, "unavailable", NULL,
-                       "too many requests being worked on (at most %d at a time); try again", API_MAX_DEFERRED);
+    defer_or_503(s, resp, file_work, file_done, c);
 }
