@@ -51,6 +51,7 @@ struct api_server {
     api_audit audit;
     uint64_t counts[600];  /* answers by HTTP status */
     api_stream *streams;
+    struct api_fstream *fstreams; /* file downloads in flight (api_files.c) */
     conn_rec *pend_head, *pend_tail;
     int npending;
     uint64_t evicted_total;
@@ -242,6 +243,13 @@ static enum MHD_Result queue(api_server *s, struct MHD_Connection *conn, api_res
 {
     if (r->stream != NULL)
         return queue_stream(s, conn, r);
+    if (r->mhd != NULL) { /* prepared (api_files.c) */
+        enum MHD_Result ok = MHD_queue_response(conn, (unsigned)r->status, r->mhd);
+        MHD_destroy_response(r->mhd);
+        r->mhd = NULL;
+        count(s, r->status);
+        return ok;
+    }
     if (r->body == NULL)
         api_resp_error(r, 500, "internal", NULL, "no response body (out of memory?)");
     if (r->body == NULL)
@@ -1130,6 +1138,8 @@ bool api_server_requires_token(const api_server *s) { return s->require_token; }
 uint64_t api_server_evicted(const api_server *s) { return s->evicted_total; }
 
 api_stream **api_server_streams(api_server *s) { return &s->streams; }
+struct api_fstream **api_server_fstreams(api_server *s) { return &s->fstreams; }
+uv_loop_t *api_server_loop(api_server *s) { return s->loop; }
 
 void api_server_kick(api_server *s)
 {
@@ -1187,6 +1197,7 @@ void api_server_stop(api_server *s)
     if (s->mhd != NULL) {
         /* MHD must not be stopped with suspended connections */
         api_stream_end_all(s);
+        api_fstream_end_all(s);
         deferred_orphan_all(s);
         MHD_run(s->mhd);
         MHD_stop_daemon(s->mhd);

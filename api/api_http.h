@@ -109,6 +109,7 @@ typedef struct api_response {
     const char *csp;             /* Content-Security-Policy (and nosniff) when non-NULL */
     struct api_stream *stream;   /* an event stream instead of a body */
     bool close;                  /* Connection: close: the connection ends after this answer */
+    struct MHD_Response *mhd;    /* a prepared response (a file download, api_files.c) instead of a body */
     api_deferred *deferred;      /* answered later (api_defer) instead of now */
 } api_response;
 
@@ -241,6 +242,19 @@ void api_tokenize(api_server *s, const api_request *req, api_response *resp);
 struct jobs_mgr;
 int api_plan_compute(const struct jobs_mgr *m, const char *body, size_t len, json_t **out, acc_err *err);
 void api_plan(api_server *s, const api_request *req, api_response *resp);
+
+/* api_files.c (h-results, issue 23): GET /v1/jobs/{id}/files, the job's
+ * output files with sizes and SHA-256, listed off the loop thread. */
+struct job;
+void api_files(api_server *s, const api_request *req, api_response *resp, struct job *j);
+/* GET /v1/jobs/{id}/files/{path}: one file, streamed (Range: one byte
+ * range, 206), its reads on libuv's thread pool. */
+void api_file_get(api_server *s, const api_request *req, const char *path, api_response *resp, struct job *j);
+uv_loop_t *api_server_loop(api_server *s);
+/* File downloads in flight: ended (resumed, closed) when the server stops. */
+struct api_fstream;
+struct api_fstream **api_server_fstreams(api_server *s);
+void api_fstream_end_all(api_server *s);
 
 /* Routing, implemented in api_routes.c: fill `resp` for `req`. */
 void api_route(api_server *s, const api_request *req, api_response *resp);

@@ -287,6 +287,27 @@ static int parse_events(const api_request *in, api_call *out, api_response *resp
     return 0;
 }
 
+/* (h-results, issue 23) A relative file path: components of [A-Za-z0-9._-],
+ * none empty, "." or "..". */
+static bool file_path_ok(const char *p, size_t n)
+{
+    size_t start = 0;
+    for (size_t i = 0; i <= n; i++) {
+        if (i == n || p[i] == '/') {
+            size_t l = i - start;
+            if (l == 0 || (l == 1 && p[start] == '.') || (l == 2 && p[start] == '.' && p[start + 1] == '.'))
+                return false;
+            start = i + 1;
+            continue;
+        }
+        char c = p[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
+            return false;
+    }
+    return true;
+}
+
 static int parse_job(const api_request *in, const char *rest, size_t rest_len, api_call *out, api_response *resp)
 {
     const char *slash = memchr(rest, '/', rest_len);
@@ -307,6 +328,26 @@ static int parse_job(const api_request *in, const char *rest, size_t rest_len, a
             return not_allowed(in, resp, "GET, HEAD");
         out->route = events ? API_R_JOB_EVENTS : API_R_JOB_METRICS;
         return events ? parse_events(in, out, resp) : 0;
+    }
+    if (tl > 6 && !memcmp(tail, "files/", 6)) { /* h-results, issue 23: one output file */
+        if (!is_get(in->method))
+            return not_allowed(in, resp, "GET, HEAD");
+        if (!file_path_ok(tail + 6, tl - 6) || tl - 6 >= sizeof out->file) {
+            api_resp_error(resp, 400, "invalid", "path",
+                           "a file path is components of letters, digits, '.', '_' and '-' (no '..'), as "
+                           "GET /v1/jobs/{id}/files lists them");
+            return -1;
+        }
+        memcpy(out->file, tail + 6, tl - 6);
+        out->file[tl - 6] = '\0';
+        out->route = API_R_JOB_FILE;
+        return 0;
+    }
+    if (tl == 5 && !memcmp(tail, "files", 5)) { /* h-results, issue 23 */
+        if (!is_get(in->method))
+            return not_allowed(in, resp, "GET, HEAD");
+        out->route = API_R_JOB_FILES;
+        return 0;
     }
     if (slash != NULL) /* "id/" and "id/anything-else" */
         return no_route(in, resp);

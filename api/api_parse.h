@@ -48,6 +48,8 @@ typedef enum api_route_id {
     API_R_JOB_CANCEL,
     API_R_JOB_EVENTS,
     API_R_JOB_METRICS,
+    API_R_JOB_FILES,  /* GET /v1/jobs/{id}/files (h-results, issue 23) */
+    API_R_JOB_FILE,   /* GET /v1/jobs/{id}/files/{path} (h-results, issue 23) */
 } api_route_id;
 
 typedef struct api_call {
@@ -59,6 +61,7 @@ typedef struct api_call {
     uint64_t from;         /* events: the first sequence number to send */
     bool ndjson;           /* events: NDJSON instead of SSE */
     int limit;             /* list: page size, 1..API_LIST_MAX_LIMIT (default API_LIST_LIMIT) */
+    char file[512];        /* files/{path}: the relative path (checked: [A-Za-z0-9._-] components) */
     char after[API_ID_MAX];/* list: the page starts after this job id ("" = newest); the
                             * previous page's `next`; grammar of job_id_valid (a well-formed
                             * id of no known job is the route's 400) */

@@ -144,9 +144,13 @@ static json_t *summary_json(const plan_table *t, bool spec_recompute)
 {
     const plan_row *rec = t->recommended >= 0 ? &t->rows[t->recommended] : NULL;
     bool fits = rec != NULL && rec->fits;
-    char msg[640];
+    char msg[1024];
     const plan_group *rg = t->recommended_group >= 0 ? &t->groups[t->recommended_group] : NULL;
-    if (fits && !spec_recompute && rg != NULL && rg->best >= 0 && t->rows[rg->best].micro_batch > rec->micro_batch)
+    if (fits && !t->given_fits && t->start_note[0]) /* h-results, issue 23: started where it fits */
+        snprintf(msg, sizeof msg, "%s", t->start_note);
+    /* only where the start needs recomputation (h-results, issue 23) */
+    else if (fits && rec->recompute && !spec_recompute && rg != NULL && rg->best >= 0 &&
+             t->rows[rg->best].micro_batch > rec->micro_batch)
         /* "auto" fell back to m = 1 recomputing: recomputing from the start allows more */
         snprintf(msg, sizeof msg,
                  "the spec runs as given: micro batch %d x %d accumulation steps on %d device(s)%s; with "
@@ -166,9 +170,10 @@ static json_t *summary_json(const plan_table *t, bool spec_recompute)
     } else
         snprintf(msg, sizeof msg, "no way to run this spec fits %d device(s) of %.1f GiB", t->hw.devices,
                  (double)t->hw.device_memory / (1024.0 * 1024.0 * 1024.0));
-    return json_pack("{s:o, s:b, s:o, s:s}", "recommended", rec ? row_json(t, t->recommended) : json_null(),
+    return json_pack("{s:o, s:b, s:o, s:s, s:b}", "recommended", rec ? row_json(t, t->recommended) : json_null(),
                      "fits", fits, "suggested",
-                     !fits && t->suggested >= 0 ? row_json(t, t->suggested) : json_null(), "message", msg);
+                     !fits && t->suggested >= 0 ? row_json(t, t->suggested) : json_null(), "message", msg,
+                     "given_micro_batch_fits", t->given_fits);
 }
 
 /* The LoRA settings the table's LoRA rows were planned with (the spec's
@@ -234,6 +239,12 @@ int api_plan_compute(const jobs_mgr *m, const char *body, size_t len, json_t **o
         rc = job_spec_parse_plan(spec_text, strlen(spec_text), m->conf, spec, err);
     if (rc == 0)
         rc = parse_hardware(m, hw_in, spec, &hw, err);
+    /* (h-results, issue 23) another world than the spec's: its batch keys
+     * resolved there as submit would (the same 400 for a bad triple) */
+    if (rc == 0 && json_object_get(hw_in, "devices") != NULL && hw.devices != spec->devices * spec->nodes) {
+        spec->nodes = 1;
+        rc = plan_spec_at_world(spec, hw.devices, err);
+    }
     if (rc == 0)
         rc = plan_model_config(spec, &cfg, err);
     if (rc == 0)

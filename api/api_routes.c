@@ -15,6 +15,7 @@
  *   GET  /, /ui/...                  the dashboard's static files (api_ui.c)
  *   POST /v1/tokenize                ids, token strings, loss mask (api_tokenize.c)
  *   POST /v1/plan                    every way to run a spec on given hardware (api_plan.c)
+ *   GET  /v1/jobs/{id}/files         a job's outputs: path, size, sha256; owner or admin (api_files.c)
  *
  * HEAD is answered wherever GET is (the same headers, no body). The path,
  * the method and every query parameter and header a route reads are parsed
@@ -250,6 +251,8 @@ static void route_job(api_server *s, const api_request *req, const api_call *c, 
     case API_R_JOB_EVENTS: route_events(s, req, c, resp, j); return;
     case API_R_JOB_METRICS: route_job_metrics(m, resp, j); return;
     case API_R_JOB_GET: route_job_get(m, resp, j); return;
+    case API_R_JOB_FILES: api_files(s, req, resp, j); return; /* off the loop thread (api_files.c) */
+    case API_R_JOB_FILE: api_file_get(s, req, c->file, resp, j); return; /* read off the loop thread */
     default: break;
     }
     route_cancel(s, req, resp, j);

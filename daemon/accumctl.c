@@ -75,6 +75,8 @@ static const ctl_command commands[] = {
      "  Global options go before \"launch\"; everything after it is the line. Flags with no\n"
      "  meaning in accumd are named on stderr and left out.\n",
      -1, 0},
+    {"pull", "ID DIR", "download a job's files into DIR (resumable: an interrupted pull goes on; SHA-256 checked)",
+     "", 2, 0}, /* h-results, issue 23 */
     {"user add", "NAME [--role admin|user] [--users-file FILE]",
      "make a user's token and its users_file line (prints the token, then the line)",
      "  --role R          admin or user (default user)\n"
@@ -275,6 +277,7 @@ static int run(ctl *c, const ctl_command *cmd, const ctl_opts *o, char **args)
     if (!strcmp(n, "devices")) return ctl_cmd_devices(c);
     if (!strcmp(n, "plan")) return ctl_cmd_plan(c, o, args[0]);
     if (!strcmp(n, "metrics")) return ctl_cmd_metrics(c, o, args[0]);
+    if (!strcmp(n, "pull")) return ctl_cmd_pull(c, args[0], args[1]);
     return CTL_EUSAGE;
 }
 

@@ -18,10 +18,13 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 
 enum {
     CTL_OK = 0,
     CTL_JOB_FAILED = 1,
+    CTL_NOTHING_FITS = 1,  /* plan: no way to run the spec fits (h-results, issue 23) */
     CTL_JOB_CANCELLED = 2,
     CTL_EHTTP = 3,
     CTL_ECONN = 4,
@@ -55,6 +58,9 @@ int ctl_stream(ctl *c, const char *path, int (*line)(void *ctx, const char *text
 /* Print the daemon's error answer ("accumctl: HTTP 400 invalid (field): message"),
  * return CTL_EHTTP. */
 int ctl_http_error(const ctl_resp *r);
+/* (h-results, issue 23) GET `path` into `out` from byte `from` on (a
+ * Range request when from > 0); *status the HTTP status. 0 or CTL_ECONN. */
+int ctl_download(ctl *c, const char *path, uint64_t from, FILE *out, long *status);
 /* GET a JSON object; 0, CTL_ECONN or CTL_EHTTP (printed). */
 int ctl_get_json(ctl *c, const char *path, json_t **out);
 
@@ -98,6 +104,7 @@ int ctl_cmd_cancel(ctl *c, const char *id);
 int ctl_cmd_devices(ctl *c);
 int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file);
 int ctl_cmd_metrics(ctl *c, const ctl_opts *o, const char *id);
+int ctl_cmd_pull(ctl *c, const char *id, const char *dir); /* h-results, issue 23 */
 int ctl_cmd_user_add(const ctl *c, const ctl_opts *o, const char *name);
 
 #endif

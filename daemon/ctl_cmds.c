@@ -9,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <openssl/evp.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "api_http.h"
@@ -350,6 +353,23 @@ int ctl_cmd_metrics(ctl *c, const ctl_opts *o, const char *id)
     return rc;
 }
 
+/* (h-results, issue 23) No way to run the spec fits: POST /v1/plan's
+ * summary neither fits nor suggests a row (a dry run's answer, from a
+ * daemon without POST /v1/plan: no candidate fits). */
+static bool plan_nothing_fits(const json_t *ans)
+{
+    const json_t *sum = json_object_get(ans, "summary");
+    if (json_is_object(sum))
+        return !json_is_true(json_object_get(sum, "fits")) && json_is_null(json_object_get(sum, "suggested"));
+    const json_t *c;
+    size_t i;
+    json_array_foreach(json_object_get(ans, "micro_batch_candidates"), i, c) {
+        if (json_is_true(json_object_get(c, "fits")))
+            return false;
+    }
+    return json_is_array(json_object_get(ans, "micro_batch_candidates"));
+}
+
 /* The planner (POST /v1/plan, DESIGN.md): the spec plus "hardware". A
  * daemon without it (404/405) gets the dry run of POST /v1/jobs, which
  * plans for its own devices, and the user is told so. */
@@ -404,6 +424,8 @@ int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file)
     ctl_resp_free(&r);
     if (rc == 0 && !c->json)
         ctl_print_plan(ans);
+    if (rc == 0 && plan_nothing_fits(ans))
+        rc = CTL_NOTHING_FITS;
     json_decref(ans);
     return rc;
 }
@@ -485,4 +507,116 @@ int ctl_cmd_user_add(const ctl *c, const ctl_opts *o, const char *name)
             "accumd reads the users file at start and on SIGHUP (systemctl reload accumd)\n",
             name, o->users_file ? "was appended to the users file" : "goes into the users file (users_file)");
     return 0;
+}
+
+/* ---- pull (h-results, issue 23): a job's files, resumable, checked -------- */
+
+/* The SHA-256 of the file at `path` as hex; -1 when it cannot be read. */
+static int file_sha256(const char *path, char hex[65])
+{
+    FILE *f = fopen(path, "rb");
+    EVP_MD_CTX *c = f ? EVP_MD_CTX_new() : NULL;
+    unsigned char buf[1 << 16], md[32];
+    unsigned int n = 0;
+    int rc = c != NULL && EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1 ? 0 : -1;
+    size_t r;
+    while (rc == 0 && (r = fread(buf, 1, sizeof buf, f)) > 0)
+        rc = EVP_DigestUpdate(c, buf, r) == 1 ? 0 : -1;
+    if (rc == 0 && (ferror(f) || EVP_DigestFinal_ex(c, md, &n) != 1 || n != sizeof md))
+        rc = -1;
+    EVP_MD_CTX_free(c);
+    if (f != NULL)
+        fclose(f);
+    for (int i = 0; rc == 0 && i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    return rc;
+}
+
+/* mkdir -p of the directories above `path`. */
+static int make_parents(const char *path)
+{
+    char d[PATH_MAX];
+    snprintf(d, sizeof d, "%s", path);
+    for (char *p = d + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(d, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return 0;
+}
+
+/* One file into `local`: skipped when it is there with the right SHA-256,
+ * else fetched into local.part from where an earlier pull stopped (a
+ * Range request), checked, and renamed into place. */
+static int pull_one(ctl *c, const char *id, const json_t *f, const char *local, int *resumed)
+{
+    const char *path = json_string_value(json_object_get(f, "path")), *want = json_string_value(json_object_get(f, "sha256"));
+    json_int_t size = json_integer_value(json_object_get(f, "size"));
+    char hex[65], part[PATH_MAX + 8], url[1200];
+    if (path == NULL || want == NULL || size < 0)
+        return fprintf(stderr, "accumctl: a file entry without path, size or sha256\n"), CTL_EHTTP;
+    if (file_sha256(local, hex) == 0 && !strcmp(hex, want))
+        return 0; /* up to date */
+    snprintf(part, sizeof part, "%s.part", local);
+    snprintf(url, sizeof url, "/v1/jobs/%s/files/%s", id, path);
+    if (make_parents(local) != 0)
+        return fprintf(stderr, "accumctl: cannot create the directories of %s: %s\n", local, strerror(errno)), CTL_EUSAGE;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        struct stat st;
+        uint64_t have = stat(part, &st) == 0 && st.st_size <= size ? (uint64_t)st.st_size : 0;
+        FILE *out = fopen(part, have > 0 ? "ab" : "wb");
+        if (out == NULL)
+            return fprintf(stderr, "accumctl: %s: %s\n", part, strerror(errno)), CTL_EUSAGE;
+        long status = 0;
+        int rc = have < (uint64_t)size ? ctl_download(c, url, have, out, &status) : 0;
+        if (fclose(out) != 0 && rc == 0)
+            rc = CTL_ECONN;
+        if (rc != 0)
+            return rc; /* local.part stays: the next pull goes on from there */
+        if (have < (uint64_t)size && status != (have > 0 ? 206 : 200))
+            return fprintf(stderr, "accumctl: %s: HTTP %ld\n", path, status), CTL_EHTTP;
+        if (file_sha256(part, hex) == 0 && !strcmp(hex, want)) {
+            *resumed += have > 0 && status == 206; /* went on from a Range */
+            return rename(part, local) == 0 ? 0 : (fprintf(stderr, "accumctl: rename %s: %s\n", part, strerror(errno)), CTL_EUSAGE);
+        }
+        unlink(part); /* a wrong part: once more from the start */
+    }
+    fprintf(stderr, "accumctl: %s: SHA-256 %s, want %s\n", path, hex, want);
+    return CTL_JOB_FAILED;
+}
+
+int ctl_cmd_pull(ctl *c, const char *id, const char *dir)
+{
+    char path[300];
+    snprintf(path, sizeof path, "/v1/jobs/%s/files", id);
+    json_t *ans = NULL;
+    int rc = ctl_get_json(c, path, &ans);
+    if (rc != 0)
+        return rc;
+    const char *base = dir != NULL ? dir : id;
+    size_t i, n = 0;
+    int resumed = 0;
+    json_int_t bytes = 0;
+    const json_t *f;
+    json_array_foreach(json_object_get(ans, "files"), i, f) {
+        const char *p = json_string_value(json_object_get(f, "path"));
+        char local[PATH_MAX];
+        /* the daemon's paths are plain components (api_files.c); refuse any other */
+        if (p == NULL || p[0] == '/' || strstr(p, "..") != NULL ||
+            snprintf(local, sizeof local, "%s/%s", base, p) >= (int)sizeof local) {
+            fprintf(stderr, "accumctl: refusing the file path '%s'\n", p ? p : "(none)");
+            rc = CTL_EHTTP;
+            break;
+        }
+        if ((rc = pull_one(c, id, f, local, &resumed)) != 0)
+            break;
+        n++;
+        bytes += json_integer_value(json_object_get(f, "size"));
+    }
+    json_decref(ans);
+    if (rc == 0)
+        printf("%zu files, %lld bytes in %s (sha256 checked; %d resumed)\n", n, (long long)bytes, base, resumed);
+    return rc;
 }

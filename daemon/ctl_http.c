@@ -96,6 +96,32 @@ static int transport_error(const ctl *c, CURLcode rc, const char *errbuf)
     return CTL_ECONN;
 }
 
+static size_t on_file(char *p, size_t size, size_t n, void *ud)
+{
+    return fwrite(p, size, n, ud) * size;
+}
+
+int ctl_download(ctl *c, const char *path, uint64_t from, FILE *out, long *status)
+{
+    char url[2048], errbuf[CURL_ERROR_SIZE] = "", range[32];
+    struct curl_slist *hdr = prepare(c, "GET", path, url, sizeof url);
+    CURL *h = c->curl;
+    if (from > 0) {
+        snprintf(range, sizeof range, "%llu-", (unsigned long long)from);
+        curl_easy_setopt(h, CURLOPT_RANGE, range);
+    }
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_file);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+    CURLcode rc = curl_easy_perform(h);
+    curl_slist_free_all(hdr);
+    *status = 0;
+    if (rc != CURLE_OK)
+        return transport_error(c, rc, errbuf);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
+    return 0;
+}
+
 int ctl_request(ctl *c, const char *method, const char *path, const char *body, size_t len, ctl_resp *r)
 {
     char url[2048], errbuf[CURL_ERROR_SIZE] = "";

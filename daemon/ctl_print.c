@@ -290,6 +290,19 @@ static void print_rows(const json_t *rows)
     }
 }
 
+/* (h-results, issue 23) A count in K / M / B ("124.4 K", "6.74 B"). */
+static void fmt_count(double n, char *out, size_t len)
+{
+    if (n >= 1e9)
+        snprintf(out, len, "%.2f B", n / 1e9);
+    else if (n >= 1e6)
+        snprintf(out, len, "%.2f M", n / 1e6);
+    else if (n >= 1e3)
+        snprintf(out, len, "%.1f K", n / 1e3);
+    else
+        snprintf(out, len, "%.0f", n);
+}
+
 /* One way to run it, in a line (the planner's row). */
 static void fmt_way(const json_t *r, char *out, size_t n)
 {
@@ -306,8 +319,9 @@ static void print_planner(const json_t *plan)
                  *sm = json_object_get(plan, "summary"), *v;
     char a[32], b[32], c[32], d[32], e[32], f[32], g[32], way[160];
     ctl_fmt_bytes(num(hw, "device_memory_bytes", 0), a, sizeof a);
-    printf("model:      %s, %.2f B parameters, seq_len %d\n", str(md, "family", "?"), num(md, "params", 0) / 1e9,
-           (int)num(md, "seq_len", 0));
+    char cnt[32];
+    fmt_count(num(md, "params", 0), cnt, sizeof cnt);
+    printf("model:      %s, %s parameters, seq_len %d\n", str(md, "family", "?"), cnt, (int)num(md, "seq_len", 0));
     printf("hardware:   %d x %s of %s (%d%% kept free)\n", (int)num(hw, "devices", 0), str(hw, "kind", "?"), a,
            (int)num(plan, "margin_pct", 0));
     printf("precision:  %s\n", str(plan, "precision", "-"));
@@ -320,8 +334,9 @@ static void print_planner(const json_t *plan)
             size_t l = strlen(mods);
             snprintf(mods + l, sizeof mods - l, "%s%s", k ? " " : "", json_string_value(v));
         }
-        printf("lora rows:  r %d, alpha %g, %s: %.1f M trainable parameters (%s)\n", (int)num(lo, "r", 0),
-               num(lo, "alpha", 0), mods, num(lo, "trainable_params", 0) / 1e6,
+        fmt_count(num(lo, "trainable_params", 0), cnt, sizeof cnt);
+        printf("lora rows:  r %d, alpha %g, %s: %s trainable parameters (%s)\n", (int)num(lo, "r", 0),
+               num(lo, "alpha", 0), mods, cnt,
                json_is_true(json_object_get(lo, "from_spec")) ? "the spec's lora section" : "the planner's defaults");
     }
     printf("summary:    %s\n", str(sm, "message", "-"));

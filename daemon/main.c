@@ -74,6 +74,7 @@ static void print_conf(const acc_conf *c)
     /* h-jobs, issue 25 */
     printf("max_queued_jobs = %d\nuser_max_queued = %d\nmax_streams = %d\nuser_max_streams = %d\ncancel_grace = %d\n",
            c->max_queued_jobs, c->user_max_queued, c->max_streams, c->user_max_streams, c->cancel_grace);
+    printf("device_peak_flops = %g\n", c->device_peak_flops); /* h-results, issue 23 */
 }
 
 enum { OPT_CHECK = 1000 };

@@ -28,6 +28,7 @@ const char *const conf_keys[] = {
     "max_queued_jobs", "user_max_queued", "max_streams", "user_max_streams", "cancel_grace",
     "hf_hub_cache", /* h-dsconf */
     "rank_watchdog_factor", "rank_watchdog_min", "mpi_interface", /* h-engine, issue 25 */
+    "device_peak_flops", /* h-results, issue 23 */
     NULL,
 };
 
@@ -290,6 +291,15 @@ int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
         return parse_int(key, v, 0, 86400, &c->shutdown_grace, err);
     if (!strcmp(key, "checkpoint_keep"))
         return parse_int(key, v, 1, 1000, &c->checkpoint_keep, err);
+    if (!strcmp(key, "device_peak_flops")) { /* h-results, issue 23 */
+        char *end = NULL;
+        double f = strtod(v, &end);
+        if (end == v || *end != '\0' || !(f >= 0 && f <= 1e21))
+            return acc_err_set(err, ACC_EINVAL, key,
+                               "%s must be a number of FLOP/s in [0, 1e21] (e.g. 989e12), got '%s'", key, v);
+        c->device_peak_flops = f;
+        return 0;
+    }
     if (!strcmp(key, "event_ring"))
         return parse_int(key, v, 16, 1 << 20, &c->event_ring, err);
     if (!strcmp(key, "history_keep"))

@@ -40,6 +40,9 @@ typedef struct acc_conf {
     int max_pending_connections; /* connections not yet past their request; the oldest goes */
     int shutdown_grace;          /* seconds SIGTERM waits for jobs to stop */
     int checkpoint_keep;         /* checkpoints kept per job */
+    /* (h-results, issue 23) one device's peak FLOP/s in the jobs' precision,
+     * for the step events' MFU estimate; 0 = unknown (no MFU) */
+    double device_peak_flops;
     int event_ring;              /* events kept in memory per job */
     int history_keep;            /* events and step-metrics rows kept in the store per job */
     char log_level[16];          /* error | warn | info | debug */

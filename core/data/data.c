@@ -309,6 +309,16 @@ void data_sample_masked(const data_source *ds, uint64_t id, int *tokens, uint8_t
     memset(tmask, 1, (size_t)ds->seq_len);
 }
 
+uint64_t data_sample_inputs(const data_source *ds, uint64_t id)
+{
+    if (ds->prep == NULL)
+        return (uint64_t)ds->seq_len;
+    const struct prep_samples *p = ds->prep;
+    uint64_t r0 = ds->win ? ds->win[id] : id, r1 = ds->win ? ds->win[id + 1] : id + 1;
+    uint64_t n = p->off[r1] - p->off[r0];
+    return n < (uint64_t)ds->seq_len ? n : (uint64_t)ds->seq_len;
+}
+
 uint64_t data_sample_targets(const data_source *ds, uint64_t id)
 {
     if (ds->prep == NULL)

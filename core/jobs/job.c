@@ -3,6 +3,7 @@
 
 #include "ckpt.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -111,6 +112,20 @@ static json_t *outputs_array(const job *j)
     return a;
 }
 
+void job_export_dir(const job *j, const char *output_root, char *buf, size_t n)
+{
+    if (j->spec.output_name[0] == '\0') {
+        snprintf(buf, n, "%s/%s/export", output_root, j->id);
+        return;
+    }
+    const char *o = j->owner;
+    bool plain = o[0] != '\0' && o[0] != '.';
+    for (const char *c = o; plain && *c; c++)
+        plain = isalnum((unsigned char)*c) || strchr("._-", *c) != NULL;
+    if (snprintf(buf, n, "%s/%s/%s", output_root, plain ? o : "_", j->spec.output_name) >= (int)n)
+        buf[0] = '\0'; /* too long: no export (the spec's 255 bytes and a sane root fit) */
+}
+
 /* The final model is the checkpoint of the last step (written at the end).
  * LoRA: that directory is the PEFT adapter ("adapter"), and with
  * save.merge_lora its "merged" subdirectory the merged model (ckpt.h). */
@@ -120,6 +135,10 @@ static json_t *outputs_json(const job *j)
     const char *dir = final ? j->outputs[j->noutputs - 1] : NULL;
     json_t *o = json_pack("{s:o, s:o}", "model", dir ? json_string(dir) : json_null(), "checkpoints",
                           outputs_array(j));
+    char ex[PATH_MAX]; /* h-results, issue 23: written with the final checkpoint */
+    job_export_dir(j, j->spec.output_root, ex, sizeof ex);
+    if (o != NULL)
+        json_object_set_new(o, "export", final && ex[0] ? json_string(ex) : json_null());
     if (o == NULL || j->spec.lora.r == 0)
         return o;
     json_t *merged = json_null();

@@ -29,7 +29,6 @@
 #include "spec_keys.h"
 
 #define SPEC_MAX_DEVICES 256
-#define SPEC_MAX_BATCH (1 << 24)
 
 /* A batch-triple value as written: absent, "auto", or a positive integer. */
 typedef struct batch_val {
@@ -1116,44 +1115,18 @@ static int load_deepspeed_file(json_t *root, const char *roots, job_spec *out, a
 
 /* ---- the batch triple ------------------------------------------------------- */
 
-/* DeepSpeed's rules: any two of (B, m, a) give the third; B alone means
- * a = 1; m alone (or with a) gives B. */
+/* (h-results, issue 23) the given keys through the one resolver
+ * (batch_split_resolve), kept for a planner at another world size */
 static int resolve_batch(const batch_in *b, job_spec *out, acc_err *err)
 {
     int w = out->devices * out->nodes; /* both small: checked in parse_scalars */
-    long B = b->B.given ? b->B.v : 0, m = b->m.given ? b->m.v : 0, a = b->a.given ? b->a.v : 0;
+    batch_given g = {.B = b->B.given ? b->B.v : 0, .m = b->m.given ? b->m.v : 0, .a = b->a.given ? b->a.v : 0};
     out->micro_auto = b->m.is_auto;
-    if (B && m && a) {
-        /* all three given: batch_split_make below checks B = m a w */
-    } else if (B && m) {
-        if (B % (m * w) != 0)
-            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
-                               "train_batch_size %ld is not divisible by %ld * %d (micro * world)", B, m, w);
-        a = B / (m * w);
-    } else if (B && a) {
-        if (B % (a * w) != 0)
-            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
-                               "train_batch_size %ld is not divisible by %ld * %d (accum * world)", B, a, w);
-        m = B / (a * w);
-    } else if (B) {
-        if (B % w != 0)
-            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
-                               "train_batch_size %ld is not divisible by %d (world)", B, w);
-        m = B / w;
-        a = 1;
-    } else if (m) {
-        if (!a)
-            a = 1;
-        B = m * a * w;
-    } else {
-        return acc_err_set(err, ACC_EINVAL, "train_batch_size",
-                           "give train_batch_size or train_micro_batch_size_per_gpu (any two of "
-                           "train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)");
-    }
-    if (B > SPEC_MAX_BATCH)
-        return acc_err_set(err, ACC_EINVAL, "train_batch_size", "train_batch_size %ld is over %d", B, SPEC_MAX_BATCH);
-    batch_split bs; /* the one rule, B = m a w (batch_split.h) */
-    int rc = batch_split_make((int)B, (int)m, (int)a, w, 0, &bs, err);
+    out->given_batch = g.B;
+    out->given_micro = g.m;
+    out->given_accum = g.a;
+    batch_split bs;
+    int rc = batch_split_resolve(&g, w, SPEC_MAX_BATCH, &bs, err);
     if (rc != 0)
         return rc;
     out->train_batch_size = bs.B;
@@ -1181,9 +1154,10 @@ static void set_defaults(job_spec *s)
                             .grad_clip = 1.0};
     s->lr = (spec_lr){.type = SPEC_LR_CONSTANT, .cos_min_ratio = 0.0001};
     s->max_steps = 100;
-    s->eval_batches = 1;
+    s->eval_batches = 0; /* h-results, issue 23: the whole validation set */
     s->seed = 1337;
     s->oom_adapt = true;
+    s->checkpoint_on_cancel = true; /* h-results, issue 23 */
 }
 
 /* "save": {"format": "hf", "merge_lora": false, "dtype": "auto"};
@@ -1309,6 +1283,32 @@ static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *ou
     return 0;
 }
 
+/* (h-results, issue 23) "output_dir": a name under the owner's output
+ * area, one or more components of letters, digits, '.', '_', '-' (no
+ * empty, "." or ".." component, no leading '/'), so it never leaves it. */
+static int get_output_name(const json_t *root, job_spec *out, acc_err *err)
+{
+    bool present;
+    int rc = get_str(root, NULL, "output_dir", true, out->output_name, sizeof out->output_name, &present, err);
+    if (rc != 0 || !present)
+        return rc;
+    const char *s = out->output_name;
+    bool ok = s[0] != '\0' && s[0] != '/';
+    for (const char *c = s; ok && *c; c++)
+        ok = isalnum((unsigned char)*c) || strchr("._-/", *c) != NULL;
+    for (const char *c = s; ok && *c;) { /* each component */
+        size_t n = strcspn(c, "/");
+        ok = n > 0 && !(n == 1 && c[0] == '.') && !(n == 2 && c[0] == '.' && c[1] == '.');
+        c += n + (c[n] == '/');
+        ok = ok && !(c[-1] == '/' && *c == '\0'); /* no trailing '/' */
+    }
+    if (!ok)
+        return acc_err_set(err, ACC_EINVAL, "output_dir",
+                           "output_dir must be a relative name of letters, digits, '.', '_' and '-' components "
+                           "(e.g. \"llama2-7b-tulu\"), without '..': it names a directory in your output area");
+    return 0;
+}
+
 static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
 {
     static const char *const precisions[] = {"fp32", "bf16", NULL};
@@ -1321,12 +1321,17 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         (rc = get_int(root, NULL, "max_steps", 1, 100000000, &out->max_steps, err)) ||
         (rc = get_num(root, NULL, "num_train_epochs", 0, true, 1e6, &out->num_train_epochs, err)) ||
         (rc = get_int(root, NULL, "eval_interval", 0, INT_MAX, &out->eval_interval, err)) ||
-        (rc = get_int(root, NULL, "eval_batches", 1, 1000000, &out->eval_batches, err)) ||
+        /* h-results, issue 23: an optional cap (0, absent: the whole set) */
+        (rc = get_int(root, NULL, "eval_batches", 0, 1000000, &out->eval_batches, err)) ||
         (rc = get_int(root, NULL, "checkpoint_interval", 0, INT_MAX, &out->checkpoint_interval, err)) ||
         (rc = get_u64(root, NULL, "seed", &out->seed, err)) ||
         (rc = get_int(root, NULL, "priority", -1000000, 1000000, &out->priority, err)) ||
         (rc = get_int(root, NULL, "max_restarts", 0, SPEC_MAX_RESTARTS, &out->max_restarts, err)) ||
         (rc = get_int(root, NULL, "nodes", 1, SPEC_MAX_NODES, &out->nodes, err)) ||
+        /* h-results, issue 23 */
+        (rc = get_bool(root, NULL, "checkpoint_on_cancel", &out->checkpoint_on_cancel, err)) ||
+        (rc = get_int(root, NULL, "save_total_limit", 1, 1000, &out->save_total_limit, err)) ||
+        (rc = get_output_name(root, out, err)) ||
         (rc = get_str(root, NULL, "resume_from", true, out->resume_from, sizeof out->resume_from, &resume, err)))
         return rc;
     if (out->nodes > 1 && out->devices * out->nodes > SPEC_MAX_WORLD)
@@ -1370,7 +1375,9 @@ static int parse_root(const json_t *root, const json_t *origin, const acc_conf *
         "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
         "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
         "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "zero_optimization", "lora",
-        "max_restarts", "nodes", NULL};
+        "max_restarts", "nodes",
+        "checkpoint_on_cancel", "output_dir", "save_total_limit", /* h-results, issue 23 */
+        NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
     int rc;

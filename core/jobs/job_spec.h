@@ -135,6 +135,7 @@ typedef struct spec_lora {
     char targets[SPEC_LORA_MAX_TARGETS][SPEC_LORA_NAME_MAX];
 } spec_lora;
 
+#define SPEC_MAX_BATCH (1 << 24) /* train_batch_size at most */
 #define SPEC_MAX_RESTARTS 100
 #define SPEC_MAX_NODES 16
 #define SPEC_MAX_WORLD 16 /* ranks of a job over its nodes (trainer.h TRAIN_MAX_RANKS) */
@@ -150,6 +151,10 @@ typedef struct job_spec {
     int devices;           /* devices per node (the world size of a one-node job) */
     int nodes;             /* servers the job spans (rank processes over MPI); world = devices * nodes */
     bool micro_auto;       /* micro batch was "auto": the planner picks it */
+    /* (h-results, issue 23) the batch keys as written (0: absent or
+     * "auto"): another world size (POST /v1/plan's hardware.devices)
+     * resolves them through the same batch_split_resolve as submit */
+    int given_batch, given_micro, given_accum;
     spec_precision precision;
     bool activation_checkpointing;
     int zero_stage;        /* zero_optimization.stage: 0 (replicas), 1 (AdamW moments
@@ -161,7 +166,8 @@ typedef struct job_spec {
     double num_train_epochs; /* 0 = not given; else max_steps = ceil(epochs x samples / B)
                               * once the data is prepared (when max_steps is not given) */
     int eval_interval;     /* 0 = no eval */
-    int eval_batches;      /* batches of B samples per eval (default 1) */
+    int eval_batches;      /* at most this many batches of B samples per eval
+                            * (0, the default: the whole validation set) */
     int checkpoint_interval; /* 0 = only at the end */
     uint64_t seed;
     int priority;          /* higher runs first */
@@ -170,6 +176,17 @@ typedef struct job_spec {
      * never twice at the same step, never after a reported failure */
     int max_restarts;
     bool oom_adapt;        /* oom.adapt */
+    /* (h-results, issue 23) checkpoint_on_cancel (default true): a cancel
+     * of a running job writes a checkpoint at the next micro-step boundary
+     * unless no optimizer step completed since the last one */
+    bool checkpoint_on_cancel;
+    /* (h-results, issue 23) outputs the user owns: "output_dir"
+     * (Hugging Face's name; a relative name of [A-Za-z0-9._-] components)
+     * places the final export under output_root/<owner>/; save_total_limit
+     * keeps the newest N checkpoints (0: the config's checkpoint_keep) */
+    char output_name[256];
+    int save_total_limit;
+    char export_dir[PATH_MAX]; /* set by the daemon: where the final export goes ("" = none) */
     char resume_from[PATH_MAX]; /* "" or a checkpoint directory */
     spec_save_dtype save_dtype; /* save.dtype (the fp32 master weights stay in state.safetensors) */
     spec_lora lora;             /* "lora" (r = 0: none) */

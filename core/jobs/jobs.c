@@ -418,21 +418,24 @@ static json_t *plan_json(const job_spec *s, kern_dev_kind kind, uint64_t budget,
         json_decref(arr);
         return json_null();
     }
+    /* the split this job would start with (h-results, issue 23: one rule,
+     * plan_start_row, as the trainer's start_where_fits) */
+    int start = plan_start_row(s, rows, n, chosen);
     for (int i = 0; i < n; i++) {
         const plan_row *r = &rows[i];
         json_array_append_new(arr, json_pack("{s:i, s:i, s:b, s:I, s:b}", "micro_batch", r->micro_batch,
                                              "accum_steps", r->accum_steps, "recompute", r->recompute,
                                              "predicted_peak_bytes", bytes_json(r->peak_bytes), "fits", r->fits));
-        /* the split this job would start with: its own m, or the planner's pick for "auto" */
-        bool mine = s->micro_auto ? i == chosen
-                                  : (r->micro_batch == s->micro_batch && r->recompute == s->activation_checkpointing);
-        if (mine) {
+        if (i == start) {
             *peak_out = r->peak_bytes;
             *micro_out = r->micro_batch;
         }
     }
+    char note[768];
+    plan_start_note(s, rows, n, chosen, budget, note, sizeof note);
     free(rows);
-    return arr;
+    /* the candidates and what the dry run says of the given micro batch */
+    return json_pack("{s:o, s:o}", "candidates", arr, "note", note[0] ? json_string(note) : json_null());
 }
 
 /* The owners of the jobs as small indexes for the scheduler: what each
@@ -525,6 +528,10 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, j
         json_array_append_new(mem, json_integer(bytes_json(peak)));
     }
     int per_rank = s->train_batch_size / (s->devices > 0 ? s->devices : 1);
+    json_t *note = json_incref(json_object_get(cands, "note")); /* plan_json's pair */
+    json_t *list = json_incref(json_object_get(cands, "candidates"));
+    json_decref(cands);
+    cands = list ? list : json_null();
     json_t *plan = json_pack("{s:b, s:{s:i, s:i, s:i, s:i, s:b}, s:s, s:{s:b, s:o, s:s, s:i}, s:o, s:I, s:o}", "dry_run", 1,
                      "batch", "train_batch_size", s->train_batch_size, "micro_batch", micro, "accum_steps",
                      micro > 0 ? per_rank / micro : 0, "world", s->devices, "micro_auto", s->micro_auto,
@@ -542,6 +549,10 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, j
         json_object_set_new(pl, "over_user_limit", json_boolean(r.over_share));
     if (plan != NULL) /* h-dsconf: what the spec resolved to, what it ignores */
         json_object_set_new(plan, "resolved", resolved_json(s));
+    if (plan != NULL) /* the given micro batch does not fit: what the daemon does */
+        json_object_set_new(plan, "micro_batch_note", note ? note : json_null());
+    else
+        json_decref(note);
     return plan;
 }
 
@@ -666,6 +677,15 @@ static void set_output_dir(const jobs_mgr *m, job *j)
     w = snprintf(j->spec.data.cache_dir, sizeof j->spec.data.cache_dir, "%s/cache", m->conf->state_dir);
     if (w < 0 || (size_t)w >= sizeof j->spec.data.cache_dir)
         j->spec.data.cache_dir[0] = '\0';
+}
+
+/* (h-results, issue 23) Where the final export goes: the spec's
+ * output_dir in its owner's area, output_root/<owner>/<output_dir> (an
+ * owner name that is no plain path component, or none: "_"), else
+ * output_root/<id>/export. */
+static void set_export_dir(const jobs_mgr *m, job *j)
+{
+    job_export_dir(j, m->conf->output_root, j->spec.export_dir, sizeof j->spec.export_dir);
 }
 
 /* The submitted text, re-encoded compactly (it parsed, so it loads). */
@@ -977,6 +997,7 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
     j->cancel_requested = false;
     j->cancel_requested_at = 0;
     j->cancel_killed = false;
+    set_export_dir(m, j); /* h-results, issue 23 */
     if (open_output_dir(m, j, &err) != 0) {
         release_devices(m, j);
         finish_or_retry(j, JOB_FAILED, acc_err_name(err.code), err.msg);
@@ -994,7 +1015,10 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
     }
     trainer_opts o = {.spec = &j->spec, .devices = devinfo, .threads_per_device = m->conf->cpu_threads_per_device,
                       .checkpoint_keep = m->conf->checkpoint_keep, .async_start = true,
-                      .on_event = on_trainer_event, .event_ctx = j};
+                      .on_event = on_trainer_event, .event_ctx = j,
+                      /* h-results, issue 23; the test-only ACCUMD_TEST_OOM_AT_GIVEN keeps
+                       * the given micro batch, so e2e tests still drive the OOM path */
+                      .start_where_fits = getenv("ACCUMD_TEST_OOM_AT_GIVEN") == NULL};
     if (trainer_start(&o, &j->tr, &err) != 0) {
         j->tr = NULL;
         release_devices(m, j);
@@ -1156,6 +1180,31 @@ static json_t *mem_array(const uint64_t *v, int n)
     return a;
 }
 
+/* (h-results, issue 23) Throughput that counts tokens: the step's
+ * loss-carrying and real input tokens (padding excluded), each per second
+ * of the step, the padding fraction of the input positions, the model's
+ * FLOPs a token and, where device_peak_flops is configured, the MFU over
+ * the job's devices. */
+static void add_token_rates(const jobs_mgr *m, json_t *o, const train_event *ev)
+{
+    if (o == NULL)
+        return;
+    double t = ev->step_seconds;
+    double achieved = t > 0 ? ev->flops_per_token * (double)ev->input_tokens / t : 0;
+    double peak = m->conf->device_peak_flops * (ev->nranks > 0 ? ev->nranks : 1);
+    json_object_set_new(o, "loss_tokens", json_integer((json_int_t)ev->loss_tokens));
+    json_object_set_new(o, "input_tokens", json_integer((json_int_t)ev->input_tokens));
+    json_object_set_new(o, "step_time_s", json_real(t));
+    json_object_set_new(o, "loss_tokens_per_s", t > 0 ? json_real((double)ev->loss_tokens / t) : json_null());
+    json_object_set_new(o, "input_tokens_per_s", t > 0 ? json_real((double)ev->input_tokens / t) : json_null());
+    json_object_set_new(o, "padding_fraction",
+                        ev->input_positions > 0
+                            ? json_real(1.0 - (double)ev->input_tokens / (double)ev->input_positions)
+                            : json_null());
+    json_object_set_new(o, "flops_per_token", json_real(ev->flops_per_token));
+    json_object_set_new(o, "mfu", peak > 0 && t > 0 ? json_real(achieved / peak) : json_null());
+}
+
 static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
 {
     uint64_t tokens = (uint64_t)j->spec.train_batch_size * (uint64_t)j->spec.model.seq_len;
@@ -1192,14 +1241,15 @@ static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
                        .tokens_per_s = mt.tokens_per_s, .micro_batch = mt.micro_batch,
                        .accum_steps = mt.accum_steps, .mem_peak = mt.mem_peak};
     json_t *loss = isfinite(ev->loss) ? json_real(ev->loss) : json_null();
-    emit_metric(j, "step",
+    json_t *o =
          json_pack("{s:i, s:o, s:f, s:f, s:f, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "step", ev->step, "loss", loss,
                    "lr", ev->lr, "grad_norm", isfinite(ev->grad_norm) ? ev->grad_norm : -1.0, "tokens_per_s",
                    ev->tokens_per_s, "micro_batch", ev->micro_batch, "accum_steps", ev->accum_steps,
                    "mem_in_use", mem_array(ev->mem_in_use, nr), "mem_peak", mem_array(ev->mem_peak, nr),
                    "mem_reserved", mem_array(ev->mem_reserved, nr), "mem_free", mem_array(ev->mem_free, nr),
-                   "mem_optimizer", mem_array(ev->mem_optim, nr), "mem_gradients", mem_array(ev->mem_grads, nr)),
-         false, &sm);
+                   "mem_optimizer", mem_array(ev->mem_optim, nr), "mem_gradients", mem_array(ev->mem_grads, nr));
+    add_token_rates(m, o, ev);
+    emit_metric(j, "step", o, false, &sm);
 }
 
 /* The trainer changed the job's (micro, accum) split: after an OOM, or
@@ -1333,7 +1383,12 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
         apply_step(m, j, ev);
         break;
     case TEV_EVAL:
-        emit(j, "eval", json_pack("{s:i, s:f}", "step", ev->step, "val_loss", ev->val_loss), false);
+        /* h-results, issue 23: the whole set's tokens and perplexity */
+        emit(j, "eval",
+             json_pack("{s:i, s:f, s:o, s:I, s:I}", "step", ev->step, "val_loss", ev->val_loss, "perplexity",
+                       isfinite(exp(ev->val_loss)) ? json_real(exp(ev->val_loss)) : json_null(), "val_tokens",
+                       (json_int_t)ev->val_tokens, "val_samples", (json_int_t)ev->val_samples),
+             false);
         break;
     case TEV_OOM_ADJUST:
         m->oom_adjust_total++;
@@ -1344,7 +1399,8 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
         break;
     case TEV_CHECKPOINT:
         emit(j, "checkpoint", json_pack("{s:i, s:s}", "step", ev->step, "path", ev->path), true);
-        job_add_output(j, ev->path, m->conf->checkpoint_keep, NULL); /* the job view's outputs */
+        job_add_output(j, ev->path, j->spec.save_total_limit > 0 ? j->spec.save_total_limit : m->conf->checkpoint_keep,
+                       NULL); /* the job view's outputs */
         break;
     case TEV_LOG:
         if (!strncmp(ev->msg, "resumed from", 12))

@@ -703,6 +703,11 @@ static int copy_side_files(const char *src, const char *roots, const char *dir, 
     return rc;
 }
 
+int hf_copy_tokenizer(const char *src, const char *roots, const char *dir, acc_err *err)
+{
+    return copy_side_files(src, roots ? roots : "", dir, err);
+}
+
 int hf_save_side(const char *dir, const hf_save_opts *o, acc_err *err)
 {
     char path[PATH_MAX + 64];

@@ -131,6 +131,11 @@ typedef struct hf_save_opts {
  * = o->dtype) and the files copied from o->src_dir; `dir` must exist. */
 int hf_save_side(const char *dir, const hf_save_opts *o, acc_err *err);
 
+/* (h-results, issue 23) Only src's generation_config.json and tokenizer
+ * files (those it has), read under `roots` (safepath.h), copied into the
+ * existing `dir` atomically: an export's tokenizer. */
+int hf_copy_tokenizer(const char *src, const char *roots, const char *dir, acc_err *err);
+
 /* Write the directory `dir` (created when absent). */
 int hf_save(const char *dir, const hf_tensor *t, int n, hf_fill_fn fill, void *ctx,
             const hf_save_opts *o, acc_err *err);

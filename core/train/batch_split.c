@@ -43,3 +43,39 @@ int batch_split_larger_micro(const batch_split *s)
             return d;
     return 0;
 }
+
+int batch_split_resolve(const batch_given *g, int w, int max_batch, batch_split *out, acc_err *err)
+{
+    long long B = g->B, m = g->m, a = g->a; /* ints: products fit in 64 bits */
+    if (w < 1)
+        return acc_err_set(err, ACC_EINVAL, "devices", "devices must be >= 1");
+    if (B && m && a) {
+        /* all three given: batch_split_make below checks B = m a w */
+    } else if (B && m) {
+        if (B % (m * w) != 0)
+            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
+                               "train_batch_size %lld is not divisible by %lld * %d (micro * world)", B, m, w);
+        a = B / (m * w);
+    } else if (B && a) {
+        if (B % (a * w) != 0)
+            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
+                               "train_batch_size %lld is not divisible by %lld * %d (accum * world)", B, a, w);
+        m = B / (a * w);
+    } else if (B) {
+        if (B % w != 0)
+            return acc_err_set(err, ACC_EINVAL, "train_batch_size",
+                               "train_batch_size %lld is not divisible by %d (world)", B, w);
+        m = B / w;
+        a = 1;
+    } else if (m) {
+        a = a ? a : 1;
+        B = m * a * w;
+    } else {
+        return acc_err_set(err, ACC_EINVAL, "train_batch_size",
+                           "give train_batch_size or train_micro_batch_size_per_gpu (any two of "
+                           "train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)");
+    }
+    if (B > max_batch)
+        return acc_err_set(err, ACC_EINVAL, "train_batch_size", "train_batch_size %lld is over %d", B, max_batch);
+    return batch_split_make((int)B, (int)m, (int)a, w, 0, out, err);
+}

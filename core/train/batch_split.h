@@ -26,6 +26,20 @@ typedef struct batch_split {
  * the field otherwise, with the spec's wording. */
 int batch_split_make(int B, int m, int a, int w, int max_world, batch_split *out, acc_err *err);
 
+/* The batch keys as a spec writes them (0: absent; m also 0 for "auto"). */
+typedef struct batch_given {
+    int B, m, a;
+} batch_given;
+
+/* The one resolver of a spec's batch keys at world size w (DeepSpeed's
+ * rules: any two of B, m, a give the third; B alone means a = 1, m = B / w;
+ * m alone, or m and a, give B). Submit, the dry run and POST /v1/plan (at
+ * its hardware.devices) all resolve through it, so a bad triple is the
+ * same 400 everywhere: ACC_EINVAL naming "train_batch_size" with the
+ * arithmetic, e.g. "train_batch_size 32 != 2 * 16 * 4 (micro * accum *
+ * world)", or when B is over max_batch. */
+int batch_split_resolve(const batch_given *g, int w, int max_batch, batch_split *out, acc_err *err);
+
 /* Sequences per rank per step: m * a = B / w. */
 static inline int batch_split_per_rank(const batch_split *s)
 {

@@ -76,6 +76,15 @@ static int state_parts(const model_config *cfg, int zero, int world, int rank, p
     p->weights = acc_sat_mul_u64(model_num_params(cfg), sizeof(float));
     p->weights = p->weights <= model_b ? p->weights : model_b;
     p->gradients = model_b - p->weights;
+    size_t ntrain = model_num_trainable(cfg);
+    if (ntrain < model_num_params(cfg)) {
+        /* (h-results, issue 23) LoRA: the gradient buffer covers the
+         * adapters (and the trainer's slots) only, and a 16-bit frozen base
+         * holds less than 4 bytes a parameter: the rest is weights */
+        uint64_t g = acc_sat_mul_u64(acc_sat_add_u64(ntrain, TRAIN_SLOTS), sizeof(float));
+        p->gradients = g <= model_b ? g : model_b;
+        p->weights = model_b - p->gradients;
+    }
     return 0;
 }
 
@@ -311,4 +320,54 @@ int plan_candidates_on(const job_spec *spec, kern_dev_kind kind, uint64_t budget
         rows[(*n)++] = make_row(&cfg, spec, &one, true, usable, kind);
     *chosen = pick(rows, nmain, *n);
     return 0;
+}
+
+/* ---- (h-results, issue 23) where a job starts ---------------------------- */
+
+static int given_row(const job_spec *spec, const plan_row *rows, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (rows[i].micro_batch == spec->micro_batch && rows[i].recompute == spec->activation_checkpointing)
+            return i;
+    return -1;
+}
+
+int plan_start_row(const job_spec *spec, const plan_row *rows, int n, int chosen)
+{
+    if (spec->micro_auto)
+        return chosen;
+    int g = given_row(spec, rows, n);
+    if (g < 0 || rows[g].fits || !spec->oom_adapt || chosen < 0)
+        return g;
+    return chosen;
+}
+
+static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+void plan_start_note(const job_spec *spec, const plan_row *rows, int n, int chosen, uint64_t budget, char *buf,
+                     size_t len)
+{
+    buf[0] = '\0';
+    int g = spec->micro_auto ? -1 : given_row(spec, rows, n);
+    if (g < 0 || rows[g].fits)
+        return;
+    int s = plan_start_row(spec, rows, n, chosen);
+    char what[256];
+    if (s >= 0 && s != g)
+        snprintf(what, sizeof what,
+                 "with oom.adapt the job starts at micro batch %d x %d accumulation steps%s, the largest the "
+                 "planner says fits (predicted peak %.1f MiB)",
+                 rows[s].micro_batch, rows[s].accum_steps, rows[s].recompute ? " with recomputation" : "",
+                 mib(rows[s].device_bytes));
+    else if (spec->oom_adapt)
+        snprintf(what, sizeof what,
+                 "no micro batch fits: the job starts at it and its first step runs out of memory with the numbers");
+    else
+        snprintf(what, sizeof what,
+                 "oom.adapt is off: the job will run out of memory in its first step and fail");
+    snprintf(buf, len,
+             "train_micro_batch_size_per_gpu %d does not fit: predicted peak %.1f MiB per device, %.1f MiB "
+             "usable of the %.1f MiB device (%d%% kept free); %s",
+             rows[g].micro_batch, mib(rows[g].device_bytes), mib(plan_usable_bytes(budget)), mib(budget),
+             PLAN_MARGIN_PCT, what);
 }

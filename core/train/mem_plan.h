@@ -164,4 +164,20 @@ int plan_candidates(const job_spec *spec, uint64_t budget, plan_row *rows, int m
 int plan_candidates_on(const job_spec *spec, kern_dev_kind kind, uint64_t budget, plan_row *rows,
                        int max, int *n, int *chosen, acc_err *err);
 
+/* (h-results, issue 23) The row of plan_candidates_on's rows a job of
+ * this spec starts with: the planner's pick for "auto"; the given micro
+ * batch's row when it fits or oom.adapt is off (it will run out of memory
+ * and fail); with oom.adapt and a given micro batch that does not fit, the
+ * pick (the largest micro batch that fits, else m = 1 recomputing),
+ * unless nothing fits (the given row: its first step says by how much).
+ * -1 when the given micro batch has no row. The dry run, POST /v1/plan's
+ * recommended row and the daemon's trainer (start_where_fits) share it. */
+int plan_start_row(const job_spec *spec, const plan_row *rows, int n, int chosen);
+
+/* What the dry run says of the given micro batch (buf, "" when it fits or
+ * is "auto"): that it does not fit, by how much, and what the daemon will
+ * do (start at the planner's micro batch, or run out of memory and fail). */
+void plan_start_note(const job_spec *spec, const plan_row *rows, int n, int chosen, uint64_t budget, char *buf,
+                     size_t len);
+
 #endif

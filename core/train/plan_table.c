@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch_split.h"
 #include "checked.h"
 
 /* LoRA rows of a spec without a lora section: PEFT-style settings that
@@ -16,6 +17,22 @@ static plan_variant own_variant(const job_spec *spec)
 {
     return (plan_variant){.lora = spec->lora.r > 0, .zero_stage = spec->zero_stage,
                           .recompute = spec->activation_checkpointing};
+}
+
+int plan_spec_at_world(job_spec *spec, int w, acc_err *err)
+{
+    batch_given g = {.B = spec->given_batch, .m = spec->given_micro, .a = spec->given_accum};
+    if (g.B == 0 && g.m == 0 && g.a == 0)
+        return 0;
+    batch_split bs;
+    int rc = batch_split_resolve(&g, w, SPEC_MAX_BATCH, &bs, err);
+    if (rc != 0)
+        return rc;
+    spec->devices = w;
+    spec->train_batch_size = bs.B;
+    spec->micro_batch = bs.m;
+    spec->accum_steps = bs.a;
+    return 0;
 }
 
 bool plan_variant_available(const job_spec *spec, const plan_hw *hw, const plan_variant *v)
@@ -99,17 +116,16 @@ static int add_group(const job_spec *spec, plan_table *t, const plan_variant *v,
     return 0;
 }
 
-/* What the dry run would start with: the spec's own variant on hw, its
- * micro batch when it divides B / w, else the planner's pick. */
+/* What the dry run would start with: the spec's own variant on hw, the
+ * row plan_start_row gives (its micro batch, or the planner's pick for
+ * "auto" and, under oom.adapt, for a given micro batch that does not fit). */
 static int recommend(const job_spec *spec, plan_table *t, acc_err *err)
 {
     t->recommended = t->recommended_group = -1;
+    t->given_fits = true;
     plan_variant v = own_variant(spec);
     int per_rank = spec->train_batch_size / t->hw.devices;
-    if (!spec->micro_auto && spec->micro_batch >= 1 && per_rank % spec->micro_batch == 0) {
-        t->recommended = find_row(t, &v, spec->micro_batch, &t->recommended_group);
-        return 0;
-    }
+    bool given = !spec->micro_auto && spec->micro_batch >= 1 && per_rank % spec->micro_batch == 0;
     job_spec *own = malloc(sizeof *own);
     plan_row *rows = calloc(PLAN_MAX_ROWS, sizeof *rows);
     int n = 0, chosen = -1, rc = 0;
@@ -118,12 +134,19 @@ static int recommend(const job_spec *spec, plan_table *t, acc_err *err)
     if (rc == 0) {
         *own = *spec;
         own->devices = t->hw.devices;
-        own->micro_auto = true;
+        own->micro_auto = !given;
         rc = plan_candidates_on(own, t->hw.kind, t->hw.device_memory, rows, PLAN_MAX_ROWS, &n, &chosen, err);
     }
-    if (rc == 0 && chosen >= 0) {
-        v.recompute = rows[chosen].recompute;
-        t->recommended = find_row(t, &v, rows[chosen].micro_batch, &t->recommended_group);
+    int start = rc == 0 ? plan_start_row(own, rows, n, chosen) : -1;
+    if (rc == 0 && given) {
+        for (int i = 0; i < n; i++)
+            if (rows[i].micro_batch == own->micro_batch && rows[i].recompute == own->activation_checkpointing)
+                t->given_fits = rows[i].fits;
+        plan_start_note(own, rows, n, chosen, t->hw.device_memory, t->start_note, sizeof t->start_note);
+    }
+    if (start >= 0) {
+        v.recompute = rows[start].recompute;
+        t->recommended = find_row(t, &v, rows[start].micro_batch, &t->recommended_group);
     }
     free(own);
     free(rows);

@@ -68,7 +68,18 @@ typedef struct plan_table {
     int recommended_group;
     int suggested;     /* first group's largest fitting row; -1: nothing fits */
     int suggested_group;
+    /* (h-results, issue 23) the spec's given micro batch: whether it fits,
+     * and plan_start_note's words when it does not ("" otherwise) */
+    bool given_fits;
+    char start_note[768];
 } plan_table;
+
+/* (h-results, issue 23) The spec as submitted with devices = w: its
+ * batch keys as written (given_*) resolved again at world w through
+ * batch_split_resolve, as submit would with "devices": w; the same 400
+ * (ACC_EINVAL naming "train_batch_size") for a triple that does not hold
+ * there. A spec without given keys (built in code) keeps its triple. */
+int plan_spec_at_world(job_spec *spec, int w, acc_err *err);
 
 /* Whether the planner can count variant v for this spec on hw. */
 bool plan_variant_available(const job_spec *spec, const plan_hw *hw, const plan_variant *v);

@@ -64,7 +64,11 @@ static int encode_step(json_t *o, const train_event *ev)
            put_int(o, "accum_steps", ev->accum_steps) | put_int(o, "nranks", n) |
            put_u64s(o, "mem_in_use", ev->mem_in_use, n) | put_u64s(o, "mem_peak", ev->mem_peak, n) |
            put_u64s(o, "mem_reserved", ev->mem_reserved, n) | put_u64s(o, "mem_free", ev->mem_free, n) |
-           put_u64s(o, "mem_optimizer", ev->mem_optim, n) | put_u64s(o, "mem_gradients", ev->mem_grads, n);
+           put_u64s(o, "mem_optimizer", ev->mem_optim, n) | put_u64s(o, "mem_gradients", ev->mem_grads, n) |
+           /* h-results, issue 23 */
+           put_u64(o, "loss_tokens", ev->loss_tokens) | put_u64(o, "input_tokens", ev->input_tokens) |
+           put_u64(o, "input_positions", ev->input_positions) | put_real(o, "step_seconds", ev->step_seconds) |
+           put_real(o, "flops_per_token", ev->flops_per_token);
 }
 
 static int encode_split(json_t *o, const train_event *ev)
@@ -87,7 +91,8 @@ json_t *tev_to_json(const train_event *ev)
         bad |= encode_step(o, ev);
         break;
     case TEV_EVAL:
-        bad |= put_real(o, "val_loss", ev->val_loss);
+        bad |= put_real(o, "val_loss", ev->val_loss) | put_u64(o, "val_tokens", ev->val_tokens) |
+               put_u64(o, "val_samples", ev->val_samples);
         break;
     case TEV_OOM_ADJUST:
     case TEV_SPLIT_UP:
@@ -215,6 +220,12 @@ static int decode_step(const json_t *o, train_event *ev, acc_err *err)
         (rc = get_u64s(o, "mem_optimizer", ev->mem_optim, n, err)) ||
         (rc = get_u64s(o, "mem_gradients", ev->mem_grads, n, err)))
         return rc;
+    /* h-results, issue 23 */
+    if ((rc = get_u(o, "loss_tokens", &ev->loss_tokens, err)) || (rc = get_u(o, "input_tokens", &ev->input_tokens, err)) ||
+        (rc = get_u(o, "input_positions", &ev->input_positions, err)) ||
+        (rc = get_real(o, "step_seconds", &ev->step_seconds, err)) ||
+        (rc = get_real(o, "flops_per_token", &ev->flops_per_token, err)))
+        return rc;
     return 0;
 }
 
@@ -255,8 +266,10 @@ int tev_from_json(const json_t *o, train_event *ev, acc_err *err)
     switch (ev->kind) {
     case TEV_STEP:
         return decode_step(o, ev, err);
-    case TEV_EVAL:
-        return get_real(o, "val_loss", &ev->val_loss, err);
+    case TEV_EVAL: /* val_tokens, val_samples: h-results, issue 23 */
+        return (rc = get_real(o, "val_loss", &ev->val_loss, err)) || (rc = get_u(o, "val_tokens", &ev->val_tokens, err))
+                   ? rc
+                   : get_u(o, "val_samples", &ev->val_samples, err);
     case TEV_OOM_ADJUST:
     case TEV_SPLIT_UP:
         return decode_split(o, ev, err);

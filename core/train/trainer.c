@@ -57,6 +57,7 @@
 #include "ckpt.h"
 #include "data.h"
 #include "data_prep.h"
+#include "export.h"
 #include "kern_comm.h"
 #include "kern_device.h"
 #include "adamw.h"
@@ -124,6 +125,10 @@ struct trainer {
      * sharded moments can still be gathered for the checkpoint */
     atomic_int stop_asked;
     atomic_int stepped;        /* a step of this run completed (rank 0) */
+    /* (h-results, issue 23) a cancel with spec.checkpoint_on_cancel: the
+     * run checkpoints its last completed step as a shutdown does, unless
+     * that step is already saved (rank_state.last_saved) */
+    atomic_int cancel_ckpt;
     int keep;                  /* checkpoints kept */
     char resume_dir[PATH_MAX]; /* checkpoint to start from, or "" */
     int resume_fd;             /* that checkpoint directory, open (safepath.h), or -1 */
@@ -146,7 +151,8 @@ struct trainer {
     int recompute0;            /* initial activation recomputation */
     int auto_split;            /* micro batch "auto": may move up at checkpoints */
     uint64_t min_budget;       /* smallest device budget of the job (0 = none) */
-    char plan_note[256];       /* the planner's pick for "auto", or "" */
+    char plan_note[512];       /* the planner's pick for "auto", or "" */
+    int start_where_fits;      /* trainer_opts.start_where_fits (h-results, issue 23) */
     int steps_done;            /* written by rank 0 */
     int joined;
     pthread_t launcher;        /* async_start: prepares, then starts the ranks */
@@ -157,6 +163,7 @@ struct trainer {
 typedef struct rank_state {
     trainer *t;
     int rank;
+    int last_saved;   /* step of this rank's latest checkpoint, or the one resumed from */
     kern_device *dev;
     model *model;
     adamw *opt;       /* the AdamW moments of [zlo, zhi) */
@@ -172,6 +179,9 @@ typedef struct rank_state {
     int next_bucket;  /* first bucket not yet started this step */
     int bucket_rc;    /* first failed start this step (0 = none) */
     double step_loss_sum; /* this rank's loss sum of the step (for the slots) */
+    /* the step's loss-carrying targets and real input tokens, all ranks
+     * (count_targets; h-results, issue 23) */
+    double step_targets, step_inputs;
     int step_oom;     /* this rank ran out of memory in this step attempt */
     int stop;         /* ZeRO: every rank agreed to stop for a shutdown */
     int *sample;      /* [T+1] */
@@ -570,21 +580,25 @@ static void fill_mask(rank_state *rs, uint64_t id)
     }
 }
 
-/* Target tokens of the whole step, over every rank and micro-step. */
+/* Target tokens of the whole step, over every rank and micro-step; its
+ * real input tokens (padding excluded) in rs->step_inputs. */
 static double count_targets(rank_state *rs, int step)
 {
     const job_spec *s = &rs->t->spec;
     int T = s->model.seq_len;
     train_hooks *h = rs->t->hooks;
+    rs->step_inputs = (double)s->train_batch_size * T;
     if ((h == NULL || h->target_mask == NULL) && !spec_data_is_jsonl(s->data.format))
         return (double)s->train_batch_size * T;
-    double n = 0;
+    double n = 0, in = 0;
     for (int j = 0; j < s->train_batch_size; j++) {
         uint64_t id = data_order_sample(&rs->order, (uint64_t)step * s->train_batch_size + j);
         fill_mask(rs, id);
+        in += (double)data_sample_inputs(rs->t->train, id);
         for (int i = 0; i < T; i++)
             n += rs->mask[i] != 0;
     }
+    rs->step_inputs = in;
     return n;
 }
 
@@ -640,14 +654,18 @@ static void publish_memory(rank_state *rs)
     atomic_store_explicit(&rs->t->mem_free[rs->rank], mi.free_bytes, memory_order_relaxed);
 }
 
-/* Eval loss over eval_batches x B validation samples, split over ranks. */
-static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
+/* Eval loss over the whole validation set, or its first eval_batches x B
+ * samples when eval_batches caps it (h-results, issue 23), split over
+ * ranks: the mean over every loss-carrying target token of those samples
+ * (*ntok of them, in *nsamp samples). */
+static int run_eval(rank_state *rs, double *val_loss, uint64_t *ntok, uint64_t *nsamp, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
     int T = s->model.seq_len, m = rs->split.m;
-    int nb = s->eval_batches > 0 ? s->eval_batches : 1;
-    uint64_t total = (uint64_t)nb * (uint64_t)s->train_batch_size;
+    uint64_t total = data_num_samples(t->val);
+    if (s->eval_batches > 0 && (uint64_t)s->eval_batches * (uint64_t)s->train_batch_size < total)
+        total = (uint64_t)s->eval_batches * (uint64_t)s->train_batch_size;
     uint64_t lo = total * (uint64_t)rs->rank / (uint64_t)t->nranks;
     uint64_t hi = total * (uint64_t)(rs->rank + 1) / (uint64_t)t->nranks;
     uint64_t nval = data_num_samples(t->val);
@@ -686,7 +704,16 @@ static int run_eval(rank_state *rs, double *val_loss, acc_err *err)
     for (uint64_t j = 0; j < total; j++)
         ntarget += (double)data_sample_targets(t->val, j % nval);
     *val_loss = ntarget > 0 ? get_double(buf) / ntarget : 0.0;
+    *ntok = (uint64_t)ntarget;
+    *nsamp = total;
     return 0;
+}
+
+/* Training FLOPs a token: 6 N (forward and backward of the weights) plus
+ * the causal attention's 6 L C T (bench/bench_gpu_train.c's estimate). */
+static double flops_per_token(const model_config *cfg, int seq_len)
+{
+    return 6.0 * (double)model_num_params(cfg) + 6.0 * cfg->n_layer * (double)cfg->channels * seq_len;
 }
 
 static void emit_step(rank_state *rs, int step, double loss, double lr, double norm,
@@ -703,6 +730,12 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
     ev->lr = lr;
     ev->grad_norm = norm;
     ev->tokens_per_s = seconds > 0 ? (double)s->train_batch_size * s->model.seq_len / seconds : 0;
+    /* h-results, issue 23: the tokens that count, and what they cost */
+    ev->loss_tokens = (uint64_t)rs->step_targets;
+    ev->input_tokens = (uint64_t)rs->step_inputs;
+    ev->input_positions = (uint64_t)s->train_batch_size * (uint64_t)s->model.seq_len;
+    ev->step_seconds = seconds;
+    ev->flops_per_token = flops_per_token(&t->cfg, s->model.seq_len);
     ev->micro_batch = rs->split.m;
     ev->accum_steps = rs->split.a;
     ev->nranks = t->nranks;
@@ -718,20 +751,46 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
     free(ev);
 }
 
-static void emit_simple(trainer *t, train_event_kind kind, int step, double val_loss,
-                        const char *path)
+/* An event of `kind` at `step` (NULL on host OOM: the event is lost, the
+ * run goes on); emit_free sends and frees it. */
+static train_event *event_new(trainer *t, train_event_kind kind, int step)
 {
     train_event *ev = calloc(1, sizeof *ev);
     if (ev == NULL)
-        return;
+        return NULL;
     ev->kind = kind;
     ev->step = step;
-    ev->val_loss = val_loss;
     ev->nranks = t->nranks;
-    if (path != NULL)
-        snprintf(ev->path, sizeof ev->path, "%s", path);
+    return ev;
+}
+
+static void emit_free(trainer *t, train_event *ev)
+{
     emit(t, ev);
     free(ev);
+}
+
+static void emit_eval(trainer *t, int step, double val_loss, uint64_t ntok, uint64_t nsamp)
+{
+    train_event *ev = event_new(t, TEV_EVAL, step);
+    if (ev == NULL)
+        return;
+    ev->val_loss = val_loss;
+    ev->val_tokens = ntok;
+    ev->val_samples = nsamp;
+    emit_free(t, ev);
+}
+
+static void emit_simple(trainer *t, train_event_kind kind, int step, double val_loss,
+                        const char *path)
+{
+    train_event *ev = event_new(t, kind, step);
+    if (ev == NULL)
+        return;
+    ev->val_loss = val_loss;
+    if (path != NULL)
+        snprintf(ev->path, sizeof ev->path, "%s", path);
+    emit_free(t, ev);
 }
 
 static void emit_log(trainer *t, int step, const char *fmt, ...)
@@ -857,6 +916,8 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     float *mom[2] = {NULL, NULL};
     if (s->zero_stage >= 1) {
         int grc = gather_moments(rs, mom, err);
+        if (grc == 0 && rs->rank != 0)
+            rs->last_saved = step;
         if (grc != 0 || rs->rank != 0)
             return grc;
     }
@@ -882,8 +943,10 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     }
     free(mom[0]);
     free(mom[1]);
-    if (rc == 0)
+    if (rc == 0) {
+        rs->last_saved = step;
         emit_simple(t, TEV_CHECKPOINT, step, 0.0, path);
+    }
     return rc;
 }
 
@@ -1088,6 +1151,7 @@ static int run_micro_steps(rank_state *rs, int step, oom_record *rec, acc_err *e
 {
     model *m = rs->model;
     double n_total = count_targets(rs, step);
+    rs->step_targets = n_total;
     for (int micro = 0; micro < rs->split.a; micro++) {
         if (check_cancel(rs->t) != 0)
             return acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
@@ -1340,6 +1404,21 @@ static void maybe_raise_micro(rank_state *rs, int done)
     free(ev);
 }
 
+/* (h-results, issue 23) The final checkpoint of `step` as the job's
+ * export (export.h): what loads anywhere, no optimizer state. */
+static int export_run(rank_state *rs, int step, acc_err *err)
+{
+    const job_spec *s = &rs->t->spec;
+    char ckpt[PATH_MAX];
+    if (snprintf(ckpt, sizeof ckpt, "%s/ckpt-%08d", s->output_dir, step) >= (int)sizeof ckpt)
+        return acc_err_set(err, ACC_EINVAL, "", "output path too long");
+    const char *tok = s->data.tokenizer[0] ? s->data.tokenizer : s->model.from[0] ? s->model.from : NULL;
+    int rc = export_final(ckpt, s->export_dir, tok, s->data_roots, err);
+    if (rc == 0)
+        emit_log(rs->t, step, "exported the final model to %s (no optimizer state)", s->export_dir);
+    return rc;
+}
+
 static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
@@ -1348,13 +1427,14 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
     if (t->val != NULL && s->eval_interval > 0 &&
         (done % s->eval_interval == 0 || done == s->max_steps)) {
         double vl = 0.0;
-        int rc = run_eval(rs, &vl, err);
+        uint64_t ntok = 0, nsamp = 0;
+        int rc = run_eval(rs, &vl, &ntok, &nsamp, err);
         if (rc != 0)
             return rc;
         if (rs->rank == 0) {
             if (t->hooks && t->hooks->step_val_loss && step < t->hooks->steps_cap)
                 t->hooks->step_val_loss[step] = vl;
-            emit_simple(t, TEV_EVAL, done, vl, NULL);
+            emit_eval(t, done, vl, ntok, nsamp);
         }
     }
     int rc = 0;
@@ -1362,6 +1442,8 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
         ((s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0) ||
          done == s->max_steps))
         rc = save_checkpoint(rs, done, err); /* ZeRO: every rank, for the gather */
+    if (rc == 0 && rs->rank == 0 && done == s->max_steps && s->output_dir[0] != '\0' && s->export_dir[0] != '\0')
+        rc = export_run(rs, done, err); /* h-results, issue 23 */
     if (rc == 0 && s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0 && done < s->max_steps)
         maybe_raise_micro(rs, done);
     return rc;
@@ -1378,12 +1460,12 @@ static int stop_together(rank_state *rs, acc_err *err)
         if (t->hooks != NULL)
             t->hooks->steps_done = rs->done;
     }
-    if (t->spec.output_dir[0] != '\0' && rs->done > t->start_step) {
+    if (t->spec.output_dir[0] != '\0' && rs->done > t->start_step && rs->done > rs->last_saved) {
         int rc = save_checkpoint(rs, rs->done, err);
         if (rc != 0)
             return rc;
     }
-    return acc_err_set(err, ACC_ECANCELLED, "", "stopped for shutdown");
+    return acc_err_set(err, ACC_ECANCELLED, "", atomic_load(&t->cancel_ckpt) ? "cancelled" : "stopped for shutdown");
 }
 
 static int rank_run(rank_state *rs, acc_err *err)
@@ -1426,6 +1508,7 @@ static int rank_run(rank_state *rs, acc_err *err)
                  rs->recompute ? ", activation recomputation" : "");
     double t0 = now_s();
     rs->done = t->start_step;
+    rs->last_saved = t->start_step; /* resumed from it: already saved */
     if (rs->rank == 0) {
         t->steps_done = t->start_step;
         if (t->hooks != NULL)
@@ -1488,11 +1571,14 @@ static int checkpoint_on_preempt(rank_state *rs, acc_err *err)
     trainer *t = rs->t;
     /* ZeRO: checkpointed together in stop_together (or, stopped before a
      * step ended, there was nothing to save) */
-    if (rs->rank != 0 || !atomic_load(&t->preempt) || rs->model == NULL || t->spec.zero_stage >= 1 ||
-        t->spec.output_dir[0] == '\0' || rs->done <= t->start_step)
+    bool on_cancel = atomic_load(&t->cancel_ckpt) != 0; /* h-results, issue 23 */
+    if (rs->rank != 0 || !(atomic_load(&t->preempt) || on_cancel) || rs->model == NULL || t->spec.zero_stage >= 1 ||
+        t->spec.output_dir[0] == '\0' || rs->done <= t->start_step || rs->done <= rs->last_saved)
         return 1;
     acc_err e = {0};
-    if (save_checkpoint(rs, rs->done, &e) != 0)
+    if (save_checkpoint(rs, rs->done, &e) != 0 && on_cancel) /* still a cancel: the message says what was lost */
+        acc_err_set(err, ACC_ECANCELLED, "", "cancelled; the checkpoint on cancel failed: %s", e.msg);
+    else if (e.code != 0)
         acc_err_set(err, e.code, "", "stopped for shutdown; %s", e.msg);
     return 1;
 }
@@ -1507,7 +1593,7 @@ static void *rank_main(void *arg)
     rs.rank = rc->rank;
     acc_err err = {0};
     if (rank_run(&rs, &err) != 0 && checkpoint_on_preempt(&rs, &err) != 0) {
-        if (err.code == ACC_ECANCELLED && atomic_load(&t->cancel))
+        if (err.code == ACC_ECANCELLED && atomic_load(&t->cancel) && !strstr(err.msg, "checkpoint on cancel"))
             snprintf(err.msg, sizeof err.msg, "cancelled");
         fail(t, &err);
     }
@@ -1535,8 +1621,11 @@ static void trainer_destroy(trainer *t)
 
 /* train_micro_batch_size_per_gpu "auto": the planner's pick against the
  * smallest budget of the job's devices (the first step confirms it; the
- * OOM path corrects a wrong prediction). */
-static int plan_auto_split(trainer *t, const kern_device_info *devs, acc_err *err)
+ * OOM path corrects a wrong prediction). With start_where_fits (h-results,
+ * issue 23) a given micro batch the planner says does not fit starts at
+ * plan_start_row's instead (oom.adapt), without running out of memory down
+ * to it. */
+static int plan_start_split(trainer *t, const kern_device_info *devs, acc_err *err)
 {
     job_spec *s = &t->spec;
     uint64_t budget = 0;
@@ -1550,10 +1639,11 @@ static int plan_auto_split(trainer *t, const kern_device_info *devs, acc_err *er
     int rc = plan_candidates_on(s, devs[0].kind, budget, rows, PLAN_MAX_ROWS, &n, &chosen, err);
     if (rc == 0 && n == 0)
         rc = acc_err_set(err, ACC_EINVAL, "train_batch_size", "no micro batch candidates");
-    if (rc == 0) {
+    int start = rc == 0 ? plan_start_row(s, rows, n, chosen) : -1;
+    if (rc == 0 && s->micro_auto) {
         /* nothing fits: start at the smallest split and let the first step
          * fail with the numbers (or succeed, if the margin was the problem) */
-        const plan_row *r = &rows[chosen >= 0 ? chosen : 0];
+        const plan_row *r = &rows[start >= 0 ? start : 0];
         s->micro_batch = r->micro_batch;
         s->accum_steps = r->accum_steps;
         t->recompute0 = r->recompute;
@@ -1563,6 +1653,11 @@ static int plan_auto_split(trainer *t, const kern_device_info *devs, acc_err *er
                  r->micro_batch, r->recompute ? " with recomputation" : "",
                  (double)r->peak_bytes / (1024.0 * 1024.0), (double)budget / (1024.0 * 1024.0),
                  PLAN_MARGIN_PCT, chosen >= 0 ? "" : " (nothing fits)");
+    } else if (rc == 0 && start >= 0 && rows[start].micro_batch != s->micro_batch) {
+        plan_start_note(s, rows, n, chosen, budget, t->plan_note, sizeof t->plan_note);
+        s->micro_batch = rows[start].micro_batch;
+        s->accum_steps = rows[start].accum_steps;
+        t->recompute0 = rows[start].recompute;
     }
     free(rows);
     return rc;
@@ -1666,8 +1761,8 @@ static int prepare_spec(trainer *t, const kern_device_info *devs, acc_err *err)
             t->min_budget = devs[r].mem_total;
     t->recompute0 = t->spec.activation_checkpointing;
     int rc = check_batch(&t->spec, err);
-    if (rc == 0 && t->spec.micro_auto)
-        rc = plan_auto_split(t, devs, err);
+    if (rc == 0 && (t->spec.micro_auto || (t->start_where_fits && t->spec.oom_adapt)))
+        rc = plan_start_split(t, devs, err);
     if (rc == 0)
         rc = find_resume(t, err);
     if (rc == 0)
@@ -1760,13 +1855,17 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     t->on_event = o->on_event; /* prepare_spec reports passed-over checkpoints */
     t->event_ctx = o->event_ctx;
     t->keep = o->checkpoint_keep > 0 ? o->checkpoint_keep : 2;
+    if (s->save_total_limit > 0) /* h-results, issue 23: the job's own limit */
+        t->keep = s->save_total_limit;
     t->threads = o->threads_per_device > 0 ? o->threads_per_device : 1;
     t->hooks = h;
+    t->start_where_fits = o->start_where_fits;
     memcpy(t->devs, o->devices, (size_t)t->nranks * sizeof *t->devs);
     atomic_init(&t->cancel, 0);
     atomic_init(&t->preempt, 0);
     atomic_init(&t->stop_asked, 0);
     atomic_init(&t->stepped, 0);
+    atomic_init(&t->cancel_ckpt, 0);
     atomic_init(&t->live, t->local_ranks);
     if (pthread_mutex_init(&t->mu, NULL) != 0) {
         free(t);
@@ -1796,6 +1895,16 @@ int trainer_start(const trainer_opts *o, trainer **out, acc_err *err)
 
 void trainer_cancel(trainer *t)
 {
+    /* (h-results, issue 23) checkpoint_on_cancel: the work is kept as a
+     * shutdown keeps it (ZeRO: the ranks stop together after the step in
+     * progress, so the sharded moments can be gathered) */
+    if (t->spec.checkpoint_on_cancel && !atomic_load(&t->preempt)) {
+        atomic_store(&t->cancel_ckpt, 1);
+        if (t->spec.zero_stage >= 1 && atomic_load(&t->stepped)) {
+            atomic_store(&t->stop_asked, 1);
+            return;
+        }
+    }
     atomic_store(&t->cancel, 1);
     pthread_mutex_lock(&t->mu); /* the launcher may still be opening it */
     if (t->comm != NULL)

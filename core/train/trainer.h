@@ -74,8 +74,16 @@ typedef struct train_event {
     /* per rank: bytes of its AdamW moments (its shard under ZeRO >= 1) and
      * of its gradient buffer (whole at every stage) */
     uint64_t mem_optim[TRAIN_MAX_RANKS], mem_grads[TRAIN_MAX_RANKS];
+    /* TEV_STEP (h-results, issue 23): the step's tokens over all ranks:
+     * loss-carrying targets, real input tokens (padding excluded), input
+     * positions (B x seq_len, padding included); its wall time; the
+     * model's FLOPs a token (6 N + 12 L T C, model_flops_per_token) */
+    uint64_t loss_tokens, input_tokens, input_positions;
+    double step_seconds, flops_per_token;
     /* TEV_EVAL */
     double val_loss;
+    uint64_t val_tokens;   /* loss-carrying tokens evaluated (h-results, issue 23) */
+    uint64_t val_samples;  /* validation samples evaluated */
     /* TEV_OOM_ADJUST */
     int from_micro, from_accum, to_micro, to_accum;
     bool recompute;        /* activation recomputation switched on */
@@ -111,6 +119,12 @@ typedef struct trainer_opts {
      * ranks are other processes; `devices` still has spec->devices entries. */
     struct kern_comm *comm;
     int rank;
+    /* (h-results, issue 23) with spec->oom_adapt and a given micro batch
+     * the planner predicts does not fit the smallest device: start at the
+     * largest micro batch it says fits (a log event says so) instead of
+     * running out of memory down to it. The daemon sets it; engine tests of
+     * the out-of-memory path leave it off. */
+    bool start_where_fits;
 } trainer_opts;
 
 typedef struct trainer trainer;

@@ -44,7 +44,11 @@ acc_stop
 
 # 2. a budget between them (m = 8 runs out of memory in its first step and
 # goes on at 4), the token required
+# (issue 23: the daemon would start at m = 4, where the planner says it
+# fits; the test-only switch keeps m = 8 for the OOM marker)
+export ACCUMD_TEST_OOM_AT_GIVEN=1
 acc_start --set cpu_devices=2 --set cpu_device_memory=$(( (p4 + p8) / 2 )) --set require_token=true
+unset ACCUMD_TEST_OOM_AT_GIVEN
 TOKEN=$(cat "$STATE/token")
 
 # the static files, without the token; the API still needs it

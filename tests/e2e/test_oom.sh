@@ -31,8 +31,12 @@ acc_stop
 ok "dry run: peaks m=2 $p2, m=4 $p4, m=8 $p8"
 
 # 2. a budget between the peaks of m=2 and m=4: m=8 adapts to 2 in step 1
+# (the daemon would start it at m=2, where the planner says it fits: issue
+# 23, e2e_results; the test-only switch keeps m=8 to drive the OOM path)
 budget=$(( (p2 + p4) / 2 ))
+export ACCUMD_TEST_OOM_AT_GIVEN=1
 acc_start --set cpu_devices=1 --set cpu_device_memory=$budget
+unset ACCUMD_TEST_OOM_AT_GIVEN
 plan=$(acc_curl -X POST "$BASE/v1/jobs?dry_run=1" --data-binary "$AUTO")
 expect_eq "auto picks" "$(echo "$plan" | jq .batch.micro_batch)" 2
 expect_eq "m=4 does not fit" "$(echo "$plan" | jq '.micro_batch_candidates[] | select(.micro_batch == 4) | .fits')" false

@@ -137,7 +137,7 @@ bad '{"device_memory": 1000}' hardware.device_memory
 bad '{"device_memory": null}' hardware.device_memory
 bad '{"devices": 0}' hardware.devices
 bad '{"devices": 2.5}' hardware.devices
-bad '{"devices": 3}' hardware.devices
+bad '{"devices": 3}' train_batch_size # 8 % 3: resolved as submit would with devices 3 (issue 23)
 bad '{"devices": 100}' hardware.devices
 bad '{"kind": "tpu"}' hardware.kind
 bad '{"kind": "cuda"}' hardware.device_memory

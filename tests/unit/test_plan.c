@@ -172,7 +172,39 @@ static void test_enumeration(void **state)
     assert_int_equal(t.rows[t.recommended].micro_batch, 3);
     assert_false(t.rows[t.recommended].fits);
     assert_int_equal(t.rows[t.suggested].micro_batch, 2);
+    assert_false(t.given_fits);
+    assert_non_null(strstr(t.start_note, "oom.adapt is off"));
     plan_table_free(&t);
+
+    /* (h-results, issue 23) with oom.adapt, a given micro batch that does
+     * not fit starts at the largest that does, and the note says so */
+    s.oom_adapt = true;
+    assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
+    assert_int_equal(t.rows[t.recommended].micro_batch, 2);
+    assert_true(t.rows[t.recommended].fits);
+    assert_false(t.rows[t.recommended].recompute);
+    assert_false(t.given_fits);
+    assert_non_null(strstr(t.start_note, "train_micro_batch_size_per_gpu 3 does not fit"));
+    assert_non_null(strstr(t.start_note, "starts at micro batch 2 x 3 accumulation steps"));
+    plan_table_free(&t);
+    s.oom_adapt = false;
+
+    /* (h-results, issue 23) the batch keys as written, resolved again at
+     * another world: the same rule and words as submit's */
+    job_spec w = s;
+    w.given_batch = 12;
+    w.given_micro = 3;
+    w.given_accum = 2;
+    assert_int_equal(plan_spec_at_world(&w, 2, &err), 0);
+    assert_int_equal(w.micro_batch * w.accum_steps * w.devices, 12);
+    assert_int_equal(plan_spec_at_world(&w, 4, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "train_batch_size");
+    assert_string_equal(err.msg, "train_batch_size 12 != 3 * 2 * 4 (micro * accum * world)");
+    w.given_accum = 0; /* B and m: a follows, when w divides */
+    assert_int_equal(plan_spec_at_world(&w, 4, &err), 0); /* 12 = 3 x 1 x 4 */
+    assert_int_equal(w.accum_steps, 1);
+    assert_int_equal(plan_spec_at_world(&w, 3, &err), ACC_EINVAL);
+    assert_string_equal(err.msg, "train_batch_size 12 is not divisible by 3 * 3 (micro * world)");
 
     /* B not a multiple of the hardware's devices: the field is hardware.devices */
     hw.devices = 5;
@@ -434,7 +466,8 @@ static void test_bad_input(void **state)
     expect_field("{" SPEC7B ", \"hardware\": {\"devices\": 0}}", "hardware.devices");
     expect_field("{" SPEC7B ", \"hardware\": {\"devices\": \"4\"}}", "hardware.devices");
     expect_field("{" SPEC7B ", \"hardware\": {\"devices\": 1000}}", "hardware.devices");
-    expect_field("{" SPEC7B ", \"hardware\": {\"devices\": 3}}", "hardware.devices"); /* 8 % 3 */
+    /* 8 % 3: the batch keys resolved at hardware.devices as submit would (issue 23) */
+    expect_field("{" SPEC7B ", \"hardware\": {\"devices\": 3}}", "train_batch_size");
     expect_field("{" SPEC7B ", \"hardware\": {\"kind\": \"tpu\"}}", "hardware.kind");
     expect_field("{" SPEC7B ", \"hardware\": {\"memory\": \"24G\"}}", "hardware");
     expect_field("{" SPEC7B ", \"hardware\": [1]}", "hardware");

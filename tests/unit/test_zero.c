@@ -397,6 +397,29 @@ static void on_stop_event(void *ctx, const train_event *ev)
     }
 }
 
+/* Run s on two devices, stop it (preempt: a shutdown; else a cancel) once
+ * two steps are done; it ends ACC_ECANCELLED. Returns the steps done. */
+static int stop_after_two(job_spec *s, bool preempt, stop_watch *w)
+{
+    kern_device_info devs[2];
+    fx_devices(devs, 2, 1ull << 30);
+    memset(w, 0, sizeof *w);
+    trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = 1, .on_event = on_stop_event, .event_ctx = w};
+    trainer *t;
+    acc_err err = {0};
+    assert_int_equal(trainer_start(&o, &t, &err), 0);
+    while (atomic_load(&w->steps) < 2 && !atomic_load(&w->done))
+        usleep(1000);
+    if (preempt)
+        trainer_preempt(t);
+    else
+        trainer_cancel(t);
+    trainer_free(t);
+    assert_true(atomic_load(&w->done));
+    assert_int_equal(atomic_load(&w->status), ACC_ECANCELLED);
+    return atomic_load(&w->done_step);
+}
+
 static void test_shutdown_checkpoint(void **state)
 {
     (void)state;
@@ -404,23 +427,9 @@ static void test_shutdown_checkpoint(void **state)
     spec_of(&s, "gpt2", 2, 2, 2, 2);
     s.max_steps = 200;
     snprintf(s.output_dir, sizeof s.output_dir, "%s/stop", root);
-    kern_device_info devs[2];
-    fx_devices(devs, 2, 1ull << 30);
     stop_watch w;
-    memset(&w, 0, sizeof w);
-    trainer_opts o = {.spec = &s, .devices = devs, .threads_per_device = 1, .on_event = on_stop_event,
-                      .event_ctx = &w};
-    trainer *t;
-    acc_err err = {0};
-    assert_int_equal(trainer_start(&o, &t, &err), 0);
-    while (atomic_load(&w.steps) < 2 && !atomic_load(&w.done))
-        usleep(1000);
-    trainer_preempt(t);
-    trainer_free(t);
-    assert_true(atomic_load(&w.done));
-    assert_int_equal(atomic_load(&w.status), ACC_ECANCELLED);
+    int k = stop_after_two(&s, true, &w);
     assert_string_equal(w.msg, "stopped for shutdown");
-    int k = atomic_load(&w.done_step);
     assert_true(k >= 2 && k < 200 - 2);
     char ck[300];
     snprintf(ck, sizeof ck, "%s/stop/ckpt-%08d", root, k);
@@ -438,6 +447,43 @@ static void test_shutdown_checkpoint(void **state)
     free(ref.params);
 }
 
+/* (h-results, issue 23) checkpoint_on_cancel under ZeRO 2: a cancel stops
+ * the ranks together after the step in progress, gathers the sharded
+ * moments for a checkpoint of that step and ends "cancelled"; resumed, it
+ * gives the uninterrupted losses. Without it nothing is saved. */
+static void test_cancel_checkpoint(void **state)
+{
+    (void)state;
+    for (int keep = 0; keep < 2; keep++) {
+        job_spec s;
+        spec_of(&s, "gpt2", 2, 2, 2, 2);
+        s.max_steps = 200;
+        s.checkpoint_on_cancel = keep;
+        snprintf(s.output_dir, sizeof s.output_dir, "%s/cancel%d", root, keep);
+        stop_watch w;
+        int k = stop_after_two(&s, false, &w);
+        assert_string_equal(w.msg, "cancelled");
+        char ck[300];
+        snprintf(ck, sizeof ck, "%s/cancel%d/ckpt-%08d", root, keep, k);
+        if (!keep) {
+            assert_int_not_equal(access(ck, F_OK), 0);
+            continue;
+        }
+        assert_true(k >= 2 && k < 200 - 2);
+        assert_int_equal(access(ck, F_OK), 0);
+        run_out resumed, ref;
+        resume_spec(&s, 2, 0, ck, "cancel-resumed", k + 2);
+        run(&s, &resumed, NULL);
+        spec_of(&s, "gpt2", 2, 2, 2, 0);
+        s.max_steps = k + 2;
+        run(&s, &ref, NULL);
+        assert_bits(&ref, &resumed, k, k + 2);
+        print_message("cancelled after step %d: checkpointed together, resumed with the uninterrupted losses\n", k);
+        free(resumed.params);
+        free(ref.params);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -448,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_modes),
         cmocka_unit_test(test_checkpoint_across_worlds),
         cmocka_unit_test(test_shutdown_checkpoint),
+        cmocka_unit_test(test_cancel_checkpoint), /* h-results, issue 23 */
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
