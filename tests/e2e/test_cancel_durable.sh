@@ -1,7 +1,9 @@
 #!/bin/bash
 # Issue 25, defect 3: a cancel is durable and reaches a job stuck in data
-# preparation. The chat data's 11th record meets a slow branch of the
-# tokenizer's chat template (the submit check renders only the first 8):
+# preparation. From the 11th record on, every record meets a slow branch of
+# the tokenizer's chat template (the submit check renders only the first 8);
+# each stays inside the render budget (2 s a record, docs/data.md), so the
+# preparation is long but never fails:
 #   - DELETE answers 202 only once the request is stored: the view says
 #     cancel_requested (with its time) and so does the stored status;
 #   - a SIGTERM right after it, then a restart: the job is `cancelled` at
@@ -17,7 +19,7 @@ acc_data
 D=$STATE/data
 # the chat template: slow only for a record that says 'slow'
 cat >"$ACC_TMP/slow.jinja" <<'EOF'
-{% if messages[0].content == 'slow' %}{% set s = 'a' * 4000000 %}{% set t = 'a' * 2000 ~ 'b' %}{% for i in range(1000000) %}{% if t in s %}x{% endif %}{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}
+{% if messages[0].content == 'slow' %}{% for i in range(20000) %}{% if i < 0 %}x{% endif %}{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}
 {% endfor %}
 EOF
 python3 "$ACCUMD_SRC/tests/support/byte_tokenizer.py" "$D/tok" "$ACC_TMP/slow.jinja" || fail "writing the tokenizer"
@@ -25,8 +27,8 @@ python3 - "$D" <<'EOF' || fail "writing the test files"
 import json, sys
 d = sys.argv[1]
 with open(f"{d}/chat.jsonl", "w") as f:
-    for i in range(40):
-        q = "slow" if i == 10 else f"question {i}?"
+    for i in range(400):
+        q = "slow" if i >= 10 else f"question {i}?"
         f.write(json.dumps({"messages": [{"role": "user", "content": q},
                                          {"role": "assistant", "content": f"answer {i}."}]}) + "\n")
 EOF

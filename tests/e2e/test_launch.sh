@@ -81,7 +81,14 @@ M=$HUB/models--meta-llama--Llama-2-7b-hf
 DS=$HUB/datasets--allenai--tulu-3-sft-mixture
 mkdir -p "$M/refs" "$M/blobs" "$M/snapshots/$C" "$DS/refs" "$DS/blobs" "$DS/snapshots/$C/data"
 "$PY" "$SRC/tests/support/make_tiny_llama.py" "$ACC_TMP/tiny" --variant vocab32k --seed 3 >/dev/null || fail "make_tiny_llama"
-cp "$MISTRAL/tokenizer.json" "$MISTRAL/tokenizer_config.json" "$ACC_TMP/tiny/"
+cp "$MISTRAL/tokenizer.json" "$ACC_TMP/tiny/"
+# a chat model's tokenizer_config.json carries its chat template, as hub models do
+# (the records have "messages": the daemon reads the format off them and
+# renders them with it)
+tmpl="{% for m in messages %}[{{ m.role }}] {{ m.content }}{% if m.role == 'assistant' %}{{ eos_token }}{% endif %}
+{% endfor %}"
+jq --arg t "$tmpl" '.chat_template = $t' "$MISTRAL/tokenizer_config.json" > "$ACC_TMP/tiny/tokenizer_config.json" ||
+    fail "tokenizer_config.json"
 for f in "$ACC_TMP"/tiny/*; do # each file a blob, linked from the snapshot
     b=$(sha256sum "$f" | cut -c1-40)
     mv "$f" "$M/blobs/$b"

@@ -45,7 +45,7 @@ json.dump(c, open(sys.argv[1], "w"))
 EOF
 acc_start --set cpu_devices=1 --set cpu_device_memory=512M --set cpu_threads_per_device=1
 
-spec() { printf '{"name":"%s","model":{"from":"%s","seq_len":32},"data":{"train":"gpl.txt"},"train_batch_size":4,"train_micro_batch_size_per_gpu":2,"max_steps":4,"checkpoint_interval":1}' "$1" "$1"; }
+spec() { printf '{"name":"%s","model":{"from":"%s","seq_len":32},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":4,"train_micro_batch_size_per_gpu":2,"max_steps":4,"checkpoint_interval":1}' "$1" "$1"; }
 job() { acc_curl "$BASE/v1/jobs/$1"; }
 
 # ---- NaN / Inf in the weights: failed at start, naming the tensor
