@@ -853,11 +853,11 @@ static const float *gpt2_token_losses(const model *m)
     return G(m)->a.losses;
 }
 
-static const char *const gpt2_hf_types[] = {"gpt2", NULL};
+static const model_hf_name gpt2_hf[] = {{"GPT2LMHeadModel", "gpt2", 0}, {0}};
 
 const model_family model_family_gpt2 = {
     .name = "gpt2",
-    .hf_model_types = gpt2_hf_types,
+    .hf_names = gpt2_hf,
     .config_from_spec = gpt2_config_from_spec,
     .config_check = gpt2_check,
     .layout = gpt2_layout,

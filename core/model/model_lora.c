@@ -149,7 +149,9 @@ int model_lora_layout(const model_config *cfg, model_layout *l, acc_err *err)
         if (!targeted(cfg, t))
             continue;
         char n[MODEL_NAME_MAX];
-        int64_t sa[2] = {r, t->shape[1]}, sb[2] = {t->shape[0], r};
+        /* W [out, in] in the buffer; a Conv1D one is [in, out] in files */
+        int64_t in = t->shape[t->transposed ? 0 : 1], out_ = t->shape[t->transposed ? 1 : 0];
+        int64_t sa[2] = {r, in}, sb[2] = {out_, r};
         peft_name(t->name, "A", n, sizeof n);
         rc = model_layout_add(&out, &cap, n, t->layer, 2, sa, 0, true, true, false, "lora.r", err);
         if (rc == 0) {
@@ -249,8 +251,8 @@ void model_lora_merge_host(const model_layout *l, const model_config *cfg, float
     }
 }
 
-static int write_adapter_config(const model_config *cfg, const char *dir, const char *base_model,
-                                acc_err *err)
+static int write_adapter_config(const model_config *cfg, bool fan_in_fan_out, const char *dir,
+                                const char *base_model, acc_err *err)
 {
     json_t *tm = json_array();
     for (int i = 0; tm != NULL && i < cfg->lora.n_targets; i++)
@@ -259,7 +261,7 @@ static int write_adapter_config(const model_config *cfg, const char *dir, const 
                           "peft_type", "LORA", "task_type", "CAUSAL_LM", "bias", "none",
                           "r", cfg->lora.r, "lora_alpha", cfg->lora.alpha, "lora_dropout", 0.0,
                           "target_modules", tm, "base_model_name_or_path",
-                          base_model ? base_model : "", "fan_in_fan_out", 0, "inference_mode", 1,
+                          base_model ? base_model : "", "fan_in_fan_out", fan_in_fan_out, "inference_mode", 1,
                           "modules_to_save", "use_rslora", 0);
     char *text = c ? json_dumps(c, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(c);
@@ -276,8 +278,11 @@ int model_lora_save(const model_layout *l, const model_config *cfg, const float 
                     const char *dir, const char *base_model, acc_err *err)
 {
     int n = 0;
-    for (int i = 0; i < l->n; i++)
+    bool conv1d = false; /* PEFT's fan_in_fan_out: the targets are stored [in, out] */
+    for (int i = 0; i < l->n; i++) {
         n += l->t[i].adapter;
+        conv1d |= l->t[i].transposed && targeted(cfg, &l->t[i]);
+    }
     st_tensor *t = calloc((size_t)n + 1, sizeof *t);
     if (t == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the adapter");
@@ -298,6 +303,6 @@ int model_lora_save(const model_layout *l, const model_config *cfg, const float 
     int rc = st_write(path, t, k, md, 2, err);
     free(t);
     if (rc == 0)
-        rc = write_adapter_config(cfg, dir, base_model, err);
+        rc = write_adapter_config(cfg, conv1d, dir, base_model, err);
     return rc;
 }

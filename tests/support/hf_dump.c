@@ -320,7 +320,7 @@ int main(int argc, char **argv)
     }
     int64_t lshape[3] = {B, T, V}, one[1] = {1};
     out_add(&ob, "logits", logits, 3, lshape);
-    float half_base = m->base16 != NULL; /* LoRA on a 16-bit directory: the base kept in it */
+    float half_base = m->wstore != NULL; /* LoRA on a 16-bit directory: the base kept in it */
     out_add(&ob, "base16", &half_base, 1, one);
     float loss = (float)step_grads(m, tok, tgt, w, B, T, mb);
     out_add(&ob, "loss", &loss, 1, one);

@@ -355,7 +355,7 @@ static void test_bf16_base_bytes(void **state)
     uint64_t before = d->in_use;
     assert_int_equal(model_create(d, &cfg, 0, s.model.seq_len, &m, &err), 0);
     assert_true(d->in_use - before == want);
-    assert_non_null(m->base16);
+    assert_non_null(m->wstore);
     uint64_t st;
     assert_int_equal(model_state_bytes(&cfg, 16, &st, &err), 0);
     assert_true(st == want);
@@ -364,7 +364,7 @@ static void test_bf16_base_bytes(void **state)
     uint16_t *dev16 = malloc(frozen * sizeof *dev16);
     float *host = malloc(l.nparams * sizeof *host);
     assert_true(dev16 != NULL && host != NULL);
-    d->ops->download(d, dev16, m->base16, frozen * sizeof *dev16);
+    d->ops->download(d, dev16, m->wstore, frozen * sizeof *dev16);
     model_params_download(m, host);
     for (size_t i = 0; i < frozen; i++) {
         uint32_t u;
