@@ -120,10 +120,11 @@ void blk_norm_fwd(blk_run *r, const blk_norm *n, float *out, float *mean, float 
     case BLK_RMSNORM:
         r->k->rmsnorm_fwd(r->d, out, rstd, x, blk_w(m, n->w, 0), n->eps, r->N, n->C);
         return;
-    case BLK_RMSNORM_P1: /* the kernel comes with the family that needs it */
-        break;
+    case BLK_RMSNORM_P1:
+        r->k->rmsnorm_ofs_fwd(r->d, out, rstd, x, blk_w(m, n->w, 0), 1.0f, n->eps, r->N, n->C);
+        return;
     }
-    abort(); /* config_check refuses what the kernels lack */
+    abort(); /* an unknown kind */
 }
 
 void blk_norm_bwd(blk_run *r, const blk_norm *n, float *dx, const float *dout, const float *x,
@@ -139,7 +140,9 @@ void blk_norm_bwd(blk_run *r, const blk_norm *n, float *dx, const float *dout, c
         r->k->rmsnorm_bwd(r->d, dx, blk_g(m, n->w), dout, x, blk_w(m, n->w, 0), rstd, r->N, n->C);
         return;
     case BLK_RMSNORM_P1:
-        break;
+        r->k->rmsnorm_ofs_bwd(r->d, dx, blk_g(m, n->w), dout, x, blk_w(m, n->w, 0), 1.0f, rstd,
+                              r->N, n->C);
+        return;
     }
     abort();
 }
@@ -227,18 +230,29 @@ void blk_rope_bwd(blk_run *r, const blk_rope *rp, float *dx, int H)
 
 /* ---- attention */
 
-/* The variants the kernels here do not have yet (their families bring them). */
+/* The fused (GPT-2) kernels have no variants. */
 static void plain_only(const blk_attn *a)
 {
     if (a->window != 0 || a->softcap != 0.0f || a->scale != 0.0f)
         abort(); /* config_check refuses what the kernels lack */
 }
 
+/* The variants (Gemma 2) through the attention with options; without any,
+ * the plain kernels as before. */
+static bool attn_variant(const blk_attn *a, kern_att_opts *o)
+{
+    *o = (kern_att_opts){.scale = a->scale, .softcap = a->softcap, .window = a->window};
+    return a->window != 0 || a->softcap != 0.0f || a->scale != 0.0f;
+}
+
 void blk_attn_fwd(blk_run *r, const blk_attn *a, float *out, float *lse, float *scratch,
                   const float *q, const float *k, const float *v)
 {
-    plain_only(a);
-    if (r->pos != NULL)
+    kern_att_opts o;
+    if (attn_variant(a, &o))
+        r->k->gqa_attention_opt_fwd(r->d, out, lse, scratch, q, k, v, r->pos, &o, r->B, r->T,
+                                    a->NH, a->NKV, a->hs);
+    else if (r->pos != NULL)
         r->k->gqa_attention_pos_fwd(r->d, out, lse, scratch, q, k, v, r->pos, r->B, r->T, a->NH,
                                     a->NKV, a->hs);
     else
@@ -250,8 +264,11 @@ void blk_attn_bwd(blk_run *r, const blk_attn *a, float *dq, float *dk, float *dv
                   float *scratch, const float *dout, const float *q, const float *k,
                   const float *v, const float *lse, const float *out)
 {
-    plain_only(a);
-    if (r->pos != NULL)
+    kern_att_opts o;
+    if (attn_variant(a, &o))
+        r->k->gqa_attention_opt_bwd(r->d, dq, dk, dv, scratch, dout, q, k, v, lse, out, r->pos,
+                                    &o, r->B, r->T, a->NH, a->NKV, a->hs);
+    else if (r->pos != NULL)
         r->k->gqa_attention_pos_bwd(r->d, dq, dk, dv, scratch, dout, q, k, v, lse, out, r->pos,
                                     r->B, r->T, a->NH, a->NKV, a->hs);
     else
@@ -288,9 +305,10 @@ void blk_ffn_fwd(blk_run *r, int layer, const blk_ffn *f, const blk_ffn_acts *a,
     if (gated(f)) {
         blk_linear_fwd(r, layer, &f->gate, a->pre, x);
         blk_linear_fwd(r, layer, &f->up, a->up, x);
-        if (f->act != BLK_SILU)
-            abort(); /* gated GELU comes with its family */
-        r->k->swiglu_fwd(r->d, a->h, a->pre, a->up, n);
+        if (f->act == BLK_SILU)
+            r->k->swiglu_fwd(r->d, a->h, a->pre, a->up, n);
+        else /* Gemma's tanh-GELU gate */
+            r->k->geglu_fwd(r->d, a->h, a->pre, a->up, n);
     } else {
         blk_linear_fwd(r, layer, &f->up, a->pre, x);
         if (f->act != BLK_GELU_TANH)
@@ -309,7 +327,10 @@ void blk_ffn_bwd(blk_run *r, int layer, const blk_ffn *f, const blk_ffn_acts *a,
     if (gated(f)) {
         r->k->zero(r->d, g->dpre, fb);
         r->k->zero(r->d, g->dup, fb);
-        r->k->swiglu_bwd(r->d, g->dpre, g->dup, g->dh, a->pre, a->up, n);
+        if (f->act == BLK_SILU)
+            r->k->swiglu_bwd(r->d, g->dpre, g->dup, g->dh, a->pre, a->up, n);
+        else
+            r->k->geglu_bwd(r->d, g->dpre, g->dup, g->dh, a->pre, a->up, n);
         r->k->zero(r->d, dx, (size_t)r->N * f->up.in * sizeof(float));
         blk_linear_bwd(r, layer, &f->gate, dx, g->dpre, x);
         blk_linear_bwd(r, layer, &f->up, dx, g->dup, x);
@@ -327,15 +348,20 @@ void blk_head_fwd(blk_run *r, const blk_head *h, float *logits, float *losses,
                   double *loss_sum, const float *x, const int *targets, const float *weights,
                   int want_grad)
 {
-    if (h->softcap != 0.0f)
-        abort(); /* comes with its family */
-    r->k->matmul_fwd(r->d, logits, x, blk_w(r->m, h->w, 0), NULL, r->N, h->C, h->Vp);
+    size_t n = (size_t)r->N * h->Vp;
+    if (h->softcap != 0.0f) { /* the raw logits kept for the cap's backward */
+        r->k->matmul_fwd(r->d, h->raw, x, blk_w(r->m, h->w, 0), NULL, r->N, h->C, h->Vp);
+        r->k->softcap_fwd(r->d, logits, h->raw, h->softcap, n);
+    } else {
+        r->k->matmul_fwd(r->d, logits, x, blk_w(r->m, h->w, 0), NULL, r->N, h->C, h->Vp);
+    }
     r->k->xent(r->d, logits, losses, loss_sum, targets, weights, r->N, h->V, h->Vp, want_grad);
 }
 
-void blk_head_bwd(blk_run *r, const blk_head *h, float *dx, const float *dlogits,
-                  const float *x)
+void blk_head_bwd(blk_run *r, const blk_head *h, float *dx, float *dlogits, const float *x)
 {
+    if (h->softcap != 0.0f)
+        r->k->softcap_bwd(r->d, dlogits, dlogits, h->raw, h->softcap, (size_t)r->N * h->Vp);
     r->k->matmul_bwd(r->d, dx, blk_g(r->m, h->w), NULL, dlogits, x, blk_w(r->m, h->w, 0), r->N,
                      h->C, h->Vp);
 }

@@ -216,6 +216,8 @@ typedef struct blk_head {
     size_t w;        /* [Vp, C] (the token embedding when tied) */
     int C, V, Vp;
     float softcap;   /* final-logit soft-capping (0: none) */
+    float *raw;      /* softcap: [N, Vp] device floats, the logits before the cap (the
+                      * cap's backward needs them; the family's activations) */
 } blk_head;
 
 /* logits [N, Vp] = x W^T; losses [N]; *loss_sum (blk_xent's contract:
@@ -223,9 +225,9 @@ typedef struct blk_head {
 void blk_head_fwd(blk_run *r, const blk_head *h, float *logits, float *losses,
                   double *loss_sum, const float *x, const int *targets, const float *weights,
                   int want_grad);
-/* dx += dlogits W, dW += dlogits^T x */
-void blk_head_bwd(blk_run *r, const blk_head *h, float *dx, const float *dlogits,
-                  const float *x);
+/* dx += dlogits W, dW += dlogits^T x (with a cap, dlogits is first taken
+ * through the cap's backward, in place) */
+void blk_head_bwd(blk_run *r, const blk_head *h, float *dx, float *dlogits, const float *x);
 
 /* ---- inputs: tokens, targets, weights (and packed positions) uploaded */
 

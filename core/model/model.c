@@ -16,10 +16,14 @@
 
 extern const model_family model_family_gpt2;
 extern const model_family model_family_llama;
+extern const model_family model_family_qwen3;  /* (h-kern, issue 19) */
+extern const model_family model_family_gemma2; /* (h-kern, issue 19) */
 
 static const model_family *const families[] = {
     &model_family_gpt2,
     &model_family_llama,
+    &model_family_qwen3,
+    &model_family_gemma2,
     NULL,
 };
 

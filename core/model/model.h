@@ -98,6 +98,7 @@ typedef enum model_rope_scaling {
 #define MODEL_TYPE_MAX 32
 #define MODEL_LORA_MAX_TARGETS 16
 #define MODEL_LORA_NAME_MAX 32
+#define MODEL_MAX_SLIDING 256 /* layers whose sliding window a config can mark */
 
 /* LoRA (model_lora.h): adapters on the named projections; r = 0: none. */
 typedef struct model_lora_cfg {
@@ -141,6 +142,12 @@ typedef struct model_config {
      * LoRA a BF16 or F16 one keeps the frozen base in it on the device
      * (model_base16); otherwise it changes nothing. */
     st_dtype weights_dtype;
+    /* Gemma 2's attention and logits (decoder.h; 0: off). (h-kern, issue 19) */
+    double query_pre_attn_scalar;   /* scores * this^-1/2 (0: head_dim^-1/2) */
+    double attn_logit_softcapping;  /* scores -> cap * tanh(scores / cap) */
+    double final_logit_softcapping; /* logits likewise */
+    int sliding_window;             /* keys a sliding layer's query sees, itself included */
+    uint64_t sliding_layers[MODEL_MAX_SLIDING / 64]; /* bit l: layer l slides */
 } model_config;
 
 /* ---- layout */

@@ -311,10 +311,10 @@ int main(int argc, char **argv)
         return 1;
     /* logits of the first micro batch's worth at a time, trimmed to V */
     float *lg = malloc((size_t)mb * T * Vp * sizeof *lg), *logits = malloc(BT * V * sizeof *logits);
-    for (int s = 0; s < B && m->family == &model_family_llama; s += mb) {
+    for (int s = 0; s < B && model_logits(m) != NULL; s += mb) {
         double ls;
         model_forward(m, tok + (size_t)s * T, tgt + (size_t)s * T, w, mb, 0, &ls);
-        d->ops->download(d, lg, model_llama_logits(m), (size_t)mb * T * Vp * sizeof *lg);
+        d->ops->download(d, lg, model_logits(m), (size_t)mb * T * Vp * sizeof *lg);
         for (size_t r = 0; r < (size_t)mb * T; r++)
             memcpy(logits + ((size_t)s * T + r) * V, lg + r * Vp, (size_t)V * sizeof *lg);
     }
