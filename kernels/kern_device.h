@@ -80,7 +80,8 @@ typedef struct kern_ops {
     /* out = (inp - mean) * rstd * w + b, per row; keeps mean and rstd */
     void (*layernorm_fwd)(kern_device *d, float *out, float *mean, float *rstd,
                           const float *inp, const float *w, const float *b, int N, int C);
-    /* dinp += ..., dw += ..., db += ... */
+    /* dinp += ..., dw += ..., db += ...; dw and db both NULL: a frozen
+     * norm (LoRA), only dinp */
     void (*layernorm_bwd)(kern_device *d, float *dinp, float *dw, float *db, const float *dout,
                           const float *inp, const float *w, const float *mean,
                           const float *rstd, int N, int C);

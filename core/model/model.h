@@ -204,6 +204,8 @@ struct model_family {
     const char *name;                 /* the spec's "model.arch" ("gpt2", "llama") */
     const model_hf_name *hf_names;    /* what it reads from Hugging Face (the first row is
                                        * what it writes by default); ended by a zero row */
+    const char *const *lora_default_targets; /* PEFT's default target modules for it
+                                       * (NULL-ended); NULL: lora.target_modules required */
 
     /* REQUIRED: config from the spec's model object (shape keys, no file);
      * checks it (model_config_check semantics), errors name "model.<key>". */

@@ -582,6 +582,8 @@ static const float *llama_token_losses(const model *m)
     return S(m) == NULL || S(m)->mem == NULL ? NULL : S(m)->a[A_LOSSES];
 }
 
+static const char *const llama_lora_default[] = {"q_proj", "v_proj", NULL}; /* PEFT's */
+
 static const model_hf_name llama_hf[] = {
     {"LlamaForCausalLM", "llama", 0},
     {"MistralForCausalLM", "mistral", 0},
@@ -592,6 +594,7 @@ static const model_hf_name llama_hf[] = {
 const model_family model_family_llama = {
     .name = "llama",
     .hf_names = llama_hf,
+    .lora_default_targets = llama_lora_default,
     .config_from_spec = llama_config_from_spec,
     .config_check = llama_check,
     .layout = llama_layout,

@@ -81,16 +81,13 @@ int model_lora_apply(const spec_lora *sl, bool merge, model_config *cfg, acc_err
         return rc;
     char mods[MODEL_LORA_MAX_TARGETS][MODEL_LORA_NAME_MAX], list[512] = "";
     int nm = modules_of(&l, mods, MODEL_LORA_MAX_TARGETS);
-    bool transposed = false;
-    for (int i = 0; i < l.n; i++) {
-        char m[MODEL_LORA_NAME_MAX];
-        transposed |= linear_module(&l.t[i], m, sizeof m) && l.t[i].transposed;
-    }
     model_layout_free(&l);
-    const char *fam = model_family_of(cfg)->name;
-    if (transposed || nm == 0) /* GPT-2's Conv1D: PEFT's fan_in_fan_out, not done yet */
-        return acc_err_set(err, ACC_EINVAL, "lora",
-                           "lora is not supported for the %s family yet (llama is)", fam);
+    const model_family *family = model_family_of(cfg);
+    const char *fam = family->name;
+    const char *const *def = family->lora_default_targets;
+    if (nm == 0)
+        return acc_err_set(err, ACC_EINVAL, "lora", "the %s model has no linear layers to adapt",
+                           fam);
     for (int k = 0; k < nm; k++) {
         size_t len = strlen(list);
         snprintf(list + len, sizeof list - len, "%s%s", k ? ", " : "", mods[k]);
@@ -99,14 +96,18 @@ int model_lora_apply(const spec_lora *sl, bool merge, model_config *cfg, acc_err
     if (sl->all_linear) {
         memcpy(lc->targets, mods, sizeof mods);
         lc->n_targets = nm;
-    } else if (sl->n_targets == 0) { /* PEFT's default for LLaMA */
-        if (!has_module(mods, nm, "q_proj") || !has_module(mods, nm, "v_proj"))
+    } else if (sl->n_targets == 0) { /* PEFT's default for the family */
+        int n = 0;
+        for (; def != NULL && def[n] != NULL && n < MODEL_LORA_MAX_TARGETS; n++)
+            if (!has_module(mods, nm, def[n]))
+                break;
+        if (def == NULL || n == 0 || def[n] != NULL)
             return acc_err_set(err, ACC_EINVAL, "lora.target_modules",
                                "lora.target_modules is required for this model (its linear "
                                "layers: %s)", list);
-        snprintf(lc->targets[0], MODEL_LORA_NAME_MAX, "q_proj");
-        snprintf(lc->targets[1], MODEL_LORA_NAME_MAX, "v_proj");
-        lc->n_targets = 2;
+        for (int i = 0; i < n; i++)
+            snprintf(lc->targets[i], MODEL_LORA_NAME_MAX, "%s", def[i]);
+        lc->n_targets = n;
     } else {
         for (int i = 0; i < sl->n_targets; i++) {
             char f[48];

@@ -168,7 +168,7 @@ static void cpu_layernorm_bwd(kern_device *d, float *dinp, float *dw, float *db,
         }
     }
     enum { CB = 64 };
-    int nblk = (C + CB - 1) / CB;
+    int nblk = dw != NULL ? (C + CB - 1) / CB : 0; /* NULL: a frozen norm (LoRA) */
 #pragma omp parallel for num_threads(d->threads)
     for (int blk = 0; blk < nblk; blk++) {
         int c0 = blk * CB, c1 = c0 + CB < C ? c0 + CB : C;
