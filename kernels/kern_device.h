@@ -9,8 +9,10 @@
  * download (on CPU devices they happen to be host memory).
  *
  * The kernels are the GPT-2 building blocks, then the LLaMA family's
- * (RMSNorm, RoPE, SwiGLU, grouped-query attention: the end of kern_ops,
- * optional per backend). Shapes: N rows (tokens, B*T),
+ * (RMSNorm, RoPE, SwiGLU, grouped-query attention), then Qwen3's and
+ * Gemma 2's (soft-capping, the tanh-GELU gate, RMSNorm with an offset,
+ * attention with a scale / cap / window): the end of kern_ops, optional
+ * per backend. Shapes: N rows (tokens, B*T),
  * C channels, OC output channels, NH heads, V real vocabulary, Vp padded
  * vocabulary. Every backward ACCUMULATES into its weight gradients (+=), so
  * micro-steps sum in place; activation gradients are accumulated as noted.

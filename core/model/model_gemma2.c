@@ -127,6 +127,8 @@ static int gemma2_create(model *m, acc_err *err)
 }
 
 
+static const char *const gemma2_lora_default[] = {"q_proj", "v_proj", NULL}; /* PEFT's */
+
 static const model_hf_name gemma2_hf[] = {
     {"Gemma2ForCausalLM", "gemma2", 0},
     {0},
@@ -135,6 +137,7 @@ static const model_hf_name gemma2_hf[] = {
 const model_family model_family_gemma2 = {
     .name = "gemma2",
     .hf_names = gemma2_hf,
+    .lora_default_targets = gemma2_lora_default,
     .config_from_spec = gemma2_config_from_spec,
     .config_check = dec_check,
     .layout = gemma2_layout,

@@ -62,6 +62,8 @@ static int qwen3_create(model *m, acc_err *err)
 }
 
 
+static const char *const qwen3_lora_default[] = {"q_proj", "v_proj", NULL}; /* PEFT's */
+
 static const model_hf_name qwen3_hf[] = {
     {"Qwen3ForCausalLM", "qwen3", 0},
     {0},
@@ -70,6 +72,7 @@ static const model_hf_name qwen3_hf[] = {
 const model_family model_family_qwen3 = {
     .name = "qwen3",
     .hf_names = qwen3_hf,
+    .lora_default_targets = qwen3_lora_default,
     .config_from_spec = qwen3_config_from_spec,
     .config_check = dec_check,
     .layout = qwen3_layout,
