@@ -53,8 +53,6 @@ int dec_check(const model_config *c, acc_err *err)
                            c->padded_vocab_size, c->vocab_size);
     if (!(c->norm_eps > 0) || !isfinite(c->norm_eps))
         return acc_err_set(err, ACC_EINVAL, "model.rms_norm_eps", "must be a positive number");
-    if (c->rope_scaling != MODEL_ROPE_NONE)
-        return acc_err_set(err, ACC_EINVAL, "model.rope_scaling", "rope_scaling is not supported");
     if (c->mlp_bias)
         return acc_err_set(err, ACC_EINVAL, "model.mlp_bias", "MLP biases are not supported");
     if (c->sliding_window < 0 || c->attn_logit_softcapping < 0 ||
@@ -65,7 +63,7 @@ int dec_check(const model_config *c, acc_err *err)
     return 0;
 }
 
-static int round_vocab(int v)
+int dec_round_vocab(int v)
 {
     int64_t p = ((int64_t)v + VOCAB_PAD - 1) / VOCAB_PAD * VOCAB_PAD;
     return p > INT32_MAX ? v : (int)p;
@@ -76,7 +74,7 @@ int dec_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err)
     cfg->max_seq_len = sm->seq_len;
     cfg->vocab_size = sm->vocab_size;
     cfg->padded_vocab_size = sm->padded_vocab_size > 0 ? sm->padded_vocab_size
-                                                       : round_vocab(sm->vocab_size);
+                                                       : dec_round_vocab(sm->vocab_size);
     cfg->n_layer = sm->n_layer;
     cfg->n_head = sm->n_head;
     cfg->channels = sm->n_embd;
@@ -115,7 +113,7 @@ int dec_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
     if (rc == 0 && rs != NULL && !json_is_null(rs))
         rc = acc_err_set(err, ACC_EINVAL, "model.from",
                          "config.json: rope_scaling is not supported for %s", cfg->model_type);
-    cfg->padded_vocab_size = round_vocab(cfg->vocab_size);
+    cfg->padded_vocab_size = dec_round_vocab(cfg->vocab_size);
     return rc;
 }
 
@@ -385,8 +383,12 @@ int dec_acts_alloc(model *m, acc_err *err)
     dec_state *s = S(m);
     uint64_t cnt[A_COUNT];
     act_counts(&s->desc, &m->cfg, m->B, m->T, m->recompute, cnt);
+    const model_config *c = &m->cfg;
+    bool more = s->desc.norm != BLK_RMSNORM || s->desc.act != BLK_SILU || c->sliding_window > 0 ||
+                c->attn_logit_softcapping > 0 || c->final_logit_softcapping > 0 ||
+                c->query_pre_attn_scalar > 0; /* the ops after the LLaMA family's */
     int rc = kern_llama_ops_check(m->dev, err);
-    if (rc == 0)
+    if (rc == 0 && more)
         rc = kern_decoder_ops_check(m->dev, err);
     if (rc == 0)
         rc = blk_acts_alloc(m, cnt, A_COUNT, &s->mem, s->a, err);

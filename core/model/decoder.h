@@ -1,5 +1,5 @@
-/* decoder: the pre-norm decoder-only transformer that Qwen3 and Gemma 2
- * (and LLaMA's shape of it) are, composed of blocks.h's pieces once, so a
+/* decoder: the pre-norm decoder-only transformer that LLaMA (Mistral,
+ * Qwen2), Qwen3 and Gemma 2 are, composed of blocks.h's pieces once, so a
  * family file is its config.json mapping, its description and its
  * registry row.
  *
@@ -41,12 +41,14 @@ typedef struct dec_desc {
 /* the head size (head_dim, or channels / heads) and key/value heads */
 int dec_head_dim(const model_config *c);
 int dec_kv_heads(const model_config *c);
+/* the rows of the embedding / head: the vocabulary rounded up to 64 */
+int dec_round_vocab(int v);
 /* layer l is a sliding-window layer */
 bool dec_sliding(const model_config *c, int l);
 
 /* config: the keys every decoder family reads from / writes to config.json
- * (shapes, eps, rope_theta without scaling, tie, attention_bias), and the
- * shape checks; errors name "model.<key>" */
+ * (shapes, eps, rope_theta -- rope_scaling is refused --, attention_bias),
+ * and the shape checks; errors name "model.<key>" */
 int dec_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err);
 int dec_config_to_hf(const model_config *c, const char *arch, json_t *hf, acc_err *err);
 int dec_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err);
