@@ -40,7 +40,7 @@ int dec_check(const model_config *c, acc_err *err)
                            "n_embd %d is not a multiple of n_head %d", c->channels, c->n_head);
     int hs = dec_head_dim(c), nkv = dec_kv_heads(c);
     if (hs < 2 || hs % 2 != 0)
-        return acc_err_set(err, ACC_EINVAL, "model.head_dim",
+        return acc_err_set(err, ACC_EINVAL, "model.n_head",
                            "the head size %d must be even (rotary pairs)", hs);
     if (nkv < 1 || c->n_head % nkv != 0)
         return acc_err_set(err, ACC_EINVAL, "model.n_kv_head",
@@ -60,7 +60,15 @@ int dec_check(const model_config *c, acc_err *err)
         return acc_err_set(err, ACC_EINVAL, "model.sliding_window",
                            "sliding_window, the soft-capping values and query_pre_attn_scalar "
                            "must be >= 0");
-    return 0;
+    kern_rope_cfg r;
+    blk_rope_cfg(c, &r);
+    int rc = kern_rope_check(&r, hs, err);
+    if (rc != 0 && err != NULL) {
+        char key[sizeof err->field];
+        snprintf(key, sizeof key, "%s", err->field);
+        snprintf(err->field, sizeof err->field, "model.%.100s", key);
+    }
+    return rc;
 }
 
 int dec_round_vocab(int v)

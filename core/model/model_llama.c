@@ -13,43 +13,6 @@
 
 /* ---- config */
 
-static int llama_check(const model_config *c, acc_err *err)
-{
-    if (c->n_layer < 1 || c->n_head < 1 || c->channels < 1 || c->max_seq_len < 1 ||
-        c->intermediate_size < 1)
-        return acc_err_set(err, ACC_EINVAL, "model",
-                           "n_layer, n_head, n_embd, intermediate_size and seq_len must be >= 1");
-    if (c->head_dim == 0 && c->channels % c->n_head != 0)
-        return acc_err_set(err, ACC_EINVAL, "model.n_head",
-                           "n_embd %d is not a multiple of n_head %d", c->channels, c->n_head);
-    int hs = dec_head_dim(c), nkv = dec_kv_heads(c);
-    if (hs < 2 || hs % 2 != 0)
-        return acc_err_set(err, ACC_EINVAL, "model.n_head",
-                           "the head size %d must be even (rotary pairs)", hs);
-    if (nkv < 1 || c->n_head % nkv != 0)
-        return acc_err_set(err, ACC_EINVAL, "model.n_kv_head",
-                           "n_head %d is not a multiple of the key/value heads %d", c->n_head, nkv);
-    if ((int64_t)c->n_head * hs > INT32_MAX / 2 || (int64_t)c->intermediate_size > INT32_MAX / 2)
-        return acc_err_set(err, ACC_EINVAL, "model", "the projections are too wide");
-    if (c->vocab_size < 1 || c->padded_vocab_size < c->vocab_size)
-        return acc_err_set(err, ACC_EINVAL, "model.padded_vocab_size",
-                           "padded_vocab_size %d must be >= vocab_size %d >= 1",
-                           c->padded_vocab_size, c->vocab_size);
-    if (!(c->norm_eps > 0) || !isfinite(c->norm_eps))
-        return acc_err_set(err, ACC_EINVAL, "model.rms_norm_eps", "must be a positive number");
-    if (c->mlp_bias)
-        return acc_err_set(err, ACC_EINVAL, "model.mlp_bias", "MLP biases are not supported");
-    kern_rope_cfg r;
-    blk_rope_cfg(c, &r);
-    int rc = kern_rope_check(&r, hs, err);
-    if (rc != 0 && err != NULL) {
-        char key[sizeof err->field];
-        snprintf(key, sizeof key, "%s", err->field);
-        snprintf(err->field, sizeof err->field, "model.%.100s", key);
-    }
-    return rc;
-}
-
 static int llama_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err)
 {
     cfg->max_seq_len = sm->seq_len;
@@ -69,7 +32,7 @@ static int llama_config_from_spec(const spec_model *sm, model_config *cfg, acc_e
         cfg->norm_eps = 1e-5;
     if (cfg->model_type[0] == '\0')
         snprintf(cfg->model_type, sizeof cfg->model_type, "llama");
-    return llama_check(cfg, err);
+    return dec_check(cfg, err);
 }
 
 static int rope_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
@@ -152,7 +115,7 @@ static int llama_config_from_hf(const json_t *hf, model_config *cfg, acc_err *er
     if (rc != 0)
         return rc;
     cfg->padded_vocab_size = dec_round_vocab(cfg->vocab_size);
-    rc = llama_check(cfg, err);
+    rc = dec_check(cfg, err);
     if (rc != 0 && err != NULL) {
         acc_err_prefix(err, "config.json (%s)", err->field);
         snprintf(err->field, sizeof err->field, "model.from");
@@ -257,7 +220,7 @@ const model_family model_family_llama = {
     .hf_names = llama_hf,
     .lora_default_targets = llama_lora_default,
     .config_from_spec = llama_config_from_spec,
-    .config_check = llama_check,
+    .config_check = dec_check,
     .layout = llama_layout,
     .act_bytes = llama_act_bytes,
     .gemm_extent = dec_gemm_extent,
