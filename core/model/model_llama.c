@@ -348,6 +348,7 @@ typedef struct llama_state {
     llama_block *blk; /* [L] */
     void *mem;
     float *a[A_COUNT];
+    int lora_per_layer; /* adapted linears per block (blk_lora_per_layer) */
     int packed;       /* the last forward had m->positions (A_POS holds them) */
 } llama_state;
 
@@ -397,6 +398,7 @@ static int llama_create(model *m, acc_err *err)
         b->ffn.act = BLK_SILU;
         b->ffn.I = I;
     }
+    s->lora_per_layer = blk_lora_per_layer(c);
     m->impl = s;
     return 0;
 }
@@ -439,7 +441,7 @@ static blk_run run_of(model *m, int nseq)
     blk_run r = blk_run_of(m, nseq);
     r.pos = s->packed ? (const int *)s->a[A_POS] : NULL;
     r.lora = (blk_lora_acts){s->a[A_LORA_U], s->a[A_LORA_TMP], s->a[A_LORA_DU],
-                             blk_lora_per_layer(&m->cfg)};
+                             S(m)->lora_per_layer};
     return r;
 }
 
