@@ -299,6 +299,7 @@ typedef struct dec_state {
     dec_block *blk; /* [L] */
     void *mem;
     float *a[A_COUNT];
+    int lora_per_layer; /* adapted linears per block (blk_lora_per_layer, at create) */
     int packed;     /* the last forward had m->positions (A_POS holds them) */
 } dec_state;
 
@@ -369,6 +370,7 @@ int dec_create(model *m, const dec_desc *d, acc_err *err)
     s->rope.hs = dec_head_dim(c);
     for (int l = 0; l < c->n_layer; l++)
         block_init(m, &s->blk[l], l);
+    s->lora_per_layer = blk_lora_per_layer(c);
     return 0;
 }
 
@@ -416,7 +418,7 @@ static blk_run run_of(model *m, int nseq)
     blk_run r = blk_run_of(m, nseq);
     r.pos = s->packed ? (const int *)s->a[A_POS] : NULL;
     r.lora = (blk_lora_acts){s->a[A_LORA_U], s->a[A_LORA_TMP], s->a[A_LORA_DU],
-                             blk_lora_per_layer(&m->cfg)};
+                             s->lora_per_layer};
     return r;
 }
 

@@ -140,7 +140,7 @@ typedef struct model_config {
     /* The dtype model.from's weights are stored in (config.json's
      * torch_dtype; ST_F32 without one, and for every other source). Under
      * LoRA a BF16 or F16 one keeps the frozen base in it on the device
-     * (model_base16); otherwise it changes nothing. */
+     * (the weight store: model_base_dtype); otherwise it changes nothing. */
     st_dtype weights_dtype;
     /* Gemma 2's attention and logits (decoder.h; 0: off). (h-kern, issue 19) */
     double query_pre_attn_scalar;   /* scores * this^-1/2 (0: head_dim^-1/2) */

@@ -246,6 +246,7 @@ typedef struct gpt2_state {
     gpt2_block *blk; /* [L] */
     void *mem;
     float *a[A_COUNT];
+    int lora_per_layer; /* adapted linears per block (blk_lora_per_layer) */
 } gpt2_state;
 
 static gpt2_state *G(const model *m)
@@ -291,6 +292,7 @@ static int gpt2_create(model *m, acc_err *err)
         b->ffn.act = BLK_GELU_TANH;
         b->ffn.I = 4 * C;
     }
+    s->lora_per_layer = blk_lora_per_layer(c);
     m->impl = s;
     return 0;
 }
@@ -320,7 +322,7 @@ static blk_run run_of(model *m, int nseq)
 {
     float *const *a = G(m)->a;
     blk_run r = blk_run_of(m, nseq);
-    r.lora = (blk_lora_acts){a[A_LORA_U], a[A_LORA_TMP], a[A_LORA_DU], blk_lora_per_layer(&m->cfg)};
+    r.lora = (blk_lora_acts){a[A_LORA_U], a[A_LORA_TMP], a[A_LORA_DU], G(m)->lora_per_layer};
     return r;
 }
 
