@@ -93,7 +93,8 @@ int dec_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err)
     return dec_check(cfg, err);
 }
 
-int dec_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
+int dec_config_from_hf(const json_t *hf, model_config *cfg, bool qkv_bias_only,
+                       bool rope_scaling, acc_err *err)
 {
     int rc = model_hf_int(hf, "num_hidden_layers", -1, &cfg->n_layer, err);
     if (rc == 0)
@@ -114,14 +115,34 @@ int dec_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
         rc = model_hf_num(hf, "rms_norm_eps", 1e-6, &cfg->norm_eps, err);
     if (rc == 0)
         rc = model_hf_num(hf, "rope_theta", 10000.0, &cfg->rope_theta, err);
+    if (rc == 0) /* Qwen2: q/k/v biases always; the others: q/k/v/o when attention_bias */
+        rc = model_hf_bool(hf, "attention_bias", qkv_bias_only, &cfg->attention_bias, err);
+    cfg->attention_out_bias = cfg->attention_bias && !qkv_bias_only;
     if (rc == 0)
-        rc = model_hf_bool(hf, "attention_bias", false, &cfg->attention_bias, err);
-    cfg->attention_out_bias = cfg->attention_bias;
+        rc = model_hf_bool(hf, "mlp_bias", false, &cfg->mlp_bias, err);
     const json_t *rs = json_object_get(hf, "rope_scaling");
-    if (rc == 0 && rs != NULL && !json_is_null(rs))
+    if (rc == 0 && !rope_scaling && rs != NULL && !json_is_null(rs))
         rc = acc_err_set(err, ACC_EINVAL, "model.from",
                          "config.json: rope_scaling is not supported for %s", cfg->model_type);
     cfg->padded_vocab_size = dec_round_vocab(cfg->vocab_size);
+    return rc;
+}
+
+int dec_hf_act(const json_t *hf, const char *key, const char *want, acc_err *err)
+{
+    const char *act = json_string_value(json_object_get(hf, key));
+    if (act != NULL && strcmp(act, want) != 0)
+        return acc_err_set(err, ACC_EINVAL, "model.from",
+                           "config.json: %s %s is not supported (%s)", key, act, want);
+    return 0;
+}
+
+int dec_check_hf(int rc, const model_config *cfg, acc_err *err)
+{
+    if (rc == 0 && (rc = dec_check(cfg, err)) != 0 && err != NULL) {
+        acc_err_prefix(err, "config.json (%s)", err->field);
+        snprintf(err->field, sizeof err->field, "model.from");
+    }
     return rc;
 }
 

@@ -47,9 +47,16 @@ int dec_round_vocab(int v);
 bool dec_sliding(const model_config *c, int l);
 
 /* config: the keys every decoder family reads from / writes to config.json
- * (shapes, eps, rope_theta -- rope_scaling is refused --, attention_bias),
- * and the shape checks; errors name "model.<key>" */
-int dec_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err);
+ * (shapes, eps, rope_theta, attention_bias -- default qkv_bias_only, an
+ * output bias only without it --, mlp_bias; rope_scaling refused unless the
+ * family reads it), and the shape checks; errors name "model.<key>" */
+int dec_config_from_hf(const json_t *hf, model_config *cfg, bool qkv_bias_only,
+                       bool rope_scaling, acc_err *err);
+/* config.json's activation `key`, when present, must be `want` */
+int dec_hf_act(const json_t *hf, const char *key, const char *want, acc_err *err);
+/* rc, or (rc 0) dec_check's verdict on the config read from config.json,
+ * its field named in the message, the error's field "model.from" */
+int dec_check_hf(int rc, const model_config *cfg, acc_err *err);
 int dec_config_to_hf(const model_config *c, const char *arch, json_t *hf, acc_err *err);
 int dec_config_from_spec(const spec_model *sm, model_config *cfg, acc_err *err);
 int dec_check(const model_config *c, acc_err *err);

@@ -41,7 +41,7 @@ static int sliding_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
 
 static int gemma2_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
 {
-    int rc = dec_config_from_hf(hf, cfg, err);
+    int rc = dec_config_from_hf(hf, cfg, false, false, err);
     if (rc == 0)
         rc = model_hf_bool(hf, "tie_word_embeddings", true, &cfg->tie_word_embeddings, err);
     if (rc == 0)
@@ -54,20 +54,14 @@ static int gemma2_config_from_hf(const json_t *hf, model_config *cfg, acc_err *e
         rc = model_hf_int(hf, "sliding_window", 0, &cfg->sliding_window, err);
     if (rc == 0)
         rc = sliding_from_hf(hf, cfg, err);
-    const json_t *a = json_object_get(hf, "hidden_activation");
-    const char *act = json_string_value(a != NULL ? a : json_object_get(hf, "hidden_act"));
-    if (rc == 0 && act != NULL && strcmp(act, "gelu_pytorch_tanh") != 0)
-        rc = acc_err_set(err, ACC_EINVAL, "model.from",
-                         "config.json: hidden_activation %s is not supported "
-                         "(gelu_pytorch_tanh)", act);
+    if (rc == 0) /* the newer key, or the older one */
+        rc = dec_hf_act(hf, json_object_get(hf, "hidden_activation") ? "hidden_activation"
+                                                                      : "hidden_act",
+                        "gelu_pytorch_tanh", err);
     if (rc == 0 && !cfg->tie_word_embeddings)
         rc = acc_err_set(err, ACC_EINVAL, "model.from",
                          "config.json: gemma2 ties its head (tie_word_embeddings true)");
-    if (rc == 0 && (rc = dec_check(cfg, err)) != 0) {
-        acc_err_prefix(err, "config.json (%s)", err->field);
-        snprintf(err->field, sizeof err->field, "model.from");
-    }
-    return rc;
+    return dec_check_hf(rc, cfg, err);
 }
 
 static json_t *layer_types(const model_config *c)

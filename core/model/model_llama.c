@@ -75,52 +75,19 @@ static int llama_config_from_hf(const json_t *hf, model_config *cfg, acc_err *er
     const model_hf_name *row = model_hf_name_of(cfg->model_type);
     bool qkv_only = row != NULL && (row->flags & MODEL_HF_QKV_BIAS);
     bool sliding = false;
-    int rc = model_hf_int(hf, "num_hidden_layers", -1, &cfg->n_layer, err);
-    if (rc == 0)
-        rc = model_hf_int(hf, "num_attention_heads", -1, &cfg->n_head, err);
-    if (rc == 0)
-        rc = model_hf_int(hf, "num_key_value_heads", cfg->n_head, &cfg->n_kv_head, err);
-    if (rc == 0)
-        rc = model_hf_int(hf, "hidden_size", -1, &cfg->channels, err);
-    if (rc == 0)
-        rc = model_hf_int(hf, "head_dim", 0, &cfg->head_dim, err);
-    if (rc == 0)
-        rc = model_hf_int(hf, "intermediate_size", -1, &cfg->intermediate_size, err);
-    if (rc == 0)
-        rc = model_hf_int(hf, "vocab_size", -1, &cfg->vocab_size, err);
-    if (rc == 0)
-        rc = model_hf_int(hf, "max_position_embeddings", 2048, &cfg->max_seq_len, err);
-    if (rc == 0)
-        rc = model_hf_num(hf, "rms_norm_eps", 1e-6, &cfg->norm_eps, err);
-    if (rc == 0)
-        rc = model_hf_num(hf, "rope_theta", 10000.0, &cfg->rope_theta, err);
+    int rc = dec_config_from_hf(hf, cfg, qkv_only, true, err);
     if (rc == 0)
         rc = model_hf_bool(hf, "tie_word_embeddings", false, &cfg->tie_word_embeddings, err);
-    if (rc == 0) /* Qwen2: q/k/v biases always; LLaMA: q/k/v/o when attention_bias */
-        rc = model_hf_bool(hf, "attention_bias", qkv_only, &cfg->attention_bias, err);
-    cfg->attention_out_bias = cfg->attention_bias && !qkv_only;
-    if (rc == 0)
-        rc = model_hf_bool(hf, "mlp_bias", false, &cfg->mlp_bias, err);
     if (rc == 0)
         rc = rope_from_hf(hf, cfg, err);
-    const char *act = json_string_value(json_object_get(hf, "hidden_act"));
-    if (rc == 0 && act != NULL && strcmp(act, "silu") != 0)
-        rc = acc_err_set(err, ACC_EINVAL, "model.from",
-                         "config.json: hidden_act %s is not supported (silu)", act);
+    if (rc == 0)
+        rc = dec_hf_act(hf, "hidden_act", "silu", err);
     if (rc == 0)
         rc = model_hf_bool(hf, "use_sliding_window", false, &sliding, err);
     if (rc == 0 && sliding)
         rc = acc_err_set(err, ACC_EINVAL, "model.from",
                          "config.json: use_sliding_window is not supported");
-    if (rc != 0)
-        return rc;
-    cfg->padded_vocab_size = dec_round_vocab(cfg->vocab_size);
-    rc = dec_check(cfg, err);
-    if (rc != 0 && err != NULL) {
-        acc_err_prefix(err, "config.json (%s)", err->field);
-        snprintf(err->field, sizeof err->field, "model.from");
-    }
-    return rc;
+    return dec_check_hf(rc, cfg, err);
 }
 
 static int llama_config_to_hf(const model_config *c, json_t *hf, acc_err *err)

@@ -11,7 +11,7 @@ static const dec_desc qwen3 = {.norm = BLK_RMSNORM, .act = BLK_SILU, .qk_norm = 
 static int qwen3_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
 {
     bool sliding = false;
-    int rc = dec_config_from_hf(hf, cfg, err);
+    int rc = dec_config_from_hf(hf, cfg, false, false, err);
     if (rc == 0)
         rc = model_hf_bool(hf, "tie_word_embeddings", false, &cfg->tie_word_embeddings, err);
     if (rc == 0)
@@ -19,15 +19,9 @@ static int qwen3_config_from_hf(const json_t *hf, model_config *cfg, acc_err *er
     if (rc == 0 && sliding) /* Qwen3's published models leave it off */
         rc = acc_err_set(err, ACC_EINVAL, "model.from",
                          "config.json: use_sliding_window is not supported for qwen3");
-    const char *act = json_string_value(json_object_get(hf, "hidden_act"));
-    if (rc == 0 && act != NULL && strcmp(act, "silu") != 0)
-        rc = acc_err_set(err, ACC_EINVAL, "model.from",
-                         "config.json: hidden_act %s is not supported (silu)", act);
-    if (rc == 0 && (rc = dec_check(cfg, err)) != 0) {
-        acc_err_prefix(err, "config.json (%s)", err->field);
-        snprintf(err->field, sizeof err->field, "model.from");
-    }
-    return rc;
+    if (rc == 0)
+        rc = dec_hf_act(hf, "hidden_act", "silu", err);
+    return dec_check_hf(rc, cfg, err);
 }
 
 static int qwen3_config_to_hf(const model_config *c, json_t *hf, acc_err *err)
