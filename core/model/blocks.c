@@ -407,6 +407,35 @@ void blk_layers_backward(blk_run *r, int L, blk_layer_fn fwd, blk_layer_fn bwd,
     }
 }
 
+/* ---- the whole stack */
+
+void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, const int *tokens,
+                       const int *targets, const float *weights, int want_grad,
+                       double *loss_sum)
+{
+    blk_inputs_upload(r, in, tokens, targets, weights);
+    blk_embed_fwd(r, s->emb, s->x0, in->tokens);
+    blk_layers_forward(r, s->L, s->fwd);
+    blk_norm_fwd(r, s->norm, s->lnf, s->lnf_mean, s->lnf_rstd, s->xL);
+    blk_head_fwd(r, s->head, s->logits, s->losses, loss_sum, s->lnf, in->targets, in->weights,
+                 want_grad);
+}
+
+void blk_stack_backward(blk_run *r, const blk_stack *s, const int *tokens,
+                        void (*done)(void *ctx, int layer), void *ctx)
+{
+    size_t nc = (size_t)r->N * (size_t)s->norm->C * sizeof(float);
+    r->k->zero(r->d, s->dresid, nc);
+    r->k->zero(r->d, s->dln, nc);
+    /* logits hold dloss/dlogits (the forward with want_grad) */
+    blk_head_bwd(r, s->head, s->dln, s->logits, s->lnf);
+    blk_norm_bwd(r, s->norm, s->dresid, s->dln, s->xL, s->lnf_mean, s->lnf_rstd);
+    blk_layers_backward(r, s->L, s->fwd, s->bwd, done, ctx);
+    blk_embed_bwd(r, s->emb, s->dresid, tokens);
+    if (done != NULL)
+        done(ctx, -1);
+}
+
 /* ---- activations */
 
 uint64_t blk_acts_bytes(const uint64_t *cnt, int n)

@@ -252,6 +252,31 @@ void blk_layers_forward(blk_run *r, int L, blk_layer_fn fwd);
 void blk_layers_backward(blk_run *r, int L, blk_layer_fn fwd, blk_layer_fn bwd,
                          void (*done)(void *ctx, int layer), void *ctx);
 
+/* ---- the whole stack: embedding, the blocks, final norm, head and loss */
+
+typedef struct blk_stack {
+    const blk_embed *emb;
+    const blk_norm *norm;       /* the final norm */
+    const blk_head *head;
+    int L;                      /* blocks */
+    blk_layer_fn fwd, bwd;      /* one block's forward / backward (bwd: dresid holds
+                                 * d(block output) on entry, d(block input) on exit) */
+    float *x0, *xL;             /* the embedding's output (block 0's input), block L-1's output */
+    float *lnf, *lnf_mean, *lnf_rstd; /* the final norm's output and statistics */
+    float *logits, *losses;
+    float *dresid, *dln;        /* [N, C] backward scratch */
+} blk_stack;
+
+/* Upload the inputs, embed, the blocks (blk_layers_forward), final norm,
+ * head and loss. */
+void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, const int *tokens,
+                       const int *targets, const float *weights, int want_grad,
+                       double *loss_sum);
+/* The backward of the last forward (want_grad): head, final norm, the
+ * blocks (blk_layers_backward, done per block), the embedding, done(-1). */
+void blk_stack_backward(blk_run *r, const blk_stack *s, const int *tokens,
+                        void (*done)(void *ctx, int layer), void *ctx);
+
 /* ---- activations */
 
 /* Bytes of arrays of cnt[0..n) floats, each rounded up to 16 floats

@@ -571,6 +571,18 @@ static void block_backward(blk_run *r, int l)
     blk_norm_bwd(r, &b->ln1, a[A_DRESID], a[A_DLN], x.x, NULL, x.rstd1);
 }
 
+/* the stack around the blocks (blocks.h's skeleton) */
+static blk_stack stack_of(model *m)
+{
+    dec_state *s = S(m);
+    float *const *a = s->a;
+    return (blk_stack){.emb = &s->emb, .norm = &s->norm, .head = &s->head, .L = m->cfg.n_layer,
+                       .fwd = block_forward, .bwd = block_backward, .x0 = a[A_ENC],
+                       .xL = block_at(m, m->cfg.n_layer).x, .lnf = a[A_LNF],
+                       .lnf_rstd = a[A_RSTDF], .logits = a[A_LOGITS], .losses = a[A_LOSSES],
+                       .dresid = a[A_DRESID], .dln = a[A_DLN]};
+}
+
 void dec_forward(model *m, const int *tokens, const int *targets, const float *weights, int nseq,
                  int want_grad, double *loss_sum)
 {
@@ -578,30 +590,16 @@ void dec_forward(model *m, const int *tokens, const int *targets, const float *w
     float *const *a = s->a;
     blk_run r = run_of(m, nseq);
     blk_inputs in = {(int *)a[A_TOKENS], (int *)a[A_TARGETS], a[A_WEIGHTS], (int *)a[A_POS]};
-    blk_inputs_upload(&r, &in, tokens, targets, weights);
-    s->packed = r.pos != NULL;
-    blk_embed_fwd(&r, &s->emb, a[A_ENC], in.tokens);
-    blk_layers_forward(&r, m->cfg.n_layer, block_forward);
-    blk_norm_fwd(&r, &s->norm, a[A_LNF], NULL, a[A_RSTDF], block_at(m, m->cfg.n_layer).x);
-    blk_head_fwd(&r, &s->head, a[A_LOGITS], a[A_LOSSES], loss_sum, a[A_LNF], in.targets,
-                 in.weights, want_grad);
+    blk_stack st = stack_of(m);
+    blk_stack_forward(&r, &st, &in, tokens, targets, weights, want_grad, loss_sum);
+    s->packed = r.pos != NULL; /* the backward's run rotates at the same positions */
 }
 
 void dec_backward(model *m, int nseq, void (*done)(void *ctx, int layer), void *ctx)
 {
-    dec_state *s = S(m);
-    float *const *a = s->a;
     blk_run r = run_of(m, nseq);
-    size_t nc = (size_t)r.N * (size_t)m->cfg.channels * sizeof(float);
-    r.k->zero(r.d, a[A_DRESID], nc);
-    r.k->zero(r.d, a[A_DLN], nc);
-    blk_head_bwd(&r, &s->head, a[A_DLN], a[A_LOGITS], a[A_LNF]);
-    blk_norm_bwd(&r, &s->norm, a[A_DRESID], a[A_DLN], block_at(m, m->cfg.n_layer).x, NULL,
-                 a[A_RSTDF]);
-    blk_layers_backward(&r, m->cfg.n_layer, block_forward, block_backward, done, ctx);
-    blk_embed_bwd(&r, &s->emb, a[A_DRESID], (const int *)a[A_TOKENS]);
-    if (done != NULL)
-        done(ctx, -1);
+    blk_stack st = stack_of(m);
+    blk_stack_backward(&r, &st, (const int *)S(m)->a[A_TOKENS], done, ctx);
 }
 
 int dec_init_host(const model *m, uint64_t seed, float *host, acc_err *err)

@@ -391,38 +391,34 @@ static void block_backward(blk_run *r, int l)
     blk_norm_bwd(r, &b->ln1, a[A_DRESID], a[A_DLN], x.x, x.ln1_mean, x.ln1_rstd);
 }
 
-static void gpt2_forward(model *m, const int *tokens, const int *targets, const float *weights,
-                         int nseq, int want_grad, double *loss_sum)
+/* The stack over the activations. */
+static blk_stack stack_of(const model *m)
 {
     gpt2_state *s = G(m);
     float *const *a = s->a;
+    return (blk_stack){.emb = &s->emb, .norm = &s->lnf, .head = &s->head, .L = m->cfg.n_layer,
+                       .fwd = block_forward, .bwd = block_backward, .x0 = a[A_ENCODED],
+                       .xL = block_at(m, m->cfg.n_layer).x, .lnf = a[A_LNF],
+                       .lnf_mean = a[A_LNF_MEAN], .lnf_rstd = a[A_LNF_RSTD],
+                       .logits = a[A_LOGITS], .losses = a[A_LOSSES], .dresid = a[A_DRESID],
+                       .dln = a[A_DLN]};
+}
+
+static void gpt2_forward(model *m, const int *tokens, const int *targets, const float *weights,
+                         int nseq, int want_grad, double *loss_sum)
+{
+    float *const *a = G(m)->a;
     blk_run r = run_of(m, nseq);
     blk_inputs in = {(int *)a[A_TOKENS], (int *)a[A_TARGETS], a[A_WEIGHTS], NULL};
-    blk_inputs_upload(&r, &in, tokens, targets, weights);
-    blk_embed_fwd(&r, &s->emb, a[A_ENCODED], in.tokens);
-    blk_layers_forward(&r, m->cfg.n_layer, block_forward);
-    blk_norm_fwd(&r, &s->lnf, a[A_LNF], a[A_LNF_MEAN], a[A_LNF_RSTD],
-                 block_at(m, m->cfg.n_layer).x);
-    blk_head_fwd(&r, &s->head, a[A_LOGITS], a[A_LOSSES], loss_sum, a[A_LNF], in.targets,
-                 in.weights, want_grad);
+    blk_stack st = stack_of(m);
+    blk_stack_forward(&r, &st, &in, tokens, targets, weights, want_grad, loss_sum);
 }
 
 static void gpt2_backward(model *m, int nseq, void (*done)(void *ctx, int layer), void *ctx)
 {
-    gpt2_state *s = G(m);
-    float *const *a = s->a;
     blk_run r = run_of(m, nseq);
-    size_t nc = (size_t)r.N * (size_t)m->cfg.channels * sizeof(float);
-    r.k->zero(r.d, a[A_DRESID], nc);
-    r.k->zero(r.d, a[A_DLN], nc);
-    /* logits hold dloss/dlogits (model_forward, want_grad) */
-    blk_head_bwd(&r, &s->head, a[A_DLN], a[A_LOGITS], a[A_LNF]);
-    blk_norm_bwd(&r, &s->lnf, a[A_DRESID], a[A_DLN], block_at(m, m->cfg.n_layer).x,
-                 a[A_LNF_MEAN], a[A_LNF_RSTD]);
-    blk_layers_backward(&r, m->cfg.n_layer, block_forward, block_backward, done, ctx);
-    blk_embed_bwd(&r, &s->emb, a[A_DRESID], (const int *)a[A_TOKENS]);
-    if (done != NULL)
-        done(ctx, -1);
+    blk_stack st = stack_of(m);
+    blk_stack_backward(&r, &st, (const int *)G(m)->a[A_TOKENS], done, ctx);
 }
 
 /* ---- seeded init: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
