@@ -77,13 +77,27 @@ const kern_ops *kern_backend_ops(kern_dev_kind kind)
     }
 }
 
+/* one op of a family's set: its name, and whether the table has it */
+typedef struct op_present {
+    const char *name;
+    int present;
+} op_present;
+
+static int ops_missing(const kern_device *d, const op_present *ops, size_t n,
+                       const char *family, acc_err *err)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!ops[i].present)
+            return acc_err_set(err, ACC_EDEVICE, "devices",
+                               "device %s (%s backend) lacks the %s op %s", d->info.name,
+                               d->ops->backend, family, ops[i].name);
+    return 0;
+}
+
 int kern_llama_ops_check(const kern_device *d, acc_err *err)
 {
     const kern_ops *o = d->ops;
-    const struct {
-        const char *name;
-        int present;
-    } ops[] = {
+    const op_present ops[] = {
         {"embed_fwd", o->embed_fwd != NULL},
         {"embed_bwd", o->embed_bwd != NULL},
         {"rmsnorm_fwd", o->rmsnorm_fwd != NULL},
@@ -99,10 +113,21 @@ int kern_llama_ops_check(const kern_device *d, acc_err *err)
         {"scale", o->scale != NULL},
         {"widen16", o->widen16 != NULL},
     };
-    for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
-        if (!ops[i].present)
-            return acc_err_set(err, ACC_EDEVICE, "devices",
-                               "device %s (%s backend) lacks the LLaMA family's op %s",
-                               d->info.name, o->backend, ops[i].name);
-    return 0;
+    return ops_missing(d, ops, sizeof ops / sizeof *ops, "LLaMA family's", err);
+}
+
+int kern_decoder_ops_check(const kern_device *d, acc_err *err)
+{
+    const kern_ops *o = d->ops;
+    const op_present ops[] = {
+        {"softcap_fwd", o->softcap_fwd != NULL},
+        {"softcap_bwd", o->softcap_bwd != NULL},
+        {"geglu_fwd", o->geglu_fwd != NULL},
+        {"geglu_bwd", o->geglu_bwd != NULL},
+        {"rmsnorm_ofs_fwd", o->rmsnorm_ofs_fwd != NULL},
+        {"rmsnorm_ofs_bwd", o->rmsnorm_ofs_bwd != NULL},
+        {"gqa_attention_opt_fwd", o->gqa_attention_opt_fwd != NULL},
+        {"gqa_attention_opt_bwd", o->gqa_attention_opt_bwd != NULL},
+    };
+    return ops_missing(d, ops, sizeof ops / sizeof *ops, "Qwen3 / Gemma 2", err);
 }

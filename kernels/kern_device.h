@@ -9,8 +9,10 @@
  * download (on CPU devices they happen to be host memory).
  *
  * The kernels are the GPT-2 building blocks, then the LLaMA family's
- * (RMSNorm, RoPE, SwiGLU, grouped-query attention: the end of kern_ops,
- * optional per backend). Shapes: N rows (tokens, B*T),
+ * (RMSNorm, RoPE, SwiGLU, grouped-query attention), then Qwen3's and
+ * Gemma 2's (soft-capping, the tanh-GELU gate, RMSNorm with an offset,
+ * attention with a scale / cap / window): the end of kern_ops, optional
+ * per backend. Shapes: N rows (tokens, B*T),
  * C channels, OC output channels, NH heads, V real vocabulary, Vp padded
  * vocabulary. Every backward ACCUMULATES into its weight gradients (+=), so
  * micro-steps sum in place; activation gradients are accumulated as noted.
@@ -48,6 +50,17 @@ typedef struct kern_workspace {
     uint64_t a_bytes, b_bytes;
 } kern_workspace;
 
+/* Attention options (gqa_attention_opt_fwd / _bwd). Zero means "off" in
+ * each field: scale 0 is 1 / sqrt(hs) (Gemma 2 passes
+ * query_pre_attn_scalar^-1/2), softcap 0 leaves the scores uncapped (Gemma
+ * 2: attn_logit_softcapping), window 0 is no window (Gemma 2's sliding
+ * layers: sliding_window keys, the query's own included). */
+typedef struct kern_att_opts {
+    float scale;
+    float softcap;
+    int window;
+} kern_att_opts;
+
 typedef struct kern_ops {
     const char *backend; /* "cpu", "cuda" */
 
@@ -69,7 +82,8 @@ typedef struct kern_ops {
     /* out = (inp - mean) * rstd * w + b, per row; keeps mean and rstd */
     void (*layernorm_fwd)(kern_device *d, float *out, float *mean, float *rstd,
                           const float *inp, const float *w, const float *b, int N, int C);
-    /* dinp += ..., dw += ..., db += ... */
+    /* dinp += ..., dw += ..., db += ...; dw and db both NULL: a frozen
+     * norm (LoRA), only dinp */
     void (*layernorm_bwd)(kern_device *d, float *dinp, float *dw, float *db, const float *dout,
                           const float *inp, const float *w, const float *mean,
                           const float *rstd, int N, int C);
@@ -267,6 +281,60 @@ typedef struct kern_ops {
      * was loaded in (model.h) is fetched through it one tensor at a time
      * (kern_bf16_to_f32 / kern_f16_to_f32 are the reference). */
     void (*widen16)(kern_device *d, float *out, const uint16_t *in, size_t n, int f16);
+
+    /* ---- Qwen3's and Gemma 2's ops (kernels/cpu/kern_cpu_llama.c,
+     * kernels/cuda/kern_cuda_llama.cu), optional like the LLaMA family's:
+     * kern_decoder_ops_check() names the first one missing. fp32 always.
+     * Qwen3's per-head q/k RMSNorm needs no op of its own: it is
+     * rmsnorm_fwd / rmsnorm_bwd over the N * H rows of hs channels of
+     * q[N,H,hs] (k[N,NKV,hs]) with the [hs] weight, rstd [N * H]. */
+
+    /* Soft-capping (Gemma 2's final logits): out[i] = cap * tanh(inp[i] /
+     * cap), cap > 0. out may be inp. */
+    void (*softcap_fwd)(kern_device *d, float *out, const float *inp, float cap, size_t n);
+    /* dinp[i] = dout[i] * (1 - tanh(inp[i] / cap)^2), from the forward's
+     * INPUT, OVERWRITTEN, not accumulated (no weights; the model runs it in
+     * place on the logits' gradient). dinp may be dout. */
+    void (*softcap_bwd)(kern_device *d, float *dinp, const float *dout, const float *inp,
+                        float cap, size_t n);
+
+    /* The tanh-GELU gate (Gemma's gelu_pytorch_tanh): out[i] = gelu(gate[i]) *
+     * up[i], gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) as
+     * gelu_fwd computes it. out may be gate or up. */
+    void (*geglu_fwd)(kern_device *d, float *out, const float *gate, const float *up,
+                      size_t n);
+    /* dgate += dout * up * gelu'(gate), dup += dout * gelu(gate) */
+    void (*geglu_bwd)(kern_device *d, float *dgate, float *dup, const float *dout,
+                      const float *gate, const float *up, size_t n);
+
+    /* RMSNorm with an offset on the weight (Gemma's x * (1 + w): offset 1):
+     * out = inp * rstd * (w + offset); offset 0 is rmsnorm_fwd exactly.
+     * Same rstd, aliasing rule and shapes as rmsnorm_fwd. */
+    void (*rmsnorm_ofs_fwd)(kern_device *d, float *out, float *rstd, const float *inp,
+                            const float *w, float offset, float eps, int N, int C);
+    /* dinp += ..., dw += sum_n dout * inp * rstd (d/dw of w + offset is 1);
+     * dw may be NULL */
+    void (*rmsnorm_ofs_bwd)(kern_device *d, float *dinp, float *dw, const float *dout,
+                            const float *inp, const float *w, float offset,
+                            const float *rstd, int N, int C);
+
+    /* gqa_attention_pos_fwd / _bwd with the options of kern_att_opts
+     * (below): a query scale, soft-capped scores, a sliding window. The
+     * score of query t and key u is s = q.k_u * scale, then cap * tanh(s /
+     * cap) when softcap > 0; query t sees keys u <= t of its document (pos)
+     * with t - u < window when window > 0. lse keeps the log-sum-exp of
+     * those (capped) scores. opts NULL, or {0, 0, 0}, is
+     * gqa_attention_pos_fwd / _bwd exactly (bit for bit on the CPU). */
+    void (*gqa_attention_opt_fwd)(kern_device *d, float *out, float *lse, float *scratch,
+                                  const float *q, const float *k, const float *v,
+                                  const int *pos, const kern_att_opts *opts, int B,
+                                  int T, int NH, int NKV, int hs);
+    void (*gqa_attention_opt_bwd)(kern_device *d, float *dq, float *dk, float *dv,
+                                  float *scratch, const float *dout, const float *q,
+                                  const float *k, const float *v, const float *lse,
+                                  const float *out, const int *pos,
+                                  const kern_att_opts *opts, int B, int T, int NH,
+                                  int NKV, int hs);
 } kern_ops;
 
 struct kern_device {
@@ -324,6 +392,11 @@ const kern_ops *kern_backend_ops(kern_dev_kind kind);
 /* 0 when d's backend has every LLaMA-family op of kern_ops; otherwise
  * ACC_EDEVICE naming the device, its backend and the first missing op. */
 int kern_llama_ops_check(const kern_device *d, acc_err *err);
+
+/* 0 when d's backend has every op Qwen3 and Gemma 2 add to kern_ops
+ * (soft-capping, the tanh-GELU gate, RMSNorm with an offset, attention
+ * with options); otherwise ACC_EDEVICE naming the first missing op. */
+int kern_decoder_ops_check(const kern_device *d, acc_err *err);
 
 /* x rounded to the nearest bf16 value (ties to even), returned as the fp32
  * holding it: the upper 16 bits of the result are the bf16 value, the lower

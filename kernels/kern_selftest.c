@@ -462,6 +462,95 @@ static void test_llama(st_ctx *c)
     test_llama_packed_attention(c);
 }
 
+/* ---- Qwen3's and Gemma 2's ops: soft-capping with logits past the cap,
+ * the tanh-GELU gate, RMSNorm with Gemma's offset (and per head, q/k norm's
+ * rows), attention with a query scale, capped scores and a window shorter
+ * than the sequences, over packed documents */
+static void test_decoder_pointwise(st_ctx *c)
+{
+    size_t n = (size_t)N * LI;
+    st_buf x = st_new(c, n, -60, 60), y = st_new(c, n, 0, 0), g = st_new(c, n, -1, 1);
+    st_buf dx = st_new(c, n, 0, 0);
+    BOTH(c, D->ops->softcap_fwd(D, F(y, d), F(x, d), 30.0f, n),
+         D->ops->softcap_fwd(D, F(y, r), F(x, r), 30.0f, n));
+    st_cmp(c, "softcap_fwd", &y);
+    BOTH(c, D->ops->softcap_bwd(D, F(dx, d), F(g, d), F(x, d), 30.0f, n),
+         D->ops->softcap_bwd(D, F(dx, r), F(g, r), F(x, r), 30.0f, n));
+    st_cmp(c, "softcap_bwd", &dx);
+    st_buf gate = st_new(c, n, -6, 6), up = st_new(c, n, -2, 2);
+    st_buf dgate = st_new(c, n, -1, 1), dup = st_new(c, n, -1, 1);
+    BOTH(c, D->ops->geglu_fwd(D, F(y, d), F(gate, d), F(up, d), n),
+         D->ops->geglu_fwd(D, F(y, r), F(gate, r), F(up, r), n));
+    st_cmp(c, "geglu_fwd", &y);
+    BOTH(c, D->ops->geglu_bwd(D, F(dgate, d), F(dup, d), F(g, d), F(gate, d), F(up, d), n),
+         D->ops->geglu_bwd(D, F(dgate, r), F(dup, r), F(g, r), F(gate, r), F(up, r), n));
+    st_cmp(c, "geglu_bwd dgate", &dgate);
+    st_cmp(c, "geglu_bwd dup", &dup);
+    /* Gemma's 1 + w over C channels, then per head: N * LNH rows of LHS */
+    const int rows[2] = {N, N * LNH}, cols[2] = {C, LHS};
+    for (int i = 0; i < 2; i++) {
+        size_t m = (size_t)rows[i] * cols[i];
+        st_buf in = st_new(c, m, -2, 2), out = st_new(c, m, 0, 0), rstd = st_new(c, rows[i], 0, 0);
+        st_buf w = st_new(c, cols[i], -0.5f, 0.5f), dw = st_new(c, cols[i], -1, 1);
+        st_buf din = st_new(c, m, -1, 1), dout = st_new(c, m, -1, 1);
+        float off = i == 0 ? 1.0f : 0.0f;
+        BOTH(c, D->ops->rmsnorm_ofs_fwd(D, F(out, d), F(rstd, d), F(in, d), F(w, d), off, 1e-6f, rows[i], cols[i]),
+             D->ops->rmsnorm_ofs_fwd(D, F(out, r), F(rstd, r), F(in, r), F(w, r), off, 1e-6f, rows[i], cols[i]));
+        st_cmp(c, i == 0 ? "rmsnorm_ofs_fwd (1 + w)" : "rmsnorm_ofs_fwd (per head)", &out);
+        BOTH(c, D->ops->rmsnorm_ofs_bwd(D, F(din, d), F(dw, d), F(dout, d), F(in, d), F(w, d), off, F(rstd, d), rows[i], cols[i]),
+             D->ops->rmsnorm_ofs_bwd(D, F(din, r), F(dw, r), F(dout, r), F(in, r), F(w, r), off, F(rstd, r), rows[i], cols[i]));
+        st_cmp(c, "rmsnorm_ofs_bwd dinp", &din);
+        st_cmp(c, "rmsnorm_ofs_bwd dw", &dw);
+        st_buf *all[] = {&in, &out, &rstd, &w, &dw, &din, &dout};
+        for (size_t j = 0; j < sizeof all / sizeof *all; j++)
+            st_free(c, all[j]);
+    }
+    st_buf *all[] = {&x, &y, &g, &dx, &gate, &up, &dgate, &dup};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        st_free(c, all[i]);
+}
+
+static void test_decoder_attention(st_ctx *c)
+{
+    st_buf pos = st_ints(c, N, 1);
+    int hp[N];
+    if (st_ready(c, &pos)) {
+        for (int n = 0; n < N; n++) /* a document of 6, then one of the rest */
+            hp[n] = n % T < 6 ? n % T : n % T - 6;
+        c->dev->ops->upload(c->dev, pos.d, hp, sizeof hp);
+        c->ref->ops->upload(c->ref, pos.r, hp, sizeof hp);
+    }
+    const kern_att_opts opts = {.scale = 0.21f, .softcap = 2.5f, .window = 7};
+    st_buf q = st_new(c, LQ, -3, 3), k = st_new(c, LK, -3, 3), v = st_new(c, LK, -2, 2);
+    st_buf out = st_new(c, LQ, 0, 0), lse = st_new(c, (size_t)B * LNH * T, 0, 0);
+    st_buf scr = st_new(c, KERN_ATT_SCRATCH(T, LNH), -1, 1);
+    BOTH(c, D->ops->gqa_attention_opt_fwd(D, F(out, d), F(lse, d), F(scr, d), F(q, d), F(k, d), F(v, d), I(pos, d), &opts, B, T, LNH, LNKV, LHS),
+         D->ops->gqa_attention_opt_fwd(D, F(out, r), F(lse, r), F(scr, r), F(q, r), F(k, r), F(v, r), I(pos, r), &opts, B, T, LNH, LNKV, LHS));
+    st_cmp(c, "gqa_attention_opt_fwd", &out);
+    st_cmp(c, "gqa_attention_opt_fwd lse", &lse);
+    st_buf dout = st_new(c, LQ, -1, 1), dq = st_new(c, LQ, -1, 1);
+    st_buf dk = st_new(c, LK, -1, 1), dv = st_new(c, LK, -1, 1);
+    BOTH(c, D->ops->gqa_attention_opt_bwd(D, F(dq, d), F(dk, d), F(dv, d), F(scr, d), F(dout, d), F(q, d), F(k, d), F(v, d), F(lse, d), F(out, d), I(pos, d), &opts, B, T, LNH, LNKV, LHS),
+         D->ops->gqa_attention_opt_bwd(D, F(dq, r), F(dk, r), F(dv, r), F(scr, r), F(dout, r), F(q, r), F(k, r), F(v, r), F(lse, r), F(out, r), I(pos, r), &opts, B, T, LNH, LNKV, LHS));
+    st_cmp(c, "gqa_attention_opt_bwd dq", &dq);
+    st_cmp(c, "gqa_attention_opt_bwd dk", &dk);
+    st_cmp(c, "gqa_attention_opt_bwd dv", &dv);
+    st_buf *all[] = {&pos, &q, &k, &v, &out, &lse, &scr, &dout, &dq, &dk, &dv};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        st_free(c, all[i]);
+}
+
+/* Like test_llama: a backend without these ops is tested without them
+ * (kern_decoder_ops_check tells the caller that needs them). */
+static void test_decoder(st_ctx *c)
+{
+    acc_err e = {0};
+    if (kern_decoder_ops_check(c->dev, &e) != 0)
+        return;
+    test_decoder_pointwise(c);
+    test_decoder_attention(c);
+}
+
 int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
 {
     st_ctx c = {.dev = dev, .ref = ref, .tol = tol, .rng = 20261202, .err = err};
@@ -471,6 +560,7 @@ int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
     test_pointwise(&c);
     test_xent(&c);
     test_llama(&c);
+    test_decoder(&c);
     acc_err e = {0};
     int rc = dev->ops->last_error(dev, &e); /* a fault wins: the numbers mean nothing then */
     if (rc != 0) {

@@ -3,8 +3,10 @@
  * kern_selftest() runs every op of the device interface (copies, embedding,
  * LayerNorm, matmul with bias, attention, GELU, add, the fused softmax +
  * cross-entropy with its gradient, AdamW, sum of squares, and the LLaMA
- * family's embedding, RMSNorm, RoPE, SwiGLU and grouped-query attention
- * where the device's backend has them) on the same small
+ * family's embedding, RMSNorm, RoPE, SwiGLU and grouped-query attention,
+ * and Qwen3's / Gemma 2's soft-capping, tanh-GELU gate, RMSNorm with an
+ * offset and attention with options, where the device's backend has
+ * them) on the same small
  * random inputs on `dev` and on `ref` (a CPU device), and compares the
  * results: the largest difference over the largest reference value must be
  * under `tol` (1e-4 is fp32's margin for a different summation order). It

@@ -38,14 +38,6 @@ struct hf_dir {
     int sharded;
 };
 
-static const struct { const char *arch, *model_type, *family; } families[] = {
-    {"LlamaForCausalLM", "llama", "llama"},
-    {"MistralForCausalLM", "mistral", "llama"},
-    {"Qwen2ForCausalLM", "qwen2", "llama"},
-    {"GPT2LMHeadModel", "gpt2", "gpt2"},
-};
-#define NFAMILIES ((int)(sizeof families / sizeof families[0]))
-
 static const char *const tokenizer_files[] = {
     "generation_config.json", "tokenizer.json",  "tokenizer_config.json", "tokenizer.model",
     "special_tokens_map.json", "added_tokens.json", "vocab.json",         "merges.txt",
@@ -327,92 +319,6 @@ void hf_close(hf_dir *h)
 }
 
 /* ---- config.json */
-
-int hf_family_of(const json_t *c, const char *file, const char **family, acc_err *err)
-{
-    const char *by_arch = NULL, *by_type = NULL, *arch = NULL, *type = NULL;
-    json_t *a = json_object_get(c, "architectures"), *mt = json_object_get(c, "model_type");
-    if (a != NULL && !json_is_null(a)) {
-        if (!json_is_array(a) || json_array_size(a) == 0 || !json_is_string(json_array_get(a, 0)))
-            return bad(err, "%s: architectures must be a list of class names", file);
-        arch = json_string_value(json_array_get(a, 0));
-        for (int i = 0; i < NFAMILIES; i++)
-            if (!strcmp(arch, families[i].arch))
-                by_arch = families[i].family;
-        if (by_arch == NULL)
-            return bad(err, "%s: architectures: unknown architecture %s (known: LlamaForCausalLM, "
-                       "MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel)", file, arch);
-    }
-    if (mt != NULL && !json_is_null(mt)) {
-        if (!json_is_string(mt))
-            return bad(err, "%s: model_type must be a string", file);
-        type = json_string_value(mt);
-        for (int i = 0; i < NFAMILIES; i++)
-            if (!strcmp(type, families[i].model_type))
-                by_type = families[i].family;
-        if (by_type == NULL)
-            return bad(err, "%s: model_type: unknown model type %s (known: llama, mistral, qwen2, gpt2)",
-                       file, type);
-    }
-    if (by_arch == NULL && by_type == NULL)
-        return bad(err, "%s names no architectures and no model_type", file);
-    if (by_arch != NULL && by_type != NULL && strcmp(by_arch, by_type) != 0)
-        return bad(err, "%s: architectures %s and model_type %s disagree", file, arch, type);
-    *family = by_arch ? by_arch : by_type;
-    return 0;
-}
-
-int hf_family(const hf_dir *h, const char **family, acc_err *err)
-{
-    char file[PATH_MAX + 16];
-    snprintf(file, sizeof file, "%s/config.json", h->path);
-    return hf_family_of(h->config, file, family, err);
-}
-
-int hf_cfg_int(const hf_dir *h, const char *key, int required, int def, int lo, int hi, int *out,
-               acc_err *err)
-{
-    json_t *v = json_object_get(h->config, key);
-    if (v == NULL || json_is_null(v)) {
-        if (required)
-            return bad(err, "%s/config.json has no %s", h->path, key);
-        *out = def;
-        return 0;
-    }
-    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-        return bad(err, "%s/config.json: %s must be an integer in [%d, %d]", h->path, key, lo, hi);
-    *out = (int)json_integer_value(v);
-    return 0;
-}
-
-int hf_cfg_double(const hf_dir *h, const char *key, int required, double def, double *out,
-                  acc_err *err)
-{
-    json_t *v = json_object_get(h->config, key);
-    if (v == NULL || json_is_null(v)) {
-        if (required)
-            return bad(err, "%s/config.json has no %s", h->path, key);
-        *out = def;
-        return 0;
-    }
-    if (!json_is_number(v))
-        return bad(err, "%s/config.json: %s must be a number", h->path, key);
-    *out = json_number_value(v);
-    return 0;
-}
-
-int hf_cfg_bool(const hf_dir *h, const char *key, int def, int *out, acc_err *err)
-{
-    json_t *v = json_object_get(h->config, key);
-    if (v == NULL || json_is_null(v)) {
-        *out = def;
-        return 0;
-    }
-    if (!json_is_boolean(v))
-        return bad(err, "%s/config.json: %s must be true or false", h->path, key);
-    *out = json_is_true(v);
-    return 0;
-}
 
 /* ---- tensors */
 

@@ -7,10 +7,11 @@
  * pages dropped, never a second copy of the model in host memory), or
  * header only for a submit-time check that reads no tensor data.
  *
- * The module knows the file formats, not the models: a family (model_*.c)
- * reads its sizes with hf_cfg_*, lists the tensors its layout expects
- * (hf_tensor: the Hugging Face name and the shape as stored), and
- * hf_check() compares the two. Every error is ACC_EINVAL with field
+ * The module knows the file formats, not the models: which family a
+ * config.json names and what its keys mean is the family registry's
+ * (model.h: model_family_of_hf, model_hf_int, ...); the caller lists the
+ * tensors its layout expects (hf_tensor: the Hugging Face name and the
+ * shape as stored), and hf_check() compares the two. Every error is ACC_EINVAL with field
  * "model.from" and a message naming the file and the key or tensor:
  * unknown architectures / model_type, a missing, extra or misshapen tensor,
  * a dtype other than F32 / BF16 / F16, a config value of the wrong type, a
@@ -74,23 +75,6 @@ void hf_close(hf_dir *h);
 const char *hf_path(const hf_dir *h);
 /* config.json, owned by h (borrowed). */
 json_t *hf_config(const hf_dir *h);
-
-/* The family named by config.json: "llama" (LlamaForCausalLM,
- * MistralForCausalLM, Qwen2ForCausalLM; model_type llama, mistral,
- * qwen2) or "gpt2" (GPT2LMHeadModel; model_type gpt2). Both keys are
- * checked when present and must agree. */
-int hf_family(const hf_dir *h, const char **family, acc_err *err);
-/* The same from a config object alone (file: for messages). */
-int hf_family_of(const json_t *config, const char *file, const char **family, acc_err *err);
-
-/* config.json values. Absent: *out = def when `required` is 0, else an
- * error naming the key. Present but of the wrong type or out of range
- * (ints: [lo, hi]): an error naming the key. */
-int hf_cfg_int(const hf_dir *h, const char *key, int required, int def, int lo, int hi, int *out,
-               acc_err *err);
-int hf_cfg_double(const hf_dir *h, const char *key, int required, double def, double *out,
-                  acc_err *err);
-int hf_cfg_bool(const hf_dir *h, const char *key, int def, int *out, acc_err *err);
 
 /* Whether the weights hold a tensor of that name. */
 int hf_has(const hf_dir *h, const char *name);

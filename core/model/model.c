@@ -16,10 +16,14 @@
 
 extern const model_family model_family_gpt2;
 extern const model_family model_family_llama;
+extern const model_family model_family_qwen3;  /* (h-kern, issue 19) */
+extern const model_family model_family_gemma2; /* (h-kern, issue 19) */
 
 static const model_family *const families[] = {
     &model_family_gpt2,
     &model_family_llama,
+    &model_family_qwen3,
+    &model_family_gemma2,
     NULL,
 };
 
@@ -44,15 +48,80 @@ const model_family *model_family_by_arch(const char *arch)
     return NULL;
 }
 
+/* The registry row whose `key` (0: architecture, 1: model_type) is s,
+ * and its family. */
+static const model_hf_name *hf_row(const char *s, int key, const model_family **fam)
+{
+    for (int i = 0; s != NULL && families[i] != NULL; i++)
+        for (const model_hf_name *r = families[i]->hf_names; r != NULL && r->model_type; r++)
+            if (!strcmp(key ? r->model_type : r->architecture, s)) {
+                if (fam != NULL)
+                    *fam = families[i];
+                return r;
+            }
+    return NULL;
+}
+
 const model_family *model_family_by_hf_type(const char *type)
 {
-    if (type == NULL)
-        return NULL;
+    const model_family *f = NULL;
+    return hf_row(type, 1, &f) ? f : NULL;
+}
+
+const model_hf_name *model_hf_name_of(const char *type)
+{
+    return hf_row(type, 1, NULL);
+}
+
+/* The registered architectures (key 0) or model types (1), for messages. */
+static const char *hf_known(int key, char *buf, size_t n)
+{
+    size_t at = 0;
+    buf[0] = '\0';
     for (int i = 0; families[i] != NULL; i++)
-        for (const char *const *t = families[i]->hf_model_types; t != NULL && *t != NULL; t++)
-            if (strcmp(*t, type) == 0)
-                return families[i];
-    return NULL;
+        for (const model_hf_name *r = families[i]->hf_names; r != NULL && r->model_type; r++) {
+            int w = snprintf(buf + at, n - at, "%s%s", at ? ", " : "",
+                             key ? r->model_type : r->architecture);
+            at += w > 0 && (size_t)w < n - at ? (size_t)w : 0;
+        }
+    return buf;
+}
+
+int model_family_of_hf(const json_t *c, const char *file, const model_family **out,
+                       acc_err *err)
+{
+    const model_family *by_arch = NULL, *by_type = NULL;
+    const char *arch = NULL, *type = NULL;
+    char known[512];
+    json_t *a = json_object_get(c, "architectures"), *mt = json_object_get(c, "model_type");
+    if (a != NULL && !json_is_null(a)) {
+        if (!json_is_array(a) || json_array_size(a) == 0 || !json_is_string(json_array_get(a, 0)))
+            return acc_err_set(err, ACC_EINVAL, "model.from",
+                               "%s: architectures must be a list of class names", file);
+        arch = json_string_value(json_array_get(a, 0));
+        if (hf_row(arch, 0, &by_arch) == NULL)
+            return acc_err_set(err, ACC_EINVAL, "model.from",
+                               "%s: architectures: unknown architecture %s (known: %s)", file,
+                               arch, hf_known(0, known, sizeof known));
+    }
+    if (mt != NULL && !json_is_null(mt)) {
+        if (!json_is_string(mt))
+            return acc_err_set(err, ACC_EINVAL, "model.from", "%s: model_type must be a string",
+                               file);
+        type = json_string_value(mt);
+        if (hf_row(type, 1, &by_type) == NULL)
+            return acc_err_set(err, ACC_EINVAL, "model.from",
+                               "%s: model_type: unknown model type %s (known: %s)", file, type,
+                               hf_known(1, known, sizeof known));
+    }
+    if (by_arch == NULL && by_type == NULL)
+        return acc_err_set(err, ACC_EINVAL, "model.from",
+                           "%s names no architectures and no model_type", file);
+    if (by_arch != NULL && by_type != NULL && by_arch != by_type)
+        return acc_err_set(err, ACC_EINVAL, "model.from",
+                           "%s: architectures %s and model_type %s disagree", file, arch, type);
+    *out = by_arch ? by_arch : by_type;
+    return 0;
 }
 
 const model_family *model_family_of(const model_config *cfg)
@@ -207,6 +276,51 @@ int model_config_check(const model_config *cfg, acc_err *err)
     return rc != 0 ? rc : model_family_of(cfg)->config_check(cfg, err);
 }
 
+/* ---- the config.json reader */
+
+int model_hf_int(const json_t *obj, const char *key, int def, int *out, acc_err *err)
+{
+    const json_t *v = json_object_get(obj, key);
+    if ((v == NULL || json_is_null(v)) && def >= 0) {
+        *out = def;
+        return 0;
+    }
+    if (v == NULL || json_is_null(v))
+        return acc_err_set(err, ACC_EINVAL, "model.from", "config.json has no %s", key);
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX)
+        return acc_err_set(err, ACC_EINVAL, "model.from",
+                           "config.json: %s must be an integer in [1, 2^31)", key);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+int model_hf_num(const json_t *obj, const char *key, double def, double *out, acc_err *err)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (v == NULL || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return acc_err_set(err, ACC_EINVAL, "model.from", "config.json: %s must be a number", key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+int model_hf_bool(const json_t *obj, const char *key, bool def, bool *out, acc_err *err)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (v == NULL || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_boolean(v))
+        return acc_err_set(err, ACC_EINVAL, "model.from",
+                           "config.json: %s must be true or false", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
 /* ---- layout */
 
 int model_layout_add(model_layout *l, int *cap, const char *name, int layer, int ndim,
@@ -259,9 +373,23 @@ int model_layout_build(const model_config *cfg, model_layout *out, acc_err *err)
     out->ntrain = out->nparams;
     if (rc == 0 && cfg->lora.r > 0) /* adapters first, the base frozen after them */
         rc = model_lora_layout(cfg, out, err);
-    if (rc != 0)
+    if (rc != 0) {
         model_layout_free(out);
-    return rc;
+        return rc;
+    }
+    /* storage dtypes: the frozen suffix in the base's dtype, packed in
+     * layout order in the store; everything else fp32 */
+    st_dtype base = model_base_dtype(cfg);
+    size_t soff = 0;
+    for (int i = 0; i < out->n; i++) {
+        model_tensor *t = &out->t[i];
+        t->dtype = t->offset >= out->ntrain ? base : ST_F32;
+        if (t->dtype != ST_F32) {
+            t->soff = soff;
+            soff += t->count * st_dtype_size(t->dtype); /* <= 4 bytes a float: checked */
+        }
+    }
+    return 0;
 }
 
 model_layout model_layout_base(const model_layout *l)
@@ -335,7 +463,7 @@ size_t model_block_params(const model_config *cfg)
     return n;
 }
 
-/* ---- the frozen 16-bit base */
+/* ---- the weight store's dtypes */
 
 st_dtype model_base_dtype(const model_config *cfg)
 {
@@ -343,29 +471,31 @@ st_dtype model_base_dtype(const model_config *cfg)
     return cfg->lora.r > 0 && half ? cfg->weights_dtype : ST_F32;
 }
 
-/* The fetch scratch's two slots (floats): the largest frozen tensor, the
- * largest frozen 1-D one. */
-static void fetch_slots(const model_layout *l, size_t *big, size_t *vec)
+/* The fetch scratch's two slots (floats): the largest narrow tensor, the
+ * largest narrow 1-D one; *store: the bytes of the narrow tensors. */
+static void fetch_slots(const model_layout *l, size_t *big, size_t *vec, uint64_t *store)
 {
     *big = *vec = 0;
+    *store = 0;
     for (int i = 0; i < l->n; i++) {
         const model_tensor *t = &l->t[i];
-        if (t->offset < l->ntrain)
+        if (t->dtype == ST_F32)
             continue;
+        *store += (uint64_t)t->count * st_dtype_size(t->dtype);
         *big = t->count > *big ? t->count : *big;
         if (t->ndim == 1)
             *vec = t->count > *vec ? t->count : *vec;
     }
 }
 
-/* Device bytes of a 16-bit base layout's state: fp32 adapters and their
- * gradients, the base at 2 bytes, the fetch scratch. */
-static int base16_bytes(const model_layout *l, uint64_t *pg, acc_err *err)
+/* Device bytes of a layout with narrow tensors: the fp32 prefix (the
+ * adapters) and its gradients, the store, the fetch scratch. */
+static int narrow_bytes(const model_layout *l, uint64_t *pg, acc_err *err)
 {
     size_t big, vec;
-    fetch_slots(l, &big, &vec);
+    uint64_t base;
+    fetch_slots(l, &big, &vec, &base);
     uint64_t train = (uint64_t)l->ntrain * 2 * sizeof(float); /* model_layout_add: no overflow */
-    uint64_t base = (uint64_t)(l->nparams - l->ntrain) * sizeof(uint16_t);
     uint64_t fetch = ((uint64_t)big + vec) * sizeof(float);
     if (acc_add_u64(train, base, pg) || acc_add_u64(*pg, fetch, pg))
         return acc_err_set(err, ACC_EINVAL, "model", "the model's state overflows 64-bit sizes");
@@ -392,7 +522,7 @@ int model_state_bytes(const model_config *cfg, size_t grad_tail, uint64_t *bytes
          * model_layout_add checked 2 * nparams * 4) */
         pg = ((uint64_t)l.nparams + l.ntrain) * sizeof(float);
         if (model_base_dtype(cfg) != ST_F32)
-            rc = base16_bytes(&l, &pg, err);
+            rc = narrow_bytes(&l, &pg, err);
         model_layout_free(&l);
     }
     if (rc != 0)
@@ -459,22 +589,22 @@ static int alloc_buffers(model *m, acc_err *err)
     kern_device *dev = m->dev;
     const kern_ops *k = dev->ops;
     /* model_state_bytes checked these sizes */
-    m->base_dtype = model_base_dtype(&m->cfg);
-    bool half = m->base_dtype != ST_F32;
-    size_t pb = (half ? m->ngrad : m->nparams) * sizeof(float);
+    size_t big, vec;
+    uint64_t hb;
+    fetch_slots(&m->layout, &big, &vec, &hb);
+    m->nf32 = hb > 0 ? m->ngrad : m->nparams; /* narrow tensors: the frozen suffix */
+    size_t pb = m->nf32 * sizeof(float);
     size_t gb = (m->ngrad + m->grad_tail) * sizeof(float);
     int rc = k->alloc(dev, pb, (void **)&m->params, err);
     if (rc == 0)
         rc = k->alloc(dev, gb, (void **)&m->grads, err);
-    if (rc == 0 && half) {
-        size_t big, vec, hb = (m->nparams - m->ngrad) * sizeof(uint16_t);
-        fetch_slots(&m->layout, &big, &vec);
+    if (rc == 0 && hb > 0) {
         m->wfetch_big = big;
-        rc = k->alloc(dev, hb, (void **)&m->base16, err);
+        rc = k->alloc(dev, (size_t)hb, &m->wstore, err);
         if (rc == 0)
             rc = k->alloc(dev, (big + vec) * sizeof(float), (void **)&m->wfetch, err);
         if (rc == 0)
-            k->zero(dev, m->base16, hb);
+            k->zero(dev, m->wstore, (size_t)hb);
     }
     if (rc != 0)
         return rc;
@@ -540,8 +670,8 @@ void model_free(model *m)
         k->free(m->dev, m->grads);
     if (m->params != NULL)
         k->free(m->dev, m->params);
-    if (m->base16 != NULL)
-        k->free(m->dev, m->base16);
+    if (m->wstore != NULL)
+        k->free(m->dev, m->wstore);
     if (m->wfetch != NULL)
         k->free(m->dev, m->wfetch);
     model_layout_free(&m->layout);
@@ -573,17 +703,6 @@ int model_load_fd(model *m, int fd, const char *path, acc_err *err)
     if (rc == 0)
         model_params_upload(m, host);
     free(host);
-    return rc;
-}
-
-int model_load_file(model *m, const char *path, acc_err *err)
-{
-    int fd;
-    int rc = sp_open_file("", path, "model.init_from", &fd, NULL, 0, err);
-    if (rc != 0)
-        return rc;
-    rc = model_load_fd(m, fd, path, err);
-    close(fd);
     return rc;
 }
 
@@ -704,12 +823,6 @@ void model_tensor_from_file(const model_tensor *t, const float *in, float *param
             dst[c * rows + r] = in[r * cols + c];
 }
 
-/* Floats of the layout held in fp32 in params (the rest is base16). */
-static size_t fp32_floats(const model *m)
-{
-    return m->base16 != NULL ? m->ngrad : m->nparams;
-}
-
 #define HALF_CHUNK ((size_t)1 << 20)
 
 /* A host staging buffer for 16-bit copies: *cap elements (a small stack
@@ -725,53 +838,82 @@ static uint16_t *half_stage(uint16_t *small, size_t nsmall, size_t n, size_t *ca
     return p;
 }
 
-void model_weights_download(const model *m, float *host, size_t off, size_t n)
+/* The tensor holding layout float `off` (ascending offsets), or NULL. */
+static const model_tensor *tensor_holding(const model_layout *l, size_t off)
+{
+    int lo = 0, hi = l->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        const model_tensor *t = &l->t[mid];
+        if (off >= t->offset && off - t->offset < t->count)
+            return t;
+        if (t->offset < off)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return NULL;
+}
+
+/* Device address of layout float `off` of the narrow tensor t. */
+static uint16_t *narrow_at(const model *m, const model_tensor *t, size_t off)
+{
+    return (uint16_t *)((char *)m->wstore + t->soff) + (off - t->offset);
+}
+
+/* Floats [off, off + n) of the narrow tensors (from nf32 on) between the
+ * host's fp32 and their 16-bit storage, a chunk at a time: uploaded from
+ * `up` when it is not NULL, else downloaded into `down`. */
+static void narrow_copy(const model *m, float *down, const float *up, size_t off, size_t n)
 {
     kern_device *d = m->dev;
-    size_t nf = fp32_floats(m);
-    if (off < nf) {
-        size_t k = n < nf - off ? n : nf - off;
-        d->ops->download(d, host, m->params + off, k * sizeof *host);
-        host += k, off += k, n -= k;
-    }
     uint16_t small[2048], *stage;
     size_t cap;
     if (n == 0 || (stage = half_stage(small, 2048, n, &cap)) == NULL)
         return;
-    bool f16 = m->base_dtype == ST_F16;
     for (size_t done = 0; done < n;) {
-        size_t k = n - done < cap ? n - done : cap;
-        d->ops->download(d, stage, m->base16 + (off + done - nf), k * sizeof *stage);
-        for (size_t i = 0; i < k; i++)
-            host[done + i] = f16 ? kern_f16_to_f32(stage[i]) : kern_bf16_to_f32(stage[i]);
+        const model_tensor *t = tensor_holding(&m->layout, off + done);
+        if (t == NULL || t->dtype == ST_F32) /* the store covers the suffix: a caller bug */
+            abort();
+        size_t left = t->offset + t->count - (off + done), k = n - done;
+        k = k < cap ? k : cap;
+        k = k < left ? k : left;
+        uint16_t *dev = narrow_at(m, t, off + done);
+        if (up) { /* little-endian 16-bit values, as the host holds them; cannot fail */
+            (void)st_from_f32(t->dtype, up + done, k, stage, NULL);
+            d->ops->upload(d, dev, stage, k * sizeof *stage);
+        } else {
+            d->ops->download(d, stage, dev, k * sizeof *stage);
+            for (size_t i = 0; i < k; i++)
+                down[done + i] = t->dtype == ST_F16 ? kern_f16_to_f32(stage[i])
+                                                    : kern_bf16_to_f32(stage[i]);
+        }
         done += k;
     }
     if (stage != small)
         free(stage);
 }
 
+void model_weights_download(const model *m, float *host, size_t off, size_t n)
+{
+    kern_device *d = m->dev;
+    if (off < m->nf32) {
+        size_t k = n < m->nf32 - off ? n : m->nf32 - off;
+        d->ops->download(d, host, m->params + off, k * sizeof *host);
+        host += k, off += k, n -= k;
+    }
+    narrow_copy(m, host, NULL, off, n);
+}
+
 void model_weights_upload(model *m, const float *host, size_t off, size_t n)
 {
     kern_device *d = m->dev;
-    size_t nf = fp32_floats(m);
-    if (off < nf) {
-        size_t k = n < nf - off ? n : nf - off;
+    if (off < m->nf32) {
+        size_t k = n < m->nf32 - off ? n : m->nf32 - off;
         d->ops->upload(d, m->params + off, host, k * sizeof *host);
         host += k, off += k, n -= k;
     }
-    uint16_t small[2048], *stage;
-    size_t cap;
-    if (n == 0 || (stage = half_stage(small, 2048, n, &cap)) == NULL)
-        return;
-    for (size_t done = 0; done < n;) {
-        size_t k = n - done < cap ? n - done : cap;
-        /* little-endian 16-bit values, as the host holds them; BF16 / F16 cannot fail */
-        (void)st_from_f32(m->base_dtype, host + done, k, stage, NULL);
-        d->ops->upload(d, m->base16 + (off + done - nf), stage, k * sizeof *stage);
-        done += k;
-    }
-    if (stage != small)
-        free(stage);
+    narrow_copy(m, NULL, host, off, n);
 }
 
 void model_params_download(const model *m, float *host)
@@ -784,33 +926,26 @@ void model_params_upload(model *m, const float *host)
     model_weights_upload(m, host, 0, m->nparams);
 }
 
-/* The tensor starting at layout offset off (ascending offsets), or NULL. */
-static const model_tensor *tensor_at(const model_layout *l, size_t off)
-{
-    int lo = 0, hi = l->n - 1;
-    while (lo <= hi) {
-        int mid = lo + (hi - lo) / 2;
-        if (l->t[mid].offset == off)
-            return &l->t[mid];
-        if (l->t[mid].offset < off)
-            lo = mid + 1;
-        else
-            hi = mid - 1;
-    }
-    return NULL;
-}
-
 const float *model_weight(model *m, size_t off, int slot)
 {
-    if (m->base16 == NULL || off < m->ngrad)
+    if (off < m->nf32)
         return m->params + off;
-    const model_tensor *t = tensor_at(&m->layout, off);
-    if (t == NULL) /* not a tensor's start: a family bug */
+    const model_tensor *t = tensor_holding(&m->layout, off);
+    if (t == NULL || t->offset != off) /* not a tensor's start: a family bug */
         abort();
     float *dst = m->wfetch + (slot ? m->wfetch_big : 0);
-    m->dev->ops->widen16(m->dev, dst, m->base16 + (off - m->ngrad), t->count,
-                         m->base_dtype == ST_F16);
+    m->dev->ops->widen16(m->dev, dst, narrow_at(m, t, off), t->count, t->dtype == ST_F16);
     return dst;
+}
+
+void model_layer_begin(model *m, int layer, bool backward)
+{
+    (void)m, (void)layer, (void)backward; /* every parameter is resident today */
+}
+
+void model_layer_end(model *m, int layer, bool backward)
+{
+    (void)m, (void)layer, (void)backward;
 }
 
 int model_safetensors_read(const model_layout *l, const st_file *f, const char *path,

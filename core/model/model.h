@@ -29,17 +29,24 @@
  * Checkpoints, Hugging Face output, the optimizer and the bucketed gradient
  * reduction all walk the layout; none knows a family's tensors.
  *
- * Frozen 16-bit base. Under LoRA with a BF16 / F16 model.from
- * (model_base16), `params` holds only the trainable prefix [0, ntrain) in
- * fp32 and the frozen tensors live in `base16` at 2 bytes each, in the
- * dtype they were loaded in, never written after the load. The family
- * reads every weight through model_weight, which widens a frozen tensor
- * into a shared fp32 scratch (`wfetch`: one slot the size of the largest
- * frozen tensor, one the size of the largest 1-D one, for a bias used
- * beside its matrix) right before the op that uses it; frozen weights
- * need no gradient, only W for dx. Host copies (model_params_download /
- * upload, model_weights_*) stay fp32: widened exactly, narrowed by
- * rounding to nearest even (exact for weights loaded in that dtype).
+ * The weight store. model.c owns the parameters' device storage; every
+ * family reads a weight through model_weight and nothing else. Each
+ * tensor has a storage dtype (model_tensor.dtype): ST_F32 tensors live in
+ * `params` at their layout offset; the others (today BF16 / F16: a LoRA
+ * base loaded from a 16-bit model.from, model_base_dtype; room for a
+ * 4-bit one) live in `wstore` at the tensor's `soff` bytes, in the dtype
+ * they were loaded in, never written after the load. Only a frozen suffix
+ * of the layout may be stored narrower, so `params` is the fp32 prefix
+ * [0, nf32). model_weight widens such a tensor into a shared fp32 scratch
+ * (`wfetch`: one slot the size of the largest narrow tensor, one the size
+ * of the largest 1-D one, for a bias used beside its matrix) right before
+ * the op that uses it; frozen weights need no gradient, only W for dx.
+ * Host copies (model_params_download / upload, model_weights_*) stay
+ * fp32: widened exactly, narrowed by rounding to nearest even (exact for
+ * weights loaded in that dtype). Forward and backward bracket each block
+ * with model_layer_begin / model_layer_end (blocks.h's layer loop): where
+ * a sharded store gathers a block's parameters and releases them, and an
+ * offloaded one streams them in (no-ops today).
  *
  * Bytes. model_state_bytes and model_act_bytes are the device bytes the
  * model allocates (parameters + gradients + tail; activations for B x T),
@@ -91,6 +98,7 @@ typedef enum model_rope_scaling {
 #define MODEL_TYPE_MAX 32
 #define MODEL_LORA_MAX_TARGETS 16
 #define MODEL_LORA_NAME_MAX 32
+#define MODEL_MAX_SLIDING 256 /* layers whose sliding window a config can mark */
 
 /* LoRA (model_lora.h): adapters on the named projections; r = 0: none. */
 typedef struct model_lora_cfg {
@@ -125,13 +133,21 @@ typedef struct model_config {
     int rope_original_max_pos;     /* llama3: original_max_position_embeddings */
     bool tie_word_embeddings;      /* lm_head is the token embedding (GPT-2: always) */
     bool attention_bias;           /* q/k/v projections have biases (Qwen2; GPT-2: always) */
+    bool attention_out_bias;       /* the output projection has one (LLaMA's attention_bias;
+                                    * GPT-2: always; Qwen2: never) */
     bool mlp_bias;                 /* MLP projections have biases (GPT-2: always) */
     model_lora_cfg lora;           /* LoRA adapters (r = 0: every weight trains) */
     /* The dtype model.from's weights are stored in (config.json's
      * torch_dtype; ST_F32 without one, and for every other source). Under
      * LoRA a BF16 or F16 one keeps the frozen base in it on the device
-     * (model_base16); otherwise it changes nothing. */
+     * (the weight store: model_base_dtype); otherwise it changes nothing. */
     st_dtype weights_dtype;
+    /* Gemma 2's attention and logits (decoder.h; 0: off). (h-kern, issue 19) */
+    double query_pre_attn_scalar;   /* scores * this^-1/2 (0: head_dim^-1/2) */
+    double attn_logit_softcapping;  /* scores -> cap * tanh(scores / cap) */
+    double final_logit_softcapping; /* logits likewise */
+    int sliding_window;             /* keys a sliding layer's query sees, itself included */
+    uint64_t sliding_layers[MODEL_MAX_SLIDING / 64]; /* bit l: layer l slides */
 } model_config;
 
 /* ---- layout */
@@ -156,6 +172,8 @@ typedef struct model_tensor {
     bool transposed;            /* 2-D, stored [shape[0], shape[1]] in files but
                                  * [shape[1], shape[0]] in the buffer (GPT-2 Conv1D) */
     bool adapter;               /* a LoRA adapter (PEFT's name), not in the base model's files */
+    st_dtype dtype;             /* its storage dtype on the device (the weight store) */
+    size_t soff;                /* non-F32: its first byte in the model's wstore */
 } model_tensor;
 
 typedef struct model_layout {
@@ -173,9 +191,21 @@ typedef struct model_layout {
  * per-micro-batch workspace is sized from (kern_ops.workspace_size). */
 typedef kern_gemm_extent model_gemm_extent;
 
+/* The Hugging Face names a family reads: one row per architecture, with
+ * the model_type that goes with it and what that type implies (flags). */
+#define MODEL_HF_QKV_BIAS 1u /* q/k/v biases always, no output bias (Qwen2) */
+typedef struct model_hf_name {
+    const char *architecture; /* config.json "architectures"[0], e.g. "Qwen2ForCausalLM" */
+    const char *model_type;   /* "qwen2" */
+    unsigned flags;           /* MODEL_HF_* */
+} model_hf_name;
+
 struct model_family {
     const char *name;                 /* the spec's "model.arch" ("gpt2", "llama") */
-    const char *const *hf_model_types;/* Hugging Face "model_type"s it reads, NULL-ended */
+    const model_hf_name *hf_names;    /* what it reads from Hugging Face (the first row is
+                                       * what it writes by default); ended by a zero row */
+    const char *const *lora_default_targets; /* PEFT's default target modules for it
+                                       * (NULL-ended); NULL: lora.target_modules required */
 
     /* REQUIRED: config from the spec's model object (shape keys, no file);
      * checks it (model_config_check semantics), errors name "model.<key>". */
@@ -258,6 +288,13 @@ struct model_family {
 const model_family *model_family_by_arch(const char *arch);
 /* The family reading Hugging Face model_type `type`; NULL when none. */
 const model_family *model_family_by_hf_type(const char *type);
+/* The registry row of a model_type; NULL when no family reads it. */
+const model_hf_name *model_hf_name_of(const char *type);
+/* The family a config.json names: "architectures" and "model_type" are
+ * both checked when present and must agree; errors (ACC_EINVAL, field
+ * "model.from") name `file`, the key and the registered names. */
+int model_family_of_hf(const json_t *config, const char *file, const model_family **out,
+                       acc_err *err);
 /* The default family (gpt2). */
 const model_family *model_family_default(void);
 /* The family of a config (cfg->family, or the default). */
@@ -300,6 +337,14 @@ int model_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err);
  * the config.json key too), then the family's config_check. The layout,
  * model_state_bytes and model_act_bytes call it first. */
 int model_config_check(const model_config *cfg, acc_err *err);
+
+/* The one config.json reader (for families' config_from_hf): member
+ * `key` of obj. Absent or null: *out = def, or for ints with def < 0 an
+ * error "config.json has no <key>". Present with the wrong type (ints:
+ * outside [1, 2^31)): "config.json: <key> must be ...". Field "model.from". */
+int model_hf_int(const json_t *obj, const char *key, int def, int *out, acc_err *err);
+int model_hf_num(const json_t *obj, const char *key, double def, double *out, acc_err *err);
+int model_hf_bool(const json_t *obj, const char *key, bool def, bool *out, acc_err *err);
 
 /* ---- layout (generic: walks the family's layout) */
 
@@ -354,12 +399,12 @@ struct model {
     size_t ngrad;         /* layout.ntrain: floats with a gradient (grads[0, ngrad)); the
                            * caller's tail follows at grads + ngrad */
     size_t grad_tail;     /* floats past the gradients, the caller's */
-    float *params;        /* [nparams], device; with base16 [ngrad] (the adapters) */
-    uint16_t *base16;     /* a 16-bit frozen base [nparams - ngrad] (model_base16), else NULL:
-                           * the tensor at layout offset o >= ngrad is at o - ngrad */
-    st_dtype base_dtype;  /* ST_BF16 / ST_F16 with base16, else ST_F32 */
-    float *wfetch;        /* fp32 scratch model_weight widens into (base16 only) */
-    size_t wfetch_big;    /* floats of its first slot (the largest frozen tensor) */
+    float *params;        /* [nf32], device: the layout's fp32 tensors */
+    size_t nf32;          /* floats [0, nf32) of the layout stored in fp32 (nparams, or
+                           * ngrad with a 16-bit base) */
+    void *wstore;         /* the narrower tensors (model_tensor.dtype, .soff), or NULL */
+    float *wfetch;        /* fp32 scratch model_weight widens into (with wstore only) */
+    size_t wfetch_big;    /* floats of its first slot (the largest narrow tensor) */
     float *grads;         /* [ngrad + grad_tail], device, accumulated += (frozen
                            * tensors past ngrad have none) */
     int B, T;             /* activations are sized for B x T (B = 0: none) */
@@ -401,8 +446,6 @@ int model_init_seed(model *m, uint64_t seed, acc_err *err);
 /* Weights from init_from's native file open as `fd` (family's
  * load_fd_host; `path` for messages). */
 int model_load_fd(model *m, int fd, const char *path, acc_err *err);
-/* The same by name (tools, tests; regular file only, as model_config_from_file). */
-int model_load_file(model *m, const char *path, acc_err *err);
 
 void model_forward(model *m, const int *tokens, const int *targets, const float *weights,
                    int nseq, int want_grad, double *loss_sum);
@@ -455,6 +498,11 @@ void model_weights_upload(model *m, const float *host, size_t off, size_t n);
  * slot `slot` (0: any tensor; 1: a 1-D one, e.g. a bias used beside a
  * slot-0 matrix), valid until the next model_weight of that slot. */
 const float *model_weight(model *m, size_t off, int slot);
+/* Block `layer`'s parameters are about to be used (begin) / are done
+ * with (end) in the forward or the backward (no-ops today: the seam where
+ * ZeRO-3 gathers and releases them and offload streams them). */
+void model_layer_begin(model *m, int layer, bool backward);
+void model_layer_end(model *m, int layer, bool backward);
 
 /* Every tensor of layout `l` from an open safetensors file into the host
  * buffer params[nparams] (zeroed first, so padding is 0): by name, F32, the

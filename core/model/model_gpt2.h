@@ -14,6 +14,11 @@
  * in the buffer (transposed), wte in files without the padded rows. Weight
  * decay on the matrices (wte, wpe, qkvw, attprojw, fcw, fcprojw) only.
  *
+ * The file composes blocks.h's pieces (LayerNorm, linear with LoRA on the
+ * Conv1D layers -- PEFT's fan_in_fan_out, adapters A [r, in], B [out, r]
+ * -- fused multi-head attention, the GELU FFN, the tied head and loss);
+ * it calls no kernel itself. PEFT's default LoRA target is c_attn.
+ *
  * Activations (acts_alloc): for micro_batch x seq_len tokens and one
  * layer's worth of backward scratch, sized by the micro batch only, so
  * gradient accumulation costs no memory. In recompute mode only each
@@ -22,8 +27,9 @@
  * the kernels are deterministic, so both modes give the same bits).
  * Rows of wte beyond vocab_size (padding) never get probability mass.
  *
- * Native files for init_from: an llm.c .bin (fp32, version 3) or a
- * safetensors GPT-2 (Hugging Face names; wpe keeps the file's rows).
+ * Native files for init_from (model_gpt2_files.c): an llm.c .bin (fp32,
+ * version 3) or a safetensors GPT-2 (Hugging Face names; wpe keeps the
+ * file's rows); under LoRA they hold the base model, after the adapters.
  */
 #ifndef ACC_MODEL_GPT2_H
 #define ACC_MODEL_GPT2_H
@@ -43,7 +49,13 @@ typedef model model_gpt2;
  * (read from its start through a dup; fd stays open; `path` for messages). */
 int model_load_llmc(model *m, const char *path, acc_err *err);
 int model_load_llmc_fd(model *m, int fd, const char *path, acc_err *err);
-/* Write the parameters as an llm.c .bin (atomically: temp, fsync, rename). */
+/* The family table's config_from_fd / load_fd_host (model.h): an llm.c
+ * .bin, or a safetensors file by its name's suffix (model_gpt2_files.c). */
+int model_gpt2_config_from_fd(int fd, const char *path, const spec_model *sm, model_config *cfg,
+                              acc_err *err);
+int model_gpt2_load_fd_host(const model *m, int fd, const char *path, float *host, acc_err *err);
+/* Write the base model's parameters as an llm.c .bin (atomically: temp,
+ * fsync, rename). */
 int model_save_llmc(const model *m, const char *path, acc_err *err);
 
 /* The shape of a safetensors GPT-2 file (for init_from checks): n_layer,

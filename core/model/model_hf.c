@@ -28,8 +28,10 @@ static int in_dir(const hf_dir *h, int rc, acc_err *err)
 
 int model_hf_config(const hf_dir *h, model_config *cfg, acc_err *err)
 {
-    const char *family;
-    int rc = hf_family(h, &family, err);
+    char file[PATH_MAX + 16];
+    const model_family *family;
+    snprintf(file, sizeof file, "%s/config.json", hf_path(h));
+    int rc = model_family_of_hf(hf_config(h), file, &family, err);
     if (rc != 0)
         return rc;
     memset(cfg, 0, sizeof *cfg);

@@ -12,8 +12,13 @@
  * kern_ops gqa_attention ops). The rotary embedding is Hugging Face's
  * rotate-half layout (the checkpoints' q/k rows are already permuted for
  * it) with rope_theta and rope_scaling none / linear / llama3 (kern_rope.h).
- * Biases: Qwen2's q/k/v (attention_bias with model_type qwen2), LLaMA's
- * attention_bias q/k/v/o; none otherwise; mlp_bias is refused.
+ * Biases: q/k/v with attention_bias, o_proj with attention_out_bias
+ * (config.json's attention_bias sets both; Qwen2's registry row,
+ * MODEL_HF_QKV_BIAS, q/k/v only); mlp_bias is refused.
+ *
+ * The file composes blocks.h's pieces (RMSNorm, linear with LoRA, RoPE,
+ * grouped-query attention, the SiLU-gated FFN, the head and loss); it
+ * calls no kernel itself.
  *
  * Layout (Hugging Face names, one block's tensors contiguous, so one
  * layer's gradients are one span): model.embed_tokens.weight [V, C]
@@ -34,9 +39,6 @@
 #include "model.h"
 
 extern const model_family model_family_llama;
-
-/* Whether o_proj has a bias under cfg (LLaMA attention_bias, not Qwen2). */
-bool model_llama_o_bias(const model_config *cfg);
 
 /* The logits of the last forward, [nseq * T, padded_vocab_size] on the
  * device (after a want_grad forward: dloss/dlogits); NULL for a model of

@@ -81,16 +81,13 @@ int model_lora_apply(const spec_lora *sl, bool merge, model_config *cfg, acc_err
         return rc;
     char mods[MODEL_LORA_MAX_TARGETS][MODEL_LORA_NAME_MAX], list[512] = "";
     int nm = modules_of(&l, mods, MODEL_LORA_MAX_TARGETS);
-    bool transposed = false;
-    for (int i = 0; i < l.n; i++) {
-        char m[MODEL_LORA_NAME_MAX];
-        transposed |= linear_module(&l.t[i], m, sizeof m) && l.t[i].transposed;
-    }
     model_layout_free(&l);
-    const char *fam = model_family_of(cfg)->name;
-    if (transposed || nm == 0) /* GPT-2's Conv1D: PEFT's fan_in_fan_out, not done yet */
-        return acc_err_set(err, ACC_EINVAL, "lora",
-                           "lora is not supported for the %s family yet (llama is)", fam);
+    const model_family *family = model_family_of(cfg);
+    const char *fam = family->name;
+    const char *const *def = family->lora_default_targets;
+    if (nm == 0)
+        return acc_err_set(err, ACC_EINVAL, "lora", "the %s model has no linear layers to adapt",
+                           fam);
     for (int k = 0; k < nm; k++) {
         size_t len = strlen(list);
         snprintf(list + len, sizeof list - len, "%s%s", k ? ", " : "", mods[k]);
@@ -99,14 +96,18 @@ int model_lora_apply(const spec_lora *sl, bool merge, model_config *cfg, acc_err
     if (sl->all_linear) {
         memcpy(lc->targets, mods, sizeof mods);
         lc->n_targets = nm;
-    } else if (sl->n_targets == 0) { /* PEFT's default for LLaMA */
-        if (!has_module(mods, nm, "q_proj") || !has_module(mods, nm, "v_proj"))
+    } else if (sl->n_targets == 0) { /* PEFT's default for the family */
+        int n = 0;
+        for (; def != NULL && def[n] != NULL && n < MODEL_LORA_MAX_TARGETS; n++)
+            if (!has_module(mods, nm, def[n]))
+                break;
+        if (def == NULL || n == 0 || def[n] != NULL)
             return acc_err_set(err, ACC_EINVAL, "lora.target_modules",
                                "lora.target_modules is required for this model (its linear "
                                "layers: %s)", list);
-        snprintf(lc->targets[0], MODEL_LORA_NAME_MAX, "q_proj");
-        snprintf(lc->targets[1], MODEL_LORA_NAME_MAX, "v_proj");
-        lc->n_targets = 2;
+        for (int i = 0; i < n; i++)
+            snprintf(lc->targets[i], MODEL_LORA_NAME_MAX, "%s", def[i]);
+        lc->n_targets = n;
     } else {
         for (int i = 0; i < sl->n_targets; i++) {
             char f[48];
@@ -149,7 +150,9 @@ int model_lora_layout(const model_config *cfg, model_layout *l, acc_err *err)
         if (!targeted(cfg, t))
             continue;
         char n[MODEL_NAME_MAX];
-        int64_t sa[2] = {r, t->shape[1]}, sb[2] = {t->shape[0], r};
+        /* W [out, in] in the buffer; a Conv1D one is [in, out] in files */
+        int64_t in = t->shape[t->transposed ? 0 : 1], out_ = t->shape[t->transposed ? 1 : 0];
+        int64_t sa[2] = {r, in}, sb[2] = {out_, r};
         peft_name(t->name, "A", n, sizeof n);
         rc = model_layout_add(&out, &cap, n, t->layer, 2, sa, 0, true, true, false, "lora.r", err);
         if (rc == 0) {
@@ -249,8 +252,8 @@ void model_lora_merge_host(const model_layout *l, const model_config *cfg, float
     }
 }
 
-static int write_adapter_config(const model_config *cfg, const char *dir, const char *base_model,
-                                acc_err *err)
+static int write_adapter_config(const model_config *cfg, bool fan_in_fan_out, const char *dir,
+                                const char *base_model, acc_err *err)
 {
     json_t *tm = json_array();
     for (int i = 0; tm != NULL && i < cfg->lora.n_targets; i++)
@@ -259,7 +262,7 @@ static int write_adapter_config(const model_config *cfg, const char *dir, const 
                           "peft_type", "LORA", "task_type", "CAUSAL_LM", "bias", "none",
                           "r", cfg->lora.r, "lora_alpha", cfg->lora.alpha, "lora_dropout", 0.0,
                           "target_modules", tm, "base_model_name_or_path",
-                          base_model ? base_model : "", "fan_in_fan_out", 0, "inference_mode", 1,
+                          base_model ? base_model : "", "fan_in_fan_out", fan_in_fan_out, "inference_mode", 1,
                           "modules_to_save", "use_rslora", 0);
     char *text = c ? json_dumps(c, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(c);
@@ -276,8 +279,11 @@ int model_lora_save(const model_layout *l, const model_config *cfg, const float 
                     const char *dir, const char *base_model, acc_err *err)
 {
     int n = 0;
-    for (int i = 0; i < l->n; i++)
+    bool conv1d = false; /* PEFT's fan_in_fan_out: the targets are stored [in, out] */
+    for (int i = 0; i < l->n; i++) {
         n += l->t[i].adapter;
+        conv1d |= l->t[i].transposed && targeted(cfg, &l->t[i]);
+    }
     st_tensor *t = calloc((size_t)n + 1, sizeof *t);
     if (t == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the adapter");
@@ -298,6 +304,6 @@ int model_lora_save(const model_layout *l, const model_config *cfg, const float 
     int rc = st_write(path, t, k, md, 2, err);
     free(t);
     if (rc == 0)
-        rc = write_adapter_config(cfg, dir, base_model, err);
+        rc = write_adapter_config(cfg, conv1d, dir, base_model, err);
     return rc;
 }

@@ -168,7 +168,7 @@ static void cpu_layernorm_bwd(kern_device *d, float *dinp, float *dw, float *db,
         }
     }
     enum { CB = 64 };
-    int nblk = (C + CB - 1) / CB;
+    int nblk = dw != NULL ? (C + CB - 1) / CB : 0; /* NULL: a frozen norm (LoRA) */
 #pragma omp parallel for num_threads(d->threads)
     for (int blk = 0; blk < nblk; blk++) {
         int c0 = blk * CB, c1 = c0 + CB < C ? c0 + CB : C;
@@ -561,29 +561,71 @@ static inline float fast_tanh(float u)
     return 1.0f - 2.0f / (exp_poly(2.0f * u) + 1.0f);
 }
 
+/* gelu(x) and gelu'(x), the tanh approximation (GPT-2's, Gemma's gate) */
+static inline float gelu_val(float x)
+{
+    return 0.5f * x * (1.0f + fast_tanh(GELU_S * (x + 0.044715f * x * x * x)));
+}
+
+static inline float gelu_grad(float x)
+{
+    float th = fast_tanh(GELU_S * (x + 0.044715f * x * x * x));
+    float sech2 = 1.0f - th * th;
+    /* sech2 is exactly 0 long before |x| = 20; clamping keeps x^2 finite
+     * there so 0 * inf cannot make a NaN */
+    float xc = x < -20.0f ? -20.0f : x > 20.0f ? 20.0f : x;
+    return 0.5f * (1.0f + th) + 0.5f * xc * sech2 * GELU_S * (1.0f + 3.0f * 0.044715f * xc * xc);
+}
+
 static void cpu_gelu_fwd(kern_device *d, float *out, const float *inp, size_t n)
 {
 #pragma omp parallel for simd num_threads(d->threads)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + fast_tanh(GELU_S * (x + 0.044715f * x * x * x)));
-    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = gelu_val(inp[i]);
 }
 
 static void cpu_gelu_bwd(kern_device *d, float *dinp, const float *inp, const float *dout,
                          size_t n)
 {
 #pragma omp parallel for simd num_threads(d->threads)
+    for (size_t i = 0; i < n; i++)
+        dinp[i] += gelu_grad(inp[i]) * dout[i];
+}
+
+static void cpu_geglu_fwd(kern_device *d, float *out, const float *gate, const float *up,
+                          size_t n)
+{
+#pragma omp parallel for simd num_threads(d->threads)
+    for (size_t i = 0; i < n; i++)
+        out[i] = gelu_val(gate[i]) * up[i];
+}
+
+static void cpu_geglu_bwd(kern_device *d, float *dgate, float *dup, const float *dout,
+                          const float *gate, const float *up, size_t n)
+{
+#pragma omp parallel for simd num_threads(d->threads)
     for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float th = fast_tanh(GELU_S * (x + 0.044715f * x * x * x));
-        float sech2 = 1.0f - th * th;
-        /* sech2 is exactly 0 long before |x| = 20; clamping keeps x^2 finite
-         * there so 0 * inf cannot make a NaN */
-        float xc = x < -20.0f ? -20.0f : x > 20.0f ? 20.0f : x;
-        float dg = 0.5f * (1.0f + th) +
-                   0.5f * xc * sech2 * GELU_S * (1.0f + 3.0f * 0.044715f * xc * xc);
-        dinp[i] += dg * dout[i];
+        float g = gate[i], gi = dout[i];
+        dgate[i] += gelu_grad(g) * (gi * up[i]);
+        dup[i] += gi * gelu_val(g);
+    }
+}
+
+/* libm's tanhf: the capped logits feed the loss directly */
+static void cpu_softcap_fwd(kern_device *d, float *out, const float *inp, float cap, size_t n)
+{
+#pragma omp parallel for num_threads(d->threads)
+    for (size_t i = 0; i < n; i++)
+        out[i] = cap * tanhf(inp[i] / cap);
+}
+
+static void cpu_softcap_bwd(kern_device *d, float *dinp, const float *dout, const float *inp,
+                            float cap, size_t n)
+{
+#pragma omp parallel for num_threads(d->threads)
+    for (size_t i = 0; i < n; i++) {
+        float th = tanhf(inp[i] / cap);
+        dinp[i] = dout[i] * (1.0f - th * th);
     }
 }
 
@@ -804,6 +846,15 @@ static const kern_ops cpu_ops = {
     .gqa_attention_pos_bwd = kern_cpu_gqa_attention_pos_bwd,
     .scale = cpu_scale,
     .widen16 = cpu_widen16,
+    /* Qwen3's and Gemma 2's: here and kern_cpu_llama.c */
+    .softcap_fwd = cpu_softcap_fwd,
+    .softcap_bwd = cpu_softcap_bwd,
+    .geglu_fwd = cpu_geglu_fwd,
+    .geglu_bwd = cpu_geglu_bwd,
+    .rmsnorm_ofs_fwd = kern_cpu_rmsnorm_ofs_fwd,
+    .rmsnorm_ofs_bwd = kern_cpu_rmsnorm_ofs_bwd,
+    .gqa_attention_opt_fwd = kern_cpu_gqa_attention_opt_fwd,
+    .gqa_attention_opt_bwd = kern_cpu_gqa_attention_opt_bwd,
 };
 
 const kern_ops *kern_cpu_ops(void)

@@ -7,6 +7,13 @@
  * so nothing depends on the thread count but the sgemm blocking. Every op
  * stays fp32 in bf16 mode.
  *
+ * Qwen3's and Gemma 2's ops are here too: RMSNorm with an offset on the
+ * weight (rmsnorm_fwd / _bwd are its offset 0) and attention with options
+ * (scale, capped scores, a sliding window; the plain and packed entries are
+ * its options 0, arithmetic unchanged). With a cap, the backward reads each
+ * row's raw products twice (the cap's derivative needs them) before they
+ * become probabilities; uncapped, it is the path it always was.
+ *
  * Grouped-query attention mirrors attention_fwd/bwd: one (sequence, query
  * head) per task in the forward, each thread in its own T x T slices of the
  * scratch (so at most NH threads); the backward runs one (sequence,
@@ -54,10 +61,17 @@ void kern_cpu_embed_bwd(kern_device *d, float *dwte, const float *dout, const in
     }
 }
 
-/* ---- RMSNorm */
+/* ---- RMSNorm (offset 0) and RMSNorm with an offset on the weight
+ * (Gemma's 1 + w). The offset is added only when it is not 0, so that
+ * rmsnorm_fwd / _bwd multiply by w itself, as they always have. */
 
-void kern_cpu_rmsnorm_fwd(kern_device *d, float *out, float *rstd, const float *inp,
-                          const float *w, float eps, int N, int C)
+static inline float ofs_w(const float *w, float offset, int c)
+{
+    return offset != 0.0f ? w[c] + offset : w[c];
+}
+
+void kern_cpu_rmsnorm_ofs_fwd(kern_device *d, float *out, float *rstd, const float *inp,
+                              const float *w, float offset, float eps, int N, int C)
 {
 #pragma omp parallel for num_threads(d->threads)
     for (int n = 0; n < N; n++) {
@@ -68,26 +82,27 @@ void kern_cpu_rmsnorm_fwd(kern_device *d, float *out, float *rstd, const float *
         float s = 1.0f / sqrtf(ss / (float)C + eps);
         float *o = out + (size_t)n * C;
         for (int c = 0; c < C; c++)
-            o[c] = x[c] * s * w[c];
+            o[c] = x[c] * s * ofs_w(w, offset, c);
         rstd[n] = s;
     }
 }
 
-/* d/dx of x r w with r = (mean(x^2) + eps)^-1/2:
- * dx_j = r (g_j w_j) - x_j r^3 / C * sum_c g_c w_c x_c;  dw_c = sum_n g x r */
-void kern_cpu_rmsnorm_bwd(kern_device *d, float *dinp, float *dw, const float *dout,
-                          const float *inp, const float *w, const float *rstd, int N, int C)
+/* d/dx of x r w' with r = (mean(x^2) + eps)^-1/2, w' = w + offset:
+ * dx_j = r (g_j w'_j) - x_j r^3 / C * sum_c g_c w'_c x_c;  dw_c = sum_n g x r */
+void kern_cpu_rmsnorm_ofs_bwd(kern_device *d, float *dinp, float *dw, const float *dout,
+                              const float *inp, const float *w, float offset,
+                              const float *rstd, int N, int C)
 {
 #pragma omp parallel for num_threads(d->threads)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C, *g = dout + (size_t)n * C;
         float s = rstd[n], dot = 0.0f;
         for (int c = 0; c < C; c++)
-            dot += g[c] * w[c] * x[c];
+            dot += g[c] * ofs_w(w, offset, c) * x[c];
         float k = dot * s * s * s / (float)C;
         float *di = dinp + (size_t)n * C;
         for (int c = 0; c < C; c++)
-            di[c] += s * g[c] * w[c] - k * x[c];
+            di[c] += s * g[c] * ofs_w(w, offset, c) - k * x[c];
     }
     if (dw == NULL) /* a frozen weight (LoRA) */
         return;
@@ -106,6 +121,18 @@ void kern_cpu_rmsnorm_bwd(kern_device *d, float *dinp, float *dw, const float *d
         for (int c = c0; c < c1; c++)
             dw[c] += sw[c - c0];
     }
+}
+
+void kern_cpu_rmsnorm_fwd(kern_device *d, float *out, float *rstd, const float *inp,
+                          const float *w, float eps, int N, int C)
+{
+    kern_cpu_rmsnorm_ofs_fwd(d, out, rstd, inp, w, 0.0f, eps, N, C);
+}
+
+void kern_cpu_rmsnorm_bwd(kern_device *d, float *dinp, float *dw, const float *dout,
+                          const float *inp, const float *w, const float *rstd, int N, int C)
+{
+    kern_cpu_rmsnorm_ofs_bwd(d, dinp, dw, dout, inp, w, 0.0f, rstd, N, C);
 }
 
 /* ---- RoPE (rotate-half): pair (i, i + hs/2) of each head rotated by the
@@ -175,25 +202,54 @@ void kern_cpu_swiglu_bwd(kern_device *d, float *dgate, float *dup, const float *
     }
 }
 
-/* ---- grouped-query attention */
+/* ---- grouped-query attention, with the options of kern_att_opts */
 
-/* The first key row t may see: its document's first token (pos: this
- * sequence's positions, NULL = one document). */
-static inline int row_lo(const int *pos, int t)
+/* one call's row rules: the score scale, the cap, the window */
+typedef struct att_rule {
+    float scale, cap;
+    int window;
+} att_rule;
+
+static att_rule att_rule_of(const kern_att_opts *o, int hs)
 {
-    return pos != NULL ? t - pos[t] : 0;
+    att_rule r = {1.0f / sqrtf((float)hs), 0.0f, 0};
+    if (o != NULL) {
+        if (o->scale != 0.0f)
+            r.scale = o->scale;
+        r.cap = o->softcap > 0.0f ? o->softcap : 0.0f;
+        r.window = o->window > 0 ? o->window : 0;
+    }
+    return r;
 }
 
-/* In place: scores -> probabilities (causal within the row's document,
- * scaled); lse[t] of each row. */
-static void softmax_rows(float *att, float *lse, int T, float scale, const int *pos)
+/* The score of a raw product x: scaled, then capped when the rule caps. */
+static inline float att_score(float x, const att_rule *r)
+{
+    x *= r->scale;
+    return r->cap > 0.0f ? r->cap * tanhf(x / r->cap) : x;
+}
+
+/* The first key row t may see: its document's first token (pos: this
+ * sequence's positions, NULL = one document), and no further back than the
+ * window. */
+static inline int row_lo(const int *pos, const att_rule *r, int t)
+{
+    int lo = pos != NULL ? t - pos[t] : 0;
+    if (r->window > 0 && t - r->window + 1 > lo)
+        lo = t - r->window + 1;
+    return lo;
+}
+
+/* In place: raw products -> probabilities over the row's keys; lse[t] of
+ * each row. */
+static void softmax_rows(float *att, float *lse, int T, const att_rule *r, const int *pos)
 {
     for (int t = 0; t < T; t++) {
         float *a = att + (size_t)t * T;
-        int lo = row_lo(pos, t);
+        int lo = row_lo(pos, r, t);
         float mx = -INFINITY;
         for (int u = lo; u <= t; u++) {
-            a[u] *= scale;
+            a[u] = att_score(a[u], r);
             if (a[u] > mx)
                 mx = a[u];
         }
@@ -213,38 +269,65 @@ static void softmax_rows(float *att, float *lse, int T, float scale, const int *
     }
 }
 
-/* In place: scores -> the forward's probabilities, from lse. */
-static void probs_rows(float *att, const float *lse, int T, float scale, const int *pos)
+/* In place: raw products -> the forward's probabilities, from lse. */
+static void probs_rows(float *att, const float *lse, int T, const att_rule *r, const int *pos)
 {
     for (int t = 0; t < T; t++) {
         float *a = att + (size_t)t * T;
-        int lo = row_lo(pos, t);
+        int lo = row_lo(pos, r, t);
         for (int u = 0; u < lo; u++)
             a[u] = 0.0f;
         for (int u = lo; u <= t; u++)
-            a[u] = expf(a[u] * scale - lse[t]);
+            a[u] = expf(att_score(a[u], r) - lse[t]);
         for (int u = t + 1; u < T; u++)
             a[u] = 0.0f;
     }
 }
 
-/* In place in da: da <- att (da - <att, da>) scale on the row's keys, 0
- * elsewhere. */
-static void softmax_bwd_rows(float *da, const float *att, int T, float scale, const int *pos)
+/* In place in da (uncapped scores): da <- att (da - <att, da>) scale on the
+ * row's keys, 0 elsewhere. */
+static void softmax_bwd_rows(float *da, const float *att, int T, const att_rule *r,
+                             const int *pos)
 {
     for (int t = 0; t < T; t++) {
         const float *ar = att + (size_t)t * T;
         float *dr = da + (size_t)t * T;
-        int lo = row_lo(pos, t);
+        int lo = row_lo(pos, r, t);
         float dot = 0.0f;
         for (int u = lo; u <= t; u++)
             dot += ar[u] * dr[u];
         for (int u = 0; u < lo; u++)
             dr[u] = 0.0f;
         for (int u = lo; u <= t; u++)
-            dr[u] = ar[u] * (dr[u] - dot) * scale;
+            dr[u] = ar[u] * (dr[u] - dot) * r->scale;
         for (int u = t + 1; u < T; u++)
             dr[u] = 0.0f;
+    }
+}
+
+/* Capped scores: att holds the raw products, da = dout v^T. Both become
+ * what the uncapped path has after softmax_bwd_rows: att the
+ * probabilities, da d(loss)/d(raw product) = p (da - <p, da>) (1 - th^2)
+ * scale with th = tanh(s / cap) (the cap's derivative needs the raw
+ * product, so each row is read twice before it is overwritten). */
+static void capped_bwd_rows(float *att, float *da, const float *lse, int T, const att_rule *r,
+                            const int *pos)
+{
+    for (int t = 0; t < T; t++) {
+        float *a = att + (size_t)t * T, *dr = da + (size_t)t * T;
+        int lo = row_lo(pos, r, t);
+        float dot = 0.0f;
+        for (int u = lo; u <= t; u++)
+            dot += expf(att_score(a[u], r) - lse[t]) * dr[u];
+        for (int u = 0; u < lo; u++)
+            a[u] = dr[u] = 0.0f;
+        for (int u = lo; u <= t; u++) {
+            float th = tanhf(a[u] * r->scale / r->cap), p = expf(r->cap * th - lse[t]);
+            dr[u] = p * (dr[u] - dot) * (1.0f - th * th) * r->scale;
+            a[u] = p;
+        }
+        for (int u = t + 1; u < T; u++)
+            a[u] = dr[u] = 0.0f;
     }
 }
 
@@ -272,7 +355,7 @@ void kern_cpu_gqa_attention_fwd(kern_device *d, float *out, float *lse, float *s
                                 const float *q, const float *k, const float *v, int B, int T,
                                 int NH, int NKV, int hs)
 {
-    kern_cpu_gqa_attention_pos_fwd(d, out, lse, scratch, q, k, v, NULL, B, T, NH, NKV, hs);
+    kern_cpu_gqa_attention_opt_fwd(d, out, lse, scratch, q, k, v, NULL, NULL, B, T, NH, NKV, hs);
 }
 
 void kern_cpu_gqa_attention_bwd(kern_device *d, float *dq, float *dk, float *dv,
@@ -280,26 +363,15 @@ void kern_cpu_gqa_attention_bwd(kern_device *d, float *dq, float *dk, float *dv,
                                 const float *k, const float *v, const float *lse,
                                 const float *out, int B, int T, int NH, int NKV, int hs)
 {
-    kern_cpu_gqa_attention_pos_bwd(d, dq, dk, dv, scratch, dout, q, k, v, lse, out, NULL, B, T, NH,
-                                   NKV, hs);
+    kern_cpu_gqa_attention_opt_bwd(d, dq, dk, dv, scratch, dout, q, k, v, lse, out, NULL, NULL,
+                                   B, T, NH, NKV, hs);
 }
 
 void kern_cpu_gqa_attention_pos_fwd(kern_device *d, float *out, float *lse, float *scratch,
                                     const float *q, const float *k, const float *v,
                                     const int *pos, int B, int T, int NH, int NKV, int hs)
 {
-    float scale = 1.0f / sqrtf((float)hs);
-    size_t tt = (size_t)T * T;
-#pragma omp parallel for num_threads(gqa_threads(d, NH)) schedule(static)
-    for (int bh = 0; bh < B * NH; bh++) {
-        gqa_view w = gqa_at(bh / NH, bh % NH, T, NH, NKV, hs);
-        float *a = scratch + 2 * (size_t)omp_get_thread_num() * tt;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q + w.q, w.ldq,
-                    k + w.kv, w.ldkv, 0.0f, a, T);
-        softmax_rows(a, lse + (size_t)bh * T, T, scale, pos ? pos + (size_t)(bh / NH) * T : NULL);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v + w.kv,
-                    w.ldkv, 0.0f, out + w.q, w.ldq);
-    }
+    kern_cpu_gqa_attention_opt_fwd(d, out, lse, scratch, q, k, v, pos, NULL, B, T, NH, NKV, hs);
 }
 
 void kern_cpu_gqa_attention_pos_bwd(kern_device *d, float *dq, float *dk, float *dv,
@@ -308,8 +380,38 @@ void kern_cpu_gqa_attention_pos_bwd(kern_device *d, float *dq, float *dk, float 
                                     const float *out, const int *pos, int B, int T, int NH,
                                     int NKV, int hs)
 {
+    kern_cpu_gqa_attention_opt_bwd(d, dq, dk, dv, scratch, dout, q, k, v, lse, out, pos, NULL,
+                                   B, T, NH, NKV, hs);
+}
+
+void kern_cpu_gqa_attention_opt_fwd(kern_device *d, float *out, float *lse, float *scratch,
+                                    const float *q, const float *k, const float *v,
+                                    const int *pos, const kern_att_opts *opts, int B, int T,
+                                    int NH, int NKV, int hs)
+{
+    att_rule r = att_rule_of(opts, hs);
+    size_t tt = (size_t)T * T;
+#pragma omp parallel for num_threads(gqa_threads(d, NH)) schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        gqa_view w = gqa_at(bh / NH, bh % NH, T, NH, NKV, hs);
+        float *a = scratch + 2 * (size_t)omp_get_thread_num() * tt;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q + w.q, w.ldq,
+                    k + w.kv, w.ldkv, 0.0f, a, T);
+        softmax_rows(a, lse + (size_t)bh * T, T, &r, pos ? pos + (size_t)(bh / NH) * T : NULL);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v + w.kv,
+                    w.ldkv, 0.0f, out + w.q, w.ldq);
+    }
+}
+
+void kern_cpu_gqa_attention_opt_bwd(kern_device *d, float *dq, float *dk, float *dv,
+                                    float *scratch, const float *dout, const float *q,
+                                    const float *k, const float *v, const float *lse,
+                                    const float *out, const int *pos,
+                                    const kern_att_opts *opts, int B, int T, int NH, int NKV,
+                                    int hs)
+{
     (void)out; /* the full T x T backward has <att, datt> directly */
-    float scale = 1.0f / sqrtf((float)hs);
+    att_rule r = att_rule_of(opts, hs);
     size_t tt = (size_t)T * T;
     int G = NH / NKV;
 #pragma omp parallel for num_threads(gqa_threads(d, NH)) schedule(static)
@@ -318,17 +420,25 @@ void kern_cpu_gqa_attention_pos_bwd(kern_device *d, float *dq, float *dk, float 
         float *a = scratch + 2 * (size_t)omp_get_thread_num() * tt, *da = a + tt;
         for (int h = (bk % NKV) * G; h < (bk % NKV + 1) * G; h++) {
             gqa_view w = gqa_at(b, h, T, NH, NKV, hs);
-            /* the forward's probabilities, rebuilt */
+            const int *pb = pos ? pos + (size_t)b * T : NULL;
+            const float *lh = lse + ((size_t)b * NH + h) * T;
+            /* the forward's raw products, rebuilt */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q + w.q,
                         w.ldq, k + w.kv, w.ldkv, 0.0f, a, T);
-            const int *pb = pos ? pos + (size_t)b * T : NULL;
-            probs_rows(a, lse + ((size_t)b * NH + h) * T, T, scale, pb);
-            /* through out = att v: datt = dout v^T, dv += att^T dout */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dout + w.q,
-                        w.ldq, v + w.kv, w.ldkv, 0.0f, da, T);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T,
-                        dout + w.q, w.ldq, 1.0f, dv + w.kv, w.ldkv);
-            softmax_bwd_rows(da, a, T, scale, pb);
+            if (r.cap > 0.0f) { /* through out = att v, then the capped softmax */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f,
+                            dout + w.q, w.ldq, v + w.kv, w.ldkv, 0.0f, da, T);
+                capped_bwd_rows(a, da, lh, T, &r, pb);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T,
+                            dout + w.q, w.ldq, 1.0f, dv + w.kv, w.ldkv);
+            } else { /* through out = att v: datt = dout v^T, dv += att^T dout */
+                probs_rows(a, lh, T, &r, pb);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f,
+                            dout + w.q, w.ldq, v + w.kv, w.ldkv, 0.0f, da, T);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T,
+                            dout + w.q, w.ldq, 1.0f, dv + w.kv, w.ldkv);
+                softmax_bwd_rows(da, a, T, &r, pb);
+            }
             /* through the scores q k^T: dq += dpre k, dk += dpre^T q */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T,
                         k + w.kv, w.ldkv, 1.0f, dq + w.q, w.ldq);

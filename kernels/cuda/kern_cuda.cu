@@ -272,6 +272,15 @@ static const kern_ops cuda_ops = {
     /* .alloc_size = */ kern_cuda_alloc_size,
     /* .runtime_bytes = */ kern_cuda_runtime_bytes,
     /* .widen16 = */ cu_widen16,
+    /* Qwen3's and Gemma 2's: kern_cuda_pointwise.cu, kern_cuda_llama.cu */
+    /* .softcap_fwd = */ cu_softcap_fwd,
+    /* .softcap_bwd = */ cu_softcap_bwd,
+    /* .geglu_fwd = */ cu_geglu_fwd,
+    /* .geglu_bwd = */ cu_geglu_bwd,
+    /* .rmsnorm_ofs_fwd = */ kern_cuda_rmsnorm_ofs_fwd,
+    /* .rmsnorm_ofs_bwd = */ kern_cuda_rmsnorm_ofs_bwd,
+    /* .gqa_attention_opt_fwd = */ kern_cuda_gqa_attention_opt_fwd,
+    /* .gqa_attention_opt_bwd = */ kern_cuda_gqa_attention_opt_bwd,
 };
 
 /* the op files' hooks into the device state (kern_cuda_llama.h) */

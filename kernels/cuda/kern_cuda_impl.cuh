@@ -322,6 +322,12 @@ void cu_gelu_bwd(kern_device *d, float *dinp, const float *inp, const float *dou
                         size_t n);
 void cu_add(kern_device *d, float *out, const float *a, const float *b, size_t n);
 void cu_scale(kern_device *d, float *x, float s, size_t n);
+void cu_geglu_fwd(kern_device *d, float *out, const float *gate, const float *up, size_t n);
+void cu_geglu_bwd(kern_device *d, float *dgate, float *dup, const float *dout,
+                  const float *gate, const float *up, size_t n);
+void cu_softcap_fwd(kern_device *d, float *out, const float *inp, float cap, size_t n);
+void cu_softcap_bwd(kern_device *d, float *dinp, const float *dout, const float *inp,
+                    float cap, size_t n);
 void cu_widen16(kern_device *d, float *out, const uint16_t *in, size_t n, int f16);
 void cu_xent(kern_device *d, float *logits, float *losses, double *loss_sum,
                     const int *targets, const float *weights, int N, int V, int Vp,

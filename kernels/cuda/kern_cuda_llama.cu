@@ -19,6 +19,9 @@
  *    sums dk_u and dv_u over the group's query heads and rows t >= u in a
  *    fixed order (no atomics). The scratch is the interface's (two NH x T
  *    x T matrices of one sequence); no layer keeps a T x T matrix.
+ *    Options (Qwen3 / Gemma 2, kern_att_opts): the scale, capped scores
+ *    (the backward's rows recompute each raw product for the cap's
+ *    derivative) and a sliding window (the first key a row sees).
  *
  * Precision: the build uses --use_fast_math, so the exponentials (softmax,
  * silu) and lse's log are computed in double (fast-math changes only
@@ -148,8 +151,15 @@ extern "C" void kern_cuda_embed_bwd(kern_device *d, float *dwte, const float *do
 
 /* ---- RMSNorm: one block per row */
 
+/* the weight with its offset, added only when there is one (rmsnorm_fwd's
+ * arithmetic unchanged) */
+static __device__ __forceinline__ float ofs_w(const float *w, float offset, int c)
+{
+    return offset != 0.0f ? w[c] + offset : w[c];
+}
+
 static __global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w,
-                                     float eps, int C)
+                                     float offset, float eps, int C)
 {
     __shared__ float sh[32];
     const float *x = inp + (size_t)blockIdx.x * C;
@@ -160,27 +170,28 @@ static __global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp, 
     float s = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(ss, (float)C) + eps));
     float *o = out + (size_t)blockIdx.x * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
-        o[c] = x[c] * s * w[c];
+        o[c] = x[c] * s * ofs_w(w, offset, c);
     if (threadIdx.x == 0)
         rstd[blockIdx.x] = s;
 }
 
 /* dinp += s g w - x s^3 / C * sum_c g w x */
 static __global__ void k_rmsnorm_bwd_inp(float *dinp, const float *dout, const float *inp,
-                                         const float *w, const float *rstd, int C)
+                                         const float *w, float offset, const float *rstd,
+                                         int C)
 {
     __shared__ float sh[32];
     size_t row = blockIdx.x;
     const float *x = inp + row * C, *g = dout + row * C;
     float dot = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
-        dot += g[c] * w[c] * x[c];
+        dot += g[c] * ofs_w(w, offset, c) * x[c];
     dot = ll_block_sum(dot, sh);
     float s = rstd[row];
     float k = __fdiv_rn(dot * s * s * s, (float)C);
     float *di = dinp + row * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
-        di[c] += s * g[c] * w[c] - k * x[c];
+        di[c] += s * g[c] * ofs_w(w, offset, c) - k * x[c];
 }
 
 /* dw[c] += sum over the block's rows of g x rstd: thread per column */
@@ -197,29 +208,45 @@ static __global__ void k_rmsnorm_bwd_w(float *dw, const float *dout, const float
     atomicAdd(&dw[c], s);
 }
 
-extern "C" void kern_cuda_rmsnorm_fwd(kern_device *d, float *out, float *rstd,
-                                      const float *inp, const float *w, float eps, int N, int C)
+extern "C" void kern_cuda_rmsnorm_ofs_fwd(kern_device *d, float *out, float *rstd,
+                                          const float *inp, const float *w, float offset,
+                                          float eps, int N, int C)
 {
     LL_LIVE(d);
     if (N <= 0 || C <= 0)
         return;
-    k_rmsnorm_fwd<<<(unsigned)N, LL_THREADS, 0, stream_of(d)>>>(out, rstd, inp, w, eps, C);
+    k_rmsnorm_fwd<<<(unsigned)N, LL_THREADS, 0, stream_of(d)>>>(out, rstd, inp, w, offset, eps,
+                                                                C);
     LL_LAUNCHED(d, "rmsnorm_fwd");
+}
+
+extern "C" void kern_cuda_rmsnorm_ofs_bwd(kern_device *d, float *dinp, float *dw,
+                                          const float *dout, const float *inp, const float *w,
+                                          float offset, const float *rstd, int N, int C)
+{
+    LL_LIVE(d);
+    if (N <= 0 || C <= 0)
+        return;
+    k_rmsnorm_bwd_inp<<<(unsigned)N, LL_THREADS, 0, stream_of(d)>>>(dinp, dout, inp, w, offset,
+                                                                    rstd, C);
+    if (!LL_LAUNCHED(d, "rmsnorm_bwd_inp") || dw == NULL) /* dw NULL: a frozen weight */
+        return;
+    dim3 grid((unsigned)((C + 255) / 256), (unsigned)((N + LL_ROWS - 1) / LL_ROWS));
+    k_rmsnorm_bwd_w<<<grid, 256, 0, stream_of(d)>>>(dw, dout, inp, rstd, N, C);
+    LL_LAUNCHED(d, "rmsnorm_bwd_w");
+}
+
+extern "C" void kern_cuda_rmsnorm_fwd(kern_device *d, float *out, float *rstd,
+                                      const float *inp, const float *w, float eps, int N, int C)
+{
+    kern_cuda_rmsnorm_ofs_fwd(d, out, rstd, inp, w, 0.0f, eps, N, C);
 }
 
 extern "C" void kern_cuda_rmsnorm_bwd(kern_device *d, float *dinp, float *dw, const float *dout,
                                       const float *inp, const float *w, const float *rstd, int N,
                                       int C)
 {
-    LL_LIVE(d);
-    if (N <= 0 || C <= 0)
-        return;
-    k_rmsnorm_bwd_inp<<<(unsigned)N, LL_THREADS, 0, stream_of(d)>>>(dinp, dout, inp, w, rstd, C);
-    if (!LL_LAUNCHED(d, "rmsnorm_bwd_inp") || dw == NULL) /* dw NULL: a frozen weight */
-        return;
-    dim3 grid((unsigned)((C + 255) / 256), (unsigned)((N + LL_ROWS - 1) / LL_ROWS));
-    k_rmsnorm_bwd_w<<<grid, 256, 0, stream_of(d)>>>(dw, dout, inp, rstd, N, C);
-    LL_LAUNCHED(d, "rmsnorm_bwd_w");
+    kern_cuda_rmsnorm_ofs_bwd(d, dinp, dw, dout, inp, w, 0.0f, rstd, N, C);
 }
 
 /* ---- RoPE: one thread per rotated pair; dir = 1 forward, -1 transpose */
@@ -329,12 +356,38 @@ struct gqa_seq {
     const int *pos;   /* [T] this sequence's positions (packed documents), or NULL */
     int T, NH, NKV, hs;
     float scale;
+    float cap;  /* > 0: scores capped at cap * tanh(s / cap) */
+    int window; /* > 0: keys t - window < u <= t only */
 };
 
-/* The first key row t sees: its document's first token. */
+/* The first key row t sees: its document's first token, and no further
+ * back than the window. */
 static __device__ __forceinline__ int gqa_lo(const gqa_seq &s, int t)
 {
-    return s.pos != nullptr ? t - s.pos[t] : 0;
+    int lo = s.pos != nullptr ? t - s.pos[t] : 0;
+    if (s.window > 0 && t - s.window + 1 > lo)
+        lo = t - s.window + 1;
+    return lo;
+}
+
+/* tanh of a scaled product over the cap, in double (fast-math) */
+static __device__ __forceinline__ float gqa_tanh(const gqa_seq &s, float x)
+{
+    return (float)tanh((double)__fdiv_rn(x * s.scale, s.cap));
+}
+
+/* The score of a raw product: scaled, capped when the call caps. */
+static __device__ __forceinline__ float gqa_score(const gqa_seq &s, float x)
+{
+    return s.cap > 0.0f ? s.cap * gqa_tanh(s, x) : x * s.scale;
+}
+
+static __device__ __forceinline__ float gqa_dot(const float *a, const float *b, int n)
+{
+    float acc = 0.0f;
+    for (int c = 0; c < n; c++)
+        acc += a[c] * b[c];
+    return acc;
 }
 
 /* forward: block (t, h) = blockIdx.x % T, blockIdx.x / T */
@@ -353,10 +406,7 @@ static __global__ void k_gqa_fwd(gqa_seq s, float *att)
     float mx = -INFINITY;
     for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
         const float *ku = s.k + (size_t)u * ldk + (size_t)kvh * s.hs;
-        float dot = 0.0f;
-        for (int c = 0; c < s.hs; c++)
-            dot += dyn[c] * ku[c];
-        a[u] = dot * s.scale;
+        a[u] = gqa_score(s, gqa_dot(dyn, ku, s.hs));
         mx = fmaxf(mx, a[u]);
     }
     mx = ll_block_max(mx, sh);
@@ -404,14 +454,20 @@ static __global__ void k_gqa_bwd_rows(gqa_seq s, float *P, float *dS)
             sc += qs[c] * ku[c];
             dp += gs[c] * vu[c];
         }
-        float p = exp_d(sc * s.scale - l);
+        float p = exp_d(gqa_score(s, sc) - l);
         P[row + u] = p;
         dS[row + u] = dp;
         dot += p * dp;
     }
     dot = ll_block_sum(dot, sh);
-    for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x)
-        dS[row + u] = P[row + u] * (dS[row + u] - dot) * s.scale;
+    for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
+        float f = s.scale;
+        if (s.cap > 0.0f) { /* the cap's derivative, from the raw product again */
+            float th = gqa_tanh(s, gqa_dot(qs, s.k + (size_t)u * ldk + (size_t)kvh * s.hs, s.hs));
+            f *= 1.0f - th * th;
+        }
+        dS[row + u] = P[row + u] * (dS[row + u] - dot) * f;
+    }
     __syncthreads();
     for (int c = threadIdx.x; c < s.hs; c += blockDim.x) {
         float acc = 0.0f;
@@ -444,11 +500,17 @@ static __global__ void k_gqa_bwd_cols(gqa_seq s, const float *P, const float *dS
     }
 }
 
-static gqa_seq gqa_shape(int T, int NH, int NKV, int hs)
+static gqa_seq gqa_shape(int T, int NH, int NKV, int hs, const kern_att_opts *o)
 {
     gqa_seq s = {};
     s.T = T, s.NH = NH, s.NKV = NKV, s.hs = hs;
     s.scale = 1.0f / sqrtf((float)hs); /* host code: as the CPU computes it */
+    if (o != NULL) {
+        if (o->scale != 0.0f)
+            s.scale = o->scale;
+        s.cap = o->softcap > 0.0f ? o->softcap : 0.0f;
+        s.window = o->window > 0 ? o->window : 0;
+    }
     return s;
 }
 
@@ -475,12 +537,32 @@ extern "C" void kern_cuda_gqa_attention_pos_fwd(kern_device *d, float *out, floa
                                                 const float *v, const int *pos, int B, int T,
                                                 int NH, int NKV, int hs)
 {
+    kern_cuda_gqa_attention_opt_fwd(d, out, lse, scratch, q, k, v, pos, NULL, B, T, NH, NKV, hs);
+}
+
+extern "C" void kern_cuda_gqa_attention_pos_bwd(kern_device *d, float *dq, float *dk,
+                                                float *dv, float *scratch, const float *dout,
+                                                const float *q, const float *k, const float *v,
+                                                const float *lse, const float *out,
+                                                const int *pos, int B, int T, int NH, int NKV,
+                                                int hs)
+{
+    kern_cuda_gqa_attention_opt_bwd(d, dq, dk, dv, scratch, dout, q, k, v, lse, out, pos, NULL,
+                                    B, T, NH, NKV, hs);
+}
+
+extern "C" void kern_cuda_gqa_attention_opt_fwd(kern_device *d, float *out, float *lse,
+                                                float *scratch, const float *q, const float *k,
+                                                const float *v, const int *pos,
+                                                const kern_att_opts *opts, int B, int T,
+                                                int NH, int NKV, int hs)
+{
     LL_LIVE(d);
     if (B <= 0 || T <= 0 || NH <= 0)
         return;
     size_t qs = (size_t)T * NH * hs, ks = (size_t)T * NKV * hs;
     for (int b = 0; b < B; b++) {
-        gqa_seq s = gqa_shape(T, NH, NKV, hs);
+        gqa_seq s = gqa_shape(T, NH, NKV, hs, opts);
         s.q = q + b * qs, s.k = k + b * ks, s.v = v + b * ks;
         s.out = out + b * qs, s.lse = lse + (size_t)b * NH * T;
         s.pos = pos != NULL ? pos + (size_t)b * T : NULL;
@@ -491,12 +573,12 @@ extern "C" void kern_cuda_gqa_attention_pos_fwd(kern_device *d, float *out, floa
     }
 }
 
-extern "C" void kern_cuda_gqa_attention_pos_bwd(kern_device *d, float *dq, float *dk,
+extern "C" void kern_cuda_gqa_attention_opt_bwd(kern_device *d, float *dq, float *dk,
                                                 float *dv, float *scratch, const float *dout,
                                                 const float *q, const float *k, const float *v,
                                                 const float *lse, const float *out,
-                                                const int *pos, int B, int T, int NH, int NKV,
-                                                int hs)
+                                                const int *pos, const kern_att_opts *opts,
+                                                int B, int T, int NH, int NKV, int hs)
 {
     (void)out; /* the rows hold all of P: <P, dP> directly */
     LL_LIVE(d);
@@ -505,7 +587,7 @@ extern "C" void kern_cuda_gqa_attention_pos_bwd(kern_device *d, float *dq, float
     size_t qs = (size_t)T * NH * hs, ks = (size_t)T * NKV * hs;
     float *P = scratch, *dS = scratch + (size_t)NH * T * T;
     for (int b = 0; b < B; b++) {
-        gqa_seq s = gqa_shape(T, NH, NKV, hs);
+        gqa_seq s = gqa_shape(T, NH, NKV, hs, opts);
         s.q = q + b * qs, s.k = k + b * ks, s.v = v + b * ks, s.dout = dout + b * qs;
         s.dq = dq + b * qs, s.dk = dk + b * ks, s.dv = dv + b * ks;
         s.lsec = lse + (size_t)b * NH * T;

@@ -59,6 +59,23 @@ void kern_cuda_gqa_attention_pos_bwd(kern_device *d, float *dq, float *dk, float
                                      const float *k, const float *v, const float *lse,
                                      const float *out, const int *pos, int B, int T, int NH,
                                      int NKV, int hs);
+/* Qwen3 / Gemma 2 (kern_device.h): RMSNorm with an offset on the weight,
+ * attention with options */
+void kern_cuda_rmsnorm_ofs_fwd(kern_device *d, float *out, float *rstd, const float *inp,
+                               const float *w, float offset, float eps, int N, int C);
+void kern_cuda_rmsnorm_ofs_bwd(kern_device *d, float *dinp, float *dw, const float *dout,
+                               const float *inp, const float *w, float offset,
+                               const float *rstd, int N, int C);
+void kern_cuda_gqa_attention_opt_fwd(kern_device *d, float *out, float *lse, float *scratch,
+                                     const float *q, const float *k, const float *v,
+                                     const int *pos, const struct kern_att_opts *opts, int B,
+                                     int T, int NH, int NKV, int hs);
+void kern_cuda_gqa_attention_opt_bwd(kern_device *d, float *dq, float *dk, float *dv,
+                                     float *scratch, const float *dout, const float *q,
+                                     const float *k, const float *v, const float *lse,
+                                     const float *out, const int *pos,
+                                     const struct kern_att_opts *opts, int B, int T, int NH,
+                                     int NKV, int hs);
 }
 
 #endif

@@ -118,5 +118,6 @@ void cu_layernorm_bwd(kern_device *d, float *dinp, float *dw, float *db,
     k_layernorm_bwd_inp<<<(unsigned)((N + 7) / 8), 256, 0, IM(d)->stream>>>(dinp, dout, inp, w,
                                                                             mean, rstd, N, C);
     CU_LAUNCHED(d, "layernorm_bwd");
-    colsum_launch(d, dw, db, dout, inp, mean, rstd, N, C);
+    if (dw != NULL) /* NULL: a frozen norm (LoRA) */
+        colsum_launch(d, dw, db, dout, inp, mean, rstd, N, C);
 }

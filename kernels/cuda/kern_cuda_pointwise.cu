@@ -1,4 +1,5 @@
-/* kern_cuda_pointwise: GELU and the residual add, for the CUDA backend (kern_cuda_impl.cuh). */
+/* kern_cuda_pointwise: GELU, Gemma's GELU gate, soft-capping, the residual
+ * add, for the CUDA backend (kern_cuda_impl.cuh). */
 #include "kern_cuda_impl.cuh"
 
 #include <cuda_fp16.h>
@@ -12,26 +13,70 @@ __device__ __forceinline__ float fast_tanh(float u)
     return 1.0f - __fdiv_rn(2.0f, exp_poly(2.0f * u) + 1.0f);
 }
 
+/* gelu(x) and gelu'(x), the tanh approximation (GPT-2's, Gemma's gate) */
+__device__ __forceinline__ float gelu_val(float x)
+{
+    return 0.5f * x * (1.0f + fast_tanh(GELU_S * (x + 0.044715f * x * x * x)));
+}
+
+__device__ __forceinline__ float gelu_grad(float x)
+{
+    float th = fast_tanh(GELU_S * (x + 0.044715f * x * x * x));
+    float sech2 = 1.0f - th * th;
+    float xc = fminf(fmaxf(x, -20.0f), 20.0f);
+    return 0.5f * (1.0f + th) + 0.5f * xc * sech2 * GELU_S * (1.0f + 3.0f * 0.044715f * xc * xc);
+}
+
 __global__ void k_gelu_fwd(float *out, const float *inp, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + fast_tanh(GELU_S * (x + 0.044715f * x * x * x)));
-    }
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = gelu_val(inp[i]);
 }
 
 __global__ void k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dinp[i] += gelu_grad(inp[i]) * dout[i];
+}
+
+/* Gemma's gate: gelu(gate) * up */
+__global__ void k_geglu_fwd(float *out, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = gelu_val(gate[i]) * up[i];
+}
+
+__global__ void k_geglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float x = inp[i];
-        float th = fast_tanh(GELU_S * (x + 0.044715f * x * x * x));
-        float sech2 = 1.0f - th * th;
-        float xc = fminf(fmaxf(x, -20.0f), 20.0f);
-        float dg = 0.5f * (1.0f + th) +
-                   0.5f * xc * sech2 * GELU_S * (1.0f + 3.0f * 0.044715f * xc * xc);
-        dinp[i] += dg * dout[i];
+        float g = gate[i], gi = dout[i];
+        dgate[i] += gelu_grad(g) * (gi * up[i]);
+        dup[i] += gi * gelu_val(g);
+    }
+}
+
+/* Soft-capping: tanh in double (--use_fast_math changes only single
+ * precision), so the capped logits agree with the CPU's tanhf to fp32
+ * rounding. */
+__global__ void k_softcap_fwd(float *out, const float *inp, float cap, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = cap * (float)tanh((double)__fdiv_rn(inp[i], cap));
+}
+
+__global__ void k_softcap_bwd(float *dinp, const float *dout, const float *inp, float cap,
+                              size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float th = (float)tanh((double)__fdiv_rn(inp[i], cap));
+        dinp[i] = dout[i] * (1.0f - th * th);
     }
 }
 
@@ -64,6 +109,48 @@ __global__ void k_scale(float *x, float s, size_t n)
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         x[i] *= s;
+}
+
+void cu_geglu_fwd(kern_device *d, float *out, const float *gate, const float *up, size_t n)
+{
+    CU_LIVE(d);
+    PROF(d, KP_GELU_FWD);
+    if (n == 0)
+        return;
+    k_geglu_fwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, gate, up, n);
+    CU_LAUNCHED(d, "geglu_fwd");
+}
+
+void cu_geglu_bwd(kern_device *d, float *dgate, float *dup, const float *dout,
+                  const float *gate, const float *up, size_t n)
+{
+    CU_LIVE(d);
+    PROF(d, KP_GELU_BWD);
+    if (n == 0)
+        return;
+    k_geglu_bwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(dgate, dup, dout, gate, up, n);
+    CU_LAUNCHED(d, "geglu_bwd");
+}
+
+void cu_softcap_fwd(kern_device *d, float *out, const float *inp, float cap, size_t n)
+{
+    CU_LIVE(d);
+    PROF(d, KP_ADD);
+    if (n == 0)
+        return;
+    k_softcap_fwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, inp, cap, n);
+    CU_LAUNCHED(d, "softcap_fwd");
+}
+
+void cu_softcap_bwd(kern_device *d, float *dinp, const float *dout, const float *inp,
+                    float cap, size_t n)
+{
+    CU_LIVE(d);
+    PROF(d, KP_ADD);
+    if (n == 0)
+        return;
+    k_softcap_bwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(dinp, dout, inp, cap, n);
+    CU_LAUNCHED(d, "softcap_bwd");
 }
 
 void cu_scale(kern_device *d, float *x, float s, size_t n)

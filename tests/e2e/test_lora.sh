@@ -32,10 +32,10 @@ expect_400 "unknown lora key" '"lora":{"r":8,"rank":8}' lora.rank
 expect_400 "dropout" '"lora":{"r":8,"dropout":0.05}' lora.dropout
 expect_400 "merge without lora" '"save":{"merge_lora":true}' save.merge_lora
 out=$(curl -s -w '\n%{http_code}' -X POST --data-binary \
-    '{"model":{"arch":"gpt2","n_layer":1,"n_head":2,"n_embd":32,"seq_len":32,"vocab_size":256},"data":{"train":"gpl.txt"},"train_batch_size":4,"lora":{"r":4,"target_modules":"all-linear"}}' \
+    '{"model":{"arch":"gpt2","n_layer":1,"n_head":2,"n_embd":32,"seq_len":32,"vocab_size":256},"data":{"train":"gpl.txt"},"train_batch_size":4,"lora":{"r":4,"target_modules":["c_attn","q_proj"]}}' \
     "$BASE/v1/jobs")
-expect_eq "gpt2 lora: status" "${out##*$'\n'}" 400
-expect_eq "gpt2 lora: field" "$(echo "${out%$'\n'*}" | jq -r .error.field)" lora
+expect_eq "gpt2 lora, a module it has not: status" "${out##*$'\n'}" 400
+expect_eq "gpt2 lora, a module it has not: field" "$(echo "${out%$'\n'*}" | jq -r .error.field)" 'lora.target_modules[1]'
 ok "bad lora input refused at submit, naming the field"
 
 spec='{"name":"lora","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":4,"train_micro_batch_size_per_gpu":2,"max_steps":6,"checkpoint_interval":3,"optimizer":{"lr":0.01},"activation_checkpointing":true,"lora":{"r":4,"alpha":8,"dropout":0.0,"target_modules":"all-linear"},"save":{"merge_lora":true,"dtype":"float32"}}'

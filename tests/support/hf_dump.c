@@ -311,16 +311,16 @@ int main(int argc, char **argv)
         return 1;
     /* logits of the first micro batch's worth at a time, trimmed to V */
     float *lg = malloc((size_t)mb * T * Vp * sizeof *lg), *logits = malloc(BT * V * sizeof *logits);
-    for (int s = 0; s < B && m->family == &model_family_llama; s += mb) {
+    for (int s = 0; s < B && model_logits(m) != NULL; s += mb) {
         double ls;
         model_forward(m, tok + (size_t)s * T, tgt + (size_t)s * T, w, mb, 0, &ls);
-        d->ops->download(d, lg, model_llama_logits(m), (size_t)mb * T * Vp * sizeof *lg);
+        d->ops->download(d, lg, model_logits(m), (size_t)mb * T * Vp * sizeof *lg);
         for (size_t r = 0; r < (size_t)mb * T; r++)
             memcpy(logits + ((size_t)s * T + r) * V, lg + r * Vp, (size_t)V * sizeof *lg);
     }
     int64_t lshape[3] = {B, T, V}, one[1] = {1};
     out_add(&ob, "logits", logits, 3, lshape);
-    float half_base = m->base16 != NULL; /* LoRA on a 16-bit directory: the base kept in it */
+    float half_base = m->wstore != NULL; /* LoRA on a 16-bit directory: the base kept in it */
     out_add(&ob, "base16", &half_base, 1, one);
     float loss = (float)step_grads(m, tok, tgt, w, B, T, mb);
     out_add(&ob, "loss", &loss, 1, one);

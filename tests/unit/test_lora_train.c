@@ -1,6 +1,12 @@
 /* LoRA through the trainer (arch "llama", GQA; model_lora.h):
  *   - the spec's targets against the model: a module the model does not
- *     have names lora.target_modules[i]; the gpt2 family names lora;
+ *     have names lora.target_modules[i]; gpt2's Conv1D layers take adapters
+ *     too (PEFT's fan_in_fan_out; default target c_attn);
+ *   - gpt2 with LoRA: the adapters' forward equals the merged model's
+ *     (W += (alpha/r) B A on the [out, in] buffer copy), the adapters'
+ *     gradients are the chain rule of the merged model's weight gradient
+ *     (dB = s G A^T, dA = s B^T G), and training through the trainer
+ *     freezes the base bit for bit with split-invariant losses;
  *   - the layout: adapters first (PEFT's names, [r, in] and [out, r]), the
  *     base frozen after them; state bytes are parameters + the adapters'
  *     gradients only, moments for the adapters only;
@@ -33,6 +39,7 @@
 #include "model.h"
 #include "model_hf.h"
 #include "model_lora.h"
+#include "rng.h"
 #include "trainer.h"
 #include "trainer_run.h"
 
@@ -108,10 +115,22 @@ static void test_targets(void **state)
     snprintf(s.lora.targets[1], SPEC_LORA_NAME_MAX, "c_attn");
     assert_int_equal(plan_model_config(&s, &cfg, &err), ACC_EINVAL);
     assert_string_equal(err.field, "lora.target_modules[1]");
+    /* gpt2: its Conv1D modules; a LLaMA name is refused naming the entry */
     lora_spec(&s, BATCH, 8, 1, 1, true);
     snprintf(s.model.arch, sizeof s.model.arch, "gpt2");
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    assert_int_equal(cfg.lora.n_targets, 3);
+    assert_string_equal(cfg.lora.targets[0], "c_attn");
+    assert_string_equal(cfg.lora.targets[1], "c_proj");
+    assert_string_equal(cfg.lora.targets[2], "c_fc");
+    s.lora.all_linear = false;
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0); /* PEFT's GPT-2 default */
+    assert_int_equal(cfg.lora.n_targets, 1);
+    assert_string_equal(cfg.lora.targets[0], "c_attn");
+    s.lora.n_targets = 1;
+    snprintf(s.lora.targets[0], SPEC_LORA_NAME_MAX, "q_proj");
     assert_int_equal(plan_model_config(&s, &cfg, &err), ACC_EINVAL);
-    assert_string_equal(err.field, "lora");
+    assert_string_equal(err.field, "lora.target_modules[0]");
     /* no list: PEFT's LLaMA default */
     lora_spec(&s, BATCH, 8, 1, 1, false);
     s.lora.n_targets = 0;
@@ -174,17 +193,20 @@ static void test_planner_exact(void **state)
     }
 }
 
-static void test_frozen_and_split(void **state)
+/* Training with every linear layer adapted, for a family: the frozen
+ * floats bit for bit, the adapters moved, (8,1,1) = (2,2,2). */
+static void frozen_and_split(const char *arch)
 {
-    (void)state;
     job_spec s;
     run_out init, a, b;
     lora_spec(&s, BATCH, 8, 1, 1, true);
+    snprintf(s.model.arch, sizeof s.model.arch, "%s", arch);
     s.max_steps = 0;
     run(&s, &init);
     s.max_steps = 4;
     run(&s, &a);
     lora_spec(&s, BATCH, 2, 2, 2, true);
+    snprintf(s.model.arch, sizeof s.model.arch, "%s", arch);
     run(&s, &b);
     model_config cfg;
     acc_err err = {0};
@@ -199,11 +221,124 @@ static void test_frozen_and_split(void **state)
         assert_true(fabs(a.loss[k] - b.loss[k]) <= 1e-5 * fabs(a.loss[k]));
     assert_true(fx_rel_diff(b.params, a.params, n) <= 1e-5);
     assert_true(a.loss[3] < a.loss[0]);
-    print_message("lora losses %.5f -> %.5f; %zu of %zu floats train\n", a.loss[0], a.loss[3],
-                  ntrain, n);
+    print_message("%s lora losses %.5f -> %.5f; %zu of %zu floats train\n", arch, a.loss[0],
+                  a.loss[3], ntrain, n);
     free(init.params);
     free(a.params);
     free(b.params);
+}
+
+static void test_frozen_and_split(void **state)
+{
+    (void)state;
+    frozen_and_split("llama");
+}
+
+/* GPT-2 (Conv1D, tensor-major layout) with adapters on every linear
+ * layer: forward and gradients against the merged model. */
+static void test_gpt2_lora_vs_merged(void **state)
+{
+    (void)state;
+    job_spec s;
+    model_config lc, bc;
+    acc_err err = {0};
+    lora_spec(&s, BATCH, 8, 1, 1, true);
+    snprintf(s.model.arch, sizeof s.model.arch, "gpt2");
+    assert_int_equal(plan_model_config(&s, &lc, &err), 0);
+    bc = lc;
+    memset(&bc.lora, 0, sizeof bc.lora);
+    kern_device_info info;
+    fx_devices(&info, 1, 1ull << 30);
+    kern_device *d;
+    model *ml, *mb;
+    int B = 2, T = s.model.seq_len;
+    assert_int_equal(kern_device_open(&info, 1, &d, &err), 0);
+    assert_int_equal(model_create(d, &lc, B, T, &ml, &err), 0);
+    assert_int_equal(model_create(d, &bc, B, T, &mb, &err), 0);
+    assert_int_equal(model_init_seed(ml, 3, &err), 0);
+    /* random adapters, B too (PEFT starts B at 0: the function would not move) */
+    size_t nl = ml->nparams, ntr = ml->ngrad;
+    float *hl = malloc(nl * sizeof *hl), *hb = calloc(mb->nparams, sizeof *hb);
+    assert_true(hl != NULL && hb != NULL);
+    model_params_download(ml, hl);
+    rng r;
+    rng_seed(&r, 11, 0);
+    for (size_t i = 0; i < ntr; i++)
+        hl[i] = (float)(0.05 * rng_normal(&r));
+    model_params_upload(ml, hl);
+    /* the merged base, tensor by tensor by name */
+    model_lora_merge_host(&ml->layout, &lc, hl);
+    for (int i = 0; i < mb->layout.n; i++) {
+        const model_tensor *tb = &mb->layout.t[i], *tl = model_find_tensor(ml, tb->name);
+        assert_non_null(tl);
+        memcpy(hb + tb->offset, hl + tl->offset, tb->count * sizeof *hb);
+    }
+    model_params_upload(mb, hb);
+    int N = B * T, *tok = malloc((size_t)N * sizeof *tok), *tgt = malloc((size_t)N * sizeof *tgt);
+    float *w = malloc((size_t)N * sizeof *w);
+    for (int i = 0; i < N; i++) {
+        tok[i] = (int)rng_below(&r, 256);
+        tgt[i] = (int)rng_below(&r, 256);
+        w[i] = 1.0f / (float)N;
+    }
+    double ll, lb;
+    model_zero_grad(ml);
+    model_zero_grad(mb);
+    model_forward(ml, tok, tgt, w, B, 1, &ll);
+    model_backward(ml, B);
+    model_forward(mb, tok, tgt, w, B, 1, &lb);
+    model_backward(mb, B);
+    assert_true(fabs(ll - lb) <= 1e-5 * fabs(lb));
+    /* dB = s G A^T, dA = s B^T G for every adapted weight (G = dL/dW [out, in]) */
+    float *gl = malloc(ntr * sizeof *gl), *gb = malloc(mb->ngrad * sizeof *gb);
+    d->ops->download(d, gl, ml->grads, ntr * sizeof *gl);
+    d->ops->download(d, gb, mb->grads, mb->ngrad * sizeof *gb);
+    double sc = lc.lora.alpha / lc.lora.r, worst = 0;
+    int checked = 0;
+    for (int i = 0; i + 1 < ml->layout.n && ml->layout.t[i].adapter; i += 2) {
+        const model_tensor *ta = &ml->layout.t[i], *tbb = &ml->layout.t[i + 1];
+        char base[MODEL_NAME_MAX];
+        size_t pl = strlen("base_model.model."), len = strlen(ta->name) - strlen(".lora_A.weight");
+        snprintf(base, sizeof base, "%.*s.weight", (int)(len - pl), ta->name + pl);
+        const model_tensor *tw = model_find_tensor(mb, base);
+        assert_non_null(tw);
+        assert_true(tw->transposed); /* every GPT-2 linear is a Conv1D */
+        int64_t R = ta->shape[0], in = ta->shape[1], out = tbb->shape[0];
+        assert_true(in == tw->shape[0] && out == tw->shape[1]);
+        const float *A = hl + ta->offset, *Bm = hl + tbb->offset, *G = gb + tw->offset;
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t k = 0; k < R; k++) {
+                double want = 0;
+                for (int64_t c = 0; c < in; c++)
+                    want += sc * G[o * in + c] * A[k * in + c];
+                double got = gl[tbb->offset + (size_t)(o * R + k)];
+                worst = fmax(worst, fabs(got - want) / (fabs(want) + 1e-6));
+            }
+        for (int64_t k = 0; k < R; k++)
+            for (int64_t c = 0; c < in; c++) {
+                double want = 0;
+                for (int64_t o = 0; o < out; o++)
+                    want += sc * Bm[o * R + k] * G[o * in + c];
+                double got = gl[ta->offset + (size_t)(k * in + c)];
+                worst = fmax(worst, fabs(got - want) / (fabs(want) + 1e-6));
+            }
+        checked++;
+    }
+    assert_int_equal(checked, 4 * lc.n_layer); /* c_attn, attn.c_proj, c_fc, mlp.c_proj */
+    assert_true(worst <= 1e-3);
+    print_message("gpt2 lora: loss %.7f (merged %.7f), adapter grads within %.2e\n", ll, lb,
+                  worst);
+    free(gl), free(gb), free(tok), free(tgt), free(w), free(hl), free(hb);
+    model_free(ml);
+    model_free(mb);
+    kern_device_close(d);
+}
+
+/* GPT-2 LoRA through the trainer: frozen base bit for bit, split invariance. */
+static void test_gpt2_lora_trains(void **state)
+{
+    (void)state;
+    frozen_and_split("gpt2");
 }
 
 static void test_resume_and_outputs(void **state)
@@ -355,7 +490,7 @@ static void test_bf16_base_bytes(void **state)
     uint64_t before = d->in_use;
     assert_int_equal(model_create(d, &cfg, 0, s.model.seq_len, &m, &err), 0);
     assert_true(d->in_use - before == want);
-    assert_non_null(m->base16);
+    assert_non_null(m->wstore);
     uint64_t st;
     assert_int_equal(model_state_bytes(&cfg, 16, &st, &err), 0);
     assert_true(st == want);
@@ -364,7 +499,7 @@ static void test_bf16_base_bytes(void **state)
     uint16_t *dev16 = malloc(frozen * sizeof *dev16);
     float *host = malloc(l.nparams * sizeof *host);
     assert_true(dev16 != NULL && host != NULL);
-    d->ops->download(d, dev16, m->base16, frozen * sizeof *dev16);
+    d->ops->download(d, dev16, m->wstore, frozen * sizeof *dev16);
     model_params_download(m, host);
     for (size_t i = 0; i < frozen; i++) {
         uint32_t u;
@@ -548,6 +683,8 @@ int main(void)
         cmocka_unit_test(test_targets),
         cmocka_unit_test(test_planner_exact),
         cmocka_unit_test(test_frozen_and_split),
+        cmocka_unit_test(test_gpt2_lora_vs_merged),
+        cmocka_unit_test(test_gpt2_lora_trains),
         cmocka_unit_test(test_resume_and_outputs),
         cmocka_unit_test(test_bf16_base_bytes),
         cmocka_unit_test(test_bf16_base_trains),

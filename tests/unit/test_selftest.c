@@ -56,6 +56,17 @@ static void gqa_bwd_without_dk(kern_device *d, float *dq, float *dk, float *dv, 
     d->ops->free(d, junk);
 }
 
+/* (h-kern, issue 19) attention with options that forgets the window */
+static void gqa_opt_fwd_without_window(kern_device *d, float *out, float *lse, float *scratch,
+                                       const float *q, const float *k, const float *v,
+                                       const int *pos, const kern_att_opts *opts, int B, int T,
+                                       int NH, int NKV, int hs)
+{
+    kern_att_opts o = *opts;
+    o.window = 0;
+    cpu_ops->gqa_attention_opt_fwd(d, out, lse, scratch, q, k, v, pos, &o, B, T, NH, NKV, hs);
+}
+
 static int always_faulted(kern_device *d, acc_err *err)
 {
     return acc_err_set(err, ACC_EDEVICE, "devices", "device %s: an illegal address (simulated)",
@@ -119,6 +130,16 @@ static void test_wrong_backward_fails(void **state)
     assert_non_null(strstr(err.msg, "matmul_bwd dbias"));
 }
 
+static void test_wrong_decoder_op_fails(void **state)
+{
+    kern_ops broken = cpu_table();
+    broken.gqa_attention_opt_fwd = gqa_opt_fwd_without_window;
+    acc_err err = {0};
+    assert_int_equal(run_broken(&broken, &err), ACC_EDEVICE);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "gqa_attention_opt_fwd differs"));
+}
+
 static void test_fault_wins(void **state)
 {
     kern_ops broken = cpu_table();
@@ -163,6 +184,7 @@ int main(void)
         cmocka_unit_test(test_wrong_forward_fails),
         cmocka_unit_test(test_wrong_backward_fails),
         cmocka_unit_test(test_fault_wins),
+        cmocka_unit_test(test_wrong_decoder_op_fails),
         cmocka_unit_test(test_wrong_llama_op_fails),
         cmocka_unit_test(test_without_llama_ops_passes),
     };

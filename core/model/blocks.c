@@ -1,0 +1,481 @@
+/* blocks: see blocks.h. */
+#include "blocks.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checked.h"
+#include "model_lora.h"
+
+blk_run blk_run_of(model *m, int nseq)
+{
+    return (blk_run){.m = m, .d = m->dev, .k = m->dev->ops, .B = nseq, .T = m->T,
+                     .N = nseq * m->T};
+}
+
+/* ---- weights */
+
+size_t blk_off(const model *m, const char *fmt, int layer)
+{
+    char n[MODEL_NAME_MAX];
+    if (fmt == NULL)
+        return BLK_NONE;
+    snprintf(n, sizeof n, fmt, layer);
+    const model_tensor *t = model_layout_find(&m->layout, n);
+    return t ? t->offset : BLK_NONE;
+}
+
+const float *blk_w(model *m, size_t off, int slot)
+{
+    return off == BLK_NONE ? NULL : model_weight(m, off, slot);
+}
+
+float *blk_g(const model *m, size_t off)
+{
+    return off == BLK_NONE || off >= m->ngrad ? NULL : m->grads + off;
+}
+
+/* ---- linear, with its LoRA adapter */
+
+void blk_linear_init(const model *m, blk_linear *L, const char *wname, const char *bname,
+                     int layer, int in, int out, int *slots)
+{
+    char n[MODEL_NAME_MAX];
+    *L = (blk_linear){.w = blk_off(m, wname, layer), .b = blk_off(m, bname, layer), .in = in,
+                      .out = out, .slot = -1, .la = BLK_NONE, .lb = BLK_NONE};
+    snprintf(n, sizeof n, wname, layer);
+    model_lora_find(m, n, &L->la, &L->lb);
+    if (L->la != BLK_NONE)
+        L->slot = (*slots)++;
+}
+
+int blk_lora_per_layer(const model_config *cfg)
+{
+    if (cfg->lora.r == 0)
+        return 0;
+    model_layout l;
+    if (model_layout_build(cfg, &l, NULL) != 0)
+        return 0;
+    int n = 0;
+    for (int i = 0; i < l.n && l.t[i].adapter; i++)
+        n += l.t[i].layer == 0;
+    model_layout_free(&l);
+    return n / 2; /* A and B */
+}
+
+/* u = (alpha/r) A x of L's adapter in block `layer`, kept for the backward. */
+static float *lora_u(const blk_run *r, int layer, const blk_linear *L)
+{
+    const model *m = r->m;
+    size_t bt = (size_t)m->B * m->T, R = (size_t)m->cfg.lora.r;
+    size_t kept = m->recompute ? 0 : (size_t)layer;
+    return r->lora.u + (kept * (size_t)r->lora.per_layer + (size_t)L->slot) * bt * R;
+}
+
+void blk_linear_fwd(blk_run *r, int layer, const blk_linear *L, float *y, const float *x)
+{
+    model *m = r->m;
+    r->k->matmul_fwd(r->d, y, x, blk_w(m, L->w, 0), blk_w(m, L->b, 1), r->N, L->in, L->out);
+    if (L->la == BLK_NONE)
+        return;
+    /* y += B u, u = (alpha/r) A x, from existing matmul ops so every backend has it */
+    int R = m->cfg.lora.r;
+    float *u = lora_u(r, layer, L);
+    r->k->matmul_fwd(r->d, u, x, m->params + L->la, NULL, r->N, L->in, R);
+    r->k->scale(r->d, u, model_lora_scale(&m->cfg), (size_t)r->N * R);
+    r->k->matmul_fwd(r->d, r->lora.tmp, u, m->params + L->lb, NULL, r->N, R, L->out);
+    r->k->add(r->d, y, y, r->lora.tmp, (size_t)r->N * L->out);
+}
+
+void blk_linear_bwd(blk_run *r, int layer, const blk_linear *L, float *dx, const float *dy,
+                    const float *x)
+{
+    model *m = r->m;
+    r->k->matmul_bwd(r->d, dx, blk_g(m, L->w), blk_g(m, L->b), dy, x, blk_w(m, L->w, 0), r->N,
+                     L->in, L->out);
+    if (L->la == BLK_NONE)
+        return;
+    /* dB += dy^T u, du = (alpha/r) dy B, dA += du^T x, dx += du A */
+    int R = m->cfg.lora.r;
+    float *du = r->lora.du;
+    r->k->zero(r->d, du, (size_t)r->N * R * sizeof(float));
+    r->k->matmul_bwd(r->d, du, blk_g(m, L->lb), NULL, dy, lora_u(r, layer, L),
+                     m->params + L->lb, r->N, R, L->out);
+    r->k->scale(r->d, du, model_lora_scale(&m->cfg), (size_t)r->N * R);
+    r->k->matmul_bwd(r->d, dx, blk_g(m, L->la), NULL, du, x, m->params + L->la, r->N, L->in, R);
+}
+
+/* ---- norms */
+
+void blk_norm_fwd(blk_run *r, const blk_norm *n, float *out, float *mean, float *rstd,
+                  const float *x)
+{
+    model *m = r->m;
+    switch (n->kind) {
+    case BLK_LAYERNORM:
+        r->k->layernorm_fwd(r->d, out, mean, rstd, x, blk_w(m, n->w, 0), blk_w(m, n->b, 1), r->N,
+                            n->C);
+        return;
+    case BLK_RMSNORM:
+        r->k->rmsnorm_fwd(r->d, out, rstd, x, blk_w(m, n->w, 0), n->eps, r->N, n->C);
+        return;
+    case BLK_RMSNORM_P1:
+        r->k->rmsnorm_ofs_fwd(r->d, out, rstd, x, blk_w(m, n->w, 0), 1.0f, n->eps, r->N, n->C);
+        return;
+    }
+    abort(); /* an unknown kind */
+}
+
+void blk_norm_bwd(blk_run *r, const blk_norm *n, float *dx, const float *dout, const float *x,
+                  const float *mean, const float *rstd)
+{
+    model *m = r->m;
+    switch (n->kind) {
+    case BLK_LAYERNORM:
+        r->k->layernorm_bwd(r->d, dx, blk_g(m, n->w), blk_g(m, n->b), dout, x, blk_w(m, n->w, 0),
+                            mean, rstd, r->N, n->C);
+        return;
+    case BLK_RMSNORM:
+        r->k->rmsnorm_bwd(r->d, dx, blk_g(m, n->w), dout, x, blk_w(m, n->w, 0), rstd, r->N, n->C);
+        return;
+    case BLK_RMSNORM_P1:
+        r->k->rmsnorm_ofs_bwd(r->d, dx, blk_g(m, n->w), dout, x, blk_w(m, n->w, 0), 1.0f, rstd,
+                              r->N, n->C);
+        return;
+    }
+    abort();
+}
+
+/* ---- embedding */
+
+static bool scaled(float s)
+{
+    return s != 0.0f && s != 1.0f;
+}
+
+void blk_embed_fwd(blk_run *r, const blk_embed *e, float *out, const int *tok)
+{
+    model *m = r->m;
+    if (e->wpe != BLK_NONE)
+        r->k->encoder_fwd(r->d, out, tok, blk_w(m, e->wte, 0), blk_w(m, e->wpe, 1), r->B, r->T,
+                          e->C);
+    else
+        r->k->embed_fwd(r->d, out, tok, blk_w(m, e->wte, 0), r->N, e->C);
+    if (scaled(e->scale))
+        r->k->scale(r->d, out, e->scale, (size_t)r->N * e->C);
+}
+
+void blk_embed_bwd(blk_run *r, const blk_embed *e, float *dout, const int *tok)
+{
+    model *m = r->m;
+    float *dwte = blk_g(m, e->wte), *dwpe = blk_g(m, e->wpe);
+    if (dwte == NULL && dwpe == NULL) /* frozen under LoRA */
+        return;
+    if (scaled(e->scale))
+        r->k->scale(r->d, dout, e->scale, (size_t)r->N * e->C);
+    if (e->wpe != BLK_NONE)
+        r->k->encoder_bwd(r->d, dwte, dwpe, dout, tok, r->B, r->T, e->C);
+    else
+        r->k->embed_bwd(r->d, dwte, dout, tok, r->N, e->C);
+}
+
+/* ---- rotary embedding */
+
+void blk_rope_cfg(const model_config *c, kern_rope_cfg *out)
+{
+    *out = (kern_rope_cfg){
+        .theta = c->rope_theta > 0 ? c->rope_theta : 10000.0,
+        .type = c->rope_scaling == MODEL_ROPE_LINEAR   ? KERN_ROPE_LINEAR
+                : c->rope_scaling == MODEL_ROPE_LLAMA3 ? KERN_ROPE_LLAMA3
+                                                       : KERN_ROPE_NONE,
+        .factor = c->rope_factor,
+        .low_freq_factor = c->rope_low_freq_factor,
+        .high_freq_factor = c->rope_high_freq_factor,
+        .original_max_pos = c->rope_original_max_pos,
+    };
+}
+
+uint64_t blk_rope_floats(int T, int hs)
+{
+    return acc_sat_mul_u64((uint64_t)T, (uint64_t)hs / 2);
+}
+
+int blk_rope_upload(model *m, const blk_rope *rp, acc_err *err)
+{
+    size_t n = KERN_ROPE_TABLE(m->T, rp->hs);
+    float *cs = malloc(2 * n * sizeof *cs + 1);
+    if (cs == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the rotary tables");
+    kern_rope_cfg rc_;
+    blk_rope_cfg(&m->cfg, &rc_);
+    int rc = kern_rope_table(&rc_, m->T, rp->hs, cs, cs + n, err);
+    if (rc == 0) {
+        m->dev->ops->upload(m->dev, rp->cos, cs, n * sizeof *cs);
+        m->dev->ops->upload(m->dev, rp->sin, cs + n, n * sizeof *cs);
+    }
+    free(cs);
+    return rc;
+}
+
+void blk_rope_fwd(blk_run *r, const blk_rope *rp, float *x, int H)
+{
+    r->k->rope_fwd(r->d, x, x, rp->cos, rp->sin, r->pos, r->B, r->T, H, rp->hs);
+}
+
+void blk_rope_bwd(blk_run *r, const blk_rope *rp, float *dx, int H)
+{
+    r->k->rope_bwd(r->d, dx, dx, rp->cos, rp->sin, r->pos, r->B, r->T, H, rp->hs);
+}
+
+/* ---- attention */
+
+/* The fused (GPT-2) kernels have no variants. */
+static void plain_only(const blk_attn *a)
+{
+    if (a->window != 0 || a->softcap != 0.0f || a->scale != 0.0f)
+        abort(); /* config_check refuses what the kernels lack */
+}
+
+/* The variants (Gemma 2) through the attention with options; without any,
+ * the plain kernels as before. */
+static bool attn_variant(const blk_attn *a, kern_att_opts *o)
+{
+    *o = (kern_att_opts){.scale = a->scale, .softcap = a->softcap, .window = a->window};
+    return a->window != 0 || a->softcap != 0.0f || a->scale != 0.0f;
+}
+
+void blk_attn_fwd(blk_run *r, const blk_attn *a, float *out, float *lse, float *scratch,
+                  const float *q, const float *k, const float *v)
+{
+    kern_att_opts o;
+    if (attn_variant(a, &o))
+        r->k->gqa_attention_opt_fwd(r->d, out, lse, scratch, q, k, v, r->pos, &o, r->B, r->T,
+                                    a->NH, a->NKV, a->hs);
+    else if (r->pos != NULL)
+        r->k->gqa_attention_pos_fwd(r->d, out, lse, scratch, q, k, v, r->pos, r->B, r->T, a->NH,
+                                    a->NKV, a->hs);
+    else
+        r->k->gqa_attention_fwd(r->d, out, lse, scratch, q, k, v, r->B, r->T, a->NH, a->NKV,
+                                a->hs);
+}
+
+void blk_attn_bwd(blk_run *r, const blk_attn *a, float *dq, float *dk, float *dv,
+                  float *scratch, const float *dout, const float *q, const float *k,
+                  const float *v, const float *lse, const float *out)
+{
+    kern_att_opts o;
+    if (attn_variant(a, &o))
+        r->k->gqa_attention_opt_bwd(r->d, dq, dk, dv, scratch, dout, q, k, v, lse, out, r->pos,
+                                    &o, r->B, r->T, a->NH, a->NKV, a->hs);
+    else if (r->pos != NULL)
+        r->k->gqa_attention_pos_bwd(r->d, dq, dk, dv, scratch, dout, q, k, v, lse, out, r->pos,
+                                    r->B, r->T, a->NH, a->NKV, a->hs);
+    else
+        r->k->gqa_attention_bwd(r->d, dq, dk, dv, scratch, dout, q, k, v, lse, out, r->B, r->T,
+                                a->NH, a->NKV, a->hs);
+}
+
+void blk_attn_fused_fwd(blk_run *r, const blk_attn *a, float *out, float *lse, float *scratch,
+                        const float *qkv)
+{
+    plain_only(a);
+    r->k->attention_fwd(r->d, out, lse, scratch, qkv, r->B, r->T, a->NH * a->hs, a->NH);
+}
+
+void blk_attn_fused_bwd(blk_run *r, const blk_attn *a, float *dqkv, float *scratch,
+                        const float *dout, const float *qkv, const float *lse, const float *out)
+{
+    plain_only(a);
+    r->k->attention_bwd(r->d, dqkv, scratch, dout, qkv, lse, out, r->B, r->T, a->NH * a->hs,
+                        a->NH);
+}
+
+/* ---- feed-forward */
+
+static bool gated(const blk_ffn *f)
+{
+    return f->gate.w != BLK_NONE;
+}
+
+void blk_ffn_fwd(blk_run *r, int layer, const blk_ffn *f, const blk_ffn_acts *a, float *y,
+                 const float *x)
+{
+    size_t n = (size_t)r->N * f->I;
+    if (gated(f)) {
+        blk_linear_fwd(r, layer, &f->gate, a->pre, x);
+        blk_linear_fwd(r, layer, &f->up, a->up, x);
+        if (f->act == BLK_SILU)
+            r->k->swiglu_fwd(r->d, a->h, a->pre, a->up, n);
+        else /* Gemma's tanh-GELU gate */
+            r->k->geglu_fwd(r->d, a->h, a->pre, a->up, n);
+    } else {
+        blk_linear_fwd(r, layer, &f->up, a->pre, x);
+        if (f->act != BLK_GELU_TANH)
+            abort();
+        r->k->gelu_fwd(r->d, a->h, a->pre, n);
+    }
+    blk_linear_fwd(r, layer, &f->down, y, a->h);
+}
+
+void blk_ffn_bwd(blk_run *r, int layer, const blk_ffn *f, const blk_ffn_acts *a,
+                 const blk_ffn_grads *g, float *dx, const float *dy, const float *x)
+{
+    size_t n = (size_t)r->N * f->I, fb = n * sizeof(float);
+    r->k->zero(r->d, g->dh, fb);
+    blk_linear_bwd(r, layer, &f->down, g->dh, dy, a->h);
+    if (gated(f)) {
+        r->k->zero(r->d, g->dpre, fb);
+        r->k->zero(r->d, g->dup, fb);
+        if (f->act == BLK_SILU)
+            r->k->swiglu_bwd(r->d, g->dpre, g->dup, g->dh, a->pre, a->up, n);
+        else
+            r->k->geglu_bwd(r->d, g->dpre, g->dup, g->dh, a->pre, a->up, n);
+        r->k->zero(r->d, dx, (size_t)r->N * f->up.in * sizeof(float));
+        blk_linear_bwd(r, layer, &f->gate, dx, g->dpre, x);
+        blk_linear_bwd(r, layer, &f->up, dx, g->dup, x);
+    } else {
+        r->k->zero(r->d, g->dpre, fb);
+        r->k->gelu_bwd(r->d, g->dpre, a->pre, g->dh, n);
+        r->k->zero(r->d, dx, (size_t)r->N * f->up.in * sizeof(float));
+        blk_linear_bwd(r, layer, &f->up, dx, g->dpre, x);
+    }
+}
+
+/* ---- LM head and loss */
+
+void blk_head_fwd(blk_run *r, const blk_head *h, float *logits, float *losses,
+                  double *loss_sum, const float *x, const int *targets, const float *weights,
+                  int want_grad)
+{
+    size_t n = (size_t)r->N * h->Vp;
+    if (h->softcap != 0.0f) { /* the raw logits kept for the cap's backward */
+        r->k->matmul_fwd(r->d, h->raw, x, blk_w(r->m, h->w, 0), NULL, r->N, h->C, h->Vp);
+        r->k->softcap_fwd(r->d, logits, h->raw, h->softcap, n);
+    } else {
+        r->k->matmul_fwd(r->d, logits, x, blk_w(r->m, h->w, 0), NULL, r->N, h->C, h->Vp);
+    }
+    r->k->xent(r->d, logits, losses, loss_sum, targets, weights, r->N, h->V, h->Vp, want_grad);
+}
+
+void blk_head_bwd(blk_run *r, const blk_head *h, float *dx, float *dlogits, const float *x)
+{
+    if (h->softcap != 0.0f)
+        r->k->softcap_bwd(r->d, dlogits, dlogits, h->raw, h->softcap, (size_t)r->N * h->Vp);
+    r->k->matmul_bwd(r->d, dx, blk_g(r->m, h->w), NULL, dlogits, x, blk_w(r->m, h->w, 0), r->N,
+                     h->C, h->Vp);
+}
+
+/* ---- inputs */
+
+void blk_inputs_upload(blk_run *r, const blk_inputs *in, const int *tokens, const int *targets,
+                       const float *weights)
+{
+    size_t N = (size_t)r->N;
+    r->k->upload(r->d, in->tokens, tokens, N * sizeof(int));
+    r->k->upload(r->d, in->targets, targets, N * sizeof(int));
+    r->k->upload(r->d, in->weights, weights, N * sizeof(float));
+    r->pos = NULL;
+    if (r->m->positions != NULL && in->pos != NULL) {
+        r->k->upload(r->d, in->pos, r->m->positions, N * sizeof(int));
+        r->pos = in->pos;
+    }
+}
+
+/* ---- the layer loop */
+
+void blk_layers_forward(blk_run *r, int L, blk_layer_fn fwd)
+{
+    for (int l = 0; l < L; l++) {
+        model_layer_begin(r->m, l, false);
+        fwd(r, l);
+        model_layer_end(r->m, l, false);
+    }
+}
+
+void blk_layers_backward(blk_run *r, int L, blk_layer_fn fwd, blk_layer_fn bwd,
+                         void (*done)(void *ctx, int layer), void *ctx)
+{
+    for (int l = L - 1; l >= 0; l--) {
+        model_layer_begin(r->m, l, true);
+        if (r->m->recompute) /* rebuild the block's inner activations (same bits) */
+            fwd(r, l);
+        bwd(r, l);
+        model_layer_end(r->m, l, true);
+        if (done != NULL)
+            done(ctx, l);
+    }
+}
+
+/* ---- the whole stack */
+
+void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, const int *tokens,
+                       const int *targets, const float *weights, int want_grad,
+                       double *loss_sum)
+{
+    blk_inputs_upload(r, in, tokens, targets, weights);
+    blk_embed_fwd(r, s->emb, s->x0, in->tokens);
+    blk_layers_forward(r, s->L, s->fwd);
+    blk_norm_fwd(r, s->norm, s->lnf, s->lnf_mean, s->lnf_rstd, s->xL);
+    blk_head_fwd(r, s->head, s->logits, s->losses, loss_sum, s->lnf, in->targets, in->weights,
+                 want_grad);
+}
+
+void blk_stack_backward(blk_run *r, const blk_stack *s, const int *tokens,
+                        void (*done)(void *ctx, int layer), void *ctx)
+{
+    size_t nc = (size_t)r->N * (size_t)s->norm->C * sizeof(float);
+    r->k->zero(r->d, s->dresid, nc);
+    r->k->zero(r->d, s->dln, nc);
+    /* logits hold dloss/dlogits (the forward with want_grad) */
+    blk_head_bwd(r, s->head, s->dln, s->logits, s->lnf);
+    blk_norm_bwd(r, s->norm, s->dresid, s->dln, s->xL, s->lnf_mean, s->lnf_rstd);
+    blk_layers_backward(r, s->L, s->fwd, s->bwd, done, ctx);
+    blk_embed_bwd(r, s->emb, s->dresid, tokens);
+    if (done != NULL)
+        done(ctx, -1);
+}
+
+/* ---- activations */
+
+uint64_t blk_acts_bytes(const uint64_t *cnt, int n)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total = acc_sat_add_u64(total, acc_sat_round_up_u64(cnt[i], 16));
+    return acc_sat_mul_u64(total, sizeof(float));
+}
+
+int blk_acts_check(uint64_t bytes, int one_overflows, int B, int T, acc_err *err)
+{
+    if (bytes != ACC_SIZE_OVERFLOW && bytes <= SIZE_MAX && (uint64_t)B * (uint64_t)T <= INT32_MAX)
+        return 0;
+    return acc_err_set(err, ACC_EINVAL,
+                       one_overflows ? "model.seq_len" : "train_micro_batch_size_per_gpu",
+                       "the activations for micro batch %d x seq_len %d overflow sizes", B, T);
+}
+
+int blk_acts_alloc(model *m, const uint64_t *cnt, int n, void **mem, float **ptr, acc_err *err)
+{
+    size_t bytes = (size_t)m->act_bytes; /* checked by the family's act_bytes */
+    int rc = m->dev->ops->alloc(m->dev, bytes, mem, err);
+    if (rc != 0) {
+        *mem = NULL;
+        return rc;
+    }
+    m->dev->ops->zero(m->dev, *mem, bytes);
+    char *p = *mem;
+    for (int i = 0; i < n; i++) {
+        ptr[i] = (float *)p;
+        p += (cnt[i] + 15) / 16 * 16 * sizeof(float);
+    }
+    return 0;
+}
+
+void blk_acts_free(model *m, void **mem, float **ptr, int n)
+{
+    if (*mem != NULL)
+        m->dev->ops->free(m->dev, *mem);
+    *mem = NULL;
+    memset(ptr, 0, (size_t)n * sizeof *ptr);
+}

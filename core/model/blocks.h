@@ -1,0 +1,296 @@
+/* blocks: the shared pieces every model family is composed of, forward and
+ * backward, each calling kernels only through the device table (kern_ops).
+ *
+ * A family file (model_<family>.c) maps config.json to model_config, names
+ * its tensors (its layout) and composes these blocks; it writes no kernel
+ * call of its own. The pieces:
+ *
+ *   blk_linear   y = x W^T (+ b) (+ (alpha/r) B A x: LoRA, PEFT's meaning).
+ *                LoRA lives here only, so every family's linear layers have
+ *                it, GPT-2's Conv1D ones too (their buffer copy is already
+ *                [out, in]: PEFT's fan_in_fan_out).
+ *   blk_norm     LayerNorm (weight, bias), RMSNorm, RMSNorm with the +1
+ *                weight (Gemma).
+ *   blk_embed    token embedding, + learned positions (GPT-2), * scale.
+ *   blk_rope     rotary embedding on q / k (tables built at acts_alloc).
+ *   blk_attn     causal attention: one fused qkv buffer (GPT-2's MHA) or
+ *                separate q, k, v (grouped-query, packed positions).
+ *   blk_ffn      up -> activation (-> * gate) -> down: GELU (tanh) or
+ *                SiLU, gated or not.
+ *   blk_head     the LM head's product and the fused softmax + loss.
+ *   blk_layers_* the layer loop: per-layer weight hooks (model_layer_begin
+ *                / _end), recompute before backward, the done callbacks.
+ *
+ * Weights are named by their layout offset (size_t; BLK_NONE: absent) and
+ * fetched through model_weight (model.h: the one weight store; a frozen
+ * tensor in a 16-bit dtype is widened right before its op). Gradients go
+ * to m->grads at the same offset, or nowhere for a frozen tensor.
+ *
+ * Accumulation: every backward ADDS into its input gradient (dx += ...) as
+ * the kernels do; the caller zeroes a buffer before the first block that
+ * writes it. The order of kernel calls inside each block is fixed, so a
+ * family composed of blocks computes bit for bit what the same calls
+ * written out would.
+ *
+ * Activations: a family lists its arrays' float counts for B x T (one
+ * enum); blk_acts_bytes sums them (each rounded up to 16 floats, 64-byte
+ * aligned, saturated on overflow) and blk_acts_alloc carves one device
+ * allocation into them.
+ */
+#ifndef ACC_BLOCKS_H
+#define ACC_BLOCKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kern_rope.h"
+#include "model.h"
+
+#define BLK_NONE SIZE_MAX
+
+/* ---- one forward or backward: the model, its device, this micro batch */
+
+typedef struct blk_lora_acts {
+    float *u;     /* [layers kept][per_layer][N, r]: (alpha/r) A x of each adapter */
+    float *tmp;   /* [N, widest output]: B u before it joins y */
+    float *du;    /* [N, r] */
+    int per_layer;/* adapted linears per block (blk_lora_per_layer) */
+} blk_lora_acts;
+
+typedef struct blk_run {
+    model *m;
+    kern_device *d;
+    const kern_ops *k;
+    int B, T, N;              /* N = B * T rows */
+    const int *pos;           /* device positions of packed documents, or NULL (p = t) */
+    blk_lora_acts lora;       /* LoRA's activations (u NULL: no adapters) */
+} blk_run;
+
+/* A run over nseq sequences of m->T tokens. */
+blk_run blk_run_of(model *m, int nseq);
+
+/* ---- weights (layout offsets) */
+
+/* Offset of the tensor named printf(fmt, layer), or BLK_NONE. */
+size_t blk_off(const model *m, const char *fmt, int layer);
+/* The fp32 weights at off for the next op (model_weight; slot 1 for a
+ * vector used beside a slot-0 matrix); NULL for BLK_NONE. */
+const float *blk_w(model *m, size_t off, int slot);
+/* The gradient at off; NULL when absent or frozen (no gradient). */
+float *blk_g(const model *m, size_t off);
+
+/* ---- linear: y[N,out] = x[N,in] W^T + b, W [out, in] in the buffer */
+
+typedef struct blk_linear {
+    size_t w, b;         /* weight, bias (BLK_NONE: none) */
+    size_t la, lb;       /* LoRA A [r, in], B [out, r] (BLK_NONE: not adapted) */
+    int in, out;
+    int slot;            /* its place among its block's adapters (-1: none) */
+} blk_linear;
+
+/* Fill L from the layout: weight `wname`, bias `bname` (NULL or absent:
+ * none), both printf formats of `layer`; the adapters PEFT names for the
+ * weight. *slots counts the block's adapted linears (start it at 0 for
+ * each block). */
+void blk_linear_init(const model *m, blk_linear *L, const char *wname, const char *bname,
+                     int layer, int in, int out, int *slots);
+void blk_linear_fwd(blk_run *r, int layer, const blk_linear *L, float *y, const float *x);
+/* dx += dy W (+ the adapter's), dW += dy^T x, db += colsum(dy) */
+void blk_linear_bwd(blk_run *r, int layer, const blk_linear *L, float *dx, const float *dy,
+                    const float *x);
+
+/* Adapted linears per block under cfg's LoRA (0 without). */
+int blk_lora_per_layer(const model_config *cfg);
+
+/* ---- norms */
+
+typedef enum blk_norm_kind {
+    BLK_LAYERNORM,   /* (x - mean) * rstd * w + b */
+    BLK_RMSNORM,     /* x * rstd * w */
+    BLK_RMSNORM_P1,  /* x * rstd * (1 + w) (Gemma) */
+} blk_norm_kind;
+
+typedef struct blk_norm {
+    blk_norm_kind kind;
+    size_t w, b;     /* b: LayerNorm only */
+    float eps;       /* RMSNorm's (LayerNorm's kernel uses its own 1e-5) */
+    int C;
+} blk_norm;
+
+/* out [N,C]; mean [N] (LayerNorm only; NULL otherwise), rstd [N] kept. */
+void blk_norm_fwd(blk_run *r, const blk_norm *n, float *out, float *mean, float *rstd,
+                  const float *x);
+/* dx += ..., dw (db) += ... */
+void blk_norm_bwd(blk_run *r, const blk_norm *n, float *dx, const float *dout, const float *x,
+                  const float *mean, const float *rstd);
+
+/* ---- embedding: out[n] = wte[tok[n]] (+ wpe[t]) (* scale) */
+
+typedef struct blk_embed {
+    size_t wte, wpe; /* wpe BLK_NONE: no learned positions */
+    int C;
+    float scale;     /* 0 or 1: none (Gemma: sqrt(hidden)) */
+} blk_embed;
+
+void blk_embed_fwd(blk_run *r, const blk_embed *e, float *out, const int *tok);
+/* dwte (dwpe) += dout (dout is scaled in place first when scale is set) */
+void blk_embed_bwd(blk_run *r, const blk_embed *e, float *dout, const int *tok);
+
+/* ---- rotary embedding (kern_rope.h) */
+
+typedef struct blk_rope {
+    float *cos, *sin; /* device tables [T, hs/2] */
+    int hs;
+} blk_rope;
+
+/* The rotary config of cfg (rope_theta default 10000, scaling). */
+void blk_rope_cfg(const model_config *cfg, kern_rope_cfg *out);
+/* Floats of one table for T positions. */
+uint64_t blk_rope_floats(int T, int hs);
+/* Build the tables for m->T positions on the host and upload them. */
+int blk_rope_upload(model *m, const blk_rope *rp, acc_err *err);
+/* x [N, H, hs] rotated in place; the backward rotates dx back in place. */
+void blk_rope_fwd(blk_run *r, const blk_rope *rp, float *x, int H);
+void blk_rope_bwd(blk_run *r, const blk_rope *rp, float *dx, int H);
+
+/* ---- attention (causal) */
+
+typedef struct blk_attn {
+    int NH, NKV, hs;     /* query heads, key/value heads, head size */
+    /* variants (0: off); the kernels that honour them come with their families */
+    int window;          /* sliding window: keys u in (t - window, t] */
+    float softcap;       /* scores -> softcap * tanh(scores / softcap) */
+    float scale;         /* score scale (0: 1 / sqrt(hs)) */
+} blk_attn;
+
+/* Separate q [N,NH,hs], k, v [N,NKV,hs] -> out [N,NH,hs]; lse [B,NH,T];
+ * scratch KERN_ATT_SCRATCH(T, NH) floats. Honours r->pos. */
+void blk_attn_fwd(blk_run *r, const blk_attn *a, float *out, float *lse, float *scratch,
+                  const float *q, const float *k, const float *v);
+/* dq, dk, dv += ... */
+void blk_attn_bwd(blk_run *r, const blk_attn *a, float *dq, float *dk, float *dv,
+                  float *scratch, const float *dout, const float *q, const float *k,
+                  const float *v, const float *lse, const float *out);
+/* One fused buffer qkv [N, 3 C] (multi-head, NKV = NH, C = NH hs). */
+void blk_attn_fused_fwd(blk_run *r, const blk_attn *a, float *out, float *lse, float *scratch,
+                        const float *qkv);
+void blk_attn_fused_bwd(blk_run *r, const blk_attn *a, float *dqkv, float *scratch,
+                        const float *dout, const float *qkv, const float *lse, const float *out);
+
+/* ---- feed-forward: down(act(up x) [* gate x]) */
+
+typedef enum blk_act {
+    BLK_GELU_TANH,   /* GELU, tanh approximation */
+    BLK_SILU,
+} blk_act;
+
+typedef struct blk_ffn {
+    blk_linear up, gate, down; /* gate.w BLK_NONE: not gated */
+    blk_act act;
+    int I;                     /* intermediate width */
+} blk_ffn;
+
+/* The FFN's kept activations: pre = the activation's input (gated: the
+ * gate projection), up (gated only), h = act(...) the down projection's
+ * input; [N, I] each. */
+typedef struct blk_ffn_acts {
+    float *pre, *up, *h;
+} blk_ffn_acts;
+
+/* Backward scratch, [N, I] each (dup: gated only). */
+typedef struct blk_ffn_grads {
+    float *dh, *dpre, *dup;
+} blk_ffn_grads;
+
+/* y [N, C] = the FFN of x [N, C]. */
+void blk_ffn_fwd(blk_run *r, int layer, const blk_ffn *f, const blk_ffn_acts *a, float *y,
+                 const float *x);
+/* dx must be zeroed by the caller; dx += d(FFN)/dx dy */
+void blk_ffn_bwd(blk_run *r, int layer, const blk_ffn *f, const blk_ffn_acts *a,
+                 const blk_ffn_grads *g, float *dx, const float *dy, const float *x);
+
+/* ---- LM head and loss */
+
+typedef struct blk_head {
+    size_t w;        /* [Vp, C] (the token embedding when tied) */
+    int C, V, Vp;
+    float softcap;   /* final-logit soft-capping (0: none) */
+    float *raw;      /* softcap: [N, Vp] device floats, the logits before the cap (the
+                      * cap's backward needs them; the family's activations) */
+} blk_head;
+
+/* logits [N, Vp] = x W^T; losses [N]; *loss_sum (blk_xent's contract:
+ * kern_ops.xent; with want_grad logits become dloss/dlogits). */
+void blk_head_fwd(blk_run *r, const blk_head *h, float *logits, float *losses,
+                  double *loss_sum, const float *x, const int *targets, const float *weights,
+                  int want_grad);
+/* dx += dlogits W, dW += dlogits^T x (with a cap, dlogits is first taken
+ * through the cap's backward, in place) */
+void blk_head_bwd(blk_run *r, const blk_head *h, float *dx, float *dlogits, const float *x);
+
+/* ---- inputs: tokens, targets, weights (and packed positions) uploaded */
+
+typedef struct blk_inputs {
+    int *tokens, *targets;
+    float *weights;
+    int *pos;        /* [N] or NULL: no room for positions (family without packing) */
+} blk_inputs;
+
+/* Upload them; r->pos becomes in->pos when m->positions is set. */
+void blk_inputs_upload(blk_run *r, const blk_inputs *in, const int *tokens, const int *targets,
+                       const float *weights);
+
+/* ---- the layer loop */
+
+typedef void (*blk_layer_fn)(blk_run *r, int layer);
+
+/* For l = 0..L-1: model_layer_begin, fwd(l), model_layer_end. */
+void blk_layers_forward(blk_run *r, int L, blk_layer_fn fwd);
+/* For l = L-1..0: model_layer_begin, (recompute: fwd(l)), bwd(l),
+ * model_layer_end, done(ctx, l); done may be NULL. */
+void blk_layers_backward(blk_run *r, int L, blk_layer_fn fwd, blk_layer_fn bwd,
+                         void (*done)(void *ctx, int layer), void *ctx);
+
+/* ---- the whole stack: embedding, the blocks, final norm, head and loss */
+
+typedef struct blk_stack {
+    const blk_embed *emb;
+    const blk_norm *norm;       /* the final norm */
+    const blk_head *head;
+    int L;                      /* blocks */
+    blk_layer_fn fwd, bwd;      /* one block's forward / backward (bwd: dresid holds
+                                 * d(block output) on entry, d(block input) on exit) */
+    float *x0, *xL;             /* the embedding's output (block 0's input), block L-1's output */
+    float *lnf, *lnf_mean, *lnf_rstd; /* the final norm's output and statistics */
+    float *logits, *losses;
+    float *dresid, *dln;        /* [N, C] backward scratch */
+} blk_stack;
+
+/* Upload the inputs, embed, the blocks (blk_layers_forward), final norm,
+ * head and loss. */
+void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, const int *tokens,
+                       const int *targets, const float *weights, int want_grad,
+                       double *loss_sum);
+/* The backward of the last forward (want_grad): head, final norm, the
+ * blocks (blk_layers_backward, done per block), the embedding, done(-1). */
+void blk_stack_backward(blk_run *r, const blk_stack *s, const int *tokens,
+                        void (*done)(void *ctx, int layer), void *ctx);
+
+/* ---- activations */
+
+/* Bytes of arrays of cnt[0..n) floats, each rounded up to 16 floats
+ * (saturated: ACC_SIZE_OVERFLOW). */
+uint64_t blk_acts_bytes(const uint64_t *cnt, int n);
+/* The common act_bytes check: bytes fits size_t and B x T an int, else
+ * ACC_EINVAL naming model.seq_len (one sequence overflows: one_overflows)
+ * or the micro batch. */
+int blk_acts_check(uint64_t bytes, int one_overflows, int B, int T, acc_err *err);
+/* Allocate m->act_bytes on the device, zeroed, carved into ptr[0..n)
+ * (cnt as blk_acts_bytes took them); *mem holds the allocation. */
+int blk_acts_alloc(model *m, const uint64_t *cnt, int n, void **mem, float **ptr,
+                   acc_err *err);
+/* Free *mem (NULL: nothing) and clear ptr[0..n). */
+void blk_acts_free(model *m, void **mem, float **ptr, int n);
+
+#endif
