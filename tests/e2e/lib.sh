@@ -118,7 +118,7 @@ acc_curl() {
 # tiny_job NAME MAX_STEPS [EXTRA_JSON_MEMBERS]: a spec that trains in
 # milliseconds a step on one CPU device.
 tiny_job() {
-    printf '{"name":"%s","model":{"n_layer":1,"n_head":2,"n_embd":32,"seq_len":32,"vocab_size":256},"data":{"train":"gpl.txt"},"train_batch_size":8,"train_micro_batch_size_per_gpu":2,"max_steps":%s%s}' \
+    printf '{"name":"%s","model":{"n_layer":1,"n_head":2,"n_embd":32,"seq_len":32,"vocab_size":256},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":8,"train_micro_batch_size_per_gpu":2,"max_steps":%s%s}' \
         "$1" "$2" "${3:+,$3}"
 }
 
