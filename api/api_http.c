@@ -826,13 +826,13 @@ void api_defer_json_heavy(api_server *s, const api_request *req, api_response *r
     int all, mine;
     count_heavy(s, req->who->name, &all, &mine);
     if (req->body_len > 0 && mine >= s->conf->heavy_requests_per_user) {
-        api_resp_error(resp, 429, "busy", NULL,
+        api_resp_error(resp, 429, "too_many_requests", NULL,
                        "%d request(s) of yours like this are being worked on (heavy_requests_per_user %d); "
                        "try again when they are answered", mine, s->conf->heavy_requests_per_user);
         return;
     }
     if (req->body_len > 0 && all >= s->conf->heavy_requests_max) {
-        api_resp_error(resp, 429, "busy", NULL,
+        api_resp_error(resp, 429, "too_many_requests", NULL,
                        "%d requests like this are being worked on (heavy_requests_max %d); try again shortly", all,
                        s->conf->heavy_requests_max);
         return;
