@@ -168,7 +168,7 @@ SUP="$ACCUMD_SRC/tests/support"
 head -c 3000 /usr/share/common-licenses/GPL-3 >"$STATE/data/val.txt" # 93 windows of 33 bytes
 acc_start --set cpu_devices=1 --set cpu_device_memory=512M --set cpu_threads_per_device=1 --set device_peak_flops=1e12 \
     --set checkpoint_keep=5
-EV='{"name":"ev","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt","val":"val.txt"},"train_batch_size":4,"max_steps":2,"eval_interval":2,"seed":3}'
+EV='{"name":"ev","model":{"from":"tiny","seq_len":32},"data":{"train":"gpl.txt","val":"val.txt","format":"text"},"train_batch_size":4,"max_steps":2,"eval_interval":2,"seed":3}'
 full=$(acc_submit "$(echo "$EV" | jq -c '.output_dir = "tiny-ft/v1"')") || exit 1
 cap=$(acc_submit "$(echo "$EV" | jq -c '.eval_batches = 1 | .name = "cap" | .max_steps = 4 | .eval_interval = 4 |
     .checkpoint_interval = 1 | .save_total_limit = 2')") || exit 1
