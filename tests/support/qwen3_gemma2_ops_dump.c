@@ -20,6 +20,9 @@
 #include "kern_rope.h"
 #include "rng.h"
 
+#define OPS_DUMP_PROG "qwen3_gemma2_ops_dump"
+#include "ops_dump.h"
+
 enum { B = 2, T = 11, NH = 4, NKV = 2, HS = 16, C = 32, I = 48, V = 40, P = 40, WIN = 4 };
 #define N (B * T)
 #define QN ((size_t)N * NH * HS)
@@ -28,54 +31,6 @@ enum { B = 2, T = 11, NH = 4, NKV = 2, HS = 16, C = 32, I = 48, V = 40, P = 40, 
 #define CAP_LOGITS 30.0f
 #define CAP_ATT 5.0f
 #define SCALE 0.125f
-
-static FILE *manifest;
-static const char *dir;
-static rng r;
-
-static void die(const char *what)
-{
-    fprintf(stderr, "qwen3_gemma2_ops_dump: %s\n", what);
-    exit(1);
-}
-
-/* name, element type, data, dims (0-terminated) */
-static void dump(const char *name, const char *dtype, const void *data, const int *dims)
-{
-    size_t n = 1;
-    fprintf(manifest, "%s %s", name, dtype);
-    for (int i = 0; dims[i] != 0; i++) {
-        n *= (size_t)dims[i];
-        fprintf(manifest, " %d", dims[i]);
-    }
-    fprintf(manifest, "\n");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s.%s", dir, name, dtype);
-    FILE *f = fopen(path, "wb");
-    if (f == NULL || fwrite(data, 4, n, f) != n || fclose(f) != 0)
-        die(path);
-}
-
-#define DUMP(name, x, ...) dump(name, "f32", x, (const int[]){__VA_ARGS__, 0})
-#define DUMPI(name, x, ...) dump(name, "i32", x, (const int[]){__VA_ARGS__, 0})
-
-static float *randn(size_t n, double scale)
-{
-    float *x = malloc(n * sizeof *x);
-    if (x == NULL)
-        die("out of memory");
-    for (size_t i = 0; i < n; i++)
-        x[i] = (float)(scale * rng_normal(&r));
-    return x;
-}
-
-static float *zeros(size_t n)
-{
-    float *x = calloc(n, sizeof *x);
-    if (x == NULL)
-        die("out of memory");
-    return x;
-}
 
 static void pointwise(kern_device *d)
 {
