@@ -31,8 +31,8 @@ static void usage(FILE *out)
             "  -h, --help            this text\n"
             "  -V, --version         print the version\n"
             "\nconfig keys:");
-    for (int i = 0; conf_keys[i]; i++)
-        fprintf(out, "%s%s", i % 6 ? " " : "\n  ", conf_keys[i]);
+    for (size_t i = 0; i < conf_table_len; i++)
+        fprintf(out, "%s%s", i % 6 ? " " : "\n  ", conf_table[i].name);
     fprintf(out, "\n");
 }
 
@@ -43,38 +43,8 @@ static const char *flag_to_key(const char *flag, char *buf, size_t n)
     for (char *p = buf; *p; p++)
         if (*p == '-')
             *p = '_';
-    for (int i = 0; conf_keys[i]; i++)
-        if (!strcmp(conf_keys[i], buf))
-            return conf_keys[i];
-    return NULL;
-}
-
-static void print_conf(const acc_conf *c)
-{
-    printf("listen = %s\nstate_dir = %s\ndata_roots = %s\noutput_root = %s\n"
-           "token_file = %s\nrequire_token = %s\ndevices = %s\ncpu_devices = %d\n"
-           "cpu_device_memory = %llu\ncpu_threads_per_device = %d\nmax_body = %llu\n"
-           "max_connections = %d\nmax_connections_per_ip = %d\nconnection_timeout = %d\n"
-           "header_timeout = %d\nrequest_timeout = %d\nmax_pending_connections = %d\n"
-           "shutdown_grace = %d\ncheckpoint_keep = %d\nevent_ring = %d\nlog_level = %s\n"
-           "log_file = %s\nusers_file = %s\nuser_max_running = %d\nuser_max_devices = %d\n"
-           "history_keep = %d\nworker_processes = %s\nworker_heartbeat_timeout = %d\nrank_processes = %s\n"
-           "mpi_launcher = %s\nhostfile = %s\nmpi_args = %s\nrank_program = %s\nhf_hub_cache = %s\n",
-           c->listen, c->state_dir, c->data_roots, c->output_root, c->token_file,
-           c->require_token ? "true" : "false",
-           c->devices == CONF_DEVICES_AUTO ? "auto" : c->devices == CONF_DEVICES_CUDA ? "cuda" : "cpu",
-           c->cpu_devices, (unsigned long long)c->cpu_device_memory, c->cpu_threads_per_device,
-           (unsigned long long)c->max_body, c->max_connections, c->max_connections_per_ip,
-           c->connection_timeout, c->header_timeout, c->request_timeout, c->max_pending_connections,
-           c->shutdown_grace, c->checkpoint_keep, c->event_ring,
-           c->log_level, c->log_file, c->users_file, c->user_max_running, c->user_max_devices,
-           c->history_keep, c->worker_processes ? "true" : "false", c->worker_heartbeat_timeout,
-           c->rank_processes ? "true" : "false", c->mpi_launcher, c->hostfile, c->mpi_args, c->rank_program,
-           c->hf_hub_cache);
-    /* h-jobs, issue 25 */
-    printf("max_queued_jobs = %d\nuser_max_queued = %d\nmax_streams = %d\nuser_max_streams = %d\ncancel_grace = %d\n",
-           c->max_queued_jobs, c->user_max_queued, c->max_streams, c->user_max_streams, c->cancel_grace);
-    printf("device_peak_flops = %g\n", c->device_peak_flops); /* h-results, issue 23 */
+    const conf_row *r = conf_key_find(buf);
+    return r != NULL ? r->name : NULL;
 }
 
 enum { OPT_CHECK = 1000 };
@@ -198,7 +168,7 @@ int main(int argc, char **argv)
     if (rc != 0)
         return rc > 0 ? 0 : 2;
     if (check_only) {
-        print_conf(&d.conf);
+        conf_dump(&d.conf, stdout);
         return 0;
     }
     /* a file size limit must fail the write (EFBIG), not kill the daemon */

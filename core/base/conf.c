@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <stddef.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -11,64 +12,6 @@
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
-
-const char *const conf_keys[] = {
-    "listen", "state_dir", "data_roots", "output_root", "token_file",
-    "require_token", "devices", "cpu_devices", "cpu_device_memory",
-    "cpu_threads_per_device", "max_body", "max_connections",
-    "max_connections_per_ip", "connection_timeout", "header_timeout",
-    "request_timeout", "max_pending_connections", "shutdown_grace",
-    "checkpoint_keep", "event_ring", "log_level", "log_file",
-    "users_file", "user_max_running", "user_max_devices", "history_keep",
-    "worker_processes", "worker_heartbeat_timeout", "rank_processes", "mpi_launcher", "hostfile",
-    "mpi_args", "rank_program",
-    /* h-tmpl: bounded work on untrusted templates and tokenizers */
-    "render_time_limit_ms", "tokenizer_match_limit", "heavy_requests_max", "heavy_requests_per_user",
-    /* h-jobs, issue 25 */
-    "max_queued_jobs", "user_max_queued", "max_streams", "user_max_streams", "cancel_grace",
-    "hf_hub_cache", /* h-dsconf */
-    "rank_watchdog_factor", "rank_watchdog_min", "mpi_interface", /* h-engine, issue 25 */
-    "device_peak_flops", /* h-results, issue 23 */
-    NULL,
-};
-
-void conf_defaults(acc_conf *c)
-{
-    memset(c, 0, sizeof *c);
-    snprintf(c->listen, sizeof c->listen, "127.0.0.1:8470");
-    snprintf(c->listen_host, sizeof c->listen_host, "127.0.0.1");
-    c->listen_port = 8470;
-    snprintf(c->state_dir, sizeof c->state_dir, "/var/lib/accumd");
-    c->devices = CONF_DEVICES_AUTO;
-    c->cpu_devices = 1;
-    c->cpu_device_memory = 2ULL << 30;
-    c->max_body = 1 << 20;
-    c->max_connections = 1024;
-    c->max_connections_per_ip = 600;
-    c->connection_timeout = 60;
-    c->header_timeout = 10;
-    c->request_timeout = 120;
-    c->max_pending_connections = 0; /* finalize: max_connections_per_ip less an eighth */
-    c->shutdown_grace = 30;
-    c->checkpoint_keep = 2;
-    c->event_ring = 4096;
-    c->history_keep = 100000;
-    c->worker_processes = true;
-    c->worker_heartbeat_timeout = 10;
-    snprintf(c->mpi_launcher, sizeof c->mpi_launcher, "mpirun");
-    c->max_queued_jobs = 10000; /* h-jobs, issue 25 */
-    c->user_max_queued = 1000;
-    c->user_max_streams = 64;
-    c->cancel_grace = 30;
-    c->rank_watchdog_factor = 10; /* h-engine, issue 25 */
-    c->rank_watchdog_min = 600;
-    snprintf(c->log_level, sizeof c->log_level, "info");
-    /* h-tmpl */
-    c->render_time_limit_ms = 2000;
-    c->tokenizer_match_limit = 1000000;
-    c->heavy_requests_max = 2;
-    c->heavy_requests_per_user = 1;
-}
 
 int conf_parse_bytes(const char *s, uint64_t *out)
 {
@@ -129,51 +72,84 @@ int conf_parse_bool(const char *s, bool *out)
     return -1;
 }
 
+/* ---- the table: one row per key (nginx's command tables) ----
+ *
+ * A row names the key, how its value is stored and parsed (type, offset,
+ * range, flags), its default in string form (applied through the same
+ * parser as a user's value, so a default is always a valid value), an
+ * optional setter for irregular keys, an optional validator for rules the
+ * type does not carry, and the one line that docs/operations.md repeats
+ * ("Every config key"; tests/unit/test_conf_table.c keeps the two equal). */
+
+#define OFF(f) offsetof(acc_conf, f)
+#define SZ(f) sizeof(((acc_conf *)0)->f)
+#define NOFLAG ((size_t)-1)
+
+/* A string key: fits, no control characters (they reach an argv) with
+ * CONF_F_NOCTRL, and not empty with CONF_F_NONEMPTY. */
+static int set_str(const conf_row *r, char *out, const char *v, acc_err *err)
+{
+    const char *key = r->name;
+    if ((r->flags & CONF_F_NONEMPTY) && v[0] == '\0')
+        return acc_err_set(err, ACC_EINVAL, key, "%s must not be empty", key);
+    if (strlen(v) >= r->size)
+        return acc_err_set(err, ACC_EINVAL, key, "%s is too long (at most %zu bytes)", key, r->size - 1);
+    for (const char *p = v; (r->flags & CONF_F_NOCTRL) && *p; p++)
+        if ((unsigned char)*p < 0x20 && *p != '\t')
+            return acc_err_set(err, ACC_EINVAL, key, "%s holds a control character", key);
+    snprintf(out, r->size, "%s", v);
+    return 0;
+}
+
 /* Every integer key is non-negative: lo >= 0. */
-static int parse_int(const char *key, const char *v, long lo, long hi, int *out, acc_err *err)
+static int parse_int(const char *key, const char *v, uint64_t lo, uint64_t hi, int *out, acc_err *err)
 {
     uint64_t n;
-    if (conf_parse_u64(v, (uint64_t)hi, &n) != 0 || n < (uint64_t)lo)
-        return acc_err_set(err, ACC_EINVAL, key, "%s must be an integer in [%ld, %ld], got '%s'",
-                           key, lo, hi, v);
+    if (conf_parse_u64(v, hi, &n) != 0 || n < lo)
+        return acc_err_set(err, ACC_EINVAL, key, "%s must be an integer in [%llu, %llu], got '%s'", key,
+                           (unsigned long long)lo, (unsigned long long)hi, v);
     *out = (int)n;
     return 0;
 }
 
-/* A string key: fits, no control characters (they reach an argv), and
- * not empty where `needed`. */
-static int set_str(const char *key, const char *v, bool needed, char *out, size_t n, acc_err *err)
+static int set_bytes(const conf_row *r, uint64_t *out, const char *v, acc_err *err)
 {
-    if (strlen(v) >= n)
-        return acc_err_set(err, ACC_EINVAL, key, "%s is too long (at most %zu bytes)", key, n - 1);
-    if (needed && v[0] == '\0')
-        return acc_err_set(err, ACC_EINVAL, key, "%s must not be empty", key);
-    for (const char *p = v; *p; p++)
-        if ((unsigned char)*p < 0x20 && *p != '\t')
-            return acc_err_set(err, ACC_EINVAL, key, "%s holds a control character", key);
-    snprintf(out, n, "%s", v);
+    uint64_t bytes;
+    if (conf_parse_bytes(v, &bytes) != 0 || bytes < r->lo || bytes > r->hi)
+        return acc_err_set(err, ACC_EINVAL, r->name,
+                           "%s must be a size in [%llu, %llu] bytes (suffix K/M/G/T), got '%s'", r->name,
+                           (unsigned long long)r->lo, (unsigned long long)r->hi, v);
+    *out = bytes;
     return 0;
 }
 
-static int parse_bool(const char *key, const char *v, bool *out, acc_err *err)
+static int set_double(const conf_row *r, double *out, const char *v, acc_err *err)
 {
-    if (conf_parse_bool(v, out) == 0)
-        return 0;
-    return acc_err_set(err, ACC_EINVAL, key, "%s must be true or false, got '%s'", key, v);
+    char *end = NULL;
+    double f = strtod(v, &end);
+    if (end == v || *end != '\0' || !(f >= 0 && f <= r->fmax))
+        return acc_err_set(err, ACC_EINVAL, r->name, "%s must be a number in [0, %g], got '%s'", r->name,
+                           r->fmax, v);
+    *out = f;
+    return 0;
 }
 
-static int parse_path(const char *key, const char *v, char *dst, size_t n, acc_err *err)
+static int set_enum(const conf_row *r, int *out, const char *v, acc_err *err)
 {
-    if (v[0] == '\0')
-        return acc_err_set(err, ACC_EINVAL, key, "%s must not be empty", key);
-    if (strlen(v) >= n)
-        return acc_err_set(err, ACC_EINVAL, key, "%s is too long", key);
-    snprintf(dst, n, "%s", v);
-    return 0;
+    char list[128] = "";
+    for (int i = 0; r->names[i] != NULL; i++) {
+        if (!strcmp(v, r->names[i])) {
+            *out = i;
+            return 0;
+        }
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof list - l, "%s%s", i ? ", " : "", r->names[i]);
+    }
+    return acc_err_set(err, ACC_EINVAL, r->name, "%s must be one of %s, got '%s'", r->name, list, v);
 }
 
 /* "host:port", "[v6]:port" or ":port" (all interfaces). */
-static int parse_listen(acc_conf *c, const char *v, acc_err *err)
+static int set_listen(acc_conf *c, const char *v, acc_err *err)
 {
     const char *colon;
     char host[256];
@@ -200,6 +176,8 @@ static int parse_listen(acc_conf *c, const char *v, acc_err *err)
             snprintf(host, sizeof host, "0.0.0.0");
     }
     int port = 0;
+    if (strlen(v) >= sizeof c->listen)
+        return acc_err_set(err, ACC_EINVAL, "listen", "listen is too long");
     if (parse_int("listen", colon + 1, 0, 65535, &port, err) != 0)
         return acc_err_set(err, ACC_EINVAL, "listen", "listen port must be in [0, 65535], got '%s'", colon + 1);
     snprintf(c->listen, sizeof c->listen, "%s", v);
@@ -208,163 +186,168 @@ static int parse_listen(acc_conf *c, const char *v, acc_err *err)
     return 0;
 }
 
-/* h-jobs, issue 25: the queue caps, the stream limits, the cancel deadline. */
-static int conf_set_limits(acc_conf *c, const char *key, const char *v, acc_err *err)
+static int valid_log_level(const char *key, const char *v, acc_err *err)
 {
-    if (!strcmp(key, "max_queued_jobs"))
-        return parse_int(key, v, 0, 1 << 24, &c->max_queued_jobs, err);
-    if (!strcmp(key, "user_max_queued"))
-        return parse_int(key, v, 0, 1 << 24, &c->user_max_queued, err);
-    if (!strcmp(key, "max_streams")) {
-        c->set_streams = true;
-        return parse_int(key, v, 1, 65536, &c->max_streams, err);
+    if (strcmp(v, "error") && strcmp(v, "warn") && strcmp(v, "info") && strcmp(v, "debug"))
+        return acc_err_set(err, ACC_EINVAL, key, "%s must be error, warn, info or debug, got '%s'", key, v);
+    return 0;
+}
+
+static int valid_abs_or_empty(const char *key, const char *v, acc_err *err)
+{
+    if (v[0] != '\0' && v[0] != '/')
+        return acc_err_set(err, ACC_EINVAL, key, "%s must be an absolute path or empty, got '%s'", key, v);
+    return 0;
+}
+
+static const char *const device_names[] = {"auto", "cuda", "cpu", NULL}; /* enum conf_devices' order */
+
+#define INT(k, d, lo_, hi_, doc_) \
+    {.name = #k, .type = CONF_INT, .def = d, .off = OFF(k), .size = SZ(k), .lo = lo_, .hi = hi_, \
+     .set_flag = NOFLAG, .doc = doc_}
+#define BOOL(k, d, doc_) {.name = #k, .type = CONF_BOOL, .def = d, .off = OFF(k), .size = SZ(k), .set_flag = NOFLAG, .doc = doc_}
+#define BYTES(k, d, lo_, hi_, doc_) \
+    {.name = #k, .type = CONF_BYTES, .def = d, .off = OFF(k), .size = SZ(k), .lo = lo_, .hi = hi_, \
+     .set_flag = NOFLAG, .doc = doc_}
+#define STR(k, d, fl, doc_) \
+    {.name = #k, .type = CONF_STR, .def = d, .off = OFF(k), .size = SZ(k), .flags = fl, .set_flag = NOFLAG, .doc = doc_}
+
+const conf_row conf_table[] = {
+    {.name = "listen", .type = CONF_STR, .def = "127.0.0.1:8470", .off = OFF(listen), .size = SZ(listen),
+     .set_flag = NOFLAG, .set = set_listen,
+     .doc = "address:port, [v6]:port or :port (all interfaces) of the HTTP API; port 0 picks a free one"},
+    STR(state_dir, "/var/lib/accumd", CONF_F_NONEMPTY, "the job store, the token and the default data and output roots"),
+    {.name = "data_roots", .type = CONF_STR, .off = OFF(data_roots), .size = SZ(data_roots), .flags = CONF_F_NONEMPTY,
+     .set_flag = OFF(set_data_roots), .doc = "colon-separated directories job specs may read from"},
+    {.name = "output_root", .type = CONF_STR, .off = OFF(output_root), .size = SZ(output_root),
+     .flags = CONF_F_NONEMPTY, .set_flag = OFF(set_output_root), .doc = "where each job's outputs are written"},
+    {.name = "token_file", .type = CONF_STR, .off = OFF(token_file), .size = SZ(token_file),
+     .flags = CONF_F_NONEMPTY, .set_flag = OFF(set_token_file),
+     .doc = "the admin bearer token, created (mode 0600) on first start"},
+    BOOL(require_token, "false", "require the token on loopback too (always required on other addresses)"),
+    {.name = "devices", .type = CONF_ENUM, .def = "auto", .off = OFF(devices), .size = SZ(devices),
+     .names = device_names, .set_flag = NOFLAG, .doc = "auto (CUDA when present, else CPU), cuda or cpu"},
+    INT(cpu_devices, "1", 1, 256, "CPU devices offered to jobs"),
+    BYTES(cpu_device_memory, "2G", 1 << 20, UINT64_MAX, "memory of one CPU device (suffix K/M/G/T)"),
+    {.name = "cpu_threads_per_device", .type = CONF_INT, .off = OFF(cpu_threads_per_device),
+     .size = SZ(cpu_threads_per_device), .lo = 1, .hi = 1024, .set_flag = OFF(set_threads),
+     .doc = "threads of one CPU device"},
+    BYTES(max_body, "1M", 1024, 1ULL << 30, "bytes of a request body before a 413"),
+    INT(max_connections, "1024", 1, 65536, "open connections in all"),
+    INT(max_connections_per_ip, "600", 1, 65536, "open connections from one address"),
+    INT(connection_timeout, "60", 1, 86400, "seconds a connection may stay silent"),
+    INT(header_timeout, "10", 1, 86400, "seconds to send a whole request header"),
+    INT(request_timeout, "120", 1, 86400, "seconds to send a whole request, body included"),
+    {.name = "max_pending_connections", .type = CONF_INT, .off = OFF(max_pending_connections),
+     .size = SZ(max_pending_connections), .lo = 1, .hi = 65536, .set_flag = OFF(set_pending),
+     .doc = "connections not yet past their request; a new one past it closes the oldest"},
+    INT(shutdown_grace, "30", 0, 86400, "seconds SIGTERM waits for jobs to stop"),
+    INT(checkpoint_keep, "2", 1, 1000, "checkpoints kept per job"),
+    INT(event_ring, "4096", 16, 1 << 20, "events kept in memory per job"),
+    {.name = "log_level", .type = CONF_STR, .def = "info", .off = OFF(log_level), .size = SZ(log_level),
+     .set_flag = NOFLAG, .valid = valid_log_level, .doc = "error, warn, info or debug"},
+    STR(log_file, "", 0, "log file, appended and reopened on SIGHUP; empty = stderr"),
+    STR(users_file, "", 0, "users, roles and token hashes; empty = the token_file's token is the admin"),
+    INT(user_max_running, "0", 0, 1 << 20, "jobs running at once per user, 0 = no limit"),
+    INT(user_max_devices, "0", 0, 1 << 20, "devices held at once per user, 0 = no limit"),
+    INT(history_keep, "100000", 100, 100000000, "events and step-metrics rows kept in the store per job"),
+    BOOL(worker_processes, "true", "each job in a worker process (false: rank threads in the daemon)"),
+    INT(worker_heartbeat_timeout, "10", 1, 3600, "seconds without a worker's heartbeat before it is killed"),
+    BOOL(rank_processes, "false", "every job's ranks as MPI processes (needs worker_processes)"),
+    STR(mpi_launcher, "mpirun", CONF_F_NONEMPTY | CONF_F_NOCTRL, "the MPI launcher of rank processes"),
+    STR(hostfile, "", CONF_F_NOCTRL, "the launcher's --hostfile; empty = none"),
+    STR(mpi_args, "", CONF_F_NOCTRL, "extra launcher arguments, split at blanks"),
+    STR(rank_program, "", CONF_F_NOCTRL, "the rank program; empty = accumd-rank next to accumd"),
+    INT(render_time_limit_ms, "2000", 10, 600000, "milliseconds one POST /v1/tokenize may render and tokenize"),
+    INT(tokenizer_match_limit, "1000000", 1000, 1 << 30, "PCRE2 match limit of a tokenizer regex match"),
+    INT(heavy_requests_max, "2", 1, 1 << 16, "POST /v1/tokenize requests worked on at once (429 past it)"),
+    INT(heavy_requests_per_user, "1", 1, 1 << 16, "the same per user"),
+    INT(max_queued_jobs, "10000", 0, 1 << 24, "queued jobs in total, 0 = no limit (429 past it)"),
+    INT(user_max_queued, "1000", 0, 1 << 24, "queued jobs per user, 0 = no limit (429 past it)"),
+    {.name = "max_streams", .type = CONF_INT, .off = OFF(max_streams), .size = SZ(max_streams), .lo = 1,
+     .hi = 65536, .set_flag = OFF(set_streams), .doc = "open event streams in total (503 past it)"},
+    INT(user_max_streams, "64", 1, 65536, "open event streams per user (429 past it)"),
+    INT(cancel_grace, "30", 1, 86400, "seconds a cancelled job's worker has to stop before it is killed"),
+    {.name = "hf_hub_cache", .type = CONF_STR, .def = "", .off = OFF(hf_hub_cache), .size = SZ(hf_hub_cache),
+     .set_flag = NOFLAG, .valid = valid_abs_or_empty,
+     .doc = "a Hugging Face hub cache where hub names are found, offline; empty = off"},
+    INT(rank_watchdog_factor, "10", 2, 1000, "a rank-process job is ended after this many mean step times without a step"),
+    INT(rank_watchdog_min, "600", 1, 7 * 86400, "and after at least this many seconds"),
+    STR(mpi_interface, "", CONF_F_NOCTRL, "multi-node jobs' MPI network interface; empty = Open MPI's choice"),
+    {.name = "device_peak_flops", .type = CONF_DOUBLE, .def = "0", .off = OFF(device_peak_flops),
+     .size = SZ(device_peak_flops), .fmax = 1e21, .set_flag = NOFLAG,
+     .doc = "one device's peak FLOP/s for the MFU estimate (e.g. 989e12); 0 = unknown"},
+};
+const size_t conf_table_len = sizeof conf_table / sizeof conf_table[0];
+
+const conf_row *conf_key_find(const char *key)
+{
+    for (size_t i = 0; i < conf_table_len; i++)
+        if (!strcmp(conf_table[i].name, key))
+            return &conf_table[i];
+    return NULL;
+}
+
+/* Parse and store one value through its row: the setter of an irregular
+ * key, else the type's parser after the row's validator. */
+static int row_apply(const conf_row *r, acc_conf *c, const char *v, acc_err *err)
+{
+    if (r->valid != NULL && r->valid(r->name, v, err) != 0)
+        return err ? err->code : ACC_EINVAL;
+    if (r->set != NULL)
+        return r->set(c, v, err);
+    void *at = (char *)c + r->off;
+    switch (r->type) {
+    case CONF_INT: return parse_int(r->name, v, r->lo, r->hi, at, err);
+    case CONF_BOOL:
+        if (conf_parse_bool(v, at) == 0)
+            return 0;
+        return acc_err_set(err, ACC_EINVAL, r->name, "%s must be true or false, got '%s'", r->name, v);
+    case CONF_BYTES: return set_bytes(r, at, v, err);
+    case CONF_STR: return set_str(r, at, v, err);
+    case CONF_DOUBLE: return set_double(r, at, v, err);
+    case CONF_ENUM: return set_enum(r, at, v, err);
     }
-    if (!strcmp(key, "user_max_streams"))
-        return parse_int(key, v, 1, 65536, &c->user_max_streams, err);
-    if (!strcmp(key, "cancel_grace"))
-        return parse_int(key, v, 1, 86400, &c->cancel_grace, err);
-    return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);
+    return acc_err_set(err, ACC_EINVAL, r->name, "%s has no parser", r->name);
+}
+
+void conf_defaults(acc_conf *c)
+{
+    memset(c, 0, sizeof *c);
+    /* a default is a string the row's own parser accepts (test conf_table
+     * checks each), so the result is not checked here; derived defaults
+     * (def NULL) are left to conf_finalize */
+    for (size_t i = 0; i < conf_table_len; i++)
+        if (conf_table[i].def != NULL)
+            (void)row_apply(&conf_table[i], c, conf_table[i].def, NULL);
 }
 
 int conf_set(acc_conf *c, const char *key, const char *v, acc_err *err)
 {
-    uint64_t bytes;
-    if (!strcmp(key, "listen"))
-        return parse_listen(c, v, err);
-    if (!strcmp(key, "state_dir"))
-        return parse_path(key, v, c->state_dir, sizeof c->state_dir, err);
-    if (!strcmp(key, "data_roots")) {
-        c->set_data_roots = true;
-        return parse_path(key, v, c->data_roots, sizeof c->data_roots, err);
+    const conf_row *r = conf_key_find(key);
+    if (r == NULL)
+        return acc_err_set(err, ACC_EINVAL, key, "unknown config key '%s'", key);
+    int rc = row_apply(r, c, v, err);
+    if (rc == 0 && r->set_flag != NOFLAG)
+        *(bool *)((char *)c + r->set_flag) = true;
+    return rc;
+}
+
+void conf_dump(const acc_conf *c, FILE *out)
+{
+    for (size_t i = 0; i < conf_table_len; i++) {
+        const conf_row *r = &conf_table[i];
+        const void *at = (const char *)c + r->off;
+        fprintf(out, "%s = ", r->name);
+        switch (r->type) {
+        case CONF_INT: fprintf(out, "%d\n", *(const int *)at); break;
+        case CONF_BOOL: fprintf(out, "%s\n", *(const bool *)at ? "true" : "false"); break;
+        case CONF_BYTES: fprintf(out, "%llu\n", (unsigned long long)*(const uint64_t *)at); break;
+        case CONF_STR: fprintf(out, "%s\n", (const char *)at); break;
+        case CONF_DOUBLE: fprintf(out, "%g\n", *(const double *)at); break;
+        case CONF_ENUM: fprintf(out, "%s\n", r->names[*(const int *)at]); break;
+        }
     }
-    if (!strcmp(key, "output_root")) {
-        c->set_output_root = true;
-        return parse_path(key, v, c->output_root, sizeof c->output_root, err);
-    }
-    if (!strcmp(key, "token_file")) {
-        c->set_token_file = true;
-        return parse_path(key, v, c->token_file, sizeof c->token_file, err);
-    }
-    if (!strcmp(key, "require_token"))
-        return parse_bool(key, v, &c->require_token, err);
-    if (!strcmp(key, "devices")) {
-        if (!strcmp(v, "auto")) c->devices = CONF_DEVICES_AUTO;
-        else if (!strcmp(v, "cuda")) c->devices = CONF_DEVICES_CUDA;
-        else if (!strcmp(v, "cpu")) c->devices = CONF_DEVICES_CPU;
-        else return acc_err_set(err, ACC_EINVAL, key, "devices must be auto, cuda or cpu, got '%s'", v);
-        return 0;
-    }
-    if (!strcmp(key, "cpu_devices"))
-        return parse_int(key, v, 1, 256, &c->cpu_devices, err);
-    if (!strcmp(key, "cpu_device_memory")) {
-        if (conf_parse_bytes(v, &bytes) != 0 || bytes < (1 << 20))
-            return acc_err_set(err, ACC_EINVAL, key,
-                               "cpu_device_memory must be a size of at least 1M (suffix K/M/G/T), got '%s'", v);
-        c->cpu_device_memory = bytes;
-        return 0;
-    }
-    if (!strcmp(key, "cpu_threads_per_device")) {
-        c->set_threads = true;
-        return parse_int(key, v, 1, 1024, &c->cpu_threads_per_device, err);
-    }
-    if (!strcmp(key, "max_body")) {
-        if (conf_parse_bytes(v, &bytes) != 0 || bytes < 1024 || bytes > (1ULL << 30))
-            return acc_err_set(err, ACC_EINVAL, key, "max_body must be a size in [1K, 1G], got '%s'", v);
-        c->max_body = bytes;
-        return 0;
-    }
-    if (!strcmp(key, "max_connections"))
-        return parse_int(key, v, 1, 65536, &c->max_connections, err);
-    if (!strcmp(key, "max_connections_per_ip"))
-        return parse_int(key, v, 1, 65536, &c->max_connections_per_ip, err);
-    if (!strcmp(key, "connection_timeout"))
-        return parse_int(key, v, 1, 86400, &c->connection_timeout, err);
-    if (!strcmp(key, "header_timeout"))
-        return parse_int(key, v, 1, 86400, &c->header_timeout, err);
-    if (!strcmp(key, "request_timeout"))
-        return parse_int(key, v, 1, 86400, &c->request_timeout, err);
-    if (!strcmp(key, "max_pending_connections")) {
-        c->set_pending = true;
-        return parse_int(key, v, 1, 65536, &c->max_pending_connections, err);
-    }
-    if (!strcmp(key, "shutdown_grace"))
-        return parse_int(key, v, 0, 86400, &c->shutdown_grace, err);
-    if (!strcmp(key, "checkpoint_keep"))
-        return parse_int(key, v, 1, 1000, &c->checkpoint_keep, err);
-    if (!strcmp(key, "device_peak_flops")) { /* h-results, issue 23 */
-        char *end = NULL;
-        double f = strtod(v, &end);
-        if (end == v || *end != '\0' || !(f >= 0 && f <= 1e21))
-            return acc_err_set(err, ACC_EINVAL, key,
-                               "%s must be a number of FLOP/s in [0, 1e21] (e.g. 989e12), got '%s'", key, v);
-        c->device_peak_flops = f;
-        return 0;
-    }
-    if (!strcmp(key, "event_ring"))
-        return parse_int(key, v, 16, 1 << 20, &c->event_ring, err);
-    if (!strcmp(key, "history_keep"))
-        return parse_int(key, v, 100, 100000000, &c->history_keep, err);
-    if (!strcmp(key, "log_level")) {
-        if (strcmp(v, "error") && strcmp(v, "warn") && strcmp(v, "info") && strcmp(v, "debug"))
-            return acc_err_set(err, ACC_EINVAL, key, "log_level must be error, warn, info or debug, got '%s'", v);
-        snprintf(c->log_level, sizeof c->log_level, "%s", v);
-        return 0;
-    }
-    if (!strcmp(key, "log_file")) {
-        if (strlen(v) >= sizeof c->log_file)
-            return acc_err_set(err, ACC_EINVAL, key, "log_file is too long");
-        snprintf(c->log_file, sizeof c->log_file, "%s", v);
-        return 0;
-    }
-    if (!strcmp(key, "users_file")) {
-        if (strlen(v) >= sizeof c->users_file)
-            return acc_err_set(err, ACC_EINVAL, key, "users_file is too long");
-        snprintf(c->users_file, sizeof c->users_file, "%s", v);
-        return 0;
-    }
-    if (!strcmp(key, "user_max_running"))
-        return parse_int(key, v, 0, 1 << 20, &c->user_max_running, err);
-    if (!strcmp(key, "user_max_devices"))
-        return parse_int(key, v, 0, 1 << 20, &c->user_max_devices, err);
-    if (!strcmp(key, "worker_processes"))
-        return parse_bool(key, v, &c->worker_processes, err);
-    if (!strcmp(key, "worker_heartbeat_timeout"))
-        return parse_int(key, v, 1, 3600, &c->worker_heartbeat_timeout, err);
-    if (!strcmp(key, "rank_processes"))
-        return parse_bool(key, v, &c->rank_processes, err);
-    if (!strcmp(key, "mpi_launcher"))
-        return set_str(key, v, true, c->mpi_launcher, sizeof c->mpi_launcher, err);
-    if (!strcmp(key, "hostfile"))
-        return set_str(key, v, false, c->hostfile, sizeof c->hostfile, err);
-    if (!strcmp(key, "mpi_args"))
-        return set_str(key, v, false, c->mpi_args, sizeof c->mpi_args, err);
-    /* h-dsconf: the Hugging Face hub cache (HF_HUB_CACHE layout); "" = off */
-    if (!strcmp(key, "hf_hub_cache")) {
-        if (strlen(v) >= sizeof c->hf_hub_cache)
-            return acc_err_set(err, ACC_EINVAL, key, "%s is too long", key);
-        if (v[0] != '\0' && v[0] != '/')
-            return acc_err_set(err, ACC_EINVAL, key, "%s must be an absolute path or empty, got '%s'", key, v);
-        snprintf(c->hf_hub_cache, sizeof c->hf_hub_cache, "%s", v);
-        return 0;
-    }
-    if (!strcmp(key, "rank_program"))
-        return set_str(key, v, false, c->rank_program, sizeof c->rank_program, err);
-    /* h-tmpl */
-    if (!strcmp(key, "render_time_limit_ms"))
-        return parse_int(key, v, 10, 600000, &c->render_time_limit_ms, err);
-    if (!strcmp(key, "tokenizer_match_limit"))
-        return parse_int(key, v, 1000, 1 << 30, &c->tokenizer_match_limit, err);
-    if (!strcmp(key, "heavy_requests_max"))
-        return parse_int(key, v, 1, 1 << 16, &c->heavy_requests_max, err);
-    if (!strcmp(key, "heavy_requests_per_user"))
-        return parse_int(key, v, 1, 1 << 16, &c->heavy_requests_per_user, err);
-    if (!strcmp(key, "rank_watchdog_factor")) /* h-engine, issue 25 */
-        return parse_int(key, v, 2, 1000, &c->rank_watchdog_factor, err);
-    if (!strcmp(key, "rank_watchdog_min"))
-        return parse_int(key, v, 1, 7 * 86400, &c->rank_watchdog_min, err);
-    if (!strcmp(key, "mpi_interface"))
-        return set_str(key, v, false, c->mpi_interface, sizeof c->mpi_interface, err);
-    return conf_set_limits(c, key, v, err);
 }
 
 int conf_set_pair(acc_conf *c, const char *pair, acc_err *err)

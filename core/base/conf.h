@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "err.h"
 
@@ -88,7 +89,39 @@ typedef struct acc_conf {
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;
 
-/* Fill every key with its default. */
+/* The keys as one table (nginx's command tables): one row per key says
+ * how its value is stored and parsed, its default, and its one-line doc.
+ * Adding a key = a field in acc_conf + one row in conf.c's conf_table
+ * (at the end) + its line in docs/operations.md, "Every config key"
+ * (test conf_table fails without it). */
+enum conf_type { CONF_INT, CONF_BOOL, CONF_BYTES, CONF_STR, CONF_DOUBLE, CONF_ENUM };
+enum { CONF_F_NONEMPTY = 1, CONF_F_NOCTRL = 2 }; /* CONF_STR: refuse ""; refuse control characters */
+
+typedef struct conf_row {
+    const char *name;
+    enum conf_type type;
+    const char *def;            /* the default in string form; NULL = derived by conf_finalize */
+    size_t off, size;           /* the value in acc_conf */
+    uint64_t lo, hi;            /* CONF_INT, CONF_BYTES: the inclusive range */
+    double fmax;                /* CONF_DOUBLE: the range is [0, fmax] */
+    unsigned flags;             /* CONF_F_* */
+    const char *const *names;   /* CONF_ENUM: the values, NULL-terminated, in the enum's order */
+    size_t set_flag;            /* offset of the bool "set explicitly" (derived defaults), or (size_t)-1 */
+    int (*set)(acc_conf *c, const char *v, acc_err *err);         /* irregular keys: replaces the type's parser */
+    int (*valid)(const char *key, const char *v, acc_err *err); /* a rule beyond the type's, before it */
+    const char *doc;            /* one line, as in docs/operations.md */
+} conf_row;
+
+extern const conf_row conf_table[];
+extern const size_t conf_table_len;
+
+/* The row of `key`, or NULL. */
+const conf_row *conf_key_find(const char *key);
+
+/* Print every key as "key = value", one a line, in the table's order. */
+void conf_dump(const acc_conf *c, FILE *out);
+
+/* Fill every key with its default (the table's, parsed as a user's value). */
 void conf_defaults(acc_conf *c);
 
 /* Set one key from its string form. ACC_EINVAL names the key on bad values,
@@ -110,9 +143,6 @@ int conf_parse_bytes(const char *s, uint64_t *out);
  * bool: 1 true yes on / 0 false no off, in any case. */
 int conf_parse_u64(const char *s, uint64_t max, uint64_t *out);
 int conf_parse_bool(const char *s, bool *out);
-
-/* The list of keys, NULL-terminated, for --help and docs. */
-extern const char *const conf_keys[];
 
 /* True when the listen host resolves to loopback addresses only
  * (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104): decided on the resolved
