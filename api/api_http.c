@@ -340,7 +340,7 @@ static bool identify(api_server *s, struct MHD_Connection *conn, api_ident *who)
 static bool refuse_early(api_server *s, struct MHD_Connection *conn, const char *url, api_response *r,
                          api_ident *who)
 {
-    if (strcmp(url, "/healthz") == 0 || ui_path(url)) {
+    if (api_route_public(url) || ui_path(url)) {
         set_ident(who, API_ANONYMOUS, API_ROLE_USER);
     } else if (!identify(s, conn, who)) {
         api_resp_error(r, MHD_HTTP_UNAUTHORIZED, "unauthorized", NULL,

@@ -193,8 +193,6 @@ static int refuse_nul(const api_request *in, api_response *resp)
 
 /* ---- routes -------------------------------------------------------------------- */
 
-static bool is_get(const char *m) { return !strcmp(m, "GET") || !strcmp(m, "HEAD"); }
-
 static int not_allowed(const api_request *in, api_response *resp, const char *allow)
 {
     char m[64], p[256];
@@ -243,10 +241,9 @@ static int parse_page(const api_request *in, api_call *out, api_response *resp)
     return 0;
 }
 
-static int parse_list(const api_request *in, api_call *out, api_response *resp)
+int api_parse_list(const api_request *in, api_call *out, api_response *resp)
 {
     const char *state;
-    out->route = API_R_JOBS_LIST;
     out->state = -1;
     int rc = api_query_get(in, "state", &state, resp);
     if (rc < 0)
@@ -261,9 +258,14 @@ static int parse_list(const api_request *in, api_call *out, api_response *resp)
     return parse_page(in, out, resp);
 }
 
+int api_parse_submit(const api_request *in, api_call *out, api_response *resp)
+{
+    return api_query_bool(in, "dry_run", &out->dry_run, resp);
+}
+
 /* Where a stream starts: after Last-Event-ID (the last event seen) or after
  * ?since=N, else at the oldest event held. Both are checked when both come. */
-static int parse_events(const api_request *in, api_call *out, api_response *resp)
+int api_parse_events(const api_request *in, api_call *out, api_response *resp)
 {
     const char *format;
     int rc = api_query_get(in, "format", &format, resp);
@@ -308,65 +310,106 @@ static bool file_path_ok(const char *p, size_t n)
     return true;
 }
 
-static int parse_job(const api_request *in, const char *rest, size_t rest_len, api_call *out, api_response *resp)
+/* GET /v1/jobs/{id}/files/{path}: the {path} the pattern captured. */
+int api_parse_file(const api_request *in, api_call *out, api_response *resp)
 {
-    const char *slash = memchr(rest, '/', rest_len);
-    size_t il = slash ? (size_t)(slash - rest) : rest_len;
-    if (!job_id_valid(rest, il)) {
-        char safe[128];
-        api_safe_text(rest, il, safe, sizeof safe);
-        api_resp_error(resp, 404, "not_found", NULL, "no job '%s' (job ids are 'j' and digits)", safe);
+    (void)in;
+    if (!file_path_ok(out->tail, out->tail_len) || out->tail_len >= sizeof out->file) {
+        api_resp_error(resp, 400, "invalid", "path",
+                       "a file path is components of letters, digits, '.', '_' and '-' (no '..'), as "
+                       "GET /v1/jobs/{id}/files lists them");
         return -1;
     }
-    memcpy(out->id, rest, il);
-    out->id[il] = '\0';
-    const char *tail = slash ? slash + 1 : "";
-    size_t tl = slash ? rest_len - il - 1 : 0;
-    bool events = tl == 6 && !memcmp(tail, "events", 6), metrics = tl == 7 && !memcmp(tail, "metrics", 7);
-    if (events || metrics) {
-        if (!is_get(in->method))
-            return not_allowed(in, resp, "GET, HEAD");
-        out->route = events ? API_R_JOB_EVENTS : API_R_JOB_METRICS;
-        return events ? parse_events(in, out, resp) : 0;
-    }
-    if (tl > 6 && !memcmp(tail, "files/", 6)) { /* h-results, issue 23: one output file */
-        if (!is_get(in->method))
-            return not_allowed(in, resp, "GET, HEAD");
-        if (!file_path_ok(tail + 6, tl - 6) || tl - 6 >= sizeof out->file) {
-            api_resp_error(resp, 400, "invalid", "path",
-                           "a file path is components of letters, digits, '.', '_' and '-' (no '..'), as "
-                           "GET /v1/jobs/{id}/files lists them");
-            return -1;
-        }
-        memcpy(out->file, tail + 6, tl - 6);
-        out->file[tl - 6] = '\0';
-        out->route = API_R_JOB_FILE;
-        return 0;
-    }
-    if (tl == 5 && !memcmp(tail, "files", 5)) { /* h-results, issue 23 */
-        if (!is_get(in->method))
-            return not_allowed(in, resp, "GET, HEAD");
-        out->route = API_R_JOB_FILES;
-        return 0;
-    }
-    if (slash != NULL) /* "id/" and "id/anything-else" */
-        return no_route(in, resp);
-    if (is_get(in->method))
-        out->route = API_R_JOB_GET;
-    else if (!strcmp(in->method, "DELETE"))
-        out->route = API_R_JOB_CANCEL;
-    else
-        return not_allowed(in, resp, "GET, HEAD, DELETE");
+    memcpy(out->file, out->tail, out->tail_len);
+    out->file[out->tail_len] = '\0';
     return 0;
 }
 
-/* A fixed path answered to GET and HEAD only. */
-static int fixed_get(const api_request *in, api_call *out, api_route_id r, api_response *resp)
+/* A row's pattern against the path: literal bytes, "{id}" one non-empty
+ * segment, "{path}" the non-empty rest; API_RF_SLASH also takes one
+ * trailing '/'. The captures go to out->id (checked by the caller) and
+ * out->tail. */
+static bool pattern_match(const api_route_row *r, const char *path, size_t n, api_call *out)
 {
-    if (!is_get(in->method))
-        return not_allowed(in, resp, "GET, HEAD");
-    out->route = r;
+    const char *pat = r->pattern;
+    size_t k = 0;
+    while (*pat != '\0') {
+        if (!strncmp(pat, "{id}", 4)) {
+            size_t st = k;
+            while (k < n && path[k] != '/')
+                k++;
+            if (k == st || k - st >= sizeof out->id)
+                return false;
+            memcpy(out->id, path + st, k - st);
+            out->id[k - st] = '\0';
+            pat += 4;
+        } else if (!strcmp(pat, "{path}")) {
+            if (k == n)
+                return false;
+            out->tail = path + k;
+            out->tail_len = n - k;
+            return true;
+        } else {
+            if (k == n || path[k] != *pat)
+                return false;
+            k++;
+            pat++;
+        }
+    }
+    return k == n || ((r->flags & API_RF_SLASH) && k + 1 == n && path[k] == '/');
+}
+
+/* Job routes name a job first: a path under a job route's prefix (the
+ * pattern before "{id}") whose id segment is not a job id is a 404 saying
+ * so, whatever follows it. */
+static int check_job_id(const char *path, size_t n, api_response *resp)
+{
+    for (size_t i = 0; i < api_routes_len; i++) {
+        const char *id = strstr(api_routes[i].pattern, "{id}");
+        if (!(api_routes[i].flags & API_RF_JOB) || id == NULL)
+            continue;
+        size_t pl = (size_t)(id - api_routes[i].pattern);
+        if (n <= pl || strncmp(path, api_routes[i].pattern, pl) != 0)
+            continue;
+        const char *seg = path + pl, *slash = memchr(seg, '/', n - pl);
+        size_t il = slash ? (size_t)(slash - seg) : n - pl;
+        if (job_id_valid(seg, il))
+            return 0;
+        char safe[128];
+        api_safe_text(seg, il, safe, sizeof safe);
+        api_resp_error(resp, 404, "not_found", NULL, "no job '%s' (job ids are 'j' and digits)", safe);
+        return -1;
+    }
     return 0;
+}
+
+/* GET rows answer HEAD too. */
+static bool method_ok(const api_route_row *r, const char *m)
+{
+    return !strcmp(r->method, m) || (!strcmp(r->method, "GET") && !strcmp(m, "HEAD"));
+}
+
+/* The Allow header of a path: its rows' methods (a GET row adds HEAD), in
+ * one fixed order, so the text is a constant. */
+static const char *allow_text(unsigned bits)
+{
+    static const char *const text[8] = {"",       "GET, HEAD",         "POST",         "GET, HEAD, POST",
+                                        "DELETE", "GET, HEAD, DELETE", "POST, DELETE", "GET, HEAD, POST, DELETE"};
+    return text[bits & 7];
+}
+
+static unsigned method_bit(const char *m)
+{
+    return !strcmp(m, "GET") ? 1 : !strcmp(m, "POST") ? 2 : !strcmp(m, "DELETE") ? 4 : 0;
+}
+
+bool api_route_public(const char *path)
+{
+    api_call scratch;
+    for (size_t i = 0; i < api_routes_len; i++)
+        if ((api_routes[i].flags & API_RF_PUBLIC) && pattern_match(&api_routes[i], path, strlen(path), &scratch))
+            return true;
+    return false;
 }
 
 int api_parse_request(const api_request *in, api_call *out, api_response *resp)
@@ -375,37 +418,20 @@ int api_parse_request(const api_request *in, api_call *out, api_response *resp)
     out->state = -1;
     out->from = 1;
     out->head = !strcmp(in->method, "HEAD");
-    if (refuse_nul(in, resp) != 0)
+    if (refuse_nul(in, resp) != 0 || check_job_id(in->path, in->path_len, resp) != 0)
         return -1;
-    const char *p = in->path;
-    if (!strcmp(p, "/healthz"))
-        return fixed_get(in, out, API_R_HEALTHZ, resp);
-    if (!strcmp(p, "/metrics"))
-        return fixed_get(in, out, API_R_METRICS, resp);
-    if (!strcmp(p, "/v1/devices"))
-        return fixed_get(in, out, API_R_DEVICES, resp);
-    if (!strcmp(p, "/v1/jobs") || !strcmp(p, "/v1/jobs/")) {
-        if (is_get(in->method))
-            return parse_list(in, out, resp);
-        if (!strcmp(in->method, "POST")) {
-            out->route = API_R_JOBS_SUBMIT;
-            return api_query_bool(in, "dry_run", &out->dry_run, resp);
+    unsigned allow = 0;
+    for (size_t i = 0; i < api_routes_len; i++) {
+        const api_route_row *r = &api_routes[i];
+        if (!pattern_match(r, in->path, in->path_len, out))
+            continue;
+        if (!method_ok(r, in->method)) {
+            allow |= method_bit(r->method);
+            continue;
         }
-        return not_allowed(in, resp, "GET, HEAD, POST");
+        out->route = r->id;
+        out->row = r;
+        return r->parse != NULL ? r->parse(in, out, resp) : 0;
     }
-    if (!strcmp(p, "/v1/tokenize")) {
-        if (strcmp(in->method, "POST") != 0)
-            return not_allowed(in, resp, "POST");
-        out->route = API_R_TOKENIZE;
-        return 0;
-    }
-    if (!strcmp(p, "/v1/plan")) {
-        if (strcmp(in->method, "POST") != 0)
-            return not_allowed(in, resp, "POST");
-        out->route = API_R_PLAN;
-        return 0;
-    }
-    if (!strncmp(p, "/v1/jobs/", 9))
-        return parse_job(in, p + 9, in->path_len - 9, out, resp);
-    return no_route(in, resp);
+    return allow != 0 ? not_allowed(in, resp, allow_text(allow)) : no_route(in, resp);
 }

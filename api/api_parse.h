@@ -52,8 +52,13 @@ typedef enum api_route_id {
     API_R_JOB_FILE,   /* GET /v1/jobs/{id}/files/{path} (h-results, issue 23) */
 } api_route_id;
 
+struct api_route_row;
+
 typedef struct api_call {
     api_route_id route;
+    const struct api_route_row *row; /* the table's row of the route */
+    const char *tail;      /* what the pattern's "{path}" matched (in the request's path), not NUL-terminated */
+    size_t tail_len;
     bool head;             /* HEAD: the GET answer's headers, no body */
     char id[API_ID_MAX];   /* job routes */
     int state;             /* list filter (job_state), -1 = every state */
@@ -66,6 +71,49 @@ typedef struct api_call {
                             * previous page's `next`; grammar of job_id_valid (a well-formed
                             * id of no known job is the route's 400) */
 } api_call;
+
+/* ---- the routes as one table (api_routes.c) ----
+ *
+ * One row per method and path pattern. A pattern is literal text with
+ * "{id}" (one path segment: a job id) and, last, "{path}" (the non-empty
+ * rest). A GET row answers HEAD too. Matching is in table order; a path
+ * some rows match but not with the request's method is a 405 listing their
+ * methods (Allow); a path no row matches is a 404. Adding a route = one row
+ * at the end of api_routes[] + its handler + its "## METHOD /path" section
+ * in docs/api.md (test api_routes fails without it). The dashboard's static
+ * files (GET /, /ui/...) are served before the table (api_ui.c). */
+enum {
+    API_RF_PUBLIC = 1, /* answered without a token (refused early otherwise: api_http.c) */
+    API_RF_JOB = 2,    /* "{id}" names a job: its id is checked first (404 "no job"), the job is found
+                        * (404) before the handler, which gets it */
+    API_RF_SLASH = 4,  /* a trailing '/' names the same route */
+};
+
+struct api_server;
+struct job;
+typedef struct api_route_row {
+    const char *method;  /* GET (and HEAD), POST, DELETE */
+    const char *pattern;
+    api_route_id id;
+    unsigned flags;      /* API_RF_* */
+    /* the query parameters and headers the route reads (api_parse.c), NULL = none */
+    int (*parse)(const api_request *in, api_call *out, api_response *resp);
+    /* on the loop thread; j is the job of API_RF_JOB routes, else NULL */
+    void (*handler)(struct api_server *s, const api_request *req, const api_call *c, api_response *resp,
+                    struct job *j);
+} api_route_row;
+
+extern const api_route_row api_routes[];
+extern const size_t api_routes_len;
+
+/* The rows' parsers (see above). */
+int api_parse_list(const api_request *in, api_call *out, api_response *resp);
+int api_parse_submit(const api_request *in, api_call *out, api_response *resp);
+int api_parse_events(const api_request *in, api_call *out, api_response *resp);
+int api_parse_file(const api_request *in, api_call *out, api_response *resp);
+
+/* True when an API_RF_PUBLIC row's pattern matches `path` (any method). */
+bool api_route_public(const char *path);
 
 /* Fill `out` from `in`, or `resp` with the error (see above). */
 int api_parse_request(const api_request *in, api_call *out, api_response *resp);

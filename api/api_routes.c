@@ -1,4 +1,6 @@
-/* api_routes: the v1 routing table (DESIGN.md "HTTP API v1").
+/* api_routes: the v1 routes, as one table (api_routes[] at the end: one
+ * row per method and path, with its flags, parser and handler; matching in
+ * api_parse.c, the row format in api_parse.h). In short:
  *
  *   GET  /healthz                    liveness (no token ever)
  *   (and HEAD wherever GET is)
@@ -68,7 +70,7 @@ static void resp_pieces(api_response *resp, int status, const char *const *p, co
 
 /* {"status":"ok"}, or "degraded" with what the job store says: the daemon
  * lives and answers reads, but takes no jobs until the store writes. */
-static void route_healthz(api_server *s, api_response *resp)
+static void route_healthz(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
 {
     const jobs_mgr *m = api_server_app(s);
     const store *st = &m->st;
@@ -83,7 +85,7 @@ static void route_healthz(api_server *s, api_response *resp)
                             (json_int_t)m->npending));
 }
 
-static void route_metrics(api_server *s, const api_request *req, api_response *resp)
+static void route_metrics(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
 {
     size_t len = 0;
     char *text = api_metrics_text(s, &len);
@@ -98,7 +100,7 @@ static void route_metrics(api_server *s, const api_request *req, api_response *r
     resp->body_len = len;
 }
 
-static void route_devices(api_server *s, const api_request *req, api_response *resp)
+static void route_devices(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
 {
     const jobs_mgr *m = api_server_app(s);
     json_t *a = json_array();
@@ -145,7 +147,7 @@ static void route_devices(api_server *s, const api_request *req, api_response *r
 /* {"jobs":[...],"next":"<id>"|null}: newest first, c->limit at most, older
  * than c->after (api_parse.c); `next` is the cursor of the following
  * (older) page, for ?after=. Views are cached per job (job_view). */
-static void route_list(api_server *s, const api_call *c, api_response *resp)
+static void route_list(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
 {
     jobs_mgr *m = api_server_app(s);
     int limit = c->limit;
@@ -186,7 +188,7 @@ static void route_list(api_server *s, const api_call *c, api_response *resp)
     free(len);
 }
 
-static void route_submit(api_server *s, const api_request *req, const api_call *c, api_response *resp)
+static void route_submit(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
 {
     bool dry = c->dry_run;
     if (req->body_len == 0) {
@@ -216,21 +218,20 @@ static void route_events(api_server *s, const api_request *req, const api_call *
         api_resp_error(resp, 500, "internal", NULL, "out of memory");
 }
 
-static void route_cancel(api_server *s, const api_request *req, api_response *resp, job *j);
-
 /* The step history, read back from the store when the job is not in memory. */
-static void route_job_metrics(jobs_mgr *m, api_response *resp, job *j)
+static void route_job_metrics(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
 {
     acc_err err = {0};
-    if (jobs_hydrate(m, j, &err) != 0)
+    if (jobs_hydrate(api_server_app(s), j, &err) != 0)
         api_resp_from_err(resp, &err);
     else
         resp_json_obj(resp, 200, job_metrics_json(j));
 }
 
 /* One job, from its cached view (job_view). */
-static void route_job_get(jobs_mgr *m, api_response *resp, job *j)
+static void route_job_get(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
 {
+    const jobs_mgr *m = api_server_app(s);
     size_t n = 0;
     const char *v = job_view(j, true, m->devs, &n);
     if (v == NULL)
@@ -239,27 +240,28 @@ static void route_job_get(jobs_mgr *m, api_response *resp, job *j)
         resp_pieces(resp, 200, &v, &n, 1);
 }
 
-static void route_job(api_server *s, const api_request *req, const api_call *c, api_response *resp)
+static void route_job_files(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
 {
-    jobs_mgr *m = api_server_app(s);
-    job *j = jobs_find(m, c->id);
-    if (j == NULL) {
-        api_resp_error(resp, 404, "not_found", NULL, "no job '%s'", c->id);
-        return;
-    }
-    switch (c->route) {
-    case API_R_JOB_EVENTS: route_events(s, req, c, resp, j); return;
-    case API_R_JOB_METRICS: route_job_metrics(m, resp, j); return;
-    case API_R_JOB_GET: route_job_get(m, resp, j); return;
-    case API_R_JOB_FILES: api_files(s, req, resp, j); return; /* off the loop thread (api_files.c) */
-    case API_R_JOB_FILE: api_file_get(s, req, c->file, resp, j); return; /* read off the loop thread */
-    default: break;
-    }
-    route_cancel(s, req, resp, j);
+    api_files(s, req, resp, j); /* off the loop thread (api_files.c) */
+}
+
+static void route_job_file(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
+{
+    api_file_get(s, req, c->file, resp, j); /* read off the loop thread */
+}
+
+static void route_tokenize(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
+{
+    api_tokenize(s, req, resp); /* off the loop thread (api_tokenize.c) */
+}
+
+static void route_plan(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
+{
+    api_plan(s, req, resp); /* off the loop thread (api_plan.c) */
 }
 
 /* Only the owner or an admin may cancel; everyone may read. */
-static void route_cancel(api_server *s, const api_request *req, api_response *resp, job *j)
+static void route_cancel(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
 {
     jobs_mgr *m = api_server_app(s);
     api_audit *audit = api_server_audit(s);
@@ -284,6 +286,26 @@ static void route_cancel(api_server *s, const api_request *req, api_response *re
     resp_json_obj(resp, job_state_final(j->state) ? 200 : 202, o);
 }
 
+/* The routes: one row each (api_parse.h says what a row holds). Order
+ * matters only for the Allow header's text of a path with several rows
+ * (GET before POST before DELETE, as allow_text() writes them). */
+const api_route_row api_routes[] = {
+    {"GET", "/healthz", API_R_HEALTHZ, API_RF_PUBLIC, NULL, route_healthz},
+    {"GET", "/metrics", API_R_METRICS, 0, NULL, route_metrics},
+    {"GET", "/v1/devices", API_R_DEVICES, 0, NULL, route_devices},
+    {"GET", "/v1/jobs", API_R_JOBS_LIST, API_RF_SLASH, api_parse_list, route_list},
+    {"POST", "/v1/jobs", API_R_JOBS_SUBMIT, API_RF_SLASH, api_parse_submit, route_submit},
+    {"POST", "/v1/tokenize", API_R_TOKENIZE, 0, NULL, route_tokenize},
+    {"POST", "/v1/plan", API_R_PLAN, 0, NULL, route_plan},
+    {"GET", "/v1/jobs/{id}", API_R_JOB_GET, API_RF_JOB, NULL, route_job_get},
+    {"DELETE", "/v1/jobs/{id}", API_R_JOB_CANCEL, API_RF_JOB, NULL, route_cancel},
+    {"GET", "/v1/jobs/{id}/events", API_R_JOB_EVENTS, API_RF_JOB, api_parse_events, route_events},
+    {"GET", "/v1/jobs/{id}/metrics", API_R_JOB_METRICS, API_RF_JOB, NULL, route_job_metrics},
+    {"GET", "/v1/jobs/{id}/files", API_R_JOB_FILES, API_RF_JOB, NULL, route_job_files},
+    {"GET", "/v1/jobs/{id}/files/{path}", API_R_JOB_FILE, API_RF_JOB, api_parse_file, route_job_file},
+};
+const size_t api_routes_len = sizeof api_routes / sizeof api_routes[0];
+
 void api_route(api_server *s, const api_request *req, api_response *resp)
 {
     if (ui_path(req->path)) { /* the dashboard's static files (api_ui.c) */
@@ -293,14 +315,13 @@ void api_route(api_server *s, const api_request *req, api_response *resp)
     api_call c;
     if (api_parse_request(req, &c, resp) != 0)
         return;
-    switch (c.route) {
-    case API_R_HEALTHZ: route_healthz(s, resp); break;
-    case API_R_METRICS: route_metrics(s, req, resp); break;
-    case API_R_DEVICES: route_devices(s, req, resp); break;
-    case API_R_JOBS_LIST: route_list(s, &c, resp); break;
-    case API_R_JOBS_SUBMIT: route_submit(s, req, &c, resp); break;
-    case API_R_TOKENIZE: api_tokenize(s, req, resp); break; /* off the loop thread (api_tokenize.c) */
-    case API_R_PLAN: api_plan(s, req, resp); break;         /* off the loop thread (api_plan.c) */
-    default: route_job(s, req, &c, resp); break;
+    job *j = NULL;
+    if (c.row->flags & API_RF_JOB) {
+        j = jobs_find(api_server_app(s), c.id);
+        if (j == NULL) {
+            api_resp_error(resp, 404, "not_found", NULL, "no job '%s'", c.id);
+            return;
+        }
     }
+    c.row->handler(s, req, &c, resp, j);
 }
