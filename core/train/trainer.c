@@ -14,7 +14,8 @@
  *   4. global-norm clip, AdamW, zero grads -- identically on every rank, so
  *      the replicas stay bitwise equal without a broadcast.
  *
- * ZeRO (spec zero_stage; docs/engine.md). Stage 1: each rank's AdamW owns
+ * ZeRO (spec zero_stage; docs/engine.md; the stages are rows of zero.h,
+ * which the trainer calls through). Stage 1: each rank's AdamW owns
  * the moments of its shard of the parameters only (adamw_shard); after the
  * all-reduce it updates that shard and an all-gather of the parameters
  * makes the replicas whole again. Stage 2: the step's reduction is a
@@ -70,6 +71,7 @@
 #include "optim.h"
 #include "safepath.h"
 #include "trainer_run.h"
+#include "zero.h"
 
 /* What one rank saw in a step attempt; written by the rank before the
  * step's all-reduce, read by the others after it (OOM path only). */
@@ -106,6 +108,7 @@ typedef struct rank_ctx {
 
 struct trainer {
     job_spec spec;
+    const zero_ops *zero;      /* the row of spec.zero_stage (zero.h) */
     kern_device_info devs[TRAIN_MAX_RANKS];
     int nranks, threads;
     train_event_fn on_event;
@@ -397,13 +400,13 @@ int trainer_device_bytes(const job_spec *spec, uint64_t *bytes, acc_err *err)
  * largest): the same number on every rank, so that decisions from it agree. */
 static uint64_t job_state_bytes(const trainer *t)
 {
-    return plan_rank_state_bytes(&t->cfg, t->spec.zero_stage, t->nranks, 0);
+    return plan_rank_state_bytes(&t->cfg, t->zero->stage, t->nranks, 0);
 }
 
 /* The state alone does not fit: no split can help. */
 static int state_oom(rank_state *rs, acc_err *err)
 {
-    uint64_t need = plan_rank_state_bytes(&rs->t->cfg, rs->t->spec.zero_stage, rs->t->nranks, rs->rank);
+    uint64_t need = plan_rank_state_bytes(&rs->t->cfg, rs->t->zero->stage, rs->t->nranks, rs->rank);
     return acc_err_set(err, ACC_EOOM, "",
                        "out of memory: parameters, gradients and AdamW state need %llu bytes "
                        "per device, device %s has a budget of %llu bytes",
@@ -503,10 +506,7 @@ static int rank_setup(rank_state *rs, acc_err *err)
     if (rc == 0 && (rc = model_create_ex(rs->dev, &t->cfg, &mo, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0) {
-        rs->zlo = 0;
-        rs->zhi = rs->model->ngrad;
-        if (s->zero_stage >= 1)
-            adamw_shard(rs->model->ngrad, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
+        t->zero->keep(rs->model->ngrad, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
     }
     uint64_t before = rs->dev != NULL ? rs->dev->in_use : 0;
     if (rc == 0 && (rc = adamw_create(rs->dev, rs->zlo, rs->zhi, &rs->opt, err)) == ACC_EOOM)
@@ -914,7 +914,7 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
     float *mom[2] = {NULL, NULL};
-    if (s->zero_stage >= 1) {
+    if (t->zero->state_sharded) {
         int grc = gather_moments(rs, mom, err);
         if (grc == 0 && rs->rank != 0)
             rs->last_saved = step;
@@ -984,7 +984,7 @@ static int grad_norm(rank_state *rs, double *norm, acc_err *err)
     model *m = rs->model;
     int w = t->nranks;
     float part[3 * TRAIN_MAX_RANKS];
-    if (t->spec.zero_stage == 2) {
+    if (t->zero->grads_sharded) {
         float *slots = m->grads + m->ngrad + SLOT_NORM;
         put_exact(part + 3 * rs->rank, shard_sumsq(rs, rs->rank));
         rs->dev->ops->upload(rs->dev, slots + 3 * rs->rank, part + 3 * rs->rank, 3 * sizeof(float));
@@ -1026,7 +1026,7 @@ static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
     double lr = optim_lr(s, step);
     adamw_step(rs->opt, &m->layout, m->params, m->grads, (float)lr, &s->optim,
                (float)optim_clip_scale(norm, s->optim.grad_clip));
-    if (s->zero_stage >= 1 && (rc = kern_comm_allgather(t->comm, rs->rank, m->params, m->ngrad)) != 0)
+    if ((rc = t->zero->gather_params(t->comm, rs->rank, m->params, m->ngrad)) != 0)
         return acc_err_set(err, rc, "", "cancelled");
     model_zero_grad(m);
     rs->done = step + 1;
@@ -1128,11 +1128,7 @@ static void start_bucket(rank_state *rs, const grad_bucket *b)
     if (b->after_layer < 0)
         stage_slots(rs);
     model *m = rs->model;
-    if (rs->t->spec.zero_stage == 2) /* the tail (past ngrad) is summed into every rank */
-        rs->bucket_rc = kern_comm_scatter_start(rs->t->comm, rs->rank, m->grads, b->spans, b->nspans,
-                                                m->ngrad);
-    else
-        rs->bucket_rc = kern_comm_reduce_start(rs->t->comm, rs->rank, m->grads, b->spans, b->nspans);
+    rs->bucket_rc = rs->t->zero->reduce_bucket(rs->t->comm, rs->rank, m->grads, b->spans, b->nspans, m->ngrad);
 }
 
 /* model_backward_notify's callback on the last micro-step: start every
@@ -1438,7 +1434,7 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
         }
     }
     int rc = 0;
-    if ((rs->rank == 0 || s->zero_stage >= 1) && s->output_dir[0] != '\0' &&
+    if ((rs->rank == 0 || t->zero->state_sharded) && s->output_dir[0] != '\0' &&
         ((s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0) ||
          done == s->max_steps))
         rc = save_checkpoint(rs, done, err); /* ZeRO: every rank, for the gather */
@@ -1498,9 +1494,7 @@ static int rank_run(rank_state *rs, acc_err *err)
                  t->threads,
                  s->precision == SPEC_BF16 ? "precision bf16 (bf16 matmul operands, fp32 accumulation)"
                                            : "precision fp32",
-                 s->zero_stage == 1   ? "; ZeRO stage 1 (AdamW moments sharded)"
-                 : s->zero_stage == 2 ? "; ZeRO stage 2 (AdamW moments and reduced gradients sharded)"
-                                      : "",
+                 t->zero->note,
                  t->plan_note[0] ? "; " : "", t->plan_note);
     if (rs->rank == 0 && t->resume_dir[0] != '\0')
         emit_log(t, t->start_step, "resumed from %s at step %d (micro batch %d x %d accumulation steps%s)",
@@ -1572,7 +1566,7 @@ static int checkpoint_on_preempt(rank_state *rs, acc_err *err)
     /* ZeRO: checkpointed together in stop_together (or, stopped before a
      * step ended, there was nothing to save) */
     bool on_cancel = atomic_load(&t->cancel_ckpt) != 0; /* h-results, issue 23 */
-    if (rs->rank != 0 || !(atomic_load(&t->preempt) || on_cancel) || rs->model == NULL || t->spec.zero_stage >= 1 ||
+    if (rs->rank != 0 || !(atomic_load(&t->preempt) || on_cancel) || rs->model == NULL || t->zero->state_sharded ||
         t->spec.output_dir[0] == '\0' || rs->done <= t->start_step || rs->done <= rs->last_saved)
         return 1;
     acc_err e = {0};
@@ -1836,10 +1830,15 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     int rc = check_batch(s, err); /* devices in [1, TRAIN_MAX_RANKS] before copying them */
     if (rc != 0)
         return rc;
+    const zero_ops *zero = zero_ops_of(s->zero_stage);
+    if (zero == NULL)
+        return acc_err_set(err, ACC_EINVAL, "zero_stage", "zero_stage %d: stages 0 to %d exist", s->zero_stage,
+                           ZERO_MAX_STAGE);
     trainer *t = calloc(1, sizeof *t);
     if (t == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
     t->spec = *s;
+    t->zero = zero;
     t->resume_fd = -1;
     t->nranks = s->devices;
     /* the ranks this process runs: every rank as a thread over the job's own
@@ -1900,7 +1899,7 @@ void trainer_cancel(trainer *t)
      * progress, so the sharded moments can be gathered) */
     if (t->spec.checkpoint_on_cancel && !atomic_load(&t->preempt)) {
         atomic_store(&t->cancel_ckpt, 1);
-        if (t->spec.zero_stage >= 1 && atomic_load(&t->stepped)) {
+        if (t->zero->state_sharded && atomic_load(&t->stepped)) {
             atomic_store(&t->stop_asked, 1);
             return;
         }
@@ -1919,7 +1918,7 @@ void trainer_preempt(trainer *t)
      * could no longer gather: the ranks stop together after the step in
      * progress (stop_together). Before the first step there is nothing to
      * save, and a wait there (data preparation) may be long: cancel. */
-    if (t->spec.zero_stage >= 1 && atomic_load(&t->stepped)) {
+    if (t->zero->state_sharded && atomic_load(&t->stepped)) {
         atomic_store(&t->stop_asked, 1);
         return;
     }
