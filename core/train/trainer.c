@@ -29,18 +29,15 @@
  * and weights are bit-identical across stages on CPU devices.
  * Rank 0 publishes the events; the last rank to finish publishes TEV_DONE.
  *
- * Out of memory (invariant 4). Activations are allocated per split, at the
- * start of a step attempt, apart from the state (weights, gradients, AdamW
- * moments), which is allocated once. A rank whose allocation fails with
- * ACC_EOOM does not bail out: it skips its micro-steps and joins the step's
- * one all-reduce with a flag in a spare slot of the gradient buffer, so the
- * agreement costs no extra communication and no rank waits for one that
- * left. When the reduced flag is set, every rank drops the step's partial
- * gradients, frees its activations and applies the same rule: m := the
- * largest divisor of B/w below m, a := B/(m w); at m = 1, activation
- * recomputation; then the same step is redone with the same samples
- * (slots depend on (seed, B, k) only). A post-agreement barrier keeps the
- * ranks' OOM records stable while rank 0 reports them.
+ * Out of memory (invariant 4; the agreement and the rule are oom.h's).
+ * Activations are allocated per split, at the start of a step attempt,
+ * apart from the state (weights, gradients, AdamW moments), which is
+ * allocated once. A rank whose allocation fails with ACC_EOOM records it
+ * and joins the step's one reduction with a flag in a spare slot of the
+ * gradient buffer; when the reduced flag is set every rank drops the
+ * step, takes the next split by oom_next_split and redoes the step with
+ * the same samples. A post-agreement barrier keeps the ranks' OOM records
+ * stable while rank 0 reports them.
  */
 #include "trainer.h"
 
@@ -68,18 +65,11 @@
 #include "model_lora.h"
 #include "model.h"
 #include "model_hf.h"
+#include "oom.h"
 #include "optim.h"
 #include "safepath.h"
 #include "trainer_run.h"
 #include "zero.h"
-
-/* What one rank saw in a step attempt; written by the rank before the
- * step's all-reduce, read by the others after it (OOM path only). */
-typedef struct oom_record {
-    int hit;                   /* this rank ran out of device memory */
-    uint64_t asked, free_bytes, budget;
-    char device[128];
-} oom_record;
 
 /* The trainer's span at the end of the gradient buffer (TRAIN_SLOTS
  * floats past the parameters' gradients, model_opts.grad_tail): what it
@@ -1043,16 +1033,6 @@ static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
     return 0;
 }
 
-static void record_oom(rank_state *rs, uint64_t asked, oom_record *rec)
-{
-    kern_device *d = rs->dev;
-    rec->hit = 1;
-    rec->asked = asked;
-    rec->budget = d->budget;
-    rec->free_bytes = d->budget > d->in_use ? d->budget - d->in_use : 0;
-    snprintf(rec->device, sizeof rec->device, "%s", d->info.name);
-}
-
 /* The test hook's simulated out-of-memory inside a step. */
 static int injected_oom(rank_state *rs, int step, int micro)
 {
@@ -1099,7 +1079,7 @@ static int ensure_acts(rank_state *rs, oom_record *rec, acc_err *err)
     if (rc == 0)
         rc = alloc_acts(rs, &e);
     if (rc == ACC_EOOM) {
-        record_oom(rs, rank_act_bytes(rs, rs->split.m), rec);
+        oom_record_hit(rec, rs->dev, rank_act_bytes(rs, rs->split.m));
         return 0;
     }
     if (rc != 0 && err != NULL)
@@ -1152,7 +1132,7 @@ static int run_micro_steps(rank_state *rs, int step, oom_record *rec, acc_err *e
         if (check_cancel(rs->t) != 0)
             return acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
         if (injected_oom(rs, step, micro)) {
-            record_oom(rs, m->act_bytes, rec);
+            oom_record_hit(rec, rs->dev, m->act_bytes);
             return 0;
         }
         load_micro(rs, step, micro, n_total);
@@ -1219,30 +1199,7 @@ static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
     return *oom ? 0 : finish_step(rs, step, t0, err);
 }
 
-static const oom_record *first_oom(const trainer *t)
-{
-    for (int r = 0; r < t->nranks; r++)
-        if (t->oom[r].hit)
-            return &t->oom[r];
-    return &t->oom[0];
-}
-
-static int oom_fail(rank_state *rs, const oom_record *r, const char *why, acc_err *err)
-{
-    uint64_t state = job_state_bytes(rs->t);
-    uint64_t acts = rank_act_bytes(rs, rs->split.m);
-    return acc_err_set(err, ACC_EOOM, "",
-                       "out of memory at micro batch %d%s: a device needs %llu bytes "
-                       "(%llu of weights, gradients and AdamW state + %llu of activations), "
-                       "device %s has a budget of %llu bytes (%llu free when %llu were asked); %s",
-                       rs->split.m, rs->recompute ? " with activation recomputation" : "",
-                       (unsigned long long)(state + acts), (unsigned long long)state,
-                       (unsigned long long)acts, r->device, (unsigned long long)r->budget,
-                       (unsigned long long)r->free_bytes, (unsigned long long)r->asked, why);
-}
-
-static void emit_oom_adjust(rank_state *rs, int step, int from_m, int from_a,
-                            const oom_record *r)
+static void emit_oom_adjust(rank_state *rs, int step, const batch_split *from, const oom_record *r)
 {
     trainer *t = rs->t;
     train_event *ev = calloc(1, sizeof *ev);
@@ -1251,8 +1208,8 @@ static void emit_oom_adjust(rank_state *rs, int step, int from_m, int from_a,
     ev->kind = TEV_OOM_ADJUST;
     ev->step = step;
     ev->nranks = t->nranks;
-    ev->from_micro = from_m;
-    ev->from_accum = from_a;
+    ev->from_micro = from->m;
+    ev->from_accum = from->a;
     ev->to_micro = rs->split.m;
     ev->to_accum = rs->split.a;
     ev->micro_batch = rs->split.m;
@@ -1260,75 +1217,36 @@ static void emit_oom_adjust(rank_state *rs, int step, int from_m, int from_a,
     ev->recompute = rs->recompute;
     ev->bytes_asked = r->asked;
     ev->bytes_free = r->free_bytes;
-    snprintf(ev->msg, sizeof ev->msg,
-             "device %s out of memory in step %d (%llu bytes asked, %llu free of %llu): "
-             "micro batch %d x %d accumulation steps -> %d x %d%s; redoing the step",
-             r->device, step + 1, (unsigned long long)r->asked,
-             (unsigned long long)r->free_bytes, (unsigned long long)r->budget, from_m, from_a,
-             rs->split.m, rs->split.a, rs->recompute ? " with activation recomputation" : "");
+    oom_adjust_msg(ev->msg, sizeof ev->msg, r, step, from, &rs->split, rs->recompute);
     emit(t, ev);
     free(ev);
 }
 
-/* Rank processes: the other ranks' records are in their own memory, so
- * they travel once, on the out-of-memory path only, through the gradient
- * buffer (whose contents are dropped anyway): each rank writes its record
- * as 16-bit pieces, exact in a float sum with zeros, into its own part,
- * and one all-reduce gives every rank all the records. Threads share them. */
-static int share_oom_records(rank_state *rs, acc_err *err)
-{
-    enum { PIECES = (sizeof(oom_record) + 1) / 2 };
-    trainer *t = rs->t;
-    model *m = rs->model;
-    kern_device *dev = rs->dev;
-    size_t n = (size_t)t->nranks * PIECES;
-    if (t->own_comm || n > m->ngrad)
-        return 0;
-    float *host = calloc(n, sizeof *host);
-    if (host == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
-    const uint8_t *mine = (const uint8_t *)&t->oom[rs->rank];
-    float *part = host + (size_t)rs->rank * PIECES;
-    for (size_t i = 0; i < sizeof(oom_record); i++)
-        part[i / 2] += (float)((unsigned)mine[i] << (8 * (i % 2)));
-    dev->ops->upload(dev, m->grads, host, n * sizeof *host);
-    int rc = kern_comm_allreduce(t->comm, rs->rank, m->grads, n);
-    dev->ops->download(dev, host, m->grads, n * sizeof *host);
-    model_zero_grad(m);
-    for (int r = 0; rc == 0 && r < t->nranks; r++) {
-        uint8_t *rec = (uint8_t *)&t->oom[r];
-        for (size_t i = 0; i < sizeof(oom_record); i++)
-            rec[i] = (uint8_t)(((unsigned)host[(size_t)r * PIECES + i / 2] >> (8 * (i % 2))) & 0xffu);
-    }
-    free(host);
-    return rc == 0 ? 0 : acc_err_set(err, rc, "", "cancelled");
-}
-
 /* Every rank, after the agreement: drop the step's partial gradients,
- * free the activations and take the next split by the same rule. */
+ * free the activations and take the next split by the same rule (oom.h).
+ * Rank processes first exchange their records through the gradient
+ * buffer, whose contents are dropped anyway; threads share them. */
 static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
-    model_zero_grad(rs->model);
-    model_acts_free(rs->model);
-    int src = share_oom_records(rs, err);
-    if (src != 0)
-        return src;
-    oom_record r = *first_oom(t);
-    int from_m = rs->split.m, from_a = rs->split.a;
-    int next = batch_split_smaller_micro(&rs->split);
-    int rc = 0;
-    if (rs->oom_ceiling == 0 || rs->split.m < rs->oom_ceiling)
-        rs->oom_ceiling = rs->split.m; /* never move back up to a size that failed */
-    if (!s->oom_adapt)
-        rc = oom_fail(rs, &r, "oom.adapt is off", err);
-    else if (next > 0) {
-        batch_split_with_micro(&rs->split, next, &rs->split); /* next divides B / w */
-    } else if (!rs->recompute)
-        rs->recompute = 1;
-    else
-        rc = oom_fail(rs, &r, "no smaller split remains", err);
+    model *m = rs->model;
+    model_zero_grad(m);
+    model_acts_free(m);
+    if (!t->own_comm) {
+        int src = oom_share(t->comm, rs->rank, t->nranks, rs->dev, m->grads, m->ngrad, t->oom);
+        model_zero_grad(m);
+        if (src == ACC_ENOMEM)
+            return acc_err_set(err, src, "", "out of host memory");
+        if (src != 0)
+            return acc_err_set(err, src, "", "cancelled");
+    }
+    oom_record r = *oom_first(t->oom, t->nranks);
+    batch_split from = rs->split;
+    const char *why;
+    int rc = oom_next_split(t->spec.oom_adapt, &rs->split, &rs->recompute, &rs->oom_ceiling, &why);
+    if (rc != 0)
+        rc = oom_fail(&r, rs->split.m, rs->recompute, job_state_bytes(t), rank_act_bytes(rs, rs->split.m), why,
+                      err);
     /* nobody writes its next record before all have read this one */
     int brc = kern_comm_barrier(t->comm);
     if (rc != 0)
@@ -1336,7 +1254,7 @@ static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
     if (brc != 0)
         return acc_err_set(err, brc, "", "cancelled");
     if (rs->rank == 0) {
-        emit_oom_adjust(rs, step, from_m, from_a, &r);
+        emit_oom_adjust(rs, step, &from, &r);
         if (t->hooks != NULL)
             t->hooks->oom_adjusts++;
     }
