@@ -14,7 +14,8 @@
  *   4. global-norm clip, AdamW, zero grads -- identically on every rank, so
  *      the replicas stay bitwise equal without a broadcast.
  *
- * ZeRO (spec zero_stage; docs/engine.md). Stage 1: each rank's AdamW owns
+ * ZeRO (spec zero_stage; docs/engine.md; the stages are rows of zero.h,
+ * which the trainer calls through). Stage 1: each rank's AdamW owns
  * the moments of its shard of the parameters only (adamw_shard); after the
  * all-reduce it updates that shard and an all-gather of the parameters
  * makes the replicas whole again. Stage 2: the step's reduction is a
@@ -28,18 +29,15 @@
  * and weights are bit-identical across stages on CPU devices.
  * Rank 0 publishes the events; the last rank to finish publishes TEV_DONE.
  *
- * Out of memory (invariant 4). Activations are allocated per split, at the
- * start of a step attempt, apart from the state (weights, gradients, AdamW
- * moments), which is allocated once. A rank whose allocation fails with
- * ACC_EOOM does not bail out: it skips its micro-steps and joins the step's
- * one all-reduce with a flag in a spare slot of the gradient buffer, so the
- * agreement costs no extra communication and no rank waits for one that
- * left. When the reduced flag is set, every rank drops the step's partial
- * gradients, frees its activations and applies the same rule: m := the
- * largest divisor of B/w below m, a := B/(m w); at m = 1, activation
- * recomputation; then the same step is redone with the same samples
- * (slots depend on (seed, B, k) only). A post-agreement barrier keeps the
- * ranks' OOM records stable while rank 0 reports them.
+ * Out of memory (invariant 4; the agreement and the rule are oom.h's).
+ * Activations are allocated per split, at the start of a step attempt,
+ * apart from the state (weights, gradients, AdamW moments), which is
+ * allocated once. A rank whose allocation fails with ACC_EOOM records it
+ * and joins the step's one reduction with a flag in a spare slot of the
+ * gradient buffer; when the reduced flag is set every rank drops the
+ * step, takes the next split by oom_next_split and redoes the step with
+ * the same samples. A post-agreement barrier keeps the ranks' OOM records
+ * stable while rank 0 reports them.
  */
 #include "trainer.h"
 
@@ -67,17 +65,11 @@
 #include "model_lora.h"
 #include "model.h"
 #include "model_hf.h"
+#include "oom.h"
 #include "optim.h"
 #include "safepath.h"
 #include "trainer_run.h"
-
-/* What one rank saw in a step attempt; written by the rank before the
- * step's all-reduce, read by the others after it (OOM path only). */
-typedef struct oom_record {
-    int hit;                   /* this rank ran out of device memory */
-    uint64_t asked, free_bytes, budget;
-    char device[128];
-} oom_record;
+#include "zero.h"
 
 /* The trainer's span at the end of the gradient buffer (TRAIN_SLOTS
  * floats past the parameters' gradients, model_opts.grad_tail): what it
@@ -106,6 +98,7 @@ typedef struct rank_ctx {
 
 struct trainer {
     job_spec spec;
+    const zero_ops *zero;      /* the row of spec.zero_stage (zero.h) */
     kern_device_info devs[TRAIN_MAX_RANKS];
     int nranks, threads;
     train_event_fn on_event;
@@ -397,13 +390,13 @@ int trainer_device_bytes(const job_spec *spec, uint64_t *bytes, acc_err *err)
  * largest): the same number on every rank, so that decisions from it agree. */
 static uint64_t job_state_bytes(const trainer *t)
 {
-    return plan_rank_state_bytes(&t->cfg, t->spec.zero_stage, t->nranks, 0);
+    return plan_rank_state_bytes(&t->cfg, t->zero->stage, t->nranks, 0);
 }
 
 /* The state alone does not fit: no split can help. */
 static int state_oom(rank_state *rs, acc_err *err)
 {
-    uint64_t need = plan_rank_state_bytes(&rs->t->cfg, rs->t->spec.zero_stage, rs->t->nranks, rs->rank);
+    uint64_t need = plan_rank_state_bytes(&rs->t->cfg, rs->t->zero->stage, rs->t->nranks, rs->rank);
     return acc_err_set(err, ACC_EOOM, "",
                        "out of memory: parameters, gradients and AdamW state need %llu bytes "
                        "per device, device %s has a budget of %llu bytes",
@@ -503,10 +496,7 @@ static int rank_setup(rank_state *rs, acc_err *err)
     if (rc == 0 && (rc = model_create_ex(rs->dev, &t->cfg, &mo, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0) {
-        rs->zlo = 0;
-        rs->zhi = rs->model->ngrad;
-        if (s->zero_stage >= 1)
-            adamw_shard(rs->model->ngrad, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
+        t->zero->keep(rs->model->ngrad, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
     }
     uint64_t before = rs->dev != NULL ? rs->dev->in_use : 0;
     if (rc == 0 && (rc = adamw_create(rs->dev, rs->zlo, rs->zhi, &rs->opt, err)) == ACC_EOOM)
@@ -914,7 +904,7 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
     float *mom[2] = {NULL, NULL};
-    if (s->zero_stage >= 1) {
+    if (t->zero->state_sharded) {
         int grc = gather_moments(rs, mom, err);
         if (grc == 0 && rs->rank != 0)
             rs->last_saved = step;
@@ -984,7 +974,7 @@ static int grad_norm(rank_state *rs, double *norm, acc_err *err)
     model *m = rs->model;
     int w = t->nranks;
     float part[3 * TRAIN_MAX_RANKS];
-    if (t->spec.zero_stage == 2) {
+    if (t->zero->grads_sharded) {
         float *slots = m->grads + m->ngrad + SLOT_NORM;
         put_exact(part + 3 * rs->rank, shard_sumsq(rs, rs->rank));
         rs->dev->ops->upload(rs->dev, slots + 3 * rs->rank, part + 3 * rs->rank, 3 * sizeof(float));
@@ -1026,7 +1016,7 @@ static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
     double lr = optim_lr(s, step);
     adamw_step(rs->opt, &m->layout, m->params, m->grads, (float)lr, &s->optim,
                (float)optim_clip_scale(norm, s->optim.grad_clip));
-    if (s->zero_stage >= 1 && (rc = kern_comm_allgather(t->comm, rs->rank, m->params, m->ngrad)) != 0)
+    if ((rc = t->zero->gather_params(t->comm, rs->rank, m->params, m->ngrad)) != 0)
         return acc_err_set(err, rc, "", "cancelled");
     model_zero_grad(m);
     rs->done = step + 1;
@@ -1041,16 +1031,6 @@ static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
     }
     emit_step(rs, step, loss, lr, norm, now_s() - t0);
     return 0;
-}
-
-static void record_oom(rank_state *rs, uint64_t asked, oom_record *rec)
-{
-    kern_device *d = rs->dev;
-    rec->hit = 1;
-    rec->asked = asked;
-    rec->budget = d->budget;
-    rec->free_bytes = d->budget > d->in_use ? d->budget - d->in_use : 0;
-    snprintf(rec->device, sizeof rec->device, "%s", d->info.name);
 }
 
 /* The test hook's simulated out-of-memory inside a step. */
@@ -1099,7 +1079,7 @@ static int ensure_acts(rank_state *rs, oom_record *rec, acc_err *err)
     if (rc == 0)
         rc = alloc_acts(rs, &e);
     if (rc == ACC_EOOM) {
-        record_oom(rs, rank_act_bytes(rs, rs->split.m), rec);
+        oom_record_hit(rec, rs->dev, rank_act_bytes(rs, rs->split.m));
         return 0;
     }
     if (rc != 0 && err != NULL)
@@ -1128,11 +1108,7 @@ static void start_bucket(rank_state *rs, const grad_bucket *b)
     if (b->after_layer < 0)
         stage_slots(rs);
     model *m = rs->model;
-    if (rs->t->spec.zero_stage == 2) /* the tail (past ngrad) is summed into every rank */
-        rs->bucket_rc = kern_comm_scatter_start(rs->t->comm, rs->rank, m->grads, b->spans, b->nspans,
-                                                m->ngrad);
-    else
-        rs->bucket_rc = kern_comm_reduce_start(rs->t->comm, rs->rank, m->grads, b->spans, b->nspans);
+    rs->bucket_rc = rs->t->zero->reduce_bucket(rs->t->comm, rs->rank, m->grads, b->spans, b->nspans, m->ngrad);
 }
 
 /* model_backward_notify's callback on the last micro-step: start every
@@ -1156,7 +1132,7 @@ static int run_micro_steps(rank_state *rs, int step, oom_record *rec, acc_err *e
         if (check_cancel(rs->t) != 0)
             return acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
         if (injected_oom(rs, step, micro)) {
-            record_oom(rs, m->act_bytes, rec);
+            oom_record_hit(rec, rs->dev, m->act_bytes);
             return 0;
         }
         load_micro(rs, step, micro, n_total);
@@ -1223,30 +1199,7 @@ static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
     return *oom ? 0 : finish_step(rs, step, t0, err);
 }
 
-static const oom_record *first_oom(const trainer *t)
-{
-    for (int r = 0; r < t->nranks; r++)
-        if (t->oom[r].hit)
-            return &t->oom[r];
-    return &t->oom[0];
-}
-
-static int oom_fail(rank_state *rs, const oom_record *r, const char *why, acc_err *err)
-{
-    uint64_t state = job_state_bytes(rs->t);
-    uint64_t acts = rank_act_bytes(rs, rs->split.m);
-    return acc_err_set(err, ACC_EOOM, "",
-                       "out of memory at micro batch %d%s: a device needs %llu bytes "
-                       "(%llu of weights, gradients and AdamW state + %llu of activations), "
-                       "device %s has a budget of %llu bytes (%llu free when %llu were asked); %s",
-                       rs->split.m, rs->recompute ? " with activation recomputation" : "",
-                       (unsigned long long)(state + acts), (unsigned long long)state,
-                       (unsigned long long)acts, r->device, (unsigned long long)r->budget,
-                       (unsigned long long)r->free_bytes, (unsigned long long)r->asked, why);
-}
-
-static void emit_oom_adjust(rank_state *rs, int step, int from_m, int from_a,
-                            const oom_record *r)
+static void emit_oom_adjust(rank_state *rs, int step, const batch_split *from, const oom_record *r)
 {
     trainer *t = rs->t;
     train_event *ev = calloc(1, sizeof *ev);
@@ -1255,8 +1208,8 @@ static void emit_oom_adjust(rank_state *rs, int step, int from_m, int from_a,
     ev->kind = TEV_OOM_ADJUST;
     ev->step = step;
     ev->nranks = t->nranks;
-    ev->from_micro = from_m;
-    ev->from_accum = from_a;
+    ev->from_micro = from->m;
+    ev->from_accum = from->a;
     ev->to_micro = rs->split.m;
     ev->to_accum = rs->split.a;
     ev->micro_batch = rs->split.m;
@@ -1264,75 +1217,36 @@ static void emit_oom_adjust(rank_state *rs, int step, int from_m, int from_a,
     ev->recompute = rs->recompute;
     ev->bytes_asked = r->asked;
     ev->bytes_free = r->free_bytes;
-    snprintf(ev->msg, sizeof ev->msg,
-             "device %s out of memory in step %d (%llu bytes asked, %llu free of %llu): "
-             "micro batch %d x %d accumulation steps -> %d x %d%s; redoing the step",
-             r->device, step + 1, (unsigned long long)r->asked,
-             (unsigned long long)r->free_bytes, (unsigned long long)r->budget, from_m, from_a,
-             rs->split.m, rs->split.a, rs->recompute ? " with activation recomputation" : "");
+    oom_adjust_msg(ev->msg, sizeof ev->msg, r, step, from, &rs->split, rs->recompute);
     emit(t, ev);
     free(ev);
 }
 
-/* Rank processes: the other ranks' records are in their own memory, so
- * they travel once, on the out-of-memory path only, through the gradient
- * buffer (whose contents are dropped anyway): each rank writes its record
- * as 16-bit pieces, exact in a float sum with zeros, into its own part,
- * and one all-reduce gives every rank all the records. Threads share them. */
-static int share_oom_records(rank_state *rs, acc_err *err)
-{
-    enum { PIECES = (sizeof(oom_record) + 1) / 2 };
-    trainer *t = rs->t;
-    model *m = rs->model;
-    kern_device *dev = rs->dev;
-    size_t n = (size_t)t->nranks * PIECES;
-    if (t->own_comm || n > m->ngrad)
-        return 0;
-    float *host = calloc(n, sizeof *host);
-    if (host == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
-    const uint8_t *mine = (const uint8_t *)&t->oom[rs->rank];
-    float *part = host + (size_t)rs->rank * PIECES;
-    for (size_t i = 0; i < sizeof(oom_record); i++)
-        part[i / 2] += (float)((unsigned)mine[i] << (8 * (i % 2)));
-    dev->ops->upload(dev, m->grads, host, n * sizeof *host);
-    int rc = kern_comm_allreduce(t->comm, rs->rank, m->grads, n);
-    dev->ops->download(dev, host, m->grads, n * sizeof *host);
-    model_zero_grad(m);
-    for (int r = 0; rc == 0 && r < t->nranks; r++) {
-        uint8_t *rec = (uint8_t *)&t->oom[r];
-        for (size_t i = 0; i < sizeof(oom_record); i++)
-            rec[i] = (uint8_t)(((unsigned)host[(size_t)r * PIECES + i / 2] >> (8 * (i % 2))) & 0xffu);
-    }
-    free(host);
-    return rc == 0 ? 0 : acc_err_set(err, rc, "", "cancelled");
-}
-
 /* Every rank, after the agreement: drop the step's partial gradients,
- * free the activations and take the next split by the same rule. */
+ * free the activations and take the next split by the same rule (oom.h).
+ * Rank processes first exchange their records through the gradient
+ * buffer, whose contents are dropped anyway; threads share them. */
 static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
-    model_zero_grad(rs->model);
-    model_acts_free(rs->model);
-    int src = share_oom_records(rs, err);
-    if (src != 0)
-        return src;
-    oom_record r = *first_oom(t);
-    int from_m = rs->split.m, from_a = rs->split.a;
-    int next = batch_split_smaller_micro(&rs->split);
-    int rc = 0;
-    if (rs->oom_ceiling == 0 || rs->split.m < rs->oom_ceiling)
-        rs->oom_ceiling = rs->split.m; /* never move back up to a size that failed */
-    if (!s->oom_adapt)
-        rc = oom_fail(rs, &r, "oom.adapt is off", err);
-    else if (next > 0) {
-        batch_split_with_micro(&rs->split, next, &rs->split); /* next divides B / w */
-    } else if (!rs->recompute)
-        rs->recompute = 1;
-    else
-        rc = oom_fail(rs, &r, "no smaller split remains", err);
+    model *m = rs->model;
+    model_zero_grad(m);
+    model_acts_free(m);
+    if (!t->own_comm) {
+        int src = oom_share(t->comm, rs->rank, t->nranks, rs->dev, m->grads, m->ngrad, t->oom);
+        model_zero_grad(m);
+        if (src == ACC_ENOMEM)
+            return acc_err_set(err, src, "", "out of host memory");
+        if (src != 0)
+            return acc_err_set(err, src, "", "cancelled");
+    }
+    oom_record r = *oom_first(t->oom, t->nranks);
+    batch_split from = rs->split;
+    const char *why;
+    int rc = oom_next_split(t->spec.oom_adapt, &rs->split, &rs->recompute, &rs->oom_ceiling, &why);
+    if (rc != 0)
+        rc = oom_fail(&r, rs->split.m, rs->recompute, job_state_bytes(t), rank_act_bytes(rs, rs->split.m), why,
+                      err);
     /* nobody writes its next record before all have read this one */
     int brc = kern_comm_barrier(t->comm);
     if (rc != 0)
@@ -1340,7 +1254,7 @@ static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
     if (brc != 0)
         return acc_err_set(err, brc, "", "cancelled");
     if (rs->rank == 0) {
-        emit_oom_adjust(rs, step, from_m, from_a, &r);
+        emit_oom_adjust(rs, step, &from, &r);
         if (t->hooks != NULL)
             t->hooks->oom_adjusts++;
     }
@@ -1438,7 +1352,7 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
         }
     }
     int rc = 0;
-    if ((rs->rank == 0 || s->zero_stage >= 1) && s->output_dir[0] != '\0' &&
+    if ((rs->rank == 0 || t->zero->state_sharded) && s->output_dir[0] != '\0' &&
         ((s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0) ||
          done == s->max_steps))
         rc = save_checkpoint(rs, done, err); /* ZeRO: every rank, for the gather */
@@ -1498,9 +1412,7 @@ static int rank_run(rank_state *rs, acc_err *err)
                  t->threads,
                  s->precision == SPEC_BF16 ? "precision bf16 (bf16 matmul operands, fp32 accumulation)"
                                            : "precision fp32",
-                 s->zero_stage == 1   ? "; ZeRO stage 1 (AdamW moments sharded)"
-                 : s->zero_stage == 2 ? "; ZeRO stage 2 (AdamW moments and reduced gradients sharded)"
-                                      : "",
+                 t->zero->note,
                  t->plan_note[0] ? "; " : "", t->plan_note);
     if (rs->rank == 0 && t->resume_dir[0] != '\0')
         emit_log(t, t->start_step, "resumed from %s at step %d (micro batch %d x %d accumulation steps%s)",
@@ -1572,7 +1484,7 @@ static int checkpoint_on_preempt(rank_state *rs, acc_err *err)
     /* ZeRO: checkpointed together in stop_together (or, stopped before a
      * step ended, there was nothing to save) */
     bool on_cancel = atomic_load(&t->cancel_ckpt) != 0; /* h-results, issue 23 */
-    if (rs->rank != 0 || !(atomic_load(&t->preempt) || on_cancel) || rs->model == NULL || t->spec.zero_stage >= 1 ||
+    if (rs->rank != 0 || !(atomic_load(&t->preempt) || on_cancel) || rs->model == NULL || t->zero->state_sharded ||
         t->spec.output_dir[0] == '\0' || rs->done <= t->start_step || rs->done <= rs->last_saved)
         return 1;
     acc_err e = {0};
@@ -1836,10 +1748,15 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     int rc = check_batch(s, err); /* devices in [1, TRAIN_MAX_RANKS] before copying them */
     if (rc != 0)
         return rc;
+    const zero_ops *zero = zero_ops_of(s->zero_stage);
+    if (zero == NULL)
+        return acc_err_set(err, ACC_EINVAL, "zero_stage", "zero_stage %d: stages 0 to %d exist", s->zero_stage,
+                           ZERO_MAX_STAGE);
     trainer *t = calloc(1, sizeof *t);
     if (t == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
     t->spec = *s;
+    t->zero = zero;
     t->resume_fd = -1;
     t->nranks = s->devices;
     /* the ranks this process runs: every rank as a thread over the job's own
@@ -1900,7 +1817,7 @@ void trainer_cancel(trainer *t)
      * progress, so the sharded moments can be gathered) */
     if (t->spec.checkpoint_on_cancel && !atomic_load(&t->preempt)) {
         atomic_store(&t->cancel_ckpt, 1);
-        if (t->spec.zero_stage >= 1 && atomic_load(&t->stepped)) {
+        if (t->zero->state_sharded && atomic_load(&t->stepped)) {
             atomic_store(&t->stop_asked, 1);
             return;
         }
@@ -1919,7 +1836,7 @@ void trainer_preempt(trainer *t)
      * could no longer gather: the ranks stop together after the step in
      * progress (stop_together). Before the first step there is nothing to
      * save, and a wait there (data preparation) may be long: cancel. */
-    if (t->spec.zero_stage >= 1 && atomic_load(&t->stepped)) {
+    if (t->zero->state_sharded && atomic_load(&t->stepped)) {
         atomic_store(&t->stop_asked, 1);
         return;
     }
