@@ -69,14 +69,15 @@ static int check_keys(json_t *o, const char *path, const char *const *known, acc
     return 0;
 }
 
+/* *out is set on every path (dflt on an error), so callers need no
+ * initialiser of their own. */
 static int get_bool(json_t *o, const char *key, bool dflt, bool *out, const char *path,
                     acc_err *err)
 {
     json_t *v = json_object_get(o, key);
-    if (v == NULL || json_is_null(v)) {
-        *out = dflt;
+    *out = dflt;
+    if (v == NULL || json_is_null(v))
         return 0;
-    }
     if (!json_is_boolean(v)) {
         char what[160];
         snprintf(what, sizeof what, "\"%s\" must be a boolean", key);
@@ -269,7 +270,7 @@ static int parse_prepend_scheme(json_t *o, const char *path, int *out, acc_err *
 {
     json_t *ps = json_object_get(o, "prepend_scheme");
     if (ps == NULL) { /* older files: add_prefix_space */
-        bool aps = true;
+        bool aps;
         if (get_bool(o, "add_prefix_space", true, &aps, path, err))
             return err->code;
         *out = aps ? TPS_ALWAYS : TPS_NEVER;
@@ -752,7 +753,7 @@ static int parse_added(tok_tokenizer *t, json_t *added, acc_err *err)
         tok_added *ad = &t->added[i];
         char path[64];
         snprintf(path, sizeof path, "added_tokens[%d]", i);
-        bool single = false;
+        bool single;
         if (check_keys(a, path, k, err) ||
             get_str(a, "content", &ad->s, &ad->len, path, err) ||
             get_bool(a, "single_word", false, &single, path, err) ||

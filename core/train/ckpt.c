@@ -359,10 +359,12 @@ int ckpt_save_gathered(const char *output_dir, const model *m, const float *mom1
 
 /* ---- loading */
 
+/* *out is set on every path (0 on an error). */
 static int meta_int(const st_file *f, const char *key, long long *out, acc_err *err)
 {
     const char *v = st_get_meta(f, key);
     char *end;
+    *out = 0;
     if (v == NULL)
         return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint state has no %s", key);
     errno = 0;
@@ -381,7 +383,7 @@ static int check_shape_meta(const st_file *f, const model_config *c, acc_err *er
         {"padded_vocab_size", c->padded_vocab_size}, {"max_seq_len", c->max_seq_len},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
-        long long v = 0; /* set by meta_int on success; -O3 cannot see it */
+        long long v;
         int rc = meta_int(f, k[i].key, &v, err);
         if (rc != 0)
             return rc;
