@@ -335,6 +335,29 @@ typedef struct kern_ops {
                                   const float *out, const int *pos,
                                   const kern_att_opts *opts, int B, int T, int NH,
                                   int NKV, int hs);
+
+    /* ---- Lean activations (issue 20): attention without a T x T buffer,
+     * used when the model's lean_acts is on (model.h). The function of
+     * gqa_attention_opt_fwd / _bwd (opts NULL: the plain one; pos NULL: one
+     * document per sequence), on strided views so both layouts share it:
+     * row (b,t) of query head h is q[(b*T+t)*ldq + h*hs ..], of key/value
+     * head h/(NH/NKV) k, v[(b*T+t)*ldkv + ..]; dq has q's strides, dk and dv
+     * k's; out and dout are [B,T,NH,hs]. GPT-2's qkv[B,T,3C] is q = qkv,
+     * k = qkv + C, v = qkv + 2C, ldq = ldkv = 3C, NKV = NH. scratch:
+     * KERN_ATT_LEAN_SCRATCH(NH) floats, any contents before and after. The
+     * forward is an online softmax over key tiles keeping lse; the backward
+     * rebuilds the probabilities tile by tile from lse and uses out for
+     * rowsum(dout * out). Optional: NULL where a backend lacks them (the
+     * model then refuses lean activations, naming the backend). */
+    void (*attention_lean_fwd)(kern_device *d, float *out, float *lse, float *scratch,
+                               const float *q, const float *k, const float *v, int ldq,
+                               int ldkv, const int *pos, const kern_att_opts *opts, int B,
+                               int T, int NH, int NKV, int hs);
+    void (*attention_lean_bwd)(kern_device *d, float *dq, float *dk, float *dv, float *scratch,
+                               const float *dout, const float *q, const float *k,
+                               const float *v, const float *lse, const float *out, int ldq,
+                               int ldkv, const int *pos, const kern_att_opts *opts, int B,
+                               int T, int NH, int NKV, int hs);
 } kern_ops;
 
 struct kern_device {
@@ -388,6 +411,14 @@ const kern_ops *kern_backend_ops(kern_dev_kind kind);
  * (scores / probabilities and their gradient). Independent of B: the
  * sequences go one after another, the heads side by side. */
 #define KERN_ATT_SCRATCH(T, NH) (2 * (size_t)(NH) * (size_t)(T) * (size_t)(T))
+
+/* The lean attention's tiles (attention_lean_fwd / _bwd): BQ queries x BK
+ * keys; its scratch is one tile pair and two rows of BQ per query head (the
+ * backend runs at most NH threads), independent of T. */
+#define KERN_ATT_LEAN_BQ 64
+#define KERN_ATT_LEAN_BK 64
+#define KERN_ATT_LEAN_TILE (2 * KERN_ATT_LEAN_BQ * KERN_ATT_LEAN_BK + 2 * KERN_ATT_LEAN_BQ)
+#define KERN_ATT_LEAN_SCRATCH(NH) ((size_t)(NH) * (size_t)KERN_ATT_LEAN_TILE)
 
 /* 0 when d's backend has every LLaMA-family op of kern_ops; otherwise
  * ACC_EDEVICE naming the device, its backend and the first missing op. */

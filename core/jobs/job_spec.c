@@ -1318,6 +1318,7 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         (rc = get_int(root, NULL, "devices", 1, SPEC_MAX_DEVICES, &out->devices, err)) ||
         (rc = get_choice(root, NULL, "precision", precisions, &prec, err)) ||
         (rc = get_bool(root, NULL, "activation_checkpointing", &out->activation_checkpointing, err)) ||
+        (rc = get_bool(root, NULL, "lean_activations", &out->lean_activations, err)) ||
         (rc = get_int(root, NULL, "max_steps", 1, 100000000, &out->max_steps, err)) ||
         (rc = get_num(root, NULL, "num_train_epochs", 0, true, 1e6, &out->num_train_epochs, err)) ||
         (rc = get_int(root, NULL, "eval_interval", 0, INT_MAX, &out->eval_interval, err)) ||
@@ -1377,6 +1378,7 @@ static int parse_root(const json_t *root, const json_t *origin, const acc_conf *
         "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "zero_optimization", "lora",
         "max_restarts", "nodes",
         "checkpoint_on_cancel", "output_dir", "save_total_limit", /* h-results, issue 23 */
+        "lean_activations", /* h-lean, issue 20 */
         NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;

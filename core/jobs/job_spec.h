@@ -212,6 +212,9 @@ typedef struct job_spec {
      * and the dry run; and the DeepSpeed file "deepspeed" named (resolved) */
     char ignored[2048];
     char deepspeed_file[PATH_MAX];
+    /* (h-lean, issue 20) "lean_activations": attention without a T x T
+     * buffer and the LM head + loss in chunks (model_config.lean_acts) */
+    bool lean_activations;
 } job_spec;
 
 /* Parse and validate a JSON document (text of `len` bytes) against the

@@ -245,11 +245,20 @@ static bool attn_variant(const blk_attn *a, kern_att_opts *o)
     return a->window != 0 || a->softcap != 0.0f || a->scale != 0.0f;
 }
 
+static bool lean(const blk_run *r)
+{
+    return r->m->cfg.lean_acts;
+}
+
 void blk_attn_fwd(blk_run *r, const blk_attn *a, float *out, float *lse, float *scratch,
                   const float *q, const float *k, const float *v)
 {
     kern_att_opts o;
-    if (attn_variant(a, &o))
+    bool variant = attn_variant(a, &o);
+    if (lean(r))
+        r->k->attention_lean_fwd(r->d, out, lse, scratch, q, k, v, a->NH * a->hs,
+                                 a->NKV * a->hs, r->pos, &o, r->B, r->T, a->NH, a->NKV, a->hs);
+    else if (variant)
         r->k->gqa_attention_opt_fwd(r->d, out, lse, scratch, q, k, v, r->pos, &o, r->B, r->T,
                                     a->NH, a->NKV, a->hs);
     else if (r->pos != NULL)
@@ -265,7 +274,12 @@ void blk_attn_bwd(blk_run *r, const blk_attn *a, float *dq, float *dk, float *dv
                   const float *v, const float *lse, const float *out)
 {
     kern_att_opts o;
-    if (attn_variant(a, &o))
+    bool variant = attn_variant(a, &o);
+    if (lean(r))
+        r->k->attention_lean_bwd(r->d, dq, dk, dv, scratch, dout, q, k, v, lse, out,
+                                 a->NH * a->hs, a->NKV * a->hs, r->pos, &o, r->B, r->T, a->NH,
+                                 a->NKV, a->hs);
+    else if (variant)
         r->k->gqa_attention_opt_bwd(r->d, dq, dk, dv, scratch, dout, q, k, v, lse, out, r->pos,
                                     &o, r->B, r->T, a->NH, a->NKV, a->hs);
     else if (r->pos != NULL)
@@ -280,15 +294,25 @@ void blk_attn_fused_fwd(blk_run *r, const blk_attn *a, float *out, float *lse, f
                         const float *qkv)
 {
     plain_only(a);
-    r->k->attention_fwd(r->d, out, lse, scratch, qkv, r->B, r->T, a->NH * a->hs, a->NH);
+    int C = a->NH * a->hs;
+    if (lean(r)) /* q, k, v side by side in each row of qkv */
+        r->k->attention_lean_fwd(r->d, out, lse, scratch, qkv, qkv + C, qkv + 2 * C, 3 * C,
+                                 3 * C, NULL, NULL, r->B, r->T, a->NH, a->NH, a->hs);
+    else
+        r->k->attention_fwd(r->d, out, lse, scratch, qkv, r->B, r->T, C, a->NH);
 }
 
 void blk_attn_fused_bwd(blk_run *r, const blk_attn *a, float *dqkv, float *scratch,
                         const float *dout, const float *qkv, const float *lse, const float *out)
 {
     plain_only(a);
-    r->k->attention_bwd(r->d, dqkv, scratch, dout, qkv, lse, out, r->B, r->T, a->NH * a->hs,
-                        a->NH);
+    int C = a->NH * a->hs;
+    if (lean(r))
+        r->k->attention_lean_bwd(r->d, dqkv, dqkv + C, dqkv + 2 * C, scratch, dout, qkv,
+                                 qkv + C, qkv + 2 * C, lse, out, 3 * C, 3 * C, NULL, NULL, r->B,
+                                 r->T, a->NH, a->NH, a->hs);
+    else
+        r->k->attention_bwd(r->d, dqkv, scratch, dout, qkv, lse, out, r->B, r->T, C, a->NH);
 }
 
 /* ---- feed-forward */
@@ -366,6 +390,41 @@ void blk_head_bwd(blk_run *r, const blk_head *h, float *dx, float *dlogits, cons
                      h->C, h->Vp);
 }
 
+uint64_t blk_head_rows(uint64_t N, bool lean_acts)
+{
+    return lean_acts && N > BLK_HEAD_CHUNK ? BLK_HEAD_CHUNK : N;
+}
+
+void blk_head_lean(blk_run *r, const blk_head *h, float *logits, float *losses,
+                   double *loss_sum, const float *x, const int *targets, const float *weights,
+                   int want_grad, float *dx)
+{
+    const float *w = blk_w(r->m, h->w, 0);
+    float *dw = blk_g(r->m, h->w);
+    *loss_sum = 0.0;
+    for (int n0 = 0; n0 < r->N; n0 += BLK_HEAD_CHUNK) {
+        int nc = r->N - n0 < BLK_HEAD_CHUNK ? r->N - n0 : BLK_HEAD_CHUNK;
+        const float *xc = x + (size_t)n0 * h->C;
+        size_t n = (size_t)nc * h->Vp;
+        double part = 0.0;
+        if (h->softcap != 0.0f) {
+            r->k->matmul_fwd(r->d, h->raw, xc, w, NULL, nc, h->C, h->Vp);
+            r->k->softcap_fwd(r->d, logits, h->raw, h->softcap, n);
+        } else {
+            r->k->matmul_fwd(r->d, logits, xc, w, NULL, nc, h->C, h->Vp);
+        }
+        r->k->xent(r->d, logits, losses + n0, &part, targets + n0, weights + n0, nc, h->V, h->Vp,
+                   want_grad);
+        *loss_sum += part;
+        if (!want_grad)
+            continue;
+        if (h->softcap != 0.0f)
+            r->k->softcap_bwd(r->d, logits, logits, h->raw, h->softcap, n);
+        r->k->matmul_bwd(r->d, dx + (size_t)n0 * h->C, dw, NULL, logits, xc, w, nc, h->C,
+                         h->Vp);
+    }
+}
+
 /* ---- inputs */
 
 void blk_inputs_upload(blk_run *r, const blk_inputs *in, const int *tokens, const int *targets,
@@ -417,18 +476,30 @@ void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, con
     blk_embed_fwd(r, s->emb, s->x0, in->tokens);
     blk_layers_forward(r, s->L, s->fwd);
     blk_norm_fwd(r, s->norm, s->lnf, s->lnf_mean, s->lnf_rstd, s->xL);
-    blk_head_fwd(r, s->head, s->logits, s->losses, loss_sum, s->lnf, in->targets, in->weights,
-                 want_grad);
+    if (lean(r)) { /* the head's dx parked in dresid until the backward */
+        if (want_grad)
+            r->k->zero(r->d, s->dresid, (size_t)r->N * (size_t)s->norm->C * sizeof(float));
+        blk_head_lean(r, s->head, s->logits, s->losses, loss_sum, s->lnf, in->targets,
+                      in->weights, want_grad, s->dresid);
+    } else {
+        blk_head_fwd(r, s->head, s->logits, s->losses, loss_sum, s->lnf, in->targets,
+                     in->weights, want_grad);
+    }
 }
 
 void blk_stack_backward(blk_run *r, const blk_stack *s, const int *tokens,
                         void (*done)(void *ctx, int layer), void *ctx)
 {
     size_t nc = (size_t)r->N * (size_t)s->norm->C * sizeof(float);
-    r->k->zero(r->d, s->dresid, nc);
-    r->k->zero(r->d, s->dln, nc);
-    /* logits hold dloss/dlogits (the forward with want_grad) */
-    blk_head_bwd(r, s->head, s->dln, s->logits, s->lnf);
+    if (lean(r)) { /* the chunked head ran in the forward: its dx is in dresid */
+        r->k->copy(r->d, s->dln, s->dresid, nc);
+        r->k->zero(r->d, s->dresid, nc);
+    } else {
+        r->k->zero(r->d, s->dresid, nc);
+        r->k->zero(r->d, s->dln, nc);
+        /* logits hold dloss/dlogits (the forward with want_grad) */
+        blk_head_bwd(r, s->head, s->dln, s->logits, s->lnf);
+    }
     blk_norm_bwd(r, s->norm, s->dresid, s->dln, s->xL, s->lnf_mean, s->lnf_rstd);
     blk_layers_backward(r, s->L, s->fwd, s->bwd, done, ctx);
     blk_embed_bwd(r, s->emb, s->dresid, tokens);

@@ -229,6 +229,20 @@ void blk_head_fwd(blk_run *r, const blk_head *h, float *logits, float *losses,
  * through the cap's backward, in place) */
 void blk_head_bwd(blk_run *r, const blk_head *h, float *dx, float *dlogits, const float *x);
 
+/* Lean activations (model_config.lean_acts): the LM head and the loss in
+ * chunks of BLK_HEAD_CHUNK rows, never the whole [N, Vp] logits. Per chunk:
+ * its logits (and raw logits with a cap) in `logits` / h->raw, sized
+ * blk_head_rows(N, true) x Vp, its losses, and with want_grad their
+ * gradient taken at once through the head: dx[chunk] += dlogits W, dW +=
+ * dlogits^T x. *loss_sum is the chunks' sums added in order. The
+ * functions of blk_head_fwd + blk_head_bwd within fp32 summation order. */
+#define BLK_HEAD_CHUNK 256
+void blk_head_lean(blk_run *r, const blk_head *h, float *logits, float *losses,
+                   double *loss_sum, const float *x, const int *targets, const float *weights,
+                   int want_grad, float *dx);
+/* rows of the logits buffer: N, or at most one chunk with lean_acts */
+uint64_t blk_head_rows(uint64_t N, bool lean_acts);
+
 /* ---- inputs: tokens, targets, weights (and packed positions) uploaded */
 
 typedef struct blk_inputs {
@@ -268,7 +282,9 @@ typedef struct blk_stack {
 } blk_stack;
 
 /* Upload the inputs, embed, the blocks (blk_layers_forward), final norm,
- * head and loss. */
+ * head and loss. With lean_acts and want_grad the head's backward runs here
+ * (blk_head_lean): its weight gradient is accumulated and its dx parked in
+ * s->dresid (no block's forward touches it) for blk_stack_backward. */
 void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, const int *tokens,
                        const int *targets, const float *weights, int want_grad,
                        double *loss_sum);

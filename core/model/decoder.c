@@ -243,7 +243,8 @@ static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int 
     uint64_t btc = acc_sat_mul_u64(BT, C), btq = acc_sat_mul_u64(BT, QD);
     uint64_t btk = acc_sat_mul_u64(BT, KD), bti = acc_sat_mul_u64(BT, I);
     uint64_t R = (uint64_t)c->lora.r, wide = C > QD ? C : QD, btr = acc_sat_mul_u64(BT, R);
-    uint64_t logits = acc_sat_mul_u64(BT, (uint64_t)c->padded_vocab_size);
+    uint64_t logits = acc_sat_mul_u64(blk_head_rows(BT, c->lean_acts),
+                                      (uint64_t)c->padded_vocab_size);
     uint64_t qk = d->qk_norm ? 1 : 0, sw = d->sandwich ? 1 : 0;
     wide = I > wide ? I : wide;
     uint64_t per[A_COUNT] = {
@@ -258,7 +259,8 @@ static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int 
         [A_LOGITS] = logits, [A_LOSSES] = BT,
         [A_DRESID] = btc, [A_DLN] = btc, [A_DATTY] = btq, [A_DQ] = btq, [A_DK] = btk,
         [A_DV] = btk, [A_DH] = bti, [A_DGATE] = bti, [A_DUP] = bti,
-        [A_ATT_SCRATCH] = acc_sat_mul3_u64(2 * NH, (uint64_t)T, (uint64_t)T),
+        [A_ATT_SCRATCH] = c->lean_acts ? KERN_ATT_LEAN_SCRATCH(NH)
+                                       : acc_sat_mul3_u64(2 * NH, (uint64_t)T, (uint64_t)T),
         [A_COS] = blk_rope_floats(T, (int)hs), [A_SIN] = blk_rope_floats(T, (int)hs),
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT, [A_POS] = BT,
         [A_LORA_U] = acc_sat_mul3_u64(Ls, (uint64_t)blk_lora_per_layer(c), btr),

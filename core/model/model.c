@@ -563,6 +563,12 @@ int model_acts_alloc(model *m, int B, int recompute, acc_err *err)
     if (B < 1)
         return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
                            "micro batch %d must be >= 1", B);
+    const kern_ops *k = m->dev->ops;
+    if (m->cfg.lean_acts && (k->attention_lean_fwd == NULL || k->attention_lean_bwd == NULL))
+        return acc_err_set(err, ACC_EINVAL, "lean_activations",
+                           "lean activations need the tiled attention, which the %s backend "
+                           "of %s lacks",
+                           k->backend, m->dev->info.name);
     uint64_t bytes;
     int rc = model_act_bytes(&m->cfg, B, m->T, recompute, &bytes, err);
     if (rc != 0)
@@ -777,7 +783,8 @@ const model_tensor *model_find_tensor(const model *m, const char *name)
 
 const float *model_logits(const model *m)
 {
-    return m->family->logits != NULL && m->B > 0 ? m->family->logits(m) : NULL;
+    return m->family->logits != NULL && m->B > 0 && !m->cfg.lean_acts ? m->family->logits(m)
+                                                                       : NULL;
 }
 
 const float *model_token_losses(const model *m)

@@ -148,6 +148,12 @@ typedef struct model_config {
     double final_logit_softcapping; /* logits likewise */
     int sliding_window;             /* keys a sliding layer's query sees, itself included */
     uint64_t sliding_layers[MODEL_MAX_SLIDING / 64]; /* bit l: layer l slides */
+    /* Lean activations (h-lean, issue 20; the spec's lean_activations):
+     * attention through the backend's attention_lean_fwd / _bwd (scratch
+     * KERN_ATT_LEAN_SCRATCH, no T x T buffer) and the LM head + loss in
+     * chunks of BLK_HEAD_CHUNK rows (blocks.h); model_logits is then NULL.
+     * fp32 results within summation order of the default. */
+    bool lean_acts;
 } model_config;
 
 /* ---- layout */

@@ -33,6 +33,8 @@ static int base_config(const job_spec *spec, model_config *cfg, acc_err *err)
 int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
 {
     int rc = base_config(spec, cfg, err);
+    if (rc == 0)
+        cfg->lean_acts = spec->lean_activations;
     if (rc == 0) /* the lora section against the model's modules */
         rc = model_lora_apply(&spec->lora, spec->merge_lora, cfg, err);
     return rc;

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "kern_cpu.h"
+#include "kern_cpu_lean.h"
 #include "kern_cpu_llama.h"
 #include "kern_device.h"
 
@@ -855,6 +856,9 @@ static const kern_ops cpu_ops = {
     .rmsnorm_ofs_bwd = kern_cpu_rmsnorm_ofs_bwd,
     .gqa_attention_opt_fwd = kern_cpu_gqa_attention_opt_fwd,
     .gqa_attention_opt_bwd = kern_cpu_gqa_attention_opt_bwd,
+    /* lean activations: kern_cpu_lean.c */
+    .attention_lean_fwd = kern_cpu_attention_lean_fwd,
+    .attention_lean_bwd = kern_cpu_attention_lean_bwd,
 };
 
 const kern_ops *kern_cpu_ops(void)
