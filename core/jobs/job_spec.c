@@ -1363,6 +1363,11 @@ static int check_cross(job_spec *out, acc_err *err)
 
 /* ---- the tables (spec_rows.h) ------------------------------------------------ */
 
+/* The regular sections. Irregular ones stay code on purpose: model with
+ * "from" (parse_model_from: keys depend on the directory), data (formats,
+ * globs, datasets: parse_data), deepspeed and zero_optimization (DeepSpeed's
+ * own keys, "auto", keys accepted and ignored: parse_deepspeed, get_zero). */
+
 #define ROW(st, k, t, d, ...) {.key = #k, .type = t, .def = d, .off = offsetof(st, k), .size = sizeof(((st *)0)->k), __VA_ARGS__}
 #define CODE(k) {.key = k, .type = SPEC_T_CODE}
 
