@@ -112,15 +112,33 @@ static int parse_int(const char *key, const char *v, uint64_t lo, uint64_t hi, i
     return 0;
 }
 
+/* A size as it would be written: the largest suffix that divides it. */
+static void size_text(uint64_t b, char *out, size_t n)
+{
+    static const char suffix[] = "KMGT";
+    int k = -1;
+    while (k < 3 && b >= 1024 && b % 1024 == 0) {
+        b /= 1024;
+        k++;
+    }
+    snprintf(out, n, "%llu%s", (unsigned long long)b, k >= 0 ? (char[2]){suffix[k], '\0'} : "");
+}
+
 static int set_bytes(const conf_row *r, uint64_t *out, const char *v, acc_err *err)
 {
     uint64_t bytes;
-    if (conf_parse_bytes(v, &bytes) != 0 || bytes < r->lo || bytes > r->hi)
-        return acc_err_set(err, ACC_EINVAL, r->name,
-                           "%s must be a size in [%llu, %llu] bytes (suffix K/M/G/T), got '%s'", r->name,
-                           (unsigned long long)r->lo, (unsigned long long)r->hi, v);
-    *out = bytes;
-    return 0;
+    if (conf_parse_bytes(v, &bytes) == 0 && bytes >= r->lo && bytes <= r->hi) {
+        *out = bytes;
+        return 0;
+    }
+    char lo[32], hi[32];
+    size_text(r->lo, lo, sizeof lo);
+    size_text(r->hi, hi, sizeof hi);
+    if (r->hi == UINT64_MAX)
+        return acc_err_set(err, ACC_EINVAL, r->name, "%s must be a size of at least %s (suffix K/M/G/T), got '%s'",
+                           r->name, lo, v);
+    return acc_err_set(err, ACC_EINVAL, r->name, "%s must be a size in [%s, %s] (suffix K/M/G/T), got '%s'", r->name,
+                       lo, hi, v);
 }
 
 static int set_double(const conf_row *r, double *out, const char *v, acc_err *err)

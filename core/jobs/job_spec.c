@@ -13,6 +13,7 @@
 #include "safepath.h"
 
 #include <ctype.h>
+#include <stddef.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -27,6 +28,7 @@
 #include "model.h"
 #include "model_hf.h"
 #include "spec_keys.h"
+#include "spec_rows.h"
 
 #define SPEC_MAX_DEVICES 256
 
@@ -253,6 +255,73 @@ static int get_batch(const json_t *obj, const char *prefix, const char *key, bat
     return 0;
 }
 
+/* ---- sections as tables (spec_rows.h) ------------------------------------- */
+
+enum { SEC_ROOT, SEC_MODEL, SEC_OPTIMIZER, SEC_LR_SCHEDULE, SEC_SAVE, SEC_LORA, SEC_OOM };
+static const spec_section *section(int which); /* the tables, at the end of the sections' code */
+
+static const char *sec_prefix(const spec_section *sec)
+{
+    return sec->prefix[0] != '\0' ? sec->prefix : NULL;
+}
+
+/* Unknown keys first: the rows are the section's accepted keys. */
+static int check_rows(const json_t *obj, const spec_section *sec, acc_err *err)
+{
+    const char *names[64];
+    size_t n = 0;
+    for (; n < sec->n && n + 1 < sizeof names / sizeof names[0]; n++)
+        names[n] = sec->rows[n].key;
+    names[n] = NULL;
+    return check_keys(obj, sec_prefix(sec), names, err);
+}
+
+static int apply_row(const json_t *obj, const spec_section *sec, const spec_row *r, void *base, acc_err *err)
+{
+    const char *p = sec_prefix(sec);
+    void *at = (char *)base + r->off;
+    switch (r->type) {
+    case SPEC_T_INT: return get_int(obj, p, r->key, (long)r->lo, (long)r->hi, at, err);
+    case SPEC_T_U64: return get_u64(obj, p, r->key, at, err);
+    case SPEC_T_NUM: return get_num(obj, p, r->key, r->lo, r->open_lo, r->hi, at, err);
+    case SPEC_T_BOOL: return get_bool(obj, p, r->key, at, err);
+    case SPEC_T_STR: return get_str(obj, p, r->key, r->null_ok, at, r->size, NULL, err);
+    case SPEC_T_CHOICE: {
+        int scratch = 0;
+        return get_choice(obj, p, r->key, r->choices, r->size != 0 ? (int *)at : &scratch, err);
+    }
+    case SPEC_T_CUSTOM: return r->set(obj, p, r, base, err);
+    case SPEC_T_CODE: return 0;
+    }
+    return acc_err_set(err, ACC_EINVAL, r->key, "%s has no reader", r->key);
+}
+
+int spec_rows_apply(const json_t *obj, const spec_section *sec, void *base, acc_err *err)
+{
+    int rc = check_rows(obj, sec, err);
+    for (size_t i = 0; rc == 0 && i < sec->n; i++)
+        rc = apply_row(obj, sec, &sec->rows[i], base, err);
+    return rc;
+}
+
+int spec_rows_defaults(const spec_section *sec, void *base, acc_err *err)
+{
+    for (size_t i = 0; i < sec->n; i++) {
+        const spec_row *r = &sec->rows[i];
+        if (r->def == NULL)
+            continue;
+        json_t *o = json_object();
+        json_t *v = json_loads(r->def, JSON_DECODE_ANY, NULL);
+        int rc = (o == NULL || v == NULL || json_object_set_new(o, r->key, v) != 0)
+                     ? acc_err_set(err, ACC_EINVAL, r->key, "the default of %s is not JSON: %s", r->key, r->def)
+                     : apply_row(o, sec, r, base, err);
+        json_decref(o);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* ---- paths ---------------------------------------------------------------- */
 
 /* Resolve `path` (relative ones against the first root) and require it under
@@ -380,34 +449,32 @@ static int parse_model_from(const json_t *m, const acc_conf *conf, const char *r
     return 0;
 }
 
-static int parse_model(const json_t *m, const acc_conf *conf, const char *roots, bool plan_only, spec_model *out,
-                       acc_err *err)
+/* model.arch: one of the model registry's families (model.h); absent in a
+ * model section, the registry's first. */
+static int set_arch(const json_t *obj, const char *prefix, const spec_row *r, void *base, acc_err *err)
 {
-    static const char *const keys[] = {"arch", "n_layer", "n_head", "n_embd", "seq_len", "vocab_size",
-                                       "padded_vocab_size", "init_from", "n_kv_head", "intermediate_size",
-                                       "from", NULL};
-    /* one list: the model registry's families (model.h) */
+    spec_model *out = base;
     const char *archs[16];
-    int na = 0;
+    int na = 0, arch = 0;
     for (const model_family *f; na < 15 && (f = model_family_at(na)) != NULL; na++)
         archs[na] = f->name;
     archs[na] = NULL;
+    int rc = get_choice(obj, prefix, r->key, archs, &arch, err);
+    if (rc == 0)
+        snprintf(out->arch, sizeof out->arch, "%s", archs[arch]);
+    return rc;
+}
+
+/* "model" as numbers (the rows); with "from", a Hugging Face directory
+ * (parse_model_from, code). */
+static int parse_model(const json_t *m, const acc_conf *conf, const char *roots, bool plan_only, spec_model *out,
+                       acc_err *err)
+{
     if (json_object_get(m, "from") != NULL)
         return parse_model_from(m, conf, roots, plan_only, out, err);
-    int rc, arch = 0;
-    bool init;
-    if ((rc = check_keys(m, "model", keys, err)) || (rc = get_choice(m, "model", "arch", archs, &arch, err)) ||
-        (rc = get_int(m, "model", "n_layer", 1, 256, &out->n_layer, err)) ||
-        (rc = get_int(m, "model", "n_head", 1, 256, &out->n_head, err)) ||
-        (rc = get_int(m, "model", "n_embd", 1, 65536, &out->n_embd, err)) ||
-        (rc = get_int(m, "model", "seq_len", 2, 1 << 20, &out->seq_len, err)) ||
-        (rc = get_int(m, "model", "vocab_size", 2, 1 << 24, &out->vocab_size, err)) ||
-        (rc = get_int(m, "model", "padded_vocab_size", 0, 1 << 24, &out->padded_vocab_size, err)) ||
-        (rc = get_str(m, "model", "init_from", true, out->init_from, sizeof out->init_from, &init, err)) ||
-        (rc = get_int(m, "model", "n_kv_head", 0, 256, &out->n_kv_head, err)) ||
-        (rc = get_int(m, "model", "intermediate_size", 0, 1 << 20, &out->intermediate_size, err)))
+    int rc = spec_rows_apply(m, section(SEC_MODEL), out, err);
+    if (rc != 0)
         return rc;
-    snprintf(out->arch, sizeof out->arch, "%s", archs[arch]);
     if (out->n_embd % out->n_head != 0)
         return acc_err_set(err, ACC_EINVAL, "model.n_embd", "model.n_embd %d is not a multiple of model.n_head %d",
                            out->n_embd, out->n_head);
@@ -415,7 +482,7 @@ static int parse_model(const json_t *m, const acc_conf *conf, const char *roots,
         return acc_err_set(err, ACC_EINVAL, "model.padded_vocab_size",
                            "model.padded_vocab_size %d is smaller than model.vocab_size %d",
                            out->padded_vocab_size, out->vocab_size);
-    if (init)
+    if (json_is_string(json_object_get(m, "init_from")))
         return check_path(out->init_from, sizeof out->init_from, roots, "model.init_from", err);
     return 0;
 }
@@ -608,40 +675,9 @@ static int parse_betas(const json_t *obj, const char *prefix, spec_optim *o, acc
     return 0;
 }
 
-static int parse_optimizer(const json_t *o, spec_optim *out, acc_err *err)
+static int set_betas(const json_t *obj, const char *prefix, const spec_row *r, void *base, acc_err *err)
 {
-    static const char *const keys[] = {"type", "lr", "betas", "eps", "weight_decay", "grad_clip", NULL};
-    static const char *const types[] = {"adamw", NULL};
-    int rc, type = 0;
-    if ((rc = check_keys(o, "optimizer", keys, err)) ||
-        (rc = get_choice(o, "optimizer", "type", types, &type, err)) ||
-        (rc = get_num(o, "optimizer", "lr", 0, true, 10, &out->lr, err)) ||
-        (rc = parse_betas(o, "optimizer", out, err)) ||
-        (rc = get_num(o, "optimizer", "eps", 0, true, 1, &out->eps, err)) ||
-        (rc = get_num(o, "optimizer", "weight_decay", 0, false, 10, &out->weight_decay, err)) ||
-        (rc = get_num(o, "optimizer", "grad_clip", 0, false, 1e9, &out->grad_clip, err)))
-        return rc;
-    return 0;
-}
-
-static int parse_lr_schedule(const json_t *l, spec_lr *out, acc_err *err)
-{
-    static const char *const keys[] = {"type", "warmup_steps", "min_lr", "warmup_min_lr", "cos_min_ratio",
-                                       "total_steps", "warmup_ratio", NULL};
-    /* indexes match spec_lr_type */
-    static const char *const types[] = {"constant", "cosine", "warmup", "warmup_decay", "warmup_cosine", NULL};
-    int rc, type = (int)out->type;
-    if ((rc = check_keys(l, "lr_schedule", keys, err)) ||
-        (rc = get_choice(l, "lr_schedule", "type", types, &type, err)) ||
-        (rc = get_int(l, "lr_schedule", "warmup_steps", 0, INT_MAX, &out->warmup_steps, err)) ||
-        (rc = get_num(l, "lr_schedule", "min_lr", 0, false, 10, &out->min_lr, err)) ||
-        (rc = get_num(l, "lr_schedule", "warmup_min_lr", 0, false, 10, &out->warmup_min_lr, err)) ||
-        (rc = get_num(l, "lr_schedule", "cos_min_ratio", 0, false, 1, &out->cos_min_ratio, err)) ||
-        (rc = get_int(l, "lr_schedule", "total_steps", 1, INT_MAX, &out->total_steps, err)) ||
-        (rc = get_num(l, "lr_schedule", "warmup_ratio", 0, false, 1, &out->warmup_ratio, err)))
-        return rc;
-    out->type = (spec_lr_type)type;
-    return 0;
+    return parse_betas(obj, prefix, base, err);
 }
 
 /* ---- the nested "deepspeed" object (h-dsconf: or a file) ------------------- */
@@ -1137,45 +1173,28 @@ static int resolve_batch(const batch_in *b, job_spec *out, acc_err *err)
 
 /* ---- top level ------------------------------------------------------------ */
 
+/* The defaults: every row's (spec_rows_defaults; a default its own row
+ * refused would be a bug of the tables, which the test spec_rows rules
+ * out, so the result is not checked here). Lora's apply when its section
+ * is given. */
 static void set_defaults(job_spec *s)
 {
     memset(s, 0, sizeof *s);
-    snprintf(s->name, sizeof s->name, "job");
-    snprintf(s->model.arch, sizeof s->model.arch, "gpt2");
-    s->model.n_layer = 4;
-    s->model.n_head = 4;
-    s->model.n_embd = 128;
-    s->model.seq_len = 128;
-    s->model.vocab_size = 256;
-    s->devices = 1;
-    s->nodes = 1;
-    s->precision = SPEC_FP32;
-    s->optim = (spec_optim){.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
-                            .grad_clip = 1.0};
-    s->lr = (spec_lr){.type = SPEC_LR_CONSTANT, .cos_min_ratio = 0.0001};
-    s->max_steps = 100;
-    s->eval_batches = 0; /* h-results, issue 23: the whole validation set */
-    s->seed = 1337;
-    s->oom_adapt = true;
-    s->checkpoint_on_cancel = true; /* h-results, issue 23 */
+    (void)spec_rows_defaults(section(SEC_ROOT), s, NULL);
+    (void)spec_rows_defaults(section(SEC_MODEL), &s->model, NULL);
+    (void)spec_rows_defaults(section(SEC_OPTIMIZER), &s->optim, NULL);
+    (void)spec_rows_defaults(section(SEC_LR_SCHEDULE), &s->lr, NULL);
+    (void)spec_rows_defaults(section(SEC_SAVE), s, NULL);
+    (void)spec_rows_defaults(section(SEC_OOM), s, NULL);
 }
 
-/* "save": {"format": "hf", "merge_lora": false, "dtype": "auto"};
- * merge_lora needs a lora section (check_lora_cross). */
+/* "save": {"format": "hf", "merge_lora": false, "dtype": "auto"} (rows);
+ * merge_lora needs a lora section (parse_sections). A save section
+ * without merge_lora means false. */
 static int parse_save(const json_t *sv, job_spec *out, acc_err *err)
 {
-    static const char *const keys[] = {"format", "merge_lora", "dtype", NULL};
-    static const char *const formats[] = {"hf", NULL};
-    static const char *const dtypes[] = {"auto", "float32", "bfloat16", "float16", NULL};
-    int rc, fmt = 0, dt = (int)out->save_dtype;
-    bool merge = false;
-    if ((rc = check_keys(sv, "save", keys, err)) || (rc = get_choice(sv, "save", "format", formats, &fmt, err)) ||
-        (rc = get_bool(sv, "save", "merge_lora", &merge, err)) ||
-        (rc = get_choice(sv, "save", "dtype", dtypes, &dt, err)))
-        return rc;
-    out->merge_lora = merge;
-    out->save_dtype = (spec_save_dtype)dt;
-    return 0;
+    out->merge_lora = false;
+    return spec_rows_apply(sv, section(SEC_SAVE), out, err);
 }
 
 /* A module name: what PEFT matches against a module's last name component
@@ -1227,17 +1246,9 @@ static int parse_lora_targets(const json_t *v, spec_lora *lo, acc_err *err)
  * PEFT's LoraConfig (lora_alpha / lora_dropout accepted as PEFT spells them). */
 static int parse_lora(const json_t *lv, spec_lora *lo, acc_err *err)
 {
-    static const char *const keys[] = {"r", "alpha", "lora_alpha", "dropout", "lora_dropout",
-                                       "target_modules", NULL};
     int rc;
-    lo->r = 8;
-    lo->alpha = 8;
-    if ((rc = check_keys(lv, "lora", keys, err)) ||
-        (rc = get_int(lv, "lora", "r", 1, SPEC_LORA_MAX_R, &lo->r, err)) ||
-        (rc = get_num(lv, "lora", "lora_alpha", 0, true, 1e6, &lo->alpha, err)) ||
-        (rc = get_num(lv, "lora", "alpha", 0, true, 1e6, &lo->alpha, err)) ||
-        (rc = get_num(lv, "lora", "lora_dropout", 0, false, 1, &lo->dropout, err)) ||
-        (rc = get_num(lv, "lora", "dropout", 0, false, 1, &lo->dropout, err)))
+    /* the defaults hold once the section is given (r = 0 means no lora) */
+    if ((rc = spec_rows_defaults(section(SEC_LORA), lo, err)) || (rc = spec_rows_apply(lv, section(SEC_LORA), lo, err)))
         return rc;
     if (lo->dropout != 0) {
         bool peft = json_object_get(lv, "dropout") == NULL;
@@ -1271,15 +1282,12 @@ static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *ou
         return acc_err_set(err, ACC_EINVAL, "data", "data is required (at least data.train)");
     if (data != NULL && (rc = parse_data(data, conf, out->data_roots, out->model.from, &out->data, err)))
         return rc;
-    if (optim != NULL && (rc = parse_optimizer(optim, &out->optim, err)))
+    if (optim != NULL && (rc = spec_rows_apply(optim, section(SEC_OPTIMIZER), &out->optim, err)))
         return rc;
-    if (lrs != NULL && (rc = parse_lr_schedule(lrs, &out->lr, err)))
+    if (lrs != NULL && (rc = spec_rows_apply(lrs, section(SEC_LR_SCHEDULE), &out->lr, err)))
         return rc;
-    if (oom != NULL) {
-        static const char *const okeys[] = {"adapt", NULL};
-        if ((rc = check_keys(oom, "oom", okeys, err)) || (rc = get_bool(oom, "oom", "adapt", &out->oom_adapt, err)))
-            return rc;
-    }
+    if (oom != NULL && (rc = spec_rows_apply(oom, section(SEC_OOM), out, err)))
+        return rc;
     return 0;
 }
 
@@ -1309,38 +1317,22 @@ static int get_output_name(const json_t *root, job_spec *out, acc_err *err)
     return 0;
 }
 
+static int set_output_dir(const json_t *obj, const char *prefix, const spec_row *r, void *base, acc_err *err)
+{
+    return get_output_name(obj, base, err);
+}
+
+/* The top level's rows (unknown keys first), then the rules across them. */
 static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
 {
-    static const char *const precisions[] = {"fp32", "bf16", NULL};
-    int rc, prec = (int)out->precision;
-    bool resume;
-    if ((rc = get_str(root, NULL, "name", false, out->name, sizeof out->name, NULL, err)) ||
-        (rc = get_int(root, NULL, "devices", 1, SPEC_MAX_DEVICES, &out->devices, err)) ||
-        (rc = get_choice(root, NULL, "precision", precisions, &prec, err)) ||
-        (rc = get_bool(root, NULL, "activation_checkpointing", &out->activation_checkpointing, err)) ||
-        (rc = get_bool(root, NULL, "lean_activations", &out->lean_activations, err)) ||
-        (rc = get_int(root, NULL, "max_steps", 1, 100000000, &out->max_steps, err)) ||
-        (rc = get_num(root, NULL, "num_train_epochs", 0, true, 1e6, &out->num_train_epochs, err)) ||
-        (rc = get_int(root, NULL, "eval_interval", 0, INT_MAX, &out->eval_interval, err)) ||
-        /* h-results, issue 23: an optional cap (0, absent: the whole set) */
-        (rc = get_int(root, NULL, "eval_batches", 0, 1000000, &out->eval_batches, err)) ||
-        (rc = get_int(root, NULL, "checkpoint_interval", 0, INT_MAX, &out->checkpoint_interval, err)) ||
-        (rc = get_u64(root, NULL, "seed", &out->seed, err)) ||
-        (rc = get_int(root, NULL, "priority", -1000000, 1000000, &out->priority, err)) ||
-        (rc = get_int(root, NULL, "max_restarts", 0, SPEC_MAX_RESTARTS, &out->max_restarts, err)) ||
-        (rc = get_int(root, NULL, "nodes", 1, SPEC_MAX_NODES, &out->nodes, err)) ||
-        /* h-results, issue 23 */
-        (rc = get_bool(root, NULL, "checkpoint_on_cancel", &out->checkpoint_on_cancel, err)) ||
-        (rc = get_int(root, NULL, "save_total_limit", 1, 1000, &out->save_total_limit, err)) ||
-        (rc = get_output_name(root, out, err)) ||
-        (rc = get_str(root, NULL, "resume_from", true, out->resume_from, sizeof out->resume_from, &resume, err)))
+    int rc = spec_rows_apply(root, section(SEC_ROOT), out, err);
+    if (rc != 0)
         return rc;
     if (out->nodes > 1 && out->devices * out->nodes > SPEC_MAX_WORLD)
         return acc_err_set(err, ACC_EINVAL, "nodes", "nodes %d x devices %d is %d ranks, over %d", out->nodes,
                            out->devices, out->nodes * out->devices, SPEC_MAX_WORLD);
-    out->precision = prec == 1 ? SPEC_BF16 : SPEC_FP32;
     out->max_steps_given = json_object_get(root, "max_steps") != NULL;
-    if (resume)
+    if (json_is_string(json_object_get(root, "resume_from")))
         return check_path(out->resume_from, sizeof out->resume_from, conf->output_root, "resume_from", err);
     return 0;
 }
@@ -1369,23 +1361,129 @@ static int check_cross(job_spec *out, acc_err *err)
     return 0;
 }
 
+/* ---- the tables (spec_rows.h) ------------------------------------------------ */
+
+/* The regular sections. Irregular ones stay code on purpose: model with
+ * "from" (parse_model_from: keys depend on the directory), data (formats,
+ * globs, datasets: parse_data), deepspeed and zero_optimization (DeepSpeed's
+ * own keys, "auto", keys accepted and ignored: parse_deepspeed, get_zero). */
+
+#define ROW(st, k, t, d, ...) {.key = #k, .type = t, .def = d, .off = offsetof(st, k), .size = sizeof(((st *)0)->k), __VA_ARGS__}
+#define CODE(k) {.key = k, .type = SPEC_T_CODE}
+
+static const char *const precisions[] = {"fp32", "bf16", NULL}; /* spec_precision's order */
+static const char *const optim_types[] = {"adamw", NULL};
+static const char *const lr_types[] = {"constant", "cosine", "warmup", "warmup_decay", "warmup_cosine", NULL};
+static const char *const save_formats[] = {"hf", NULL};
+static const char *const save_dtypes[] = {"auto", "float32", "bfloat16", "float16", NULL}; /* spec_save_dtype's */
+
+/* The top level: its values in the order they are read, then the keys
+ * code reads (sub-sections, the batch triple, DeepSpeed's). */
+static const spec_row root_rows[] = {
+    ROW(job_spec, name, SPEC_T_STR, "\"job\""),
+    ROW(job_spec, devices, SPEC_T_INT, "1", .lo = 1, .hi = SPEC_MAX_DEVICES),
+    ROW(job_spec, precision, SPEC_T_CHOICE, "\"fp32\"", .choices = precisions),
+    ROW(job_spec, activation_checkpointing, SPEC_T_BOOL, "false"),
+    ROW(job_spec, lean_activations, SPEC_T_BOOL, "false"),
+    ROW(job_spec, max_steps, SPEC_T_INT, "100", .lo = 1, .hi = 100000000),
+    ROW(job_spec, num_train_epochs, SPEC_T_NUM, NULL, .lo = 0, .open_lo = true, .hi = 1e6),
+    ROW(job_spec, eval_interval, SPEC_T_INT, "0", .lo = 0, .hi = INT_MAX),
+    ROW(job_spec, eval_batches, SPEC_T_INT, "0", .lo = 0, .hi = 1000000), /* 0: the whole validation set */
+    ROW(job_spec, checkpoint_interval, SPEC_T_INT, "0", .lo = 0, .hi = INT_MAX),
+    ROW(job_spec, seed, SPEC_T_U64, "1337"),
+    ROW(job_spec, priority, SPEC_T_INT, "0", .lo = -1000000, .hi = 1000000),
+    ROW(job_spec, max_restarts, SPEC_T_INT, "0", .lo = 0, .hi = SPEC_MAX_RESTARTS),
+    ROW(job_spec, nodes, SPEC_T_INT, "1", .lo = 1, .hi = SPEC_MAX_NODES),
+    ROW(job_spec, checkpoint_on_cancel, SPEC_T_BOOL, "true"),
+    ROW(job_spec, save_total_limit, SPEC_T_INT, NULL, .lo = 1, .hi = 1000),
+    {.key = "output_dir", .type = SPEC_T_CUSTOM, .set = set_output_dir},
+    ROW(job_spec, resume_from, SPEC_T_STR, NULL, .null_ok = true),
+    CODE("model"), CODE("data"), CODE("train_batch_size"), CODE("train_micro_batch_size_per_gpu"),
+    CODE("gradient_accumulation_steps"), CODE("optimizer"), CODE("lr_schedule"), CODE("oom"), CODE("deepspeed"),
+    CODE("save"), CODE("zero_optimization"), CODE("lora"),
+};
+
+/* "model" without "from" */
+static const spec_row model_rows[] = {
+    {.key = "arch", .type = SPEC_T_CUSTOM, .def = "\"gpt2\"", .set = set_arch},
+    ROW(spec_model, n_layer, SPEC_T_INT, "4", .lo = 1, .hi = 256),
+    ROW(spec_model, n_head, SPEC_T_INT, "4", .lo = 1, .hi = 256),
+    ROW(spec_model, n_embd, SPEC_T_INT, "128", .lo = 1, .hi = 65536),
+    ROW(spec_model, seq_len, SPEC_T_INT, "128", .lo = 2, .hi = 1 << 20),
+    ROW(spec_model, vocab_size, SPEC_T_INT, "256", .lo = 2, .hi = 1 << 24),
+    ROW(spec_model, padded_vocab_size, SPEC_T_INT, NULL, .lo = 0, .hi = 1 << 24), /* 0: vocab_size (check_cross) */
+    ROW(spec_model, init_from, SPEC_T_STR, NULL, .null_ok = true),
+    ROW(spec_model, n_kv_head, SPEC_T_INT, "0", .lo = 0, .hi = 256),
+    ROW(spec_model, intermediate_size, SPEC_T_INT, "0", .lo = 0, .hi = 1 << 20),
+    CODE("from"),
+};
+
+static const spec_row optimizer_rows[] = {
+    {.key = "type", .type = SPEC_T_CHOICE, .def = "\"adamw\"", .choices = optim_types},
+    ROW(spec_optim, lr, SPEC_T_NUM, "6e-4", .lo = 0, .open_lo = true, .hi = 10),
+    {.key = "betas", .type = SPEC_T_CUSTOM, .def = "[0.9, 0.95]", .set = set_betas},
+    ROW(spec_optim, eps, SPEC_T_NUM, "1e-8", .lo = 0, .open_lo = true, .hi = 1),
+    ROW(spec_optim, weight_decay, SPEC_T_NUM, "0.1", .lo = 0, .hi = 10),
+    ROW(spec_optim, grad_clip, SPEC_T_NUM, "1.0", .lo = 0, .hi = 1e9),
+};
+
+static const spec_row lr_rows[] = {
+    ROW(spec_lr, type, SPEC_T_CHOICE, "\"constant\"", .choices = lr_types),
+    ROW(spec_lr, warmup_steps, SPEC_T_INT, "0", .lo = 0, .hi = INT_MAX),
+    ROW(spec_lr, min_lr, SPEC_T_NUM, "0", .lo = 0, .hi = 10),
+    ROW(spec_lr, warmup_min_lr, SPEC_T_NUM, "0", .lo = 0, .hi = 10),
+    ROW(spec_lr, cos_min_ratio, SPEC_T_NUM, "0.0001", .lo = 0, .hi = 1),
+    ROW(spec_lr, total_steps, SPEC_T_INT, NULL, .lo = 1, .hi = INT_MAX), /* 0: max_steps (check_cross) */
+    ROW(spec_lr, warmup_ratio, SPEC_T_NUM, "0", .lo = 0, .hi = 1),
+};
+
+static const spec_row save_rows[] = {
+    {.key = "format", .type = SPEC_T_CHOICE, .def = "\"hf\"", .choices = save_formats},
+    ROW(job_spec, merge_lora, SPEC_T_BOOL, "false"),
+    {.key = "dtype", .type = SPEC_T_CHOICE, .def = "\"auto\"", .off = offsetof(job_spec, save_dtype),
+     .size = sizeof(spec_save_dtype), .choices = save_dtypes},
+};
+
+/* PEFT's names read after ours where both are given, as before the table */
+static const spec_row lora_rows[] = {
+    ROW(spec_lora, r, SPEC_T_INT, "8", .lo = 1, .hi = SPEC_LORA_MAX_R),
+    {.key = "lora_alpha", .type = SPEC_T_NUM, .off = offsetof(spec_lora, alpha), .size = sizeof(double),
+     .lo = 0, .open_lo = true, .hi = 1e6},
+    ROW(spec_lora, alpha, SPEC_T_NUM, "8", .lo = 0, .open_lo = true, .hi = 1e6),
+    {.key = "lora_dropout", .type = SPEC_T_NUM, .off = offsetof(spec_lora, dropout), .size = sizeof(double),
+     .lo = 0, .hi = 1},
+    ROW(spec_lora, dropout, SPEC_T_NUM, "0", .lo = 0, .hi = 1),
+    CODE("target_modules"), /* after the dropout rule (parse_lora) */
+};
+
+static const spec_row oom_rows[] = {
+    {.key = "adapt", .type = SPEC_T_BOOL, .def = "true", .off = offsetof(job_spec, oom_adapt), .size = sizeof(bool)},
+};
+
+#define SECTION(p, rows) {p, rows, sizeof rows / sizeof rows[0]}
+static const spec_section sections[] = {
+    [SEC_ROOT] = SECTION("", root_rows),
+    [SEC_MODEL] = SECTION("model", model_rows),
+    [SEC_OPTIMIZER] = SECTION("optimizer", optimizer_rows),
+    [SEC_LR_SCHEDULE] = SECTION("lr_schedule", lr_rows),
+    [SEC_SAVE] = SECTION("save", save_rows),
+    [SEC_LORA] = SECTION("lora", lora_rows),
+    [SEC_OOM] = SECTION("oom", oom_rows),
+    {NULL, NULL, 0},
+};
+
+static const spec_section *section(int which) { return &sections[which]; }
+
+const spec_section *spec_sections(void) { return sections; }
+
 static int parse_root(const json_t *root, const json_t *origin, const acc_conf *conf, job_spec *out, acc_err *err)
 {
-    static const char *const keys[] = {
-        "name", "model", "data", "train_batch_size", "train_micro_batch_size_per_gpu",
-        "gradient_accumulation_steps", "devices", "precision", "activation_checkpointing", "optimizer",
-        "lr_schedule", "max_steps", "eval_interval", "eval_batches", "checkpoint_interval", "seed", "priority",
-        "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "zero_optimization", "lora",
-        "max_restarts", "nodes",
-        "checkpoint_on_cancel", "output_dir", "save_total_limit", /* h-results, issue 23 */
-        "lean_activations", /* h-lean, issue 20 */
-        NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
     int rc;
     if (!json_is_object(root))
         return acc_err_set(err, ACC_EINVAL, "", "the job spec must be a JSON object, got %s", json_kind(root));
-    if ((rc = check_keys(root, NULL, keys, err)) || (rc = parse_scalars(root, conf, out, err)) ||
+    if ((rc = parse_scalars(root, conf, out, err)) || /* the rows: unknown keys first */
         (rc = get_batch(root, NULL, "train_batch_size", &b.B, err)) ||
         (rc = get_batch(root, NULL, "train_micro_batch_size_per_gpu", &b.m, err)) ||
         (rc = get_batch(root, NULL, "gradient_accumulation_steps", &b.a, err)) ||
