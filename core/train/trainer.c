@@ -308,31 +308,6 @@ static int open_data(trainer *t, const job_spec *s, data_source **train, data_so
     return rc;
 }
 
-/* resume_from at submit: a usable checkpoint of this model under the
- * output root, not past max_steps (the output root itself, or a directory
- * without checkpoints, is refused now rather than failing at start). */
-static int check_resume_from(const job_spec *s, const model_config *cfg, acc_err *err)
-{
-    if (s->resume_from[0] == '\0')
-        return 0;
-    int rfd, cfd = -1;
-    char dir[PATH_MAX];
-    ckpt_state st;
-    int rc = sp_open_dir(s->output_root, s->resume_from, "resume_from", &rfd, NULL, 0, err);
-    if (rc != 0)
-        return rc;
-    rc = ckpt_resolve_at(rfd, s->resume_from, NULL, NULL, &cfd, dir, sizeof dir, &st, err);
-    close(rfd);
-    if (rc == 0)
-        rc = ckpt_check_model_at(cfd, dir, cfg, err);
-    if (cfd >= 0)
-        close(cfd);
-    if (rc == 0 && st.step > s->max_steps)
-        rc = acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s is at step %d, past max_steps %d", dir,
-                         st.step, s->max_steps);
-    return rc;
-}
-
 /* num_train_epochs without max_steps: max_steps = ceil(epochs x samples / B). */
 static int steps_from_epochs(trainer *t, acc_err *err)
 {
@@ -363,7 +338,7 @@ int trainer_check_spec(const job_spec *spec, acc_err *err)
     if (rc == 0) /* every size from the spec's numbers fits 64 bits */
         rc = plan_check_sizes(spec, err);
     if (rc == 0)
-        rc = check_resume_from(spec, &cfg, err);
+        rc = ckpt_check_resume_from(spec->output_root, spec->resume_from, &cfg, spec->max_steps, err);
     data_source *tr = NULL, *va = NULL;
     if (rc == 0 && spec->data.packing && !model_family_of(&cfg)->packing)
         return acc_err_set(err, ACC_EINVAL, "data.packing",
@@ -1591,55 +1566,22 @@ static void on_ckpt_rejected(void *ctx, const char *dir, const char *why)
     t->rejected++;
 }
 
-/* The newest good checkpoint of this job in its own output_dir (a job
- * requeued after a restart; only checkpoints carrying its job_uid). */
-static int find_own(trainer *t, int *fd, char *dir, size_t n, ckpt_state *st)
-{
-    const job_spec *s = &t->spec;
-    int ofd;
-    *fd = -1;
-    if (s->output_dir[0] == '\0' ||
-        sp_open_dir(s->output_root, s->output_dir, "output_dir", &ofd, NULL, 0, NULL) != 0)
-        return ACC_ENOTFOUND;
-    int rc = ckpt_find_at(ofd, s->output_dir, s->job_uid, s->adopt_unnamed, on_ckpt_rejected, t, fd, dir,
-                          n, st, NULL);
-    close(ofd);
-    return rc;
-}
-
-/* spec.resume_from: a checkpoint directory or a job's output directory
- * under output_root, opened through safepath and verified. */
-static int find_named(trainer *t, int *fd, char *dir, size_t n, ckpt_state *st, acc_err *err)
-{
-    const job_spec *s = &t->spec;
-    int rfd;
-    int rc = sp_open_dir(s->output_root, s->resume_from, "resume_from", &rfd, NULL, 0, err);
-    if (rc != 0)
-        return rc;
-    rc = ckpt_resolve_at(rfd, s->resume_from, on_ckpt_rejected, t, fd, dir, n, st, err);
-    close(rfd);
-    return rc;
-}
-
-/* Resume from the job's own newest good checkpoint, else from
- * spec.resume_from, else start at step 0 (saying so when checkpoints were
- * passed over). The saved split (after OOM adaptation) is kept when it
- * still divides the batch. Prunes the output dir to `keep` at start too, so
- * a crash never leaves more than checkpoint_keep behind. */
+/* Resume from the checkpoint ckpt_discover finds (the job's own newest
+ * good one, else spec.resume_from's), else start at step 0 (saying so
+ * when checkpoints were passed over). The saved split (after OOM
+ * adaptation) is kept when it still divides the batch. */
 static int find_resume(trainer *t, acc_err *err)
 {
     job_spec *s = &t->spec;
     char dir[PATH_MAX];
     ckpt_state st;
     int fd = -1;
-    bool own = find_own(t, &fd, dir, sizeof dir, &st) == 0;
-    if (s->output_dir[0] != '\0')
-        ckpt_prune(s->output_dir, t->keep, own ? st.step : -1);
-    if (!own && s->resume_from[0] != '\0') {
-        int rc = find_named(t, &fd, dir, sizeof dir, &st, err);
-        if (rc != 0)
-            return rc;
-    } else if (!own) {
+    const ckpt_job where = {.output_root = s->output_root, .output_dir = s->output_dir, .job_uid = s->job_uid,
+                            .adopt_unnamed = s->adopt_unnamed, .resume_from = s->resume_from, .keep = t->keep};
+    int rc = ckpt_discover(&where, on_ckpt_rejected, t, &fd, dir, sizeof dir, &st, err);
+    if (rc != 0)
+        return rc;
+    if (fd < 0) {
         if (t->rejected > 0)
             emit_log(t, 0, "no usable checkpoint of this job (%d passed over): starting from step 0",
                      t->rejected);
