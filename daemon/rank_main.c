@@ -25,6 +25,7 @@
  * in step S while its micro batch is M.
  */
 #include <errno.h>
+#include <limits.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
@@ -36,6 +37,7 @@
 
 #include <jansson.h>
 
+#include "batch_split.h"
 #include "conf.h"
 #include "err.h"
 #include "job_spec.h"
@@ -180,10 +182,14 @@ static int load_spec(const rank_prog *p, job_spec *s, acc_err *err)
         return rc;
     if (p->a.output_dir != NULL)
         snprintf(s->output_dir, sizeof s->output_dir, "%s", p->a.output_dir);
-    /* the world is the launcher's: the same effective batch, a = B / (m w) */
+    /* the world is the launcher's: the same effective batch and micro
+     * batch, the accumulation steps by batch_split's rule (a split that
+     * does not exist at this world is left for trainer_check_spec to refuse) */
     s->devices = p->world;
-    if (!s->micro_auto && s->micro_batch > 0 && s->train_batch_size % (s->micro_batch * p->world) == 0)
-        s->accum_steps = s->train_batch_size / (s->micro_batch * p->world);
+    batch_split split;
+    const batch_given given = {.B = s->train_batch_size, .m = s->micro_batch};
+    if (!s->micro_auto && s->micro_batch > 0 && batch_split_resolve(&given, p->world, INT_MAX, &split, NULL) == 0)
+        s->accum_steps = split.a;
     return 0;
 }
 

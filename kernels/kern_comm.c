@@ -1,13 +1,9 @@
 /* kern_comm: see kern_comm.h. Opens the communicator of the job's kind of
- * devices and forwards each call through its kern_comm_ops table. */
+ * devices and dispatches each call through its kern_comm_ops table. */
 #include "kern_comm.h"
 
 #include <stdlib.h>
 
-#include "kern_comm_cpu.h"
-#ifdef ACCUMD_HAVE_CUDA
-#include "kern_comm_nccl.h"
-#endif
 
 struct kern_comm {
     const kern_comm_ops *ops;
@@ -27,13 +23,6 @@ int kern_comm_wrap(const kern_comm_ops *ops, void *impl, kern_comm **out, acc_er
     return 0;
 }
 
-int kern_comm_create(int nranks, kern_comm **out, acc_err *err)
-{
-    kern_comm_cpu *cpu;
-    int rc = kern_comm_cpu_create(nranks, &cpu, err);
-    return rc != 0 ? rc : kern_comm_wrap(&kern_comm_cpu_ops, cpu, out, err);
-}
-
 /* The NCCL communicator of n CUDA devices (CUDA builds only). */
 static int open_nccl(const kern_device_info *devs, int n, kern_comm **out, acc_err *err)
 {
@@ -47,9 +36,7 @@ static int open_nccl(const kern_device_info *devs, int n, kern_comm **out, acc_e
             return acc_err_set(err, ACC_EINVAL, "devices", "a job's devices must all be of one kind");
         ordinals[i] = devs[i].index;
     }
-    kern_nccl *nccl;
-    int rc = kern_nccl_create(n, ordinals, &nccl, err);
-    return rc != 0 ? rc : kern_comm_wrap(&kern_comm_nccl_ops, nccl, out, err);
+    return kern_comm_nccl_open(n, ordinals, out, err);
 #else
     (void)devs;
     (void)n;

@@ -1,12 +1,15 @@
 /* kern_comm: collectives between the ranks (worker threads) of one job.
  *
- * One interface over two implementations, chosen by the kind of the job's
- * devices, so the trainer never knows which it runs on:
- *  - CPU devices: shared memory (kernels/cpu/kern_comm_cpu.h): a
- *    reduce-scatter + all-gather in fixed rank order, bitwise reproducible
- *    and identical on every rank;
- *  - CUDA GPUs: NCCL (kernels/cuda/kern_comm_nccl.h), buffers in device
- *    memory, each rank's collectives queued on its device's stream.
+ * One interface over its implementations, chosen by the kind of the job's
+ * devices (and, for rank processes, by the rank program), so the trainer
+ * never knows which it runs on:
+ *  - CPU devices, ranks as threads: shared memory (kernels/cpu/kern_comm_cpu.c):
+ *    a reduce-scatter + all-gather in fixed rank order, bitwise
+ *    reproducible and identical on every rank;
+ *  - CUDA GPUs: NCCL (kernels/cuda/kern_comm_nccl.cu), buffers in device
+ *    memory, each rank's collectives queued on its device's stream;
+ *  - CPU devices, ranks as processes: MPI (kernels/kern_comm_mpi.c), the
+ *    shared-memory arithmetic over messages.
  * kern_comm_allreduce() leaves the elementwise sum of every rank's `buf` in
  * all of them. kern_comm_abort() (any thread) makes every current and later
  * call return ACC_ECANCELLED, so a rank that fails or is cancelled never
@@ -24,14 +27,14 @@
  * Every rank must make the same sequence of calls with the same spans.
  * kern_comm_allreduce() is one start over [0, n) plus a finish.
  *
- * ZeRO (stage 2): kern_comm_scatter_start() is the bucket of a
- * reduce-scatter: the same spans, but each rank is left with the sums of
- * the elements it owns only (kern_shard_lo over the buffer's first n
- * floats: the parameters' shards), except that elements at offsets >= n
- * (the trainer's tail of loss / out-of-memory slots) are summed into every
- * rank. It is ended by the same kern_comm_reduce_finish(). After the
- * optimizer updated each rank's shard, kern_comm_allgather() copies every
- * rank's shard of a buffer to all (stages 1 and 2: the parameters).
+ * Shards: kern_comm_scatter_start() is the bucket of a reduce-scatter: the
+ * same spans, but each rank is left with the sums of the elements it owns
+ * only (kern_shard_lo over the buffer's first n floats); elements at
+ * offsets >= n belong to no shard and are summed into every rank, as an
+ * all-reduce would. It is ended by the same kern_comm_reduce_finish().
+ * kern_comm_allgather() copies every rank's shard of a buffer to all.
+ * (What the shards are and what rides past n is the caller's: the ZeRO
+ * stages, core/train/zero.h.)
  * Every sum is in rank order 0..w-1 on CPU devices (shared memory and MPI
  * alike), so a rank's shard of a reduce-scatter has the bits an
  * all-reduce gives it.
@@ -40,12 +43,14 @@
  * kern_comm_bucket_calls() counts starts (all-reduce and reduce-scatter
  * buckets), each once per call, not per rank. All-gathers are not counted.
  *
- * Implementations: each communicator implements the one declared set
- * kern_comm_ops below (libuv's src/unix/internal.h style: one list of
- * operations, one file per implementation): kernels/cpu/kern_comm_cpu.c
- * (kern_comm_cpu_ops) and, in CUDA builds, kernels/cuda/kern_comm_nccl.cu
- * (kern_comm_nccl_ops). kern_comm.c forwards every kern_comm_* call through
- * the table of the communicator it opened; nothing else picks one.
+ * Implementations: one declared set, kern_comm_ops below (libuv's
+ * src/unix/internal.h style: one list of operations, one file per
+ * variant), implemented once in each backend file -- kernels/cpu/
+ * kern_comm_cpu.c, kernels/cuda/kern_comm_nccl.cu (CUDA builds),
+ * kernels/kern_comm_mpi.c (the rank program) -- as static functions in a
+ * static table; a backend exports only how to open one (below). No backend
+ * has a public header of its own. kern_comm.c dispatches every kern_comm_*
+ * call through the table of the communicator; nothing else picks one.
  */
 #ifndef ACC_KERN_COMM_H
 #define ACC_KERN_COMM_H
@@ -61,7 +66,7 @@ typedef struct kern_comm kern_comm;
 
 /* A communicator for the job's `n` devices (all of one kind). */
 int kern_comm_open(const kern_device_info *devs, int n, kern_comm **out, acc_err *err);
-/* A shared-memory communicator for `nranks` CPU ranks. */
+/* A shared-memory communicator for `nranks` CPU ranks (kern_comm_cpu.c). */
 int kern_comm_create(int nranks, kern_comm **out, acc_err *err);
 void kern_comm_destroy(kern_comm *c);
 
@@ -139,14 +144,23 @@ typedef struct kern_comm_ops {
     uint64_t (*bucket_calls)(void *impl);
 } kern_comm_ops;
 
-/* A communicator over an implementation opened elsewhere (the MPI one of
- * rank processes, kernels/kern_comm_mpi.h): takes `impl`, which
- * ops->destroy frees, also when this fails. */
+/* A communicator over a backend's state `impl` (for the backend files):
+ * takes `impl`, which ops->destroy frees, also when this fails. */
 int kern_comm_wrap(const kern_comm_ops *ops, void *impl, kern_comm **out, acc_err *err);
 
-/* Shared memory between CPU ranks (kernels/cpu/kern_comm_cpu.c). */
-extern const kern_comm_ops kern_comm_cpu_ops;
-/* NCCL between GPU ranks (kernels/cuda/kern_comm_nccl.cu, CUDA builds). */
-extern const kern_comm_ops kern_comm_nccl_ops;
+/* ---- opening a backend (besides kern_comm_create)
+ *
+ * NCCL (kernels/cuda/kern_comm_nccl.cu; CUDA builds only). Ranks as
+ * threads: rank r runs on CUDA device ordinals[r]. Ranks as processes
+ * (kernels/kern_comm_mpi.h): rank 0 makes the id, the caller broadcasts
+ * it, every process opens its one rank of `world` on CUDA device
+ * `ordinal`; `host` / `host_impl` is the processes' own communicator
+ * (taken, freed with this one, also when this fails), whose barrier,
+ * abort and error stand in for those of threads. */
+int kern_comm_nccl_open(int nranks, const int *ordinals, kern_comm **out, acc_err *err);
+#define KERN_COMM_NCCL_ID_BYTES 128 /* NCCL's unique id (ncclUniqueId) */
+int kern_comm_nccl_unique_id(unsigned char *id, acc_err *err);
+int kern_comm_nccl_open_rank(int world, int rank, int ordinal, const unsigned char *id, const kern_comm_ops *host,
+                             void *host_impl, kern_comm **out, acc_err *err);
 
 #endif

@@ -8,10 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef ACCUMD_HAVE_CUDA
-#include "kern_comm_nccl.h"
-#include "kern_cuda.h"
-#endif
 
 typedef struct comm_mpi {
     MPI_Comm comm;
@@ -320,7 +316,7 @@ static void mpi_destroy(void *impl)
     free(c);
 }
 
-const kern_comm_ops kern_comm_mpi_ops = {
+static const kern_comm_ops mpi_ops = {
     .name = "mpi",
     .destroy = mpi_destroy,
     .bind = NULL, /* CPU ranks: nothing to bind */
@@ -357,138 +353,59 @@ static int open_world(comm_mpi *c, acc_err *err)
     return 0;
 }
 
-int kern_comm_mpi_open(kern_comm **out, int *rank, int *world, acc_err *err)
+/* An MPI communicator over a dup of MPI_COMM_WORLD (*out to mpi_destroy, also on failure). */
+static int open_mpi(comm_mpi **out, acc_err *err)
 {
-    *out = NULL;
     comm_mpi *c = calloc(1, sizeof *c);
+    *out = c;
     if (c == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of memory creating an MPI communicator");
     c->comm = MPI_COMM_NULL;
     atomic_init(&c->aborted, 0);
-    int rc = open_world(c, err);
+    return open_world(c, err);
+}
+
+int kern_comm_mpi_open(kern_comm **out, int *rank, int *world, acc_err *err)
+{
+    *out = NULL;
+    comm_mpi *c;
+    int rc = open_mpi(&c, err);
     if (rc != 0) {
         mpi_destroy(c);
         return rc;
     }
     *rank = c->rank;
     *world = c->world;
-    return kern_comm_wrap(&kern_comm_mpi_ops, c, out, err);
+    return kern_comm_wrap(&mpi_ops, c, out, err);
 }
 
 /* ---- GPUs: NCCL between processes, wired up over MPI */
 
 #ifdef ACCUMD_HAVE_CUDA
-typedef struct comm_mpi_nccl {
-    comm_mpi *m;    /* the barrier, the id's broadcast */
-    kern_nccl *nc;  /* this process's one rank */
-} comm_mpi_nccl;
-
-static void mn_destroy(void *impl)
-{
-    comm_mpi_nccl *c = impl;
-    kern_nccl_destroy(c->nc);
-    mpi_destroy(c->m);
-    free(c);
-}
-static int mn_bind(void *impl, int rank, kern_device *dev, acc_err *err)
-{
-    return kern_nccl_bind(((comm_mpi_nccl *)impl)->nc, rank, kern_cuda_stream(dev), err);
-}
-static int mn_allreduce(void *impl, int rank, float *buf, size_t n)
-{
-    return kern_nccl_allreduce(((comm_mpi_nccl *)impl)->nc, rank, buf, n);
-}
-static int mn_reduce_start(void *impl, int rank, float *base, const kern_span *sp, int ns)
-{
-    return kern_nccl_reduce_start(((comm_mpi_nccl *)impl)->nc, rank, base, sp, ns);
-}
-static int mn_reduce_finish(void *impl, int rank)
-{
-    return kern_nccl_reduce_finish(((comm_mpi_nccl *)impl)->nc, rank);
-}
-static int mn_scatter_start(void *impl, int rank, float *base, const kern_span *sp, int ns, size_t n)
-{
-    return kern_nccl_scatter_start(((comm_mpi_nccl *)impl)->nc, rank, base, sp, ns, n);
-}
-static int mn_allgather(void *impl, int rank, float *buf, size_t n)
-{
-    return kern_nccl_allgather(((comm_mpi_nccl *)impl)->nc, rank, buf, n);
-}
-static int mn_barrier(void *impl)
-{
-    comm_mpi_nccl *c = impl;
-    return kern_nccl_aborted(c->nc) ? ACC_ECANCELLED : mpi_barrier(c->m);
-}
-static void mn_abort(void *impl)
-{
-    comm_mpi_nccl *c = impl;
-    kern_nccl_abort(c->nc);
-    mpi_abort(c->m);
-}
-static int mn_aborted(void *impl) { return kern_nccl_aborted(((comm_mpi_nccl *)impl)->nc); }
-static int mn_error(void *impl, acc_err *err)
-{
-    comm_mpi_nccl *c = impl;
-    int rc = kern_nccl_error(c->nc, err);
-    return rc != 0 ? rc : mpi_error(c->m, err);
-}
-static uint64_t mn_calls(void *impl) { return kern_nccl_allreduce_calls(((comm_mpi_nccl *)impl)->nc); }
-static uint64_t mn_buckets(void *impl) { return kern_nccl_bucket_calls(((comm_mpi_nccl *)impl)->nc); }
-
-static const kern_comm_ops kern_comm_mpi_nccl_ops = {
-    .name = "mpi+nccl",
-    .destroy = mn_destroy,
-    .bind = mn_bind,
-    .allreduce = mn_allreduce,
-    .reduce_start = mn_reduce_start,
-    .reduce_finish = mn_reduce_finish,
-    .scatter_start = mn_scatter_start,
-    .allgather = mn_allgather,
-    .barrier = mn_barrier,
-    .abort = mn_abort,
-    .aborted = mn_aborted,
-    .error = mn_error,
-    .allreduce_calls = mn_calls,
-    .bucket_calls = mn_buckets,
-};
-
-/* Rank 0's NCCL id, broadcast; then this process's rank of NCCL's world. */
-static int join_nccl(comm_mpi_nccl *c, int ordinal, acc_err *err)
-{
-    unsigned char id[KERN_NCCL_ID_BYTES] = {0};
-    int rc = c->m->rank == 0 ? kern_nccl_unique_id(id, err) : 0;
-    /* every rank reaches the broadcast; a failed id is sent as zeros and
-     * the failing rank 0 ends the job (MPI_Abort) before anyone uses it */
-    if (mpi_check(c->m, MPI_Bcast(id, KERN_NCCL_ID_BYTES, MPI_BYTE, 0, c->m->comm), "MPI_Bcast") != 0)
-        return acc_err_set(err, ACC_EDEVICE, "devices", "%s", c->m->fail_msg);
-    if (rc != 0)
-        return rc;
-    return kern_nccl_create_rank(c->m->world, c->m->rank, ordinal, id, &c->nc, err);
-}
-
+/* Rank 0's NCCL id, broadcast over `m`; then this process's rank of
+ * NCCL's world, with `m` as its host communicator (the barrier; taken). */
 int kern_comm_mpi_open_nccl(int ordinal, kern_comm **out, int *rank, int *world, acc_err *err)
 {
     *out = NULL;
-    comm_mpi_nccl *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        return acc_err_set(err, ACC_ENOMEM, "", "out of memory creating an MPI communicator");
-    c->m = calloc(1, sizeof *c->m);
-    if (c->m == NULL) {
-        free(c);
-        return acc_err_set(err, ACC_ENOMEM, "", "out of memory creating an MPI communicator");
-    }
-    c->m->comm = MPI_COMM_NULL;
-    atomic_init(&c->m->aborted, 0);
-    int rc = open_world(c->m, err);
-    if (rc == 0)
-        rc = join_nccl(c, ordinal, err);
+    comm_mpi *m;
+    int rc = open_mpi(&m, err);
     if (rc != 0) {
-        mn_destroy(c);
+        mpi_destroy(m);
         return rc;
     }
-    *rank = c->m->rank;
-    *world = c->m->world;
-    return kern_comm_wrap(&kern_comm_mpi_nccl_ops, c, out, err);
+    unsigned char id[KERN_COMM_NCCL_ID_BYTES] = {0};
+    rc = m->rank == 0 ? kern_comm_nccl_unique_id(id, err) : 0;
+    /* every rank reaches the broadcast; a failed id is sent as zeros and
+     * the failing rank 0 ends the job (MPI_Abort) before anyone uses it */
+    if (mpi_check(m, MPI_Bcast(id, KERN_COMM_NCCL_ID_BYTES, MPI_BYTE, 0, m->comm), "MPI_Bcast") != 0)
+        rc = acc_err_set(err, ACC_EDEVICE, "devices", "%s", m->fail_msg);
+    if (rc != 0) {
+        mpi_destroy(m);
+        return rc;
+    }
+    *rank = m->rank;
+    *world = m->world;
+    return kern_comm_nccl_open_rank(m->world, m->rank, ordinal, id, &mpi_ops, m, out, err);
 }
 #else
 int kern_comm_mpi_open_nccl(int ordinal, kern_comm **out, int *rank, int *world, acc_err *err)

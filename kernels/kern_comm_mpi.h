@@ -1,8 +1,10 @@
-/* kern_comm_mpi: the communicator of CPU-device ranks that are processes
- * (one per device, started by mpirun), over MPI_COMM_WORLD.
+/* kern_comm_mpi: opening the communicator of ranks that are processes (one
+ * per device, started by mpirun), over MPI_COMM_WORLD. Only the rank
+ * program (daemon/rank_main.c) links it.
  *
- * It implements the declared set kern_comm_ops (kern_comm.h) with the same
- * arithmetic as the shared-memory communicator (kern_comm_cpu.h), so a job
+ * kern_comm_mpi.c implements the declared set kern_comm_ops (kern_comm.h)
+ * for CPU ranks with the same arithmetic as the shared-memory communicator
+ * (kernels/cpu/kern_comm_cpu.c), so a job
  * run as w rank processes gets the bits of the same job run as w threads:
  * the spans' concatenation is cut into the same w chunks, rank r receives
  * chunk r of every rank (MPI_Alltoallv) and sums it in rank order 0..w-1
@@ -42,11 +44,9 @@ int kern_comm_mpi_open(kern_comm **out, int *rank, int *world, acc_err *err);
 /* CUDA builds: the GPU variant. This process's rank of MPI_COMM_WORLD runs
  * on CUDA device `ordinal`; rank 0's NCCL unique id is broadcast over MPI
  * (MPI_Bcast) and every process joins with ncclCommInitRank. The
- * reductions are NCCL's (kern_comm_nccl.h: device buffers, the rank's
+ * reductions are NCCL's (kern_comm_nccl_open_rank: device buffers, the rank's
  * stream, ncclCommAbort on abort or error), the barrier MPI's. Without
  * CUDA: ACC_EDEVICE. */
 int kern_comm_mpi_open_nccl(int ordinal, kern_comm **out, int *rank, int *world, acc_err *err);
-
-extern const kern_comm_ops kern_comm_mpi_ops;
 
 #endif

@@ -4,9 +4,10 @@
  * (devices) and, on each rank, into a accumulation steps of m sequences
  * (the micro batch): B = m * a * w, always. That rule lives here only: the
  * spec parser, the trainer (its split now, which an out-of-memory lowers
- * and "auto" raises), the planner's candidates and a resumed checkpoint's
- * saved split all build their split with batch_split_make or move it with
- * batch_split_with_micro, so nothing else re-checks the arithmetic. Pure
+ * and "auto" raises), the planner's candidates, a resumed checkpoint's
+ * saved split and the rank program's split at its launcher's world
+ * (batch_split_resolve) all build their split with batch_split_make or
+ * move it with batch_split_with_micro, so nothing else re-checks the arithmetic. Pure
  * functions on a small value type.
  */
 #ifndef ACC_BATCH_SPLIT_H

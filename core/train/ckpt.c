@@ -729,3 +729,65 @@ int ckpt_resolve(const char *path, char *dir_out, size_t dir_n, acc_err *err)
     close(fd);
     return rc;
 }
+
+/* The newest good checkpoint of the job in its own output_dir (only
+ * checkpoints carrying its job_uid); ACC_ENOTFOUND without one. */
+static int find_own(const ckpt_job *j, ckpt_reject_fn reject, void *ctx, int *fd, char *dir, size_t n,
+                    ckpt_state *st)
+{
+    int ofd;
+    *fd = -1;
+    if (j->output_dir[0] == '\0' || sp_open_dir(j->output_root, j->output_dir, "output_dir", &ofd, NULL, 0, NULL) != 0)
+        return ACC_ENOTFOUND;
+    int rc = ckpt_find_at(ofd, j->output_dir, j->job_uid, j->adopt_unnamed, reject, ctx, fd, dir, n, st, NULL);
+    close(ofd);
+    return rc;
+}
+
+/* resume_from: a checkpoint directory or a job's output directory under
+ * output_root, opened through safepath and verified. */
+static int find_named(const ckpt_job *j, ckpt_reject_fn reject, void *ctx, int *fd, char *dir, size_t n,
+                      ckpt_state *st, acc_err *err)
+{
+    int rfd;
+    int rc = sp_open_dir(j->output_root, j->resume_from, "resume_from", &rfd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = ckpt_resolve_at(rfd, j->resume_from, reject, ctx, fd, dir, n, st, err);
+    close(rfd);
+    return rc;
+}
+
+int ckpt_discover(const ckpt_job *j, ckpt_reject_fn reject, void *ctx, int *ckpt_fd, char *dir_out,
+                  size_t dir_n, ckpt_state *st, acc_err *err)
+{
+    bool own = find_own(j, reject, ctx, ckpt_fd, dir_out, dir_n, st) == 0;
+    if (j->output_dir[0] != '\0')
+        ckpt_prune(j->output_dir, j->keep, own ? st->step : -1);
+    if (own || j->resume_from[0] == '\0')
+        return 0;
+    return find_named(j, reject, ctx, ckpt_fd, dir_out, dir_n, st, err);
+}
+
+int ckpt_check_resume_from(const char *output_root, const char *resume_from, const model_config *cfg,
+                           int max_steps, acc_err *err)
+{
+    if (resume_from[0] == '\0')
+        return 0;
+    int rfd, cfd = -1;
+    char dir[PATH_MAX];
+    ckpt_state st;
+    int rc = sp_open_dir(output_root, resume_from, "resume_from", &rfd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = ckpt_resolve_at(rfd, resume_from, NULL, NULL, &cfd, dir, sizeof dir, &st, err);
+    close(rfd);
+    if (rc == 0)
+        rc = ckpt_check_model_at(cfd, dir, cfg, err);
+    if (cfd >= 0)
+        close(cfd);
+    if (rc == 0 && st.step > max_steps)
+        rc = acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s is at step %d, past max_steps %d", dir,
+                         st.step, max_steps);
+    return rc;
+}

@@ -148,6 +148,34 @@ int ckpt_find_at(int outfd, const char *output_dir, const char *uid, bool adopt_
 int ckpt_resolve_at(int fd, const char *path, ckpt_reject_fn reject, void *ctx, int *ckpt_fd,
                     char *dir_out, size_t dir_n, ckpt_state *st, acc_err *err);
 
+/* Where a job's checkpoints are, for ckpt_discover: the job's own fields. */
+typedef struct ckpt_job {
+    const char *output_root;  /* output_dir and resume_from lie under it (safepath.h) */
+    const char *output_dir;   /* the job's own checkpoints ("" = none) */
+    const char *job_uid;      /* its own carry this uid (or none, with adopt_unnamed) */
+    bool adopt_unnamed;
+    const char *resume_from;  /* "" = none */
+    int keep;                 /* checkpoints kept in output_dir */
+} ckpt_job;
+
+/* The checkpoint a job starts from: its own newest good one in output_dir
+ * (a job requeued after a restart), else resume_from's (a checkpoint
+ * directory or a job's output directory, opened through safepath and
+ * verified: its failure is returned), else none: 0 with *ckpt_fd = -1.
+ * Prunes output_dir to `keep` first (never the checkpoint chosen from
+ * it), so a crash never leaves more behind. Every checkpoint passed over
+ * is reported to `reject`. With one: *ckpt_fd its directory, open;
+ * dir_out its path; *st its state. */
+int ckpt_discover(const ckpt_job *j, ckpt_reject_fn reject, void *ctx, int *ckpt_fd, char *dir_out,
+                  size_t dir_n, ckpt_state *st, acc_err *err);
+
+/* resume_from at submit: a usable checkpoint of model `cfg` under
+ * output_root, not past max_steps (the output root itself, or a directory
+ * without checkpoints, is refused now rather than failing at start).
+ * 0 when resume_from is "". ACC_EINVAL naming resume_from otherwise. */
+int ckpt_check_resume_from(const char *output_root, const char *resume_from, const model_config *cfg,
+                           int max_steps, acc_err *err);
+
 /* Keep only the newest `keep` checkpoints under output_dir (and never the
  * one at `protect_step`, -1 for none); partial ones are removed. */
 void ckpt_prune(const char *output_dir, int keep, int protect_step);

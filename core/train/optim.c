@@ -5,9 +5,9 @@
 
 #define PI 3.14159265358979323846
 
-static int total_steps(const job_spec *s)
+static int total_steps(const job_spec *s, const optim_steps *run)
 {
-    return s->lr.total_steps > 0 ? s->lr.total_steps : s->max_steps;
+    return s->lr.total_steps > 0 ? s->lr.total_steps : run->max_steps;
 }
 
 /* DeepSpeed's log warmup: 0 at step 0 ... 1 at step warmup-1 */
@@ -19,10 +19,10 @@ static double log_warmup(int step, int warmup)
     return g > 1.0 ? 1.0 : g;
 }
 
-static double cosine_lr(const job_spec *s, int step)
+static double cosine_lr(const job_spec *s, const optim_steps *run, int step)
 {
     double lr = s->optim.lr, min_lr = s->lr.min_lr;
-    int w = s->lr.warmup_steps, total = s->max_steps;
+    int w = run->warmup_steps, total = run->max_steps;
     if (step < w)
         return lr * (step + 1) / w;
     if (step >= total || total <= w)
@@ -31,26 +31,26 @@ static double cosine_lr(const job_spec *s, int step)
     return min_lr + 0.5 * (1.0 + cos(PI * ratio)) * (lr - min_lr);
 }
 
-static double warmup_lr(const job_spec *s, int step)
+static double warmup_lr(const job_spec *s, const optim_steps *run, int step)
 {
     double lo = s->lr.warmup_min_lr, hi = s->optim.lr;
-    return lo + (hi - lo) * log_warmup(step, s->lr.warmup_steps);
+    return lo + (hi - lo) * log_warmup(step, run->warmup_steps);
 }
 
-static double warmup_decay_lr(const job_spec *s, int step)
+static double warmup_decay_lr(const job_spec *s, const optim_steps *run, int step)
 {
-    int w = s->lr.warmup_steps, total = total_steps(s);
+    int w = run->warmup_steps, total = total_steps(s, run);
     if (step < w)
-        return warmup_lr(s, step);
+        return warmup_lr(s, run, step);
     if (total <= w)
         return 0.0;
     double f = (double)(total - step) / (double)(total - w);
     return s->optim.lr * (f > 0.0 ? f : 0.0);
 }
 
-static double warmup_cosine_lr(const job_spec *s, int step)
+static double warmup_cosine_lr(const job_spec *s, const optim_steps *run, int step)
 {
-    int w = s->lr.warmup_steps, total = total_steps(s);
+    int w = run->warmup_steps, total = total_steps(s, run);
     double lr = s->optim.lr;
     if (step < w) {
         double lo = lr > 0 ? s->lr.warmup_min_lr / lr : 0.0;
@@ -65,11 +65,17 @@ static double warmup_cosine_lr(const job_spec *s, int step)
 
 double optim_lr(const job_spec *s, int step)
 {
+    const optim_steps run = {.max_steps = s->max_steps, .warmup_steps = s->lr.warmup_steps};
+    return optim_lr_run(s, &run, step);
+}
+
+double optim_lr_run(const job_spec *s, const optim_steps *run, int step)
+{
     switch (s->lr.type) {
-    case SPEC_LR_COSINE: return cosine_lr(s, step);
-    case SPEC_LR_WARMUP: return step < s->lr.warmup_steps ? warmup_lr(s, step) : s->optim.lr;
-    case SPEC_LR_WARMUP_DECAY: return warmup_decay_lr(s, step);
-    case SPEC_LR_WARMUP_COSINE: return warmup_cosine_lr(s, step);
+    case SPEC_LR_COSINE: return cosine_lr(s, run, step);
+    case SPEC_LR_WARMUP: return step < run->warmup_steps ? warmup_lr(s, run, step) : s->optim.lr;
+    case SPEC_LR_WARMUP_DECAY: return warmup_decay_lr(s, run, step);
+    case SPEC_LR_WARMUP_COSINE: return warmup_cosine_lr(s, run, step);
     case SPEC_LR_CONSTANT:
     default: return s->optim.lr;
     }

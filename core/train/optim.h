@@ -22,6 +22,16 @@
 
 double optim_lr(const job_spec *spec, int step);
 
+/* The schedule's lengths as a run resolved them: max_steps and
+ * lr.warmup_steps, which num_train_epochs and lr.warmup_ratio give only
+ * once the data is open (the trainer keeps them; the spec is not changed). */
+typedef struct optim_steps {
+    int max_steps, warmup_steps;
+} optim_steps;
+
+/* optim_lr with the run's lengths instead of the spec's. */
+double optim_lr_run(const job_spec *spec, const optim_steps *run, int step);
+
 /* The factor gradients are multiplied by for global-norm clipping (1 when
  * clip is off or the norm is within it). */
 double optim_clip_scale(double grad_norm, double clip);

@@ -99,6 +99,12 @@ typedef struct rank_ctx {
 struct trainer {
     job_spec spec;
     const zero_ops *zero;      /* the row of spec.zero_stage (zero.h) */
+    /* what the start resolved, kept here (the spec is never written):
+     * the starting split (the planner's pick for "auto", a resumed
+     * checkpoint's, else the spec's) and the schedule's lengths
+     * (num_train_epochs and lr.warmup_ratio resolved once the data is open) */
+    int micro0, accum0;
+    optim_steps steps;
     kern_device_info devs[TRAIN_MAX_RANKS];
     int nranks, threads;
     train_event_fn on_event;
@@ -216,23 +222,29 @@ static void emit(trainer *t, train_event *ev)
 
 /* ---- the spec checks shared by trainer_check_spec and trainer_start */
 
-static int check_batch(const job_spec *s, acc_err *err)
+static int check_split(const job_spec *s, int micro, int accum, acc_err *err)
 {
     /* first: "auto" below must not skip it (the rank tables have TRAIN_MAX_RANKS entries) */
     if (s->devices > TRAIN_MAX_RANKS)
         return acc_err_set(err, ACC_EINVAL, "devices", "at most %d devices per job",
                            TRAIN_MAX_RANKS);
     if (s->micro_auto && s->devices >= 1 && s->train_batch_size >= 1 &&
-        s->train_batch_size % s->devices == 0 && s->micro_batch < 1)
+        s->train_batch_size % s->devices == 0 && micro < 1)
         return 0; /* the planner picks m at trainer_start */
     batch_split split;
-    int rc = batch_split_make(s->train_batch_size, s->micro_batch, s->accum_steps, s->devices,
+    int rc = batch_split_make(s->train_batch_size, micro, accum, s->devices,
                               TRAIN_MAX_RANKS, &split, err);
     if (rc != 0)
         return rc;
     if (s->max_steps < 0)
         return acc_err_set(err, ACC_EINVAL, "max_steps", "must be >= 0");
     return 0;
+}
+
+/* The spec's own split. */
+static int check_batch(const job_spec *s, acc_err *err)
+{
+    return check_split(s, s->micro_batch, s->accum_steps, err);
 }
 
 static int resolve_config(const job_spec *s, model_config *cfg, acc_err *err)
@@ -308,35 +320,10 @@ static int open_data(trainer *t, const job_spec *s, data_source **train, data_so
     return rc;
 }
 
-/* resume_from at submit: a usable checkpoint of this model under the
- * output root, not past max_steps (the output root itself, or a directory
- * without checkpoints, is refused now rather than failing at start). */
-static int check_resume_from(const job_spec *s, const model_config *cfg, acc_err *err)
-{
-    if (s->resume_from[0] == '\0')
-        return 0;
-    int rfd, cfd = -1;
-    char dir[PATH_MAX];
-    ckpt_state st;
-    int rc = sp_open_dir(s->output_root, s->resume_from, "resume_from", &rfd, NULL, 0, err);
-    if (rc != 0)
-        return rc;
-    rc = ckpt_resolve_at(rfd, s->resume_from, NULL, NULL, &cfd, dir, sizeof dir, &st, err);
-    close(rfd);
-    if (rc == 0)
-        rc = ckpt_check_model_at(cfd, dir, cfg, err);
-    if (cfd >= 0)
-        close(cfd);
-    if (rc == 0 && st.step > s->max_steps)
-        rc = acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s is at step %d, past max_steps %d", dir,
-                         st.step, s->max_steps);
-    return rc;
-}
-
 /* num_train_epochs without max_steps: max_steps = ceil(epochs x samples / B). */
 static int steps_from_epochs(trainer *t, acc_err *err)
 {
-    job_spec *s = &t->spec;
+    const job_spec *s = &t->spec;
     if (s->num_train_epochs <= 0 || s->max_steps_given)
         return 0;
     double steps = ceil(s->num_train_epochs * (double)data_num_samples(t->train) / s->train_batch_size);
@@ -344,12 +331,13 @@ static int steps_from_epochs(trainer *t, acc_err *err)
         return acc_err_set(err, ACC_EINVAL, "num_train_epochs",
                            "num_train_epochs %g over %llu samples is %g steps, outside [1, 100000000]",
                            s->num_train_epochs, (unsigned long long)data_num_samples(t->train), steps);
-    s->max_steps = (int)steps;
+    t->steps.max_steps = (int)steps;
     /* h-dsconf: warmup_ratio (Hugging Face's) of the total now known */
     if (s->lr.warmup_ratio > 0 && s->lr.warmup_steps == 0)
-        s->lr.warmup_steps = (int)ceil(s->lr.warmup_ratio * (s->lr.total_steps > 0 ? s->lr.total_steps : s->max_steps));
-    emit_progress(t, "ready", data_num_samples(t->train), data_num_samples(t->train), s->max_steps);
-    emit_log(t, 0, "max_steps %d from num_train_epochs %g x %llu samples / train_batch_size %d", s->max_steps,
+        t->steps.warmup_steps =
+            (int)ceil(s->lr.warmup_ratio * (s->lr.total_steps > 0 ? s->lr.total_steps : t->steps.max_steps));
+    emit_progress(t, "ready", data_num_samples(t->train), data_num_samples(t->train), t->steps.max_steps);
+    emit_log(t, 0, "max_steps %d from num_train_epochs %g x %llu samples / train_batch_size %d", t->steps.max_steps,
              s->num_train_epochs, (unsigned long long)data_num_samples(t->train), s->train_batch_size);
     return 0;
 }
@@ -363,7 +351,7 @@ int trainer_check_spec(const job_spec *spec, acc_err *err)
     if (rc == 0) /* every size from the spec's numbers fits 64 bits */
         rc = plan_check_sizes(spec, err);
     if (rc == 0)
-        rc = check_resume_from(spec, &cfg, err);
+        rc = ckpt_check_resume_from(spec->output_root, spec->resume_from, &cfg, spec->max_steps, err);
     data_source *tr = NULL, *va = NULL;
     if (rc == 0 && spec->data.packing && !model_family_of(&cfg)->packing)
         return acc_err_set(err, ACC_EINVAL, "data.packing",
@@ -480,8 +468,8 @@ static int rank_setup(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
     const job_spec *s = &t->spec;
-    int T = s->model.seq_len, m = s->micro_batch;
-    int rc = batch_split_make(s->train_batch_size, m, s->accum_steps, t->nranks, TRAIN_MAX_RANKS,
+    int T = s->model.seq_len, m = t->micro0;
+    int rc = batch_split_make(s->train_batch_size, m, t->accum0, t->nranks, TRAIN_MAX_RANKS,
                               &rs->split, err);
     if (rc != 0)
         return rc;
@@ -1013,7 +1001,7 @@ static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
                            "the last checkpoint is of step %d or earlier",
                            step + 1, !isfinite(loss) ? "loss" : "gradient norm", !isfinite(loss) ? loss : norm,
                            step);
-    double lr = optim_lr(s, step);
+    double lr = optim_lr_run(s, &t->steps, step);
     adamw_step(rs->opt, &m->layout, m->params, m->grads, (float)lr, &s->optim,
                (float)optim_clip_scale(norm, s->optim.grad_clip));
     if ((rc = t->zero->gather_params(t->comm, rs->rank, m->params, m->ngrad)) != 0)
@@ -1339,7 +1327,7 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
     const job_spec *s = &t->spec;
     int done = step + 1;
     if (t->val != NULL && s->eval_interval > 0 &&
-        (done % s->eval_interval == 0 || done == s->max_steps)) {
+        (done % s->eval_interval == 0 || done == t->steps.max_steps)) {
         double vl = 0.0;
         uint64_t ntok = 0, nsamp = 0;
         int rc = run_eval(rs, &vl, &ntok, &nsamp, err);
@@ -1354,11 +1342,11 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
     int rc = 0;
     if ((rs->rank == 0 || t->zero->state_sharded) && s->output_dir[0] != '\0' &&
         ((s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0) ||
-         done == s->max_steps))
+         done == t->steps.max_steps))
         rc = save_checkpoint(rs, done, err); /* ZeRO: every rank, for the gather */
-    if (rc == 0 && rs->rank == 0 && done == s->max_steps && s->output_dir[0] != '\0' && s->export_dir[0] != '\0')
+    if (rc == 0 && rs->rank == 0 && done == t->steps.max_steps && s->output_dir[0] != '\0' && s->export_dir[0] != '\0')
         rc = export_run(rs, done, err); /* h-results, issue 23 */
-    if (rc == 0 && s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0 && done < s->max_steps)
+    if (rc == 0 && s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0 && done < t->steps.max_steps)
         maybe_raise_micro(rs, done);
     return rc;
 }
@@ -1426,7 +1414,7 @@ static int rank_run(rank_state *rs, acc_err *err)
         if (t->hooks != NULL)
             t->hooks->steps_done = t->start_step;
     }
-    for (int step = t->start_step; step < s->max_steps; step++) {
+    for (int step = t->start_step; step < t->steps.max_steps; step++) {
         if ((rc = train_step(rs, step, err)) != 0)
             return rc;
         if (rs->rank == 0 && rs->done > t->start_step)
@@ -1539,7 +1527,7 @@ static void trainer_destroy(trainer *t)
  * to it. */
 static int plan_start_split(trainer *t, const kern_device_info *devs, acc_err *err)
 {
-    job_spec *s = &t->spec;
+    const job_spec *s = &t->spec;
     uint64_t budget = 0;
     for (int r = 0; r < s->devices && r < TRAIN_MAX_RANKS; r++)
         if (devs[r].mem_total != 0 && (budget == 0 || devs[r].mem_total < budget))
@@ -1556,8 +1544,8 @@ static int plan_start_split(trainer *t, const kern_device_info *devs, acc_err *e
         /* nothing fits: start at the smallest split and let the first step
          * fail with the numbers (or succeed, if the margin was the problem) */
         const plan_row *r = &rows[start >= 0 ? start : 0];
-        s->micro_batch = r->micro_batch;
-        s->accum_steps = r->accum_steps;
+        t->micro0 = r->micro_batch;
+        t->accum0 = r->accum_steps;
         t->recompute0 = r->recompute;
         snprintf(t->plan_note, sizeof t->plan_note,
                  "micro batch \"auto\": %d%s, predicted peak %.1f MiB, budget %.1f MiB "
@@ -1567,8 +1555,8 @@ static int plan_start_split(trainer *t, const kern_device_info *devs, acc_err *e
                  PLAN_MARGIN_PCT, chosen >= 0 ? "" : " (nothing fits)");
     } else if (rc == 0 && start >= 0 && rows[start].micro_batch != s->micro_batch) {
         plan_start_note(s, rows, n, chosen, budget, t->plan_note, sizeof t->plan_note);
-        s->micro_batch = rows[start].micro_batch;
-        s->accum_steps = rows[start].accum_steps;
+        t->micro0 = rows[start].micro_batch;
+        t->accum0 = rows[start].accum_steps;
         t->recompute0 = rows[start].recompute;
     }
     free(rows);
@@ -1591,55 +1579,22 @@ static void on_ckpt_rejected(void *ctx, const char *dir, const char *why)
     t->rejected++;
 }
 
-/* The newest good checkpoint of this job in its own output_dir (a job
- * requeued after a restart; only checkpoints carrying its job_uid). */
-static int find_own(trainer *t, int *fd, char *dir, size_t n, ckpt_state *st)
-{
-    const job_spec *s = &t->spec;
-    int ofd;
-    *fd = -1;
-    if (s->output_dir[0] == '\0' ||
-        sp_open_dir(s->output_root, s->output_dir, "output_dir", &ofd, NULL, 0, NULL) != 0)
-        return ACC_ENOTFOUND;
-    int rc = ckpt_find_at(ofd, s->output_dir, s->job_uid, s->adopt_unnamed, on_ckpt_rejected, t, fd, dir,
-                          n, st, NULL);
-    close(ofd);
-    return rc;
-}
-
-/* spec.resume_from: a checkpoint directory or a job's output directory
- * under output_root, opened through safepath and verified. */
-static int find_named(trainer *t, int *fd, char *dir, size_t n, ckpt_state *st, acc_err *err)
-{
-    const job_spec *s = &t->spec;
-    int rfd;
-    int rc = sp_open_dir(s->output_root, s->resume_from, "resume_from", &rfd, NULL, 0, err);
-    if (rc != 0)
-        return rc;
-    rc = ckpt_resolve_at(rfd, s->resume_from, on_ckpt_rejected, t, fd, dir, n, st, err);
-    close(rfd);
-    return rc;
-}
-
-/* Resume from the job's own newest good checkpoint, else from
- * spec.resume_from, else start at step 0 (saying so when checkpoints were
- * passed over). The saved split (after OOM adaptation) is kept when it
- * still divides the batch. Prunes the output dir to `keep` at start too, so
- * a crash never leaves more than checkpoint_keep behind. */
+/* Resume from the checkpoint ckpt_discover finds (the job's own newest
+ * good one, else spec.resume_from's), else start at step 0 (saying so
+ * when checkpoints were passed over). The saved split (after OOM
+ * adaptation) is kept when it still divides the batch. */
 static int find_resume(trainer *t, acc_err *err)
 {
-    job_spec *s = &t->spec;
+    const job_spec *s = &t->spec;
     char dir[PATH_MAX];
     ckpt_state st;
     int fd = -1;
-    bool own = find_own(t, &fd, dir, sizeof dir, &st) == 0;
-    if (s->output_dir[0] != '\0')
-        ckpt_prune(s->output_dir, t->keep, own ? st.step : -1);
-    if (!own && s->resume_from[0] != '\0') {
-        int rc = find_named(t, &fd, dir, sizeof dir, &st, err);
-        if (rc != 0)
-            return rc;
-    } else if (!own) {
+    const ckpt_job where = {.output_root = s->output_root, .output_dir = s->output_dir, .job_uid = s->job_uid,
+                            .adopt_unnamed = s->adopt_unnamed, .resume_from = s->resume_from, .keep = t->keep};
+    int rc = ckpt_discover(&where, on_ckpt_rejected, t, &fd, dir, sizeof dir, &st, err);
+    if (rc != 0)
+        return rc;
+    if (fd < 0) {
         if (t->rejected > 0)
             emit_log(t, 0, "no usable checkpoint of this job (%d passed over): starting from step 0",
                      t->rejected);
@@ -1647,17 +1602,16 @@ static int find_resume(trainer *t, acc_err *err)
     }
     t->resume_fd = fd;
     /* with num_train_epochs alone, max_steps is known once the data is */
-    if (st.step > s->max_steps && (s->num_train_epochs <= 0 || s->max_steps_given))
+    if (st.step > t->steps.max_steps && (s->num_train_epochs <= 0 || s->max_steps_given))
         return acc_err_set(err, ACC_EINVAL, "resume_from", "checkpoint %s is at step %d, past max_steps %d",
-                           dir, st.step, s->max_steps);
+                           dir, st.step, t->steps.max_steps);
     batch_split any, saved;
     if (s->devices >= 1 && s->train_batch_size % s->devices == 0 &&
         batch_split_make(s->train_batch_size, 1, s->train_batch_size / s->devices, s->devices, 0,
                          &any, NULL) == 0 &&
         batch_split_with_micro(&any, st.micro_batch, &saved) == 0) {
-        s->micro_batch = saved.m;
-        s->accum_steps = saved.a;
-        s->micro_auto = false;
+        t->micro0 = saved.m;
+        t->accum0 = saved.a;
     }
     t->recompute0 = t->recompute0 || st.recompute;
     t->start_step = st.step;
@@ -1672,13 +1626,16 @@ static int prepare_spec(trainer *t, const kern_device_info *devs, acc_err *err)
         if (devs[r].mem_total != 0 && (t->min_budget == 0 || devs[r].mem_total < t->min_budget))
             t->min_budget = devs[r].mem_total;
     t->recompute0 = t->spec.activation_checkpointing;
+    t->micro0 = t->spec.micro_batch;
+    t->accum0 = t->spec.accum_steps;
+    t->steps = (optim_steps){.max_steps = t->spec.max_steps, .warmup_steps = t->spec.lr.warmup_steps};
     int rc = check_batch(&t->spec, err);
     if (rc == 0 && (t->spec.micro_auto || (t->start_where_fits && t->spec.oom_adapt)))
         rc = plan_start_split(t, devs, err);
     if (rc == 0)
         rc = find_resume(t, err);
     if (rc == 0)
-        rc = check_batch(&t->spec, err);
+        rc = check_split(&t->spec, t->micro0, t->accum0, err);
     if (rc == 0)
         rc = resolve_config(&t->spec, &t->cfg, err);
     return rc;

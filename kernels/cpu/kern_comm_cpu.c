@@ -1,30 +1,82 @@
-/* kern_comm_cpu: the shared-memory communicator (see kern_comm_cpu.h). */
+/* kern_comm_cpu: the shared-memory communicator of a job's CPU-device ranks,
+ * kern_comm.h's declared set for CPU ranks that are threads of one process
+ * (kern_comm_create).
+ *
+ * Shared memory: every rank passes its own buffer, * and shm_allreduce() leaves the elementwise sum in all of them. It is
+ * a reduce-scatter followed by an all-gather: rank r sums chunk r of all
+ * buffers in rank order 0..w-1 (so the result is bitwise reproducible and
+ * identical on every rank), then each rank copies the other chunks. Ranks
+ * meet at barriers; shm_abort() wakes every waiter and makes every
+ * later call return ACC_ECANCELLED at once, so a rank that fails or is
+ * cancelled never leaves the others hanging.
+ *
+ * shm_reduce_start() is the same collective over a list of spans
+ * of each rank's buffer (their concatenation is split into the w chunks), * done when it returns; shm_reduce_finish() only ends and counts
+ * one reduction, for the bucketed call shape of kern_comm.h. Counts: one
+ * per call, not per rank (reductions and span lists separately).
+ *
+ * ZeRO: shm_scatter_start() is the reduce-scatter of a span list:
+ * each rank sums the span elements of its own shard of [0, n)
+ * (kern_shard_lo) in rank order 0..w-1 -- the same sum, element for
+ * element, as the all-reduce's -- and the elements at offsets >= n are
+ * all-reduced; done when it returns, ended by reduce_finish.
+ * shm_allgather() copies each rank's shard of [0, n) to the
+ * others.
+ */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kern_comm_cpu.h"
-
 #include "kern_comm.h"
 
 #define COMM_MAX_RANKS 64
 
-struct kern_comm_cpu {
+typedef struct kern_comm_cpu {
     int nranks;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int arrived;            /* ranks at the current barrier */
-    int inside;             /* ranks inside kern_comm_cpu_allreduce */
+    int inside;             /* ranks inside shm_allreduce */
     uint64_t generation;    /* barriers completed */
     atomic_int aborted;
     atomic_uint_least64_t calls;   /* reductions finished (rank 0) */
     atomic_uint_least64_t buckets; /* span lists reduced (rank 0) */
     float *bufs[COMM_MAX_RANKS]; /* published by each rank for one all-reduce */
+} kern_comm_cpu;
+
+/* the declared set (kern_comm.h), implemented below */
+static void shm_destroy(void *impl);
+static int shm_barrier(void *impl);
+static void shm_abort(void *impl);
+static int shm_aborted(void *impl);
+static uint64_t shm_allreduce_calls(void *impl);
+static uint64_t shm_bucket_calls(void *impl);
+static int shm_reduce_start(void *impl, int rank, float *base, const kern_span *spans, int nspans);
+static int shm_reduce_finish(void *impl, int rank);
+static int shm_scatter_start(void *impl, int rank, float *base, const kern_span *spans, int nspans, size_t n);
+static int shm_allgather(void *impl, int rank, float *buf, size_t n);
+static int shm_allreduce(void *impl, int rank, float *buf, size_t n);
+
+static const kern_comm_ops shm_ops = {
+    .name = "shm",
+    .destroy = shm_destroy,
+    .bind = NULL, /* CPU ranks share the host's memory: nothing to bind */
+    .allreduce = shm_allreduce,
+    .reduce_start = shm_reduce_start,
+    .reduce_finish = shm_reduce_finish,
+    .scatter_start = shm_scatter_start,
+    .allgather = shm_allgather,
+    .barrier = shm_barrier,
+    .abort = shm_abort,
+    .aborted = shm_aborted,
+    .error = NULL, /* shared memory never fails this way */
+    .allreduce_calls = shm_allreduce_calls,
+    .bucket_calls = shm_bucket_calls,
 };
 
-int kern_comm_cpu_create(int nranks, kern_comm_cpu **out, acc_err *err)
+int kern_comm_create(int nranks, kern_comm **out, acc_err *err)
 {
     *out = NULL;
     if (nranks < 1 || nranks > COMM_MAX_RANKS)
@@ -46,12 +98,12 @@ int kern_comm_cpu_create(int nranks, kern_comm_cpu **out, acc_err *err)
     atomic_init(&c->aborted, 0);
     atomic_init(&c->calls, 0);
     atomic_init(&c->buckets, 0);
-    *out = c;
-    return 0;
+    return kern_comm_wrap(&shm_ops, c, out, err);
 }
 
-void kern_comm_cpu_destroy(kern_comm_cpu *c)
+static void shm_destroy(void *impl)
 {
+    kern_comm_cpu *c = impl;
     if (c == NULL)
         return;
     pthread_cond_destroy(&c->cv);
@@ -59,8 +111,9 @@ void kern_comm_cpu_destroy(kern_comm_cpu *c)
     free(c);
 }
 
-int kern_comm_cpu_barrier(kern_comm_cpu *c)
+static int shm_barrier(void *impl)
 {
+    kern_comm_cpu *c = impl;
     pthread_mutex_lock(&c->mu);
     if (atomic_load(&c->aborted)) {
         pthread_mutex_unlock(&c->mu);
@@ -80,26 +133,30 @@ int kern_comm_cpu_barrier(kern_comm_cpu *c)
     return rc;
 }
 
-void kern_comm_cpu_abort(kern_comm_cpu *c)
+static void shm_abort(void *impl)
 {
+    kern_comm_cpu *c = impl;
     pthread_mutex_lock(&c->mu);
     atomic_store(&c->aborted, 1);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
 
-int kern_comm_cpu_aborted(kern_comm_cpu *c)
+static int shm_aborted(void *impl)
 {
+    kern_comm_cpu *c = impl;
     return atomic_load(&c->aborted);
 }
 
-uint64_t kern_comm_cpu_allreduce_calls(kern_comm_cpu *c)
+static uint64_t shm_allreduce_calls(void *impl)
 {
+    kern_comm_cpu *c = impl;
     return atomic_load(&c->calls);
 }
 
-uint64_t kern_comm_cpu_bucket_calls(kern_comm_cpu *c)
+static uint64_t shm_bucket_calls(void *impl)
 {
+    kern_comm_cpu *c = impl;
     return atomic_load(&c->buckets);
 }
 
@@ -166,7 +223,7 @@ static int reduce_phases(kern_comm_cpu *c, int rank, float *base, const kern_spa
                          size_t total)
 {
     c->bufs[rank] = base;
-    int rc = kern_comm_cpu_barrier(c);
+    int rc = shm_barrier(c);
     if (rc != 0)
         return rc;
     /* reduce-scatter: my chunk of every buffer, summed in rank order; only
@@ -174,7 +231,7 @@ static int reduce_phases(kern_comm_cpu *c, int rank, float *base, const kern_spa
     size_t lo, hi;
     chunk_of(total, c->nranks, rank, &lo, &hi);
     spans_op(c, rank, rank, sp, ns, lo, hi);
-    rc = kern_comm_cpu_barrier(c);
+    rc = shm_barrier(c);
     if (rc != 0)
         return rc;
     /* all-gather: every other chunk from its owner */
@@ -185,12 +242,13 @@ static int reduce_phases(kern_comm_cpu *c, int rank, float *base, const kern_spa
         spans_op(c, rank, r, sp, ns, lo, hi);
     }
     /* nobody may touch its buffer again until all have copied */
-    return kern_comm_cpu_barrier(c);
+    return shm_barrier(c);
 }
 
-int kern_comm_cpu_reduce_spans(kern_comm_cpu *c, int rank, float *base, const kern_span *spans,
+static int shm_reduce_start(void *impl, int rank, float *base, const kern_span *spans,
                                int nspans)
 {
+    kern_comm_cpu *c = impl;
     if (rank == 0)
         atomic_fetch_add(&c->buckets, 1);
     if (c->nranks == 1)
@@ -202,8 +260,9 @@ int kern_comm_cpu_reduce_spans(kern_comm_cpu *c, int rank, float *base, const ke
     return leave(c, reduce_phases(c, rank, base, spans, nspans, total));
 }
 
-int kern_comm_cpu_reduce_finish(kern_comm_cpu *c, int rank)
+static int shm_reduce_finish(void *impl, int rank)
 {
+    kern_comm_cpu *c = impl;
     if (rank == 0)
         atomic_fetch_add(&c->calls, 1);
     return atomic_load(&c->aborted) ? ACC_ECANCELLED : 0;
@@ -225,7 +284,7 @@ static int scatter_phases(kern_comm_cpu *c, int rank, float *base, const kern_sp
     for (int k = 0; k < nt; k++)
         total += tail[k].n;
     c->bufs[rank] = base;
-    int rc = kern_comm_cpu_barrier(c);
+    int rc = shm_barrier(c);
     if (rc != 0)
         return rc;
     for (int k = 0; k < no; k++)
@@ -233,7 +292,7 @@ static int scatter_phases(kern_comm_cpu *c, int rank, float *base, const kern_sp
     size_t lo, hi;
     chunk_of(total, c->nranks, rank, &lo, &hi);
     spans_op(c, rank, rank, tail, nt, lo, hi);
-    rc = kern_comm_cpu_barrier(c);
+    rc = shm_barrier(c);
     if (rc != 0 || nt == 0)
         return rc;
     for (int r = 0; r < c->nranks; r++) {
@@ -242,12 +301,13 @@ static int scatter_phases(kern_comm_cpu *c, int rank, float *base, const kern_sp
         chunk_of(total, c->nranks, r, &lo, &hi);
         spans_op(c, rank, r, tail, nt, lo, hi);
     }
-    return kern_comm_cpu_barrier(c);
+    return shm_barrier(c);
 }
 
-int kern_comm_cpu_scatter_spans(kern_comm_cpu *c, int rank, float *base, const kern_span *spans,
+static int shm_scatter_start(void *impl, int rank, float *base, const kern_span *spans,
                                 int nspans, size_t n)
 {
+    kern_comm_cpu *c = impl;
     if (rank == 0)
         atomic_fetch_add(&c->buckets, 1);
     if (c->nranks == 1)
@@ -261,7 +321,7 @@ int kern_comm_cpu_scatter_spans(kern_comm_cpu *c, int rank, float *base, const k
 static int gather_phases(kern_comm_cpu *c, int rank, float *buf, size_t n)
 {
     c->bufs[rank] = buf;
-    int rc = kern_comm_cpu_barrier(c);
+    int rc = shm_barrier(c);
     if (rc != 0)
         return rc;
     for (int r = 0; r < c->nranks; r++) {
@@ -269,65 +329,24 @@ static int gather_phases(kern_comm_cpu *c, int rank, float *buf, size_t n)
         if (r != rank && hi > lo)
             run_op(c, rank, r, lo, hi - lo);
     }
-    return kern_comm_cpu_barrier(c);
+    return shm_barrier(c);
 }
 
-int kern_comm_cpu_allgather(kern_comm_cpu *c, int rank, float *buf, size_t n)
+static int shm_allgather(void *impl, int rank, float *buf, size_t n)
 {
+    kern_comm_cpu *c = impl;
     if (c->nranks == 1)
         return atomic_load(&c->aborted) ? ACC_ECANCELLED : 0;
     enter(c);
     return leave(c, gather_phases(c, rank, buf, n));
 }
 
-int kern_comm_cpu_allreduce(kern_comm_cpu *c, int rank, float *buf, size_t n)
+static int shm_allreduce(void *impl, int rank, float *buf, size_t n)
 {
+    kern_comm_cpu *c = impl;
     kern_span all = {0, n};
-    int rc = kern_comm_cpu_reduce_spans(c, rank, buf, &all, 1);
-    int fin = kern_comm_cpu_reduce_finish(c, rank);
+    int rc = shm_reduce_start(c, rank, buf, &all, 1);
+    int fin = shm_reduce_finish(c, rank);
     return rc != 0 ? rc : fin;
 }
 
-/* ---- the declared set (kern_comm.h) */
-
-static void shm_destroy(void *c) { kern_comm_cpu_destroy(c); }
-static int shm_allreduce(void *c, int rank, float *buf, size_t n)
-{
-    return kern_comm_cpu_allreduce(c, rank, buf, n);
-}
-static int shm_reduce_start(void *c, int rank, float *base, const kern_span *spans, int nspans)
-{
-    return kern_comm_cpu_reduce_spans(c, rank, base, spans, nspans);
-}
-static int shm_reduce_finish(void *c, int rank) { return kern_comm_cpu_reduce_finish(c, rank); }
-static int shm_scatter_start(void *c, int rank, float *base, const kern_span *spans, int nspans,
-                             size_t n)
-{
-    return kern_comm_cpu_scatter_spans(c, rank, base, spans, nspans, n);
-}
-static int shm_allgather(void *c, int rank, float *buf, size_t n)
-{
-    return kern_comm_cpu_allgather(c, rank, buf, n);
-}
-static int shm_barrier(void *c) { return kern_comm_cpu_barrier(c); }
-static void shm_abort(void *c) { kern_comm_cpu_abort(c); }
-static int shm_aborted(void *c) { return kern_comm_cpu_aborted(c); }
-static uint64_t shm_allreduce_calls(void *c) { return kern_comm_cpu_allreduce_calls(c); }
-static uint64_t shm_bucket_calls(void *c) { return kern_comm_cpu_bucket_calls(c); }
-
-const kern_comm_ops kern_comm_cpu_ops = {
-    .name = "shm",
-    .destroy = shm_destroy,
-    .bind = NULL, /* CPU ranks share the host's memory: nothing to bind */
-    .allreduce = shm_allreduce,
-    .reduce_start = shm_reduce_start,
-    .reduce_finish = shm_reduce_finish,
-    .scatter_start = shm_scatter_start,
-    .allgather = shm_allgather,
-    .barrier = shm_barrier,
-    .abort = shm_abort,
-    .aborted = shm_aborted,
-    .error = NULL, /* shared memory never fails this way */
-    .allreduce_calls = shm_allreduce_calls,
-    .bucket_calls = shm_bucket_calls,
-};

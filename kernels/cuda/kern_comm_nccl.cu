@@ -1,6 +1,30 @@
-/* kern_comm_nccl: NCCL all-reduce between a job's GPU ranks.
- * Contract: kern_comm_nccl.h. Every CUDA and NCCL call is checked; the
- * first failure is kept (under the lock) and reported by kern_nccl_error. */
+/* kern_comm_nccl: kern_comm.h's declared set for CUDA ranks, over NCCL.
+ *
+ * `buf` is a device pointer on the rank's GPU, and each rank first binds
+ * (nc_bind) its CUDA device's stream (kern_cuda_stream()) so that the
+ * reduction is queued after that rank's backward without a host-side
+ * synchronisation. nc_allreduce() returns when the sum is in buf. Buckets
+ * (nc_reduce_start) travel on a second, high priority stream per rank,
+ * created at bind, so they overlap the compute stream's later kernels;
+ * nc_reduce_finish joins the two. The ZeRO reduce-scatter bucket is
+ * ncclReduce to each part's owner (ncclAllReduce for offsets >= n); the
+ * all-gather is ncclAllGather, or ncclBroadcast per owner for uneven shards.
+ *
+ * Ranks as threads (kern_comm_nccl_open): one communicator per rank, made
+ * by ncclCommInitAll from the creating thread over the job's GPU ordinals. Cancellation: nc_abort() (any
+ * thread) sets a flag; a rank waiting for its all-reduce polls the stream,
+ * the flag and ncclCommGetAsyncError, and on abort or a NCCL error calls
+ * ncclCommAbort on its own communicator and returns ACC_ECANCELLED (abort)
+ * or ACC_EDEVICE (error, which also aborts the others). So no rank hangs on
+ * a peer that failed. nc_destroy() (after the rank threads ended)
+ * aborts what is left of an aborted communicator, destroys a clean one.
+ *
+ * Ranks as processes (kern_comm_nccl_open_rank, from kernels/kern_comm_mpi.c):
+ * each process creates its one rank (ncclCommInitRank); the host
+ * communicator it is given stands in for the barrier (the one here is of
+ * this process's threads), hears of aborts and reports its own failures.
+ * Counts are kept by the rank 0 process only.
+ */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <pthread.h>
@@ -9,14 +33,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "kern_comm_nccl.h"
-
 extern "C" {
 #include "kern_comm.h" /* the declared set this file implements */
 }
 #include "kern_cuda.h"
 
-struct kern_nccl {
+typedef struct kern_nccl {
     int nranks;
     ncclComm_t *comms;      /* NULL once that rank aborted its own */
     cudaStream_t *streams;  /* bound per rank: its compute stream */
@@ -33,7 +55,26 @@ struct kern_nccl {
     unsigned long gen;
     int err_code;
     char err_msg[480];
-};
+    /* rank processes: the host communicator (MPI's) that stands in for the
+     * barrier, hears of aborts, reports its own failures; freed with this */
+    const kern_comm_ops *host;
+    void *host_impl;
+} kern_nccl;
+
+/* the declared set (kern_comm.h), implemented below */
+static int nc_bind(void *impl, int rank, kern_device *dev, acc_err *err);
+static void nc_destroy(void *impl);
+static int nc_reduce_start(void *impl, int rank, float *base, const kern_span *spans, int nspans);
+static int nc_scatter_start(void *impl, int rank, float *base, const kern_span *spans, int nspans, size_t n);
+static int nc_allgather(void *impl, int rank, float *buf, size_t n);
+static int nc_reduce_finish(void *impl, int rank);
+static int nc_allreduce(void *impl, int rank, float *buf, size_t n);
+static int nc_barrier(void *impl);
+static void nc_abort(void *impl);
+static int nc_aborted(void *impl);
+static uint64_t nc_allreduce_calls(void *impl);
+static uint64_t nc_bucket_calls(void *impl);
+static int nc_error(void *impl, acc_err *err);
 
 static void nccl_fail(kern_nccl *c, const char *what, const char *why)
 {
@@ -81,13 +122,13 @@ static kern_nccl *nccl_alloc(int nranks)
     pthread_cond_init(&c->cv, NULL);
     if (c->comms == NULL || c->streams == NULL || c->ordinals == NULL || c->cstreams == NULL ||
         c->ev_ready == NULL || c->ev_done == NULL) {
-        kern_nccl_destroy(c);
+        nc_destroy(c);
         return NULL;
     }
     return c;
 }
 
-extern "C" int kern_nccl_create(int nranks, const int *ordinals, kern_nccl **out, acc_err *err)
+static int nccl_create(int nranks, const int *ordinals, kern_nccl **out, acc_err *err)
 {
     *out = NULL;
     if (nranks < 1)
@@ -101,16 +142,16 @@ extern "C" int kern_nccl_create(int nranks, const int *ordinals, kern_nccl **out
         memset(c->comms, 0, (size_t)nranks * sizeof *c->comms);
         int code = acc_err_set(err, ACC_EDEVICE, "devices", "nccl: ncclCommInitAll(%d ranks): %s",
                                nranks, ncclGetErrorString(rc));
-        kern_nccl_destroy(c);
+        nc_destroy(c);
         return code;
     }
     *out = c;
     return 0;
 }
 
-static_assert(sizeof(ncclUniqueId) == KERN_NCCL_ID_BYTES, "KERN_NCCL_ID_BYTES is NCCL's id size");
+static_assert(sizeof(ncclUniqueId) == KERN_COMM_NCCL_ID_BYTES, "KERN_COMM_NCCL_ID_BYTES is NCCL's id size");
 
-extern "C" int kern_nccl_unique_id(unsigned char *id, acc_err *err)
+extern "C" int kern_comm_nccl_unique_id(unsigned char *id, acc_err *err)
 {
     ncclUniqueId u;
     ncclResult_t rc = ncclGetUniqueId(&u);
@@ -121,8 +162,8 @@ extern "C" int kern_nccl_unique_id(unsigned char *id, acc_err *err)
     return 0;
 }
 
-extern "C" int kern_nccl_create_rank(int world, int rank, int ordinal, const unsigned char *id,
-                                     kern_nccl **out, acc_err *err)
+static int nccl_create_rank(int world, int rank, int ordinal, const unsigned char *id, kern_nccl **out,
+                            acc_err *err)
 {
     *out = NULL;
     if (world < 1 || rank < 0 || rank >= world)
@@ -133,7 +174,7 @@ extern "C" int kern_nccl_create_rank(int world, int rank, int ordinal, const uns
     c->ordinals[rank] = ordinal; /* the other ranks' entries stay unused */
     cudaError_t e = cudaSetDevice(ordinal);
     if (e != cudaSuccess) {
-        kern_nccl_destroy(c);
+        nc_destroy(c);
         return acc_err_set(err, ACC_EDEVICE, "devices", "nccl: cudaSetDevice(%d): %s", ordinal,
                            cudaGetErrorString(e));
     }
@@ -144,7 +185,7 @@ extern "C" int kern_nccl_create_rank(int world, int rank, int ordinal, const uns
         c->comms[rank] = NULL;
         int code = acc_err_set(err, ACC_EDEVICE, "devices", "nccl: ncclCommInitRank(rank %d of %d): %s",
                                rank, world, ncclGetErrorString(rc));
-        kern_nccl_destroy(c);
+        nc_destroy(c);
         return code;
     }
     *out = c;
@@ -170,11 +211,14 @@ static void release_streams(kern_nccl *c)
     }
 }
 
-extern "C" void kern_nccl_destroy(kern_nccl *c)
+static void nc_destroy(void *impl)
 {
+    kern_nccl *c = (kern_nccl *)impl;
     if (c == NULL)
         return;
-    int ab = kern_nccl_aborted(c) || c->err_code != 0;
+    const kern_comm_ops *host = c->host;
+    void *host_impl = c->host_impl;
+    int ab = nc_aborted(c) || c->err_code != 0;
     for (int r = 0; c->comms != NULL && r < c->nranks; r++) {
         if (c->comms[r] == NULL)
             continue;
@@ -194,10 +238,14 @@ extern "C" void kern_nccl_destroy(kern_nccl *c)
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
+    if (host != NULL)
+        host->destroy(host_impl);
 }
 
-extern "C" int kern_nccl_bind(kern_nccl *c, int rank, void *stream, acc_err *err)
+static int nc_bind(void *impl, int rank, kern_device *dev, acc_err *err)
 {
+    kern_nccl *c = (kern_nccl *)impl;
+    void *stream = kern_cuda_stream(dev);
     if (rank < 0 || rank >= c->nranks)
         return acc_err_set(err, ACC_EINVAL, "", "nccl: rank %d of %d", rank, c->nranks);
     if (c->cstreams[rank] != NULL)
@@ -233,7 +281,7 @@ static void abort_own(kern_nccl *c, int rank)
 /* A failed call on rank `rank`: abort everyone, and our own communicator. */
 static int fail_rank(kern_nccl *c, int rank)
 {
-    kern_nccl_abort(c);
+    nc_abort(c);
     abort_own(c, rank);
     return ACC_EDEVICE;
 }
@@ -261,7 +309,7 @@ static int cancelled(kern_nccl *c, int rank)
  * always ends. 0, or the rank's failure. */
 static int bucket_begin(kern_nccl *c, int rank)
 {
-    if (kern_nccl_aborted(c))
+    if (nc_aborted(c))
         return cancelled(c, rank);
     if (!rank_ready(c, rank))
         return ACC_ESTATE;
@@ -275,9 +323,9 @@ static int bucket_begin(kern_nccl *c, int rank)
     return 0;
 }
 
-extern "C" int kern_nccl_reduce_start(kern_nccl *c, int rank, float *base, const kern_span *spans,
-                                      int nspans)
+static int nc_reduce_start(void *impl, int rank, float *base, const kern_span *spans, int nspans)
 {
+    kern_nccl *c = (kern_nccl *)impl;
     int rc = bucket_begin(c, rank);
     if (rc != 0)
         return rc;
@@ -300,9 +348,9 @@ extern "C" int kern_nccl_reduce_start(kern_nccl *c, int rank, float *base, const
  * ncclReduceScatter's equal counts cannot express), the part at offsets
  * >= n (the trainer's slots) into every rank; one NCCL group on the
  * communication stream, as reduce_start. */
-extern "C" int kern_nccl_scatter_start(kern_nccl *c, int rank, float *base, const kern_span *spans,
-                                       int nspans, size_t n)
+static int nc_scatter_start(void *impl, int rank, float *base, const kern_span *spans, int nspans, size_t n)
 {
+    kern_nccl *c = (kern_nccl *)impl;
     int rc = bucket_begin(c, rank);
     if (rc != 0)
         return rc;
@@ -333,9 +381,10 @@ static int wait_event(kern_nccl *c, int rank, cudaEvent_t ev);
  * owner in a group. Queued on the communication stream after the compute
  * stream's work, then the compute stream waits for it; not a reduction,
  * so not counted. */
-extern "C" int kern_nccl_allgather(kern_nccl *c, int rank, float *buf, size_t n)
+static int nc_allgather(void *impl, int rank, float *buf, size_t n)
 {
-    if (kern_nccl_aborted(c))
+    kern_nccl *c = (kern_nccl *)impl;
+    if (nc_aborted(c))
         return cancelled(c, rank);
     if (!rank_ready(c, rank))
         return ACC_ESTATE;
@@ -392,7 +441,7 @@ static int wait_event(kern_nccl *c, int rank, cudaEvent_t ev)
                 nccl_fail(c, "all-reduce (async)", ncclGetErrorString(ae));
             return fail_rank(c, rank);
         }
-        if (kern_nccl_aborted(c)) {
+        if (nc_aborted(c)) {
             abort_own(c, rank);
             return ACC_ECANCELLED;
         }
@@ -401,9 +450,10 @@ static int wait_event(kern_nccl *c, int rank, cudaEvent_t ev)
     }
 }
 
-extern "C" int kern_nccl_reduce_finish(kern_nccl *c, int rank)
+static int nc_reduce_finish(void *impl, int rank)
 {
-    if (kern_nccl_aborted(c))
+    kern_nccl *c = (kern_nccl *)impl;
+    if (nc_aborted(c))
         return cancelled(c, rank);
     if (!rank_ready(c, rank))
         return ACC_ESTATE;
@@ -417,17 +467,21 @@ extern "C" int kern_nccl_reduce_finish(kern_nccl *c, int rank)
     return wait_event(c, rank, ev);
 }
 
-extern "C" int kern_nccl_allreduce(kern_nccl *c, int rank, float *buf, size_t n)
+static int nc_allreduce(void *impl, int rank, float *buf, size_t n)
 {
+    kern_nccl *c = (kern_nccl *)impl;
     kern_span all = {0, n};
-    int rc = kern_nccl_reduce_start(c, rank, buf, &all, 1);
-    return rc != 0 ? rc : kern_nccl_reduce_finish(c, rank);
+    int rc = nc_reduce_start(c, rank, buf, &all, 1);
+    return rc != 0 ? rc : nc_reduce_finish(c, rank);
 }
 
-extern "C" int kern_nccl_barrier(kern_nccl *c)
+static int nc_barrier(void *impl)
 {
+    kern_nccl *c = (kern_nccl *)impl;
+    if (c->host != NULL) /* ranks in other processes: the host's barrier */
+        return nc_aborted(c) ? ACC_ECANCELLED : c->host->barrier(c->host_impl);
     pthread_mutex_lock(&c->mu);
-    if (kern_nccl_aborted(c)) {
+    if (nc_aborted(c)) {
         pthread_mutex_unlock(&c->mu);
         return ACC_ECANCELLED;
     }
@@ -437,7 +491,7 @@ extern "C" int kern_nccl_barrier(kern_nccl *c)
         c->gen++;
         pthread_cond_broadcast(&c->cv);
     } else {
-        while (g == c->gen && !kern_nccl_aborted(c))
+        while (g == c->gen && !nc_aborted(c))
             pthread_cond_wait(&c->cv, &c->mu);
     }
     int rc = g == c->gen ? ACC_ECANCELLED : 0;
@@ -445,72 +499,49 @@ extern "C" int kern_nccl_barrier(kern_nccl *c)
     return rc;
 }
 
-extern "C" void kern_nccl_abort(kern_nccl *c)
+static void nc_abort(void *impl)
 {
+    kern_nccl *c = (kern_nccl *)impl;
     pthread_mutex_lock(&c->mu);
     __atomic_store_n(&c->aborted, 1, __ATOMIC_SEQ_CST);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    if (c->host != NULL)
+        c->host->abort(c->host_impl);
 }
 
-extern "C" int kern_nccl_aborted(kern_nccl *c)
+static int nc_aborted(void *impl)
 {
+    kern_nccl *c = (kern_nccl *)impl;
     return __atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST);
 }
 
-extern "C" uint64_t kern_nccl_allreduce_calls(kern_nccl *c)
+static uint64_t nc_allreduce_calls(void *impl)
 {
+    kern_nccl *c = (kern_nccl *)impl;
     return __atomic_load_n(&c->calls, __ATOMIC_SEQ_CST);
 }
 
-extern "C" uint64_t kern_nccl_bucket_calls(kern_nccl *c)
+static uint64_t nc_bucket_calls(void *impl)
 {
+    kern_nccl *c = (kern_nccl *)impl;
     return __atomic_load_n(&c->buckets, __ATOMIC_SEQ_CST);
 }
 
-extern "C" int kern_nccl_error(kern_nccl *c, acc_err *err)
+static int nc_error(void *impl, acc_err *err)
 {
+    kern_nccl *c = (kern_nccl *)impl;
     pthread_mutex_lock(&c->mu);
     int code = c->err_code;
     if (code != 0)
         acc_err_set(err, code, "devices", "%s", c->err_msg);
     pthread_mutex_unlock(&c->mu);
-    return code;
+    return code != 0 || c->host == NULL || c->host->error == NULL ? code : c->host->error(c->host_impl, err);
 }
 
 /* ---- the declared set (kern_comm.h) */
 
-static void nc_destroy(void *c) { kern_nccl_destroy((kern_nccl *)c); }
-static int nc_bind(void *c, int rank, kern_device *dev, acc_err *err)
-{
-    return kern_nccl_bind((kern_nccl *)c, rank, kern_cuda_stream(dev), err);
-}
-static int nc_allreduce(void *c, int rank, float *buf, size_t n)
-{
-    return kern_nccl_allreduce((kern_nccl *)c, rank, buf, n);
-}
-static int nc_reduce_start(void *c, int rank, float *base, const kern_span *spans, int nspans)
-{
-    return kern_nccl_reduce_start((kern_nccl *)c, rank, base, spans, nspans);
-}
-static int nc_reduce_finish(void *c, int rank) { return kern_nccl_reduce_finish((kern_nccl *)c, rank); }
-static int nc_scatter_start(void *c, int rank, float *base, const kern_span *spans, int nspans,
-                            size_t n)
-{
-    return kern_nccl_scatter_start((kern_nccl *)c, rank, base, spans, nspans, n);
-}
-static int nc_allgather(void *c, int rank, float *buf, size_t n)
-{
-    return kern_nccl_allgather((kern_nccl *)c, rank, buf, n);
-}
-static int nc_barrier(void *c) { return kern_nccl_barrier((kern_nccl *)c); }
-static void nc_abort(void *c) { kern_nccl_abort((kern_nccl *)c); }
-static int nc_aborted(void *c) { return kern_nccl_aborted((kern_nccl *)c); }
-static int nc_error(void *c, acc_err *err) { return kern_nccl_error((kern_nccl *)c, err); }
-static uint64_t nc_allreduce_calls(void *c) { return kern_nccl_allreduce_calls((kern_nccl *)c); }
-static uint64_t nc_bucket_calls(void *c) { return kern_nccl_bucket_calls((kern_nccl *)c); }
-
-extern "C" const kern_comm_ops kern_comm_nccl_ops = {
+static const kern_comm_ops nccl_ops = {
     /* .name = */ "nccl",
     /* .destroy = */ nc_destroy,
     /* .bind = */ nc_bind,
@@ -526,3 +557,26 @@ extern "C" const kern_comm_ops kern_comm_nccl_ops = {
     /* .allreduce_calls = */ nc_allreduce_calls,
     /* .bucket_calls = */ nc_bucket_calls,
 };
+
+extern "C" int kern_comm_nccl_open(int nranks, const int *ordinals, kern_comm **out, acc_err *err)
+{
+    kern_nccl *c;
+    int rc = nccl_create(nranks, ordinals, &c, err);
+    return rc != 0 ? rc : kern_comm_wrap(&nccl_ops, c, out, err);
+}
+
+extern "C" int kern_comm_nccl_open_rank(int world, int rank, int ordinal, const unsigned char *id,
+                                        const kern_comm_ops *host, void *host_impl, kern_comm **out,
+                                        acc_err *err)
+{
+    kern_nccl *c;
+    *out = NULL;
+    int rc = nccl_create_rank(world, rank, ordinal, id, &c, err);
+    if (rc != 0) {
+        host->destroy(host_impl);
+        return rc;
+    }
+    c->host = host;
+    c->host_impl = host_impl;
+    return kern_comm_wrap(&nccl_ops, c, out, err);
+}

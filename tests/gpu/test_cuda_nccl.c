@@ -3,7 +3,7 @@
  * leaves the exact sum in every rank's device buffer, twice in a row, and
  * counts one call per all-reduce; a bucketed reduction (two span lists on
  * the communication stream, then finish) sums exactly the spans and leaves
- * the rest alone, and a kernel launched right after the wait succeeds; barrier works; after kern_nccl_abort()
+ * the rest alone, and a kernel launched right after the wait succeeds; barrier works; after kern_comm_abort()
  * the all-reduce and the barrier return ACC_ECANCELLED at once and destroy
  * does not hang. ZeRO: a reduce-scatter of the same buckets leaves each
  * rank the sums of its shard of [0, ZN) and of the span parts past ZN
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kern_comm_nccl.h"
+#include "kern_comm.h"
 #include "kern_cuda.h"
 #include "kern_device.h"
 #include "kern_discover.h"
@@ -37,7 +37,7 @@ static int in_buckets(int i)
 
 typedef struct rank_arg {
     int rank, nranks;
-    kern_nccl *comm;
+    kern_comm *comm;
     const kern_device_info *info;
     int failures;
 } rank_arg;
@@ -50,10 +50,10 @@ static void *rank_main(void *p)
     float *buf = NULL, *h = malloc(NELEM * sizeof *h);
     if (h == NULL || kern_cuda_open(a->info, 1, &d, &err) != 0 ||
         d->ops->alloc(d, NELEM * sizeof(float), (void **)&buf, &err) != 0 ||
-        kern_nccl_bind(a->comm, a->rank, kern_cuda_stream(d), &err) != 0) {
+        kern_comm_bind(a->comm, a->rank, d, &err) != 0) {
         fprintf(stderr, "rank %d: setup: %s\n", a->rank, err.msg);
         a->failures++;
-        kern_nccl_abort(a->comm);
+        kern_comm_abort(a->comm);
         goto out;
     }
     for (int round = 0; round < ROUNDS; round++) {
@@ -62,18 +62,18 @@ static void *rank_main(void *p)
         for (int i = 0; i < NELEM; i++)
             h[i] = (float)((i % 97) + a->rank * 3 + round);
         d->ops->upload(d, buf, h, NELEM * sizeof *h);
-        int rc = bucketed ? kern_nccl_reduce_start(a->comm, a->rank, buf, bucket_a, 2)
-                          : kern_nccl_allreduce(a->comm, a->rank, buf, NELEM);
+        int rc = bucketed ? kern_comm_reduce_start(a->comm, a->rank, buf, bucket_a, 2)
+                          : kern_comm_allreduce(a->comm, a->rank, buf, NELEM);
         if (rc == 0 && bucketed)
-            rc = kern_nccl_reduce_start(a->comm, a->rank, buf, bucket_b, 2);
+            rc = kern_comm_reduce_start(a->comm, a->rank, buf, bucket_b, 2);
         if (rc == 0 && bucketed)
-            rc = kern_nccl_reduce_finish(a->comm, a->rank);
+            rc = kern_comm_reduce_finish(a->comm, a->rank);
         /* a kernel right after the wait: the polled "not ready" must not be
          * left behind as a launch failure (kern_cuda_last_error below) */
         if (rc == 0 && bucketed)
             (void)d->ops->sumsq(d, buf, 16);
         if (rc != 0) {
-            kern_nccl_error(a->comm, &err);
+            kern_comm_error(a->comm, &err);
             fprintf(stderr, "rank %d: allreduce rc %d %s\n", a->rank, rc, err.msg);
             a->failures++;
             goto out;
@@ -93,7 +93,7 @@ static void *rank_main(void *p)
             }
         }
         a->failures += bad;
-        if (kern_nccl_barrier(a->comm) != 0) {
+        if (kern_comm_barrier(a->comm) != 0) {
             fprintf(stderr, "rank %d: barrier failed\n", a->rank);
             a->failures++;
         }
@@ -102,11 +102,11 @@ static void *rank_main(void *p)
     for (int i = 0; i < NELEM; i++)
         h[i] = (float)((i % 89) + a->rank * 5);
     d->ops->upload(d, buf, h, NELEM * sizeof *h);
-    int rc = kern_nccl_scatter_start(a->comm, a->rank, buf, bucket_a, 2, ZN);
+    int rc = kern_comm_scatter_start(a->comm, a->rank, buf, bucket_a, 2, ZN);
     if (rc == 0)
-        rc = kern_nccl_scatter_start(a->comm, a->rank, buf, bucket_b, 2, ZN);
+        rc = kern_comm_scatter_start(a->comm, a->rank, buf, bucket_b, 2, ZN);
     if (rc == 0)
-        rc = kern_nccl_reduce_finish(a->comm, a->rank);
+        rc = kern_comm_reduce_finish(a->comm, a->rank);
     size_t lo = kern_shard_lo(ZN, a->rank, a->nranks), hi = kern_shard_lo(ZN, a->rank + 1, a->nranks);
     if (rc == 0) {
         d->ops->download(d, h, buf, NELEM * sizeof *h);
@@ -126,7 +126,7 @@ static void *rank_main(void *p)
         for (int i = 0; i < NELEM; i++)
             h[i] = (size_t)i >= lo && (size_t)i < hi ? (float)(i % 1013) : -1.0f;
         d->ops->upload(d, buf, h, NELEM * sizeof *h);
-        rc = kern_nccl_allgather(a->comm, a->rank, buf, ZN);
+        rc = kern_comm_allgather(a->comm, a->rank, buf, ZN);
     }
     if (rc == 0) {
         d->ops->download(d, h, buf, NELEM * sizeof *h);
@@ -139,7 +139,7 @@ static void *rank_main(void *p)
         a->failures += bad;
     }
     if (rc != 0) {
-        kern_nccl_error(a->comm, &err);
+        kern_comm_error(a->comm, &err);
         fprintf(stderr, "rank %d: ZeRO collectives rc %d %s\n", a->rank, rc, err.msg);
         a->failures++;
     }
@@ -167,9 +167,9 @@ int main(void)
     int nr = n < MAXR ? n : MAXR, ord[MAXR];
     for (int r = 0; r < nr; r++)
         ord[r] = g[r].index;
-    kern_nccl *c = NULL;
-    if (kern_nccl_create(nr, ord, &c, &err) != 0) {
-        fprintf(stderr, "FAIL: kern_nccl_create: %s\n", err.msg);
+    kern_comm *c = NULL;
+    if (kern_comm_nccl_open(nr, ord, &c, &err) != 0) {
+        fprintf(stderr, "FAIL: kern_comm_nccl_open: %s\n", err.msg);
         return 1;
     }
     pthread_t th[MAXR];
@@ -184,21 +184,21 @@ int main(void)
         failures += args[r].failures;
     }
     printf("%d rank(s), %llu reductions, %llu buckets\n", nr,
-           (unsigned long long)kern_nccl_allreduce_calls(c),
-           (unsigned long long)kern_nccl_bucket_calls(c));
+           (unsigned long long)kern_comm_allreduce_calls(c),
+           (unsigned long long)kern_comm_bucket_calls(c));
     /* the ZeRO round: one more reduction of two buckets; all-gathers are not counted */
-    if (kern_nccl_allreduce_calls(c) != ROUNDS + 1 || kern_nccl_bucket_calls(c) != ROUNDS + 3) {
+    if (kern_comm_allreduce_calls(c) != ROUNDS + 1 || kern_comm_bucket_calls(c) != ROUNDS + 3) {
         fprintf(stderr, "FAIL: expected %d reductions and %d buckets\n", ROUNDS + 1, ROUNDS + 3);
         failures++;
     }
     /* abort: everything returns ACC_ECANCELLED without waiting for peers */
-    kern_nccl_abort(c);
-    if (!kern_nccl_aborted(c) || kern_nccl_allreduce(c, 0, NULL, 0) != ACC_ECANCELLED ||
-        kern_nccl_barrier(c) != ACC_ECANCELLED) {
+    kern_comm_abort(c);
+    if (!kern_comm_aborted(c) || kern_comm_allreduce(c, 0, NULL, 0) != ACC_ECANCELLED ||
+        kern_comm_barrier(c) != ACC_ECANCELLED) {
         fprintf(stderr, "FAIL: calls after abort must return ACC_ECANCELLED\n");
         failures++;
     }
-    kern_nccl_destroy(c);
+    kern_comm_destroy(c);
     if (failures) {
         printf("%d check(s) failed\n", failures);
         return 1;

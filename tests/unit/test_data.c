@@ -283,6 +283,26 @@ static void test_lr_schedules(void **state)
     NEAR(optim_clip_scale(5.0, 0.0), 1.0);
 }
 
+/* The run's lengths (num_train_epochs, warmup_ratio resolved by the
+ * trainer) stand in for the spec's, which stays as written: the cosine
+ * schedule of max_steps 110 / warmup 10 given as a run over a spec that
+ * says 5 / 0 has the hand-computed values of test_lr_schedules. */
+static void test_lr_run_lengths(void **state)
+{
+    (void)state;
+    job_spec s;
+    lr_spec(&s, SPEC_LR_COSINE);
+    s.max_steps = 5;
+    s.lr.warmup_steps = 0;
+    const optim_steps run = {.max_steps = 110, .warmup_steps = 10};
+    NEAR(optim_lr_run(&s, &run, 0), 0.1);
+    NEAR(optim_lr_run(&s, &run, 60), 0.1 + 0.45);
+    NEAR(optim_lr_run(&s, &run, 110), 0.1);
+    NEAR(optim_lr(&s, 0), 1.0); /* the spec's own: no warmup, decay to 5 */
+    assert_int_equal(s.max_steps, 5);
+    assert_int_equal(s.lr.warmup_steps, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -293,6 +313,7 @@ int main(void)
         cmocka_unit_test(test_slots_independent_of_split),
         cmocka_unit_test(test_check_spec_fields),
         cmocka_unit_test(test_lr_schedules),
+        cmocka_unit_test(test_lr_run_lengths),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

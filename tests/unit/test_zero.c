@@ -30,6 +30,7 @@
 #include "fsutil.h"
 #include "mem_plan.h"
 #include "trainer_run.h"
+#include "zero.h"
 
 #define CAP_STEPS 256
 #define BATCH 8
@@ -484,9 +485,48 @@ static void test_cancel_checkpoint(void **state)
     }
 }
 
+/* The stages' table (zero.h): one row per stage, nothing past the last;
+ * what a rank keeps is everything at stage 0, else the ranks' ranges are
+ * in rank order, disjoint, cover [0, n) and differ in size by at most one
+ * (checked here from the ranges alone). */
+static void test_table(void **state)
+{
+    (void)state;
+    assert_null(zero_ops_of(-1));
+    assert_null(zero_ops_of(ZERO_MAX_STAGE + 1));
+    static const size_t ns[] = {0, 1, 7, 1000003};
+    for (int stage = 0; stage <= ZERO_MAX_STAGE; stage++) {
+        const zero_ops *z = zero_ops_of(stage);
+        assert_non_null(z);
+        assert_int_equal(z->stage, stage);
+        assert_int_equal(z->state_sharded, stage >= 1);
+        assert_int_equal(z->grads_sharded, stage == 2);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            for (int w = 1; w <= 5; w++) {
+                size_t next = 0, small = (size_t)-1, big = 0;
+                for (int r = 0; r < w; r++) {
+                    size_t lo, hi;
+                    z->keep(ns[i], r, w, &lo, &hi);
+                    if (stage == 0) {
+                        assert_true(lo == 0 && hi == ns[i]);
+                        continue;
+                    }
+                    assert_true(lo == next && hi >= lo);
+                    next = hi;
+                    small = hi - lo < small ? hi - lo : small;
+                    big = hi - lo > big ? hi - lo : big;
+                }
+                if (stage >= 1)
+                    assert_true(next == ns[i] && big - small <= 1);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_table),
         cmocka_unit_test(test_gpt2_stages),
         cmocka_unit_test(test_gpt2_four),
         cmocka_unit_test(test_llama_stages),
