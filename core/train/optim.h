@@ -18,9 +18,9 @@
 #ifndef ACC_OPTIM_H
 #define ACC_OPTIM_H
 
-#include "job_spec.h"
+#include "train_cfg.h"
 
-double optim_lr(const job_spec *spec, int step);
+double optim_lr(const train_cfg *spec, int step);
 
 /* The factor gradients are multiplied by for global-norm clipping (1 when
  * clip is off or the norm is within it). */
