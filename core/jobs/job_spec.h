@@ -20,6 +20,8 @@
 #include "err.h"
 #include "train_cfg.h" /* the sections the engine reads: model_cfg.h, data_cfg.h, train_cfg.h */
 
+#define SPEC_MAX_RESTARTS 100 /* max_restarts at most */
+
 typedef struct job_spec {
     char name[128];
     spec_model model;

@@ -65,7 +65,6 @@ typedef struct spec_lr {
 } spec_lr;
 
 #define SPEC_MAX_BATCH (1 << 24) /* train_batch_size at most */
-#define SPEC_MAX_RESTARTS 100
 #define SPEC_MAX_NODES 16
 #define SPEC_MAX_WORLD 16 /* ranks of a job over its nodes (trainer.h TRAIN_MAX_RANKS) */
 
