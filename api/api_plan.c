@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "api_http.h"
+#include "job_train_cfg.h"
 #include "jobs.h"
 #include "plan_table.h"
 #include "trainer.h"
@@ -57,7 +58,7 @@ static int hw_memory(const json_t *v, uint64_t *out, acc_err *err)
 }
 
 /* The hardware object into hw, defaults from the spec and this machine. */
-static int parse_hardware(const jobs_mgr *m, const json_t *h, const job_spec *spec, plan_hw *hw, acc_err *err)
+static int parse_hardware(const jobs_mgr *m, const json_t *h, const train_cfg *spec, plan_hw *hw, acc_err *err)
 {
     static const char *const keys[] = {"device_memory", "devices", "kind", NULL};
     kern_dev_kind here = m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU; /* all of one kind */
@@ -178,13 +179,13 @@ static json_t *summary_json(const plan_table *t, bool spec_recompute)
 
 /* The LoRA settings the table's LoRA rows were planned with (the spec's
  * section or the defaults), null when it has none. */
-static json_t *lora_json(const job_spec *spec, const plan_table *t)
+static json_t *lora_json(const train_cfg *spec, const plan_table *t)
 {
     const plan_group *g = NULL;
     for (int i = 0; i < t->ngroups && g == NULL; i++)
         if (t->groups[i].v.lora)
             g = &t->groups[i];
-    job_spec *vs = g ? malloc(sizeof *vs) : NULL;
+    train_cfg *vs = g ? malloc(sizeof *vs) : NULL;
     model_config cfg;
     json_t *o = NULL;
     if (vs != NULL && plan_variant_spec(spec, &t->hw, &g->v, vs, NULL) == 0 && plan_model_config(vs, &cfg, NULL) == 0) {
@@ -199,7 +200,7 @@ static json_t *lora_json(const job_spec *spec, const plan_table *t)
     return o ? o : json_null();
 }
 
-static json_t *answer(const job_spec *spec, const model_config *cfg, const plan_table *t, bool hw_given)
+static json_t *answer(const train_cfg *spec, const model_config *cfg, const plan_table *t, bool hw_given)
 {
     json_t *rows = json_array(), *groups = json_array();
     for (int i = 0; rows && i < t->nrows; i++)
@@ -230,13 +231,16 @@ int api_plan_compute(const jobs_mgr *m, const char *body, size_t len, json_t **o
     json_object_del(req, "hardware"); /* the rest is a job spec */
     char *spec_text = json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(req);
-    job_spec *spec = malloc(sizeof *spec);
+    job_spec *js = malloc(sizeof *js);
+    train_cfg *spec = malloc(sizeof *spec); /* the engine's part of js */
     plan_table t = {0};
     model_config cfg;
     plan_hw hw;
-    int rc = spec_text == NULL || spec == NULL ? acc_err_set(err, ACC_ENOMEM, NULL, "out of memory") : 0;
+    int rc = spec_text == NULL || js == NULL || spec == NULL ? acc_err_set(err, ACC_ENOMEM, NULL, "out of memory") : 0;
     if (rc == 0)
-        rc = job_spec_parse_plan(spec_text, strlen(spec_text), m->conf, spec, err);
+        rc = job_spec_parse_plan(spec_text, strlen(spec_text), m->conf, js, err);
+    if (rc == 0)
+        job_spec_train_cfg(js, spec);
     if (rc == 0)
         rc = parse_hardware(m, hw_in, spec, &hw, err);
     /* (h-results, issue 23) another world than the spec's: its batch keys
@@ -255,6 +259,7 @@ int api_plan_compute(const jobs_mgr *m, const char *body, size_t len, json_t **o
     json_decref(hw_in);
     free(spec_text);
     free(spec);
+    free(js);
     return rc;
 }
 

@@ -65,7 +65,7 @@ static void parse_args(int argc, char **argv, bench_args *a)
     }
 }
 
-static void make_spec(const bench_args *a, job_spec *s, int B, int m, int steps)
+static void make_spec(const bench_args *a, train_cfg *s, int B, int m, int steps)
 {
     memset(s, 0, sizeof *s);
     snprintf(s->model.arch, sizeof s->model.arch, "gpt2");
@@ -89,7 +89,7 @@ static void make_spec(const bench_args *a, job_spec *s, int B, int m, int steps)
 }
 
 /* One run; returns the median tokens/s after warm-up, and the peak. */
-static int run(const bench_args *a, const job_spec *s, double *tok_s, uint64_t *peak)
+static int run(const bench_args *a, const train_cfg *s, double *tok_s, uint64_t *peak)
 {
     kern_device_info dev = {.kind = KERN_DEV_CPU, .index = 0, .mem_total = 8ull << 30};
     snprintf(dev.name, sizeof dev.name, "cpu0");
@@ -111,7 +111,7 @@ static int run(const bench_args *a, const job_spec *s, double *tok_s, uint64_t *
 }
 
 /* Median tokens/s over a->runs runs of the same spec. */
-static int run_median(const bench_args *a, const job_spec *s, double *tok_s, uint64_t *peak)
+static int run_median(const bench_args *a, const train_cfg *s, double *tok_s, uint64_t *peak)
 {
     double tok[16];
     for (int r = 0; r < a->runs; r++)
@@ -123,7 +123,7 @@ static int run_median(const bench_args *a, const job_spec *s, double *tok_s, uin
 
 static int throughput_over_m(const bench_args *a)
 {
-    job_spec s;
+    train_cfg s;
     make_spec(a, &s, a->batch, 1, a->steps);
     uint64_t budget = (uint64_t)(a->budget_mib * 1024 * 1024);
     plan_row rows[PLAN_MAX_ROWS];
@@ -163,7 +163,7 @@ static int peak_over_m_a(const bench_args *a)
         for (size_t i = 0; i < sizeof ms / sizeof *ms; i++) {
             uint64_t peak[3] = {0};
             for (size_t j = 0; j < sizeof as / sizeof *as; j++) {
-                job_spec s;
+                train_cfg s;
                 make_spec(a, &s, ms[i] * as[j], ms[i], 1);
                 s.activation_checkpointing = rec;
                 double tok;
@@ -191,7 +191,7 @@ static int recompute_cost(const bench_args *a)
         double tok[2];
         uint64_t peak[2];
         for (int rec = 0; rec < 2; rec++) {
-            job_spec s;
+            train_cfg s;
             make_spec(a, &s, a->batch, ms[i], a->steps);
             s.activation_checkpointing = rec;
             if (run_median(a, &s, &tok[rec], &peak[rec]) != 0)

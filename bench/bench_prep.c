@@ -32,7 +32,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_prep TOKENIZER_DIR FILE.jsonl THREADS SEQ_LEN TEMPLATE CACHE_DIR\n");
         return 2;
     }
-    static job_spec s;
+    static data_cfg s;
     memset(&s, 0, sizeof s);
     s.data.format = SPEC_DATA_CHAT;
     s.model.seq_len = atoi(argv[4]);

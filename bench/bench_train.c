@@ -110,7 +110,7 @@ static void parse_args(int argc, char **argv, bench_args *a)
     }
 }
 
-static void make_spec(const bench_args *a, job_spec *s)
+static void make_spec(const bench_args *a, train_cfg *s)
 {
     memset(s, 0, sizeof *s);
     snprintf(s->model.arch, sizeof s->model.arch, "gpt2");
@@ -138,7 +138,7 @@ int main(int argc, char **argv)
 {
     bench_args a;
     parse_args(argc, argv, &a);
-    job_spec s;
+    train_cfg s;
     make_spec(&a, &s);
     model_config cfg;
     acc_err err = {0};

@@ -45,7 +45,7 @@ static void parse_args(int argc, char **argv, bench_args *a)
     }
 }
 
-static void make_spec(const bench_args *a, job_spec *s, int w, int zero)
+static void make_spec(const bench_args *a, train_cfg *s, int w, int zero)
 {
     memset(s, 0, sizeof *s);
     snprintf(s->model.arch, sizeof s->model.arch, "llama");
@@ -90,7 +90,7 @@ int main(int argc, char **argv)
         for (int zero = 0; zero <= 2; zero++) {
             if (w == 1 && zero > 0)
                 continue; /* ZeRO needs devices >= 2 */
-            job_spec s;
+            train_cfg s;
             make_spec(&a, &s, w, zero);
             model_config cfg;
             acc_err err = {0};

@@ -40,7 +40,7 @@
 #include "batch_split.h"
 #include "conf.h"
 #include "err.h"
-#include "job_spec.h"
+#include "job_train_cfg.h"
 #include "kern_comm.h"
 #include "kern_comm_mpi.h"
 #include "kern_discover.h"
@@ -160,7 +160,7 @@ static void write_done(rank_prog *p, const train_hooks *h)
 
 /* ---- the spec, the same on every rank */
 
-static int load_spec(const rank_prog *p, job_spec *s, acc_err *err)
+static int load_spec(const rank_prog *p, train_cfg *s, acc_err *err)
 {
     acc_conf conf;
     conf_defaults(&conf);
@@ -176,8 +176,12 @@ static int load_spec(const rank_prog *p, job_spec *s, acc_err *err)
     fclose(f);
     if (text == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
-    int rc = job_spec_parse(text, n, &conf, s, err);
+    job_spec *js = malloc(sizeof *js);
+    int rc = js != NULL ? job_spec_parse(text, n, &conf, js, err) : acc_err_set(err, ACC_ENOMEM, "", "out of memory");
     free(text);
+    if (rc == 0)
+        job_spec_train_cfg(js, s);
+    free(js);
     if (rc != 0)
         return rc;
     if (p->a.output_dir != NULL)
@@ -197,7 +201,7 @@ static int load_spec(const rank_prog *p, job_spec *s, acc_err *err)
  * spec went); rank 0 learns the first rank that cannot and fails the job
  * with its host and message; every rank learns the verdict, so all stop
  * or none. Every rank makes the same two calls, whatever failed before. */
-static int check_everywhere(rank_prog *p, const job_spec *s, int rc, acc_err *err)
+static int check_everywhere(rank_prog *p, const train_cfg *s, int rc, acc_err *err)
 {
     enum { MSG = 768 };
     char mine[MSG] = "";
@@ -290,7 +294,7 @@ static int local_rank(acc_err *err, int *out)
     return rc == MPI_SUCCESS ? 0 : acc_err_set(err, ACC_EDEVICE, "", "MPI_Comm_rank failed");
 }
 
-static int run_job(rank_prog *p, kern_comm *comm, const job_spec *s, train_hooks *h, acc_err *err)
+static int run_job(rank_prog *p, kern_comm *comm, const train_cfg *s, train_hooks *h, acc_err *err)
 {
     kern_device_info devs[TRAIN_MAX_RANKS];
     int rc = job_devices(p, p->ordinal, 1, devs, err);
@@ -328,7 +332,7 @@ static int open_events(rank_prog *p, acc_err *err)
 /* The job in this process: world, spec, check, run. */
 static int rank_program(rank_prog *p, kern_comm *comm, acc_err *err)
 {
-    job_spec *s = calloc(1, sizeof *s);
+    train_cfg *s = calloc(1, sizeof *s);
     if (s == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
     train_hooks h = {.inject_oom = p->a.oom_rank >= 0 ? inject_oom : NULL, .oom_ctx = &p->a,

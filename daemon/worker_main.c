@@ -25,6 +25,7 @@
 #include <jansson.h>
 
 #include "tev_json.h"
+#include "job_train_cfg.h"
 #include "worker_proto.h"
 
 enum wk_fault_kind { FAULT_NONE, FAULT_SEGV, FAULT_ABORT, FAULT_EXIT, FAULT_HANG };
@@ -689,7 +690,11 @@ static int run(worker *w)
         return -1;
     if (w->init->rank_mode)
         return run_ranks(w);
-    trainer_opts o = {.spec = &w->init->spec, .devices = w->init->devices,
+    train_cfg *cfg = malloc(sizeof *cfg); /* trainer_start copies it */
+    if (cfg == NULL)
+        return -1;
+    job_spec_train_cfg(&w->init->spec, cfg);
+    trainer_opts o = {.spec = cfg, .devices = w->init->devices,
                       .threads_per_device = w->init->threads_per_device,
                       .checkpoint_keep = w->init->checkpoint_keep, .async_start = true,
                       .on_event = on_event, .event_ctx = w,
@@ -698,7 +703,9 @@ static int run(worker *w)
                       .start_where_fits = getenv("ACCUMD_TEST_OOM_AT_GIVEN") == NULL};
     acc_err err = {0};
     trainer *tr = NULL;
-    if (trainer_start(&o, &tr, &err) != 0) {
+    int rc = trainer_start(&o, &tr, &err);
+    free(cfg);
+    if (rc != 0) {
         *w->done_ev = (train_event){.kind = TEV_DONE, .status = err.code};
         snprintf(w->done_ev->msg, sizeof w->done_ev->msg, "%s", err.msg);
         send_json(w, tev_to_json(w->done_ev));

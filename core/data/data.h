@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "err.h"
-#include "job_spec.h"
+#include "data_cfg.h"
 
 #define DATA_SHARD_MAGIC 20240520
 #define DATA_SHARD_VERSION 1

@@ -27,7 +27,7 @@ enum { HDR_WORDS = 8 };
 
 /* What a sample is made with: tokenizer, template, the spec's options. */
 typedef struct prep_ctx {
-    const job_spec *spec;
+    const data_cfg *spec;
     tok_tokenizer *tok;
     tok_files tf;            /* the tokenizer's files as read: parsed and hashed */
     jinja_template *tpl;     /* chat only */
@@ -58,7 +58,7 @@ static void ctx_free(prep_ctx *c)
     memset(c, 0, sizeof *c);
 }
 
-static int ctx_open(const job_spec *s, prep_ctx *c, acc_err *err)
+static int ctx_open(const data_cfg *s, prep_ctx *c, acc_err *err)
 {
     memset(c, 0, sizeof *c);
     c->spec = s;
@@ -179,7 +179,7 @@ typedef struct mapped {
 
 /* A data file the spec names: under the roots, a regular file, opened
  * without blocking (safepath.h). */
-static int open_data(const job_spec *s, const char *path, const char *field, int *fd, acc_err *err)
+static int open_data(const data_cfg *s, const char *path, const char *field, int *fd, acc_err *err)
 {
     return sp_open_file(s->data_roots, path, field, fd, NULL, 0, err);
 }
@@ -212,7 +212,7 @@ static int map_path(const char *path, const char *field, mapped *m, acc_err *err
     return rc;
 }
 
-static int map_data(const job_spec *s, const char *path, const char *field, mapped *m, acc_err *err)
+static int map_data(const data_cfg *s, const char *path, const char *field, mapped *m, acc_err *err)
 {
     int fd;
     memset(m, 0, sizeof *m);
@@ -322,7 +322,7 @@ static int expand_files(const char *spec_path, const char *field, prep_files *f,
 /* the columns a record reads (records.h); the rest of a row is never read */
 static const char *const record_columns[] = {"messages", "conversations", "prompt", "completion", "text", NULL};
 
-static int open_parquet(const job_spec *s, const char *path, const char *field, pq_reader **r, acc_err *err)
+static int open_parquet(const data_cfg *s, const char *path, const char *field, pq_reader **r, acc_err *err)
 {
     int fd;
     int rc = open_data(s, path, field, &fd, err);
@@ -346,7 +346,7 @@ static int open_parquet(const job_spec *s, const char *path, const char *field, 
     return 0;
 }
 
-static bool is_parquet_file(const job_spec *s, const char *path, const char *field)
+static bool is_parquet_file(const data_cfg *s, const char *path, const char *field)
 {
     int fd;
     if (open_data(s, path, field, &fd, NULL) != 0)
@@ -424,7 +424,7 @@ int prep_infer_format(const char *roots, const char *train, bool tokenizer, spec
 {
     const char *field = "data.format";
     prep_files f;
-    job_spec s;
+    data_cfg s;
     memset(&s, 0, sizeof s);
     snprintf(s.data_roots, sizeof s.data_roots, "%s", roots);
     int rc = expand_files(train, "data.train", &f, err);
@@ -578,7 +578,7 @@ static int check_files(const prep_ctx *c, tok_encoder *enc, const char *spec_pat
     return rc;
 }
 
-int prep_validate(const job_spec *s, acc_err *err)
+int prep_validate(const data_cfg *s, acc_err *err)
 {
     prep_ctx c;
     int rc = ctx_open(s, &c, err);
@@ -600,7 +600,7 @@ int prep_validate(const job_spec *s, acc_err *err)
 /* ---- the cache key --------------------------------------------------------- */
 
 /* every file's bytes, in order, read through its checked descriptor */
-static int hash_files(EVP_MD_CTX *h, const job_spec *s, const prep_files *f, const char *field, acc_err *err)
+static int hash_files(EVP_MD_CTX *h, const data_cfg *s, const prep_files *f, const char *field, acc_err *err)
 {
     enum { BLOCK = 1 << 20 };
     char *buf = malloc(BLOCK);
@@ -631,7 +631,7 @@ static int hash_files(EVP_MD_CTX *h, const job_spec *s, const prep_files *f, con
 
 static int cache_key(const prep_ctx *c, const prep_files *files, const char *field, char out[65], acc_err *err)
 {
-    const job_spec *s = c->spec;
+    const data_cfg *s = c->spec;
     char opts[512];
     const char *tsrc = "";
     if (c->rfmt == REC_CHAT)
@@ -666,7 +666,7 @@ static int cache_key(const prep_ctx *c, const prep_files *files, const char *fie
 
 /* ---- the cache file: header, off[n+1], ids[ntokens], mask[ntokens] ------------ */
 
-static int cache_path(const job_spec *s, const char *key, char *dir, size_t dn, char *file, size_t fn)
+static int cache_path(const data_cfg *s, const char *key, char *dir, size_t dn, char *file, size_t fn)
 {
     if ((size_t)snprintf(dir, dn, "%s/%s", s->data.cache_dir, key) >= dn ||
         (size_t)snprintf(file, fn, "%s/samples.bin", dir) >= fn)
@@ -722,7 +722,7 @@ bad:
 }
 
 /* Best effort: a job whose cache cannot be written still trains. */
-static void cache_write(const job_spec *s, const prep_samples *p)
+static void cache_write(const data_cfg *s, const prep_samples *p)
 {
     char dir[PATH_MAX], file[PATH_MAX + 16];
     acc_err e = {0};

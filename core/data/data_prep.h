@@ -52,7 +52,7 @@
 #include <stdint.h>
 
 #include "err.h"
-#include "job_spec.h"
+#include "data_cfg.h"
 
 #define PREP_VERSION 1
 #define PREP_CHECK_LINES 1000
@@ -78,7 +78,7 @@ typedef struct prep_samples {
 typedef void (*prep_progress_fn)(void *ctx, const char *stage, uint64_t done, uint64_t total);
 
 typedef struct prep_opts {
-    const job_spec *spec;
+    const data_cfg *spec;
     const char *path;      /* data.train or data.val (resolved) */
     const char *field;     /* "data.train" / "data.val" */
     int threads;           /* tokenizer threads (>= 1) */
@@ -87,7 +87,7 @@ typedef struct prep_opts {
     atomic_int *cancel;    /* may be NULL; set: stop with ACC_ECANCELLED */
 } prep_opts;
 
-int prep_validate(const job_spec *s, acc_err *err);
+int prep_validate(const data_cfg *s, acc_err *err);
 
 /* data.format when the spec does not give it, read off the first file of
  * `train` (under `roots`): a Parquet file by its columns, a JSONL file by

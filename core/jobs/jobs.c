@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "job_train_cfg.h"
 #include "log.h"
 #include "mem_plan.h"
 #include "safepath.h"
@@ -404,7 +405,7 @@ static uint64_t min_budget(const jobs_mgr *m)
 /* The planner's table for a dry run: each candidate micro batch with its
  * predicted peak per device and whether it fits the smallest budget of the
  * devices of that kind (less the planner's margin). */
-static json_t *plan_json(const job_spec *s, kern_dev_kind kind, uint64_t budget,
+static json_t *plan_json(const train_cfg *s, kern_dev_kind kind, uint64_t budget,
                          uint64_t *peak_out, int *micro_out)
 {
     plan_row *rows = calloc(PLAN_MAX_ROWS, sizeof *rows);
@@ -560,7 +561,7 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, j
  * submit (docs/api.md): the planner's smallest peak over the splits the
  * job may run with (the given micro batch only, without oom.adapt) against
  * the largest device. Reads only the immutable device table. */
-static int check_fits_a_device(const jobs_mgr *m, const job_spec *s, acc_err *err)
+static int check_fits_a_device(const jobs_mgr *m, const train_cfg *s, acc_err *err)
 {
     uint64_t budget = 0;
     for (int i = 0; i < m->ndev; i++)
@@ -638,11 +639,11 @@ jobs_checked *jobs_check_submission(const jobs_mgr *m, const char *text, size_t 
         c->rc = check_nodes(m, s, &c->err);
     /* the trainer and the planner see the job as each rank does: all its
      * ranks over its nodes (accumd-rank sets the same world) */
-    job_spec *ranks = s->nodes > 1 ? malloc(sizeof *ranks) : s;
+    train_cfg *ranks = c->rc == 0 ? malloc(sizeof *ranks) : NULL;
     if (c->rc == 0 && ranks == NULL)
         c->rc = acc_err_set(&c->err, ACC_ENOMEM, NULL, "out of memory");
-    if (c->rc == 0 && ranks != s) {
-        *ranks = *s;
+    if (c->rc == 0) {
+        job_spec_train_cfg(s, ranks);
         ranks->devices = s->devices * s->nodes;
         ranks->nodes = 1;
     }
@@ -652,8 +653,7 @@ jobs_checked *jobs_check_submission(const jobs_mgr *m, const char *text, size_t 
         kern_dev_kind kind = m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU; /* all of one kind */
         c->cands = plan_json(ranks, kind, min_budget(m), &c->peak, &c->micro);
     }
-    if (ranks != s)
-        free(ranks);
+    free(ranks);
     return c;
 }
 
@@ -1013,13 +1013,22 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
         }
         return;
     }
-    trainer_opts o = {.spec = &j->spec, .devices = devinfo, .threads_per_device = m->conf->cpu_threads_per_device,
+    train_cfg *cfg = malloc(sizeof *cfg); /* trainer_start copies it */
+    if (cfg == NULL) {
+        release_devices(m, j);
+        finish_or_retry(j, JOB_FAILED, acc_err_name(ACC_ENOMEM), "out of memory");
+        return;
+    }
+    job_spec_train_cfg(&j->spec, cfg);
+    trainer_opts o = {.spec = cfg, .devices = devinfo, .threads_per_device = m->conf->cpu_threads_per_device,
                       .checkpoint_keep = m->conf->checkpoint_keep, .async_start = true,
                       .on_event = on_trainer_event, .event_ctx = j,
                       /* h-results, issue 23; the test-only ACCUMD_TEST_OOM_AT_GIVEN keeps
                        * the given micro batch, so e2e tests still drive the OOM path */
                       .start_where_fits = getenv("ACCUMD_TEST_OOM_AT_GIVEN") == NULL};
-    if (trainer_start(&o, &j->tr, &err) != 0) {
+    int rc = trainer_start(&o, &j->tr, &err);
+    free(cfg);
+    if (rc != 0) {
         j->tr = NULL;
         release_devices(m, j);
         acc_log(ACC_LOG_ERROR, "jobs", "job %s: cannot start: %s", j->id, err.msg);
@@ -1626,7 +1635,15 @@ static int still_fits(const jobs_mgr *m, const job *j, acc_err *err)
     sched_dev sd[KERN_MAX_DEVICES];
     sched_devs(m, sd);
     int rc = sched_can_ever_fit(sd, m->ndev, j->spec.devices, err);
-    return rc != 0 ? rc : check_fits_a_device(m, &j->spec, err); /* smaller devices now */
+    if (rc != 0)
+        return rc;
+    train_cfg *cfg = malloc(sizeof *cfg);
+    if (cfg == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    job_spec_train_cfg(&j->spec, cfg);
+    rc = check_fits_a_device(m, cfg, err); /* smaller devices now */
+    free(cfg);
+    return rc;
 }
 
 /* What is wrong with a stored record, if anything; "" when it is sound. */

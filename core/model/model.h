@@ -79,7 +79,7 @@
 #include <stdint.h>
 
 #include "err.h"
-#include "job_spec.h"
+#include "model_cfg.h"
 #include "kern_device.h"
 #include "kern_span.h"
 #include "safetensors.h"

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "err.h"
-#include "job_spec.h"
+#include "train_cfg.h"
 #include "kern_device.h"
 #include "kern_span.h"
 #include "model.h"

@@ -12,7 +12,7 @@
 #include "safepath.h"
 #include "trainer.h"
 
-static int base_config(const job_spec *spec, model_config *cfg, acc_err *err)
+static int base_config(const train_cfg *spec, model_config *cfg, acc_err *err)
 {
     if (spec->model.from[0] != '\0' && spec->plan_only) /* planning: config.json only */
         return model_hf_config_only(spec->data_roots, spec->model.from, cfg, err);
@@ -30,7 +30,7 @@ static int base_config(const job_spec *spec, model_config *cfg, acc_err *err)
     return rc;
 }
 
-int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err)
+int plan_model_config(const train_cfg *spec, model_config *cfg, acc_err *err)
 {
     int rc = base_config(spec, cfg, err);
     if (rc == 0)
@@ -104,7 +104,7 @@ static int state_bytes_z(const model_config *cfg, int zero, int world, int rank,
     return rc;
 }
 
-static int state_bytes(const job_spec *spec, const model_config *cfg, uint64_t *bytes, acc_err *err)
+static int state_bytes(const train_cfg *spec, const model_config *cfg, uint64_t *bytes, acc_err *err)
 {
     return state_bytes_z(cfg, spec->zero_stage, spec->devices, 0, bytes, err);
 }
@@ -127,7 +127,7 @@ uint64_t plan_peak_bytes(const model_config *cfg, int micro_batch, int seq_len, 
                                                                  micro_batch, seq_len, recompute));
 }
 
-int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uint64_t *bytes,
+int plan_device_bytes(const train_cfg *spec, int micro_batch, bool recompute, uint64_t *bytes,
                       acc_err *err)
 {
     model_config cfg;
@@ -146,7 +146,7 @@ int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uin
     return 0;
 }
 
-int plan_check_sizes(const job_spec *spec, acc_err *err)
+int plan_check_sizes(const train_cfg *spec, acc_err *err)
 {
     model_config cfg;
     int rc = plan_model_config(spec, &cfg, err);
@@ -236,7 +236,7 @@ int plan_next_larger_micro(int per_rank, int m)
  * then what the backend holds beyond: its allocator's rounding of each
  * allocation (parameters, gradients, each moment, the activations, each
  * workspace buffer) and its runtime's memory. */
-static void row_parts(const model_config *cfg, const job_spec *spec, const kern_ops *ops, int m,
+static void row_parts(const model_config *cfg, const train_cfg *spec, const kern_ops *ops, int m,
                       plan_row *r)
 {
     plan_parts *p = &r->parts;
@@ -262,7 +262,7 @@ static void row_parts(const model_config *cfg, const job_spec *spec, const kern_
     r->device_bytes = acc_sat_add_u64(r->peak_bytes, acc_sat_add_u64(p->rounding, p->runtime));
 }
 
-static plan_row make_row(const model_config *cfg, const job_spec *spec, const batch_split *split,
+static plan_row make_row(const model_config *cfg, const train_cfg *spec, const batch_split *split,
                          bool recompute, uint64_t usable, kern_dev_kind kind)
 {
     int m = split->m;
@@ -286,13 +286,13 @@ static int pick(const plan_row *rows, int nmain, int n)
     return n > nmain && rows[nmain].fits ? nmain : -1;
 }
 
-int plan_candidates(const job_spec *spec, uint64_t budget, plan_row *rows, int max, int *n,
+int plan_candidates(const train_cfg *spec, uint64_t budget, plan_row *rows, int max, int *n,
                     int *chosen, acc_err *err)
 {
     return plan_candidates_on(spec, KERN_DEV_CPU, budget, rows, max, n, chosen, err);
 }
 
-int plan_candidates_on(const job_spec *spec, kern_dev_kind kind, uint64_t budget, plan_row *rows,
+int plan_candidates_on(const train_cfg *spec, kern_dev_kind kind, uint64_t budget, plan_row *rows,
                        int max, int *n, int *chosen, acc_err *err)
 {
     *n = 0;
@@ -326,7 +326,7 @@ int plan_candidates_on(const job_spec *spec, kern_dev_kind kind, uint64_t budget
 
 /* ---- (h-results, issue 23) where a job starts ---------------------------- */
 
-static int given_row(const job_spec *spec, const plan_row *rows, int n)
+static int given_row(const train_cfg *spec, const plan_row *rows, int n)
 {
     for (int i = 0; i < n; i++)
         if (rows[i].micro_batch == spec->micro_batch && rows[i].recompute == spec->activation_checkpointing)
@@ -334,7 +334,7 @@ static int given_row(const job_spec *spec, const plan_row *rows, int n)
     return -1;
 }
 
-int plan_start_row(const job_spec *spec, const plan_row *rows, int n, int chosen)
+int plan_start_row(const train_cfg *spec, const plan_row *rows, int n, int chosen)
 {
     if (spec->micro_auto)
         return chosen;
@@ -346,7 +346,7 @@ int plan_start_row(const job_spec *spec, const plan_row *rows, int n, int chosen
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
-void plan_start_note(const job_spec *spec, const plan_row *rows, int n, int chosen, uint64_t budget, char *buf,
+void plan_start_note(const train_cfg *spec, const plan_row *rows, int n, int chosen, uint64_t budget, char *buf,
                      size_t len)
 {
     buf[0] = '\0';

@@ -39,7 +39,7 @@
 #include <stdint.h>
 
 #include "err.h"
-#include "job_spec.h"
+#include "train_cfg.h"
 #include "kern_discover.h"
 #include "model.h"
 
@@ -83,7 +83,7 @@ typedef struct plan_row {
  * model.from's directory: its config.json and the weights' headers, or
  * config.json alone for a spec read by job_spec_parse_plan, plan_only),
  * with the spec's lora section applied. */
-int plan_model_config(const job_spec *spec, model_config *cfg, acc_err *err);
+int plan_model_config(const train_cfg *spec, model_config *cfg, acc_err *err);
 
 /* A rank's state, independent of the micro batch: the model's parameters,
  * gradients and the trainer's slots (model_state_bytes with TRAIN_SLOTS)
@@ -103,7 +103,7 @@ uint64_t plan_peak_bytes(const model_config *cfg, int micro_batch, int seq_len, 
  * for "auto", whose larger candidates saturate and so never fit), the host
  * batch buffers. ACC_EINVAL naming the field when one overflows 64 bits
  * (or the host's size_t). trainer_check_spec (submit) calls it. */
-int plan_check_sizes(const job_spec *spec, acc_err *err);
+int plan_check_sizes(const train_cfg *spec, acc_err *err);
 
 /* The backend's per-micro-batch workspace for micro_batch x seq_len
  * tokens on a backend with ops table `ops` (kern_ops.workspace_size over
@@ -112,7 +112,7 @@ void plan_workspace(const model_config *cfg, const kern_ops *ops, spec_precision
                     int micro_batch, int seq_len, kern_workspace *out);
 
 /* Predicted per-device peak for (spec, micro_batch, recompute). */
-int plan_device_bytes(const job_spec *spec, int micro_batch, bool recompute, uint64_t *bytes,
+int plan_device_bytes(const train_cfg *spec, int micro_batch, bool recompute, uint64_t *bytes,
                       acc_err *err);
 
 /* CUDA devices with precision bf16 only: the device bytes of the CUDA
@@ -158,10 +158,10 @@ int plan_next_larger_micro(int per_rank, int m);
  * Writes at most `max` rows, sets *n to the rows written and *chosen to the
  * index of the pick (-1: nothing fits). ACC_EINVAL when B is not a multiple
  * of w or the model config is invalid. */
-int plan_candidates(const job_spec *spec, uint64_t budget, plan_row *rows, int max, int *n,
+int plan_candidates(const train_cfg *spec, uint64_t budget, plan_row *rows, int max, int *n,
                     int *chosen, acc_err *err);
 /* The same for devices of `kind` (plan_candidates: CPU devices). */
-int plan_candidates_on(const job_spec *spec, kern_dev_kind kind, uint64_t budget, plan_row *rows,
+int plan_candidates_on(const train_cfg *spec, kern_dev_kind kind, uint64_t budget, plan_row *rows,
                        int max, int *n, int *chosen, acc_err *err);
 
 /* (h-results, issue 23) The row of plan_candidates_on's rows a job of
@@ -172,12 +172,12 @@ int plan_candidates_on(const job_spec *spec, kern_dev_kind kind, uint64_t budget
  * unless nothing fits (the given row: its first step says by how much).
  * -1 when the given micro batch has no row. The dry run, POST /v1/plan's
  * recommended row and the daemon's trainer (start_where_fits) share it. */
-int plan_start_row(const job_spec *spec, const plan_row *rows, int n, int chosen);
+int plan_start_row(const train_cfg *spec, const plan_row *rows, int n, int chosen);
 
 /* What the dry run says of the given micro batch (buf, "" when it fits or
  * is "auto"): that it does not fit, by how much, and what the daemon will
  * do (start at the planner's micro batch, or run out of memory and fail). */
-void plan_start_note(const job_spec *spec, const plan_row *rows, int n, int chosen, uint64_t budget, char *buf,
+void plan_start_note(const train_cfg *spec, const plan_row *rows, int n, int chosen, uint64_t budget, char *buf,
                      size_t len);
 
 #endif

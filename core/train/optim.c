@@ -5,7 +5,7 @@
 
 #define PI 3.14159265358979323846
 
-static int total_steps(const job_spec *s, const optim_steps *run)
+static int total_steps(const train_cfg *s, const optim_steps *run)
 {
     return s->lr.total_steps > 0 ? s->lr.total_steps : run->max_steps;
 }
@@ -19,7 +19,7 @@ static double log_warmup(int step, int warmup)
     return g > 1.0 ? 1.0 : g;
 }
 
-static double cosine_lr(const job_spec *s, const optim_steps *run, int step)
+static double cosine_lr(const train_cfg *s, const optim_steps *run, int step)
 {
     double lr = s->optim.lr, min_lr = s->lr.min_lr;
     int w = run->warmup_steps, total = run->max_steps;
@@ -31,13 +31,13 @@ static double cosine_lr(const job_spec *s, const optim_steps *run, int step)
     return min_lr + 0.5 * (1.0 + cos(PI * ratio)) * (lr - min_lr);
 }
 
-static double warmup_lr(const job_spec *s, const optim_steps *run, int step)
+static double warmup_lr(const train_cfg *s, const optim_steps *run, int step)
 {
     double lo = s->lr.warmup_min_lr, hi = s->optim.lr;
     return lo + (hi - lo) * log_warmup(step, run->warmup_steps);
 }
 
-static double warmup_decay_lr(const job_spec *s, const optim_steps *run, int step)
+static double warmup_decay_lr(const train_cfg *s, const optim_steps *run, int step)
 {
     int w = run->warmup_steps, total = total_steps(s, run);
     if (step < w)
@@ -48,7 +48,7 @@ static double warmup_decay_lr(const job_spec *s, const optim_steps *run, int ste
     return s->optim.lr * (f > 0.0 ? f : 0.0);
 }
 
-static double warmup_cosine_lr(const job_spec *s, const optim_steps *run, int step)
+static double warmup_cosine_lr(const train_cfg *s, const optim_steps *run, int step)
 {
     int w = run->warmup_steps, total = total_steps(s, run);
     double lr = s->optim.lr;
@@ -63,13 +63,13 @@ static double warmup_cosine_lr(const job_spec *s, const optim_steps *run, int st
     return lr * (floor_ratio + (1.0 - floor_ratio) * 0.5 * (1.0 + cos(PI * progress)));
 }
 
-double optim_lr(const job_spec *s, int step)
+double optim_lr(const train_cfg *s, int step)
 {
     const optim_steps run = {.max_steps = s->max_steps, .warmup_steps = s->lr.warmup_steps};
     return optim_lr_run(s, &run, step);
 }
 
-double optim_lr_run(const job_spec *s, const optim_steps *run, int step)
+double optim_lr_run(const train_cfg *s, const optim_steps *run, int step)
 {
     switch (s->lr.type) {
     case SPEC_LR_COSINE: return cosine_lr(s, run, step);

@@ -18,9 +18,9 @@
 #ifndef ACC_OPTIM_H
 #define ACC_OPTIM_H
 
-#include "job_spec.h"
+#include "train_cfg.h"
 
-double optim_lr(const job_spec *spec, int step);
+double optim_lr(const train_cfg *spec, int step);
 
 /* The schedule's lengths as a run resolved them: max_steps and
  * lr.warmup_steps, which num_train_epochs and lr.warmup_ratio give only
@@ -30,7 +30,7 @@ typedef struct optim_steps {
 } optim_steps;
 
 /* optim_lr with the run's lengths instead of the spec's. */
-double optim_lr_run(const job_spec *spec, const optim_steps *run, int step);
+double optim_lr_run(const train_cfg *spec, const optim_steps *run, int step);
 
 /* The factor gradients are multiplied by for global-norm clipping (1 when
  * clip is off or the norm is within it). */

@@ -13,13 +13,13 @@
 static const spec_lora default_lora = {.r = 16, .alpha = 32, .dropout = 0, .all_linear = true};
 
 /* The spec's own variant: how it would run as submitted. */
-static plan_variant own_variant(const job_spec *spec)
+static plan_variant own_variant(const train_cfg *spec)
 {
     return (plan_variant){.lora = spec->lora.r > 0, .zero_stage = spec->zero_stage,
                           .recompute = spec->activation_checkpointing};
 }
 
-int plan_spec_at_world(job_spec *spec, int w, acc_err *err)
+int plan_spec_at_world(train_cfg *spec, int w, acc_err *err)
 {
     batch_given g = {.B = spec->given_batch, .m = spec->given_micro, .a = spec->given_accum};
     if (g.B == 0 && g.m == 0 && g.a == 0)
@@ -35,14 +35,14 @@ int plan_spec_at_world(job_spec *spec, int w, acc_err *err)
     return 0;
 }
 
-bool plan_variant_available(const job_spec *spec, const plan_hw *hw, const plan_variant *v)
+bool plan_variant_available(const train_cfg *spec, const plan_hw *hw, const plan_variant *v)
 {
     (void)spec;
     /* ZeRO shards over the ranks: none with one device (a 400 at submit) */
     return v->zero_stage >= 0 && v->zero_stage <= 2 && (v->zero_stage == 0 || hw->devices >= 2);
 }
 
-int plan_variant_spec(const job_spec *spec, const plan_hw *hw, const plan_variant *v, job_spec *out,
+int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_variant *v, train_cfg *out,
                       acc_err *err)
 {
     if (hw->devices < 1 || spec->train_batch_size % hw->devices != 0)
@@ -88,9 +88,9 @@ static int find_row(const plan_table *t, const plan_variant *v, int m, int *grou
 }
 
 /* One group: the variant's spec through the planner. */
-static int add_group(const job_spec *spec, plan_table *t, const plan_variant *v, acc_err *err)
+static int add_group(const train_cfg *spec, plan_table *t, const plan_variant *v, acc_err *err)
 {
-    job_spec *vs = malloc(sizeof *vs);
+    train_cfg *vs = malloc(sizeof *vs);
     if (vs == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     int n = 0, chosen = -1;
@@ -119,14 +119,14 @@ static int add_group(const job_spec *spec, plan_table *t, const plan_variant *v,
 /* What the dry run would start with: the spec's own variant on hw, the
  * row plan_start_row gives (its micro batch, or the planner's pick for
  * "auto" and, under oom.adapt, for a given micro batch that does not fit). */
-static int recommend(const job_spec *spec, plan_table *t, acc_err *err)
+static int recommend(const train_cfg *spec, plan_table *t, acc_err *err)
 {
     t->recommended = t->recommended_group = -1;
     t->given_fits = true;
     plan_variant v = own_variant(spec);
     int per_rank = spec->train_batch_size / t->hw.devices;
     bool given = !spec->micro_auto && spec->micro_batch >= 1 && per_rank % spec->micro_batch == 0;
-    job_spec *own = malloc(sizeof *own);
+    train_cfg *own = malloc(sizeof *own);
     plan_row *rows = calloc(PLAN_MAX_ROWS, sizeof *rows);
     int n = 0, chosen = -1, rc = 0;
     if (own == NULL || rows == NULL)
@@ -153,7 +153,7 @@ static int recommend(const job_spec *spec, plan_table *t, acc_err *err)
     return rc;
 }
 
-int plan_table_build(const job_spec *spec, const plan_hw *hw, plan_table *t, acc_err *err)
+int plan_table_build(const train_cfg *spec, const plan_hw *hw, plan_table *t, acc_err *err)
 {
     memset(t, 0, sizeof *t);
     t->hw = *hw;

@@ -79,21 +79,21 @@ typedef struct plan_table {
  * batch_split_resolve, as submit would with "devices": w; the same 400
  * (ACC_EINVAL naming "train_batch_size") for a triple that does not hold
  * there. A spec without given keys (built in code) keeps its triple. */
-int plan_spec_at_world(job_spec *spec, int w, acc_err *err);
+int plan_spec_at_world(train_cfg *spec, int w, acc_err *err);
 
 /* Whether the planner can count variant v for this spec on hw. */
-bool plan_variant_available(const job_spec *spec, const plan_hw *hw, const plan_variant *v);
+bool plan_variant_available(const train_cfg *spec, const plan_hw *hw, const plan_variant *v);
 
 /* The spec as variant v runs on hw: *out = *spec with devices = hw's,
  * activation_checkpointing = v's, micro batch "auto", no OOM fallback,
  * LoRA and the ZeRO stage set as v says. ACC_EINVAL naming
  * "hardware.devices" when train_batch_size is not a multiple of it. */
-int plan_variant_spec(const job_spec *spec, const plan_hw *hw, const plan_variant *v, job_spec *out,
+int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_variant *v, train_cfg *out,
                       acc_err *err);
 
 /* The table (rows allocated; plan_table_free). Errors are the planner's
  * (ACC_EINVAL naming the field) or ACC_ENOMEM. */
-int plan_table_build(const job_spec *spec, const plan_hw *hw, plan_table *t, acc_err *err);
+int plan_table_build(const train_cfg *spec, const plan_hw *hw, plan_table *t, acc_err *err);
 void plan_table_free(plan_table *t);
 
 /* Why row r does not fit a device of hw.device_memory bytes ("" when it

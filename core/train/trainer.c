@@ -97,7 +97,7 @@ typedef struct rank_ctx {
 } rank_ctx;
 
 struct trainer {
-    job_spec spec;
+    train_cfg spec;
     const zero_ops *zero;      /* the row of spec.zero_stage (zero.h) */
     /* what the start resolved, kept here (the spec is never written):
      * the starting split (the planner's pick for "auto", a resumed
@@ -222,7 +222,7 @@ static void emit(trainer *t, train_event *ev)
 
 /* ---- the spec checks shared by trainer_check_spec and trainer_start */
 
-static int check_split(const job_spec *s, int micro, int accum, acc_err *err)
+static int check_split(const train_cfg *s, int micro, int accum, acc_err *err)
 {
     /* first: "auto" below must not skip it (the rank tables have TRAIN_MAX_RANKS entries) */
     if (s->devices > TRAIN_MAX_RANKS)
@@ -242,12 +242,12 @@ static int check_split(const job_spec *s, int micro, int accum, acc_err *err)
 }
 
 /* The spec's own split. */
-static int check_batch(const job_spec *s, acc_err *err)
+static int check_batch(const train_cfg *s, acc_err *err)
 {
     return check_split(s, s->micro_batch, s->accum_steps, err);
 }
 
-static int resolve_config(const job_spec *s, model_config *cfg, acc_err *err)
+static int resolve_config(const train_cfg *s, model_config *cfg, acc_err *err)
 {
     return plan_model_config(s, cfg, err);
 }
@@ -276,11 +276,13 @@ static void on_prep_progress(void *ctx, const char *stage, uint64_t done, uint64
 }
 
 /* A JSONL file tokenized (or read from the cache) on every core. */
-static int open_prepared(trainer *t, const job_spec *s, const char *path, const char *field,
+static int open_prepared(trainer *t, const train_cfg *s, const char *path, const char *field,
                          data_source **out, acc_err *err)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    prep_opts po = {.spec = s, .path = path, .field = field, .threads = cores > 0 ? (int)cores : 1,
+    data_cfg dc;
+    train_cfg_data(s, &dc);
+    prep_opts po = {.spec = &dc, .path = path, .field = field, .threads = cores > 0 ? (int)cores : 1,
                     .progress = t != NULL ? on_prep_progress : NULL, .ctx = t,
                     .cancel = t != NULL ? &t->cancel : NULL};
     prep_samples ps;
@@ -298,7 +300,7 @@ static int open_prepared(trainer *t, const job_spec *s, const char *path, const 
     return data_open_prepared(&ps, s->model.seq_len, s->data.packing, field, out, err);
 }
 
-static int open_data(trainer *t, const job_spec *s, data_source **train, data_source **val, acc_err *err)
+static int open_data(trainer *t, const train_cfg *s, data_source **train, data_source **val, acc_err *err)
 {
     *train = *val = NULL;
     int rc;
@@ -323,7 +325,7 @@ static int open_data(trainer *t, const job_spec *s, data_source **train, data_so
 /* num_train_epochs without max_steps: max_steps = ceil(epochs x samples / B). */
 static int steps_from_epochs(trainer *t, acc_err *err)
 {
-    const job_spec *s = &t->spec;
+    const train_cfg *s = &t->spec;
     if (s->num_train_epochs <= 0 || s->max_steps_given)
         return 0;
     double steps = ceil(s->num_train_epochs * (double)data_num_samples(t->train) / s->train_batch_size);
@@ -342,7 +344,7 @@ static int steps_from_epochs(trainer *t, acc_err *err)
     return 0;
 }
 
-int trainer_check_spec(const job_spec *spec, acc_err *err)
+int trainer_check_spec(const train_cfg *spec, acc_err *err)
 {
     model_config cfg;
     int rc = check_batch(spec, err);
@@ -357,8 +359,11 @@ int trainer_check_spec(const job_spec *spec, acc_err *err)
         return acc_err_set(err, ACC_EINVAL, "data.packing",
                            "data.packing: the %s family cannot keep packed documents apart (use llama)",
                            model_family_of(&cfg)->name);
-    if (rc == 0 && spec_data_is_jsonl(spec->data.format)) /* bounded: the whole file is read later */
-        return prep_validate(spec, err);
+    if (rc == 0 && spec_data_is_jsonl(spec->data.format)) { /* bounded: the whole file is read later */
+        data_cfg dc;
+        train_cfg_data(spec, &dc);
+        return prep_validate(&dc, err);
+    }
     if (rc == 0)
         rc = open_data(NULL, spec, &tr, &va, err);
     data_close(tr);
@@ -366,7 +371,7 @@ int trainer_check_spec(const job_spec *spec, acc_err *err)
     return rc;
 }
 
-int trainer_device_bytes(const job_spec *spec, uint64_t *bytes, acc_err *err)
+int trainer_device_bytes(const train_cfg *spec, uint64_t *bytes, acc_err *err)
 {
     return plan_device_bytes(spec, spec->micro_batch, spec->activation_checkpointing, bytes,
                              err);
@@ -397,7 +402,7 @@ static int state_oom(rank_state *rs, acc_err *err)
  * adapters. */
 static int init_base(rank_state *rs, acc_err *err)
 {
-    const job_spec *s = &rs->t->spec;
+    const train_cfg *s = &rs->t->spec;
     int rc;
     if (s->model.from[0] != '\0') { /* a Hugging Face directory, one tensor at a time */
         rc = model_hf_load_under(rs->model, s->data_roots, s->model.from, err);
@@ -467,7 +472,7 @@ static int plan_buckets(rank_state *rs, size_t bytes, acc_err *err)
 static int rank_setup(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
+    const train_cfg *s = &t->spec;
     int T = s->model.seq_len, m = t->micro0;
     int rc = batch_split_make(s->train_batch_size, m, t->accum0, t->nranks, TRAIN_MAX_RANKS,
                               &rs->split, err);
@@ -562,7 +567,7 @@ static void fill_mask(rank_state *rs, uint64_t id)
  * real input tokens (padding excluded) in rs->step_inputs. */
 static double count_targets(rank_state *rs, int step)
 {
-    const job_spec *s = &rs->t->spec;
+    const train_cfg *s = &rs->t->spec;
     int T = s->model.seq_len;
     train_hooks *h = rs->t->hooks;
     rs->step_inputs = (double)s->train_batch_size * T;
@@ -583,7 +588,7 @@ static double count_targets(rank_state *rs, int step)
 /* Load micro-step `micro` of step `step` into the host batch buffers. */
 static void load_micro(rank_state *rs, int step, int micro, double n_total)
 {
-    const job_spec *s = &rs->t->spec;
+    const train_cfg *s = &rs->t->spec;
     int T = s->model.seq_len, m = rs->split.m;
     int per_rank = batch_split_per_rank(&rs->split);
     float w = n_total > 0 ? (float)(1.0 / n_total) : 0.0f;
@@ -639,7 +644,7 @@ static void publish_memory(rank_state *rs)
 static int run_eval(rank_state *rs, double *val_loss, uint64_t *ntok, uint64_t *nsamp, acc_err *err)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
+    const train_cfg *s = &t->spec;
     int T = s->model.seq_len, m = rs->split.m;
     uint64_t total = data_num_samples(t->val);
     if (s->eval_batches > 0 && (uint64_t)s->eval_batches * (uint64_t)s->train_batch_size < total)
@@ -698,7 +703,7 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
                       double seconds)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
+    const train_cfg *s = &t->spec;
     train_event *ev = calloc(1, sizeof *ev);
     if (ev == NULL)
         return; /* an event lost to host OOM; the run itself goes on */
@@ -792,7 +797,7 @@ static void emit_log(trainer *t, int step, const char *fmt, ...)
 
 /* save.dtype in force: "auto" is model.from's (its tensors' dtype, read
  * from the headers only), float32 from scratch. */
-static int save_dtype(const job_spec *s, st_dtype *d, acc_err *err)
+static int save_dtype(const train_cfg *s, st_dtype *d, acc_err *err)
 {
     hf_dir *h = NULL;
     static const st_dtype fixed[] = {[SPEC_SAVE_F32] = ST_F32, [SPEC_SAVE_BF16] = ST_BF16,
@@ -851,7 +856,7 @@ static int write_checkpoint(rank_state *rs, const ckpt_state *st, float *mom[2],
                             size_t path_n, acc_err *err)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
+    const train_cfg *s = &t->spec;
     const char *hf_src = s->model.from[0] ? s->model.from : NULL;
     if (mom[0] != NULL)
         return ckpt_save_gathered(s->output_dir, rs->model, mom[0], mom[1], st, NULL, t->keep, hf_src,
@@ -890,7 +895,7 @@ static int wait_for_room(trainer *t, const model *m, acc_err *err)
 static int save_checkpoint(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
+    const train_cfg *s = &t->spec;
     float *mom[2] = {NULL, NULL};
     if (t->zero->state_sharded) {
         int grc = gather_moments(rs, mom, err);
@@ -986,7 +991,7 @@ static int grad_norm(rank_state *rs, double *norm, acc_err *err)
 static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
+    const train_cfg *s = &t->spec;
     model *m = rs->model;
     double loss = get_double(rs->extra + SLOT_LOSS);
     double norm = 0.0;
@@ -1310,7 +1315,7 @@ static void maybe_raise_micro(rank_state *rs, int done)
  * export (export.h): what loads anywhere, no optimizer state. */
 static int export_run(rank_state *rs, int step, acc_err *err)
 {
-    const job_spec *s = &rs->t->spec;
+    const train_cfg *s = &rs->t->spec;
     char ckpt[PATH_MAX];
     if (snprintf(ckpt, sizeof ckpt, "%s/ckpt-%08d", s->output_dir, step) >= (int)sizeof ckpt)
         return acc_err_set(err, ACC_EINVAL, "", "output path too long");
@@ -1324,7 +1329,7 @@ static int export_run(rank_state *rs, int step, acc_err *err)
 static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
+    const train_cfg *s = &t->spec;
     int done = step + 1;
     if (t->val != NULL && s->eval_interval > 0 &&
         (done % s->eval_interval == 0 || done == t->steps.max_steps)) {
@@ -1373,7 +1378,7 @@ static int stop_together(rank_state *rs, acc_err *err)
 static int rank_run(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
-    const job_spec *s = &t->spec;
+    const train_cfg *s = &t->spec;
     int rc = rank_setup(rs, err);
     if (rc == 0 && rs->rank == t->first_rank) /* each rank process opens its own */
         rc = open_data(t, s, &t->train, &t->val, err);
@@ -1527,7 +1532,7 @@ static void trainer_destroy(trainer *t)
  * to it. */
 static int plan_start_split(trainer *t, const kern_device_info *devs, acc_err *err)
 {
-    const job_spec *s = &t->spec;
+    const train_cfg *s = &t->spec;
     uint64_t budget = 0;
     for (int r = 0; r < s->devices && r < TRAIN_MAX_RANKS; r++)
         if (devs[r].mem_total != 0 && (budget == 0 || devs[r].mem_total < budget))
@@ -1585,7 +1590,7 @@ static void on_ckpt_rejected(void *ctx, const char *dir, const char *why)
  * adaptation) is kept when it still divides the batch. */
 static int find_resume(trainer *t, acc_err *err)
 {
-    const job_spec *s = &t->spec;
+    const train_cfg *s = &t->spec;
     char dir[PATH_MAX];
     ckpt_state st;
     int fd = -1;
@@ -1701,7 +1706,7 @@ static void *launcher_main(void *arg)
 int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, acc_err *err)
 {
     *out = NULL;
-    const job_spec *s = o->spec;
+    const train_cfg *s = o->spec;
     int rc = check_batch(s, err); /* devices in [1, TRAIN_MAX_RANKS] before copying them */
     if (rc != 0)
         return rc;

@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 #include "err.h"
-#include "job_spec.h"
+#include "train_cfg.h"
 #include "kern_discover.h"
 
 #define TRAIN_MAX_RANKS 16
@@ -101,7 +101,7 @@ typedef struct train_event {
 typedef void (*train_event_fn)(void *ctx, const train_event *ev);
 
 typedef struct trainer_opts {
-    const job_spec *spec;          /* copied by trainer_start */
+    const train_cfg *spec;          /* copied by trainer_start */
     const kern_device_info *devices; /* spec->devices entries, one per rank */
     int threads_per_device;        /* CPU devices: kernel threads per rank */
     int checkpoint_keep;           /* checkpoints kept in output_dir (0 = 2) */
@@ -135,7 +135,7 @@ typedef struct trainer trainer;
  * holds a usable checkpoint of this model not past max_steps. ACC_EINVAL
  * with the field ("data.train", "model.init_from", "resume_from"). Reads
  * files: never on the daemon's loop thread. */
-int trainer_check_spec(const job_spec *spec, acc_err *err);
+int trainer_check_spec(const train_cfg *spec, acc_err *err);
 
 int trainer_start(const trainer_opts *o, trainer **out, acc_err *err);
 

@@ -59,7 +59,7 @@ typedef struct train_hooks {
  * spec->activation_checkpointing): the per-device peak the run will report
  * when no out-of-memory adaptation happens. For dry runs; mem_plan.h has
  * the planner (candidates over m). */
-int trainer_device_bytes(const job_spec *spec, uint64_t *bytes, acc_err *err);
+int trainer_device_bytes(const train_cfg *spec, uint64_t *bytes, acc_err *err);
 
 int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, acc_err *err);
 

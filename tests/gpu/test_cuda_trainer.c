@@ -38,7 +38,7 @@ typedef struct run {
     char msg[512];
 } run;
 
-static void spec_for(job_spec *s, const char *text, int bf16)
+static void spec_for(train_cfg *s, const char *text, int bf16)
 {
     fx_tiny_spec(s, text, BATCH, 4, 2, 1);
     s->model.n_layer = 4;
@@ -54,7 +54,7 @@ static void spec_for(job_spec *s, const char *text, int bf16)
     s->precision = bf16 ? SPEC_BF16 : SPEC_FP32;
 }
 
-static void train(const job_spec *s, const kern_device_info *dev, size_t bucket_bytes, run *r)
+static void train(const train_cfg *s, const kern_device_info *dev, size_t bucket_bytes, run *r)
 {
     memset(r, 0, sizeof *r);
     size_t cap = 1 << 22;
@@ -119,7 +119,7 @@ int main(void)
      * bucket path runs (the CPU run's default single bucket gives the same
      * sums: tests/unit/test_trainer.c) */
     for (int bf16 = 0; bf16 <= 1; bf16++) {
-        job_spec s;
+        train_cfg s;
         spec_for(&s, text, bf16);
         run rc, rg;
         train(&s, &cpu, 0, &rc);
@@ -135,7 +135,7 @@ int main(void)
 
     /* out of memory: a budget that holds m = 2 but not the asked m = 4 */
     for (int bf16 = 0; bf16 <= 1; bf16++) {
-        job_spec s;
+        train_cfg s;
         spec_for(&s, text, bf16);
         model_config cfg;
         acc_err err = {0};
@@ -166,7 +166,7 @@ int main(void)
     /* ZeRO over 2 GPUs */
     if (n >= 2) {
         for (int zero = 1; zero <= 2; zero++) {
-            job_spec s;
+            train_cfg s;
             spec_for(&s, text, 0);
             s.train_batch_size = BATCH;
             s.micro_batch = 2;

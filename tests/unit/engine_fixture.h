@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "job_spec.h"
+#include "train_cfg.h"
 #include "kern_discover.h"
 
 /* Write `n` bytes of English-like text (deterministic) to a temp file. */
@@ -36,7 +36,7 @@ static inline void fx_write_text(char *path, size_t cap, size_t n)
     fclose(f);
 }
 
-static inline void fx_tiny_spec(job_spec *s, const char *train, int B, int m, int a, int w)
+static inline void fx_tiny_spec(train_cfg *s, const char *train, int B, int m, int a, int w)
 {
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "fixture");

@@ -200,7 +200,7 @@ static void test_check_spec_fields(void **state)
 {
     char text[64];
     fx_write_text(text, sizeof text, 4000);
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text, 8, 2, 4, 1);
     acc_err err = {0};
     assert_int_equal(trainer_check_spec(&s, &err), 0);
@@ -229,7 +229,7 @@ static void test_check_spec_fields(void **state)
 
 /* ---- learning-rate schedules */
 
-static void lr_spec(job_spec *s, spec_lr_type type)
+static void lr_spec(train_cfg *s, spec_lr_type type)
 {
     memset(s, 0, sizeof *s);
     s->optim.lr = 1.0;
@@ -245,7 +245,7 @@ static void lr_spec(job_spec *s, spec_lr_type type)
 
 static void test_lr_schedules(void **state)
 {
-    job_spec s;
+    train_cfg s;
     lr_spec(&s, SPEC_LR_CONSTANT);
     NEAR(optim_lr(&s, 0), 1.0);
     NEAR(optim_lr(&s, 100), 1.0);

@@ -99,7 +99,7 @@ typedef struct run_out {
     train_hooks h;
 } run_out;
 
-static void spec_of(job_spec *s, const char *type, const char *dir, int m, int a, int w)
+static void spec_of(train_cfg *s, const char *type, const char *dir, int m, int a, int w)
 {
     fx_tiny_spec(s, text_path, BATCH, m, a, w);
     snprintf(s->model.arch, sizeof s->model.arch, "%s", type);
@@ -108,7 +108,7 @@ static void spec_of(job_spec *s, const char *type, const char *dir, int m, int a
     s->max_steps = STEPS;
 }
 
-static void run(const job_spec *s, run_out *r)
+static void run(const train_cfg *s, run_out *r)
 {
     kern_device_info devs[2];
     fx_devices(devs, s->devices, 1ull << 30);
@@ -149,7 +149,7 @@ static void split_case(const char *type)
     save_seeded(type, 5, dir);
     run_out r[4];
     for (int i = 0; i < 4; i++) {
-        job_spec s;
+        train_cfg s;
         spec_of(&s, type, dir, splits[i][0], splits[i][1], splits[i][2]);
         if (i == 2) { /* the two-device run keeps its checkpoints */
             snprintf(out, sizeof out, "%s/%s-out", root, type);
@@ -191,7 +191,7 @@ static void lora_case(const char *type)
     snprintf(dir, sizeof dir, "%s/%s-lora", root, type);
     save_seeded(type, 9, dir);
     run_out one, two;
-    job_spec s;
+    train_cfg s;
     spec_of(&s, type, dir, 4, 1, 1);
     s.lora.r = 4;
     s.lora.alpha = 8;

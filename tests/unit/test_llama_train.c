@@ -48,7 +48,7 @@ static int teardown(void **state)
     return fsu_rm_rf(root, NULL);
 }
 
-static void llama_spec(job_spec *s, int B, int m, int a, int w)
+static void llama_spec(train_cfg *s, int B, int m, int a, int w)
 {
     fx_tiny_spec(s, text_path, B, m, a, w);
     snprintf(s->model.arch, sizeof s->model.arch, "llama");
@@ -65,7 +65,7 @@ typedef struct run_out {
     acc_err err;
 } run_out;
 
-static void run_budget(const job_spec *s, uint64_t budget, run_out *r)
+static void run_budget(const train_cfg *s, uint64_t budget, run_out *r)
 {
     kern_device_info devs[4];
     fx_devices(devs, s->devices, budget);
@@ -85,7 +85,7 @@ static void run_budget(const job_spec *s, uint64_t budget, run_out *r)
     assert_int_equal(r->h.steps_done, s->max_steps);
 }
 
-static void run(const job_spec *s, run_out *r) { run_budget(s, 1ull << 30, r); }
+static void run(const train_cfg *s, run_out *r) { run_budget(s, 1ull << 30, r); }
 
 static void assert_same(const run_out *a, const run_out *b, int from, int to, double tol)
 {
@@ -106,7 +106,7 @@ static void test_split_invariance(void **state)
     static const int splits[4][3] = {{8, 1, 1}, {1, 8, 1}, {2, 2, 2}, {4, 1, 2}};
     run_out r[4];
     for (int i = 0; i < 4; i++) {
-        job_spec s;
+        train_cfg s;
         llama_spec(&s, BATCH, splits[i][0], splits[i][1], splits[i][2]);
         run(&s, &r[i]);
     }
@@ -115,7 +115,7 @@ static void test_split_invariance(void **state)
     print_message("losses %.6f -> %.6f over %d steps, every split alike\n", r[0].loss[0],
                   r[0].loss[STEPS - 1], STEPS);
     assert_true(r[0].loss[STEPS - 1] < r[0].loss[0]);
-    job_spec s;
+    train_cfg s;
     llama_spec(&s, BATCH, 8, 1, 1);
     s.max_steps = 0;
     run_out init;
@@ -132,7 +132,7 @@ static void test_planner_exact(void **state)
     static const int ms[3] = {1, 2, 4};
     for (int rc_mode = 0; rc_mode < 2; rc_mode++)
         for (int i = 0; i < 3; i++) {
-            job_spec s;
+            train_cfg s;
             llama_spec(&s, ms[i] * 2, ms[i], 2, 1);
             s.activation_checkpointing = rc_mode;
             s.max_steps = 1;
@@ -151,7 +151,7 @@ static void test_planner_exact(void **state)
 static void test_oom_adapts(void **state)
 {
     (void)state;
-    job_spec s, ref;
+    train_cfg s, ref;
     llama_spec(&s, BATCH, 8, 1, 1);
     s.oom_adapt = true;
     ref = s;
@@ -179,7 +179,7 @@ static void test_resume_exact(void **state)
     char full[128], part[128];
     snprintf(full, sizeof full, "%s/full", root);
     snprintf(part, sizeof part, "%s/part", root);
-    job_spec s;
+    train_cfg s;
     run_out ref, first, second;
     llama_spec(&s, BATCH, 2, 4, 1);
     s.max_steps = 6;
@@ -222,7 +222,7 @@ static void save_seeded(const model_config *cfg, int T, uint64_t seed, const cha
 static void test_from_hf_dir(void **state)
 {
     (void)state;
-    job_spec s;
+    train_cfg s;
     llama_spec(&s, BATCH, 4, 2, 1);
     s.model.padded_vocab_size = 256; /* config.json's vocabulary pads to 64s: none here */
     model_config cfg;
@@ -236,7 +236,7 @@ static void test_from_hf_dir(void **state)
 
     run_out seeded, loaded, loaded2;
     run(&s, &seeded);
-    job_spec f = s;
+    train_cfg f = s;
     snprintf(f.model.from, sizeof f.model.from, "%s", same);
     snprintf(f.output_dir, sizeof f.output_dir, "%s/from-out", root);
     run(&f, &loaded);

@@ -63,7 +63,7 @@ static int teardown(void **state)
     return fsu_rm_rf(root, NULL);
 }
 
-static void lora_spec(job_spec *s, int B, int m, int a, int w, bool all_linear)
+static void lora_spec(train_cfg *s, int B, int m, int a, int w, bool all_linear)
 {
     fx_tiny_spec(s, text_path, B, m, a, w);
     snprintf(s->model.arch, sizeof s->model.arch, "llama");
@@ -85,7 +85,7 @@ typedef struct run_out {
     train_hooks h;
 } run_out;
 
-static void run(const job_spec *s, run_out *r)
+static void run(const train_cfg *s, run_out *r)
 {
     kern_device_info devs[4];
     fx_devices(devs, s->devices, 1ull << 30);
@@ -108,7 +108,7 @@ static void run(const job_spec *s, run_out *r)
 static void test_targets(void **state)
 {
     (void)state;
-    job_spec s;
+    train_cfg s;
     model_config cfg;
     acc_err err = {0};
     lora_spec(&s, BATCH, 8, 1, 1, false);
@@ -170,7 +170,7 @@ static void test_planner_exact(void **state)
     (void)state;
     for (int mode = 0; mode < 8; mode++) {
         int rec = mode & 1, bf16 = (mode >> 1) & 1, all = (mode >> 2) & 1, m = 1 + rec + all;
-        job_spec s, full;
+        train_cfg s, full;
         lora_spec(&s, m * 2, m, 2, 1, all);
         s.activation_checkpointing = rec;
         s.precision = bf16 ? SPEC_BF16 : SPEC_FP32;
@@ -197,7 +197,7 @@ static void test_planner_exact(void **state)
  * floats bit for bit, the adapters moved, (8,1,1) = (2,2,2). */
 static void frozen_and_split(const char *arch)
 {
-    job_spec s;
+    train_cfg s;
     run_out init, a, b;
     lora_spec(&s, BATCH, 8, 1, 1, true);
     snprintf(s.model.arch, sizeof s.model.arch, "%s", arch);
@@ -239,7 +239,7 @@ static void test_frozen_and_split(void **state)
 static void test_gpt2_lora_vs_merged(void **state)
 {
     (void)state;
-    job_spec s;
+    train_cfg s;
     model_config lc, bc;
     acc_err err = {0};
     lora_spec(&s, BATCH, 8, 1, 1, true);
@@ -347,7 +347,7 @@ static void test_resume_and_outputs(void **state)
     char full[128], part[128], p[400];
     snprintf(full, sizeof full, "%s/full", root);
     snprintf(part, sizeof part, "%s/part", root);
-    job_spec s;
+    train_cfg s;
     run_out ref, first, second;
     lora_spec(&s, BATCH, 2, 4, 1, false);
     s.merge_lora = true;
@@ -427,7 +427,7 @@ static void base_dirs(void)
 {
     if (dir_bf16[0] != '\0')
         return;
-    job_spec s;
+    train_cfg s;
     model_config cfg;
     acc_err err = {0};
     lora_spec(&s, BATCH, 8, 1, 1, true);
@@ -438,7 +438,7 @@ static void base_dirs(void)
     save_base(&cfg, s.model.seq_len, s.seed + 3, ST_F32, dir_f32);
 }
 
-static void from_spec(job_spec *s, const char *dir, int B, int m, int a, int w, bool all)
+static void from_spec(train_cfg *s, const char *dir, int B, int m, int a, int w, bool all)
 {
     lora_spec(s, B, m, a, w, all);
     snprintf(s->model.from, sizeof s->model.from, "%s", dir);
@@ -463,7 +463,7 @@ static void test_bf16_base_bytes(void **state)
 {
     (void)state;
     base_dirs();
-    job_spec s, f;
+    train_cfg s, f;
     model_config cfg, cfg32;
     acc_err err = {0};
     from_spec(&s, dir_bf16, BATCH, 8, 1, 1, true);
@@ -542,7 +542,7 @@ static void test_bf16_base_trains(void **state)
 {
     (void)state;
     base_dirs();
-    job_spec s;
+    train_cfg s;
     run_out init, a, b, c;
     from_spec(&s, dir_bf16, BATCH, 8, 1, 1, true);
     s.max_steps = 0;
@@ -585,7 +585,7 @@ static void test_bf16_base_resume(void **state)
     char full[128], part[128], p[400];
     snprintf(full, sizeof full, "%s/bf16-full", root);
     snprintf(part, sizeof part, "%s/bf16-part", root);
-    job_spec s;
+    train_cfg s;
     run_out ref, first, second;
     from_spec(&s, dir_bf16, BATCH, 2, 4, 1, false);
     s.merge_lora = true;

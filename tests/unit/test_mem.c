@@ -97,7 +97,7 @@ static int inject_oom(void *ctx, int rank, int step, int micro, int m)
 
 /* Run `s` on CPU devices with the given budgets (one per rank), with an
  * optional injected out-of-memory. */
-static void run_job_inject(const job_spec *s, const uint64_t *budgets, run_out *r, int want_m,
+static void run_job_inject(const train_cfg *s, const uint64_t *budgets, run_out *r, int want_m,
                            int want_a, inject *in)
 {
     kern_device_info devs[4];
@@ -131,7 +131,7 @@ static void run_job_inject(const job_spec *s, const uint64_t *budgets, run_out *
     pthread_mutex_destroy(&r->ev.mu);
 }
 
-static void run_job(const job_spec *s, const uint64_t *budgets, run_out *r, int want_m,
+static void run_job(const train_cfg *s, const uint64_t *budgets, run_out *r, int want_m,
                     int want_a)
 {
     run_job_inject(s, budgets, r, want_m, want_a, NULL);
@@ -143,7 +143,7 @@ static void run_free(run_out *r)
     free(r->samples);
 }
 
-static void assert_ok(const run_out *r, const job_spec *s)
+static void assert_ok(const run_out *r, const train_cfg *s)
 {
     if (r->status != 0)
         print_error("run failed: %s\n", r->err.msg);
@@ -171,7 +171,7 @@ static void assert_same_run(const run_out *a, const run_out *b, int B)
                 assert_true(a->samples[k * B + i] != a->samples[k * B + j]);
 }
 
-static model_config config_of(const job_spec *s)
+static model_config config_of(const train_cfg *s)
 {
     model_config cfg;
     acc_err err = {0};
@@ -180,7 +180,7 @@ static model_config config_of(const job_spec *s)
 }
 
 /* A budget that holds the state and m x T activations (+ a little), not more. */
-static uint64_t budget_for(const job_spec *s, int m, int recompute)
+static uint64_t budget_for(const train_cfg *s, int m, int recompute)
 {
     model_config cfg = config_of(s);
     return plan_peak_bytes(&cfg, m, s->model.seq_len, recompute) + 256;
@@ -189,7 +189,7 @@ static uint64_t budget_for(const job_spec *s, int m, int recompute)
 static void test_oom_adapts_in_first_step(void **state)
 {
     enum { B = 8 };
-    job_spec s, ref;
+    train_cfg s, ref;
     fx_tiny_spec(&s, text_path, B, 8, 1, 1);
     s.max_steps = STEPS;
     s.oom_adapt = true;
@@ -231,7 +231,7 @@ static void test_oom_adapts_in_first_step(void **state)
 static void test_oom_one_rank_of_two(void **state)
 {
     enum { B = 16 };
-    job_spec s, ref;
+    train_cfg s, ref;
     fx_tiny_spec(&s, text_path, B, 4, 2, 2);
     s.max_steps = STEPS;
     s.oom_adapt = true;
@@ -274,7 +274,7 @@ static void test_oom_mid_step(void **state)
      * ran out joins with all of its buckets at once */
     for (int pass = 1; pass <= 3; pass++) {
         int w = pass == 3 ? 2 : pass;
-        job_spec s;
+        train_cfg s;
         fx_tiny_spec(&s, text_path, B, 4, B / (4 * w), w);
         s.max_steps = STEPS;
         s.oom_adapt = true;
@@ -306,7 +306,7 @@ static void test_oom_mid_step(void **state)
 static void test_oom_at_m1_recomputes(void **state)
 {
     enum { B = 4 };
-    job_spec s, ref;
+    train_cfg s, ref;
     fx_tiny_spec(&s, text_path, B, 1, 4, 1);
     s.max_steps = STEPS;
     s.oom_adapt = true;
@@ -333,7 +333,7 @@ static void test_oom_at_m1_recomputes(void **state)
 
 static void test_oom_fails_with_numbers(void **state)
 {
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text_path, 4, 2, 2, 1);
     s.max_steps = STEPS;
     s.oom_adapt = true;
@@ -381,7 +381,7 @@ static void test_oom_fails_with_numbers(void **state)
 static void test_activation_checkpointing(void **state)
 {
     enum { B = 8 };
-    job_spec s, rc;
+    train_cfg s, rc;
     fx_tiny_spec(&s, text_path, B, 4, 2, 1);
     s.model.n_layer = 4;
     s.max_steps = STEPS;
@@ -430,7 +430,7 @@ static void test_planner_accuracy(void **state)
     for (size_t c = 0; c < sizeof cfgs / sizeof *cfgs; c++) {
         const plan_cfg *p = &cfgs[c];
         for (size_t i = 0; i < sizeof ms / sizeof *ms; i++) {
-            job_spec s;
+            train_cfg s;
             fx_tiny_spec(&s, text_path, ms[i] * p->w, ms[i], 1, p->w);
             s.model.n_layer = p->L;
             s.model.n_head = p->NH;
@@ -464,7 +464,7 @@ static void test_planner_accuracy(void **state)
 
 static void test_planner_candidates(void **state)
 {
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text_path, 16, 1, 8, 2); /* B/w = 8: m in 1, 2, 4, 8 */
     s.oom_adapt = true;
     model_config cfg = config_of(&s);
@@ -515,7 +515,7 @@ static void test_planner_candidates(void **state)
 
 static void test_micro_auto(void **state)
 {
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text_path, 16, 0, 0, 2);
     s.micro_auto = true;
     s.oom_adapt = true;
@@ -541,7 +541,7 @@ static void test_micro_auto(void **state)
 static void test_peak_flat_in_accum(void **state)
 {
     for (int rec = 0; rec < 2; rec++) {
-        job_spec s1, s32;
+        train_cfg s1, s32;
         fx_tiny_spec(&s1, text_path, 2, 2, 1, 1);
         fx_tiny_spec(&s32, text_path, 64, 2, 32, 1);
         s1.max_steps = s32.max_steps = 1;
@@ -570,7 +570,7 @@ static void test_peak_flat_in_accum(void **state)
 static void test_planner_bf16(void **state)
 {
     for (int rec = 0; rec < 2; rec++) {
-        job_spec s;
+        train_cfg s;
         fx_tiny_spec(&s, text_path, 4, 2, 1, 2);
         s.max_steps = 2;
         s.activation_checkpointing = rec;
@@ -588,7 +588,7 @@ static void test_planner_bf16(void **state)
         run_free(&r);
     }
     /* out of memory at m = 4 in bf16: down to 2, same losses as m = 2 */
-    job_spec s, ref;
+    train_cfg s, ref;
     fx_tiny_spec(&s, text_path, 4, 4, 1, 1);
     s.max_steps = STEPS;
     s.oom_adapt = true;

@@ -44,7 +44,7 @@ static void on_event(void *ctx, const train_event *ev)
         r->split_ups++;
 }
 
-static void run_budget(job_spec *s, int ranks, uint64_t budget, run_out *r)
+static void run_budget(train_cfg *s, int ranks, uint64_t budget, run_out *r)
 {
     memset(r, 0, sizeof *r);
     kern_device_info devs[2];
@@ -65,9 +65,9 @@ static void run_budget(job_spec *s, int ranks, uint64_t budget, run_out *r)
     r->final_micro = h.final_micro;
 }
 
-static void run(job_spec *s, int ranks, run_out *r) { run_budget(s, ranks, 0, r); }
+static void run(train_cfg *s, int ranks, run_out *r) { run_budget(s, ranks, 0, r); }
 
-static void spec_for(job_spec *s, int ranks, const char *outdir, int max_steps)
+static void spec_for(train_cfg *s, int ranks, const char *outdir, int max_steps)
 {
     fx_tiny_spec(s, text_path, BATCH, BATCH / (2 * ranks), 2, ranks);
     s->max_steps = max_steps;
@@ -85,7 +85,7 @@ static void check_resume(int ranks)
     char full[300], part[300];
     snprintf(full, sizeof full, "%s/full%d", out_root, ranks);
     snprintf(part, sizeof part, "%s/part%d", out_root, ranks);
-    job_spec s;
+    train_cfg s;
     run_out ref, first, second;
 
     spec_for(&s, ranks, full, N_STEPS);
@@ -126,7 +126,7 @@ static void test_resume_from_explicit_path(void **state)
     char full[300], from[300];
     snprintf(full, sizeof full, "%s/full1", out_root); /* written by test_resume_one_rank */
     snprintf(from, sizeof from, "%s/explicit", out_root);
-    job_spec s;
+    train_cfg s;
     spec_for(&s, 1, from, N_STEPS);
     snprintf(s.resume_from, sizeof s.resume_from, "%s/ckpt-%08d", full, N_STEPS);
     run_out r;
@@ -142,7 +142,7 @@ static void test_init_from_safetensors(void **state)
     char full[300], init[300];
     snprintf(full, sizeof full, "%s/full1/ckpt-%08d/model.safetensors", out_root, N_STEPS);
     snprintf(init, sizeof init, "%s/init", out_root);
-    job_spec s;
+    train_cfg s;
     spec_for(&s, 1, init, 0);
     snprintf(s.model.init_from, sizeof s.model.init_from, "%s", full);
     run_out a;
@@ -150,7 +150,7 @@ static void test_init_from_safetensors(void **state)
     /* the weights are the file's: compare with the checkpoint's own load */
     char dir[300];
     snprintf(dir, sizeof dir, "%s/full1", out_root);
-    job_spec s2;
+    train_cfg s2;
     spec_for(&s2, 1, dir, N_STEPS);
     run_out b;
     run(&s2, 1, &b); /* resumes at N and runs nothing: its weights are the checkpoint's */
@@ -167,7 +167,7 @@ static void test_auto_moves_up_after_resume(void **state)
     char dir[300], ref_dir[300];
     snprintf(dir, sizeof dir, "%s/up", out_root);
     snprintf(ref_dir, sizeof ref_dir, "%s/upref", out_root);
-    job_spec s;
+    train_cfg s;
     spec_for(&s, 1, dir, 4);
     s.micro_auto = true;
     s.micro_batch = 0;
@@ -193,7 +193,7 @@ static void test_auto_moves_up_after_resume(void **state)
     assert_int_equal(b.split_ups, 1);
     assert_int_equal(b.final_micro, 4);
 
-    job_spec r;
+    train_cfg r;
     spec_for(&r, 1, ref_dir, 8);
     r.lr.total_steps = 8;
     r.checkpoint_interval = 2;

@@ -116,7 +116,7 @@ static int teardown(void **state)
     return fsu_rm_rf(root, NULL);
 }
 
-static void sft_spec(job_spec *s, const char *file, spec_data_format fmt, int seq_len)
+static void sft_spec(train_cfg *s, const char *file, spec_data_format fmt, int seq_len)
 {
     fx_tiny_spec(s, file, 8, 8, 1, 1);
     s->data.format = fmt;
@@ -142,15 +142,23 @@ static void on_progress(void *ctx, const char *stage, uint64_t done, uint64_t to
     p->last_total = total;
 }
 
-static int load(const job_spec *s, prep_samples *ps, progress_log *pl, acc_err *err)
+/* The data layer's part of a test's train_cfg (data_prep.h reads a data_cfg). */
+static data_cfg *data_of(const train_cfg *s, data_cfg *d)
+{
+    train_cfg_data(s, d);
+    return d;
+}
+#define DATA_OF(s) data_of((s), &(data_cfg){.data_roots = {0}})
+
+static int load(const train_cfg *s, prep_samples *ps, progress_log *pl, acc_err *err)
 {
     memset(pl, 0, sizeof *pl);
-    prep_opts o = {.spec = s, .path = s->data.train, .field = "data.train", .threads = 3,
+    prep_opts o = {.spec = DATA_OF(s), .path = s->data.train, .field = "data.train", .threads = 3,
                    .progress = on_progress, .ctx = pl};
     return prep_load(&o, ps, err);
 }
 
-static void load_ok(const job_spec *s, prep_samples *ps, progress_log *pl)
+static void load_ok(const train_cfg *s, prep_samples *ps, progress_log *pl)
 {
     acc_err err = {0};
     int rc = load(s, ps, pl, &err);
@@ -200,7 +208,7 @@ static void test_chat_masks(void **state)
     char file[256];
     snprintf(file, sizeof file, "%s/chat.jsonl", root);
     write_file(file, chat_lines);
-    job_spec s;
+    train_cfg s;
     sft_spec(&s, file, SPEC_DATA_CHAT, 256);
     s.data.cache_dir[0] = '\0';
     prep_samples ps;
@@ -250,7 +258,7 @@ static void test_prompt_completion_and_text(void **state)
     char file[256];
     snprintf(file, sizeof file, "%s/pc.jsonl", root);
     write_file(file, "{\"prompt\":\"PPPP ask\",\"completion\":\" CCCC answer\"}\n");
-    job_spec s;
+    train_cfg s;
     sft_spec(&s, file, SPEC_DATA_PROMPT_COMPLETION, 64);
     prep_samples ps;
     progress_log pl;
@@ -289,7 +297,7 @@ static void test_overlong(void **state)
                "a very long answer that does not fit in the window of this test at all\"}]}\n"
                "{\"messages\":[{\"role\":\"user\",\"content\":\"a very long question that leaves no room for the "
                "answer in the window of this test\"},{\"role\":\"assistant\",\"content\":\"ok\"}]}\n");
-    job_spec s;
+    train_cfg s;
     sft_spec(&s, file, SPEC_DATA_CHAT, 99);
     prep_samples ps;
     progress_log pl;
@@ -314,7 +322,7 @@ static void test_cache(void **state)
     char file[256];
     snprintf(file, sizeof file, "%s/cached.jsonl", root);
     write_file(file, chat_lines);
-    job_spec s;
+    train_cfg s;
     sft_spec(&s, file, SPEC_DATA_CHAT, 128);
     prep_samples a, b;
     progress_log pa, pb;
@@ -371,10 +379,10 @@ static void test_bad_lines(void **state)
     snprintf(file, sizeof file, "%s/bad.jsonl", root);
     write_file(file, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"r\"}]}\n\n"
                      "{\"messages\":[{\"role\":\"user\"}]}\n");
-    job_spec s;
+    train_cfg s;
     sft_spec(&s, file, SPEC_DATA_CHAT, 64);
     acc_err err = {0};
-    assert_int_equal(prep_validate(&s, &err), ACC_EINVAL);
+    assert_int_equal(prep_validate(DATA_OF(&s), &err), ACC_EINVAL);
     assert_string_equal(err.field, "data.train");
     assert_non_null(strstr(err.msg, "bad.jsonl:3: messages[0].content"));
     /* past the bounded scan: found while preparing, with its line */
@@ -386,7 +394,7 @@ static void test_bad_lines(void **state)
     fclose(f);
     sft_spec(&s, file, SPEC_DATA_CHAT, 64);
     memset(&err, 0, sizeof err);
-    assert_int_equal(prep_validate(&s, &err), 0);
+    assert_int_equal(prep_validate(DATA_OF(&s), &err), 0);
     prep_samples ps;
     progress_log pl;
     assert_int_equal(load(&s, &ps, &pl, &err), ACC_EINVAL);
@@ -398,11 +406,11 @@ static void test_bad_lines(void **state)
     /* the template name and the tokenizer are checked too */
     sft_spec(&s, file, SPEC_DATA_CHAT, 64);
     snprintf(s.data.chat_template, sizeof s.data.chat_template, "vicuna");
-    assert_int_equal(prep_validate(&s, &err), ACC_EINVAL);
+    assert_int_equal(prep_validate(DATA_OF(&s), &err), ACC_EINVAL);
     assert_string_equal(err.field, "data.chat_template");
     sft_spec(&s, file, SPEC_DATA_CHAT, 64);
     s.model.vocab_size = 100;
-    assert_int_equal(prep_validate(&s, &err), ACC_EINVAL);
+    assert_int_equal(prep_validate(DATA_OF(&s), &err), ACC_EINVAL);
     assert_string_equal(err.field, "data.tokenizer");
 }
 
@@ -426,13 +434,13 @@ static void test_special_data_files(void **state)
     alarm(60); /* a watchdog, not a timing: a blocked open never returns */
     for (int k = 0; k < 2; k++) {
         const char *file = k ? link : fifo;
-        job_spec s;
+        train_cfg s;
         sft_spec(&s, file, SPEC_DATA_CHAT, 64);
         snprintf(s.data_roots, sizeof s.data_roots, "%s:%s", data, root); /* the tokenizer is in root/tok */
         if (k) /* the secret lies in root: only data is a root here */
             snprintf(s.data_roots, sizeof s.data_roots, "%s:%s", data, tokdir);
         acc_err err = {0};
-        assert_int_equal(prep_validate(&s, &err), ACC_EINVAL);
+        assert_int_equal(prep_validate(DATA_OF(&s), &err), ACC_EINVAL);
         assert_string_equal(err.field, "data.train");
         assert_non_null(strstr(err.msg, k ? "outside the allowed roots" : "FIFO"));
         assert_null(strstr(err.msg, "root:"));
@@ -455,7 +463,7 @@ static void test_packed_windows(void **state)
     snprintf(file, sizeof file, "%s/pack.jsonl", root);
     write_file(file, "{\"text\":\"abcdefghij\"}\n{\"text\":\"klmnopq\"}\n{\"text\":\"rstu\"}\n"
                      "{\"text\":\"vwxyz0123456789ABCDEF\"}\n");
-    job_spec s;
+    train_cfg s;
     sft_spec(&s, file, SPEC_DATA_TEXT_JSONL, 24); /* windows of 25 tokens */
     s.data.packing = true;
     prep_samples ps;
@@ -499,7 +507,7 @@ static void test_packed_logits(void **state)
 {
     (void)state;
     enum { T = 20, D0 = 6, D1 = 9, D2 = 4 };
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, "unused", 1, 1, 1, 1);
     snprintf(s.model.arch, sizeof s.model.arch, "llama");
     s.model.seq_len = T;
@@ -584,7 +592,7 @@ static void write_conversations(const char *file, int n)
     fclose(f);
 }
 
-static void run_sft(const job_spec *s, double *loss, float *params, size_t cap, train_hooks *h)
+static void run_sft(const train_cfg *s, double *loss, float *params, size_t cap, train_hooks *h)
 {
     kern_device_info devs[4];
     fx_devices(devs, s->devices, 1ull << 30);
@@ -621,7 +629,7 @@ static void split_invariance(const char *file, int packing)
     float *params[3];
     train_hooks h[3];
     for (int i = 0; i < 3; i++) {
-        job_spec s;
+        train_cfg s;
         /* packed: windows of two or three conversations */
         sft_spec(&s, file, SPEC_DATA_CHAT, packing ? 200 : 96);
         s.data.packing = packing;
@@ -675,7 +683,7 @@ static void expect_same_samples(const prep_samples *a, const prep_samples *b, co
 
 static void load_path(const char *path, spec_data_format fmt, prep_samples *ps)
 {
-    job_spec s;
+    train_cfg s;
     progress_log pl;
     sft_spec(&s, path, fmt, 512);
     load_ok(&s, ps, &pl);
@@ -812,16 +820,16 @@ static void test_parquet_damaged(void **state)
     fwrite(buf, 1, n, out);
     fclose(in);
     fclose(out);
-    job_spec s;
+    train_cfg s;
     sft_spec(&s, bad, SPEC_DATA_CHAT, 512);
     acc_err err = {0};
-    assert_int_equal(prep_validate(&s, &err), ACC_EINVAL);
+    assert_int_equal(prep_validate(DATA_OF(&s), &err), ACC_EINVAL);
     assert_string_equal(err.field, "data.train");
     assert_non_null(strstr(err.msg, "bad.parquet: row group 0, column "));
     /* a messages column of a shape the reader leaves out is named as such */
     fixture(src, sizeof src, "nested.parquet");
     sft_spec(&s, src, SPEC_DATA_CHAT, 512);
-    assert_int_equal(prep_validate(&s, &err), ACC_EINVAL);
+    assert_int_equal(prep_validate(DATA_OF(&s), &err), ACC_EINVAL);
     assert_string_equal(err.field, "data.train");
     assert_non_null(strstr(err.msg, "nested.parquet: column messages: a shape other than"));
 }
@@ -846,11 +854,11 @@ static void test_slow_record(void **state)
         fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"%s\"}]}\n",
                 i == 11 ? "slow" : "r");
     fclose(f);
-    job_spec s;
+    train_cfg s;
     sft_spec(&s, file, SPEC_DATA_CHAT, 64);
     snprintf(s.data.chat_template, sizeof s.data.chat_template, "auto");
     acc_err err = {0};
-    if (prep_validate(&s, &err) != 0) /* the first 8 records are quick */
+    if (prep_validate(DATA_OF(&s), &err) != 0) /* the first 8 records are quick */
         fail_msg("prep_validate: %s", err.msg);
     prep_samples ps;
     progress_log pl;

@@ -46,7 +46,7 @@ static void test_checked_arithmetic(void **state)
 
 /* The largest shape the spec parser allows per key, at a micro batch that
  * makes the activations about 2^66 bytes (2^50 at micro batch 1). */
-static void huge_spec(job_spec *s, const char *train, int m)
+static void huge_spec(train_cfg *s, const char *train, int m)
 {
     fx_tiny_spec(s, train, 65536, m, 65536 / m, 1);
     s->model.n_layer = 256;
@@ -78,7 +78,7 @@ static void test_planner_huge_spec(void **state)
     (void)state;
     char train[64];
     fx_write_text(train, sizeof train, 4000);
-    job_spec s;
+    train_cfg s;
     huge_spec(&s, train, 65536);
     model_config cfg;
     acc_err err = {0};
@@ -146,7 +146,7 @@ static void test_submit_check(void **state)
     (void)state;
     char train[64];
     fx_write_text(train, sizeof train, 4000);
-    job_spec s;
+    train_cfg s;
     huge_spec(&s, train, 65536);
     acc_err err = {0};
     assert_int_equal(trainer_check_spec(&s, &err), ACC_EINVAL);

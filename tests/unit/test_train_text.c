@@ -48,7 +48,7 @@ static void text_run(spec_precision precision, double lr, double *loss, double *
 {
     char train[64], val[64];
     assert_int_equal(split_corpus(train, val, sizeof train), 0);
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, train, 8, 4, 2, 1);
     snprintf(s.data.val, sizeof s.data.val, "%s", val);
     s.model.n_layer = 2;

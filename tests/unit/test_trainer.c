@@ -55,7 +55,7 @@ typedef struct run_out {
 
 /* Run `s` on CPU devices; bucket_bytes: the gradient bucket size (0: the
  * trainer's default). */
-static void run_split_buckets(const job_spec *s, run_out *r, train_mask_fn mask,
+static void run_split_buckets(const train_cfg *s, run_out *r, train_mask_fn mask,
                               size_t bucket_bytes)
 {
     kern_device_info devs[4];
@@ -83,7 +83,7 @@ static void run_split_buckets(const job_spec *s, run_out *r, train_mask_fn mask,
     assert_int_equal(r->h.steps_done, s->max_steps);
 }
 
-static void run_split(const job_spec *s, run_out *r, train_mask_fn mask)
+static void run_split(const train_cfg *s, run_out *r, train_mask_fn mask)
 {
     run_split_buckets(s, r, mask, 0);
 }
@@ -125,7 +125,7 @@ static void test_split_invariance(void **state)
     static const int splits[4][3] = {{8, 1, 1}, {1, 8, 1}, {2, 2, 2}, {4, 1, 2}};
     run_out runs[4];
     for (int i = 0; i < 4; i++) {
-        job_spec s;
+        train_cfg s;
         fx_tiny_spec(&s, text_path, BATCH, splits[i][0], splits[i][1], splits[i][2]);
         s.max_steps = STEPS;
         run_split(&s, &runs[i], NULL);
@@ -135,7 +135,7 @@ static void test_split_invariance(void **state)
     /* again with uneven per-sample token counts (masked targets) */
     run_out masked[4];
     for (int i = 0; i < 4; i++) {
-        job_spec s;
+        train_cfg s;
         fx_tiny_spec(&s, text_path, BATCH, splits[i][0], splits[i][1], splits[i][2]);
         s.max_steps = STEPS;
         run_split(&s, &masked[i], uneven_mask);
@@ -146,7 +146,7 @@ static void test_split_invariance(void **state)
     for (int i = 0; i < 4; i++)
         run_free(&masked[i]);
     /* and the weights did move: the comparison is not vacuous */
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text_path, BATCH, 8, 1, 1);
     s.max_steps = 0;
     run_out init;
@@ -174,7 +174,7 @@ static void test_split_invariance_bf16(void **state)
     static const int splits[2][3] = {{4, 1, 1}, {1, 2, 2}};
     run_out runs[2];
     for (int i = 0; i < 2; i++) {
-        job_spec s;
+        train_cfg s;
         fx_tiny_spec(&s, text_path, B4, splits[i][0], splits[i][1], splits[i][2]);
         s.max_steps = STEPS;
         s.precision = SPEC_BF16;
@@ -192,7 +192,7 @@ static void test_split_invariance_bf16(void **state)
     assert_true(rel <= 1e-3);
     assert_memory_equal(runs[0].samples, runs[1].samples, STEPS * B4 * sizeof *runs[0].samples);
     /* the same split in fp32 ends elsewhere: bf16 was in effect */
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text_path, B4, 4, 1, 1);
     s.max_steps = STEPS;
     run_out f32;
@@ -214,7 +214,7 @@ static void test_split_invariance_bf16(void **state)
  * about ln(256), which would hide the difference between the two means. */
 static void make_trained_checkpoint(void)
 {
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text_path, BATCH, 8, 1, 1);
     s.max_steps = 30;
     s.optim.lr = 1e-2;
@@ -246,7 +246,7 @@ static void test_loss_normalisation(void **state)
 {
     enum { B = 4 };
     make_trained_checkpoint();
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text_path, B, 1, B, 1);
     snprintf(s.model.init_from, sizeof s.model.init_from, "%s", trained_path);
     s.max_steps = 1;
@@ -329,7 +329,7 @@ static void test_one_allreduce_per_step(void **state)
 {
     static const int splits[3][3] = {{8, 1, 1}, {1, 4, 2}, {2, 2, 2}};
     for (int i = 0; i < 3; i++) {
-        job_spec s;
+        train_cfg s;
         fx_tiny_spec(&s, text_path, BATCH, splits[i][0], splits[i][1], splits[i][2]);
         s.max_steps = 3;
         run_out r;
@@ -347,7 +347,7 @@ static void test_bucketed_reduction(void **state)
 {
     static const int splits[2][3] = {{2, 2, 2}, {1, 2, 4}};
     for (int i = 0; i < 2; i++) {
-        job_spec s;
+        train_cfg s;
         fx_tiny_spec(&s, text_path, BATCH, splits[i][0], splits[i][1], splits[i][2]);
         s.model.n_layer = 4;
         s.max_steps = STEPS;
@@ -377,7 +377,7 @@ static void test_bucketed_reduction(void **state)
 
 static void test_memory_flat_in_accum(void **state)
 {
-    job_spec s1, s16;
+    train_cfg s1, s16;
     fx_tiny_spec(&s1, text_path, 2, 2, 1, 1);
     fx_tiny_spec(&s16, text_path, 32, 2, 16, 1);
     s1.max_steps = s16.max_steps = 2;
@@ -393,7 +393,7 @@ static void test_memory_flat_in_accum(void **state)
     assert_true(predicted == r16.h.mem_peak[0]);
     assert_true(fabs(p16 - p1) / p1 <= 0.02);
     /* while a larger micro batch does cost activations */
-    job_spec s4;
+    train_cfg s4;
     fx_tiny_spec(&s4, text_path, 8, 8, 1, 1);
     s4.max_steps = 1;
     run_out r4;
@@ -440,7 +440,7 @@ static void on_event(void *ctx, const train_event *ev)
 }
 
 /* Start `s` on two CPU devices with events into `l`. */
-static trainer *start_logged(job_spec *s, kern_device_info *devs, ev_log *l)
+static trainer *start_logged(train_cfg *s, kern_device_info *devs, ev_log *l)
 {
     fx_devices(devs, 2, 1ull << 30);
     trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = 1,
@@ -462,7 +462,7 @@ static void wait_for(ev_log *l, const int *counter, int at_least)
 
 static void test_events_and_done(void **state)
 {
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text_path, BATCH, 2, 2, 2);
     s.max_steps = 3;
     snprintf(s.data.val, sizeof s.data.val, "%s", text_path);
@@ -485,7 +485,7 @@ static void test_events_and_done(void **state)
 
 static void test_cancel(void **state)
 {
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text_path, BATCH, 1, 4, 2);
     s.max_steps = 100000;
     kern_device_info devs[2];
@@ -502,7 +502,7 @@ static void test_cancel(void **state)
 
 static void test_oom_is_reported(void **state)
 {
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text_path, BATCH, 4, 1, 2);
     kern_device_info devs[2];
     fx_devices(devs, 2, 1ull << 30);
@@ -532,7 +532,7 @@ static void test_token_shards(void **state)
         fclose(fp);
     }
     snprintf(glob, sizeof glob, "%s/shard_*.bin", out_dir);
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, glob, BATCH, 2, 2, 2);
     s.data.format = SPEC_DATA_TOKENS;
     s.model.vocab_size = 300;
@@ -551,7 +551,7 @@ static void test_token_shards(void **state)
 
 static void test_bad_batch_triple(void **state)
 {
-    job_spec s;
+    train_cfg s;
     fx_tiny_spec(&s, text_path, 32, 2, 16, 4);
     acc_err err = {0};
     assert_int_equal(trainer_check_spec(&s, &err), ACC_EINVAL);

@@ -76,7 +76,7 @@ static int inject_oom(void *ctx, int rank, int step, int micro, int m)
 }
 
 /* A spec of the tiny GPT-2 (or LLaMA) with clipping that bites. */
-static void spec_of(job_spec *s, const char *arch, int m, int a, int w, int zero)
+static void spec_of(train_cfg *s, const char *arch, int m, int a, int w, int zero)
 {
     fx_tiny_spec(s, text_path, m * a * w, m, a, w);
     if (!strcmp(arch, "llama-lora")) { /* LoRA on every projection: AdamW's range is the adapters */
@@ -93,7 +93,7 @@ static void spec_of(job_spec *s, const char *arch, int m, int a, int w, int zero
     s->oom_adapt = true;
 }
 
-static void run(const job_spec *s, run_out *r, inject *in)
+static void run(const train_cfg *s, run_out *r, inject *in)
 {
     kern_device_info devs[4];
     fx_devices(devs, s->devices, 1ull << 30);
@@ -141,7 +141,7 @@ static void assert_bits(const run_out *a, const run_out *b, int from, int to)
 /* Rank r's measured bytes: its AdamW moments are those of its shard, as
  * the planner says; the gradient buffer is stage 0's; the peak is the
  * prediction to the byte. */
-static void assert_memory(const job_spec *s, const run_out *r, const run_out *r0)
+static void assert_memory(const train_cfg *s, const run_out *r, const run_out *r0)
 {
     model_config cfg;
     acc_err err = {0};
@@ -179,7 +179,7 @@ static void assert_memory(const job_spec *s, const run_out *r, const run_out *r0
 
 static void check_stages(const char *arch, int w, int m, int a)
 {
-    job_spec s;
+    train_cfg s;
     run_out r0, r1, r2;
     spec_of(&s, arch, m, a, w, 0);
     run(&s, &r0, NULL);
@@ -233,7 +233,7 @@ static void test_llama_stages(void **state)
 static void test_oom_adapts_all_ranks(void **state)
 {
     (void)state;
-    job_spec s;
+    train_cfg s;
     run_out r0, r2;
     inject in0 = {.rank = 1, .step = 1, .m = 4}, in2 = in0;
     spec_of(&s, "gpt2", 4, 1, 2, 0);
@@ -256,7 +256,7 @@ static void test_oom_adapts_all_ranks(void **state)
 static void test_modes(void **state)
 {
     (void)state;
-    job_spec s;
+    train_cfg s;
     run_out r[3];
     double val[3][CAP_STEPS];
     for (int z = 0; z <= 2; z++) {
@@ -321,7 +321,7 @@ static void assert_same_file(const char *a, const char *b)
     free(db);
 }
 
-static void resume_spec(job_spec *s, int w, int zero, const char *from, const char *out, int steps)
+static void resume_spec(train_cfg *s, int w, int zero, const char *from, const char *out, int steps)
 {
     spec_of(s, "gpt2", 2, BATCH / (2 * w), w, zero); /* B = 8 at every w */
     s->max_steps = steps;
@@ -332,7 +332,7 @@ static void resume_spec(job_spec *s, int w, int zero, const char *from, const ch
 static void test_checkpoint_across_worlds(void **state)
 {
     (void)state;
-    job_spec s;
+    train_cfg s;
     run_out a4, b4, full, part, rest, base;
     char ck[256], ck0[256], f1[320], f2[320];
     /* a stage-2 checkpoint at w = 4, and stage 0's */
@@ -400,7 +400,7 @@ static void on_stop_event(void *ctx, const train_event *ev)
 
 /* Run s on two devices, stop it (preempt: a shutdown; else a cancel) once
  * two steps are done; it ends ACC_ECANCELLED. Returns the steps done. */
-static int stop_after_two(job_spec *s, bool preempt, stop_watch *w)
+static int stop_after_two(train_cfg *s, bool preempt, stop_watch *w)
 {
     kern_device_info devs[2];
     fx_devices(devs, 2, 1ull << 30);
@@ -424,7 +424,7 @@ static int stop_after_two(job_spec *s, bool preempt, stop_watch *w)
 static void test_shutdown_checkpoint(void **state)
 {
     (void)state;
-    job_spec s;
+    train_cfg s;
     spec_of(&s, "gpt2", 2, 2, 2, 2);
     s.max_steps = 200;
     snprintf(s.output_dir, sizeof s.output_dir, "%s/stop", root);
@@ -456,7 +456,7 @@ static void test_cancel_checkpoint(void **state)
 {
     (void)state;
     for (int keep = 0; keep < 2; keep++) {
-        job_spec s;
+        train_cfg s;
         spec_of(&s, "gpt2", 2, 2, 2, 2);
         s.max_steps = 200;
         s.checkpoint_on_cancel = keep;
