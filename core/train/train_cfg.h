@@ -82,6 +82,7 @@ typedef struct train_cfg {
     int given_batch, given_micro, given_accum; /* the batch keys as written (0: absent or "auto") */
     spec_precision precision;
     bool activation_checkpointing;
+    bool lean_activations;      /* attention without T x T, chunked head + loss */
     int zero_stage;        /* 0 (replicas), 1 (AdamW moments sharded), 2 (and the reduced gradients) */
     spec_optim optim;
     spec_lr lr;

@@ -290,7 +290,7 @@ static void test_lr_schedules(void **state)
 static void test_lr_run_lengths(void **state)
 {
     (void)state;
-    job_spec s;
+    train_cfg s;
     lr_spec(&s, SPEC_LR_COSINE);
     s.max_steps = 5;
     s.lr.warmup_steps = 0;
