@@ -79,6 +79,7 @@ typedef struct spec_model {
      * ("meta-llama/Llama-2-7b-hf"; from is then its snapshot) */
     char hub_repo[128];
     bool seq_len_default;  /* seq_len was not given: config.json's max_position_embeddings, at most 4096 */
+    bool quantize_nf4;     /* (h-nf4) model.quantize "nf4" / load_in_4bit: QLoRA's 4-bit base */
 } spec_model;
 
 typedef struct spec_data {
