@@ -74,3 +74,14 @@ print(f"reference: merged = dequantized base + adapter within {r:.1e}")
 PYEOF
     ok "QLoRA from $src: peak $peak bytes as predicted, loss $first -> $last, merged = dequantized base + adapter"
 done
+
+# POST /v1/plan: qlora rows beside full and lora ones, the 4-bit base lighter
+# than the fp32 one; a 4-bit directory plans without full rows
+plan=$(curl -s -X POST --data-binary '{"model":{"from":"tiny","seq_len":32,"quantize":"nf4"},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":4,"lora":{"r":4,"target_modules":"all-linear"}}' "$BASE/v1/plan")
+echo "$plan" | jq -e '([.rows[] | select(.mode == "qlora")] | length) > 0 and ([.rows[] | select(.mode == "full")] | length) > 0
+    and ([.rows[] | select(.mode == "qlora")][0].weights_bytes < [.rows[] | select(.mode == "lora")][0].weights_bytes)' >/dev/null ||
+    fail "plan with quantize: $(echo "$plan" | jq -c '[.rows[] | {mode, weights_bytes}] | unique' 2>/dev/null || echo "$plan")"
+plan=$(curl -s -X POST --data-binary '{"model":{"from":"tiny4","seq_len":32},"data":{"train":"gpl.txt","format":"text"},"train_batch_size":4,"lora":{"r":4}}' "$BASE/v1/plan")
+echo "$plan" | jq -e '([.rows[] | select(.mode == "full")] | length) == 0 and ([.rows[] | select(.mode == "lora")] | length) > 0' >/dev/null ||
+    fail "plan of a 4-bit directory: $(echo "$plan" | jq -c '[.rows[] | .mode] | unique' 2>/dev/null || echo "$plan")"
+ok "POST /v1/plan: qlora rows lighter than lora ones; a 4-bit directory has no full rows"
