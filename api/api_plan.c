@@ -105,7 +105,10 @@ static int parse_hardware(const jobs_mgr *m, const json_t *h, const train_cfg *s
     return 0;
 }
 
-static const char *mode_name(const plan_variant *v) { return v->lora ? "lora" : "full"; }
+static const char *mode_name(const plan_variant *v)
+{
+    return v->qlora ? "qlora" : v->lora ? "lora" : "full"; /* (h-nf4) qlora: a 4-bit base */
+}
 
 static json_t *row_json(const plan_table *t, int i)
 {
@@ -166,7 +169,7 @@ static json_t *summary_json(const plan_table *t, bool spec_recompute)
         const plan_variant *v = &t->groups[t->suggested_group].v;
         snprintf(msg, sizeof msg,
                  "the spec as given does not fit; %s fine-tune%s%s with micro batch %d x %d accumulation steps does",
-                 v->lora ? "a LoRA" : "a full", v->zero_stage ? (v->zero_stage == 1 ? " with ZeRO-1" : " with ZeRO-2") : "",
+                 v->qlora ? "a QLoRA" : v->lora ? "a LoRA" : "a full", v->zero_stage ? (v->zero_stage == 1 ? " with ZeRO-1" : " with ZeRO-2") : "",
                  v->recompute ? " and recomputation" : "", s->micro_batch, s->accum_steps);
     } else
         snprintf(msg, sizeof msg, "no way to run this spec fits %d device(s) of %.1f GiB", t->hw.devices,

@@ -1,5 +1,6 @@
 /* bench_lora: one training step of a LLaMA-shaped model on one CPU device,
- * full fine-tune vs LoRA (model_lora.h), and each one's device peak.
+ * full fine-tune vs LoRA (model_lora.h) vs QLoRA (LoRA on a 4-bit NF4 base,
+ * h-nf4), and each one's device peak.
  *
  * Each step is forward + backward + AdamW (core/train/adamw.c, the
  * trainer's optimizer: moments for the trainable elements only), random
@@ -109,11 +110,15 @@ int main(int argc, char **argv)
               all = {.r = a.r, .alpha = 2.0 * a.r, .all_linear = true};
     snprintf(qv.targets[0], SPEC_LORA_NAME_MAX, "q_proj");
     snprintf(qv.targets[1], SPEC_LORA_NAME_MAX, "v_proj");
-    variant v[3] = {{.name = "full fine-tune"}, {.name = "LoRA q_proj,v_proj"},
-                    {.name = "LoRA all-linear"}};
-    const spec_lora *sl[3] = {&none, &qv, &all};
-    for (int i = 0; i < 3; i++)
-        if (setup(&v[i], &a, &cfg, sl[i], &err) != 0) {
+    variant v[4] = {{.name = "full fine-tune"}, {.name = "LoRA q_proj,v_proj"},
+                    {.name = "LoRA all-linear"}, {.name = "QLoRA all-linear"}};
+    const spec_lora *sl[4] = {&none, &qv, &all, &all};
+    model_config cfgq = cfg; /* (h-nf4) the base double quantized to NF4 */
+    cfgq.quant = MODEL_QUANT_NF4;
+    cfgq.quant_nested = true;
+    const model_config *cf[4] = {&cfg, &cfg, &cfg, &cfgq};
+    for (int i = 0; i < 4; i++)
+        if (setup(&v[i], &a, cf[i], sl[i], &err) != 0) {
             fprintf(stderr, "bench_lora: %s: %s\n", v[i].name, err.msg);
             return 1;
         }
@@ -128,9 +133,9 @@ int main(int argc, char **argv)
         w[i] = 1.0f / (float)N;
     }
     spec_optim o = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-    double loss[3] = {0};
+    double loss[4] = {0};
     for (int s = -a.warmup; s < a.steps; s++)
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             model *m = v[i].m;
             double t0 = bench_now();
             model_zero_grad(m);
@@ -146,7 +151,7 @@ int main(int argc, char **argv)
     double full = bench_median(v[0].times, a.steps);
     printf("%-20s %12s %12s %10s %8s %14s\n", "variant", "trainable", "parameters", "step s",
            "vs full", "device peak");
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         double t = bench_median(v[i].times, a.steps);
         printf("%-20s %12zu %12zu %10.4f %7.2fx %11.1f MiB\n", v[i].name, v[i].m->ngrad,
                v[i].m->nparams, t, t / full, (double)v[i].d->peak / (1 << 20));

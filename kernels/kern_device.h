@@ -61,6 +61,22 @@ typedef struct kern_att_opts {
     int window;
 } kern_att_opts;
 
+/* (h-nf4, issue 21) One NF4 weight for dequant_nf4 (core/model/nf4.h
+ * states the format): device pointers to its packed codes (n values, two
+ * a byte, the even index in the high nibble), its 16-value map, and its
+ * per-block (64 values) absmax: fp32 `absmax`, or with double quantization
+ * (absmax NULL) `qabsmax` codes on the 256-value `nested_map`, an fp32
+ * `nested_absmax` per 256 codes, and the fp32 `offset` (a host value). */
+typedef struct kern_nf4 {
+    const uint8_t *codes;
+    const float *map;
+    const float *absmax;
+    const uint8_t *qabsmax;
+    const float *nested_absmax;
+    const float *nested_map;
+    float offset;
+} kern_nf4;
+
 typedef struct kern_ops {
     const char *backend; /* "cpu", "cuda" */
 
@@ -358,6 +374,13 @@ typedef struct kern_ops {
                                const float *v, const float *lse, const float *out, int ldq,
                                int ldkv, const int *pos, const kern_att_opts *opts, int B,
                                int T, int NH, int NKV, int hs);
+    /* (h-nf4, issue 21) out[i] = map[code i] * absmax of block i / 64, the
+     * absmax itself nested_map[qabsmax] * nested_absmax[block / 256] +
+     * offset under double quantization: each product and sum one fp32
+     * operation, rounded to nearest (no fused multiply-add), so every
+     * backend gives the same bits as nf4_dequantize. The QLoRA base is
+     * fetched through it one tensor at a time (model.h's weight store). */
+    void (*dequant_nf4)(kern_device *d, float *out, const kern_nf4 *q, size_t n);
 } kern_ops;
 
 struct kern_device {

@@ -396,7 +396,7 @@ static bool names_hub_repo(const char *value, const char *roots)
 static int parse_model_from(const json_t *m, const acc_conf *conf, const char *roots, bool plan_only,
                             spec_model *out, acc_err *err)
 {
-    static const char *const keys[] = {"from", "seq_len", "arch", NULL};
+    static const char *const keys[] = {"from", "seq_len", "arch", "quantize", "load_in_4bit", NULL};
     static const char *const sizes[] = {"n_layer", "n_head", "n_embd", "vocab_size", "padded_vocab_size",
                                         "init_from", "n_kv_head", "intermediate_size", NULL};
     const char *key;
@@ -416,6 +416,12 @@ static int parse_model_from(const json_t *m, const acc_conf *conf, const char *r
         (rc = get_str(m, "model", "arch", true, arch, sizeof arch, NULL, err)) ||
         (rc = get_int(m, "model", "seq_len", 2, 1 << 20, &out->seq_len, err)))
         return rc;
+    static const char *const quants[] = {"none", "nf4", NULL}; /* (h-nf4) QLoRA */
+    int quant = 0;
+    if ((rc = get_choice(m, "model", "quantize", quants, &quant, err)) ||
+        (rc = get_bool(m, "model", "load_in_4bit", &out->quantize_nf4, err)))
+        return rc;
+    out->quantize_nf4 |= quant == 1;
     if (names_hub_repo(out->from, roots)) {
         if (strlen(out->from) >= sizeof out->hub_repo)
             return acc_err_set(err, ACC_EINVAL, "model.from", "model.from: '%s' is too long for a hub name", out->from);

@@ -382,6 +382,14 @@ int hf_check(const hf_dir *h, const hf_tensor *want, int n, const char *const *i
         int same = e->t.ndim == want[i].ndim;
         for (int d = 0; same && d < want[i].ndim; d++)
             same = e->t.shape[d] == want[i].shape[d];
+        if (want[i].quant4) { /* (h-nf4) packed 4-bit codes */
+            char exp[96];
+            shape_str(exp, sizeof exp, want[i].ndim, want[i].shape);
+            if (!same || e->t.dtype != ST_U8)
+                rc = bad(err, "%s/%s: 4-bit tensor %s must be U8 of shape %s (%s)", h->path, file,
+                         want[i].name, exp, "transformers' bitsandbytes layout");
+            continue;
+        }
         if (!same) {
             char got[96], exp[96];
             shape_str(got, sizeof got, e->t.ndim, e->t.shape);
@@ -415,6 +423,30 @@ int hf_read(const hf_dir *h, const char *name, float *dst, size_t count, acc_err
         acc_err_prefix(err, "%s/%s", h->path, h->file_names[e->file]);
     st_release(h->files[e->file], &e->t);
     return rc;
+}
+
+int hf_tensor_info(const hf_dir *h, const char *name, st_tensor *out)
+{
+    const hf_entry *e = find(h, name);
+    if (e == NULL)
+        return ACC_ENOTFOUND;
+    *out = e->t;
+    return 0;
+}
+
+int hf_read_bytes(const hf_dir *h, const char *name, void *dst, size_t nbytes, acc_err *err)
+{
+    const hf_entry *e = find(h, name);
+    if (e == NULL)
+        return bad(err, "%s: missing tensor %s", h->path, name);
+    if (h->header_only || e->t.data == NULL)
+        return acc_err_set(err, ACC_ESTATE, NULL, "%s opened for its headers only", h->path);
+    if (e->t.nbytes != nbytes)
+        return bad(err, "%s/%s: tensor %s has %zu bytes, %zu expected", h->path,
+                   h->file_names[e->file], name, e->t.nbytes, nbytes);
+    memcpy(dst, e->t.data, nbytes);
+    st_release(h->files[e->file], &e->t);
+    return 0;
 }
 
 st_dtype hf_dtype(const hf_dir *h)

@@ -51,6 +51,8 @@ typedef struct hf_tensor {
     int64_t shape[2];
     int optional; /* hf_check: one the layout ties away (a tied lm_head):
                    * absent, or refused naming it; hf_save writes every entry */
+    int quant4;   /* (h-nf4) hf_check: a 4-bit weight, packed as transformers saves it:
+                   * U8 of `shape` (its own, not the model's), torch_dtype not applied */
 } hf_tensor;
 
 /* Open `dir` (config.json and the weights' headers; mapped unless
@@ -88,6 +90,13 @@ int hf_check(const hf_dir *h, const hf_tensor *want, int n, const char *const *i
 /* Tensor `name` as `count` floats into dst (from the mapping; its pages
  * are dropped afterwards). ACC_ESTATE when opened header only. */
 int hf_read(const hf_dir *h, const char *name, float *dst, size_t count, acc_err *err);
+
+/* (h-nf4) Tensor `name`'s dtype and shape (data NULL when opened header
+ * only); ACC_ENOTFOUND when absent. */
+int hf_tensor_info(const hf_dir *h, const char *name, st_tensor *out);
+/* (h-nf4) Tensor `name`'s raw bytes into dst[nbytes] (exactly its size),
+ * pages dropped afterwards; ACC_ESTATE when opened header only. */
+int hf_read_bytes(const hf_dir *h, const char *name, void *dst, size_t nbytes, acc_err *err);
 
 /* The dtype most of the weights' bytes are stored in (torch_dtype); for
  * a directory opened HF_OPEN_CONFIG, config.json's torch_dtype (F32 when

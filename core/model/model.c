@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "checked.h"
+#include "nf4.h"
 #include "safepath.h"
 
 /* ---- registry: one line per family */
@@ -196,6 +197,47 @@ int model_config_from_file(const char *path, const spec_model *sm, model_config 
     return rc;
 }
 
+/* (h-nf4, issue 21) config.json's quantization_config as transformers
+ * writes it for bitsandbytes: 4-bit NF4 (double quantization or not) is
+ * read; 8-bit, FP4 and other methods are refused, naming the key. */
+static int quant_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
+{
+    const json_t *qc = json_object_get(hf, "quantization_config");
+    if (qc == NULL || json_is_null(qc))
+        return 0;
+    if (!json_is_object(qc))
+        return acc_err_set(err, ACC_EINVAL, "model.from",
+                           "config.json: quantization_config must be an object");
+    const char *method = json_string_value(json_object_get(qc, "quant_method"));
+    if (method == NULL || strcmp(method, "bitsandbytes") != 0)
+        return acc_err_set(err, ACC_EINVAL, "model.from",
+                           "config.json: quantization_config.quant_method %s is not supported "
+                           "yet (bitsandbytes 4-bit NF4 only)", method ? method : "(absent)");
+    bool in8, in4, dq;
+    int rc = model_hf_bool(qc, "load_in_8bit", false, &in8, err);
+    if (rc == 0)
+        rc = model_hf_bool(qc, "load_in_4bit", false, &in4, err);
+    if (rc == 0)
+        rc = model_hf_bool(qc, "bnb_4bit_use_double_quant", false, &dq, err);
+    if (rc != 0)
+        return rc;
+    if (in8 || !in4)
+        return acc_err_set(err, ACC_EINVAL, "model.from",
+                           "config.json: quantization_config: %s is not supported yet "
+                           "(load_in_4bit with bnb_4bit_quant_type nf4 only)",
+                           in8 ? "load_in_8bit" : "a bitsandbytes scheme without load_in_4bit");
+    const json_t *qt = json_object_get(qc, "bnb_4bit_quant_type");
+    const char *type = json_string_value(qt); /* transformers' default is fp4 */
+    if (type == NULL || strcmp(type, "nf4") != 0)
+        return acc_err_set(err, ACC_EINVAL, "model.from",
+                           "config.json: quantization_config.bnb_4bit_quant_type %s is not "
+                           "supported yet (nf4 only)", type ? type : "(absent: fp4)");
+    cfg->quant = MODEL_QUANT_NF4;
+    cfg->quant_nested = dq;
+    cfg->quant_in_files = true;
+    return 0;
+}
+
 int model_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
 {
     char names[256];
@@ -216,6 +258,8 @@ int model_config_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
                          : !strcmp(td, "float16")  ? ST_F16
                                                    : ST_F32;
     int rc = f->config_from_hf(hf, cfg, err);
+    if (rc == 0)
+        rc = quant_from_hf(hf, cfg, err);
     if (rc == 0)
         set_family(cfg, f);
     if (rc == 0 && (rc = model_config_check(cfg, err)) != 0 && err != NULL)
@@ -321,6 +365,37 @@ int model_hf_bool(const json_t *obj, const char *key, bool def, bool *out, acc_e
     return 0;
 }
 
+/* ---- the weight store's dtypes */
+
+st_dtype model_base_dtype(const model_config *cfg)
+{
+    bool half = cfg->weights_dtype == ST_BF16 || cfg->weights_dtype == ST_F16;
+    return cfg->lora.r > 0 && half ? cfg->weights_dtype : ST_F32;
+}
+
+/* Whether the frozen base lives in the store (a 16-bit or a 4-bit one). */
+static bool store_on(const model_config *cfg)
+{
+    return cfg->lora.r > 0 && (model_base_dtype(cfg) != ST_F32 || cfg->quant == MODEL_QUANT_NF4);
+}
+
+bool model_tensor_nf4(const model_config *cfg, const model_tensor *t)
+{
+    size_t len = strlen(t->name), w = strlen(".weight");
+    return cfg->quant == MODEL_QUANT_NF4 && !t->adapter && t->layer >= 0 && t->ndim == 2 &&
+           !t->transposed && len > w && strcmp(t->name + len - w, ".weight") == 0;
+}
+
+/* Bytes of a stored tensor in the store (nf4_region_of cannot overflow
+ * for a count the layout checked: it is under 4 bytes a value). */
+static size_t store_bytes(const model_config *cfg, const model_tensor *t)
+{
+    nf4_region r;
+    if (t->dtype == ST_NF4 && nf4_region_of(t->count, cfg->quant_nested, &r))
+        return r.bytes;
+    return t->count * (t->dtype == ST_F32 ? sizeof(float) : st_dtype_size(t->dtype));
+}
+
 /* ---- layout */
 
 int model_layout_add(model_layout *l, int *cap, const char *name, int layer, int ndim,
@@ -377,16 +452,20 @@ int model_layout_build(const model_config *cfg, model_layout *out, acc_err *err)
         model_layout_free(out);
         return rc;
     }
-    /* storage dtypes: the frozen suffix in the base's dtype, packed in
-     * layout order in the store; everything else fp32 */
+    /* storage dtypes: the frozen suffix in the base's dtype (a 4-bit
+     * base: its linear weights NF4, the rest in the base's dtype), packed
+     * in layout order in the store; everything else fp32 */
     st_dtype base = model_base_dtype(cfg);
-    size_t soff = 0;
+    bool store = store_on(cfg);
+    size_t soff = 0, align = cfg->quant ? 16 : 1;
     for (int i = 0; i < out->n; i++) {
         model_tensor *t = &out->t[i];
-        t->dtype = t->offset >= out->ntrain ? base : ST_F32;
-        if (t->dtype != ST_F32) {
+        t->stored = store && t->offset >= out->ntrain;
+        t->dtype = !t->stored ? ST_F32 : model_tensor_nf4(cfg, t) ? ST_NF4 : base;
+        if (t->stored) {
+            soff = (soff + align - 1) / align * align;
             t->soff = soff;
-            soff += t->count * st_dtype_size(t->dtype); /* <= 4 bytes a float: checked */
+            soff += store_bytes(cfg, t); /* <= 4 bytes a float: checked */
         }
     }
     return 0;
@@ -463,25 +542,22 @@ size_t model_block_params(const model_config *cfg)
     return n;
 }
 
-/* ---- the weight store's dtypes */
-
-st_dtype model_base_dtype(const model_config *cfg)
-{
-    bool half = cfg->weights_dtype == ST_BF16 || cfg->weights_dtype == ST_F16;
-    return cfg->lora.r > 0 && half ? cfg->weights_dtype : ST_F32;
-}
 
 /* The fetch scratch's two slots (floats): the largest narrow tensor, the
  * largest narrow 1-D one; *store: the bytes of the narrow tensors. */
-static void fetch_slots(const model_layout *l, size_t *big, size_t *vec, uint64_t *store)
+static void fetch_slots(const model_config *cfg, const model_layout *l, size_t *big, size_t *vec,
+                        uint64_t *store)
 {
     *big = *vec = 0;
     *store = 0;
     for (int i = 0; i < l->n; i++) {
         const model_tensor *t = &l->t[i];
-        if (t->dtype == ST_F32)
+        if (!t->stored)
             continue;
-        *store += (uint64_t)t->count * st_dtype_size(t->dtype);
+        uint64_t end = (uint64_t)t->soff + store_bytes(cfg, t);
+        *store = end > *store ? end : *store;
+        if (t->dtype == ST_F32) /* used in place: no fetch */
+            continue;
         *big = t->count > *big ? t->count : *big;
         if (t->ndim == 1)
             *vec = t->count > *vec ? t->count : *vec;
@@ -490,11 +566,11 @@ static void fetch_slots(const model_layout *l, size_t *big, size_t *vec, uint64_
 
 /* Device bytes of a layout with narrow tensors: the fp32 prefix (the
  * adapters) and its gradients, the store, the fetch scratch. */
-static int narrow_bytes(const model_layout *l, uint64_t *pg, acc_err *err)
+static int narrow_bytes(const model_config *cfg, const model_layout *l, uint64_t *pg, acc_err *err)
 {
     size_t big, vec;
     uint64_t base;
-    fetch_slots(l, &big, &vec, &base);
+    fetch_slots(cfg, l, &big, &vec, &base);
     uint64_t train = (uint64_t)l->ntrain * 2 * sizeof(float); /* model_layout_add: no overflow */
     uint64_t fetch = ((uint64_t)big + vec) * sizeof(float);
     if (acc_add_u64(train, base, pg) || acc_add_u64(*pg, fetch, pg))
@@ -521,8 +597,8 @@ int model_state_bytes(const model_config *cfg, size_t grad_tail, uint64_t *bytes
         /* parameters + gradients of the trainable ones (ntrain <= nparams;
          * model_layout_add checked 2 * nparams * 4) */
         pg = ((uint64_t)l.nparams + l.ntrain) * sizeof(float);
-        if (model_base_dtype(cfg) != ST_F32)
-            rc = narrow_bytes(&l, &pg, err);
+        if (store_on(cfg))
+            rc = narrow_bytes(cfg, &l, &pg, err);
         model_layout_free(&l);
     }
     if (rc != 0)
@@ -597,7 +673,7 @@ static int alloc_buffers(model *m, acc_err *err)
     /* model_state_bytes checked these sizes */
     size_t big, vec;
     uint64_t hb;
-    fetch_slots(&m->layout, &big, &vec, &hb);
+    fetch_slots(&m->cfg, &m->layout, &big, &vec, &hb);
     m->nf32 = hb > 0 ? m->ngrad : m->nparams; /* narrow tensors: the frozen suffix */
     size_t pb = m->nf32 * sizeof(float);
     size_t gb = (m->ngrad + m->grad_tail) * sizeof(float);
@@ -606,6 +682,7 @@ static int alloc_buffers(model *m, acc_err *err)
         rc = k->alloc(dev, gb, (void **)&m->grads, err);
     if (rc == 0 && hb > 0) {
         m->wfetch_big = big;
+        m->wstore_bytes = (size_t)hb;
         rc = k->alloc(dev, (size_t)hb, &m->wstore, err);
         if (rc == 0)
             rc = k->alloc(dev, (big + vec) * sizeof(float), (void **)&m->wfetch, err);
@@ -640,6 +717,9 @@ int model_create_ex(kern_device *dev, const model_config *cfg, const model_opts 
     m->T = o->T;
     m->grad_tail = o->grad_tail;
     rc = model_layout_build(cfg, &m->layout, err);
+    if (rc == 0 && cfg->quant != MODEL_QUANT_NONE && dev->ops->dequant_nf4 == NULL)
+        rc = acc_err_set(err, ACC_EDEVICE, "devices", "device %s (%s backend) lacks the op "
+                         "dequant_nf4 a 4-bit base needs", dev->info.name, dev->ops->backend);
     if (rc == 0) {
         m->nparams = m->layout.nparams;
         m->ngrad = m->layout.ntrain;
@@ -868,8 +948,135 @@ static uint16_t *narrow_at(const model *m, const model_tensor *t, size_t off)
     return (uint16_t *)((char *)m->wstore + t->soff) + (off - t->offset);
 }
 
-/* Floats [off, off + n) of the narrow tensors (from nf32 on) between the
- * host's fp32 and their 16-bit storage, a chunk at a time: uploaded from
+/* ---- NF4 tensors in the store (h-nf4, issue 21) */
+
+/* The store's bytes of tensor t. */
+static void *store_at(const model *m, const model_tensor *t)
+{
+    return (char *)m->wstore + t->soff;
+}
+
+/* NF4 tensor t's region as host bytes `h` -> its values (dequantized on
+ * the host exactly as dequant_nf4 does on the device). */
+static void nf4_host_values(const model *m, const model_tensor *t, const uint8_t *h, float *out)
+{
+    nf4_region r;
+    nf4_sizes s = nf4_sizes_of(t->count);
+    (void)nf4_region_of(t->count, m->cfg.quant_nested, &r); /* sized by the layout */
+    const float *absmax = (const float *)(h + r.absmax);
+    float *am = NULL;
+    if (r.nested) {
+        if ((am = malloc((s.blocks ? s.blocks : 1) * sizeof *am)) == NULL)
+            return;
+        nf4_absmax_dequant(h + r.qabsmax, s.blocks, (const float *)(h + r.nested_absmax),
+                           (const float *)(h + r.nested_map), t->nf4_offset, am);
+        absmax = am;
+    }
+    nf4_dequantize(h + r.codes, absmax, (const float *)(h + r.map), t->count, out);
+    free(am);
+}
+
+/* Values x[count] of NF4 tensor t -> its region as host bytes h (zeroed
+ * first: the alignment padding is 0), quantized with double quantization
+ * when the config says so; sets t's offset. */
+static int nf4_host_quantize(const model *m, model_tensor *t, const float *x, uint8_t *h)
+{
+    nf4_region r;
+    nf4_sizes s = nf4_sizes_of(t->count);
+    (void)nf4_region_of(t->count, m->cfg.quant_nested, &r);
+    memset(h, 0, r.bytes);
+    memcpy(h + r.map, nf4_values, sizeof nf4_values);
+    float *am = r.nested ? malloc((s.blocks ? s.blocks : 1) * sizeof *am) : (float *)(h + r.absmax);
+    if (am == NULL)
+        return -1;
+    nf4_quantize(x, t->count, h + r.codes, am);
+    t->nf4_offset = 0.0f;
+    if (r.nested) {
+        float *map = (float *)(h + r.nested_map);
+        nf4_dynamic_map(map);
+        nf4_double_quant(am, s.blocks, map, h + r.qabsmax, (float *)(h + r.nested_absmax),
+                         &t->nf4_offset);
+        free(am);
+    }
+    return 0;
+}
+
+/* Floats [k0, k0 + k) of NF4 tensor t between the host's fp32 and the
+ * store: downloaded (dequantized) into `down`, or uploaded from `up`
+ * (the whole tensor requantized: a part is merged into its current
+ * values first). Host memory: the tensor's values and its region. */
+static void nf4_copy(const model *m, const model_tensor *t, float *down, const float *up,
+                     size_t k0, size_t k)
+{
+    kern_device *d = m->dev;
+    nf4_region r;
+    (void)nf4_region_of(t->count, m->cfg.quant_nested, &r);
+    uint8_t *h = malloc(r.bytes);
+    float *x = malloc(t->count * sizeof *x);
+    if (h == NULL || x == NULL) { /* void API: the weights stay as they are */
+        fprintf(stderr, "accumd: out of host memory copying NF4 tensor %s\n", t->name);
+        free(h), free(x);
+        return;
+    }
+    bool whole = up != NULL && k0 == 0 && k == t->count;
+    if (!whole) {
+        d->ops->download(d, h, store_at(m, t), r.bytes);
+        nf4_host_values(m, t, h, x);
+    }
+    if (up == NULL) {
+        memcpy(down, x + k0, k * sizeof *x);
+    } else {
+        memcpy(x + k0, up, k * sizeof *x);
+        /* the model owns its layout: the offset is part of the stored bytes */
+        if (nf4_host_quantize(m, (model_tensor *)t, x, h) == 0)
+            d->ops->upload(d, store_at(m, t), h, r.bytes);
+    }
+    free(h);
+    free(x);
+}
+
+int model_nf4_store(model *m, const model_tensor *t, const model_nf4_parts *p, acc_err *err)
+{
+    nf4_region r;
+    nf4_sizes s = nf4_sizes_of(t->count);
+    if (t->dtype != ST_NF4 || !nf4_region_of(t->count, m->cfg.quant_nested, &r) ||
+        (p->qabsmax != NULL) != r.nested)
+        return acc_err_set(err, ACC_EINVAL, "model.from", "tensor %s is not stored in NF4%s",
+                           t->name, r.nested ? " with double quantization" : "");
+    uint8_t *h = calloc(1, r.bytes);
+    if (h == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory storing %s", t->name);
+    memcpy(h + r.codes, p->codes, s.bytes);
+    memcpy(h + r.map, p->map, NF4_MAP * sizeof(float));
+    if (r.nested) {
+        memcpy(h + r.qabsmax, p->qabsmax, s.blocks);
+        memcpy(h + r.nested_absmax, p->nested_absmax, s.nested * sizeof(float));
+        memcpy(h + r.nested_map, p->nested_map, NF4_DYN_MAP * sizeof(float));
+    } else {
+        memcpy(h + r.absmax, p->absmax, s.blocks * sizeof(float));
+    }
+    ((model_tensor *)t)->nf4_offset = r.nested ? p->offset : 0.0f;
+    m->dev->ops->upload(m->dev, store_at(m, t), h, r.bytes);
+    free(h);
+    return 0;
+}
+
+int model_nf4_count(const model_config *cfg)
+{
+    model_layout l;
+    model_config c = *cfg;
+    c.lora.r = 0; /* the base's tensors, whatever the adapters */
+    if (model_layout_build(&c, &l, NULL) != 0)
+        return 0;
+    int n = 0;
+    for (int i = 0; i < l.n; i++)
+        n += model_tensor_nf4(cfg, &l.t[i]);
+    model_layout_free(&l);
+    return n;
+}
+
+/* Floats [off, off + n) of the stored tensors (from nf32 on) between the
+ * host's fp32 and their storage, a chunk at a time: uploaded from
  * `up` when it is not NULL, else downloaded into `down`. */
 static void narrow_copy(const model *m, float *down, const float *up, size_t off, size_t n)
 {
@@ -880,11 +1087,25 @@ static void narrow_copy(const model *m, float *down, const float *up, size_t off
         return;
     for (size_t done = 0; done < n;) {
         const model_tensor *t = tensor_holding(&m->layout, off + done);
-        if (t == NULL || t->dtype == ST_F32) /* the store covers the suffix: a caller bug */
+        if (t == NULL || !t->stored) /* the store covers the suffix: a caller bug */
             abort();
         size_t left = t->offset + t->count - (off + done), k = n - done;
-        k = k < cap ? k : cap;
         k = k < left ? k : left;
+        if (t->dtype == ST_NF4) {
+            nf4_copy(m, t, down ? down + done : NULL, up ? up + done : NULL, off + done - t->offset, k);
+            done += k;
+            continue;
+        }
+        if (t->dtype == ST_F32) {
+            float *dev = (float *)store_at(m, t) + (off + done - t->offset);
+            if (up)
+                d->ops->upload(d, dev, up + done, k * sizeof(float));
+            else
+                d->ops->download(d, down + done, dev, k * sizeof(float));
+            done += k;
+            continue;
+        }
+        k = k < cap ? k : cap;
         uint16_t *dev = narrow_at(m, t, off + done);
         if (up) { /* little-endian 16-bit values, as the host holds them; cannot fail */
             (void)st_from_f32(t->dtype, up + done, k, stage, NULL);
@@ -940,7 +1161,20 @@ const float *model_weight(model *m, size_t off, int slot)
     const model_tensor *t = tensor_holding(&m->layout, off);
     if (t == NULL || t->offset != off) /* not a tensor's start: a family bug */
         abort();
+    if (t->dtype == ST_F32) /* a 4-bit base's fp32 norms: used in place */
+        return (const float *)store_at(m, t);
     float *dst = m->wfetch + (slot ? m->wfetch_big : 0);
+    if (t->dtype == ST_NF4) {
+        nf4_region r;
+        (void)nf4_region_of(t->count, m->cfg.quant_nested, &r); /* sized by the layout */
+        const uint8_t *b = store_at(m, t);
+        kern_nf4 q = {.codes = b + r.codes, .map = (const float *)(b + r.map),
+                      .absmax = r.nested ? NULL : (const float *)(b + r.absmax),
+                      .qabsmax = b + r.qabsmax, .nested_absmax = (const float *)(b + r.nested_absmax),
+                      .nested_map = (const float *)(b + r.nested_map), .offset = t->nf4_offset};
+        m->dev->ops->dequant_nf4(m->dev, dst, &q, t->count);
+        return dst;
+    }
     m->dev->ops->widen16(m->dev, dst, narrow_at(m, t, off), t->count, t->dtype == ST_F16);
     return dst;
 }

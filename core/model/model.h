@@ -154,7 +154,17 @@ typedef struct model_config {
      * chunks of BLK_HEAD_CHUNK rows (blocks.h); model_logits is then NULL.
      * fp32 results within summation order of the default. */
     bool lean_acts;
+    /* (h-nf4, issue 21) QLoRA: MODEL_QUANT_NF4 keeps every frozen linear
+     * weight of the decoder (model_tensor_nf4) in NF4 (nf4.h) in the
+     * weight store; the rest of the frozen base stays in weights_dtype. */
+    int quant;                /* MODEL_QUANT_NONE, MODEL_QUANT_NF4 */
+    bool quant_nested;        /* double quantization (bnb_4bit_use_double_quant) */
+    bool quant_in_files;      /* model.from holds them 4-bit (transformers' layout, config.json's
+                               * quantization_config); false: quantized at load (model.quantize) */
 } model_config;
+
+#define MODEL_QUANT_NONE 0
+#define MODEL_QUANT_NF4 1
 
 /* ---- layout */
 
@@ -180,6 +190,9 @@ typedef struct model_tensor {
     bool adapter;               /* a LoRA adapter (PEFT's name), not in the base model's files */
     st_dtype dtype;             /* its storage dtype on the device (the weight store) */
     size_t soff;                /* non-F32: its first byte in the model's wstore */
+    bool stored;                /* (h-nf4) in the wstore at soff (any dtype, F32 included) */
+    float nf4_offset;           /* (h-nf4) ST_NF4 with double quantization: the absmax
+                                 * values' offset (nf4.h), set when its bytes are stored */
 } model_tensor;
 
 typedef struct model_layout {
@@ -376,6 +389,30 @@ int model_layout_add(model_layout *l, int *cap, const char *name, int layer, int
  * or ST_F16 for a 16-bit model.from (weights_dtype), else ST_F32. */
 st_dtype model_base_dtype(const model_config *cfg);
 
+/* (h-nf4, issue 21) Whether the config keeps tensor t in NF4: cfg->quant
+ * is MODEL_QUANT_NF4 and t is a linear weight of a block (2-D, named
+ * "*.weight", not transposed: Conv1D layers are not quantized), not an
+ * adapter. The embeddings, norms and LM head never are (as transformers). */
+bool model_tensor_nf4(const model_config *cfg, const model_tensor *t);
+/* How many of cfg's base tensors model_tensor_nf4 would quantize. */
+int model_nf4_count(const model_config *cfg);
+
+/* One NF4 tensor's parts as transformers saves them (host memory):
+ * packed codes, the 16-value map, an fp32 absmax per block or, nested,
+ * the absmax codes, nested absmax, 256-value map and offset. */
+typedef struct model_nf4_parts {
+    const uint8_t *codes;
+    const float *map;
+    const float *absmax;
+    const uint8_t *qabsmax;
+    const float *nested_absmax;
+    const float *nested_map;
+    float offset;
+} model_nf4_parts;
+/* Store the NF4 tensor t (model_tensor_nf4, frozen, under LoRA) of m from
+ * its parts, byte for byte; ACC_EINVAL when t is not stored in NF4. */
+int model_nf4_store(model *m, const model_tensor *t, const model_nf4_parts *p, acc_err *err);
+
 /* Parameters of a config (the layout's nparams); 0 when the config is invalid. */
 size_t model_num_params(const model_config *cfg);
 /* Of them, the trainable ones (ntrain: the LoRA adapters, else all). */
@@ -423,6 +460,7 @@ struct model {
      * attention within each document, kern_device.h); the backward reuses
      * the forward's. */
     const int *positions;
+    size_t wstore_bytes;  /* (h-nf4) bytes of wstore (0 without one) */
 };
 
 /* Floats past the gradients model_create reserves for its caller. */

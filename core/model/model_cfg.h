@@ -25,6 +25,7 @@ typedef struct spec_model {
      * ("meta-llama/Llama-2-7b-hf"; from is then its snapshot) */
     char hub_repo[128];
     bool seq_len_default;  /* seq_len was not given: config.json's max_position_embeddings, at most 4096 */
+    bool quantize_nf4;     /* model.quantize "nf4" / load_in_4bit: QLoRA's 4-bit base */
 } spec_model;
 
 /* "lora": PEFT's LoraConfig under its names. r = 0: no lora section (every

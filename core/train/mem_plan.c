@@ -30,9 +30,28 @@ static int base_config(const train_cfg *spec, model_config *cfg, acc_err *err)
     return rc;
 }
 
+/* (h-nf4, issue 21) model.quantize "nf4": the decoder's linear weights
+ * quantized at load, with double quantization (QLoRA's recipe). */
+static int quantize_config(const train_cfg *spec, model_config *cfg, acc_err *err)
+{
+    if (!spec->model.quantize_nf4 || cfg->quant_in_files) /* a 4-bit directory is already */
+        return 0;
+    cfg->quant = MODEL_QUANT_NF4;
+    cfg->quant_nested = true;
+    if (model_nf4_count(cfg) == 0) {
+        cfg->quant = MODEL_QUANT_NONE;
+        return acc_err_set(err, ACC_EINVAL, "model.quantize",
+                           "model.quantize: the %s model has no linear layer NF4 can hold (its "
+                           "blocks' weights are not nn.Linear ones)", model_family_of(cfg)->name);
+    }
+    return 0;
+}
+
 int plan_model_config(const train_cfg *spec, model_config *cfg, acc_err *err)
 {
     int rc = base_config(spec, cfg, err);
+    if (rc == 0)
+        rc = quantize_config(spec, cfg, err);
     if (rc == 0)
         cfg->lean_acts = spec->lean_activations;
     if (rc == 0) /* the lora section against the model's modules */

@@ -16,7 +16,8 @@ static const spec_lora default_lora = {.r = 16, .alpha = 32, .dropout = 0, .all_
 static plan_variant own_variant(const train_cfg *spec)
 {
     return (plan_variant){.lora = spec->lora.r > 0, .zero_stage = spec->zero_stage,
-                          .recompute = spec->activation_checkpointing};
+                          .recompute = spec->activation_checkpointing,
+                          .qlora = spec->lora.r > 0 && spec->model.quantize_nf4};
 }
 
 int plan_spec_at_world(train_cfg *spec, int w, acc_err *err)
@@ -63,12 +64,14 @@ int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_varia
     } else if (spec->lora.r == 0) {
         out->lora = default_lora;
     }
+    out->model.quantize_nf4 = v->qlora; /* (h-nf4) */
     return 0;
 }
 
 static int same_variant(const plan_variant *a, const plan_variant *b)
 {
-    return a->lora == b->lora && a->zero_stage == b->zero_stage && a->recompute == b->recompute;
+    return a->lora == b->lora && a->zero_stage == b->zero_stage && a->recompute == b->recompute &&
+           a->qlora == b->qlora;
 }
 
 /* The row of variant v with micro batch m, or -1. */
@@ -96,8 +99,11 @@ static int add_group(const train_cfg *spec, plan_table *t, const plan_variant *v
     int n = 0, chosen = -1;
     int rc = plan_variant_spec(spec, &t->hw, v, vs, err);
     model_config cfg;
-    if (rc == 0 && v->lora && spec->lora.r == 0 && plan_model_config(vs, &cfg, NULL) != 0) {
-        free(vs); /* the default LoRA on a family that takes none: no such rows */
+    plan_variant own = own_variant(spec);
+    if (rc == 0 && ((v->lora && spec->lora.r == 0) || !same_variant(v, &own)) &&
+        plan_model_config(vs, &cfg, NULL) != 0) {
+        free(vs); /* the default LoRA on a family that takes none, a 4-bit base on one
+                   * with nothing to quantize, a 4-bit directory without adapters: no such rows */
         return 0;
     }
     /* a group's rows go at t->rows + nrows, up to PLAN_MAX_ROWS of them:
@@ -162,11 +168,11 @@ int plan_table_build(const train_cfg *spec, const plan_hw *hw, plan_table *t, ac
     if (t->rows == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     int rc = 0;
-    /* least change first: full, ZeRO 0..2, recompute off then on */
-    for (int lora = 0; rc == 0 && lora < 2; lora++)
+    /* least change first: full, LoRA, QLoRA; ZeRO 0..2, recompute off then on */
+    for (int lora = 0; rc == 0 && lora < 3; lora++)
         for (int z = 0; rc == 0 && z < 3; z++)
             for (int rec = 0; rc == 0 && rec < 2; rec++) {
-                plan_variant v = {.lora = lora, .zero_stage = z, .recompute = rec};
+                plan_variant v = {.lora = lora > 0, .zero_stage = z, .recompute = rec, .qlora = lora == 2};
                 if (plan_variant_available(spec, hw, &v))
                     rc = add_group(spec, t, &v, err);
             }

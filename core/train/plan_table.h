@@ -48,6 +48,8 @@ typedef struct plan_variant {
     bool lora;         /* LoRA adapters on a frozen base (false: every weight trains) */
     int zero_stage;    /* 0, 1 (AdamW moments sharded), 2 (and gradients) */
     bool recompute;    /* activation recomputation */
+    bool qlora;        /* (h-nf4, issue 21) LoRA on a 4-bit NF4 base (model.quantize "nf4";
+                        * lora is then true too): mode "qlora" */
 } plan_variant;
 
 typedef struct plan_group {
@@ -56,7 +58,7 @@ typedef struct plan_group {
     int best;          /* index (in rows) of the largest fitting m; -1: none fits */
 } plan_group;
 
-#define PLAN_MAX_GROUPS 12 /* 2 (full / LoRA) x 3 (ZeRO) x 2 (recompute) */
+#define PLAN_MAX_GROUPS 18 /* 3 (full / LoRA / QLoRA) x 3 (ZeRO) x 2 (recompute) */
 
 typedef struct plan_table {
     plan_hw hw;

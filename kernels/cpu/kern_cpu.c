@@ -651,6 +651,27 @@ static void cpu_widen16(kern_device *d, float *out, const uint16_t *in, size_t n
         out[i] = f16 ? kern_f16_to_f32(in[i]) : kern_bf16_to_f32(in[i]);
 }
 
+/* (h-nf4) NF4 codes times their block's absmax (kern_device.h). The
+ * absmax of a block is rebuilt per value: two fp32 operations, cheaper
+ * than a scratch buffer and the same bits. */
+static float nf4_absmax_at(const kern_nf4 *q, size_t b)
+{
+    if (q->absmax != NULL)
+        return q->absmax[b];
+    float v = q->nested_map[q->qabsmax[b]] * q->nested_absmax[b / 256];
+    return v + q->offset;
+}
+
+static void cpu_dequant_nf4(kern_device *d, float *out, const kern_nf4 *q, size_t n)
+{
+#pragma omp parallel for num_threads(d->threads)
+    for (size_t i = 0; i < n; i++) {
+        uint8_t byte = q->codes[i / 2];
+        uint8_t c = i % 2 == 0 ? (uint8_t)(byte >> 4) : (uint8_t)(byte & 15);
+        out[i] = q->map[c] * nf4_absmax_at(q, i / 64);
+    }
+}
+
 /* ---- loss */
 
 static void cpu_xent(kern_device *d, float *logits, float *losses, double *loss_sum,
@@ -859,6 +880,7 @@ static const kern_ops cpu_ops = {
     /* lean activations: kern_cpu_lean.c */
     .attention_lean_fwd = kern_cpu_attention_lean_fwd,
     .attention_lean_bwd = kern_cpu_attention_lean_bwd,
+    .dequant_nf4 = cpu_dequant_nf4, /* (h-nf4, issue 21) */
 };
 
 const kern_ops *kern_cpu_ops(void)

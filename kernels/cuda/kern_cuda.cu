@@ -281,6 +281,7 @@ static const kern_ops cuda_ops = {
     /* .rmsnorm_ofs_bwd = */ kern_cuda_rmsnorm_ofs_bwd,
     /* .gqa_attention_opt_fwd = */ kern_cuda_gqa_attention_opt_fwd,
     /* .gqa_attention_opt_bwd = */ kern_cuda_gqa_attention_opt_bwd,
+    /* .dequant_nf4 = */ cu_dequant_nf4, /* (h-nf4, issue 21) */
 };
 
 /* the op files' hooks into the device state (kern_cuda_llama.h) */

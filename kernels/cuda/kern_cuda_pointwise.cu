@@ -182,6 +182,35 @@ void cu_widen16(kern_device *d, float *out, const uint16_t *in, size_t n, int f1
     CU_LAUNCHED(d, "widen16");
 }
 
+/* (h-nf4, issue 21) NF4 codes times their block's absmax, rebuilt from
+ * the double quantization per value; __fmul_rn / __fadd_rn keep each
+ * step one rounded fp32 operation (no contraction into an FMA under
+ * --use_fast_math), the CPU's bits exactly. */
+__global__ void k_dequant_nf4(float *out, kern_nf4 q, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint8_t byte = q.codes[i / 2];
+        uint8_t c = i % 2 == 0 ? (uint8_t)(byte >> 4) : (uint8_t)(byte & 15);
+        size_t b = i / 64;
+        float am = q.absmax != NULL
+                       ? q.absmax[b]
+                       : __fadd_rn(__fmul_rn(q.nested_map[q.qabsmax[b]], q.nested_absmax[b / 256]),
+                                   q.offset);
+        out[i] = __fmul_rn(q.map[c], am);
+    }
+}
+
+void cu_dequant_nf4(kern_device *d, float *out, const kern_nf4 *q, size_t n)
+{
+    CU_LIVE(d);
+    PROF(d, KP_ADD);
+    if (n == 0)
+        return;
+    k_dequant_nf4<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, *q, n);
+    CU_LAUNCHED(d, "dequant_nf4");
+}
+
 void cu_add(kern_device *d, float *out, const float *a, const float *b, size_t n)
 {
     CU_LIVE(d);

@@ -20,6 +20,10 @@
  *   "final_loss" [1] is the loss after the steps; --adapter DIR2 writes the
  *   PEFT adapter directory after the steps and the merged model as DIR2/merged;
  *   --set-adapter DIR3 starts from DIR3's adapter_model.safetensors instead.
+ *   (h-nf4) --quantize: model.quantize "nf4" (QLoRA's 4-bit base, double
+ *   quantized at load). With a 4-bit base (this or a 4-bit DIR), "base.NAME"
+ *   holds every frozen tensor as the device holds it (dequantized), and
+ *   "store_changed" [1] counts the weight store's bytes the steps changed.
  * Exit 0, or 1 with the error on stderr.
  */
 #include <errno.h>
@@ -37,7 +41,7 @@
 
 typedef struct opts {
     const char *dir, *batch, *out, *save, *lora, *adapter, *set_adapter;
-    int steps, recompute, bf16, micro, threads;
+    int steps, recompute, bf16, micro, threads, quantize;
     double lr, wd, beta1, beta2, eps;
     uint64_t shard;
     st_dtype dtype;
@@ -61,6 +65,8 @@ static int parse(int argc, char **argv, opts *o)
             o->recompute = 1;
         else if (!strcmp(a, "--bf16"))
             o->bf16 = 1;
+        else if (!strcmp(a, "--quantize"))
+            o->quantize = 1;
         else if (v == NULL)
             return -1;
         else if (!strcmp(a, "--steps"))
@@ -281,6 +287,10 @@ int main(int argc, char **argv)
     model_config cfg;
     if (model_hf_validate(o.dir, &cfg, &err) != 0)
         return die("validate", &err);
+    if (o.quantize) {
+        cfg.quant = MODEL_QUANT_NF4;
+        cfg.quant_nested = true;
+    }
     if (o.lora != NULL && lora_opts(o.lora, &cfg, &err) != 0)
         return die("lora", &err);
     kern_device_info info = {.kind = KERN_DEV_CPU, .mem_total = 8ull << 30};
@@ -300,6 +310,9 @@ int main(int argc, char **argv)
         return die("set-adapter", &err);
     float *base = malloc(m->nparams * sizeof *base); /* the frozen weights, to compare */
     model_params_download(m, base);
+    uint8_t *store0 = NULL; /* a 4-bit base: the store's bytes, to compare */
+    if (cfg.quant && m->wstore != NULL && (store0 = malloc(m->wstore_bytes)) != NULL)
+        d->ops->download(d, store0, m->wstore, m->wstore_bytes);
 
     size_t BT = (size_t)B * T;
     float *w = malloc(BT * sizeof *w);
@@ -322,6 +335,19 @@ int main(int argc, char **argv)
     out_add(&ob, "logits", logits, 3, lshape);
     float half_base = m->wstore != NULL; /* LoRA on a 16-bit directory: the base kept in it */
     out_add(&ob, "base16", &half_base, 1, one);
+    for (int i = 0; cfg.quant && i < m->layout.n; i++) { /* the base as the device holds it */
+        const model_tensor *t = &m->layout.t[i];
+        char name[MODEL_NAME_MAX + 16];
+        float *file = malloc(model_tensor_file_count(t) * sizeof *file);
+        if (t->offset < m->ngrad || file == NULL) {
+            free(file);
+            continue;
+        }
+        snprintf(name, sizeof name, "base.%s", t->name);
+        model_tensor_to_file(t, base, file);
+        out_add(&ob, name, file, t->ndim, t->shape);
+        free(file);
+    }
     float loss = (float)step_grads(m, tok, tgt, w, B, T, mb);
     out_add(&ob, "loss", &loss, 1, one);
     if (out_tensors(&ob, m, m->grads, "grad") != 0)
@@ -356,6 +382,15 @@ int main(int argc, char **argv)
                 changed += memcmp(&now[i], &base[i], sizeof *now) != 0;
             out_add(&ob, "final_loss", &after, 1, one);
             out_add(&ob, "frozen_changed", &changed, 1, one);
+            if (store0 != NULL) {
+                uint8_t *store1 = malloc(m->wstore_bytes);
+                float sc = 0;
+                d->ops->download(d, store1, m->wstore, m->wstore_bytes);
+                for (size_t i = 0; i < m->wstore_bytes; i++)
+                    sc += store1[i] != store0[i];
+                out_add(&ob, "store_changed", &sc, 1, one);
+                free(store1);
+            }
             if (o.adapter != NULL && save_adapter(m, now, o.adapter, o.dir, &err) != 0)
                 return die("adapter", &err);
             free(now);
@@ -379,6 +414,7 @@ int main(int argc, char **argv)
     free(tok);
     free(tgt);
     free(base);
+    free(store0);
     model_free(m);
     kern_device_close(d);
     return 0;

@@ -677,6 +677,128 @@ static void test_7b_plan(void **state)
     assert_true(st32 > usable);
 }
 
+/* (h-nf4, issue 21) QLoRA: the planner counts a 4-bit base (quantized at
+ * load from the fp32 and the bf16 directory) to the byte against the
+ * trainer's measured peak on CPU devices, and it trains; quantize on a
+ * model with no linear layer NF4 holds (GPT-2's Conv1D) is refused
+ * naming model.quantize, and a 4-bit base without adapters naming lora.r. */
+static void test_nf4_base_exact(void **state)
+{
+    (void)state;
+    base_dirs();
+    acc_err err = {0};
+    for (int mode = 0; mode < 8; mode++) {
+        int rec = mode & 1, bf16 = (mode >> 1) & 1, half_dir = mode >> 2, mb = 2 + rec;
+        train_cfg s, f;
+        from_spec(&s, half_dir ? dir_bf16 : dir_f32, mb * 2, mb, 2, 1, true);
+        s.activation_checkpointing = rec;
+        s.precision = bf16 ? SPEC_BF16 : SPEC_FP32;
+        s.max_steps = 2;
+        f = s;
+        s.model.quantize_nf4 = true;
+        uint64_t pred = 0, pred_lora = 0;
+        assert_int_equal(plan_device_bytes(&s, mb, rec, &pred, &err), 0);
+        assert_int_equal(plan_device_bytes(&f, mb, rec, &pred_lora, &err), 0);
+        run_out r;
+        run(&s, &r);
+        print_message("nf4 base (%s dir) m=%d recompute=%d %s: predicted %llu, peak %llu (LoRA "
+                      "without it %llu), losses %.4f -> %.4f\n", half_dir ? "bf16" : "fp32", mb, rec,
+                      bf16 ? "bf16" : "fp32", (unsigned long long)pred,
+                      (unsigned long long)r.h.mem_peak[0], (unsigned long long)pred_lora, r.loss[0],
+                      r.loss[1]);
+        assert_true(pred == r.h.mem_peak[0]);
+        assert_true(pred < pred_lora);
+        assert_true(isfinite(r.loss[1]));
+        free(r.params);
+    }
+    /* refused, naming the field */
+    train_cfg s;
+    model_config cfg;
+    fx_tiny_spec(&s, text_path, 8, 8, 1, 1);
+    s.lora = (spec_lora){.r = 4, .alpha = 8, .all_linear = true};
+    s.model.quantize_nf4 = true; /* GPT-2: Conv1D layers only */
+    assert_int_equal(plan_model_config(&s, &cfg, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "model.quantize");
+    lora_spec(&s, 8, 8, 1, 1, true);
+    snprintf(s.model.from, sizeof s.model.from, "%s", dir_f32);
+    s.model.quantize_nf4 = true;
+    s.lora.r = 0;
+    assert_int_equal(plan_model_config(&s, &cfg, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "lora.r");
+}
+
+/* (h-nf4, issue 21) LLaMA-2-7B QLoRA (double quantized NF4 base in bf16,
+ * LoRA r = 8 on q, v) at seq 4096, m 1, recompute, bf16 on a CUDA device:
+ * the planner's state counted to the byte from the format here, and its
+ * activations (bench/RESULTS.md quotes them). */
+static void test_7b_qlora_plan(void **state)
+{
+    (void)state;
+    json_error_t je;
+    json_t *j = json_loads("{\"model_type\":\"llama\",\"hidden_size\":4096,\"intermediate_size\":11008,"
+                           "\"num_attention_heads\":32,\"num_hidden_layers\":32,\"num_key_value_heads\":32,"
+                           "\"vocab_size\":32000,\"max_position_embeddings\":4096,\"rms_norm_eps\":1e-5,"
+                           "\"torch_dtype\":\"bfloat16\"}", 0, &je);
+    assert_non_null(j);
+    model_config cfg, cfg16;
+    acc_err err = {0};
+    assert_int_equal(model_config_from_hf(j, &cfg, &err), 0);
+    json_decref(j);
+    cfg.quant = MODEL_QUANT_NF4;
+    cfg.quant_nested = true;
+    spec_lora sl = {.r = 8, .alpha = 16, .n_targets = 2};
+    snprintf(sl.targets[0], SPEC_LORA_NAME_MAX, "q_proj");
+    snprintf(sl.targets[1], SPEC_LORA_NAME_MAX, "v_proj");
+    assert_int_equal(model_lora_apply(&sl, false, &cfg, &err), 0);
+    cfg16 = cfg;
+    cfg16.quant = MODEL_QUANT_NONE;
+    /* the 4-bit base counted here from the format: per linear weight of
+     * n values, codes n/2, the 16-value map, a code per 64, an fp32 per
+     * 256 codes, the 256-value map, each part 16-byte aligned */
+    model_layout l;
+    assert_int_equal(model_layout_build(&cfg, &l, &err), 0);
+    uint64_t nf4 = 0, other = 0, nlin = 0;
+    size_t big = 0, vec = 0;
+#define A16(x) (((uint64_t)(x) + 15) / 16 * 16)
+    for (int i = 0; i < l.n; i++) {
+        const model_tensor *t = &l.t[i];
+        if (t->trains)
+            continue;
+        uint64_t n = t->count, nb = (n + 63) / 64;
+        if (t->dtype == ST_NF4) {
+            nf4 = A16(nf4) + A16(A16(A16(A16(A16((n + 1) / 2) + 64) + nb) + (nb + 255) / 256 * 4) + 1024);
+            nlin++;
+        } else {
+            nf4 = A16(nf4) + n * 2;
+            other += n;
+        }
+        big = t->count > big ? t->count : big;
+        vec = t->ndim == 1 && t->count > vec ? t->count : vec;
+    }
+#undef A16
+    size_t nt = model_num_trainable(&cfg);
+    model_layout_free(&l);
+    uint64_t st = plan_rank_state_bytes(&cfg, 0, 1, 0), st16 = plan_rank_state_bytes(&cfg16, 0, 1, 0);
+    uint64_t want = (uint64_t)nt * 16 + nf4 + ((uint64_t)big + vec) * 4 + TRAIN_SLOTS * 4;
+    print_message("state %llu, from the format %llu (%llu NF4 weights, %llu 16-bit floats)\n",
+                  (unsigned long long)st, (unsigned long long)want, (unsigned long long)nlin,
+                  (unsigned long long)other);
+    assert_true(nlin == 32 * 7);
+    assert_true(st == want);
+    uint64_t acts = plan_act_bytes(&cfg, KERN_DEV_CUDA, SPEC_BF16, 1, 4096, true);
+    double G = 1073741824.0;
+    print_message("LLaMA-2-7B QLoRA q,v r=8, seq 4096, m 1, recompute, bf16 (CUDA): state %.2f GiB "
+                  "(bf16 base %.2f) + activations %.2f GiB = %.2f GiB\n", st / G, st16 / G, acts / G,
+                  (st + acts) / G);
+    /* the issue's 8 GiB needs lean attention (the T x T scratch is most of
+     * these activations, another issue's); today: the 4-bit state a third
+     * of the bf16 base's, and the whole within one 24 GiB card */
+    uint64_t usable = plan_usable_bytes(24ull << 30);
+    assert_true(st <= (9ull << 29)); /* 4.5 GiB */
+    assert_true(st + acts <= usable);
+    assert_true(st * 3 < st16);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -690,6 +812,8 @@ int main(void)
         cmocka_unit_test(test_bf16_base_trains),
         cmocka_unit_test(test_bf16_base_resume),
         cmocka_unit_test(test_7b_plan),
+        cmocka_unit_test(test_nf4_base_exact),
+        cmocka_unit_test(test_7b_qlora_plan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

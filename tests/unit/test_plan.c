@@ -116,9 +116,10 @@ static void test_enumeration(void **state)
     /* per device 6: m = 1, 2, 3, 6; full and LoRA, ZeRO 0, 1, 2 (two
      * devices), recompute off and on: least change first */
     static const int ms[4] = {1, 2, 3, 6};
-    assert_int_equal(t.ngroups, 12);
+    assert_int_equal(t.ngroups, 18); /* (h-nf4) and QLoRA */
     for (int g = 0; g < t.ngroups; g++) {
         assert_int_equal(t.groups[g].v.lora, g >= 6);
+        assert_int_equal(t.groups[g].v.qlora, g >= 12);
         assert_int_equal(t.groups[g].v.zero_stage, g / 2 % 3);
         assert_int_equal(t.groups[g].v.recompute, g % 2);
     }
@@ -279,20 +280,22 @@ static void test_measured(void **state)
             run.activation_checkpointing = r->recompute;
             if (t.groups[g].v.lora) /* the table's default LoRA, as a spec section */
                 run.lora = (spec_lora){.r = 16, .alpha = 32, .all_linear = true};
+            run.model.quantize_nf4 = t.groups[g].v.qlora; /* (h-nf4) the 4-bit base */
             kern_device_info devs[1];
             fx_devices(devs, 1, hw.device_memory);
             train_hooks h = {0};
             trainer_opts o = {.spec = &run, .devices = devs, .threads_per_device = 1, .checkpoint_keep = 1};
             assert_int_equal(trainer_run_sync(&o, &h, &err), 0);
             print_message("%s m=%d recompute=%d: predicted %llu, measured %llu\n",
-                          t.groups[g].v.lora ? "lora" : "full", r->micro_batch, r->recompute,
+                          t.groups[g].v.qlora ? "qlora" : t.groups[g].v.lora ? "lora" : "full",
+                          r->micro_batch, r->recompute,
                           (unsigned long long)r->peak_bytes, (unsigned long long)h.mem_peak[0]);
             assert_true(h.mem_peak[0] == r->peak_bytes);
             assert_true(parts_sum(&r->parts) == h.mem_peak[0]);
             checked++;
         }
     }
-    assert_int_equal(checked, 12); /* full and LoRA, m = 1, 2, 4, recompute off and on */
+    assert_int_equal(checked, 18); /* full, LoRA and QLoRA, m = 1, 2, 4, recompute off and on */
     plan_table_free(&t);
 }
 
@@ -324,7 +327,7 @@ static void test_lora_rows(void **state)
             assert_true(parts_sum(p) == t.rows[i].peak_bytes);
         }
     }
-    assert_int_equal(lora_groups, 2);
+    assert_int_equal(lora_groups, 4); /* (h-nf4) LoRA and QLoRA */
     plan_table_free(&t);
 
     /* the spec's own section: its r; and its full rows drop it */

@@ -67,6 +67,15 @@ static void gqa_opt_fwd_without_window(kern_device *d, float *out, float *lse, f
     cpu_ops->gqa_attention_opt_fwd(d, out, lse, scratch, q, k, v, pos, &o, B, T, NH, NKV, hs);
 }
 
+/* (h-nf4, issue 21) NF4 dequantization that forgets the double
+ * quantization's offset */
+static void dequant_nf4_without_offset(kern_device *d, float *out, const kern_nf4 *q, size_t n)
+{
+    kern_nf4 o = *q;
+    o.offset = 0.0f;
+    cpu_ops->dequant_nf4(d, out, &o, n);
+}
+
 static int always_faulted(kern_device *d, acc_err *err)
 {
     return acc_err_set(err, ACC_EDEVICE, "devices", "device %s: an illegal address (simulated)",
@@ -177,6 +186,16 @@ static void test_without_llama_ops_passes(void **state)
     kern_device_close(d);
 }
 
+static void test_wrong_nf4_op_fails(void **state)
+{
+    kern_ops broken = cpu_table();
+    broken.dequant_nf4 = dequant_nf4_without_offset;
+    acc_err err = {0};
+    assert_int_equal(run_broken(&broken, &err), ACC_EDEVICE);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "dequant_nf4 (double quantization) differs"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -187,6 +206,7 @@ int main(void)
         cmocka_unit_test(test_wrong_decoder_op_fails),
         cmocka_unit_test(test_wrong_llama_op_fails),
         cmocka_unit_test(test_without_llama_ops_passes),
+        cmocka_unit_test(test_wrong_nf4_op_fails),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
