@@ -243,7 +243,7 @@ static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int 
     uint64_t btc = acc_sat_mul_u64(BT, C), btq = acc_sat_mul_u64(BT, QD);
     uint64_t btk = acc_sat_mul_u64(BT, KD), bti = acc_sat_mul_u64(BT, I);
     uint64_t R = (uint64_t)c->lora.r, wide = C > QD ? C : QD, btr = acc_sat_mul_u64(BT, R);
-    uint64_t logits = acc_sat_mul_u64(blk_head_rows(BT, c->lean_acts),
+    uint64_t logits = acc_sat_mul_u64(blk_head_rows(BT, c),
                                       (uint64_t)c->padded_vocab_size);
     uint64_t qk = d->qk_norm ? 1 : 0, sw = d->sandwich ? 1 : 0;
     wide = I > wide ? I : wide;

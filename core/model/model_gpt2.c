@@ -191,7 +191,7 @@ static uint64_t act_counts(const model_config *c, int B, int T, int recompute, u
         [A_FCH] = acc_sat_mul_u64(lbtc, 4), [A_FCH_GELU] = acc_sat_mul_u64(lbtc, 4),
         [A_FCPROJ] = lbtc, [A_RESID3] = acc_sat_mul_u64(L, btc), [A_LNF] = btc,
         [A_LNF_MEAN] = BT, [A_LNF_RSTD] = BT,
-        [A_LOGITS] = acc_sat_mul_u64(blk_head_rows(BT, c->lean_acts),
+        [A_LOGITS] = acc_sat_mul_u64(blk_head_rows(BT, c),
                                      (uint64_t)c->padded_vocab_size),
         [A_LOSSES] = BT,
         [A_DRESID] = btc, [A_DLN] = btc, [A_DATTY] = btc, [A_DQKV] = acc_sat_mul_u64(btc, 3),

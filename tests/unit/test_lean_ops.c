@@ -229,6 +229,7 @@ static double model_step(const model_case *c, bool lean_acts, float **grads, siz
         cfg.sliding_layers[0] = 1; /* layer 0 slides */
     }
     cfg.lean_acts = lean_acts;
+    cfg.lean_chunk = 100; /* several chunks, the last a partial one */
     model *m = NULL;
     if (model_create(d, &cfg, c->B, c->T, &m, &err) != 0)
         fail_msg("%s: %s", c->name, err.msg);
