@@ -259,7 +259,7 @@ static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int 
         [A_LOGITS] = logits, [A_LOSSES] = BT,
         [A_DRESID] = btc, [A_DLN] = btc, [A_DATTY] = btq, [A_DQ] = btq, [A_DK] = btk,
         [A_DV] = btk, [A_DH] = bti, [A_DGATE] = bti, [A_DUP] = bti,
-        [A_ATT_SCRATCH] = c->lean_acts ? KERN_ATT_LEAN_SCRATCH(NH)
+        [A_ATT_SCRATCH] = c->lean_acts ? KERN_ATT_LEAN_SCRATCH(T, NH)
                                        : acc_sat_mul3_u64(2 * NH, (uint64_t)T, (uint64_t)T),
         [A_COS] = blk_rope_floats(T, (int)hs), [A_SIN] = blk_rope_floats(T, (int)hs),
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT, [A_POS] = BT,

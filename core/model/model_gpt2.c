@@ -196,7 +196,7 @@ static uint64_t act_counts(const model_config *c, int B, int T, int recompute, u
         [A_LOSSES] = BT,
         [A_DRESID] = btc, [A_DLN] = btc, [A_DATTY] = btc, [A_DQKV] = acc_sat_mul_u64(btc, 3),
         [A_DBIG1] = acc_sat_mul_u64(btc, 4), [A_DBIG2] = acc_sat_mul_u64(btc, 4),
-        [A_ATT_SCRATCH] = c->lean_acts ? KERN_ATT_LEAN_SCRATCH(NH)
+        [A_ATT_SCRATCH] = c->lean_acts ? KERN_ATT_LEAN_SCRATCH(T, NH)
                                        : acc_sat_mul3_u64(2 * NH, (uint64_t)T, (uint64_t)T),
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT,
         [A_LORA_U] = acc_sat_mul3_u64(Ls, (uint64_t)blk_lora_per_layer(c), btr),
