@@ -299,8 +299,11 @@ void dec_gemm_extent(const model_config *c, uint64_t n, model_gemm_extent *out)
     b = q > b ? q : b;
     b = x > b ? x : b;
     b = ra > b ? ra : b;
-    wide = R > wide ? R : wide;
-    out->a_elems = acc_sat_mul_u64(n, wide);
+    /* A side: n x max(in, R) in the blocks, the head's rows x Vp (the
+     * logits' gradient: all n rows, or one chunk with lean_acts) */
+    uint64_t body = acc_sat_mul_u64(n, R > in ? R : in);
+    uint64_t head = acc_sat_mul_u64(blk_head_rows(n, c), vp);
+    out->a_elems = body > head ? body : head;
     out->b_elems = b;
 }
 

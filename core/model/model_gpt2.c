@@ -228,8 +228,10 @@ static void gpt2_gemm_extent(const model_config *c, uint64_t n, model_gemm_exten
     uint64_t R = (uint64_t)c->lora.r; /* the adapters: A [r, in], B [out, r], u [n, r] */
     uint64_t ra = acc_sat_mul_u64(R, wide);
     b = ra > b ? ra : b;
-    wide = R > wide ? R : wide;
-    out->a_elems = acc_sat_mul_u64(n, wide);
+    /* the logits' gradient: all n rows, or one chunk with lean_acts */
+    uint64_t body = acc_sat_mul_u64(n, R > c4 ? R : c4);
+    uint64_t head = acc_sat_mul_u64(blk_head_rows(n, c), vp);
+    out->a_elems = body > head ? body : head;
     out->b_elems = b;
 }
 
