@@ -11,7 +11,7 @@
  *
  * Usage: bench_llama [--threads 2] [--batch 8] [--steps 6] [--warmup 2]
  *                    [--layers 6] [--channels 384] [--heads 6] [--kv-heads 2]
- *                    [--mlp 1024] [--seq 128] [--vocab 32000] [--bf16] [--recompute]
+ *                    [--mlp 1024] [--seq 128] [--vocab 32000] [--bf16] [--recompute] [--lean]
  * bench/bench_llama.sh runs it and the same model in PyTorch (bench_llama.py).
  */
 #include <cblas.h>
@@ -26,6 +26,7 @@
 
 typedef struct args {
     int threads, batch, steps, warmup, layers, channels, heads, kv, mlp, seq, vocab, bf16, recompute;
+    int lean; /* --lean: lean activations (model_config.lean_acts) */
 } args;
 
 void openblas_set_num_threads(int n);
@@ -58,7 +59,7 @@ static double sgemm_gflops(int threads, int size, int reps)
 
 static int parse(int argc, char **argv, args *a)
 {
-    *a = (args){2, 8, 6, 2, 6, 384, 6, 2, 1024, 128, 32000, 0, 0};
+    *a = (args){2, 8, 6, 2, 6, 384, 6, 2, 1024, 128, 32000, 0, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
         if (!strcmp(k, "--bf16")) {
@@ -67,6 +68,10 @@ static int parse(int argc, char **argv, args *a)
         }
         if (!strcmp(k, "--recompute")) {
             a->recompute = 1;
+            continue;
+        }
+        if (!strcmp(k, "--lean")) {
+            a->lean = 1;
             continue;
         }
         if (i + 1 >= argc)
@@ -100,7 +105,7 @@ int main(int argc, char **argv)
                         .n_head = a.heads, .n_kv_head = a.kv, .channels = a.channels,
                         .intermediate_size = a.mlp, .vocab_size = a.vocab,
                         .padded_vocab_size = (a.vocab + 63) / 64 * 64, .max_seq_len = a.seq,
-                        .norm_eps = 1e-5, .rope_theta = 10000.0};
+                        .norm_eps = 1e-5, .rope_theta = 10000.0, .lean_acts = a.lean};
     snprintf(cfg.model_type, sizeof cfg.model_type, "llama");
     if (cfg.family == NULL || model_config_check(&cfg, &err) != 0) {
         fprintf(stderr, "bench_llama: config: %s\n", err.msg);
@@ -156,9 +161,10 @@ int main(int argc, char **argv)
     double flop_tok = 6.0 * linear + 6.0 * a.layers * (a.heads * (a.channels / a.heads)) * a.seq;
     double ceiling = sgemm_gflops(a.threads, 2048, 5);
     double gflops = tok_s * flop_tok / 1e9;
-    printf("config            %d layers, %d channels, %d heads / %d kv, mlp %d, seq %d, vocab %d, B %d%s%s\n",
+    printf("config            %d layers, %d channels, %d heads / %d kv, mlp %d, seq %d, vocab %d, B %d%s%s%s\n",
            a.layers, a.channels, a.heads, a.kv, a.mlp, a.seq, a.vocab, a.batch,
-           a.bf16 ? ", bf16" : "", a.recompute ? ", recompute" : "");
+           a.bf16 ? ", bf16" : "", a.recompute ? ", recompute" : "", a.lean ? ", lean" : "");
+    printf("activations       %llu bytes\n", (unsigned long long)m->act_bytes);
     printf("parameters        %zu\n", m->nparams);
     printf("threads           %d\n", a.threads);
     printf("step (median)     %.4f s, loss %.4f\n", step, loss);

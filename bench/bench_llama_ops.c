@@ -100,6 +100,12 @@ int main(int argc, char **argv)
     TIME("gqa_attention_bwd",
          K->gqa_attention_bwd(d, dq, dk, dv, scr, go, q, k, v, lse, o, B, T, NH, NKV, HS));
     ops += last;
+    /* lean activations (issue 20): the tiled attention, for comparison (not summed) */
+    TIME("attention_lean_fwd", K->attention_lean_fwd(d, o, lse, scr, q, k, v, NH * HS, NKV * HS,
+                                                     NULL, NULL, B, T, NH, NKV, HS));
+    TIME("attention_lean_bwd",
+         K->attention_lean_bwd(d, dq, dk, dv, scr, go, q, k, v, lse, o, NH * HS, NKV * HS, NULL,
+                               NULL, B, T, NH, NKV, HS));
     TIME("swiglu_fwd", K->swiglu_fwd(d, h, gate, up, ni));
     ops += last;
     TIME("swiglu_bwd", K->swiglu_bwd(d, dg, du, dh, gate, up, ni));

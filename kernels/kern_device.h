@@ -360,7 +360,7 @@ typedef struct kern_ops {
      * head h/(NH/NKV) k, v[(b*T+t)*ldkv + ..]; dq has q's strides, dk and dv
      * k's; out and dout are [B,T,NH,hs]. GPT-2's qkv[B,T,3C] is q = qkv,
      * k = qkv + C, v = qkv + 2C, ldq = ldkv = 3C, NKV = NH. scratch:
-     * KERN_ATT_LEAN_SCRATCH(NH) floats, any contents before and after. The
+     * KERN_ATT_LEAN_SCRATCH(T, NH) floats, any contents before and after. The
      * forward is an online softmax over key tiles keeping lse; the backward
      * rebuilds the probabilities tile by tile from lse and uses out for
      * rowsum(dout * out). Optional: NULL where a backend lacks them (the
@@ -435,13 +435,16 @@ const kern_ops *kern_backend_ops(kern_dev_kind kind);
  * sequences go one after another, the heads side by side. */
 #define KERN_ATT_SCRATCH(T, NH) (2 * (size_t)(NH) * (size_t)(T) * (size_t)(T))
 
-/* The lean attention's tiles (attention_lean_fwd / _bwd): BQ queries x BK
- * keys; its scratch is one tile pair and two rows of BQ per query head (the
- * backend runs at most NH threads), independent of T. */
+/* The lean attention's tiles (attention_lean_fwd / _bwd): bq = min(T, BQ)
+ * queries x bk = min(T, BK) keys; its scratch is, per query head (the
+ * backend runs at most NH threads), one pair of tiles and one row of bq:
+ * at most NH (2 BQ BK + BQ) floats whatever T. */
 #define KERN_ATT_LEAN_BQ 64
 #define KERN_ATT_LEAN_BK 64
-#define KERN_ATT_LEAN_TILE (2 * KERN_ATT_LEAN_BQ * KERN_ATT_LEAN_BK + 2 * KERN_ATT_LEAN_BQ)
-#define KERN_ATT_LEAN_SCRATCH(NH) ((size_t)(NH) * (size_t)KERN_ATT_LEAN_TILE)
+#define KERN_ATT_LEAN_TQ(T) ((size_t)(T) < KERN_ATT_LEAN_BQ ? (size_t)(T) : KERN_ATT_LEAN_BQ)
+#define KERN_ATT_LEAN_TK(T) ((size_t)(T) < KERN_ATT_LEAN_BK ? (size_t)(T) : KERN_ATT_LEAN_BK)
+#define KERN_ATT_LEAN_TILE(T) (2 * KERN_ATT_LEAN_TQ(T) * KERN_ATT_LEAN_TK(T) + KERN_ATT_LEAN_TQ(T))
+#define KERN_ATT_LEAN_SCRATCH(T, NH) ((size_t)(NH) * KERN_ATT_LEAN_TILE(T))
 
 /* 0 when d's backend has every LLaMA-family op of kern_ops; otherwise
  * ACC_EDEVICE naming the device, its backend and the first missing op. */

@@ -599,6 +599,54 @@ static void test_nf4(st_ctx *c)
         st_free(c, all[i]);
 }
 
+/* Lean activations (issue 20): the tiled attention on the LLaMA shapes with
+ * every option and packed documents, and on GPT-2's fused qkv; a backend
+ * without it is tested without it (the model refuses lean_acts there). */
+static void test_lean(st_ctx *c)
+{
+    if (c->dev->ops->attention_lean_fwd == NULL || c->dev->ops->attention_lean_bwd == NULL)
+        return;
+    st_buf pos = st_ints(c, N, 1);
+    int hp[N];
+    if (st_ready(c, &pos)) {
+        for (int n = 0; n < N; n++) /* a document of 9, then one of the rest */
+            hp[n] = n % T < 9 ? n % T : n % T - 9;
+        c->dev->ops->upload(c->dev, pos.d, hp, sizeof hp);
+        c->ref->ops->upload(c->ref, pos.r, hp, sizeof hp);
+    }
+    const kern_att_opts opts = {.scale = 0.19f, .softcap = 3.0f, .window = 11};
+    int lq = LNH * LHS, lk = LNKV * LHS;
+    st_buf q = st_new(c, LQ, -3, 3), k = st_new(c, LK, -3, 3), v = st_new(c, LK, -2, 2);
+    st_buf out = st_new(c, LQ, 0, 0), lse = st_new(c, (size_t)B * LNH * T, 0, 0);
+    st_buf scr = st_new(c, KERN_ATT_LEAN_SCRATCH(T, LNH), -1, 1);
+    BOTH(c, D->ops->attention_lean_fwd(D, F(out, d), F(lse, d), F(scr, d), F(q, d), F(k, d), F(v, d), lq, lk, I(pos, d), &opts, B, T, LNH, LNKV, LHS),
+         D->ops->attention_lean_fwd(D, F(out, r), F(lse, r), F(scr, r), F(q, r), F(k, r), F(v, r), lq, lk, I(pos, r), &opts, B, T, LNH, LNKV, LHS));
+    st_cmp(c, "attention_lean_fwd", &out);
+    st_cmp(c, "attention_lean_fwd lse", &lse);
+    st_buf dout = st_new(c, LQ, -1, 1), dq = st_new(c, LQ, -1, 1);
+    st_buf dk = st_new(c, LK, -1, 1), dv = st_new(c, LK, -1, 1);
+    BOTH(c, D->ops->attention_lean_bwd(D, F(dq, d), F(dk, d), F(dv, d), F(scr, d), F(dout, d), F(q, d), F(k, d), F(v, d), F(lse, d), F(out, d), lq, lk, I(pos, d), &opts, B, T, LNH, LNKV, LHS),
+         D->ops->attention_lean_bwd(D, F(dq, r), F(dk, r), F(dv, r), F(scr, r), F(dout, r), F(q, r), F(k, r), F(v, r), F(lse, r), F(out, r), lq, lk, I(pos, r), &opts, B, T, LNH, LNKV, LHS));
+    st_cmp(c, "attention_lean_bwd dq", &dq);
+    st_cmp(c, "attention_lean_bwd dk", &dk);
+    st_cmp(c, "attention_lean_bwd dv", &dv);
+    /* GPT-2's layout: q, k, v side by side in qkv[B,T,3C], no options */
+    st_buf qkv = st_new(c, (size_t)N * 3 * C, -2, 2), o2 = st_new(c, (size_t)N * C, 0, 0);
+    st_buf l2 = st_new(c, (size_t)B * NH * T, 0, 0), g2 = st_new(c, (size_t)N * C, -1, 1);
+    st_buf dqkv = st_new(c, (size_t)N * 3 * C, -1, 1);
+    st_buf s2 = st_new(c, KERN_ATT_LEAN_SCRATCH(T, NH), -1, 1);
+    BOTH(c, D->ops->attention_lean_fwd(D, F(o2, d), F(l2, d), F(s2, d), F(qkv, d), F(qkv, d) + C, F(qkv, d) + 2 * C, 3 * C, 3 * C, NULL, NULL, B, T, NH, NH, C / NH),
+         D->ops->attention_lean_fwd(D, F(o2, r), F(l2, r), F(s2, r), F(qkv, r), F(qkv, r) + C, F(qkv, r) + 2 * C, 3 * C, 3 * C, NULL, NULL, B, T, NH, NH, C / NH));
+    st_cmp(c, "attention_lean_fwd (qkv)", &o2);
+    BOTH(c, D->ops->attention_lean_bwd(D, F(dqkv, d), F(dqkv, d) + C, F(dqkv, d) + 2 * C, F(s2, d), F(g2, d), F(qkv, d), F(qkv, d) + C, F(qkv, d) + 2 * C, F(l2, d), F(o2, d), 3 * C, 3 * C, NULL, NULL, B, T, NH, NH, C / NH),
+         D->ops->attention_lean_bwd(D, F(dqkv, r), F(dqkv, r) + C, F(dqkv, r) + 2 * C, F(s2, r), F(g2, r), F(qkv, r), F(qkv, r) + C, F(qkv, r) + 2 * C, F(l2, r), F(o2, r), 3 * C, 3 * C, NULL, NULL, B, T, NH, NH, C / NH));
+    st_cmp(c, "attention_lean_bwd (dqkv)", &dqkv);
+    st_buf *all[] = {&pos, &q, &k, &v, &out, &lse, &scr, &dout, &dq, &dk, &dv,
+                     &qkv, &o2, &l2, &g2, &dqkv, &s2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        st_free(c, all[i]);
+}
+
 int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
 {
     st_ctx c = {.dev = dev, .ref = ref, .tol = tol, .rng = 20261202, .err = err};
@@ -610,6 +658,7 @@ int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
     test_llama(&c);
     test_decoder(&c);
     test_nf4(&c);
+    test_lean(&c);
     acc_err e = {0};
     int rc = dev->ops->last_error(dev, &e); /* a fault wins: the numbers mean nothing then */
     if (rc != 0) {

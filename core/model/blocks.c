@@ -390,9 +390,15 @@ void blk_head_bwd(blk_run *r, const blk_head *h, float *dx, float *dlogits, cons
                      h->C, h->Vp);
 }
 
-uint64_t blk_head_rows(uint64_t N, bool lean_acts)
+int blk_head_chunk(const model_config *cfg)
 {
-    return lean_acts && N > BLK_HEAD_CHUNK ? BLK_HEAD_CHUNK : N;
+    return cfg->lean_chunk > 0 ? cfg->lean_chunk : BLK_HEAD_CHUNK;
+}
+
+uint64_t blk_head_rows(uint64_t N, const model_config *cfg)
+{
+    uint64_t ch = (uint64_t)blk_head_chunk(cfg);
+    return cfg->lean_acts && N > ch ? ch : N;
 }
 
 void blk_head_lean(blk_run *r, const blk_head *h, float *logits, float *losses,
@@ -401,9 +407,10 @@ void blk_head_lean(blk_run *r, const blk_head *h, float *logits, float *losses,
 {
     const float *w = blk_w(r->m, h->w, 0);
     float *dw = blk_g(r->m, h->w);
+    int ch = blk_head_chunk(&r->m->cfg);
     *loss_sum = 0.0;
-    for (int n0 = 0; n0 < r->N; n0 += BLK_HEAD_CHUNK) {
-        int nc = r->N - n0 < BLK_HEAD_CHUNK ? r->N - n0 : BLK_HEAD_CHUNK;
+    for (int n0 = 0; n0 < r->N; n0 += ch) {
+        int nc = r->N - n0 < ch ? r->N - n0 : ch;
         const float *xc = x + (size_t)n0 * h->C;
         size_t n = (size_t)nc * h->Vp;
         double part = 0.0;

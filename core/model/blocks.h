@@ -230,18 +230,20 @@ void blk_head_fwd(blk_run *r, const blk_head *h, float *logits, float *losses,
 void blk_head_bwd(blk_run *r, const blk_head *h, float *dx, float *dlogits, const float *x);
 
 /* Lean activations (model_config.lean_acts): the LM head and the loss in
- * chunks of BLK_HEAD_CHUNK rows, never the whole [N, Vp] logits. Per chunk:
+ * chunks of blk_head_chunk rows, never the whole [N, Vp] logits. Per chunk:
  * its logits (and raw logits with a cap) in `logits` / h->raw, sized
  * blk_head_rows(N, true) x Vp, its losses, and with want_grad their
  * gradient taken at once through the head: dx[chunk] += dlogits W, dW +=
  * dlogits^T x. *loss_sum is the chunks' sums added in order. The
  * functions of blk_head_fwd + blk_head_bwd within fp32 summation order. */
-#define BLK_HEAD_CHUNK 256
+#define BLK_HEAD_CHUNK 1024
 void blk_head_lean(blk_run *r, const blk_head *h, float *logits, float *losses,
                    double *loss_sum, const float *x, const int *targets, const float *weights,
                    int want_grad, float *dx);
+/* rows per chunk: cfg->lean_chunk, or BLK_HEAD_CHUNK when that is 0 */
+int blk_head_chunk(const model_config *cfg);
 /* rows of the logits buffer: N, or at most one chunk with lean_acts */
-uint64_t blk_head_rows(uint64_t N, bool lean_acts);
+uint64_t blk_head_rows(uint64_t N, const model_config *cfg);
 
 /* ---- inputs: tokens, targets, weights (and packed positions) uploaded */
 

@@ -243,7 +243,7 @@ static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int 
     uint64_t btc = acc_sat_mul_u64(BT, C), btq = acc_sat_mul_u64(BT, QD);
     uint64_t btk = acc_sat_mul_u64(BT, KD), bti = acc_sat_mul_u64(BT, I);
     uint64_t R = (uint64_t)c->lora.r, wide = C > QD ? C : QD, btr = acc_sat_mul_u64(BT, R);
-    uint64_t logits = acc_sat_mul_u64(blk_head_rows(BT, c->lean_acts),
+    uint64_t logits = acc_sat_mul_u64(blk_head_rows(BT, c),
                                       (uint64_t)c->padded_vocab_size);
     uint64_t qk = d->qk_norm ? 1 : 0, sw = d->sandwich ? 1 : 0;
     wide = I > wide ? I : wide;
@@ -259,7 +259,7 @@ static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int 
         [A_LOGITS] = logits, [A_LOSSES] = BT,
         [A_DRESID] = btc, [A_DLN] = btc, [A_DATTY] = btq, [A_DQ] = btq, [A_DK] = btk,
         [A_DV] = btk, [A_DH] = bti, [A_DGATE] = bti, [A_DUP] = bti,
-        [A_ATT_SCRATCH] = c->lean_acts ? KERN_ATT_LEAN_SCRATCH(NH)
+        [A_ATT_SCRATCH] = c->lean_acts ? KERN_ATT_LEAN_SCRATCH(T, NH)
                                        : acc_sat_mul3_u64(2 * NH, (uint64_t)T, (uint64_t)T),
         [A_COS] = blk_rope_floats(T, (int)hs), [A_SIN] = blk_rope_floats(T, (int)hs),
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT, [A_POS] = BT,
@@ -299,8 +299,11 @@ void dec_gemm_extent(const model_config *c, uint64_t n, model_gemm_extent *out)
     b = q > b ? q : b;
     b = x > b ? x : b;
     b = ra > b ? ra : b;
-    wide = R > wide ? R : wide;
-    out->a_elems = acc_sat_mul_u64(n, wide);
+    /* A side: n x max(in, R) in the blocks, the head's rows x Vp (the
+     * logits' gradient: all n rows, or one chunk with lean_acts) */
+    uint64_t body = acc_sat_mul_u64(n, R > in ? R : in);
+    uint64_t head = acc_sat_mul_u64(blk_head_rows(n, c), vp);
+    out->a_elems = body > head ? body : head;
     out->b_elems = b;
 }
 

@@ -151,9 +151,10 @@ typedef struct model_config {
     /* Lean activations (h-lean, issue 20; the spec's lean_activations):
      * attention through the backend's attention_lean_fwd / _bwd (scratch
      * KERN_ATT_LEAN_SCRATCH, no T x T buffer) and the LM head + loss in
-     * chunks of BLK_HEAD_CHUNK rows (blocks.h); model_logits is then NULL.
+     * chunks of lean_chunk rows (blocks.h); model_logits is then NULL.
      * fp32 results within summation order of the default. */
     bool lean_acts;
+    int lean_chunk; /* rows per LM-head chunk with lean_acts (0: BLK_HEAD_CHUNK) */
     /* (h-nf4, issue 21) QLoRA: MODEL_QUANT_NF4 keeps every frozen linear
      * weight of the decoder (model_tensor_nf4) in NF4 (nf4.h) in the
      * weight store; the rest of the frozen base stays in weights_dtype. */

@@ -191,12 +191,12 @@ static uint64_t act_counts(const model_config *c, int B, int T, int recompute, u
         [A_FCH] = acc_sat_mul_u64(lbtc, 4), [A_FCH_GELU] = acc_sat_mul_u64(lbtc, 4),
         [A_FCPROJ] = lbtc, [A_RESID3] = acc_sat_mul_u64(L, btc), [A_LNF] = btc,
         [A_LNF_MEAN] = BT, [A_LNF_RSTD] = BT,
-        [A_LOGITS] = acc_sat_mul_u64(blk_head_rows(BT, c->lean_acts),
+        [A_LOGITS] = acc_sat_mul_u64(blk_head_rows(BT, c),
                                      (uint64_t)c->padded_vocab_size),
         [A_LOSSES] = BT,
         [A_DRESID] = btc, [A_DLN] = btc, [A_DATTY] = btc, [A_DQKV] = acc_sat_mul_u64(btc, 3),
         [A_DBIG1] = acc_sat_mul_u64(btc, 4), [A_DBIG2] = acc_sat_mul_u64(btc, 4),
-        [A_ATT_SCRATCH] = c->lean_acts ? KERN_ATT_LEAN_SCRATCH(NH)
+        [A_ATT_SCRATCH] = c->lean_acts ? KERN_ATT_LEAN_SCRATCH(T, NH)
                                        : acc_sat_mul3_u64(2 * NH, (uint64_t)T, (uint64_t)T),
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT,
         [A_LORA_U] = acc_sat_mul3_u64(Ls, (uint64_t)blk_lora_per_layer(c), btr),
@@ -228,8 +228,10 @@ static void gpt2_gemm_extent(const model_config *c, uint64_t n, model_gemm_exten
     uint64_t R = (uint64_t)c->lora.r; /* the adapters: A [r, in], B [out, r], u [n, r] */
     uint64_t ra = acc_sat_mul_u64(R, wide);
     b = ra > b ? ra : b;
-    wide = R > wide ? R : wide;
-    out->a_elems = acc_sat_mul_u64(n, wide);
+    /* the logits' gradient: all n rows, or one chunk with lean_acts */
+    uint64_t body = acc_sat_mul_u64(n, R > c4 ? R : c4);
+    uint64_t head = acc_sat_mul_u64(blk_head_rows(n, c), vp);
+    out->a_elems = body > head ? body : head;
     out->b_elems = b;
 }
 

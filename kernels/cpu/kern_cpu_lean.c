@@ -1,7 +1,8 @@
 /* kern_cpu_lean: the CPU backend's tiled attention (contract: kern_device.h,
  * attention_lean_fwd / _bwd; hooked into the "cpu" table in kern_cpu.c).
  *
- * Never a T x T matrix: the scratch is one BQ x BK tile pair per thread.
+ * Never a T x T matrix: the scratch is one bq x bk tile pair per thread
+ * (KERN_ATT_LEAN_TILE).
  *
  * Forward: one (sequence, query head) per task; for each tile of BQ
  * queries it walks the key tiles the tile's rows may see (causal, the
@@ -28,6 +29,7 @@
 /* one call's geometry and row rules */
 typedef struct lean_geo {
     int T, NH, NKV, hs, ldq, ldkv, ldo;
+    int bq, bk; /* the tiles: min(T, BQ) x min(T, BK) */
     float scale, cap;
     int window;
 } lean_geo;
@@ -35,7 +37,8 @@ typedef struct lean_geo {
 static lean_geo geo_of(const kern_att_opts *o, int T, int NH, int NKV, int hs, int ldq,
                        int ldkv)
 {
-    lean_geo g = {T, NH, NKV, hs, ldq, ldkv, NH * hs, 1.0f / sqrtf((float)hs), 0.0f, 0};
+    lean_geo g = {T, NH, NKV, hs, ldq, ldkv, NH * hs, (int)KERN_ATT_LEAN_TQ(T),
+                  (int)KERN_ATT_LEAN_TK(T), 1.0f / sqrtf((float)hs), 0.0f, 0};
     if (o != NULL) {
         if (o->scale != 0.0f)
             g.scale = o->scale;
@@ -86,7 +89,7 @@ static void fwd_tile_rows(float *S, float *m, float *l, float *orow, const int *
 {
     for (int i = 0; i < nq; i++) {
         int t = q0 + i, lo = first_key(pos, g, t);
-        float *s = S + (size_t)i * BK_LEAN, mx = m[i];
+        float *s = S + (size_t)i * g->bk, mx = m[i];
         for (int j = 0; j < nk; j++) {
             int u = k0 + j;
             if (u < lo || u > t)
@@ -120,7 +123,7 @@ static void fwd_tile_rows(float *S, float *m, float *l, float *orow, const int *
 static void fwd_query_tile(float *out, float *lse, float *scr, const float *q, const float *k,
                            const float *v, const int *pos, const lean_geo *g, int q0, int nq)
 {
-    float *S = scr, *m = scr + BQ_LEAN * BK_LEAN, *l = m + BQ_LEAN;
+    float *S = scr, *m = scr + g->bq * g->bk, *l = m + g->bq;
     float *orow = out + (size_t)q0 * g->ldo;
     for (int i = 0; i < nq; i++) {
         m[i] = -INFINITY;
@@ -129,13 +132,13 @@ static void fwd_query_tile(float *out, float *lse, float *scr, const float *q, c
             orow[(size_t)i * g->ldo + c] = 0.0f;
     }
     int lo = tile_first_key(pos, g, q0, q0 + nq);
-    for (int k0 = lo / BK_LEAN * BK_LEAN; k0 < q0 + nq; k0 += BK_LEAN) {
-        int nk = q0 + nq - k0 < BK_LEAN ? q0 + nq - k0 : BK_LEAN;
+    for (int k0 = lo / g->bk * g->bk; k0 < q0 + nq; k0 += g->bk) {
+        int nk = q0 + nq - k0 < g->bk ? q0 + nq - k0 : g->bk;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, g->hs, 1.0f,
                     q + (size_t)q0 * g->ldq, g->ldq, k + (size_t)k0 * g->ldkv, g->ldkv, 0.0f, S,
-                    BK_LEAN);
+                    g->bk);
         fwd_tile_rows(S, m, l, orow, pos, g, q0, nq, k0, nk);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, g->hs, nk, 1.0f, S, BK_LEAN,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, g->hs, nk, 1.0f, S, g->bk,
                     v + (size_t)k0 * g->ldkv, g->ldkv, 1.0f, orow, g->ldo);
     }
     for (int i = 0; i < nq; i++) {
@@ -156,15 +159,15 @@ void kern_cpu_attention_lean_fwd(kern_device *d, float *out, float *lse, float *
 #pragma omp parallel for num_threads(lean_threads(d, NH)) schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
-        float *scr = scratch + (size_t)omp_get_thread_num() * KERN_ATT_LEAN_TILE;
+        float *scr = scratch + (size_t)omp_get_thread_num() * KERN_ATT_LEAN_TILE(T);
         const float *qb = q + (size_t)b * T * ldq + (size_t)h * hs;
         const float *kb = k + (size_t)b * T * ldkv + (size_t)(h / G) * hs;
         const float *vb = v + (size_t)b * T * ldkv + (size_t)(h / G) * hs;
         float *ob = out + (size_t)b * T * g.ldo + (size_t)h * hs;
         const int *pb = pos != NULL ? pos + (size_t)b * T : NULL;
-        for (int q0 = 0; q0 < T; q0 += BQ_LEAN)
+        for (int q0 = 0; q0 < T; q0 += g.bq)
             fwd_query_tile(ob, lse + (size_t)bh * T, scr, qb, kb, vb, pb, &g, q0,
-                           T - q0 < BQ_LEAN ? T - q0 : BQ_LEAN);
+                           T - q0 < g.bq ? T - q0 : g.bq);
     }
 }
 
@@ -183,7 +186,7 @@ static void bwd_tile_rows(float *S, float *dP, const float *D, const float *lse,
 {
     for (int i = 0; i < nq; i++) {
         int t = q0 + i, lo = first_key(pos, g, t);
-        float *s = S + (size_t)i * BK_LEAN, *dp = dP + (size_t)i * BK_LEAN;
+        float *s = S + (size_t)i * g->bk, *dp = dP + (size_t)i * g->bk;
         for (int j = 0; j < nk; j++) {
             int u = k0 + j;
             if (u < lo || u > t) {
@@ -203,7 +206,7 @@ static void bwd_tile_rows(float *S, float *dP, const float *D, const float *lse,
 
 static void bwd_query_tile(const bwd_view *w, float *scr, const lean_geo *g, int q0, int nq)
 {
-    float *S = scr, *dP = scr + BQ_LEAN * BK_LEAN, *D = dP + BQ_LEAN * BK_LEAN;
+    float *S = scr, *dP = scr + g->bq * g->bk, *D = dP + g->bq * g->bk;
     for (int i = 0; i < nq; i++) { /* D = rowsum(dout * out) */
         const float *a = w->dout + (size_t)(q0 + i) * g->ldo, *o = w->out + (size_t)(q0 + i) * g->ldo;
         float s = 0.0f;
@@ -213,20 +216,20 @@ static void bwd_query_tile(const bwd_view *w, float *scr, const lean_geo *g, int
     }
     const float *qt = w->q + (size_t)q0 * g->ldq, *dot = w->dout + (size_t)q0 * g->ldo;
     int lo = tile_first_key(w->pos, g, q0, q0 + nq);
-    for (int k0 = lo / BK_LEAN * BK_LEAN; k0 < q0 + nq; k0 += BK_LEAN) {
-        int nk = q0 + nq - k0 < BK_LEAN ? q0 + nq - k0 : BK_LEAN;
+    for (int k0 = lo / g->bk * g->bk; k0 < q0 + nq; k0 += g->bk) {
+        int nk = q0 + nq - k0 < g->bk ? q0 + nq - k0 : g->bk;
         const float *kt = w->k + (size_t)k0 * g->ldkv, *vt = w->v + (size_t)k0 * g->ldkv;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, g->hs, 1.0f, qt, g->ldq, kt,
-                    g->ldkv, 0.0f, S, BK_LEAN);
+                    g->ldkv, 0.0f, S, g->bk);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, g->hs, 1.0f, dot, g->ldo,
-                    vt, g->ldkv, 0.0f, dP, BK_LEAN);
+                    vt, g->ldkv, 0.0f, dP, g->bk);
         bwd_tile_rows(S, dP, D, w->lse, w->pos, g, q0, nq, k0, nk);
         /* dv += P^T dout, dq += dS k, dk += dS^T q */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, g->hs, nq, 1.0f, S, BK_LEAN, dot,
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, g->hs, nq, 1.0f, S, g->bk, dot,
                     g->ldo, 1.0f, w->dv + (size_t)k0 * g->ldkv, g->ldkv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, g->hs, nk, 1.0f, dP, BK_LEAN,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, g->hs, nk, 1.0f, dP, g->bk,
                     kt, g->ldkv, 1.0f, w->dq + (size_t)q0 * g->ldq, g->ldq);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, g->hs, nq, 1.0f, dP, BK_LEAN, qt,
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, g->hs, nq, 1.0f, dP, g->bk, qt,
                     g->ldq, 1.0f, w->dk + (size_t)k0 * g->ldkv, g->ldkv);
     }
 }
@@ -243,7 +246,7 @@ void kern_cpu_attention_lean_bwd(kern_device *d, float *dq, float *dk, float *dv
 #pragma omp parallel for num_threads(lean_threads(d, NH)) schedule(static)
     for (int bk = 0; bk < B * NKV; bk++) {
         int b = bk / NKV, kvh = bk % NKV;
-        float *scr = scratch + (size_t)omp_get_thread_num() * KERN_ATT_LEAN_TILE;
+        float *scr = scratch + (size_t)omp_get_thread_num() * KERN_ATT_LEAN_TILE(T);
         size_t kv = (size_t)b * T * ldkv + (size_t)kvh * hs;
         for (int h = kvh * G; h < (kvh + 1) * G; h++) {
             size_t qo = (size_t)b * T * ldq + (size_t)h * hs;
@@ -251,8 +254,8 @@ void kern_cpu_attention_lean_bwd(kern_device *d, float *dq, float *dk, float *dv
             bwd_view w = {q + qo, k + kv, v + kv, dout + oo, out + oo,
                           lse + ((size_t)b * NH + h) * T, dq + qo, dk + kv, dv + kv,
                           pos != NULL ? pos + (size_t)b * T : NULL};
-            for (int q0 = 0; q0 < T; q0 += BQ_LEAN)
-                bwd_query_tile(&w, scr, &g, q0, T - q0 < BQ_LEAN ? T - q0 : BQ_LEAN);
+            for (int q0 = 0; q0 < T; q0 += g.bq)
+                bwd_query_tile(&w, scr, &g, q0, T - q0 < g.bq ? T - q0 : g.bq);
         }
     }
 }

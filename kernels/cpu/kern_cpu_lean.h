@@ -6,9 +6,6 @@
 
 #include "kern_device.h"
 
-#define BQ_LEAN KERN_ATT_LEAN_BQ
-#define BK_LEAN KERN_ATT_LEAN_BK
-
 void kern_cpu_attention_lean_fwd(kern_device *d, float *out, float *lse, float *scratch,
                                  const float *q, const float *k, const float *v, int ldq,
                                  int ldkv, const int *pos, const kern_att_opts *opts, int B,

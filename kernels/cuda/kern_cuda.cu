@@ -26,6 +26,7 @@
  * No global mutable state: everything lives in the device's cu_impl.
  */
 #include "kern_cuda_impl.cuh"
+#include "kern_cuda_lean.h"
 #include "kern_cuda_llama.h"
 
 /* ---------------------------------------------------------------- memory */
@@ -281,6 +282,9 @@ static const kern_ops cuda_ops = {
     /* .rmsnorm_ofs_bwd = */ kern_cuda_rmsnorm_ofs_bwd,
     /* .gqa_attention_opt_fwd = */ kern_cuda_gqa_attention_opt_fwd,
     /* .gqa_attention_opt_bwd = */ kern_cuda_gqa_attention_opt_bwd,
+    /* lean activations: kern_cuda_lean.cu */
+    /* .attention_lean_fwd = */ kern_cuda_attention_lean_fwd,
+    /* .attention_lean_bwd = */ kern_cuda_attention_lean_bwd,
     /* .dequant_nf4 = */ cu_dequant_nf4, /* (h-nf4, issue 21) */
 };
 

@@ -93,6 +93,21 @@ static void attention(kern_device *d)
     DUMP("att_lse", lse, B, NH, T);
     DUMP("att_dq_rot", dq, B, T, NH, HS);
     DUMP("att_dk_rot", dk, B, T, NKV, HS);
+    { /* lean activations (issue 20): the tiled op on the same rotated inputs */
+        float *lo = zeros(QN), *ll = zeros((size_t)B * NH * T), *ls = zeros(KERN_ATT_LEAN_SCRATCH(T, NH));
+        float *lq = zeros(QN), *lk = zeros(KN), *lv = zeros(KN);
+        d->ops->attention_lean_fwd(d, lo, ll, ls, qr, kr, v, NH * HS, NKV * HS, NULL, NULL, B, T, NH, NKV, HS);
+        d->ops->attention_lean_bwd(d, lq, lk, lv, ls, g, qr, kr, v, ll, lo, NH * HS, NKV * HS, NULL, NULL, B, T,
+                                   NH, NKV, HS);
+        DUMP("lean_out", lo, B, T, NH, HS);
+        DUMP("lean_lse", ll, B, NH, T);
+        DUMP("lean_dq_rot", lq, B, T, NH, HS);
+        DUMP("lean_dk_rot", lk, B, T, NKV, HS);
+        DUMP("lean_dv", lv, B, T, NKV, HS);
+        float *lall[] = {lo, ll, ls, lq, lk, lv};
+        for (size_t i = 0; i < sizeof lall / sizeof *lall; i++)
+            free(lall[i]);
+    }
     d->ops->rope_bwd(d, dq, dq, ct, st, pos, B, T, NH, HS);
     d->ops->rope_bwd(d, dk, dk, ct, st, pos, B, T, NKV, HS);
     DUMPI("att_pos", pos, B, T);

@@ -144,6 +144,12 @@ def main():
     check("gqa dq (rotated)", t["att_dq_rot"], qr.grad)
     check("gqa dk (rotated)", t["att_dk_rot"], kr.grad)
     check("gqa dv", t["att_dv"], v.grad)
+    # lean activations (issue 20): the tiled attention on the same inputs
+    check("lean out", t["lean_out"], out)
+    check("lean lse", t["lean_lse"], lse)
+    check("lean dq (rotated)", t["lean_dq_rot"], qr.grad)
+    check("lean dk (rotated)", t["lean_dk_rot"], kr.grad)
+    check("lean dv", t["lean_dv"], v.grad)
     check("rope_bwd dq", t["att_dq"], q.grad)
     check("rope_bwd dk", t["att_dk"], k.grad)
 

@@ -397,6 +397,19 @@ static void test_gradient_checkpointing_alias(void **state)
     expect_field(f, "\"train_batch_size\":8,\"gradient_checkpointing\":1", "gradient_checkpointing");
 }
 
+/* lean_activations (h-lean, issue 20): a boolean, off by default */
+static void test_lean_activations(void **state)
+{
+    fixture *f = *state;
+    job_spec s;
+    acc_err err = {0};
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8", &s, &err), 0);
+    assert_false(s.lean_activations);
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"lean_activations\":true", &s, &err), 0);
+    assert_true(s.lean_activations);
+    expect_field(f, "\"train_batch_size\":8,\"lean_activations\":\"yes\"", "lean_activations");
+}
+
 static void test_zero(void **state)
 {
     fixture *f = *state;
@@ -778,6 +791,7 @@ int main(void)
         cmocka_unit_test(test_did_you_mean),
         cmocka_unit_test(test_deepspeed_file),
         cmocka_unit_test(test_hub_names),
+        cmocka_unit_test(test_lean_activations),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

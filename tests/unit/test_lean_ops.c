@@ -106,7 +106,7 @@ static void run_gqa_case(kern_device *d, const att_case *c, rng *r)
                          : pos[i - 1] + 1;
     }
     float *full = zeros(KERN_ATT_SCRATCH(c->T, c->NH));
-    size_t ls = KERN_ATT_LEAN_SCRATCH(c->NH);
+    size_t ls = KERN_ATT_LEAN_SCRATCH(c->T, c->NH);
     float *lean = malloc(ls * sizeof *lean + 1);
     assert_non_null(lean);
     for (size_t i = 0; i < ls; i++)
@@ -172,7 +172,7 @@ static void test_gpt2_attention(void **state)
         float *d1 = randn(&r, N * 3 * C, 0.1), *d2 = malloc(N * 3 * C * sizeof *d2);
         assert_non_null(d2);
         memcpy(d2, d1, N * 3 * C * sizeof *d2);
-        float *full = zeros(KERN_ATT_SCRATCH(T, NH)), *lean = zeros(KERN_ATT_LEAN_SCRATCH(NH));
+        float *full = zeros(KERN_ATT_SCRATCH(T, NH)), *lean = zeros(KERN_ATT_LEAN_SCRATCH(T, NH));
         d->ops->attention_fwd(d, o1, l1, full, qkv, B, T, C, NH);
         d->ops->attention_lean_fwd(d, o2, l2, lean, qkv, qkv + C, qkv + 2 * C, 3 * C, 3 * C,
                                    NULL, NULL, B, T, NH, NH, C / NH);
@@ -229,6 +229,7 @@ static double model_step(const model_case *c, bool lean_acts, float **grads, siz
         cfg.sliding_layers[0] = 1; /* layer 0 slides */
     }
     cfg.lean_acts = lean_acts;
+    cfg.lean_chunk = 100; /* several chunks, the last a partial one */
     model *m = NULL;
     if (model_create(d, &cfg, c->B, c->T, &m, &err) != 0)
         fail_msg("%s: %s", c->name, err.msg);

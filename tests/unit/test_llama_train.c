@@ -1,6 +1,8 @@
 /* The LLaMA family through the trainer (arch "llama", GQA: 2 heads, 1 KV head):
  *   - split invariance: (m, a, w) = (8,1,1), (1,8,1), (2,2,2), (4,1,2) give
- *     the same per-step losses and final weights within 1e-5;
+ *     the same per-step losses and final weights within 1e-5; with
+ *     lean_activations too (issue 20), and the lean run is the default one
+ *     within 1e-5; the planner's exactness holds in lean mode as well;
  *   - the planner predicts a rank's peak to the byte (stored and recompute,
  *     several micro batches) on CPU devices;
  *   - out-of-memory adaptation: a budget for m = 2 turns m = 8 into 2 x 4
@@ -100,14 +102,14 @@ static void assert_same(const run_out *a, const run_out *b, int from, int to, do
         fail_msg("final weights: relative difference %.3g", rel);
 }
 
-static void test_split_invariance(void **state)
+static void split_invariance(bool lean)
 {
-    (void)state;
     static const int splits[4][3] = {{8, 1, 1}, {1, 8, 1}, {2, 2, 2}, {4, 1, 2}};
     run_out r[4];
     for (int i = 0; i < 4; i++) {
         train_cfg s;
         llama_spec(&s, BATCH, splits[i][0], splits[i][1], splits[i][2]);
+        s.lean_activations = lean;
         run(&s, &r[i]);
     }
     for (int i = 1; i < 4; i++)
@@ -122,18 +124,38 @@ static void test_split_invariance(void **state)
     run(&s, &init);
     assert_true(fx_rel_diff(init.params, r[0].params, init.h.nparams) > 1e-4); /* they moved */
     free(init.params);
+    if (lean) { /* and the lean run is the default one, within fp32 summation order */
+        run_out plain;
+        llama_spec(&s, BATCH, 8, 1, 1);
+        run(&s, &plain);
+        assert_same(&r[0], &plain, 0, STEPS, 1e-5);
+        free(plain.params);
+    }
     for (int i = 0; i < 4; i++)
         free(r[i].params);
 }
 
-static void test_planner_exact(void **state)
+static void test_split_invariance(void **state)
 {
     (void)state;
+    split_invariance(false);
+}
+
+/* lean activations (issue 20): the same splits, and the same run as without */
+static void test_split_invariance_lean(void **state)
+{
+    (void)state;
+    split_invariance(true);
+}
+
+static void planner_exact(bool lean)
+{
     static const int ms[3] = {1, 2, 4};
     for (int rc_mode = 0; rc_mode < 2; rc_mode++)
         for (int i = 0; i < 3; i++) {
             train_cfg s;
             llama_spec(&s, ms[i] * 2, ms[i], 2, 1);
+            s.lean_activations = lean;
             s.activation_checkpointing = rc_mode;
             s.max_steps = 1;
             uint64_t pred = 0;
@@ -141,11 +163,24 @@ static void test_planner_exact(void **state)
             assert_int_equal(plan_device_bytes(&s, ms[i], rc_mode, &pred, &err), 0);
             run_out r;
             run(&s, &r);
-            print_message("m=%d recompute=%d: predicted %llu, peak %llu\n", ms[i], rc_mode,
-                          (unsigned long long)pred, (unsigned long long)r.h.mem_peak[0]);
+            print_message("m=%d recompute=%d lean=%d: predicted %llu, peak %llu\n", ms[i],
+                          rc_mode, lean, (unsigned long long)pred,
+                          (unsigned long long)r.h.mem_peak[0]);
             assert_true(pred == r.h.mem_peak[0]);
             free(r.params);
         }
+}
+
+static void test_planner_exact(void **state)
+{
+    (void)state;
+    planner_exact(false);
+}
+
+static void test_planner_exact_lean(void **state)
+{
+    (void)state;
+    planner_exact(true);
 }
 
 static void test_oom_adapts(void **state)
@@ -262,6 +297,7 @@ int main(void)
         cmocka_unit_test(test_split_invariance), cmocka_unit_test(test_planner_exact),
         cmocka_unit_test(test_oom_adapts),       cmocka_unit_test(test_resume_exact),
         cmocka_unit_test(test_from_hf_dir),
+        cmocka_unit_test(test_split_invariance_lean), cmocka_unit_test(test_planner_exact_lean),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -8,6 +8,7 @@
  *   - an out-of-memory on one rank under ZeRO-2 adapts every rank, with
  *     the losses of the same adaptation at stage 0;
  *   - bf16, recomputation, evals and a checkpoint mid-run change nothing;
+ *   - with lean activations too (issue 20): bit-identical stages, exact peaks;
  *   - checkpoints hold the whole state: a stage-2 checkpoint at w = 4 is
  *     byte for byte stage 0's, and resumed at w = 2 it continues with the
  *     losses of an uninterrupted w = 2 run (and of stage 0) from it;
@@ -177,18 +178,21 @@ static void assert_memory(const train_cfg *s, const run_out *r, const run_out *r
     assert_int_equal(r->h.mem_peak[0], dev0); /* the planner's job figure: rank 0, the largest */
 }
 
-static void check_stages(const char *arch, int w, int m, int a)
+static void check_stages_lean(const char *arch, int w, int m, int a, bool lean)
 {
     train_cfg s;
     run_out r0, r1, r2;
     spec_of(&s, arch, m, a, w, 0);
+    s.lean_activations = lean;
     run(&s, &r0, NULL);
     assert_memory(&s, &r0, &r0);
     spec_of(&s, arch, m, a, w, 1);
+    s.lean_activations = lean;
     run(&s, &r1, NULL);
     assert_bits(&r0, &r1, 0, s.max_steps);
     assert_memory(&s, &r1, &r0);
     spec_of(&s, arch, m, a, w, 2);
+    s.lean_activations = lean;
     run(&s, &r2, NULL);
     assert_bits(&r0, &r2, 0, s.max_steps);
     assert_memory(&s, &r2, &r0);
@@ -205,6 +209,20 @@ static void check_stages(const char *arch, int w, int m, int a)
     free(r0.params);
     free(r1.params);
     free(r2.params);
+}
+
+static void check_stages(const char *arch, int w, int m, int a)
+{
+    check_stages_lean(arch, w, m, a, false);
+}
+
+/* lean activations (h-lean, issue 20): the head's gradient is accumulated in
+ * the forward; stages 1 and 2 stay bit-identical to 0, peaks exact */
+static void test_lean_stages(void **state)
+{
+    (void)state;
+    check_stages_lean("gpt2", 2, 2, 2, true);
+    check_stages_lean("llama", 2, 2, 2, true);
 }
 
 static void test_gpt2_stages(void **state)
@@ -535,6 +553,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_across_worlds),
         cmocka_unit_test(test_shutdown_checkpoint),
         cmocka_unit_test(test_cancel_checkpoint), /* h-results, issue 23 */
+        cmocka_unit_test(test_lean_stages),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
