@@ -855,6 +855,8 @@ static const kern_ops cpu_ops = {
     .rmsnorm_ofs_bwd = kern_cpu_rmsnorm_ofs_bwd,
     .gqa_attention_opt_fwd = kern_cpu_gqa_attention_opt_fwd,
     .gqa_attention_opt_bwd = kern_cpu_gqa_attention_opt_bwd,
+    /* generation: kern_cpu_llama.c */
+    .attention_cache_fwd = kern_cpu_attention_cache_fwd,
 };
 
 const kern_ops *kern_cpu_ops(void)
