@@ -405,6 +405,12 @@ int api_parse_request(const api_request *in, api_call *out, api_response *resp)
         out->route = API_R_PLAN;
         return 0;
     }
+    if (!strcmp(p, "/v1/generate")) { /* h-genapi, issue 24 */
+        if (strcmp(in->method, "POST") != 0)
+            return not_allowed(in, resp, "POST");
+        out->route = API_R_GENERATE;
+        return 0;
+    }
     if (!strncmp(p, "/v1/jobs/", 9))
         return parse_job(in, p + 9, in->path_len - 9, out, resp);
     return no_route(in, resp);

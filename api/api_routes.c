@@ -16,6 +16,7 @@
  *   POST /v1/tokenize                ids, token strings, loss mask (api_tokenize.c)
  *   POST /v1/plan                    every way to run a spec on given hardware (api_plan.c)
  *   GET  /v1/jobs/{id}/files         a job's outputs: path, size, sha256; owner or admin (api_files.c)
+ *   POST /v1/generate                the model answers, in a worker on a device (api_generate.c)
  *
  * HEAD is answered wherever GET is (the same headers, no body). The path,
  * the method and every query parameter and header a route reads are parsed
@@ -33,6 +34,7 @@
 #include "api_parse.h"
 #include "api_ui.h"
 #include "jobs.h"
+#include "genq.h"
 
 static void resp_json_obj(api_response *resp, int status, json_t *o)
 {
@@ -124,6 +126,10 @@ static void route_devices(api_server *s, const api_request *req, api_response *r
             json_object_set_new(o, "memory_free_bytes", fr || d->kind == KERN_DEV_CPU
                                                              ? json_integer((json_int_t)fr)
                                                              : json_null());
+        }
+        if (o != NULL && m->gen != NULL) { /* lent to a generate request (genq.h; h-genapi, issue 24) */
+            const genq_req *g = genq_on_device(m->gen, i);
+            json_object_set_new(o, "generate", g ? json_string(g->id) : json_null());
         }
         if (o != NULL && d->kind == KERN_DEV_CUDA) {
             char cc[16];
@@ -301,6 +307,7 @@ void api_route(api_server *s, const api_request *req, api_response *resp)
     case API_R_JOBS_SUBMIT: route_submit(s, req, &c, resp); break;
     case API_R_TOKENIZE: api_tokenize(s, req, resp); break; /* off the loop thread (api_tokenize.c) */
     case API_R_PLAN: api_plan(s, req, resp); break;         /* off the loop thread (api_plan.c) */
+    case API_R_GENERATE: api_generate(s, req, resp); break; /* queued for a device (api_generate.c) */
     default: route_job(s, req, &c, resp); break;
     }
 }

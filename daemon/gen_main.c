@@ -91,10 +91,14 @@ static void send_error(gworker *w, const acc_err *err)
                            err->msg, "field", err->field));
 }
 
+/* A token and its text; id < 0 is the engine's last piece of text held
+ * back (an incomplete character at the end): sent without an id. */
 static int token_cb(void *ctx, int32_t id, const char *piece, size_t len)
 {
-    send_json(ctx, json_pack("{s:s, s:i, s:s%}", "event", "token", "id", (int)id, "text", piece ? piece : "",
-                             piece ? len : 0));
+    json_t *o = json_pack("{s:s, s:s%}", "event", "token", "text", piece ? piece : "", piece ? len : 0);
+    if (o != NULL && id >= 0)
+        json_object_set_new(o, "id", json_integer(id));
+    send_json(ctx, o);
     return 0;
 }
 
@@ -144,12 +148,23 @@ static int read_prompt(json_t *req, tok_ids *ids, acc_err *err)
     return 0;
 }
 
-static void send_done(gworker *w, const gen_result *res)
+static json_t *ids_array(const int32_t *v, size_t n)
 {
-    send_json(w, json_pack("{s:s, s:s%, s:s, s:i, s:i, s:f, s:f}", "event", "done", "text",
-                           res->text ? res->text : "", res->text ? res->text_len : 0, "finish_reason",
-                           gen_stop_name(res->reason), "prompt_tokens", res->n_prompt, "completion_tokens",
-                           res->n_tokens, "prefill_s", res->prefill_s, "decode_s", res->decode_s));
+    json_t *a = json_array();
+    for (size_t i = 0; a != NULL && i < n; i++)
+        json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
+
+/* The answer: its text and ids, why it stopped, the prompt's ids. */
+static void send_done(gworker *w, const gen_result *res, const tok_ids *prompt)
+{
+    send_json(w, json_pack("{s:s, s:s%, s:o*, s:o*, s:s, s:i, s:i, s:f, s:f}", "event", "done", "text",
+                           res->text ? res->text : "", res->text ? res->text_len : 0, "tokens",
+                           ids_array(res->tokens, (size_t)res->n_tokens), "prompt_ids",
+                           ids_array(prompt->v, prompt->n), "finish_reason", gen_stop_name(res->reason),
+                           "prompt_tokens", res->n_prompt, "completion_tokens", res->n_tokens, "prefill_s",
+                           res->prefill_s, "decode_s", res->decode_s));
 }
 
 /* Load, generate, report. Every failure is an "error" line. */
@@ -158,6 +173,8 @@ static int generate(gworker *w, const gw_init *in, json_t *req, acc_err *err)
     const char *dir = json_string_value(json_object_get(req, "model_dir"));
     const char *roots = json_string_value(json_object_get(req, "roots"));
     int max_positions = (int)json_integer_value(json_object_get(req, "max_positions"));
+    if (max_positions < 1)
+        return acc_err_set(err, ACC_EINVAL, "model", "no positions to generate in");
     const char *stop[GEN_MAX_STOP];
     int32_t eos[GEN_MAX_EOS];
     gen_params p;
@@ -179,7 +196,7 @@ static int generate(gworker *w, const gw_init *in, json_t *req, acc_err *err)
     if (rc == 0)
         rc = kern_device_open(&in->device, in->threads, &dev, err);
     if (rc == 0)
-        rc = model_create_ex(dev, &cfg, &(model_opts){0}, &m, err);
+        rc = model_create_ex(dev, &cfg, &(model_opts){.T = max_positions}, &m, err); /* no activations */
     if (rc == 0)
         rc = model_hf_load_under(m, roots, dir, err);
     if (rc == 0)
@@ -189,7 +206,7 @@ static int generate(gworker *w, const gw_init *in, json_t *req, acc_err *err)
     if (rc == 0)
         rc = gen_run(c, prompt.v, (int)prompt.n, &p, token_cb, w, &res, err);
     if (rc == 0)
-        send_done(w, &res);
+        send_done(w, &res, &prompt);
     gen_result_free(&res);
     gen_ctx_free(c);
     tok_free(tok);

@@ -125,8 +125,11 @@ static void on_line(gw_proc *p, const char *line, size_t n)
 {
     json_error_t je;
     json_t *o = json_loadb(line, n, 0, &je);
-    const char *kind = json_string_value(json_object_get(o, "event"));
-    if (kind == NULL) {
+    char kind[16] = "";
+    const char *k = json_string_value(json_object_get(o, "event"));
+    if (k != NULL)
+        snprintf(kind, sizeof kind, "%s", k);
+    if (kind[0] == '\0') {
         json_decref(o);
         kill_worker(p, "it wrote a line that is not an event");
         return;
