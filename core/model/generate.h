@@ -91,8 +91,11 @@ typedef struct gen_result {
 } gen_result;
 
 /* Called once per generated token: its id and the text it adds (may be
- * empty while a multi-byte character is incomplete; NULL, 0 without a
- * tokenizer). Nonzero: stop (GEN_STOP_CALLBACK). */
+ * empty while a multi-byte character is incomplete or the text may begin a
+ * stop string; NULL, 0 without a tokenizer); then, when text held back for
+ * a stop string that never came remains at the end, once more with id -1
+ * and that text. The pieces together are gen_result.text. Nonzero: stop
+ * (GEN_STOP_CALLBACK). */
 typedef int (*gen_token_fn)(void *ctx, int32_t id, const char *piece, size_t len);
 
 typedef struct gen_ctx gen_ctx;
