@@ -148,4 +148,14 @@ int gen_encode_chat(const tok_tokenizer *tok, const char *template_spec, json_t 
 int gen_eos_from_dir(const char *roots, const char *dir, int32_t *ids, int cap, int *n,
                      acc_err *err);
 
+/* ---- LoRA adapter directories (PEFT's: a LoRA job's export or checkpoint) */
+
+/* cfg's LoRA from DIR/adapter_config.json (r, lora_alpha,
+ * target_modules), read under `roots` (NULL or "": none): build the model
+ * from the base's config with it, load the base, then gen_lora_load. */
+int gen_lora_config(const char *roots, const char *dir, model_config *cfg, acc_err *err);
+/* DIR/adapter_model.safetensors' adapters (PEFT's names, the layout's
+ * shapes, F32 / BF16 / F16) into m's adapter tensors. Errors name "model". */
+int gen_lora_load(model *m, const char *roots, const char *dir, acc_err *err);
+
 #endif
