@@ -1368,6 +1368,39 @@ static int check_cross(job_spec *out, acc_err *err)
     return 0;
 }
 
+/* (h-gen, issue 24) eval_prompts: strings or conversations, kept as JSON text */
+static int get_eval_prompts(const json_t *root, job_spec *out, acc_err *err)
+{
+    const json_t *a = json_object_get(root, "eval_prompts"), *p, *msg;
+    size_t i, j;
+    if (a == NULL || json_is_null(a))
+        return 0;
+    if (!json_is_array(a) || json_array_size(a) > SPEC_EVAL_PROMPTS)
+        return acc_err_set(err, ACC_EINVAL, "eval_prompts", "eval_prompts must be an array of at most %d prompts",
+                           SPEC_EVAL_PROMPTS);
+    json_array_foreach(a, i, p) {
+        bool ok = json_is_string(p) ? json_string_length(p) > 0 : json_is_array(p) && json_array_size(p) > 0;
+        json_array_foreach(json_is_array(p) ? p : NULL, j, msg)
+            ok = ok && json_is_string(json_object_get(msg, "role")) && json_is_string(json_object_get(msg, "content"));
+        if (!ok)
+            return acc_err_set(err, ACC_EINVAL, "eval_prompts", "eval_prompts[%zu] must be a non-empty string or a "
+                               "non-empty array of {\"role\", \"content\"} messages", i);
+    }
+    if (out->data.tokenizer[0] == '\0' && out->model.from[0] == '\0')
+        return acc_err_set(err, ACC_EINVAL, "eval_prompts", "eval_prompts need a tokenizer: data.tokenizer or model.from");
+    char *txt = json_dumps(a, JSON_COMPACT);
+    int rc = 0;
+    if (txt == NULL)
+        rc = acc_err_set(err, ACC_ENOMEM, "", "out of memory");
+    else if (strlen(txt) >= sizeof out->eval_prompts)
+        rc = acc_err_set(err, ACC_EINVAL, "eval_prompts", "eval_prompts take %zu bytes as JSON, over %d", strlen(txt),
+                         SPEC_EVAL_PROMPTS_BYTES - 1);
+    else
+        snprintf(out->eval_prompts, sizeof out->eval_prompts, "%s", txt);
+    free(txt);
+    return rc;
+}
+
 static int parse_root(const json_t *root, const json_t *origin, const acc_conf *conf, job_spec *out, acc_err *err)
 {
     static const char *const keys[] = {
@@ -1377,6 +1410,7 @@ static int parse_root(const json_t *root, const json_t *origin, const acc_conf *
         "oom", "resume_from", "deepspeed", "save", "num_train_epochs", "zero_optimization", "lora",
         "max_restarts", "nodes",
         "checkpoint_on_cancel", "output_dir", "save_total_limit", /* h-results, issue 23 */
+        "eval_prompts", /* h-gen, issue 24 */
         NULL};
     batch_in b = {{0}, {0}, {0}};
     json_t *ds;
@@ -1395,7 +1429,8 @@ static int parse_root(const json_t *root, const json_t *origin, const acc_conf *
     char zero_field[64];
     if ((rc = get_zero(root, ds, out, zero_field, sizeof zero_field, err)))
         return rc;
-    if ((rc = parse_sections(root, conf, out, err)) || (rc = resolve_batch(&b, out, err)))
+    if ((rc = parse_sections(root, conf, out, err)) || (rc = resolve_batch(&b, out, err)) ||
+        (rc = get_eval_prompts(root, out, err))) /* h-gen, issue 24 */
         return rc;
     if (out->zero_stage >= 1 && out->devices < 2)
         return acc_err_set(err, ACC_EINVAL, zero_field,

@@ -212,7 +212,14 @@ typedef struct job_spec {
      * and the dry run; and the DeepSpeed file "deepspeed" named (resolved) */
     char ignored[2048];
     char deepspeed_file[PATH_MAX];
+    /* (h-gen, issue 24) "eval_prompts": at most SPEC_EVAL_PROMPTS prompts (a
+     * string) or conversations (an array of {"role", "content"}) answered at
+     * each evaluation (train_samples.h); kept as their compact JSON array
+     * text ("" = none), at most SPEC_EVAL_PROMPTS_BYTES bytes */
+    char eval_prompts[16384];
 } job_spec;
+#define SPEC_EVAL_PROMPTS 16
+#define SPEC_EVAL_PROMPTS_BYTES 16384
 
 /* Parse and validate a JSON document (text of `len` bytes) against the
  * daemon's config (paths must be under data_roots / output_root). */

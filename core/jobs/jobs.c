@@ -1425,6 +1425,12 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
     case TEV_DONE:
         apply_done(m, j, ev);
         break;
+    case TEV_SAMPLE: /* h-gen, issue 24: an eval_prompts answer */
+        emit(j, "sample",
+             json_pack("{s:i, s:i, s:s, s:s}", "step", ev->step, "index", ev->index, "prompt", ev->prompt, "text",
+                       ev->text),
+             false);
+        break;
     case TEV_CKPT_REJECTED:
         acc_log(ACC_LOG_WARN, "jobs", "job %s: checkpoint %s not used: %s", j->id, ev->path, ev->msg);
         emit(j, "checkpoint_rejected", json_pack("{s:s, s:s}", "path", ev->path, "reason", ev->msg), true);

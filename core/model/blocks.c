@@ -555,18 +555,16 @@ int blk_infer_alloc(model *m, int chunk, int P, blk_infer *s, acc_err *err)
     s->cos = a[I_COS], s->sin = a[I_SIN], s->logits = a[I_LOGITS], s->raw = a[I_RAW];
     s->lora_u = a[I_LORA_U], s->lora_tmp = a[I_LORA_TMP];
     s->tok = (int *)a[I_TOK], s->pos = (int *)a[I_POS];
-    if (hs % 2 == 0) { /* the rotary tables (decoders; GPT-2 has learned positions) */
+    if (hs % 2 == 0) { /* the rotary tables (decoders; GPT-2, learned positions, never reads them) */
         size_t n = KERN_ROPE_TABLE(P, hs);
         float *cs = malloc(2 * n * sizeof *cs + 1);
         kern_rope_cfg rcfg;
         blk_rope_cfg(c, &rcfg);
         if (cs == NULL)
             rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the rotary tables");
-        else if ((rc = kern_rope_table(&rcfg, P, hs, cs, cs + n, NULL)) == 0) {
+        else if ((rc = kern_rope_table(&rcfg, P, hs, cs, cs + n, err)) == 0) {
             m->dev->ops->upload(m->dev, s->cos, cs, n * sizeof *cs);
             m->dev->ops->upload(m->dev, s->sin, cs + n, n * sizeof *cs);
-        } else {
-            rc = 0; /* a config the family refuses anyway never gets here; GPT-2 ignores them */
         }
         free(cs);
     }

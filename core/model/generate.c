@@ -12,6 +12,8 @@
 #include "chat.h"
 #include "checked.h"
 #include "fsutil.h"
+#include "model_lora.h"
+#include "safetensors.h"
 #include "safepath.h"
 
 #define GEN_CHUNK_MAX 256                /* prefill rows per call */
@@ -582,4 +584,70 @@ int gen_eos_from_dir(const char *roots, const char *dir, int32_t *ids, int cap, 
     }
     close(dfd);
     return 0;
+}
+
+/* ---- LoRA adapter directories */
+
+int gen_lora_config(const char *roots, const char *dir, model_config *cfg, acc_err *err)
+{
+    int dfd;
+    const char *r = roots != NULL ? roots : "";
+    int rc = sp_open_dir(r, dir, "model", &dfd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    json_t *j = read_json_in(r, dfd, dir, "adapter_config.json");
+    close(dfd);
+    const json_t *tm = json_object_get(j, "target_modules");
+    spec_lora sl = {.r = (int)json_integer_value(json_object_get(j, "r")),
+                    .alpha = json_number_value(json_object_get(j, "lora_alpha"))};
+    if (j == NULL || sl.r < 1 || !(sl.alpha > 0) ||
+        !(json_is_array(tm) || json_is_string(tm))) {
+        json_decref(j);
+        return acc_err_set(err, ACC_EINVAL, "model", "%s/adapter_config.json: want r >= 1, "
+                           "lora_alpha > 0 and target_modules", dir);
+    }
+    if (json_is_string(tm))
+        sl.all_linear = !strcmp(json_string_value(tm), "all-linear");
+    size_t i;
+    const json_t *v;
+    json_array_foreach(json_is_array(tm) ? tm : NULL, i, v)
+        if (json_is_string(v) && sl.n_targets < SPEC_LORA_MAX_TARGETS)
+            snprintf(sl.targets[sl.n_targets++], SPEC_LORA_NAME_MAX, "%s", json_string_value(v));
+    json_decref(j);
+    return model_lora_apply(&sl, false, cfg, err);
+}
+
+int gen_lora_load(model *m, const char *roots, const char *dir, acc_err *err)
+{
+    int dfd, fd = -1;
+    const char *r = roots != NULL ? roots : "";
+    int rc = sp_open_dir(r, dir, "model", &dfd, NULL, 0, err);
+    if (rc != 0)
+        return rc;
+    rc = sp_open_in(r, dfd, dir, "adapter_model.safetensors", "model", &fd, err);
+    close(dfd);
+    st_file *f = NULL;
+    if (rc == 0)
+        rc = st_open_fd(fd, "adapter_model.safetensors", &f, err);
+    if (fd >= 0)
+        close(fd);
+    for (int i = 0; rc == 0 && i < m->layout.n; i++) {
+        const model_tensor *t = &m->layout.t[i];
+        st_tensor s;
+        if (!t->adapter)
+            continue;
+        float *h = malloc(t->count * sizeof *h + 1);
+        if (h == NULL)
+            rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+        else if (st_get(f, t->name, &s, err) != 0 || s.ndim != t->ndim ||
+                 s.shape[0] != t->shape[0] || (t->ndim > 1 && s.shape[1] != t->shape[1]))
+            rc = acc_err_set(err, ACC_EINVAL, "model", "%s/adapter_model.safetensors: no %s of "
+                             "shape [%lld, %lld]", dir, t->name, (long long)t->shape[0],
+                             (long long)(t->ndim > 1 ? t->shape[1] : 1));
+        else if ((rc = st_to_f32(&s, h, t->count, err)) == 0)
+            model_weights_upload(m, h, t->offset, t->count);
+        free(h);
+    }
+    st_close(f);
+    return rc;
 }

@@ -91,8 +91,11 @@ typedef struct gen_result {
 } gen_result;
 
 /* Called once per generated token: its id and the text it adds (may be
- * empty while a multi-byte character is incomplete; NULL, 0 without a
- * tokenizer). Nonzero: stop (GEN_STOP_CALLBACK). */
+ * empty while a multi-byte character is incomplete or the text may begin a
+ * stop string; NULL, 0 without a tokenizer); then, when text held back for
+ * a stop string that never came remains at the end, once more with id -1
+ * and that text. The pieces together are gen_result.text. Nonzero: stop
+ * (GEN_STOP_CALLBACK). */
 typedef int (*gen_token_fn)(void *ctx, int32_t id, const char *piece, size_t len);
 
 typedef struct gen_ctx gen_ctx;
@@ -144,5 +147,15 @@ int gen_encode_chat(const tok_tokenizer *tok, const char *template_spec, json_t 
  * Read under `roots` (safepath.h; NULL or "": none). At most `cap` ids. */
 int gen_eos_from_dir(const char *roots, const char *dir, int32_t *ids, int cap, int *n,
                      acc_err *err);
+
+/* ---- LoRA adapter directories (PEFT's: a LoRA job's export or checkpoint) */
+
+/* cfg's LoRA from DIR/adapter_config.json (r, lora_alpha,
+ * target_modules), read under `roots` (NULL or "": none): build the model
+ * from the base's config with it, load the base, then gen_lora_load. */
+int gen_lora_config(const char *roots, const char *dir, model_config *cfg, acc_err *err);
+/* DIR/adapter_model.safetensors' adapters (PEFT's names, the layout's
+ * shapes, F32 / BF16 / F16) into m's adapter tensors. Errors name "model". */
+int gen_lora_load(model *m, const char *roots, const char *dir, acc_err *err);
 
 #endif

@@ -281,8 +281,8 @@ static const kern_ops cuda_ops = {
     /* .rmsnorm_ofs_bwd = */ kern_cuda_rmsnorm_ofs_bwd,
     /* .gqa_attention_opt_fwd = */ kern_cuda_gqa_attention_opt_fwd,
     /* .gqa_attention_opt_bwd = */ kern_cuda_gqa_attention_opt_bwd,
-    /* generation (key/value cache attention): not on CUDA yet; gen_ctx_new refuses */
-    /* .attention_cache_fwd = */ NULL,
+    /* generation (h-gen, issue 24): kern_cuda_llama.cu */
+    /* .attention_cache_fwd = */ kern_cuda_attention_cache_fwd,
 };
 
 /* the op files' hooks into the device state (kern_cuda_llama.h) */

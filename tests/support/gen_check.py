@@ -14,7 +14,7 @@ Qwen2 with its q/k/v biases, GPT-2 with a byte-level tokenizer):
   - a seeded sampled generation gives the same tokens on every run and on
     1 or 2 threads, and another seed gives other tokens;
   - LoRA adapters applied unmerged generate what the merged model does (and
-    not what the base model does);
+    not what the base model does), also read back from their PEFT directory;
   - max_new_tokens, an eos id (given and from generation_config.json) and
     stop strings end the generation; the streamed pieces make up the text;
   - a conversation is rendered with the generation prompt.
@@ -259,10 +259,14 @@ def main():
         # LoRA unmerged vs the merged model
         merged = d + "-merged"
         targets = "all-linear"
+        adir = d + "-adapter"
         lo, _ = gen(d, "--prompt", pstr, "--max", 20, "--lora", f"4,8,{targets}", "--lora-seed", 5,
-                    "--save-merged", merged)
+                    "--save-merged", merged, "--save-adapter", adir)
         mg, _ = gen(merged, "--prompt", pstr, "--max", 20)
         check(f"{name} LoRA unmerged = merged", lo["tokens"] == mg["tokens"], str(lo["tokens"]))
+        ad, _ = gen(d, "--prompt", pstr, "--max", 20, "--adapter", adir)
+        check(f"{name} LoRA from its PEFT directory = merged", ad["tokens"] == mg["tokens"],
+              str(ad["tokens"]))
         check(f"{name} LoRA changes the output", lo["tokens"] != got["tokens"], "")
 
     # text: stop strings, streaming, chat rendering (GPT-2 over the byte tokenizer)

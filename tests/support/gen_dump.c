@@ -13,6 +13,9 @@
  *                    seeded random values (B too, so they change the output),
  *                    applied unmerged; --save-merged DIR2 also writes the
  *                    merged model there
+ *   --save-adapter DIR3  also writes the adapters as a PEFT directory there
+ *   --adapter DIR3   a PEFT adapter directory applied unmerged (generate.h's
+ *                    gen_lora_config + gen_lora_load), instead of --lora
  *   --stream         print each callback's piece as {"id":..,"piece":..} lines first
  * Output (stdout, last line): {"prompt": [...], "tokens": [...], "text": ...,
  * "reason": ..., "prefill_s": .., "decode_s": ..}. Exit 0, or 1 with the
@@ -34,7 +37,7 @@
 #define MAXN 16
 
 typedef struct opts {
-    const char *dir, *prompt, *text, *chat, *tok, *tmpl, *lora, *merged;
+    const char *dir, *prompt, *text, *chat, *tok, *tmpl, *lora, *merged, *save_adapter, *adapter;
     const char *stop[MAXN];
     int32_t eos[MAXN];
     int n_stop, n_eos, eos_dir, threads, positions, stream;
@@ -96,6 +99,10 @@ static int parse(int argc, char **argv, opts *o)
             o->lora_seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--save-merged"))
             o->merged = v;
+        else if (!strcmp(a, "--save-adapter"))
+            o->save_adapter = v;
+        else if (!strcmp(a, "--adapter"))
+            o->adapter = v;
         else if (!strcmp(a, "--stop") && o->n_stop < MAXN)
             o->stop[o->n_stop++] = v;
         else if (!strcmp(a, "--eos") && o->n_eos < MAXN)
@@ -151,6 +158,19 @@ static int save_merged(const model *m, const char *dir, const char *src, acc_err
     return rc;
 }
 
+static int save_adapter(const model *m, const char *dir, const char *base, acc_err *err)
+{
+    float *host = malloc(m->nparams * sizeof *host);
+    if (host == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of memory");
+    model_params_download(m, host);
+    int rc = fsu_mkdir_p(dir, 0750, err);
+    if (rc == 0)
+        rc = model_lora_save(&m->layout, &m->cfg, host, dir, base, err);
+    free(host);
+    return rc;
+}
+
 static int on_token(void *ctx, int32_t id, const char *piece, size_t len)
 {
     (void)ctx;
@@ -200,6 +220,8 @@ int main(int argc, char **argv)
         return die("validate", &err);
     if (o.lora != NULL && lora_opts(o.lora, &cfg, &err) != 0)
         return die("lora", &err);
+    if (o.adapter != NULL && gen_lora_config(NULL, o.adapter, &cfg, &err) != 0)
+        return die("adapter", &err);
     kern_device_info info = {.kind = KERN_DEV_CPU, .mem_total = 8ull << 30};
     snprintf(info.name, sizeof info.name, "cpu0");
     kern_device *d;
@@ -213,6 +235,10 @@ int main(int argc, char **argv)
         return die("load", &err);
     if (o.lora != NULL)
         lora_random(m, o.lora_seed);
+    if (o.adapter != NULL && gen_lora_load(m, NULL, o.adapter, &err) != 0)
+        return die("adapter", &err);
+    if (o.save_adapter != NULL && save_adapter(m, o.save_adapter, o.dir, &err) != 0)
+        return die("save-adapter", &err);
     if (o.merged != NULL && save_merged(m, o.merged, o.dir, &err) != 0)
         return die("save-merged", &err);
     tok_tokenizer *tok = NULL;
