@@ -60,6 +60,7 @@ typedef struct gen_check {
     int ndirs;                    /* job:<id>: the directories to try, newest first */
     char dirs[GEN_MAX_DIRS][PATH_MAX];
     char job_id[32];
+    char base_dir[PATH_MAX];      /* a LoRA job's model.from (resolved): the base its adapters apply to */
     api_server *srv;
     struct MHD_Connection *conn;
     api_ident who;
@@ -197,10 +198,11 @@ static int resolve_model(gen_check *c, char *dir, size_t n, const char **roots, 
         return job_spec_resolve_input(dir, n, c->conf, "model", err);
     }
     *roots = c->conf->output_root;
-    for (int i = 0; i < c->ndirs; i++) { /* the newest with a config.json */
-        char cfg[PATH_MAX + 16];
+    for (int i = 0; i < c->ndirs; i++) { /* the newest model: a config.json, or a LoRA job's adapters */
+        char cfg[PATH_MAX + 32], ad[PATH_MAX + 32];
         snprintf(cfg, sizeof cfg, "%s/config.json", c->dirs[i]);
-        if (access(cfg, R_OK) == 0) {
+        snprintf(ad, sizeof ad, "%s/adapter_config.json", c->dirs[i]);
+        if (access(cfg, R_OK) == 0 || (c->base_dir[0] && access(ad, R_OK) == 0)) {
             snprintf(dir, n, "%s", c->dirs[i]);
             snprintf(c->model_name, sizeof c->model_name, "job:%s", c->job_id);
             return 0;
@@ -284,10 +286,25 @@ static int check_request(gen_check *c, acc_err *err)
         rc = sampling(c->body, w, err);
     if (rc == 0)
         rc = resolve_model(c, dir, sizeof dir, &roots, err);
-    if (rc == 0 && (rc = model_hf_config_only(roots, dir, &cfg, err)) != 0)
+    bool lora = false;
+    if (rc == 0) { /* a LoRA job's adapters: the base's config with them (generate.h) */
+        char ad[PATH_MAX + 32];
+        snprintf(ad, sizeof ad, "%s/adapter_config.json", dir);
+        lora = c->base_dir[0] != '\0' && access(ad, R_OK) == 0;
+    }
+    if (rc == 0) {
+        if (lora)
+            rc = model_hf_config_only(c->conf->data_roots, c->base_dir, &cfg, err);
+        if (rc == 0)
+            rc = lora ? gen_lora_config(roots, dir, &cfg, err) : model_hf_config_only(roots, dir, &cfg, err);
+        if (rc != 0) /* the model's files: the request's "model" */
+            snprintf(err->field, sizeof err->field, "model");
+    }
+    if (rc == 0 && tok_load_under(roots, dir, "model", &tok, err) != 0 &&
+        (!lora || tok_load_under(c->conf->data_roots, c->base_dir, "model", &tok, err) != 0)) {
+        rc = err->code;
         snprintf(err->field, sizeof err->field, "model");
-    if (rc == 0 && (rc = tok_load_under(roots, dir, "model", &tok, err)) != 0)
-        snprintf(err->field, sizeof err->field, "model");
+    }
     if (rc == 0)
         rc = encode_prompt(c->body, tok, &ids, err);
     if (rc == 0)
@@ -295,6 +312,10 @@ static int check_request(gen_check *c, acc_err *err)
     if (rc == 0) {
         json_object_set_new(w, "model_dir", json_string(dir));
         json_object_set_new(w, "roots", json_string(roots));
+        if (lora) { /* the worker loads the base, then the adapters */
+            json_object_set_new(w, "base_dir", json_string(c->base_dir));
+            json_object_set_new(w, "base_roots", json_string(c->conf->data_roots));
+        }
         if ((c->request = json_dumps(w, JSON_COMPACT)) == NULL)
             rc = acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     }
@@ -534,6 +555,8 @@ static int job_dirs(api_server *s, const api_request *req, const char *id, gen_c
         return -1;
     }
     snprintf(c->job_id, sizeof c->job_id, "%s", j->id);
+    if (j->spec.lora.r > 0)
+        snprintf(c->base_dir, sizeof c->base_dir, "%s", j->spec.model.from);
     job_export_dir(j, m->conf->output_root, c->dirs[c->ndirs++], PATH_MAX);
     for (int i = JOB_MAX_OUTPUTS - 1; i >= 0; i--)
         if (j->outputs[i] != NULL && c->ndirs < GEN_MAX_DIRS)

@@ -172,6 +172,9 @@ static int generate(gworker *w, const gw_init *in, json_t *req, acc_err *err)
 {
     const char *dir = json_string_value(json_object_get(req, "model_dir"));
     const char *roots = json_string_value(json_object_get(req, "roots"));
+    /* a LoRA job's adapters in dir: the base model here (gen_lora_config) */
+    const char *base = json_string_value(json_object_get(req, "base_dir"));
+    const char *base_roots = json_string_value(json_object_get(req, "base_roots"));
     int max_positions = (int)json_integer_value(json_object_get(req, "max_positions"));
     if (max_positions < 1)
         return acc_err_set(err, ACC_EINVAL, "model", "no positions to generate in");
@@ -192,15 +195,19 @@ static int generate(gworker *w, const gw_init *in, json_t *req, acc_err *err)
     if (rc == 0)
         rc = read_prompt(req, &prompt, err);
     if (rc == 0)
-        rc = model_hf_config_only(roots, dir, &cfg, err);
+        rc = model_hf_config_only(base ? base_roots : roots, base ? base : dir, &cfg, err);
+    if (rc == 0 && base != NULL)
+        rc = gen_lora_config(roots, dir, &cfg, err);
     if (rc == 0)
         rc = kern_device_open(&in->device, in->threads, &dev, err);
     if (rc == 0)
         rc = model_create_ex(dev, &cfg, &(model_opts){.T = max_positions}, &m, err); /* no activations */
     if (rc == 0)
-        rc = model_hf_load_under(m, roots, dir, err);
-    if (rc == 0)
-        rc = tok_load_under(roots, dir, "model", &tok, err);
+        rc = model_hf_load_under(m, base ? base_roots : roots, base ? base : dir, err);
+    if (rc == 0 && base != NULL)
+        rc = gen_lora_load(m, roots, dir, err);
+    if (rc == 0 && tok_load_under(roots, dir, "model", &tok, err) != 0)
+        rc = base ? tok_load_under(base_roots, base, "model", &tok, err) : err->code;
     if (rc == 0)
         rc = gen_ctx_new(m, tok, max_positions, &c, err);
     if (rc == 0)

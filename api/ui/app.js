@@ -849,7 +849,7 @@
           let e = null;
           try { e = (await r.json()).error; } catch (x) { e = null; }
           answer.classList.add('error-box');
-          answer.textContent = e ? `${e.field ? e.field + ': ' : ''}${e.message}` : 'HTTP ' + r.status;
+          answer.textContent = e ? (e.field && !e.message.startsWith(e.field + ':') ? `${e.field}: ${e.message}` : e.message) : 'HTTP ' + r.status;
         } else {
           await readSSE(r, (type, ev) => {
             if (type === 'queued') info.textContent = `queued: position ${ev.position}`;

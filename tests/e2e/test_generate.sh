@@ -134,6 +134,21 @@ expect_error POST /v1/generate '{"model":"tiny","prompt":' 400 ""
 expect_error GET /v1/generate '' 405 ""
 ok "bad input: 400s naming the field"
 
+# ---- a job's model: job:<id> (its export), and its sample answers ----------------------------
+cp -r "$ACC_TMP/tok" "$D/tok"
+"$PY" - "$D/chat.jsonl" <<'EOF'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(16):
+        f.write(json.dumps({"messages": [{"role": "user", "content": f"Say {i}"},
+                                         {"role": "assistant", "content": f"{i} {i} {i}"}]}) + "\n")
+EOF
+sid=$(acc_submit '{"name":"samples","model":{"n_layer":1,"n_head":2,"n_embd":32,"seq_len":64,"vocab_size":258},"data":{"train":"chat.jsonl","format":"chat","tokenizer":"tok","chat_template":"chatml"},"train_batch_size":4,"max_steps":4,"eval_interval":2,"optimizer":{"lr":0.01},"eval_prompts":["Hi",[{"role":"user","content":"Say 3"}]]}')
+acc_wait_state "$sid" succeeded 120
+out=$(gen "{\"model\":\"job:$sid\",\"prompt\":\"Say\",\"max_new_tokens\":5}")
+echo "$out" | jq -e ".completion_tokens >= 1 and .model == \"job:$sid\"" >/dev/null || fail "job:$sid: $out"
+ok "job:$sid (its export) answers"
+
 # ---- the dashboard's chat page in Chromium (tests/web/chat.test.mjs) -----------------------
 CHROMIUM=${CHROMIUM:-/usr/bin/chromium}
 WEB=$ACCUMD_SRC/tests/web
@@ -150,8 +165,8 @@ if command -v node >/dev/null && command -v npm >/dev/null && [ -x "$CHROMIUM" ]
     fi
     ART=${ACCUMD_BUILD_DIR:-$ACC_TMP}/tests/dashboard
     mkdir -p "$ART"
-    BASE=$BASE ART=$ART PW=$PW CHROMIUM=$CHROMIUM timeout 200 node "$WEB/chat.test.mjs" || fail "chat page test failed"
-    ok "the chat page streams a conversation's answers (Chromium)"
+    BASE=$BASE ART=$ART PW=$PW CHROMIUM=$CHROMIUM SAMPLE_JOB=$sid timeout 200 node "$WEB/chat.test.mjs" || fail "chat page test failed"
+    ok "the chat page streams a conversation's answers; the job page shows the sample answers by step (Chromium)"
 else
     echo "skip($TEST_NAME): the chat page test needs node, npm and $CHROMIUM" # the rest still runs
 fi
@@ -185,8 +200,8 @@ ok "50 concurrent requests queued (positions up to $maxpos) and answered; GET /v
 
 # ---- a client that goes away frees the device --------------------------------------------
 # running: the slow model's long answer, the client gone after its first tokens
-acc_curl -N -X POST --data-binary '{"model":"slow","prompt":"go","max_new_tokens":3000,"stream":true}' \
-    "$BASE/v1/generate" >"$ACC_TMP/slow.txt" &
+curl -s -N -X POST --data-binary '{"model":"slow","prompt":"go","max_new_tokens":3000,"stream":true}' \
+    "$BASE/v1/generate" >"$ACC_TMP/slow.txt" & # curl itself (not a function's subshell): killed below
 cpid=$!
 for i in $(seq 1 300); do grep -q '^event: token' "$ACC_TMP/slow.txt" && break; sleep 0.1; done
 grep -q '^event: token' "$ACC_TMP/slow.txt" || fail "the slow model sent no token"

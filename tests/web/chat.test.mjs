@@ -7,7 +7,9 @@
 //  - a conversation with "tiny": the answer is the API's for the same
 //    messages; a second turn sends the whole conversation (its answer is the
 //    API's for the three messages);
-//  - a bad model shows the 400's message naming the field.
+//  - a bad model shows the 400's message naming the field;
+//  - the job page of SAMPLE_JOB (eval_prompts) shows its `sample` events by
+//    step, newest first, each prompt's text as the event stream has it.
 // Screenshot: $ART/dashboard-chat.png. Errors in the page fail the test
 // (bar the 400 it provokes), a breach of its Content-Security-Policy included.
 import assert from 'node:assert/strict';
@@ -68,15 +70,15 @@ try {
   await page.click('#chat-clear');
   await page.fill('#chat-model', 'tiny');
   await page.selectOption('#chat-mode', 'chat');
-  await page.fill('#chat-max', '12');
-  await page.fill('#chat-input', 'Hello, world');
+  await page.fill('#chat-max', '4'); /* the conversation stays within tiny's 64 positions */
+  await page.fill('#chat-input', 'Hi');
   await page.click('#chat-send');
   await page.waitForFunction(() => window.__accumd.chat.turns.length === 2);
   const first = await page.evaluate(() => {
     const a = document.querySelectorAll('#chat-log .msg.assistant');
     return { text: a[a.length - 1].textContent, tokens: JSON.parse(a[a.length - 1].dataset.tokens) };
   });
-  const want1 = await generate([{ role: 'user', content: 'Hello, world' }]);
+  const want1 = await generate([{ role: 'user', content: 'Hi' }], 'tiny', 4);
   assert.deepEqual(first.tokens, want1.tokens);
   assert.equal(first.text, want1.text);
   ok(`a conversation's answer equals the API's (${want1.tokens.length} tokens)`);
@@ -88,8 +90,8 @@ try {
     const a = document.querySelectorAll('#chat-log .msg.assistant');
     return JSON.parse(a[a.length - 1].dataset.tokens);
   });
-  const want2 = await generate([{ role: 'user', content: 'Hello, world' }, { role: 'assistant', content: want1.text },
-    { role: 'user', content: 'More' }]);
+  const want2 = await generate([{ role: 'user', content: 'Hi' }, { role: 'assistant', content: want1.text },
+    { role: 'user', content: 'More' }], 'tiny', 4);
   assert.deepEqual(second, want2.tokens);
   ok('the second turn sends the conversation');
   await page.screenshot({ path: path.join(env.ART, 'dashboard-chat.png'), fullPage: true });
@@ -101,6 +103,23 @@ try {
   const err = await page.locator('#chat-log .msg.assistant.error-box').last().textContent();
   assert.match(err, /^model: /);
   ok('a bad model shows the 400 naming the field: ' + err);
+
+  // the sample answers of a job with eval_prompts, against its events
+  const evr = await fetch(`${env.BASE}/v1/jobs/${env.SAMPLE_JOB}/events?format=ndjson&since=0`);
+  const evs = (await evr.text()).split('\n').filter((l) => l).map((l) => JSON.parse(l)).filter((e) => e.type === 'sample');
+  assert.ok(evs.length >= 2, 'the job has no sample events');
+  await page.goto(`${env.BASE}/#/job/${env.SAMPLE_JOB}`);
+  await page.waitForFunction((n) => document.querySelectorAll('#job-samples .sample').length === n, evs.length);
+  const shown = await page.evaluate(() => [...document.querySelectorAll('#job-samples .sample-step')].map((b) => ({
+    step: Number(b.dataset.step),
+    texts: [...b.querySelectorAll('.sample')].map((s) => [Number(s.dataset.index), s.querySelector('.sample-text').textContent]),
+  })));
+  const steps = [...new Set(evs.map((e) => e.step))].sort((a, b) => b - a);
+  assert.deepEqual(shown.map((b) => b.step), steps);
+  for (const b of shown)
+    assert.deepEqual(b.texts, evs.filter((e) => e.step === b.step).map((e) => [e.index, e.text]));
+  await page.screenshot({ path: path.join(env.ART, 'dashboard-samples.png'), fullPage: true });
+  ok(`the job page shows ${evs.length} sample answers at steps ${steps.join(', ')}`);
   assert.deepEqual(errors, []);
 } finally {
   clearTimeout(guard);
