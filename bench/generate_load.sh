@@ -74,7 +74,7 @@ idle2=$(load)
 
 echo "| GET /v1/jobs (8 connections, ${DUR} s) | requests/s | p50 ms | p99 ms | max ms | errors |"
 echo "|---|---|---|---|---|---|"
-for row in "idle:$idle1" "50 generate requests (still queued at the end: $queued):$busy" "idle again:$idle2"; do
+for row in "idle:$idle1" "under 50 generate requests ($queued still queued at its end):$busy" "idle again:$idle2"; do
     name=${row%%:*} r=${row#*:}
     echo "| $name | $(field "$r" requests/s) | $(field "$r" p50_ms) | $(field "$r" p99_ms) | $(field "$r" max_ms) | $(field "$r" errors) |"
 done
