@@ -149,7 +149,7 @@ out=$(gen "{\"model\":\"job:$sid\",\"prompt\":\"Say\",\"max_new_tokens\":5}")
 echo "$out" | jq -e ".completion_tokens >= 1 and .model == \"job:$sid\"" >/dev/null || fail "job:$sid: $out"
 ok "job:$sid (its export) answers"
 # a LoRA job's export is its adapters (PEFT's directory): applied on its base
-lid=$(acc_submit '{"name":"lora","model":{"from":"tiny","seq_len":32},"lora":{"r":4},"data":{"train":"chat.jsonl","format":"chat","tokenizer":"tok","chat_template":"chatml"},"train_batch_size":4,"max_steps":2,"optimizer":{"lr":0.05}}')
+lid=$(acc_submit '{"name":"lora","model":{"from":"tiny","seq_len":64},"lora":{"r":4},"data":{"train":"chat.jsonl","format":"chat","tokenizer":"tok","chat_template":"chatml"},"train_batch_size":4,"max_steps":2,"optimizer":{"lr":0.05}}')
 acc_wait_state "$lid" succeeded 120
 out=$(gen "{\"model\":\"job:$lid\",\"prompt\":\"Say\",\"max_new_tokens\":5}")
 echo "$out" | jq -e ".completion_tokens >= 1 and .model == \"job:$lid\"" >/dev/null || fail "job:$lid (LoRA): $out"
