@@ -452,6 +452,7 @@ static void on_reap(uv_timer_t *t)
     uint64_t now = now_ms(s);
     uint64_t hdr = (uint64_t)s->conf->header_timeout * 1000, req = (uint64_t)s->conf->request_timeout * 1000;
     uint64_t before = s->evicted_total;
+    api_generate_ping_all(s); /* waiting generate answers: a keep-alive finds clients that left */
     for (conn_rec *c = s->pend_head, *next; c != NULL; c = next) {
         next = c->next;
         uint64_t age = now - c->since;
@@ -1198,6 +1199,7 @@ void api_server_stop(api_server *s)
         /* MHD must not be stopped with suspended connections */
         api_stream_end_all(s);
         api_fstream_end_all(s);
+        api_generate_end_all(s);
         deferred_orphan_all(s);
         MHD_run(s->mhd);
         MHD_stop_daemon(s->mhd);

@@ -256,6 +256,14 @@ struct api_fstream;
 struct api_fstream **api_server_fstreams(api_server *s);
 void api_fstream_end_all(api_server *s);
 
+/* api_generate.c (h-genapi, issue 24): POST /v1/generate, checked off the
+ * loop thread, then queued for a device (genq.h) and answered as its
+ * worker's events come; the keep-alive of waiting answers (every second,
+ * it finds clients that left) and their end at the stop. */
+void api_generate(api_server *s, const api_request *req, api_response *resp);
+void api_generate_ping_all(api_server *s);
+void api_generate_end_all(api_server *s);
+
 /* Routing, implemented in api_routes.c: fill `resp` for `req`. */
 void api_route(api_server *s, const api_request *req, api_response *resp);
 

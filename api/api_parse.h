@@ -50,6 +50,7 @@ typedef enum api_route_id {
     API_R_JOB_METRICS,
     API_R_JOB_FILES,  /* GET /v1/jobs/{id}/files (h-results, issue 23) */
     API_R_JOB_FILE,   /* GET /v1/jobs/{id}/files/{path} (h-results, issue 23) */
+    API_R_GENERATE,   /* POST /v1/generate */
 } api_route_id;
 
 struct api_route_row;

@@ -18,6 +18,7 @@
  *   POST /v1/tokenize                ids, token strings, loss mask (api_tokenize.c)
  *   POST /v1/plan                    every way to run a spec on given hardware (api_plan.c)
  *   GET  /v1/jobs/{id}/files         a job's outputs: path, size, sha256; owner or admin (api_files.c)
+ *   POST /v1/generate                the model answers, in a worker on a device (api_generate.c)
  *
  * HEAD is answered wherever GET is (the same headers, no body). The path,
  * the method and every query parameter and header a route reads are parsed
@@ -35,6 +36,7 @@
 #include "api_parse.h"
 #include "api_ui.h"
 #include "jobs.h"
+#include "genq.h"
 
 static void resp_json_obj(api_response *resp, int status, json_t *o)
 {
@@ -126,6 +128,10 @@ static void route_devices(api_server *s, const api_request *req, const api_call 
             json_object_set_new(o, "memory_free_bytes", fr || d->kind == KERN_DEV_CPU
                                                              ? json_integer((json_int_t)fr)
                                                              : json_null());
+        }
+        if (o != NULL && m->gen != NULL) { /* lent to a generate request (genq.h; h-genapi, issue 24) */
+            const genq_req *g = genq_on_device(m->gen, i);
+            json_object_set_new(o, "generate", g ? json_string(g->id) : json_null());
         }
         if (o != NULL && d->kind == KERN_DEV_CUDA) {
             char cc[16];
@@ -255,6 +261,11 @@ static void route_tokenize(api_server *s, const api_request *req, const api_call
     api_tokenize(s, req, resp); /* off the loop thread (api_tokenize.c) */
 }
 
+static void route_generate(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
+{
+    api_generate(s, req, resp); /* queued for a device (api_generate.c) */
+}
+
 static void route_plan(api_server *s, const api_request *req, const api_call *c, api_response *resp, job *j)
 {
     api_plan(s, req, resp); /* off the loop thread (api_plan.c) */
@@ -297,6 +308,7 @@ const api_route_row api_routes[] = {
     {"POST", "/v1/jobs", API_R_JOBS_SUBMIT, API_RF_SLASH, api_parse_submit, route_submit},
     {"POST", "/v1/tokenize", API_R_TOKENIZE, 0, NULL, route_tokenize},
     {"POST", "/v1/plan", API_R_PLAN, 0, NULL, route_plan},
+    {"POST", "/v1/generate", API_R_GENERATE, 0, NULL, route_generate},
     {"GET", "/v1/jobs/{id}", API_R_JOB_GET, API_RF_JOB, NULL, route_job_get},
     {"DELETE", "/v1/jobs/{id}", API_R_JOB_CANCEL, API_RF_JOB, NULL, route_cancel},
     {"GET", "/v1/jobs/{id}/events", API_R_JOB_EVENTS, API_RF_JOB, api_parse_events, route_events},

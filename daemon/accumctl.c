@@ -41,6 +41,7 @@ enum {
     OPT_USERS_FILE = 1 << 8,
     OPT_QUIET = 1 << 9,
     OPT_KIND = 1 << 10,
+    OPT_GEN = 1 << 11,        /* generate's sampling keys and --chat (h-genapi, issue 24) */
 };
 
 static const ctl_command commands[] = {
@@ -82,6 +83,16 @@ static const ctl_command commands[] = {
      "  --role R          admin or user (default user)\n"
      "  --users-file FILE append the line to FILE (created 0600)\n",
      1, OPT_ROLE | OPT_USERS_FILE},
+    {"generate", "MODEL PROMPT [--chat] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]",
+     "the model answers PROMPT, its tokens printed as they come (MODEL: a directory under the daemon's "
+     "data_roots, or job:ID)",
+     "  --chat               PROMPT as one user message, through the model's chat template\n"
+     "  --max-new-tokens N   at most N new tokens (default 128)\n"
+     "  --temperature T      0 (the default) is greedy; higher samples\n"
+     "  --top-k K, --top-p P sampling from the K most likely / the smallest set of probability P\n"
+     "  --seed S             the same seed gives the same tokens\n"
+     "  With --json the server-sent events are printed as they come.\n",
+     2, OPT_GEN}, /* h-genapi, issue 24 */
 };
 enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
 
@@ -171,7 +182,7 @@ static void resolve(ctl *c, const char *url, const char *token, const char *stat
 /* ---- the command line ----------------------------------------------------- */
 
 enum { L_URL = 1000, L_TOKEN, L_STATE_DIR, L_JSON, L_DRY_RUN, L_WAIT, L_STATE, L_DEVMEM, L_DEVICES, L_CSV,
-       L_ROLE, L_USERS_FILE, L_QUIET, L_KIND };
+       L_ROLE, L_USERS_FILE, L_QUIET, L_KIND, L_CHAT, L_MAX_NEW, L_TEMP, L_TOPK, L_TOPP, L_SEED };
 
 static const struct option long_opts[] = {
     {"url", required_argument, NULL, L_URL},
@@ -191,6 +202,12 @@ static const struct option long_opts[] = {
     {"csv", no_argument, NULL, L_CSV},
     {"role", required_argument, NULL, L_ROLE},
     {"users-file", required_argument, NULL, L_USERS_FILE},
+    {"chat", no_argument, NULL, L_CHAT},
+    {"max-new-tokens", required_argument, NULL, L_MAX_NEW},
+    {"temperature", required_argument, NULL, L_TEMP},
+    {"top-k", required_argument, NULL, L_TOPK},
+    {"top-p", required_argument, NULL, L_TOPP},
+    {"seed", required_argument, NULL, L_SEED},
     {NULL, 0, NULL, 0},
 };
 
@@ -237,6 +254,13 @@ static int take_opt(int opt, const char *arg, cmdline *cl)
     case L_CSV: cl->o.csv = true; cl->given |= OPT_CSV; return 0;
     case L_ROLE: cl->o.role = arg; cl->given |= OPT_ROLE; return 0;
     case L_USERS_FILE: cl->o.users_file = arg; cl->given |= OPT_USERS_FILE; return 0;
+    /* generate: the daemon checks the values (a 400 naming the key) */
+    case L_CHAT: cl->o.chat = true; cl->given |= OPT_GEN; return 0;
+    case L_MAX_NEW: cl->o.max_new_tokens = arg; cl->given |= OPT_GEN; return 0;
+    case L_TEMP: cl->o.temperature = arg; cl->given |= OPT_GEN; return 0;
+    case L_TOPK: cl->o.top_k = arg; cl->given |= OPT_GEN; return 0;
+    case L_TOPP: cl->o.top_p = arg; cl->given |= OPT_GEN; return 0;
+    case L_SEED: cl->o.seed = arg; cl->given |= OPT_GEN; return 0;
     default: return -1; /* getopt printed it */
     }
 }
@@ -278,6 +302,7 @@ static int run(ctl *c, const ctl_command *cmd, const ctl_opts *o, char **args)
     if (!strcmp(n, "plan")) return ctl_cmd_plan(c, o, args[0]);
     if (!strcmp(n, "metrics")) return ctl_cmd_metrics(c, o, args[0]);
     if (!strcmp(n, "pull")) return ctl_cmd_pull(c, args[0], args[1]);
+    if (!strcmp(n, "generate")) return ctl_cmd_generate(c, o, args[0], args[1]);
     return CTL_EUSAGE;
 }
 

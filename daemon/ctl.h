@@ -55,6 +55,9 @@ void ctl_resp_free(ctl_resp *r);
  * and returns 0 to go on, 1 to stop. 0 when the stream ended or was
  * stopped, CTL_ECONN when it broke, CTL_EHTTP (printed) on an error status. */
 int ctl_stream(ctl *c, const char *path, int (*line)(void *ctx, const char *text), void *ctx);
+/* The same for a POST of `body` (NULL: a GET, as ctl_stream). */
+int ctl_stream_post(ctl *c, const char *path, const char *body, size_t len, int (*line)(void *ctx, const char *text),
+                    void *ctx);
 /* Print the daemon's error answer ("accumctl: HTTP 400 invalid (field): message"),
  * return CTL_EHTTP. */
 int ctl_http_error(const ctl_resp *r);
@@ -88,6 +91,9 @@ typedef struct ctl_opts {
     const char *kind;        /* plan: "cuda", "cpu", NULL = the daemon's */
     const char *role;        /* user add */
     const char *users_file;  /* user add: append the line there */
+    /* generate (h-genapi, issue 24): the sampling keys as given ("" = the daemon's default) */
+    const char *max_new_tokens, *temperature, *top_k, *top_p, *seed;
+    bool chat;
 } ctl_opts;
 
 int ctl_cmd_submit(ctl *c, const ctl_opts *o, const char *file);
@@ -106,5 +112,9 @@ int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file);
 int ctl_cmd_metrics(ctl *c, const ctl_opts *o, const char *id);
 int ctl_cmd_pull(ctl *c, const char *id, const char *dir); /* h-results, issue 23 */
 int ctl_cmd_user_add(const ctl *c, const ctl_opts *o, const char *name);
+/* (h-genapi, issue 24) POST /v1/generate: the model (a directory under the
+ * daemon's data_roots, or job:ID) answers `prompt` (or, with o->chat, the
+ * prompt as one user message), its tokens printed as they come. */
+int ctl_cmd_generate(ctl *c, const ctl_opts *o, const char *model, const char *prompt);
 
 #endif

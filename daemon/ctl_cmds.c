@@ -620,3 +620,102 @@ int ctl_cmd_pull(ctl *c, const char *id, const char *dir)
         printf("%zu files, %lld bytes in %s (sha256 checked; %d resumed)\n", n, (long long)bytes, base, resumed);
     return rc;
 }
+
+/* ---- generate (h-genapi, issue 24) ------------------------------------------ */
+
+typedef struct gen_follow {
+    bool raw;
+    char event[32];           /* the SSE event the next data line belongs to */
+    int rc;
+    bool done;
+} gen_follow;
+
+/* One line of POST /v1/generate's event stream. */
+static int on_gen_line(void *ctx, const char *text)
+{
+    gen_follow *f = ctx;
+    if (f->raw && text[0] != '\0' && text[0] != ':')
+        printf("%s\n", text);
+    if (!strncmp(text, "event: ", 7)) {
+        snprintf(f->event, sizeof f->event, "%s", text + 7);
+        return 0;
+    }
+    if (strncmp(text, "data: ", 6) != 0 || f->raw) {
+        if (f->raw && (!strcmp(f->event, "done") || !strcmp(f->event, "error")))
+            f->done = true;
+        fflush(stdout);
+        return 0;
+    }
+    json_t *o = json_loads(text + 6, 0, NULL);
+    if (!strcmp(f->event, "queued")) {
+        fprintf(stderr, "accumctl: queued, position %lld\n",
+                (long long)json_integer_value(json_object_get(o, "position")));
+    } else if (!strcmp(f->event, "token")) {
+        const char *t = json_string_value(json_object_get(o, "text"));
+        fputs(t ? t : "", stdout);
+        fflush(stdout);
+    } else if (!strcmp(f->event, "done")) {
+        printf("\n");
+        fprintf(stderr, "accumctl: %lld tokens (%s)\n",
+                (long long)json_integer_value(json_object_get(o, "completion_tokens")),
+                json_string_value(json_object_get(o, "finish_reason")) ?: "?");
+        f->done = true;
+    } else if (!strcmp(f->event, "error")) {
+        json_t *e = json_object_get(o, "error");
+        fprintf(stderr, "accumctl: the generation failed: %s\n",
+                json_string_value(json_object_get(e, "message")) ?: "?");
+        f->rc = CTL_EHTTP;
+        f->done = true;
+    }
+    json_decref(o);
+    return 0;
+}
+
+/* A number option as JSON (the daemon checks its range). */
+static int gen_number(json_t *req, const char *key, const char *opt, const char *arg)
+{
+    if (arg == NULL)
+        return 0;
+    json_t *v = json_loads(arg, JSON_DECODE_ANY, NULL);
+    if (!json_is_number(v)) {
+        json_decref(v);
+        fprintf(stderr, "accumctl: --%s must be a number, got '%s'\n", opt, arg);
+        return CTL_EUSAGE;
+    }
+    json_object_set_new(req, key, v);
+    return 0;
+}
+
+int ctl_cmd_generate(ctl *c, const ctl_opts *o, const char *model, const char *prompt)
+{
+    json_t *req = json_pack("{s:s, s:b}", "model", model, "stream", 1);
+    if (req == NULL)
+        return CTL_EUSAGE;
+    if (o->chat)
+        json_object_set_new(req, "messages", json_pack("[{s:s, s:s}]", "role", "user", "content", prompt));
+    else
+        json_object_set_new(req, "prompt", json_string(prompt));
+    int rc = gen_number(req, "max_new_tokens", "max-new-tokens", o->max_new_tokens);
+    if (rc == 0)
+        rc = gen_number(req, "temperature", "temperature", o->temperature);
+    if (rc == 0)
+        rc = gen_number(req, "top_k", "top-k", o->top_k);
+    if (rc == 0)
+        rc = gen_number(req, "top_p", "top-p", o->top_p);
+    if (rc == 0)
+        rc = gen_number(req, "seed", "seed", o->seed);
+    char *body = rc == 0 ? json_dumps(req, JSON_COMPACT) : NULL;
+    json_decref(req);
+    if (body == NULL)
+        return rc ? rc : CTL_EUSAGE;
+    gen_follow f = {.raw = c->json};
+    rc = ctl_stream_post(c, "/v1/generate", body, strlen(body), on_gen_line, &f);
+    free(body);
+    if (rc != 0)
+        return rc;
+    if (!f.done) {
+        fprintf(stderr, "accumctl: the answer ended before it was complete\n");
+        return CTL_ECONN;
+    }
+    return f.rc;
+}

@@ -191,8 +191,21 @@ static size_t on_stream(char *data, size_t size, size_t n, void *p)
 
 int ctl_stream(ctl *c, const char *path, int (*line)(void *ctx, const char *text), void *ctx)
 {
+    return ctl_stream_post(c, path, NULL, 0, line, ctx);
+}
+
+int ctl_stream_post(ctl *c, const char *path, const char *body, size_t len, int (*line)(void *ctx, const char *text),
+                    void *ctx)
+{
     char url[2048], errbuf[CURL_ERROR_SIZE] = "";
-    struct curl_slist *hdr = prepare(c, "GET", path, url, sizeof url);
+    struct curl_slist *hdr = prepare(c, body ? "POST" : "GET", path, url, sizeof url);
+    if (body != NULL) { /* POST /v1/generate's stream (h-genapi, issue 24) */
+        struct curl_slist *t = curl_slist_append(hdr, "Content-Type: application/json");
+        hdr = t ? t : hdr;
+        curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, hdr);
+        curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
     stream_ctx s = {.h = c->curl, .cb = line, .ctx = ctx};
     curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, on_stream);
     curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, &s);

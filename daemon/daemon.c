@@ -238,6 +238,9 @@ static int start_jobs(acc_daemon *d, acc_err *err)
             return rc;
         wk_runner_install(&d->workers);
     }
+    genq_init(&d->gen, &d->jobs); /* generation runs in worker processes only */
+    if (d->conf.worker_processes)
+        gw_runner_install(&d->gen_workers, &d->loop, &d->conf, &d->gen);
     d->jobs.gpu_check = d->gpu_check;
     snprintf(d->jobs.gpu_check_msg, sizeof d->jobs.gpu_check_msg, "%s", d->gpu_check_msg);
     return 0;
@@ -286,6 +289,8 @@ void daemon_stop(acc_daemon *d, const char *why)
     sd_notify(0, "STOPPING=1");
     api_server_quiesce(d->api);
     int running = d->jobs_on ? jobs_shutdown(&d->jobs) : 0;
+    if (d->jobs_on)
+        genq_shutdown(&d->gen); /* their workers are killed: a generation has nothing to save */
     update_status(d);
     if (running == 0 || !d->wake_on) {
         finish_stop(d);

@@ -26,6 +26,8 @@
 #include "jobs.h"
 #include "kern_discover.h"
 #include "worker.h"
+#include "gen_worker.h"
+#include "genq.h"
 
 typedef struct acc_daemon {
     acc_conf conf;
@@ -43,6 +45,8 @@ typedef struct acc_daemon {
     jobs_mgr jobs;
     bool jobs_on;
     wk_runner workers;     /* each job in a worker process (worker_processes) */
+    genq gen;              /* POST /v1/generate's requests (core/jobs/genq.h) */
+    gw_runner gen_workers; /* each in a worker process (daemon/gen_worker.h) */
     uv_async_t wake;       /* trainer events are queued */
     bool wake_on;
     uv_timer_t tick;       /* sd_notify STATUS refresh */

@@ -9,6 +9,7 @@
 
 #include "daemon.h"
 #include "worker_proto.h"
+#include "gen_proto.h"
 #include "log.h"
 
 #ifndef ACCUMD_VERSION
@@ -163,6 +164,9 @@ int main(int argc, char **argv)
     /* a job's worker process (daemon/worker_main.c): the daemon starts it */
     if (argc >= 2 && !strcmp(argv[1], "--worker"))
         return worker_main(argc, argv);
+    /* a generate request's worker process (daemon/gen_main.c) */
+    if (argc >= 2 && !strcmp(argv[1], "--generate"))
+        return gen_worker_main(argc, argv);
     conf_defaults(&d.conf);
     int rc = parse_args(argc, argv, &d.conf, &check_only);
     if (rc != 0)

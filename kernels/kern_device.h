@@ -381,6 +381,20 @@ typedef struct kern_ops {
      * backend gives the same bits as nf4_dequantize. The QLoRA base is
      * fetched through it one tensor at a time (model.h's weight store). */
     void (*dequant_nf4)(kern_device *d, float *out, const kern_nf4 *q, size_t n);
+    /* ---- Generation (core/model/generate.h; kernels/cpu/kern_cpu_llama.c).
+     * Optional: NULL means the backend cannot generate with a key/value
+     * cache (gen_ctx_new names the op). fp32.
+     * Attention of n new queries against a cache: q [n, NH*hs] with rows ldq
+     * floats apart (GPT-2's fused qkv: 3 C), kc and vc [P, NKV*hs] holding
+     * positions 0 .. p0+n-1 (the new tokens' keys and values already at rows
+     * p0 .. p0+n-1). Query i, at position p0+i, sees keys u <= p0+i (and
+     * p0+i-u < window when opts->window > 0) with gqa_attention_opt_fwd's
+     * scores (opts NULL: plain). out [n, NH*hs] (rows NH*hs apart). scratch:
+     * KERN_ATT_CACHE_SCRATCH(n, p0 + n, NH) floats. No lse (no backward). */
+    void (*attention_cache_fwd)(kern_device *d, float *out, float *scratch, const float *q,
+                                int ldq, const float *kc, const float *vc,
+                                const kern_att_opts *opts, int p0, int n, int NH, int NKV,
+                                int hs);
 } kern_ops;
 
 struct kern_device {
@@ -445,6 +459,8 @@ const kern_ops *kern_backend_ops(kern_dev_kind kind);
 #define KERN_ATT_LEAN_TK(T) ((size_t)(T) < KERN_ATT_LEAN_BK ? (size_t)(T) : KERN_ATT_LEAN_BK)
 #define KERN_ATT_LEAN_TILE(T) (2 * KERN_ATT_LEAN_TQ(T) * KERN_ATT_LEAN_TK(T) + KERN_ATT_LEAN_TQ(T))
 #define KERN_ATT_LEAN_SCRATCH(T, NH) ((size_t)(NH) * KERN_ATT_LEAN_TILE(T))
+/* Floats of attention_cache_fwd's scratch: one score row per query and head. */
+#define KERN_ATT_CACHE_SCRATCH(n, P, NH) ((size_t)(n) * (size_t)(NH) * (size_t)(P))
 
 /* 0 when d's backend has every LLaMA-family op of kern_ops; otherwise
  * ACC_EDEVICE naming the device, its backend and the first missing op. */

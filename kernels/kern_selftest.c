@@ -647,6 +647,29 @@ static void test_lean(st_ctx *c)
         st_free(c, all[i]);
 }
 
+/* (h-gen, issue 24) generation: the last 4 of T positions' queries
+ * against a cache of T, with Gemma 2's options and without (a backend
+ * without the op is tested without it: gen_ctx_new names it) */
+static void test_generation(st_ctx *c)
+{
+    if (c->dev->ops->attention_cache_fwd == NULL)
+        return;
+    const int n = 4, p0 = T - n, ldq = 3 * LNH * LHS; /* q rows as wide as a fused qkv */
+    const kern_att_opts opts = {.scale = 0.21f, .softcap = 2.5f, .window = 7};
+    st_buf q = st_new(c, (size_t)n * ldq, -3, 3), out = st_new(c, (size_t)n * LNH * LHS, 0, 0);
+    st_buf kc = st_new(c, (size_t)T * LNKV * LHS, -3, 3), vc = st_new(c, (size_t)T * LNKV * LHS, -2, 2);
+    st_buf scr = st_new(c, KERN_ATT_CACHE_SCRATCH(n, T, LNH), -1, 1);
+    for (int i = 0; i < 2; i++) {
+        const kern_att_opts *o = i == 0 ? NULL : &opts;
+        BOTH(c, D->ops->attention_cache_fwd(D, F(out, d), F(scr, d), F(q, d), ldq, F(kc, d), F(vc, d), o, p0, n, LNH, LNKV, LHS),
+             D->ops->attention_cache_fwd(D, F(out, r), F(scr, r), F(q, r), ldq, F(kc, r), F(vc, r), o, p0, n, LNH, LNKV, LHS));
+        st_cmp(c, i == 0 ? "attention_cache_fwd" : "attention_cache_fwd (options)", &out);
+    }
+    st_buf *all[] = {&q, &out, &kc, &vc, &scr};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        st_free(c, all[i]);
+}
+
 int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
 {
     st_ctx c = {.dev = dev, .ref = ref, .tol = tol, .rng = 20261202, .err = err};
@@ -659,6 +682,7 @@ int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
     test_decoder(&c);
     test_nf4(&c);
     test_lean(&c);
+    test_generation(&c);
     acc_err e = {0};
     int rc = dev->ops->last_error(dev, &e); /* a fault wins: the numbers mean nothing then */
     if (rc != 0) {

@@ -4,6 +4,7 @@
  *   #/job/ID      one job: facts, live charts from its event stream, log, cancel
  *   #/devices     the devices panel alone
  *   #/submit      paste or upload a spec, check it with the dry run, submit
+ *   #/chat        talk to a model or a job's (POST /v1/generate, tokens streamed)
  *
  * Every request goes through api(): it adds the bearer token kept in
  * sessionStorage and, on a 401, asks for the token once (a dialog) and
@@ -200,6 +201,40 @@
     }
   }
 
+  /* Read a fetch() answer as Server-Sent Events: onEvent(type, obj) for
+   * each; returns when the answer ends (POST /v1/generate's stream). */
+  async function readSSE(r, onEvent) {
+    const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = '', data = [], type = 'message';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buf += value;
+      let nl;
+      while ((nl = buf.indexOf('\n')) >= 0) {
+        let line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        if (line.endsWith('\r')) line = line.slice(0, -1);
+        if (line === '') {
+          if (data.length) {
+            let obj = null;
+            try { obj = JSON.parse(data.join('\n')); } catch (e) { obj = null; }
+            if (obj) onEvent(type, obj);
+          }
+          data = []; type = 'message';
+          continue;
+        }
+        if (line[0] === ':') continue;
+        const c = line.indexOf(':');
+        const field = c < 0 ? line : line.slice(0, c);
+        let val = c < 0 ? '' : line.slice(c + 1);
+        if (val[0] === ' ') val = val.slice(1);
+        if (field === 'data') data.push(val);
+        else if (field === 'event') type = val;
+      }
+    }
+  }
+
   /* The newest step event of a job (for the list's tokens/s): a short read of
    * the ring's tail as NDJSON, stopped at the job's last event. */
   const tailCache = new Map();
@@ -392,6 +427,26 @@
     root.append(errBox);
     const chartsBox = el('div', { class: 'charts' });
     root.append(chartsBox);
+    /* sample answers (eval_prompts' `sample` events), by step, newest first */
+    const samplesBox = el('div', { class: 'samples', id: 'job-samples' });
+    const samplesPanel = el('div', { hidden: true }, el('h2', {}, 'Sample answers'), samplesBox);
+    root.append(samplesPanel);
+    const samples = new Map();
+    hook.samples = samples;
+    function addSample(ev) {
+      let box = samples.get(ev.step);
+      if (!box) {
+        box = el('div', { class: 'sample-step panel', 'data-step': ev.step }, el('h3', {}, 'Step ' + ev.step));
+        samples.set(ev.step, box);
+        const later = [...samplesBox.children].find((c) => Number(c.dataset.step) < ev.step);
+        samplesBox.insertBefore(box, later || null);
+      }
+      const prompt = typeof ev.prompt === 'string' ? ev.prompt : JSON.stringify(ev.prompt);
+      box.append(el('div', { class: 'sample', 'data-index': ev.index },
+        el('div', { class: 'sample-prompt' }, el('b', {}, `#${ev.index} `), prompt),
+        el('div', { class: 'sample-text' }, ev.text)));
+      samplesPanel.hidden = false;
+    }
     const logBox = el('pre', { class: 'log', id: 'job-log' });
     root.append(el('h2', {}, 'Log'), logBox);
 
@@ -539,6 +594,9 @@
           return;
         case 'gap':
           logLine(ev, `(${ev.missed} events ${ev.from}..${ev.to} skipped: this page fell behind)`);
+          return;
+        case 'sample':
+          addSample(ev);
           return;
         case 'done':
           logLine(ev, `done: ${ev.state} at step ${ev.step}${ev.message ? ' (' + ev.message + ')' : ''}`);
@@ -746,6 +804,78 @@
         el('div', {}, out)));
   }
 
+  /* #/chat: talk to a model (a directory under data_roots) or a job's */
+  function viewChat(root) {
+    const model = el('input', { id: 'chat-model', list: 'chat-models', placeholder: 'model directory or job:ID', spellcheck: 'false', size: 32 });
+    const models = el('datalist', { id: 'chat-models' });
+    const mode = el('select', { id: 'chat-mode' }, el('option', { value: 'chat' }, 'chat (template)'), el('option', { value: 'prompt' }, 'plain prompt'));
+    const maxTok = el('input', { id: 'chat-max', type: 'number', min: 1, value: 128, style: 'width:6em' });
+    const temp = el('input', { id: 'chat-temp', type: 'number', min: 0, step: 0.1, value: 0, style: 'width:5em' });
+    const log = el('div', { class: 'chat-log panel', id: 'chat-log' });
+    const input = el('textarea', { id: 'chat-input', rows: 3, placeholder: 'Say something (Ctrl+Enter sends)' });
+    const send = el('button', { class: 'primary', id: 'chat-send' }, 'Send');
+    const clear = el('button', { id: 'chat-clear' }, 'New conversation');
+    const info = el('span', { id: 'chat-info', class: 'muted' });
+    const turns = [];
+    hook.chat = { turns, busy: false };
+    root.append(el('h1', {}, 'Chat'),
+      el('div', { class: 'row' }, el('label', {}, 'Model ', model), models, mode,
+        el('label', {}, 'max tokens ', maxTok), el('label', {}, 'temperature ', temp), clear),
+      log, el('div', { class: 'row chat-send' }, input, send), info);
+    apiJSON('/v1/jobs?limit=100').then((r) => {
+      if (!r.ok) return;
+      for (const j of r.body.jobs) if (j.state !== 'queued') models.append(el('option', { value: 'job:' + j.id }, j.name || j.id));
+    });
+    const ctl = new AbortController();
+    cleanups.push(() => ctl.abort());
+    clear.addEventListener('click', () => { turns.length = 0; log.replaceChildren(); info.textContent = ''; });
+    async function go() {
+      const text = input.value;
+      if (!text.trim() || hook.chat.busy) return;
+      if (!model.value.trim()) { info.textContent = 'Pick a model first.'; return; }
+      hook.chat.busy = true;
+      send.disabled = true;
+      input.value = '';
+      log.append(el('div', { class: 'msg user' }, text));
+      const answer = el('div', { class: 'msg assistant streaming' });
+      log.append(answer);
+      const body = { model: model.value.trim(), stream: true, max_new_tokens: Number(maxTok.value), temperature: Number(temp.value) };
+      if (mode.value === 'chat') body.messages = turns.concat([{ role: 'user', content: text }]);
+      else body.prompt = text;
+      let got = '', final = null;
+      try {
+        const r = await api('/v1/generate', { method: 'POST', body: JSON.stringify(body), signal: ctl.signal, headers: { 'Content-Type': 'application/json' } });
+        if (!r.ok) {
+          let e = null;
+          try { e = (await r.json()).error; } catch (x) { e = null; }
+          answer.classList.add('error-box');
+          answer.textContent = e ? (e.field && !e.message.startsWith(e.field + ':') ? `${e.field}: ${e.message}` : e.message) : 'HTTP ' + r.status;
+        } else {
+          await readSSE(r, (type, ev) => {
+            if (type === 'queued') info.textContent = `queued: position ${ev.position}`;
+            else if (type === 'started') info.textContent = `generating on device ${ev.device}`;
+            else if (type === 'token') { got += ev.text; answer.textContent = got; log.scrollTop = log.scrollHeight; }
+            else if (type === 'done') final = ev;
+            else if (type === 'error') { answer.classList.add('error-box'); answer.textContent = ev.error ? ev.error.message : 'error'; }
+          });
+        }
+      } catch (e) {
+        if (!ctl.signal.aborted) { answer.classList.add('error-box'); answer.textContent = 'error: ' + e.message; }
+      }
+      answer.classList.remove('streaming');
+      if (final) {
+        answer.textContent = final.text;
+        turns.push({ role: 'user', content: text }, { role: 'assistant', content: final.text });
+        info.textContent = `${final.completion_tokens} tokens (${final.finish_reason}), ${fmtNum(final.queue_s, 2)} s queued`;
+        answer.dataset.tokens = JSON.stringify(final.tokens);
+      }
+      hook.chat.busy = false;
+      send.disabled = false;
+    }
+    send.addEventListener('click', go);
+    input.addEventListener('keydown', (e) => { if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) go(); });
+  }
+
   /* ---- routing ----------------------------------------------------------------- */
   async function route() {
     leaveView();
@@ -753,13 +883,14 @@
     root.replaceChildren();
     const h = location.hash.replace(/^#/, '') || '/';
     const m = /^\/job\/([^/]+)$/.exec(h);
-    const name = m ? 'job' : h === '/devices' ? 'devices' : h === '/submit' ? 'submit' : 'jobs';
+    const name = m ? 'job' : h === '/devices' ? 'devices' : h === '/submit' ? 'submit' : h === '/chat' ? 'chat' : 'jobs';
     hook.view = name;
     for (const a of document.querySelectorAll('header nav a')) a.classList.toggle('active', a.dataset.nav === (name === 'job' ? 'jobs' : name));
     try {
       if (name === 'job') await viewJob(root, decodeURIComponent(m[1]));
       else if (name === 'devices') viewDevices(root);
       else if (name === 'submit') viewSubmit(root);
+      else if (name === 'chat') viewChat(root);
       else viewJobs(root);
     } catch (e) {
       root.append(el('div', { class: 'error-box' }, 'error: ' + e.message));

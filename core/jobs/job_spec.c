@@ -1406,7 +1406,7 @@ static const spec_row root_rows[] = {
     ROW(job_spec, resume_from, SPEC_T_STR, NULL, .null_ok = true),
     CODE("model"), CODE("data"), CODE("train_batch_size"), CODE("train_micro_batch_size_per_gpu"),
     CODE("gradient_accumulation_steps"), CODE("optimizer"), CODE("lr_schedule"), CODE("oom"), CODE("deepspeed"),
-    CODE("save"), CODE("zero_optimization"), CODE("lora"),
+    CODE("save"), CODE("zero_optimization"), CODE("lora"), CODE("eval_prompts"),
 };
 
 /* "model" without "from" */
@@ -1482,6 +1482,39 @@ static const spec_section *section(int which) { return &sections[which]; }
 
 const spec_section *spec_sections(void) { return sections; }
 
+/* (h-gen, issue 24) eval_prompts: strings or conversations, kept as JSON text */
+static int get_eval_prompts(const json_t *root, job_spec *out, acc_err *err)
+{
+    const json_t *a = json_object_get(root, "eval_prompts"), *p, *msg;
+    size_t i, j;
+    if (a == NULL || json_is_null(a))
+        return 0;
+    if (!json_is_array(a) || json_array_size(a) > SPEC_EVAL_PROMPTS)
+        return acc_err_set(err, ACC_EINVAL, "eval_prompts", "eval_prompts must be an array of at most %d prompts",
+                           SPEC_EVAL_PROMPTS);
+    json_array_foreach(a, i, p) {
+        bool ok = json_is_string(p) ? json_string_length(p) > 0 : json_is_array(p) && json_array_size(p) > 0;
+        json_array_foreach(json_is_array(p) ? p : NULL, j, msg)
+            ok = ok && json_is_string(json_object_get(msg, "role")) && json_is_string(json_object_get(msg, "content"));
+        if (!ok)
+            return acc_err_set(err, ACC_EINVAL, "eval_prompts", "eval_prompts[%zu] must be a non-empty string or a "
+                               "non-empty array of {\"role\", \"content\"} messages", i);
+    }
+    if (out->data.tokenizer[0] == '\0' && out->model.from[0] == '\0')
+        return acc_err_set(err, ACC_EINVAL, "eval_prompts", "eval_prompts need a tokenizer: data.tokenizer or model.from");
+    char *txt = json_dumps(a, JSON_COMPACT);
+    int rc = 0;
+    if (txt == NULL)
+        rc = acc_err_set(err, ACC_ENOMEM, "", "out of memory");
+    else if (strlen(txt) >= sizeof out->eval_prompts)
+        rc = acc_err_set(err, ACC_EINVAL, "eval_prompts", "eval_prompts take %zu bytes as JSON, over %d", strlen(txt),
+                         SPEC_EVAL_PROMPTS_BYTES - 1);
+    else
+        snprintf(out->eval_prompts, sizeof out->eval_prompts, "%s", txt);
+    free(txt);
+    return rc;
+}
+
 static int parse_root(const json_t *root, const json_t *origin, const acc_conf *conf, job_spec *out, acc_err *err)
 {
     batch_in b = {{0}, {0}, {0}};
@@ -1501,7 +1534,8 @@ static int parse_root(const json_t *root, const json_t *origin, const acc_conf *
     char zero_field[64];
     if ((rc = get_zero(root, ds, out, zero_field, sizeof zero_field, err)))
         return rc;
-    if ((rc = parse_sections(root, conf, out, err)) || (rc = resolve_batch(&b, out, err)))
+    if ((rc = parse_sections(root, conf, out, err)) || (rc = resolve_batch(&b, out, err)) ||
+        (rc = get_eval_prompts(root, out, err)))
         return rc;
     if (out->zero_stage >= 1 && out->devices < 2)
         return acc_err_set(err, ACC_EINVAL, zero_field,

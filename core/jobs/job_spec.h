@@ -94,9 +94,14 @@ typedef struct job_spec {
      * and the dry run; and the DeepSpeed file "deepspeed" named (resolved) */
     char ignored[2048];
     char deepspeed_file[PATH_MAX];
-    /* (h-lean, issue 20) "lean_activations": attention without a T x T
+    /* "lean_activations": attention without a T x T
      * buffer and the LM head + loss in chunks (model_config.lean_acts) */
     bool lean_activations;
+    /* "eval_prompts": at most SPEC_EVAL_PROMPTS prompts (a
+     * string) or conversations (an array of {"role", "content"}) answered at
+     * each evaluation (train_samples.h); kept as their compact JSON array
+     * text ("" = none), at most SPEC_EVAL_PROMPTS_BYTES bytes */
+    char eval_prompts[SPEC_EVAL_PROMPTS_BYTES];
 } job_spec;
 
 /* Parse and validate a JSON document (text of `len` bytes) against the

@@ -43,6 +43,7 @@ void job_spec_train_cfg(const job_spec *s, train_cfg *out)
     out->save_total_limit = s->save_total_limit;
     COPY_ARRAY(out->export_dir, s->export_dir);
     COPY_ARRAY(out->resume_from, s->resume_from);
+    COPY_ARRAY(out->eval_prompts, s->eval_prompts);
     out->save_dtype = s->save_dtype;
     out->lora = s->lora;
     out->merge_lora = s->merge_lora;

@@ -1,5 +1,6 @@
 /* jobs: the job manager (see jobs.h). */
 #include "jobs.h"
+#include "genq.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -380,7 +381,8 @@ static void sched_devs(const jobs_mgr *m, sched_dev *sd)
 {
     for (int i = 0; i < m->ndev; i++) {
         const job *h = m->dev_holder[i];
-        sd[i] = (sched_dev){.kind = m->devs[i].kind, .busy = h != NULL, .holder_prio = h ? h->spec.priority : 0,
+        /* a device lent to a generate request (genq.h) is busy until its worker ended */
+        sd[i] = (sched_dev){.kind = m->devs[i].kind, .busy = h != NULL || m->dev_lent[i], .holder_prio = h ? h->spec.priority : 0,
                             .holder_submit = h ? h->submit_seq : 0};
     }
 }
@@ -1100,7 +1102,17 @@ static void owner_limits(const jobs_mgr *m, owner_tab *t, sched_limits *lim)
                           .nusers = t->n, .running = t->running, .devices = t->devices};
 }
 
+static void schedule_jobs(jobs_mgr *m);
+
+/* Jobs first, then generate requests on the devices left (genq.h). */
 void jobs_schedule(jobs_mgr *m)
+{
+    schedule_jobs(m);
+    if (m->gen != NULL)
+        genq_place(m->gen);
+}
+
+static void schedule_jobs(jobs_mgr *m)
 {
     /* nothing starts that the store could not record */
     if (m->draining || m->st.degraded || m->st.failing)
@@ -1421,6 +1433,12 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
         break;
     case TEV_DONE:
         apply_done(m, j, ev);
+        break;
+    case TEV_SAMPLE: /* h-gen, issue 24: an eval_prompts answer */
+        emit(j, "sample",
+             json_pack("{s:i, s:i, s:s, s:s}", "step", ev->step, "index", ev->index, "prompt", ev->prompt, "text",
+                       ev->text),
+             false);
         break;
     case TEV_CKPT_REJECTED:
         acc_log(ACC_LOG_WARN, "jobs", "job %s: checkpoint %s not used: %s", j->id, ev->path, ev->msg);

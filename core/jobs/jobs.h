@@ -104,6 +104,11 @@ struct jobs_mgr {
     uint64_t steps_total, tokens_total, oom_adjust_total, submitted_total;
     uint64_t worker_failures[JOBS_WFAIL_N], worker_restarts_total;
     jobs_runner runner;    /* .start NULL: rank threads in this process */
+    /* generate requests (genq.h, POST /v1/generate): the devices lent to
+     * them (busy to the scheduler) and their queue, placed after each
+     * jobs_schedule on the devices the jobs left; NULL: none */
+    bool dev_lent[KERN_MAX_DEVICES];
+    struct genq *gen;
 };
 
 int jobs_init(jobs_mgr *m, const acc_conf *conf, const kern_device_info *devs, int ndev,

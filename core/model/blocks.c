@@ -70,6 +70,8 @@ static float *lora_u(const blk_run *r, int layer, const blk_linear *L)
     const model *m = r->m;
     size_t bt = (size_t)m->B * m->T, R = (size_t)m->cfg.lora.r;
     size_t kept = m->recompute ? 0 : (size_t)layer;
+    if (r->infer) /* one block's worth, the run's rows */
+        return r->lora.u + (size_t)L->slot * (size_t)r->N * R;
     return r->lora.u + (kept * (size_t)r->lora.per_layer + (size_t)L->slot) * bt * R;
 }
 
@@ -556,4 +558,160 @@ void blk_acts_free(model *m, void **mem, float **ptr, int n)
         m->dev->ops->free(m->dev, *mem);
     *mem = NULL;
     memset(ptr, 0, (size_t)n * sizeof *ptr);
+}
+
+/* ---- inference */
+
+enum {
+    I_KC, I_VC, I_X, I_X2, I_H, I_TMP, I_Q, I_ATT, I_K, I_V, I_QKV, I_F1, I_F2, I_F3, I_ST1,
+    I_ST2, I_SCORES, I_COS, I_SIN, I_LOGITS, I_RAW, I_LORA_U, I_LORA_TMP, I_TOK, I_POS, I_COUNT
+};
+
+static int infer_hs(const model_config *c)
+{
+    return c->head_dim > 0 ? c->head_dim : c->channels / c->n_head;
+}
+
+static uint64_t infer_counts(const model_config *c, int chunk, int P, uint64_t *cnt)
+{
+    uint64_t n = (uint64_t)chunk, L = (uint64_t)c->n_layer, NH = (uint64_t)c->n_head;
+    uint64_t hs = (uint64_t)infer_hs(c), NKV = c->n_kv_head > 0 ? (uint64_t)c->n_kv_head : NH;
+    uint64_t C = (uint64_t)c->channels, QD = NH * hs, KD = NKV * hs;
+    uint64_t I = c->intermediate_size > 0 ? (uint64_t)c->intermediate_size : 4 * C;
+    uint64_t wide = C > QD ? C : QD, R = (uint64_t)c->lora.r, Vp = (uint64_t)c->padded_vocab_size;
+    uint64_t out = QD + 2 * KD > I ? QD + 2 * KD : I;
+    out = out > wide ? out : wide;
+    uint64_t per[I_COUNT] = {
+        [I_KC] = acc_sat_mul3_u64(L, (uint64_t)P, KD), [I_VC] = acc_sat_mul3_u64(L, (uint64_t)P, KD),
+        [I_X] = n * wide, [I_X2] = n * wide, [I_H] = n * wide, [I_TMP] = n * wide,
+        [I_Q] = n * QD, [I_ATT] = n * QD, [I_K] = n * KD, [I_V] = n * KD,
+        [I_QKV] = n * (QD + 2 * KD), [I_F1] = n * I, [I_F2] = n * I, [I_F3] = n * I,
+        [I_ST1] = n * NH, [I_ST2] = n * NH,
+        [I_SCORES] = acc_sat_mul3_u64(n, NH, (uint64_t)P),
+        [I_COS] = blk_rope_floats(P, (int)hs), [I_SIN] = blk_rope_floats(P, (int)hs),
+        [I_LOGITS] = Vp, [I_RAW] = Vp,
+        [I_LORA_U] = acc_sat_mul3_u64((uint64_t)blk_lora_per_layer(c), n, R),
+        [I_LORA_TMP] = R > 0 ? n * out : 0, [I_TOK] = n, [I_POS] = n,
+    };
+    memcpy(cnt, per, sizeof per);
+    return blk_acts_bytes(cnt, I_COUNT);
+}
+
+uint64_t blk_infer_bytes(const model_config *cfg, int chunk, int P)
+{
+    uint64_t cnt[I_COUNT];
+    return infer_counts(cfg, chunk, P, cnt);
+}
+
+int blk_infer_alloc(model *m, int chunk, int P, blk_infer *s, acc_err *err)
+{
+    uint64_t cnt[I_COUNT];
+    uint64_t bytes = infer_counts(&m->cfg, chunk, P, cnt);
+    *s = (blk_infer){.chunk = chunk, .P = P};
+    if (bytes == ACC_SIZE_OVERFLOW || bytes > SIZE_MAX)
+        return acc_err_set(err, ACC_EINVAL, "max_new_tokens",
+                           "the key/value cache for %d positions overflows sizes", P);
+    int rc = m->dev->ops->alloc(m->dev, (size_t)bytes, &s->mem, err);
+    if (rc != 0) {
+        s->mem = NULL;
+        return rc;
+    }
+    m->dev->ops->zero(m->dev, s->mem, (size_t)bytes);
+    float *a[I_COUNT];
+    char *p = s->mem;
+    for (int i = 0; i < I_COUNT; i++) {
+        a[i] = (float *)p;
+        p += (cnt[i] + 15) / 16 * 16 * sizeof(float);
+    }
+    const model_config *c = &m->cfg;
+    int hs = infer_hs(c);
+    s->KD = (c->n_kv_head > 0 ? c->n_kv_head : c->n_head) * hs;
+    s->kc = a[I_KC], s->vc = a[I_VC], s->x = a[I_X], s->x2 = a[I_X2], s->h = a[I_H];
+    s->tmp = a[I_TMP], s->q = a[I_Q], s->att = a[I_ATT], s->k = a[I_K], s->v = a[I_V];
+    s->qkv = a[I_QKV], s->f1 = a[I_F1], s->f2 = a[I_F2], s->f3 = a[I_F3];
+    s->st1 = a[I_ST1], s->st2 = a[I_ST2], s->scores = a[I_SCORES];
+    s->cos = a[I_COS], s->sin = a[I_SIN], s->logits = a[I_LOGITS], s->raw = a[I_RAW];
+    s->lora_u = a[I_LORA_U], s->lora_tmp = a[I_LORA_TMP];
+    s->tok = (int *)a[I_TOK], s->pos = (int *)a[I_POS];
+    if (hs % 2 == 0) { /* the rotary tables (decoders; GPT-2, learned positions, never reads them) */
+        size_t n = KERN_ROPE_TABLE(P, hs);
+        float *cs = malloc(2 * n * sizeof *cs + 1);
+        kern_rope_cfg rcfg;
+        blk_rope_cfg(c, &rcfg);
+        if (cs == NULL)
+            rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the rotary tables");
+        else if ((rc = kern_rope_table(&rcfg, P, hs, cs, cs + n, err)) == 0) {
+            m->dev->ops->upload(m->dev, s->cos, cs, n * sizeof *cs);
+            m->dev->ops->upload(m->dev, s->sin, cs + n, n * sizeof *cs);
+        }
+        free(cs);
+    }
+    if (rc != 0)
+        blk_infer_free(m, s);
+    return rc;
+}
+
+void blk_infer_free(model *m, blk_infer *s)
+{
+    if (s->mem != NULL)
+        m->dev->ops->free(m->dev, s->mem);
+    *s = (blk_infer){0};
+}
+
+blk_run blk_infer_run(model *m, blk_infer *s, const int *tokens, int n, int p0)
+{
+    int pos[256];
+    for (int i0 = 0; i0 < n; i0 += 256) { /* positions p0.., in pieces */
+        int k = n - i0 < 256 ? n - i0 : 256;
+        for (int i = 0; i < k; i++)
+            pos[i] = p0 + i0 + i;
+        m->dev->ops->upload(m->dev, s->pos + i0, pos, (size_t)k * sizeof(int));
+    }
+    m->dev->ops->upload(m->dev, s->tok, tokens, (size_t)n * sizeof(int));
+    return (blk_run){.m = m, .d = m->dev, .k = m->dev->ops, .B = 1, .T = n, .N = n,
+                     .pos = s->pos, .infer = true,
+                     .lora = {s->lora_u, s->lora_tmp, NULL, blk_lora_per_layer(&m->cfg)}};
+}
+
+void blk_infer_store(blk_run *r, blk_infer *s, int layer, const float *k, const float *v,
+                     int ld, int p0)
+{
+    size_t KD = (size_t)s->KD, f = sizeof(float);
+    float *kc = s->kc + ((size_t)layer * s->P + (size_t)p0) * KD;
+    float *vc = s->vc + ((size_t)layer * s->P + (size_t)p0) * KD;
+    if ((size_t)ld == KD) {
+        r->k->copy(r->d, kc, k, (size_t)r->N * KD * f);
+        r->k->copy(r->d, vc, v, (size_t)r->N * KD * f);
+        return;
+    }
+    for (int i = 0; i < r->N; i++) { /* strided rows (a fused qkv) */
+        r->k->copy(r->d, kc + (size_t)i * KD, k + (size_t)i * ld, KD * f);
+        r->k->copy(r->d, vc + (size_t)i * KD, v + (size_t)i * ld, KD * f);
+    }
+}
+
+void blk_infer_attn(blk_run *r, blk_infer *s, const blk_attn *a, int layer, float *out,
+                    const float *q, int ldq, int p0)
+{
+    kern_att_opts o;
+    bool opt = attn_variant(a, &o);
+    size_t off = (size_t)layer * s->P * (size_t)s->KD;
+    r->k->attention_cache_fwd(r->d, out, s->scores, q, ldq, s->kc + off, s->vc + off,
+                              opt ? &o : NULL, p0, r->N, a->NH, a->NKV, a->hs);
+}
+
+void blk_infer_head(blk_run *r, blk_infer *s, const blk_norm *norm, const blk_head *head,
+                    const float *x)
+{
+    blk_run one = *r;
+    one.B = one.T = one.N = 1;
+    const float *last = x + (size_t)(r->N - 1) * head->C;
+    blk_norm_fwd(&one, norm, s->tmp, s->st1, s->st2, last);
+    const float *w = blk_w(r->m, head->w, 0);
+    if (head->softcap != 0.0f) {
+        r->k->matmul_fwd(r->d, s->raw, s->tmp, w, NULL, 1, head->C, head->Vp);
+        r->k->softcap_fwd(r->d, s->logits, s->raw, head->softcap, (size_t)head->Vp);
+    } else {
+        r->k->matmul_fwd(r->d, s->logits, s->tmp, w, NULL, 1, head->C, head->Vp);
+    }
 }

@@ -65,6 +65,8 @@ typedef struct blk_run {
     int B, T, N;              /* N = B * T rows */
     const int *pos;           /* device positions of packed documents, or NULL (p = t) */
     blk_lora_acts lora;       /* LoRA's activations (u NULL: no adapters) */
+    bool infer;               /* inference (blk_infer): LoRA's u holds one [N, r] per
+                               * adapter of the current block, nothing kept */
 } blk_run;
 
 /* A run over nseq sequences of m->T tokens. */
@@ -310,5 +312,52 @@ int blk_acts_alloc(model *m, const uint64_t *cnt, int n, void **mem, float **ptr
                    acc_err *err);
 /* Free *mem (NULL: nothing) and clear ptr[0..n). */
 void blk_acts_free(model *m, void **mem, float **ptr, int n);
+
+/* ---- inference (generate.h): a key/value cache and one chunk of scratch
+ *
+ * A family's infer entry (model.h) runs n <= chunk tokens at positions
+ * p0 .. p0+n-1 through its blocks: each block's keys and values (after RoPE)
+ * are stored at those rows of the block's cache and the queries attend to
+ * every cached row up to their own (kern_ops.attention_cache_fwd); then the
+ * final norm and the head on the LAST row only, into `logits` [Vp]. The
+ * arrays are sized from the config alone, so every family shares them:
+ * QD = n_head * head_dim, KD = n_kv_head * head_dim, I the MLP width. */
+typedef struct blk_infer {
+    int chunk, P;          /* rows one call runs; positions the cache holds */
+    int KD;                /* floats of one position's keys in one block */
+    float *kc, *vc;        /* [L][P, KD] */
+    float *x, *x2, *h, *tmp;    /* [chunk, max(C, QD)] */
+    float *q, *att;        /* [chunk, QD] */
+    float *k, *v;          /* [chunk, KD] */
+    float *qkv;            /* [chunk, QD + 2 KD] (fused projections) */
+    float *f1, *f2, *f3;   /* [chunk, I] */
+    float *st1, *st2;      /* [chunk * max(NH, 1)] norms' statistics */
+    float *scores;         /* KERN_ATT_CACHE_SCRATCH(chunk, P, NH) */
+    float *cos, *sin;      /* rotary tables [P, hs/2] (decoders) */
+    float *logits, *raw;   /* [Vp] each (raw: before a final cap) */
+    float *lora_u, *lora_tmp; /* [per_layer, chunk, r], [chunk, widest output] */
+    int *tok, *pos;        /* [chunk] */
+    void *mem;             /* the one allocation */
+} blk_infer;
+
+/* Device bytes of blk_infer_alloc's arrays (saturated: ACC_SIZE_OVERFLOW). */
+uint64_t blk_infer_bytes(const model_config *cfg, int chunk, int P);
+/* Allocate them on m's device (zeroed); the rotary tables built for P
+ * positions. ACC_EOOM past the budget. */
+int blk_infer_alloc(model *m, int chunk, int P, blk_infer *s, acc_err *err);
+void blk_infer_free(model *m, blk_infer *s);
+/* A run of n rows at positions p0.. (tokens and positions uploaded). */
+blk_run blk_infer_run(model *m, blk_infer *s, const int *tokens, int n, int p0);
+/* Keys / values of the n new rows (k, v rows ld floats apart, KD each) into
+ * block `layer`'s cache rows p0.. */
+void blk_infer_store(blk_run *r, blk_infer *s, int layer, const float *k, const float *v,
+                     int ld, int p0);
+/* The n queries (rows ldq apart) against block `layer`'s cache, into out. */
+void blk_infer_attn(blk_run *r, blk_infer *s, const blk_attn *a, int layer, float *out,
+                    const float *q, int ldq, int p0);
+/* The final norm and the head on the last of r's rows of x (softcap
+ * honoured) into s->logits. */
+void blk_infer_head(blk_run *r, blk_infer *s, const blk_norm *norm, const blk_head *head,
+                    const float *x);
 
 #endif

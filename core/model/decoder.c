@@ -635,3 +635,52 @@ const float *dec_token_losses(const model *m)
 {
     return S(m) == NULL || S(m)->mem == NULL ? NULL : S(m)->a[A_LOSSES];
 }
+
+/* ---- inference: block_forward's composition over blk_infer's arrays,
+ * attention against the key/value cache */
+
+static void block_infer(blk_run *r, blk_infer *s, int l, int p0)
+{
+    dec_state *ds = S(r->m);
+    const dec_block *b = &ds->blk[l];
+    bool qk = ds->desc.qk_norm, sw = ds->desc.sandwich;
+    int NH = b->attn.NH, NKV = b->attn.NKV, hs = b->attn.hs;
+    size_t N = (size_t)r->N, C = (size_t)b->ln1.C;
+    blk_rope rope = {s->cos, s->sin, hs};
+    blk_norm_fwd(r, &b->ln1, s->h, NULL, s->st1, s->x);
+    blk_linear_fwd(r, l, &b->q, qk ? s->att : s->q, s->h);
+    blk_linear_fwd(r, l, &b->k, qk ? s->tmp : s->k, s->h);
+    blk_linear_fwd(r, l, &b->v, s->v, s->h);
+    if (qk) {
+        blk_run rq = heads_of(r, NH), rk = heads_of(r, NKV);
+        blk_norm_fwd(&rq, &b->qn, s->q, NULL, s->st1, s->att);
+        blk_norm_fwd(&rk, &b->kn, s->k, NULL, s->st2, s->tmp);
+    }
+    blk_rope_fwd(r, &rope, s->q, NH);
+    blk_rope_fwd(r, &rope, s->k, NKV);
+    blk_infer_store(r, s, l, s->k, s->v, NKV * hs, p0);
+    blk_infer_attn(r, s, &b->attn, l, s->att, s->q, NH * hs, p0);
+    blk_linear_fwd(r, l, &b->o, s->tmp, s->att);
+    if (sw)
+        blk_norm_fwd(r, &b->pa, s->h, NULL, s->st1, s->tmp);
+    r->k->add(r->d, s->x2, s->x, sw ? s->h : s->tmp, N * C);
+    blk_norm_fwd(r, &b->ln2, s->h, NULL, s->st1, s->x2);
+    blk_ffn_acts fa = {s->f1, s->f2, s->f3};
+    blk_ffn_fwd(r, l, &b->ffn, &fa, s->tmp, s->h);
+    if (sw)
+        blk_norm_fwd(r, &b->pf, s->h, NULL, s->st1, s->tmp);
+    r->k->add(r->d, s->x, s->x2, sw ? s->h : s->tmp, N * C);
+}
+
+void dec_infer(model *m, blk_infer *s, const int *tokens, int n, int p0)
+{
+    dec_state *ds = S(m);
+    blk_run r = blk_infer_run(m, s, tokens, n, p0);
+    blk_embed_fwd(&r, &ds->emb, s->x, s->tok);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        model_layer_begin(m, l, false);
+        block_infer(&r, s, l, p0);
+        model_layer_end(m, l, false);
+    }
+    blk_infer_head(&r, s, &ds->norm, &ds->head, s->x);
+}

@@ -79,4 +79,7 @@ int dec_init_host(const model *m, uint64_t seed, float *host, acc_err *err);
 const float *dec_logits(const model *m);
 const float *dec_token_losses(const model *m);
 
+/* the family's infer entry (model.h, blocks.h's blk_infer) */
+void dec_infer(model *m, blk_infer *s, const int *tokens, int n, int p0);
+
 #endif

@@ -86,6 +86,7 @@
 
 typedef struct model_family model_family;
 typedef struct model model;
+struct blk_infer; /* blocks.h: the inference cache and scratch (generate.h) */
 
 /* ---- config */
 
@@ -299,6 +300,11 @@ struct model_family {
     /* OPTIONAL: true when the forward honours model.positions (packed
      * documents: data.packing); false refuses packing at submit. */
     bool packing;
+    /* OPTIONAL (generate.h): run n <= s->chunk tokens (host ids) at
+     * positions p0 .. p0+n-1 with the key/value cache `s` (blocks.h's
+     * blk_infer: its contract), the last row's logits into s->logits.
+     * NULL: the family cannot generate. */
+    void (*infer)(model *m, struct blk_infer *s, const int *tokens, int n, int p0);
 };
 
 /* ---- registry */

@@ -149,4 +149,5 @@ const model_family model_family_gemma2 = {
     .logits = dec_logits,
     .token_losses = dec_token_losses,
     .packing = true,
+    .infer = dec_infer,
 };

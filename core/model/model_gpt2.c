@@ -472,6 +472,34 @@ static const float *gpt2_token_losses(const model *m)
 static const model_hf_name gpt2_hf[] = {{"GPT2LMHeadModel", "gpt2", 0}, {0}};
 static const char *const gpt2_lora_default[] = {"c_attn", NULL}; /* PEFT's for GPT-2 */
 
+/* Inference: block_forward over blk_infer's arrays, the positions' rows of
+ * wpe from p0, attention against the key/value cache. */
+static void gpt2_infer(model *m, blk_infer *s, const int *tokens, int n, int p0)
+{
+    gpt2_state *g = G(m);
+    blk_run r = blk_infer_run(m, s, tokens, n, p0);
+    int C = m->cfg.channels;
+    size_t nc = (size_t)n * (size_t)C;
+    const float *wte = blk_w(m, g->emb.wte, 0);
+    r.k->encoder_fwd(r.d, s->x, s->tok, wte, blk_w(m, g->emb.wpe, 1) + (size_t)p0 * C, 1, n, C);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const gpt2_block *b = &g->blk[l];
+        model_layer_begin(m, l, false);
+        blk_norm_fwd(&r, &b->ln1, s->h, s->st1, s->st2, s->x);
+        blk_linear_fwd(&r, l, &b->qkv, s->qkv, s->h);
+        blk_infer_store(&r, s, l, s->qkv + C, s->qkv + 2 * C, 3 * C, p0);
+        blk_infer_attn(&r, s, &g->attn, l, s->att, s->qkv, 3 * C, p0);
+        blk_linear_fwd(&r, l, &b->proj, s->tmp, s->att);
+        r.k->add(r.d, s->x2, s->x, s->tmp, nc);
+        blk_norm_fwd(&r, &b->ln2, s->h, s->st1, s->st2, s->x2);
+        blk_ffn_acts fa = {s->f1, NULL, s->f3};
+        blk_ffn_fwd(&r, l, &b->ffn, &fa, s->tmp, s->h);
+        r.k->add(r.d, s->x, s->x2, s->tmp, nc);
+        model_layer_end(m, l, false);
+    }
+    blk_infer_head(&r, s, &g->lnf, &g->head, s->x);
+}
+
 const model_family model_family_gpt2 = {
     .name = "gpt2",
     .hf_names = gpt2_hf,
@@ -494,4 +522,5 @@ const model_family model_family_gpt2 = {
     .load_fd_host = model_gpt2_load_fd_host,
     .logits = gpt2_logits,
     .token_losses = gpt2_token_losses,
+    .infer = gpt2_infer,
 };

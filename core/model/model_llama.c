@@ -203,4 +203,5 @@ const model_family model_family_llama = {
     .logits = model_llama_logits,
     .token_losses = dec_token_losses,
     .packing = true,
+    .infer = dec_infer,
 };

@@ -84,4 +84,5 @@ const model_family model_family_qwen3 = {
     .logits = dec_logits,
     .token_losses = dec_token_losses,
     .packing = true,
+    .infer = dec_infer,
 };

@@ -15,6 +15,7 @@ static const char *const kind_names[] = {
     [TEV_DONE] = "done",
     [TEV_CKPT_REJECTED] = "checkpoint_rejected",
     [TEV_PROGRESS] = "progress",
+    [TEV_SAMPLE] = "sample", /* h-gen, issue 24 */
 };
 #define NKINDS ((int)(sizeof kind_names / sizeof kind_names[0]))
 
@@ -113,6 +114,9 @@ json_t *tev_to_json(const train_event *ev)
     case TEV_PROGRESS:
         bad |= put_str(o, "stage", ev->path) | put_u64(o, "done", ev->done) | put_u64(o, "total", ev->total) |
                put_int(o, "max_steps", ev->max_steps);
+        break;
+    case TEV_SAMPLE:
+        bad |= put_int(o, "index", ev->index) | put_str(o, "prompt", ev->prompt) | put_str(o, "text", ev->text);
         break;
     }
     if (bad) {
@@ -287,6 +291,10 @@ int tev_from_json(const json_t *o, train_event *ev, acc_err *err)
             (rc = get_u(o, "total", &ev->total, err)))
             return rc;
         return get_i(o, "max_steps", &ev->max_steps, err);
+    case TEV_SAMPLE:
+        if ((rc = get_i(o, "index", &ev->index, err)) || (rc = get_s(o, "prompt", ev->prompt, sizeof ev->prompt, err)))
+            return rc;
+        return get_s(o, "text", ev->text, sizeof ev->text, err);
     }
     return 0;
 }

@@ -21,6 +21,9 @@
 #include "data_cfg.h"
 #include "model_cfg.h"
 
+#define SPEC_EVAL_PROMPTS 16          /* eval_prompts: prompts at most */
+#define SPEC_EVAL_PROMPTS_BYTES 16384 /* eval_prompts: bytes of their JSON text */
+
 /* fp32: everything in fp32. bf16: the linear layers' products take bf16
  * operands with fp32 accumulation; weights, gradients, optimizer state and
  * every other kernel stay fp32 (kern_device.h set_precision). */
@@ -110,6 +113,9 @@ typedef struct train_cfg {
     char job_uid[40];
     bool adopt_unnamed;
     bool plan_only;        /* read to be planned, not run: model.from's config.json only, data optional */
+    /* eval_prompts: their compact JSON array text ("" = none), answered at
+     * each evaluation (train_samples.h) */
+    char eval_prompts[SPEC_EVAL_PROMPTS_BYTES];
 } train_cfg;
 
 /* The data layer's part of `c` (data_cfg.h), copied into `out`. */

@@ -70,6 +70,7 @@
 #include "safepath.h"
 #include "trainer_run.h"
 #include "zero.h"
+#include "train_samples.h"
 
 /* The trainer's span at the end of the gradient buffer (TRAIN_SLOTS
  * floats past the parameters' gradients, model_opts.grad_tail): what it
@@ -156,6 +157,10 @@ struct trainer {
     int joined;
     pthread_t launcher;        /* async_start: prepares, then starts the ranks */
     int launcher_started;
+    /* (h-gen, issue 24) eval_prompts, encoded by rank 0 at its first
+     * evaluation (samples_off: they could not be) */
+    tsamp *samples;
+    int samples_off;
 };
 
 /* Per-rank loop state. */
@@ -1326,6 +1331,54 @@ static int export_run(rank_state *rs, int step, acc_err *err)
     return rc;
 }
 
+/* (h-gen, issue 24) s[0..n) cut to fit dst[cap] at a UTF-8 character boundary. */
+static void copy_utf8(char *dst, size_t cap, const char *s)
+{
+    size_t n = strlen(s);
+    if (n >= cap) {
+        n = cap - 1;
+        while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80)
+            n--; /* s[n] continues a character: cut before the character */
+    }
+    memcpy(dst, s, n);
+    dst[n] = '\0';
+}
+
+typedef struct sample_ctx {
+    trainer *t;
+    int step;
+} sample_ctx;
+
+static void emit_sample(void *ctx, int index, const char *prompt, const char *text)
+{
+    sample_ctx *c = ctx;
+    train_event *ev = event_new(c->t, TEV_SAMPLE, c->step);
+    if (ev == NULL)
+        return;
+    ev->index = index;
+    copy_utf8(ev->prompt, sizeof ev->prompt, prompt);
+    copy_utf8(ev->text, sizeof ev->text, text);
+    emit_free(c->t, ev);
+}
+
+/* eval_prompts' answers with this step's weights as "sample" events; a
+ * failure is the job's log, never the job's end */
+static void run_samples(rank_state *rs, int step)
+{
+    trainer *t = rs->t;
+    acc_err e = {0};
+    if (t->samples_off)
+        return;
+    if (t->samples == NULL && tsamp_new(&t->spec, &t->cfg, &t->samples, &e) != 0) {
+        t->samples_off = 1;
+        emit_log(t, step, "eval_prompts: no samples in this run: %s", e.msg);
+        return;
+    }
+    sample_ctx c = {t, step};
+    if (t->samples != NULL && tsamp_run(t->samples, rs->model, emit_sample, &c, &e) != 0)
+        emit_log(t, step, "eval_prompts: no samples at step %d: %s", step, e.msg);
+}
+
 static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
 {
     trainer *t = rs->t;
@@ -1344,6 +1397,9 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
             emit_eval(t, done, vl, ntok, nsamp);
         }
     }
+    if (rs->rank == 0 && s->eval_prompts[0] != '\0' && s->eval_interval > 0 &&
+        (done % s->eval_interval == 0 || done == s->max_steps))
+        run_samples(rs, done); /* h-gen, issue 24 */
     int rc = 0;
     if ((rs->rank == 0 || t->zero->state_sharded) && s->output_dir[0] != '\0' &&
         ((s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0) ||
@@ -1518,6 +1574,7 @@ static void trainer_destroy(trainer *t)
         close(t->resume_fd);
     data_close(t->train);
     data_close(t->val);
+    tsamp_free(t->samples);
     if (t->own_comm)
         kern_comm_destroy(t->comm);
     pthread_mutex_destroy(&t->mu);

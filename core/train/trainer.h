@@ -58,6 +58,7 @@ typedef enum train_event_kind {
     TEV_DONE,        /* the run ended; always the last event */
     TEV_CKPT_REJECTED, /* a checkpoint passed over at resume: path, msg = why */
     TEV_PROGRESS,    /* data preparation: stage (in path), done, total; max_steps once known */
+    TEV_SAMPLE,      /* (h-gen, issue 24) an eval_prompts answer: index, prompt, text */
 } train_event_kind;
 
 typedef struct train_event {
@@ -96,6 +97,12 @@ typedef struct train_event {
     char path[PATH_MAX];
     int status;            /* TEV_DONE: 0, ACC_ECANCELLED or an error code */
     char msg[512];
+    /* TEV_SAMPLE (h-gen, issue 24): eval_prompts[index], as written (a
+     * conversation: its JSON), and the answer; both cut at a UTF-8
+     * character boundary to fit */
+    int index;
+    char prompt[1024];
+    char text[4096];
 } train_event;
 
 typedef void (*train_event_fn)(void *ctx, const train_event *ev);

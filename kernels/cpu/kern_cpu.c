@@ -881,6 +881,8 @@ static const kern_ops cpu_ops = {
     .attention_lean_fwd = kern_cpu_attention_lean_fwd,
     .attention_lean_bwd = kern_cpu_attention_lean_bwd,
     .dequant_nf4 = cpu_dequant_nf4, /* (h-nf4, issue 21) */
+    /* generation: kern_cpu_llama.c */
+    .attention_cache_fwd = kern_cpu_attention_cache_fwd,
 };
 
 const kern_ops *kern_cpu_ops(void)

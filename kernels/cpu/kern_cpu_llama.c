@@ -447,3 +447,37 @@ void kern_cpu_gqa_attention_opt_bwd(kern_device *d, float *dq, float *dk, float 
         }
     }
 }
+
+/* ---- generation: n new queries against the key/value cache. One (query,
+ * head) per task: its scores over the keys it sees (a gemv on the cache's
+ * head view), the softmax in a fixed order, then the values' weighted sum
+ * (a second gemv), so nothing depends on the thread count. */
+void kern_cpu_attention_cache_fwd(kern_device *d, float *out, float *scratch, const float *q,
+                                  int ldq, const float *kc, const float *vc,
+                                  const kern_att_opts *opts, int p0, int n, int NH, int NKV,
+                                  int hs)
+{
+    att_rule r = att_rule_of(opts, hs);
+    int G = NH / NKV, KD = NKV * hs, P = p0 + n;
+#pragma omp parallel for num_threads(d->threads) schedule(static)
+    for (int ih = 0; ih < n * NH; ih++) {
+        int i = ih / NH, h = ih % NH, t = p0 + i;
+        int lo = r.window > 0 && t - r.window + 1 > 0 ? t - r.window + 1 : 0, len = t + 1 - lo;
+        float *a = scratch + (size_t)ih * (size_t)P;
+        const float *kh = kc + (size_t)lo * KD + (size_t)(h / G) * hs;
+        const float *vh = vc + (size_t)lo * KD + (size_t)(h / G) * hs;
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, len, hs, 1.0f, kh, KD,
+                    q + (size_t)i * ldq + (size_t)h * hs, 1, 0.0f, a, 1);
+        float mx = -INFINITY, sum = 0.0f;
+        for (int u = 0; u < len; u++) {
+            a[u] = att_score(a[u], &r);
+            mx = a[u] > mx ? a[u] : mx;
+        }
+        for (int u = 0; u < len; u++) {
+            a[u] = expf(a[u] - mx);
+            sum += a[u];
+        }
+        cblas_sgemv(CblasRowMajor, CblasTrans, len, hs, 1.0f / sum, vh, KD, a, 1, 0.0f,
+                    out + (size_t)i * NH * hs + (size_t)h * hs, 1);
+    }
+}

@@ -57,4 +57,10 @@ void kern_cpu_gqa_attention_opt_bwd(kern_device *d, float *dq, float *dk, float 
                                     const kern_att_opts *opts, int B, int T, int NH, int NKV,
                                     int hs);
 
+/* generation: attention against a key/value cache */
+void kern_cpu_attention_cache_fwd(kern_device *d, float *out, float *scratch, const float *q,
+                                  int ldq, const float *kc, const float *vc,
+                                  const kern_att_opts *opts, int p0, int n, int NH, int NKV,
+                                  int hs);
+
 #endif

@@ -286,6 +286,8 @@ static const kern_ops cuda_ops = {
     /* .attention_lean_fwd = */ kern_cuda_attention_lean_fwd,
     /* .attention_lean_bwd = */ kern_cuda_attention_lean_bwd,
     /* .dequant_nf4 = */ cu_dequant_nf4, /* (h-nf4, issue 21) */
+    /* generation (h-gen, issue 24): kern_cuda_llama.cu */
+    /* .attention_cache_fwd = */ kern_cuda_attention_cache_fwd,
 };
 
 /* the op files' hooks into the device state (kern_cuda_llama.h) */

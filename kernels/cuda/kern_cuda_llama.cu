@@ -601,3 +601,68 @@ extern "C" void kern_cuda_gqa_attention_opt_bwd(kern_device *d, float *dq, float
             return;
     }
 }
+
+/* ---- generation: n new queries against the key/value cache (h-gen,
+ * issue 24). One block per (query i, head h), as k_gqa_fwd's rows: the
+ * scores of the keys query i sees into its scratch row, max, e^x, sum,
+ * then out_i = sum_u p_u v_u, a thread per channel. Unoptimised. */
+struct gqa_cache {
+    const float *q, *kc, *vc;
+    float *out, *att;
+    int ldq, p0, P, NH, NKV, hs;
+    float scale, cap;
+    int window;
+};
+
+static __global__ void k_gqa_cache_fwd(gqa_cache c)
+{
+    extern __shared__ float dyn[]; /* q_i [hs] */
+    __shared__ float sh[32];
+    int i = blockIdx.x / c.NH, h = blockIdx.x % c.NH, t = c.p0 + i;
+    int kvh = h / (c.NH / c.NKV), ldk = c.NKV * c.hs;
+    gqa_seq s = {};
+    s.scale = c.scale, s.cap = c.cap, s.window = c.window;
+    const float *qi = c.q + (size_t)i * c.ldq + (size_t)h * c.hs;
+    for (int x = threadIdx.x; x < c.hs; x += blockDim.x)
+        dyn[x] = qi[x];
+    __syncthreads();
+    float *a = c.att + (size_t)blockIdx.x * c.P;
+    int lo = gqa_lo(s, t);
+    float mx = -INFINITY;
+    for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
+        a[u] = gqa_score(s, gqa_dot(dyn, c.kc + (size_t)u * ldk + (size_t)kvh * c.hs, c.hs));
+        mx = fmaxf(mx, a[u]);
+    }
+    mx = ll_block_max(mx, sh);
+    float sum = 0.0f;
+    for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
+        float e = exp_d(a[u] - mx);
+        a[u] = e;
+        sum += e;
+    }
+    sum = ll_block_sum(sum, sh); /* its barriers also publish a[] to the block */
+    float inv = __fdiv_rn(1.0f, sum);
+    float *oi = c.out + (size_t)i * c.NH * c.hs + (size_t)h * c.hs;
+    for (int x = threadIdx.x; x < c.hs; x += blockDim.x) {
+        float acc = 0.0f;
+        for (int u = lo; u <= t; u++)
+            acc += a[u] * inv * c.vc[(size_t)u * ldk + (size_t)kvh * c.hs + x];
+        oi[x] = acc;
+    }
+}
+
+extern "C" void kern_cuda_attention_cache_fwd(kern_device *d, float *out, float *scratch,
+                                              const float *q, int ldq, const float *kc,
+                                              const float *vc, const kern_att_opts *opts, int p0,
+                                              int n, int NH, int NKV, int hs)
+{
+    LL_LIVE(d);
+    if (n <= 0 || NH <= 0)
+        return;
+    gqa_seq s = gqa_shape(p0 + n, NH, NKV, hs, opts);
+    gqa_cache c = {q, kc, vc, out, scratch, ldq, p0, p0 + n, NH, NKV, hs, s.scale, s.cap,
+                   s.window};
+    k_gqa_cache_fwd<<<(unsigned)(n * NH), ATT_THREADS, (size_t)hs * sizeof(float),
+                      stream_of(d)>>>(c);
+    LL_LAUNCHED(d, "attention_cache_fwd");
+}

@@ -62,6 +62,7 @@ static void full_spec(job_spec *s)
     s->save_total_limit = 3;
     snprintf(s->export_dir, sizeof s->export_dir, "/out/alice/final");
     snprintf(s->resume_from, sizeof s->resume_from, "/out/job/ckpt-10");
+    snprintf(s->eval_prompts, sizeof s->eval_prompts, "[\"hi\"]");
     s->save_dtype = SPEC_SAVE_BF16;
     s->lora.r = 8;
     s->lora.alpha = 16;
@@ -117,6 +118,7 @@ static void test_every_engine_field(void **state)
     assert_int_equal(c->save_total_limit, 3);
     assert_string_equal(c->export_dir, "/out/alice/final");
     assert_string_equal(c->resume_from, "/out/job/ckpt-10");
+    assert_string_equal(c->eval_prompts, "[\"hi\"]");
     assert_int_equal(c->save_dtype, SPEC_SAVE_BF16);
     assert_memory_equal(&c->lora, &s->lora, sizeof c->lora);
     assert_true(c->merge_lora);
