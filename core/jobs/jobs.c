@@ -860,23 +860,6 @@ int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, 
     return 0;
 }
 
-int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **out, json_t **plan, acc_err *err)
-{
-    return jobs_submit_as(m, NULL, text, len, dry_run, out, plan, err);
-}
-
-int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len, bool dry_run, job **out,
-                   json_t **plan, acc_err *err)
-{
-    jobs_checked *c = jobs_check_submission(m, text, len, dry_run);
-    if (c == NULL)
-        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
-    snprintf(c->owner, sizeof c->owner, "%s", owner ? owner : "");
-    int rc = jobs_submit_checked(m, c, out, plan, err);
-    jobs_checked_free(c);
-    return rc;
-}
-
 /* ---- running ---------------------------------------------------------------- */
 
 /* Queue an event (or a worker's end) for the loop thread. An end, or a
