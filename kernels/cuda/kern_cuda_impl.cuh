@@ -245,7 +245,20 @@ static __device__ __forceinline__ double warp_sum_d(double v)
     return v;
 }
 
-/* block-wide reductions; blockDim.x a multiple of 32, at most 1024 */
+/* block-wide reductions; blockDim.x a multiple of 32, at most 1024;
+ * every thread gets the result; sh: 32 elements of shared memory */
+static __device__ float block_sum(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+
 static __device__ float block_max(float v, float *sh)
 {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;

@@ -38,6 +38,7 @@ extern "C" {
 #include "kern_device.h"
 }
 #include "kern_cuda.h"
+#include "kern_cuda_impl.cuh"
 #include "kern_cuda_llama.h"
 
 #define LL_THREADS 256 /* blocks of the row kernels */
@@ -55,53 +56,6 @@ extern "C" {
 static cudaStream_t stream_of(kern_device *d)
 {
     return (cudaStream_t)kern_cuda_stream(d);
-}
-
-static unsigned grid_of(size_t n, unsigned threads)
-{
-    size_t g = (n + threads - 1) / threads;
-    if (g > 65535u * 16u)
-        g = 65535u * 16u;
-    return g == 0 ? 1u : (unsigned)g;
-}
-
-/* ---- reductions over a block (blockDim.x a multiple of 32, <= 1024) */
-
-static __device__ __forceinline__ float ll_warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-static __device__ __forceinline__ float ll_warp_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* every thread gets the result; sh: 32 floats of shared memory */
-static __device__ float ll_block_sum(float v, float *sh)
-{
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = ll_warp_sum(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[w] = v;
-    __syncthreads();
-    return ll_warp_sum(lane < nw ? sh[lane] : 0.0f);
-}
-
-static __device__ float ll_block_max(float v, float *sh)
-{
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = ll_warp_max(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[w] = v;
-    __syncthreads();
-    return ll_warp_max(lane < nw ? sh[lane] : -INFINITY);
 }
 
 static __device__ __forceinline__ float exp_d(float x)
@@ -134,7 +88,7 @@ extern "C" void kern_cuda_embed_fwd(kern_device *d, float *out, const int *tok,
     size_t total = (size_t)N * C;
     if (total == 0)
         return;
-    k_embed_fwd<<<grid_of(total, 256), 256, 0, stream_of(d)>>>(out, tok, wte, C, total);
+    k_embed_fwd<<<grid_for(total, 256), 256, 0, stream_of(d)>>>(out, tok, wte, C, total);
     LL_LAUNCHED(d, "embed_fwd");
 }
 
@@ -145,7 +99,7 @@ extern "C" void kern_cuda_embed_bwd(kern_device *d, float *dwte, const float *do
     size_t total = (size_t)N * C;
     if (total == 0)
         return;
-    k_embed_bwd<<<grid_of(total, 256), 256, 0, stream_of(d)>>>(dwte, dout, tok, C, total);
+    k_embed_bwd<<<grid_for(total, 256), 256, 0, stream_of(d)>>>(dwte, dout, tok, C, total);
     LL_LAUNCHED(d, "embed_bwd");
 }
 
@@ -166,7 +120,7 @@ static __global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp, 
     float ss = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
         ss += x[c] * x[c];
-    ss = ll_block_sum(ss, sh);
+    ss = block_sum(ss, sh);
     float s = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(ss, (float)C) + eps));
     float *o = out + (size_t)blockIdx.x * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
@@ -186,7 +140,7 @@ static __global__ void k_rmsnorm_bwd_inp(float *dinp, const float *dout, const f
     float dot = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
         dot += g[c] * ofs_w(w, offset, c) * x[c];
-    dot = ll_block_sum(dot, sh);
+    dot = block_sum(dot, sh);
     float s = rstd[row];
     float k = __fdiv_rn(dot * s * s * s, (float)C);
     float *di = dinp + row * C;
@@ -276,7 +230,7 @@ static void rope_launch(kern_device *d, float *out, const float *inp, const floa
     size_t total = (size_t)B * T * H * (hs / 2);
     if (total == 0)
         return;
-    k_rope<<<grid_of(total, 256), 256, 0, stream_of(d)>>>(out, inp, cos_t, sin_t, pos, T, H,
+    k_rope<<<grid_for(total, 256), 256, 0, stream_of(d)>>>(out, inp, cos_t, sin_t, pos, T, H,
                                                           hs / 2, dir, total);
     LL_LAUNCHED(d, "rope");
 }
@@ -330,7 +284,7 @@ extern "C" void kern_cuda_swiglu_fwd(kern_device *d, float *out, const float *ga
     LL_LIVE(d);
     if (n == 0)
         return;
-    k_swiglu_fwd<<<grid_of(n, 256), 256, 0, stream_of(d)>>>(out, gate, up, n);
+    k_swiglu_fwd<<<grid_for(n, 256), 256, 0, stream_of(d)>>>(out, gate, up, n);
     LL_LAUNCHED(d, "swiglu_fwd");
 }
 
@@ -341,7 +295,7 @@ extern "C" void kern_cuda_swiglu_bwd(kern_device *d, float *dgate, float *dup,
     LL_LIVE(d);
     if (n == 0)
         return;
-    k_swiglu_bwd<<<grid_of(n, 256), 256, 0, stream_of(d)>>>(dgate, dup, dout, gate, up, n);
+    k_swiglu_bwd<<<grid_for(n, 256), 256, 0, stream_of(d)>>>(dgate, dup, dout, gate, up, n);
     LL_LAUNCHED(d, "swiglu_bwd");
 }
 
@@ -409,14 +363,14 @@ static __global__ void k_gqa_fwd(gqa_seq s, float *att)
         a[u] = gqa_score(s, gqa_dot(dyn, ku, s.hs));
         mx = fmaxf(mx, a[u]);
     }
-    mx = ll_block_max(mx, sh);
+    mx = block_max(mx, sh);
     float sum = 0.0f;
     for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
         float e = exp_d(a[u] - mx);
         a[u] = e;
         sum += e;
     }
-    sum = ll_block_sum(sum, sh); /* its barriers also publish a[] to the block */
+    sum = block_sum(sum, sh); /* its barriers also publish a[] to the block */
     if (threadIdx.x == 0)
         s.lse[(size_t)h * s.T + t] = (float)((double)mx + log((double)sum));
     float inv = __fdiv_rn(1.0f, sum);
@@ -459,7 +413,7 @@ static __global__ void k_gqa_bwd_rows(gqa_seq s, float *P, float *dS)
         dS[row + u] = dp;
         dot += p * dp;
     }
-    dot = ll_block_sum(dot, sh);
+    dot = block_sum(dot, sh);
     for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
         float f = s.scale;
         if (s.cap > 0.0f) { /* the cap's derivative, from the raw product again */
