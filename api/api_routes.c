@@ -1,4 +1,4 @@
-/* api_routes: the v1 routing table (DESIGN.md "HTTP API v1").
+/* api_routes: the v1 routing table (docs/api.md).
  *
  *   GET  /healthz                    liveness (no token ever)
  *   (and HEAD wherever GET is)

@@ -370,7 +370,7 @@ static bool plan_nothing_fits(const json_t *ans)
     return json_is_array(json_object_get(ans, "micro_batch_candidates"));
 }
 
-/* The planner (POST /v1/plan, DESIGN.md): the spec plus "hardware". A
+/* The planner (POST /v1/plan, docs/api.md): the spec plus "hardware". A
  * daemon without it (404/405) gets the dry run of POST /v1/jobs, which
  * plans for its own devices, and the user is told so. */
 int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file)

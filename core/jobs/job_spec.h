@@ -1,6 +1,6 @@
 /* job_spec: a training job as submitted, parsed and validated.
  *
- * The public form is the JSON job spec of DESIGN.md ("Job spec"), which also
+ * The public form is the JSON job spec of docs/api.md (POST /v1/jobs), which also
  * accepts DeepSpeed's batch keys and a nested "deepspeed" object. job_spec_parse()
  * (job_spec.c) turns it into this struct, resolving the batch triple so that
  * train_batch_size == micro_batch * accum_steps * devices always holds, and

@@ -28,7 +28,7 @@
  * and weights are bit-identical across stages on CPU devices.
  * Rank 0 publishes the events; the last rank to finish publishes TEV_DONE.
  *
- * Out of memory (invariant 4). Activations are allocated per split, at the
+ * Out of memory (invariant 4, docs/invariants.md). Activations are allocated per split, at the
  * start of a step attempt, apart from the state (weights, gradients, AdamW
  * moments), which is allocated once. A rank whose allocation fails with
  * ACC_EOOM does not bail out: it skips its micro-steps and joins the step's
