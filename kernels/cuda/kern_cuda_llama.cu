@@ -45,19 +45,6 @@ extern "C" {
 #define LL_ROWS 256    /* rows per block of a column reduction */
 #define ATT_THREADS 128
 
-#define LL_LIVE(d)                  \
-    do {                            \
-        if (!kern_cuda_enter(d))    \
-            return;                 \
-    } while (0)
-#define LL_LAUNCHED(d, name) kern_cuda_check((d), cudaGetLastError(), "launch of " name, \
-                                             __FILE__, __LINE__)
-
-static cudaStream_t stream_of(kern_device *d)
-{
-    return (cudaStream_t)kern_cuda_stream(d);
-}
-
 static __device__ __forceinline__ float exp_d(float x)
 {
     return (float)exp((double)x);
@@ -84,23 +71,23 @@ static __global__ void k_embed_bwd(float *dwte, const float *dout, const int *to
 extern "C" void kern_cuda_embed_fwd(kern_device *d, float *out, const int *tok,
                                     const float *wte, int N, int C)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     size_t total = (size_t)N * C;
     if (total == 0)
         return;
-    k_embed_fwd<<<grid_for(total, 256), 256, 0, stream_of(d)>>>(out, tok, wte, C, total);
-    LL_LAUNCHED(d, "embed_fwd");
+    k_embed_fwd<<<grid_for(total, 256), 256, 0, IM(d)->stream>>>(out, tok, wte, C, total);
+    CU_LAUNCHED(d, "embed_fwd");
 }
 
 extern "C" void kern_cuda_embed_bwd(kern_device *d, float *dwte, const float *dout,
                                     const int *tok, int N, int C)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     size_t total = (size_t)N * C;
     if (total == 0)
         return;
-    k_embed_bwd<<<grid_for(total, 256), 256, 0, stream_of(d)>>>(dwte, dout, tok, C, total);
-    LL_LAUNCHED(d, "embed_bwd");
+    k_embed_bwd<<<grid_for(total, 256), 256, 0, IM(d)->stream>>>(dwte, dout, tok, C, total);
+    CU_LAUNCHED(d, "embed_bwd");
 }
 
 /* ---- RMSNorm: one block per row */
@@ -166,28 +153,28 @@ extern "C" void kern_cuda_rmsnorm_ofs_fwd(kern_device *d, float *out, float *rst
                                           const float *inp, const float *w, float offset,
                                           float eps, int N, int C)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (N <= 0 || C <= 0)
         return;
-    k_rmsnorm_fwd<<<(unsigned)N, LL_THREADS, 0, stream_of(d)>>>(out, rstd, inp, w, offset, eps,
+    k_rmsnorm_fwd<<<(unsigned)N, LL_THREADS, 0, IM(d)->stream>>>(out, rstd, inp, w, offset, eps,
                                                                 C);
-    LL_LAUNCHED(d, "rmsnorm_fwd");
+    CU_LAUNCHED(d, "rmsnorm_fwd");
 }
 
 extern "C" void kern_cuda_rmsnorm_ofs_bwd(kern_device *d, float *dinp, float *dw,
                                           const float *dout, const float *inp, const float *w,
                                           float offset, const float *rstd, int N, int C)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (N <= 0 || C <= 0)
         return;
-    k_rmsnorm_bwd_inp<<<(unsigned)N, LL_THREADS, 0, stream_of(d)>>>(dinp, dout, inp, w, offset,
+    k_rmsnorm_bwd_inp<<<(unsigned)N, LL_THREADS, 0, IM(d)->stream>>>(dinp, dout, inp, w, offset,
                                                                     rstd, C);
-    if (!LL_LAUNCHED(d, "rmsnorm_bwd_inp") || dw == NULL) /* dw NULL: a frozen weight */
+    if (!CU_LAUNCHED(d, "rmsnorm_bwd_inp") || dw == NULL) /* dw NULL: a frozen weight */
         return;
     dim3 grid((unsigned)((C + 255) / 256), (unsigned)((N + LL_ROWS - 1) / LL_ROWS));
-    k_rmsnorm_bwd_w<<<grid, 256, 0, stream_of(d)>>>(dw, dout, inp, rstd, N, C);
-    LL_LAUNCHED(d, "rmsnorm_bwd_w");
+    k_rmsnorm_bwd_w<<<grid, 256, 0, IM(d)->stream>>>(dw, dout, inp, rstd, N, C);
+    CU_LAUNCHED(d, "rmsnorm_bwd_w");
 }
 
 extern "C" void kern_cuda_rmsnorm_fwd(kern_device *d, float *out, float *rstd,
@@ -230,16 +217,16 @@ static void rope_launch(kern_device *d, float *out, const float *inp, const floa
     size_t total = (size_t)B * T * H * (hs / 2);
     if (total == 0)
         return;
-    k_rope<<<grid_for(total, 256), 256, 0, stream_of(d)>>>(out, inp, cos_t, sin_t, pos, T, H,
+    k_rope<<<grid_for(total, 256), 256, 0, IM(d)->stream>>>(out, inp, cos_t, sin_t, pos, T, H,
                                                           hs / 2, dir, total);
-    LL_LAUNCHED(d, "rope");
+    CU_LAUNCHED(d, "rope");
 }
 
 extern "C" void kern_cuda_rope_fwd(kern_device *d, float *out, const float *inp,
                                    const float *cos_t, const float *sin_t, const int *pos, int B,
                                    int T, int H, int hs)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     rope_launch(d, out, inp, cos_t, sin_t, pos, B, T, H, hs, 1.0f);
 }
 
@@ -247,7 +234,7 @@ extern "C" void kern_cuda_rope_bwd(kern_device *d, float *dinp, const float *dou
                                    const float *cos_t, const float *sin_t, const int *pos, int B,
                                    int T, int H, int hs)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     rope_launch(d, dinp, dout, cos_t, sin_t, pos, B, T, H, hs, -1.0f);
 }
 
@@ -281,22 +268,22 @@ static __global__ void k_swiglu_bwd(float *dgate, float *dup, const float *dout,
 extern "C" void kern_cuda_swiglu_fwd(kern_device *d, float *out, const float *gate,
                                      const float *up, size_t n)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (n == 0)
         return;
-    k_swiglu_fwd<<<grid_for(n, 256), 256, 0, stream_of(d)>>>(out, gate, up, n);
-    LL_LAUNCHED(d, "swiglu_fwd");
+    k_swiglu_fwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, gate, up, n);
+    CU_LAUNCHED(d, "swiglu_fwd");
 }
 
 extern "C" void kern_cuda_swiglu_bwd(kern_device *d, float *dgate, float *dup,
                                      const float *dout, const float *gate, const float *up,
                                      size_t n)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (n == 0)
         return;
-    k_swiglu_bwd<<<grid_for(n, 256), 256, 0, stream_of(d)>>>(dgate, dup, dout, gate, up, n);
-    LL_LAUNCHED(d, "swiglu_bwd");
+    k_swiglu_bwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(dgate, dup, dout, gate, up, n);
+    CU_LAUNCHED(d, "swiglu_bwd");
 }
 
 /* ---- grouped-query attention (unoptimised: see the header comment) */
@@ -511,7 +498,7 @@ extern "C" void kern_cuda_gqa_attention_opt_fwd(kern_device *d, float *out, floa
                                                 const kern_att_opts *opts, int B, int T,
                                                 int NH, int NKV, int hs)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (B <= 0 || T <= 0 || NH <= 0)
         return;
     size_t qs = (size_t)T * NH * hs, ks = (size_t)T * NKV * hs;
@@ -521,8 +508,8 @@ extern "C" void kern_cuda_gqa_attention_opt_fwd(kern_device *d, float *out, floa
         s.out = out + b * qs, s.lse = lse + (size_t)b * NH * T;
         s.pos = pos != NULL ? pos + (size_t)b * T : NULL;
         k_gqa_fwd<<<(unsigned)(T * NH), ATT_THREADS, (size_t)hs * sizeof(float),
-                    stream_of(d)>>>(s, scratch);
-        if (!LL_LAUNCHED(d, "gqa_attention_fwd"))
+                    IM(d)->stream>>>(s, scratch);
+        if (!CU_LAUNCHED(d, "gqa_attention_fwd"))
             return;
     }
 }
@@ -535,7 +522,7 @@ extern "C" void kern_cuda_gqa_attention_opt_bwd(kern_device *d, float *dq, float
                                                 int B, int T, int NH, int NKV, int hs)
 {
     (void)out; /* the rows hold all of P: <P, dP> directly */
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (B <= 0 || T <= 0 || NH <= 0)
         return;
     size_t qs = (size_t)T * NH * hs, ks = (size_t)T * NKV * hs;
@@ -547,11 +534,11 @@ extern "C" void kern_cuda_gqa_attention_opt_bwd(kern_device *d, float *dq, float
         s.lsec = lse + (size_t)b * NH * T;
         s.pos = pos != NULL ? pos + (size_t)b * T : NULL;
         k_gqa_bwd_rows<<<(unsigned)(T * NH), ATT_THREADS, 2 * (size_t)hs * sizeof(float),
-                         stream_of(d)>>>(s, P, dS);
-        if (!LL_LAUNCHED(d, "gqa_attention_bwd_rows"))
+                         IM(d)->stream>>>(s, P, dS);
+        if (!CU_LAUNCHED(d, "gqa_attention_bwd_rows"))
             return;
-        k_gqa_bwd_cols<<<(unsigned)(T * NKV), ATT_THREADS, 0, stream_of(d)>>>(s, P, dS);
-        if (!LL_LAUNCHED(d, "gqa_attention_bwd_cols"))
+        k_gqa_bwd_cols<<<(unsigned)(T * NKV), ATT_THREADS, 0, IM(d)->stream>>>(s, P, dS);
+        if (!CU_LAUNCHED(d, "gqa_attention_bwd_cols"))
             return;
     }
 }
