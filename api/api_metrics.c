@@ -177,7 +177,7 @@ static void devices_section(mbuf *b, const jobs_mgr *m)
         for (int i = 0; i < m->ndev; i++) {
             uint64_t v = k == 0 ? m->devs[i].mem_total : k == 1 ? m->dev_mem_in_use[i] : m->dev_mem_peak[i];
             put(b, "%s{device=\"%s\",kind=\"%s\"} %llu\n", names[k], m->devs[i].name,
-                m->devs[i].kind == KERN_DEV_CUDA ? "cuda" : "cpu", (unsigned long long)v);
+                kern_dev_kind_name(m->devs[i].kind), (unsigned long long)v);
         }
     }
 }

@@ -37,8 +37,6 @@
 #include "plan_table.h"
 #include "trainer.h"
 
-static json_int_t bytes_json(uint64_t b) { return b > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)b; }
-
 static int hw_memory(const json_t *v, uint64_t *out, acc_err *err)
 {
     static const char f[] = "hardware.device_memory";
@@ -101,7 +99,7 @@ static int parse_hardware(const jobs_mgr *m, const json_t *h, const train_cfg *s
     if (hw->device_memory == 0)
         return acc_err_set(err, ACC_EINVAL, "hardware.device_memory",
                            "hardware.device_memory is required: this machine has no %s device",
-                           hw->kind == KERN_DEV_CUDA ? "cuda" : "cpu");
+                           kern_dev_kind_name(hw->kind));
     return 0;
 }
 
@@ -112,22 +110,11 @@ static const char *mode_name(const plan_variant *v)
 
 static json_t *row_json(const plan_table *t, int i)
 {
-    const plan_row *r = &t->rows[i];
     const plan_variant *v = NULL;
     for (int g = 0; g < t->ngroups; g++)
         if (i >= t->groups[g].first && i < t->groups[g].first + t->groups[g].n)
             v = &t->groups[g].v;
-    char why[512];
-    plan_row_why(r, &t->hw, why, sizeof why);
-    const plan_parts *p = &r->parts;
-    return json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}", "mode",
-                     v ? mode_name(v) : "full", "zero_stage", v ? v->zero_stage : 0, "recompute", r->recompute,
-                     "micro_batch", r->micro_batch, "accum_steps", r->accum_steps, "weights_bytes",
-                     bytes_json(p->weights), "gradients_bytes", bytes_json(p->gradients), "optimizer_bytes",
-                     bytes_json(p->optimizer), "activations_bytes", bytes_json(p->activations), "workspace_bytes",
-                     bytes_json(p->workspace), "rounding_bytes", bytes_json(p->rounding), "runtime_bytes",
-                     bytes_json(p->runtime), "peak_bytes", bytes_json(r->peak_bytes), "device_bytes",
-                     bytes_json(r->device_bytes), "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null());
+    return plan_row_json(&t->rows[i], v, &t->hw);
 }
 
 static json_t *group_json(const plan_table *t, const plan_group *g)
@@ -140,7 +127,7 @@ static json_t *group_json(const plan_table *t, const plan_group *g)
                      g->v.zero_stage, "recompute", g->v.recompute, "rows", g->n, "largest_fitting_micro_batch",
                      best ? json_integer(best->micro_batch) : json_null(), "accum_steps",
                      best ? json_integer(best->accum_steps) : json_null(), "device_bytes",
-                     best ? json_integer(bytes_json(best->device_bytes)) : json_null(), "why_not",
+                     best ? json_integer(plan_bytes_json(best->device_bytes)) : json_null(), "why_not",
                      why[0] ? json_string(why) : json_null());
 }
 
@@ -213,8 +200,8 @@ static json_t *answer(const train_cfg *spec, const model_config *cfg, const plan
     return json_pack("{s:{s:s, s:s, s:I, s:i}, s:{s:s, s:I, s:i, s:b}, s:{s:i, s:i}, s:s, s:i, s:o, s:o, s:o, s:o}",
                      "model", "family", model_family_of(cfg)->name, "from", spec->model.from, "params",
                      (json_int_t)model_num_params(cfg), "seq_len", spec->model.seq_len, "hardware", "kind",
-                     t->hw.kind == KERN_DEV_CUDA ? "cuda" : "cpu", "device_memory_bytes",
-                     bytes_json(t->hw.device_memory), "devices", t->hw.devices, "given", hw_given, "batch",
+                     kern_dev_kind_name(t->hw.kind), "device_memory_bytes",
+                     plan_bytes_json(t->hw.device_memory), "devices", t->hw.devices, "given", hw_given, "batch",
                      "train_batch_size", spec->train_batch_size, "per_device", spec->train_batch_size / t->hw.devices,
                      "precision", spec_precision_name(spec->precision), "margin_pct", PLAN_MARGIN_PCT, "summary",
                      summary_json(t, spec->activation_checkpointing), "lora", lora_json(spec, t), "groups", groups ? groups : json_array(), "rows", rows ? rows : json_array());

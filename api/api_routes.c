@@ -110,7 +110,7 @@ static void route_devices(api_server *s, const api_request *req, const api_call 
         const kern_device_info *d = &m->devs[i];
         const job *h = m->dev_holder[i];
         json_t *o = json_pack("{s:i, s:s, s:i, s:s, s:I, s:I, s:I, s:o}", "id", i, "kind",
-                              d->kind == KERN_DEV_CUDA ? "cuda" : "cpu", "index", d->index, "name", d->name,
+                              kern_dev_kind_name(d->kind), "index", d->index, "name", d->name,
                               "memory_total_bytes", (json_int_t)d->mem_total, "memory_in_use_bytes",
                               (json_int_t)m->dev_mem_in_use[i], "memory_peak_bytes", (json_int_t)m->dev_mem_peak[i],
                               "job", h ? json_string(h->id) : json_null());

@@ -186,6 +186,23 @@ static int print_answer(ctl *c, const ctl_resp *r, int want1, int want2, json_t 
     return 0;
 }
 
+/* One request and its JSON answer (*ans, printed as is with --json), the
+ * status one of want1, want2; *status (may be NULL) is the HTTP status. */
+static int ask(ctl *c, const char *method, const char *path, const char *body, size_t len, int want1, int want2,
+               json_t **ans, long *status)
+{
+    ctl_resp r;
+    *ans = NULL;
+    int rc = ctl_request(c, method, path, body, len, &r);
+    if (rc != 0)
+        return rc;
+    if (status != NULL)
+        *status = r.status;
+    rc = print_answer(c, &r, want1, want2, ans);
+    ctl_resp_free(&r);
+    return rc;
+}
+
 int ctl_cmd_submit(ctl *c, const ctl_opts *o, const char *file)
 {
     char *text;
@@ -200,13 +217,9 @@ int ctl_cmd_submit(ctl *c, const ctl_opts *o, const char *file)
 
 int ctl_submit_text(ctl *c, const ctl_opts *o, const char *text, size_t len)
 {
-    ctl_resp r;
-    int rc = ctl_request(c, "POST", o->dry_run ? "/v1/jobs?dry_run=1" : "/v1/jobs", text, len, &r);
-    if (rc != 0)
-        return rc;
-    json_t *ans = NULL;
-    rc = print_answer(c, &r, o->dry_run ? 200 : 201, -1, &ans);
-    ctl_resp_free(&r);
+    json_t *ans;
+    int rc = ask(c, "POST", o->dry_run ? "/v1/jobs?dry_run=1" : "/v1/jobs", text, len, o->dry_run ? 200 : 201, -1,
+                 &ans, NULL);
     if (rc != 0)
         return rc;
     if (o->dry_run) {
@@ -248,13 +261,8 @@ int ctl_cmd_ls(ctl *c, const ctl_opts *o)
         }
         snprintf(path, sizeof path, "/v1/jobs?state=%s", o->state);
     }
-    ctl_resp r;
-    int rc = ctl_request(c, "GET", path, NULL, 0, &r);
-    if (rc != 0)
-        return rc;
-    json_t *ans = NULL;
-    rc = print_answer(c, &r, 200, -1, &ans);
-    ctl_resp_free(&r);
+    json_t *ans;
+    int rc = ask(c, "GET", path, NULL, 0, 200, -1, &ans, NULL);
     if (rc == 0 && !c->json)
         ctl_print_jobs(json_object_get(ans, "jobs"));
     json_decref(ans);
@@ -263,13 +271,8 @@ int ctl_cmd_ls(ctl *c, const ctl_opts *o)
 
 static int get_and_print(ctl *c, const char *path, void (*pr)(const json_t *))
 {
-    ctl_resp r;
-    int rc = ctl_request(c, "GET", path, NULL, 0, &r);
-    if (rc != 0)
-        return rc;
-    json_t *ans = NULL;
-    rc = print_answer(c, &r, 200, -1, &ans);
-    ctl_resp_free(&r);
+    json_t *ans;
+    int rc = ask(c, "GET", path, NULL, 0, 200, -1, &ans, NULL);
     if (rc == 0 && !c->json)
         pr(ans);
     json_decref(ans);
@@ -315,14 +318,9 @@ int ctl_cmd_cancel(ctl *c, const char *id)
     if (check_id(id) != 0)
         return CTL_EUSAGE;
     snprintf(path, sizeof path, "/v1/jobs/%s", id);
-    ctl_resp r;
-    int rc = ctl_request(c, "DELETE", path, NULL, 0, &r);
-    if (rc != 0)
-        return rc;
-    json_t *ans = NULL;
-    long status = r.status;
-    rc = print_answer(c, &r, 200, 202, &ans);
-    ctl_resp_free(&r);
+    json_t *ans;
+    long status = 0;
+    int rc = ask(c, "DELETE", path, NULL, 0, 200, 202, &ans, &status);
     if (rc == 0 && !c->json) {
         if (status == 200)
             printf("%s cancelled\n", id);
@@ -340,13 +338,8 @@ int ctl_cmd_metrics(ctl *c, const ctl_opts *o, const char *id)
     if (check_id(id) != 0)
         return CTL_EUSAGE;
     snprintf(path, sizeof path, "/v1/jobs/%s/metrics", id);
-    ctl_resp r;
-    int rc = ctl_request(c, "GET", path, NULL, 0, &r);
-    if (rc != 0)
-        return rc;
-    json_t *ans = NULL;
-    rc = print_answer(c, &r, 200, -1, &ans);
-    ctl_resp_free(&r);
+    json_t *ans;
+    int rc = ask(c, "GET", path, NULL, 0, 200, -1, &ans, NULL);
     if (rc == 0 && !c->json)
         ctl_print_metrics(ans, o->csv);
     json_decref(ans);

@@ -260,7 +260,8 @@ static void row_cell(const json_t *row, const char *key, char *out, size_t n)
 
 /* An array of objects as a table, the columns from the first row's keys,
  * each as wide as its widest cell. */
-static void print_rows(const json_t *rows)
+/* cols: the columns (NULL-terminated); NULL: every key of the first row. */
+static void print_rows(const json_t *rows, const char *const *cols)
 {
     enum { MAXCOL = 32 };
     const json_t *first = json_array_get(rows, 0), *v, *row;
@@ -268,13 +269,18 @@ static void print_rows(const json_t *rows)
     int w[MAXCOL], nc = 0;
     size_t i;
     char c[64];
-    json_object_foreach((json_t *)first, key, v)
-    {
-        if (nc == MAXCOL)
-            break;
-        keys[nc] = key;
-        w[nc++] = (int)strlen(key);
+    for (int k = 0; cols != NULL && cols[k] != NULL && nc < MAXCOL; k++) {
+        keys[nc] = cols[k];
+        w[nc++] = (int)strlen(cols[k]);
     }
+    if (cols == NULL)
+        json_object_foreach((json_t *)first, key, v)
+        {
+            if (nc == MAXCOL)
+                break;
+            keys[nc] = key;
+            w[nc++] = (int)strlen(key);
+        }
     json_array_foreach(rows, i, row) for (int k = 0; k < nc; k++)
     {
         row_cell(row, keys[k], c, sizeof c);
@@ -415,15 +421,18 @@ void ctl_print_plan(const json_t *plan)
         ctl_fmt_bytes(max_of(json_object_get(plan, "predicted_peak_memory_bytes")), peak, sizeof peak);
         printf("memory:     predicted peak %s per device, device budget %s\n", peak, mem);
     }
-    /* every array of objects in the answer (the dry run's candidates, or
-     * the planner's ways to run it) as a table */
+    /* every array of objects in the answer as a table; the dry run's
+     * candidates by the trade-off they show (m against a: the peak and
+     * whether it fits), their parts are accumctl plan's */
+    static const char *const candidate_cols[] = {"micro_batch", "accum_steps", "recompute", "predicted_peak_bytes",
+                                                 "fits", NULL};
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)plan, key, v)
     {
         if (json_is_array(v) && json_is_object(json_array_get(v, 0))) {
             printf("\n%s:\n", key);
-            print_rows(v);
+            print_rows(v, strcmp(key, "micro_batch_candidates") == 0 ? candidate_cols : NULL);
         }
     }
 }

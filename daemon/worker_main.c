@@ -24,6 +24,7 @@
 
 #include <jansson.h>
 
+#include "fsutil.h"
 #include "tev_json.h"
 #include "job_train_cfg.h"
 #include "worker_proto.h"
@@ -62,20 +63,6 @@ static void say(const worker *w, const char *fmt, const char *detail)
 
 /* ---- the channel */
 
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 /* One object as a line; a channel that is gone means the daemon is: stop. */
 static void send_json(worker *w, json_t *o)
 {
@@ -87,9 +74,9 @@ static void send_json(worker *w, json_t *o)
     }
     size_t n = strlen(text);
     pthread_mutex_lock(&w->wmu);
-    int rc = write_all(WK_FD, text, n);
+    int rc = fsu_write_all(WK_FD, text, n, NULL);
     if (rc == 0)
-        rc = write_all(WK_FD, "\n", 1);
+        rc = fsu_write_all(WK_FD, "\n", 1, NULL);
     pthread_mutex_unlock(&w->wmu);
     free(text);
     if (rc != 0) {

@@ -15,7 +15,7 @@
  * call return ACC_ECANCELLED, so a rank that fails or is cancelled never
  * leaves the others hanging.
  *
- * Bucketed reduction (invariant 3: the gradients cross devices once a step,
+ * Bucketed reduction (invariant 3 of docs/invariants.md: the gradients cross devices once a step,
  * in buckets that overlap the last micro-step's backward): one reduction is
  * any number of kern_comm_reduce_start() calls, each summing a list of spans
  * of one buffer, ended by one kern_comm_reduce_finish(). On GPUs a start

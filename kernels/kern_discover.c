@@ -2,6 +2,11 @@
 
 #include <stdio.h>
 
+const char *kern_dev_kind_name(kern_dev_kind kind)
+{
+    return kind == KERN_DEV_CUDA ? "cuda" : "cpu";
+}
+
 bool kern_cuda_built(void)
 {
 #ifdef ACCUMD_HAVE_CUDA

@@ -21,6 +21,9 @@ extern "C" {
 
 typedef enum kern_dev_kind { KERN_DEV_CPU = 0, KERN_DEV_CUDA = 1 } kern_dev_kind;
 
+/* "cpu" or "cuda": the kind's name in the API, metrics and plans. */
+const char *kern_dev_kind_name(kern_dev_kind kind);
+
 typedef struct kern_device_info {
     kern_dev_kind kind;
     int index;            /* CUDA ordinal, or CPU device number */

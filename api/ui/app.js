@@ -797,7 +797,7 @@
 
     root.append(el('h1', {}, 'Submit a job'),
       el('div', { class: 'submit-grid' },
-        el('div', {}, el('p', { class: 'muted' }, 'Paste a job spec (docs/api.md, DESIGN.md "Job spec") or upload a file. ',
+        el('div', {}, el('p', { class: 'muted' }, 'Paste a job spec (docs/api.md) or upload a file. ',
           'It is checked with the dry run and the planner before it can be queued.'),
           el('div', { class: 'row', style: 'margin-bottom:8px' }, file), ta,
           el('div', { class: 'row', style: 'margin-top:8px' }, checkBtn, submitBtn)),

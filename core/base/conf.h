@@ -1,6 +1,6 @@
 /* conf: the daemon's configuration, its defaults and the validation of each key.
  *
- * One struct holds every key of docs/operations.md ("Configure") plus the
+ * One struct holds every key of docs/operations.md's "Configure" table plus the
  * operational limits accumd adds. Values arrive as strings, from the config
  * file or from `--set key=value`, through conf_set(), which validates and
  * converts; later calls override earlier ones. conf_finalize() then fills

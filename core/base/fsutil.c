@@ -169,17 +169,6 @@ int fsu_copy_fd(int in, const char *src, const char *dst, acc_err *err)
     return rc;
 }
 
-int fsu_copy_file(const char *src, const char *dst, acc_err *err)
-{
-    int in = open(src, O_RDONLY | O_CLOEXEC);
-    if (in < 0)
-        return acc_err_set(err, errno == ENOENT ? ACC_ENOTFOUND : ACC_EIO, NULL, "open %s: %s", src,
-                           strerror(errno));
-    int rc = fsu_copy_fd(in, src, dst, err);
-    close(in);
-    return rc;
-}
-
 int fsu_write_atomic(const char *path, const void *data, size_t len, acc_err *err)
 {
     fsu_chunk c = {data, len};

@@ -48,8 +48,6 @@ int fsu_atomic_open(fsu_atomic *a, const char *path, acc_err *err);
 int fsu_atomic_commit(fsu_atomic *a, acc_err *err);
 void fsu_atomic_abort(fsu_atomic *a);
 
-/* Copy regular file `src` to `dst` atomically and durably (streamed, any size). */
-int fsu_copy_file(const char *src, const char *dst, acc_err *err);
 /* The same from the open file `in` (left open; `src` names it in messages). */
 int fsu_copy_fd(int in, const char *src, const char *dst, acc_err *err);
 

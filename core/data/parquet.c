@@ -47,7 +47,6 @@ struct pq_reader {
     int nleaves;
     pq_column *cols;
     int ncols;
-    char unsup[PQ_MAX_NAME], unsup_why[96];
     /* row groups: rows, and the chunk of each leaf */
     int nrg;
     int64_t *rg_rows;
@@ -287,14 +286,6 @@ static bool flat_struct(const pq_reader *r, const pq_node *g)
     return true;
 }
 
-static void unsupported(pq_reader *r, const pq_node *t, const char *why)
-{
-    if (r->unsup[0] == '\0') {
-        snprintf(r->unsup, sizeof r->unsup, "%s", t->name);
-        snprintf(r->unsup_why, sizeof r->unsup_why, "%s", why);
-    }
-}
-
 /* a list's element node e (primitive or flat struct) */
 static bool list_of(pq_reader *r, pq_column *col, const pq_node *e)
 {
@@ -404,10 +395,8 @@ static int build_columns(pq_reader *r, acc_err *err)
         leaf_path(r, c, "", r->leaves);
         pq_column *col = &r->cols[r->ncols];
         memset(col, 0, sizeof *col);
-        if (!classify(r, &r->nodes[c], col)) {
-            unsupported(r, &r->nodes[c], UNSUPPORTED_SHAPE);
-            continue;
-        }
+        if (!classify(r, &r->nodes[c], col))
+            continue; /* left out; pq_column_unsupported says why */
         snprintf(col->name, sizeof col->name, "%s", r->nodes[c].name);
         col->first_leaf = -1;
         leaf_range(r, c, &col->first_leaf, &col->nleaves);
@@ -547,34 +536,12 @@ int64_t pq_rows_read(const pq_reader *r)
     return r->rows_read;
 }
 
-int pq_num_row_groups(const pq_reader *r)
-{
-    return r->nrg;
-}
-
-int pq_num_columns(const pq_reader *r)
-{
-    return r->ncols;
-}
-
-const char *pq_column_name(const pq_reader *r, int i)
-{
-    return r->cols[i].name;
-}
-
 bool pq_has_column(const pq_reader *r, const char *name)
 {
     for (int i = 0; i < r->ncols; i++)
         if (strcmp(r->cols[i].name, name) == 0)
             return true;
     return false;
-}
-
-const char *pq_unsupported(const pq_reader *r, const char **why)
-{
-    if (why != NULL)
-        *why = r->unsup_why;
-    return r->unsup[0] ? r->unsup : NULL;
 }
 
 const char *pq_column_unsupported(const pq_reader *r, const char *name)

@@ -26,8 +26,8 @@
  *     (so `messages: list<struct<role, content>>` is
  *     [{"role":..,"content":..}, ...]). A null anywhere is JSON null; an
  *     empty list is []. Columns of other shapes (maps, nested lists,
- *     INT96, fixed-length bytes) are left out of the rows, and named by
- *     pq_unsupported().
+ *     INT96, fixed-length bytes) are left out of the rows;
+ *     pq_column_unsupported() says why for a named one.
  *   - A damaged or unsupported file is ACC_EINVAL with `field` and the
  *     message "<name>: row group <g>, column <path>: <what>" (or
  *     "<name>: <what>" for the footer), never quoting the file's bytes.
@@ -56,13 +56,8 @@ int pq_open(int fd, const char *name, const char *field, pq_reader **out, acc_er
 bool pq_fd_is_parquet(int fd);
 
 int64_t pq_num_rows(const pq_reader *r);
-int pq_num_row_groups(const pq_reader *r);
-/* The top-level columns the reader assembles, in schema order. */
-int pq_num_columns(const pq_reader *r);
-const char *pq_column_name(const pq_reader *r, int i);
+/* Whether top-level column `name` is one the reader assembles. */
 bool pq_has_column(const pq_reader *r, const char *name);
-/* The first column left out (see above) and why, or NULL. */
-const char *pq_unsupported(const pq_reader *r, const char **why);
 /* Why top-level column `name` is left out, or NULL (read, or absent). */
 const char *pq_column_unsupported(const pq_reader *r, const char *name);
 

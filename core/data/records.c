@@ -17,11 +17,6 @@ int rec_format_from_name(const char *name)
     return -1;
 }
 
-const char *rec_format_name(rec_format f)
-{
-    return format_names[f];
-}
-
 const char *rec_role_name(rec_role r)
 {
     return role_names[r];

@@ -56,7 +56,6 @@ typedef struct rec_record {
 
 /* "chat", "prompt_completion", "text_jsonl", "text_lines" -> format; -1 when none. */
 int rec_format_from_name(const char *name);
-const char *rec_format_name(rec_format f);
 /* "system" / "user" / "assistant" */
 const char *rec_role_name(rec_role r);
 

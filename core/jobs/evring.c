@@ -112,8 +112,6 @@ void evring_close(evring *r)
     notify_all(r);
 }
 
-void evring_reopen(evring *r) { r->closed = false; }
-
 size_t evring_gap_json(const evring *r, uint64_t from, uint64_t to, char *out, size_t n)
 {
     struct timespec ts;

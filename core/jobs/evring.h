@@ -64,9 +64,8 @@ uint64_t evring_first(const evring *r);
 /* The event with sequence `seq`, or NULL when not (or no longer) held. */
 const evring_entry *evring_get(const evring *r, uint64_t seq);
 
-/* Mark the stream finished (watchers end after the last event) or open again. */
+/* Mark the stream finished (watchers end after the last event). */
 void evring_close(evring *r);
-void evring_reopen(evring *r);
 
 /* The `gap` event a watcher that missed [from, to] gets instead, as one
  * JSON line like the job's own events: seq (= to, so a resume with

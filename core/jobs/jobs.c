@@ -14,6 +14,7 @@
 #include "job_train_cfg.h"
 #include "log.h"
 #include "mem_plan.h"
+#include "plan_table.h"
 #include "safepath.h"
 #include "scheduler.h"
 
@@ -387,13 +388,6 @@ static void sched_devs(const jobs_mgr *m, sched_dev *sd)
     }
 }
 
-/* A byte count for JSON (signed 64-bit): an overflowed (saturated) size
- * shows as the largest value, never as a negative or wrapped one. */
-static json_int_t bytes_json(uint64_t b)
-{
-    return b > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)b;
-}
-
 /* The smallest device budget (the planner's fit for a dry run). */
 static uint64_t min_budget(const jobs_mgr *m)
 {
@@ -424,11 +418,15 @@ static json_t *plan_json(const train_cfg *s, kern_dev_kind kind, uint64_t budget
     /* the split this job would start with (h-results, issue 23: one rule,
      * plan_start_row, as the trainer's start_where_fits) */
     int start = plan_start_row(s, rows, n, chosen);
+    plan_hw hw = {.kind = kind, .device_memory = budget, .devices = s->devices};
     for (int i = 0; i < n; i++) {
         const plan_row *r = &rows[i];
-        json_array_append_new(arr, json_pack("{s:i, s:i, s:b, s:I, s:b}", "micro_batch", r->micro_batch,
-                                             "accum_steps", r->accum_steps, "recompute", r->recompute,
-                                             "predicted_peak_bytes", bytes_json(r->peak_bytes), "fits", r->fits));
+        /* the plan's row view, and its peak under the dry run's older name */
+        plan_variant v = {.lora = s->lora.r > 0, .zero_stage = s->zero_stage, .recompute = r->recompute};
+        json_t *row = plan_row_json(r, &v, &hw);
+        if (row != NULL)
+            json_object_set_new(row, "predicted_peak_bytes", json_integer(plan_bytes_json(r->peak_bytes)));
+        json_array_append_new(arr, row);
         if (i == start) {
             *peak_out = r->peak_bytes;
             *micro_out = r->micro_batch;
@@ -528,7 +526,7 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, j
     for (int i = 0; i < s->devices; i++) {
         if (r.start)
             json_array_append_new(devs, json_string(m->devs[r.placed[i]].name));
-        json_array_append_new(mem, json_integer(bytes_json(peak)));
+        json_array_append_new(mem, json_integer(plan_bytes_json(peak)));
     }
     int per_rank = s->train_batch_size / (s->devices > 0 ? s->devices : 1);
     json_t *note = json_incref(json_object_get(cands, "note")); /* plan_json's pair */
@@ -539,7 +537,7 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, j
                      "batch", "train_batch_size", s->train_batch_size, "micro_batch", micro, "accum_steps",
                      micro > 0 ? per_rank / micro : 0, "world", s->devices, "micro_auto", s->micro_auto,
                      "precision", spec_precision_name(s->precision), "placement", "starts_now", r.start, "devices", devs, "kind",
-                     m->ndev > 0 && m->devs[0].kind == KERN_DEV_CUDA ? "cuda" : "cpu", "queued_before",
+                     kern_dev_kind_name(m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU), "queued_before",
                      queued_before, "predicted_peak_memory_bytes", mem, "device_memory_bytes", (json_int_t)budget,
                      "micro_batch_candidates", cands);
     /* h-parquet: the data format, and whether it was read off the data */
@@ -860,23 +858,6 @@ int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, 
     *out = j;
     jobs_schedule(m);
     return 0;
-}
-
-int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **out, json_t **plan, acc_err *err)
-{
-    return jobs_submit_as(m, NULL, text, len, dry_run, out, plan, err);
-}
-
-int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len, bool dry_run, job **out,
-                   json_t **plan, acc_err *err)
-{
-    jobs_checked *c = jobs_check_submission(m, text, len, dry_run);
-    if (c == NULL)
-        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
-    snprintf(c->owner, sizeof c->owner, "%s", owner ? owner : "");
-    int rc = jobs_submit_checked(m, c, out, plan, err);
-    jobs_checked_free(c);
-    return rc;
 }
 
 /* ---- running ---------------------------------------------------------------- */

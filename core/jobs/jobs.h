@@ -7,7 +7,7 @@
  * jobs_drain_events(), on the loop thread, then applies the events to job
  * state, the job's event ring, the metrics history and the store.
  *
- * Durability: a job is acknowledged (jobs_submit returns 0) only after its
+ * Durability: a job is acknowledged (jobs_submit_checked returns 0) only after its
  * row and first event are committed (store.h); every state change is one
  * transaction with its event. A state change the store cannot write is not
  * shown: the job keeps its previous state, the change is retried
@@ -118,21 +118,15 @@ int jobs_init(jobs_mgr *m, const acc_conf *conf, const kern_device_info *devs, i
 int jobs_load(jobs_mgr *m, acc_err *err);
 void jobs_free(jobs_mgr *m);
 
-/* Validate, persist, queue. With dry_run, nothing is stored: *plan gets
- * the resolved batch, the placement and a memory estimate. */
-int jobs_submit(jobs_mgr *m, const char *text, size_t len, bool dry_run, job **out, json_t **plan, acc_err *err);
-/* The same for a named owner (a user name; NULL or "" for none). */
-int jobs_submit_as(jobs_mgr *m, const char *owner, const char *text, size_t len, bool dry_run, job **out,
-                   json_t **plan, acc_err *err);
-
-/* Submission in two halves, so nothing that can block runs on the loop
+/* Submission: validate, persist, queue. With dry_run, nothing is stored:
+ * *plan gets the resolved batch, the placement and a memory estimate.
+ * It is done in two halves, so nothing that can block runs on the loop
  * thread: jobs_check_submission() does everything that reads files (parse,
  * paths under the roots, data and init files, the resume checkpoint, the
  * planner's fit against the largest device, the dry-run table); it reads
  * only m's immutable parts (conf, device table) and may run on any thread.
  * Its result (never NULL but for out of memory) is then completed on the
- * loop thread by jobs_submit_checked() (placement, id, uid, persist, queue),
- * which returns what jobs_submit() would. jobs_submit() is both in a row. */
+ * loop thread by jobs_submit_checked() (placement, id, uid, persist, queue). */
 typedef struct jobs_checked {
     int rc;                /* 0 or the check's refusal, in err */
     acc_err err;

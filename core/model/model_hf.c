@@ -402,25 +402,15 @@ static int fill_tensor(void *vctx, int i, float *buf, acc_err *err)
     return 0;
 }
 
-/* The source's config.json (under its roots, through safepath.h), NULL
- * when it cannot be read: the family's keys are written anyway. */
+/* The source's config.json (read by hf_dir, under its roots), NULL when
+ * it cannot be read: the family's keys are written anyway. */
 static json_t *source_config(const char *src_dir, const char *roots)
 {
-    char path[PATH_MAX + 16], *text;
-    size_t len;
-    int dfd, fd;
-    json_t *c = NULL;
-    if (sp_open_dir(roots ? roots : "", src_dir, HF_FIELD, &dfd, NULL, 0, NULL) != 0)
+    hf_dir *h;
+    if (hf_open_under(roots, src_dir, HF_OPEN_CONFIG, &h, NULL) != 0)
         return NULL;
-    snprintf(path, sizeof path, "%s/config.json", src_dir);
-    if (sp_open_in(roots ? roots : "", dfd, src_dir, "config.json", HF_FIELD, &fd, NULL) == 0) {
-        if (fsu_read_fd(fd, path, &text, &len, 16u << 20, NULL) == 0) {
-            c = json_loadb(text, len, 0, NULL);
-            free(text);
-        }
-        close(fd);
-    }
-    close(dfd);
+    json_t *c = json_incref(hf_config(h));
+    hf_close(h);
     return c;
 }
 

@@ -587,11 +587,6 @@ static int verify_at(int dfd, const char *dir, ckpt_state *st, acc_err *err)
     return rc;
 }
 
-int ckpt_peek_at(int dfd, const char *dir, ckpt_state *st, acc_err *err)
-{
-    return verify_at(dfd, dir, st, err);
-}
-
 int ckpt_check_model_at(int dfd, const char *dir, const model_config *cfg, acc_err *err)
 {
     st_file *f;

@@ -128,7 +128,6 @@ int ckpt_peek(const char *dir, ckpt_state *st, acc_err *err);
  * safepath.h), named `dir` in messages; its files are opened inside it
  * without following symlinks and read through those descriptors. */
 int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st, acc_err *err);
-int ckpt_peek_at(int dfd, const char *dir, ckpt_state *st, acc_err *err);
 /* The checkpoint's model shape is `cfg`'s (ACC_EINVAL, field resume_from). */
 int ckpt_check_model_at(int dfd, const char *dir, const model_config *cfg, acc_err *err);
 

@@ -244,12 +244,6 @@ int plan_next_smaller_micro(int per_rank, int m)
     return batch_split_smaller_micro(&s);
 }
 
-int plan_next_larger_micro(int per_rank, int m)
-{
-    batch_split s = {.B = per_rank, .m = m, .a = 1, .w = 1};
-    return batch_split_larger_micro(&s);
-}
-
 /* The row's peak by part: the state's parts (state_parts), the per-m part
  * as plan_act_bytes counts it (activations + the backend's workspace);
  * then what the backend holds beyond: its allocator's rounding of each

@@ -148,9 +148,6 @@ uint64_t plan_usable_bytes(uint64_t budget);
 /* The largest divisor of per_rank smaller than m, or 0 when m is 1. */
 int plan_next_smaller_micro(int per_rank, int m);
 
-/* The smallest divisor of per_rank larger than m, or 0 when m is per_rank. */
-int plan_next_larger_micro(int per_rank, int m);
-
 /* Candidates for the spec against a per-device budget (0 = unlimited):
  * one row per divisor m of B/w, ascending, in the spec's mode
  * (activation_checkpointing), then, when the spec does not already

@@ -223,3 +223,24 @@ void plan_row_why(const plan_row *r, const plan_hw *hw, char *buf, size_t n)
              gib(r->device_bytes), gib(state), gib(p->activations), gib(p->workspace), extra,
              gib(hw->device_memory), gib(usable), PLAN_MARGIN_PCT);
 }
+
+json_int_t plan_bytes_json(uint64_t b)
+{
+    return b > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)b;
+}
+
+json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *hw)
+{
+    char why[512];
+    plan_row_why(r, hw, why, sizeof why);
+    const plan_parts *p = &r->parts;
+    return json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}", "mode",
+                     v != NULL && v->lora ? "lora" : "full", "zero_stage", v != NULL ? v->zero_stage : 0,
+                     "recompute", r->recompute, "micro_batch", r->micro_batch, "accum_steps", r->accum_steps,
+                     "weights_bytes", plan_bytes_json(p->weights), "gradients_bytes", plan_bytes_json(p->gradients),
+                     "optimizer_bytes", plan_bytes_json(p->optimizer), "activations_bytes",
+                     plan_bytes_json(p->activations), "workspace_bytes", plan_bytes_json(p->workspace),
+                     "rounding_bytes", plan_bytes_json(p->rounding), "runtime_bytes", plan_bytes_json(p->runtime),
+                     "peak_bytes", plan_bytes_json(r->peak_bytes), "device_bytes", plan_bytes_json(r->device_bytes),
+                     "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null());
+}

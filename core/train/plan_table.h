@@ -34,6 +34,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "mem_plan.h"
 
 /* The hardware planned for: one kind, `devices` devices of
@@ -101,5 +103,15 @@ void plan_table_free(plan_table *t);
 /* Why row r does not fit a device of hw.device_memory bytes ("" when it
  * fits), with the numbers: the model state alone, or the whole peak. */
 void plan_row_why(const plan_row *r, const plan_hw *hw, char *buf, size_t n);
+
+/* A byte count as a JSON integer (signed 64-bit): an overflowed
+ * (saturated) size shows as the largest value, never a negative one. */
+json_int_t plan_bytes_json(uint64_t b);
+
+/* Row r of variant v (NULL: a full fine-tune, ZeRO 0) on hw, the one JSON
+ * view of a row (POST /v1/plan's rows, the dry run's candidates): mode,
+ * zero_stage, the split, the bytes by part, peak_bytes, device_bytes,
+ * fits and why_not. NULL when out of memory. */
+json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *hw);
 
 #endif

@@ -29,7 +29,7 @@
  * and weights are bit-identical across stages on CPU devices.
  * Rank 0 publishes the events; the last rank to finish publishes TEV_DONE.
  *
- * Out of memory (invariant 4; the agreement and the rule are oom.h's).
+ * Out of memory (invariant 4, docs/invariants.md; the agreement and the rule are oom.h's).
  * Activations are allocated per split, at the start of a step attempt,
  * apart from the state (weights, gradients, AdamW moments), which is
  * allocated once. A rank whose allocation fails with ACC_EOOM records it

@@ -291,17 +291,6 @@ static const kern_ops cuda_ops = {
 };
 
 /* the op files' hooks into the device state (kern_cuda_llama.h) */
-extern "C" bool kern_cuda_enter(kern_device *d)
-{
-    return cu_enter(d);
-}
-
-extern "C" bool kern_cuda_check(kern_device *d, cudaError_t e, const char *what,
-                                const char *file, int line)
-{
-    return cu_ok_rt(d, e == cudaErrorNotReady ? cudaSuccess : e, what, file, line);
-}
-
 static int open_fail(kern_device *d, acc_err *err)
 {
     int rc = acc_err_set(err, ACC_EDEVICE, "devices", "%s", IM(d)->err_msg);

@@ -2,7 +2,7 @@
  * to kernels/cuda/): the device state (cu_impl), the sticky-error checks,
  * the per-op profile scope, the warp/block reductions and exp polynomial
  * that must match the CPU, and the ops each file defines for the table in
- * kern_cuda.cu. One file per op family, as llm.c's llmc/:
+ * kern_cuda.cu. One file per op family (each read and changed alone):
  *   kern_cuda.cu            memory (caching allocator), open/close, the
  *                           kern_ops table, the kern_cuda.h API
  *   kern_cuda_embed.cu      token + position embeddings
@@ -12,6 +12,7 @@
  *   kern_cuda_pointwise.cu  GELU, add
  *   kern_cuda_loss.cu       fused softmax + cross-entropy
  *   kern_cuda_optim.cu      AdamW, sum of squares
+ *   kern_cuda_llama.cu      the decoder families' ops (RMSNorm, RoPE, SwiGLU, GQA)
  * The contract of the whole backend is kern_cuda.h; see kern_cuda.cu's
  * header for the design.
  */
@@ -245,7 +246,20 @@ static __device__ __forceinline__ double warp_sum_d(double v)
     return v;
 }
 
-/* block-wide reductions; blockDim.x a multiple of 32, at most 1024 */
+/* block-wide reductions; blockDim.x a multiple of 32, at most 1024;
+ * every thread gets the result; sh: 32 elements of shared memory */
+static __device__ float block_sum(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+
 static __device__ float block_max(float v, float *sh)
 {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;

@@ -38,71 +38,12 @@ extern "C" {
 #include "kern_device.h"
 }
 #include "kern_cuda.h"
+#include "kern_cuda_impl.cuh"
 #include "kern_cuda_llama.h"
 
 #define LL_THREADS 256 /* blocks of the row kernels */
 #define LL_ROWS 256    /* rows per block of a column reduction */
 #define ATT_THREADS 128
-
-#define LL_LIVE(d)                  \
-    do {                            \
-        if (!kern_cuda_enter(d))    \
-            return;                 \
-    } while (0)
-#define LL_LAUNCHED(d, name) kern_cuda_check((d), cudaGetLastError(), "launch of " name, \
-                                             __FILE__, __LINE__)
-
-static cudaStream_t stream_of(kern_device *d)
-{
-    return (cudaStream_t)kern_cuda_stream(d);
-}
-
-static unsigned grid_of(size_t n, unsigned threads)
-{
-    size_t g = (n + threads - 1) / threads;
-    if (g > 65535u * 16u)
-        g = 65535u * 16u;
-    return g == 0 ? 1u : (unsigned)g;
-}
-
-/* ---- reductions over a block (blockDim.x a multiple of 32, <= 1024) */
-
-static __device__ __forceinline__ float ll_warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-static __device__ __forceinline__ float ll_warp_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* every thread gets the result; sh: 32 floats of shared memory */
-static __device__ float ll_block_sum(float v, float *sh)
-{
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = ll_warp_sum(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[w] = v;
-    __syncthreads();
-    return ll_warp_sum(lane < nw ? sh[lane] : 0.0f);
-}
-
-static __device__ float ll_block_max(float v, float *sh)
-{
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = ll_warp_max(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[w] = v;
-    __syncthreads();
-    return ll_warp_max(lane < nw ? sh[lane] : -INFINITY);
-}
 
 static __device__ __forceinline__ float exp_d(float x)
 {
@@ -130,23 +71,23 @@ static __global__ void k_embed_bwd(float *dwte, const float *dout, const int *to
 extern "C" void kern_cuda_embed_fwd(kern_device *d, float *out, const int *tok,
                                     const float *wte, int N, int C)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     size_t total = (size_t)N * C;
     if (total == 0)
         return;
-    k_embed_fwd<<<grid_of(total, 256), 256, 0, stream_of(d)>>>(out, tok, wte, C, total);
-    LL_LAUNCHED(d, "embed_fwd");
+    k_embed_fwd<<<grid_for(total, 256), 256, 0, IM(d)->stream>>>(out, tok, wte, C, total);
+    CU_LAUNCHED(d, "embed_fwd");
 }
 
 extern "C" void kern_cuda_embed_bwd(kern_device *d, float *dwte, const float *dout,
                                     const int *tok, int N, int C)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     size_t total = (size_t)N * C;
     if (total == 0)
         return;
-    k_embed_bwd<<<grid_of(total, 256), 256, 0, stream_of(d)>>>(dwte, dout, tok, C, total);
-    LL_LAUNCHED(d, "embed_bwd");
+    k_embed_bwd<<<grid_for(total, 256), 256, 0, IM(d)->stream>>>(dwte, dout, tok, C, total);
+    CU_LAUNCHED(d, "embed_bwd");
 }
 
 /* ---- RMSNorm: one block per row */
@@ -166,7 +107,7 @@ static __global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp, 
     float ss = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
         ss += x[c] * x[c];
-    ss = ll_block_sum(ss, sh);
+    ss = block_sum(ss, sh);
     float s = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(ss, (float)C) + eps));
     float *o = out + (size_t)blockIdx.x * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
@@ -186,7 +127,7 @@ static __global__ void k_rmsnorm_bwd_inp(float *dinp, const float *dout, const f
     float dot = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
         dot += g[c] * ofs_w(w, offset, c) * x[c];
-    dot = ll_block_sum(dot, sh);
+    dot = block_sum(dot, sh);
     float s = rstd[row];
     float k = __fdiv_rn(dot * s * s * s, (float)C);
     float *di = dinp + row * C;
@@ -212,28 +153,28 @@ extern "C" void kern_cuda_rmsnorm_ofs_fwd(kern_device *d, float *out, float *rst
                                           const float *inp, const float *w, float offset,
                                           float eps, int N, int C)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (N <= 0 || C <= 0)
         return;
-    k_rmsnorm_fwd<<<(unsigned)N, LL_THREADS, 0, stream_of(d)>>>(out, rstd, inp, w, offset, eps,
+    k_rmsnorm_fwd<<<(unsigned)N, LL_THREADS, 0, IM(d)->stream>>>(out, rstd, inp, w, offset, eps,
                                                                 C);
-    LL_LAUNCHED(d, "rmsnorm_fwd");
+    CU_LAUNCHED(d, "rmsnorm_fwd");
 }
 
 extern "C" void kern_cuda_rmsnorm_ofs_bwd(kern_device *d, float *dinp, float *dw,
                                           const float *dout, const float *inp, const float *w,
                                           float offset, const float *rstd, int N, int C)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (N <= 0 || C <= 0)
         return;
-    k_rmsnorm_bwd_inp<<<(unsigned)N, LL_THREADS, 0, stream_of(d)>>>(dinp, dout, inp, w, offset,
+    k_rmsnorm_bwd_inp<<<(unsigned)N, LL_THREADS, 0, IM(d)->stream>>>(dinp, dout, inp, w, offset,
                                                                     rstd, C);
-    if (!LL_LAUNCHED(d, "rmsnorm_bwd_inp") || dw == NULL) /* dw NULL: a frozen weight */
+    if (!CU_LAUNCHED(d, "rmsnorm_bwd_inp") || dw == NULL) /* dw NULL: a frozen weight */
         return;
     dim3 grid((unsigned)((C + 255) / 256), (unsigned)((N + LL_ROWS - 1) / LL_ROWS));
-    k_rmsnorm_bwd_w<<<grid, 256, 0, stream_of(d)>>>(dw, dout, inp, rstd, N, C);
-    LL_LAUNCHED(d, "rmsnorm_bwd_w");
+    k_rmsnorm_bwd_w<<<grid, 256, 0, IM(d)->stream>>>(dw, dout, inp, rstd, N, C);
+    CU_LAUNCHED(d, "rmsnorm_bwd_w");
 }
 
 extern "C" void kern_cuda_rmsnorm_fwd(kern_device *d, float *out, float *rstd,
@@ -276,16 +217,16 @@ static void rope_launch(kern_device *d, float *out, const float *inp, const floa
     size_t total = (size_t)B * T * H * (hs / 2);
     if (total == 0)
         return;
-    k_rope<<<grid_of(total, 256), 256, 0, stream_of(d)>>>(out, inp, cos_t, sin_t, pos, T, H,
+    k_rope<<<grid_for(total, 256), 256, 0, IM(d)->stream>>>(out, inp, cos_t, sin_t, pos, T, H,
                                                           hs / 2, dir, total);
-    LL_LAUNCHED(d, "rope");
+    CU_LAUNCHED(d, "rope");
 }
 
 extern "C" void kern_cuda_rope_fwd(kern_device *d, float *out, const float *inp,
                                    const float *cos_t, const float *sin_t, const int *pos, int B,
                                    int T, int H, int hs)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     rope_launch(d, out, inp, cos_t, sin_t, pos, B, T, H, hs, 1.0f);
 }
 
@@ -293,7 +234,7 @@ extern "C" void kern_cuda_rope_bwd(kern_device *d, float *dinp, const float *dou
                                    const float *cos_t, const float *sin_t, const int *pos, int B,
                                    int T, int H, int hs)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     rope_launch(d, dinp, dout, cos_t, sin_t, pos, B, T, H, hs, -1.0f);
 }
 
@@ -327,22 +268,22 @@ static __global__ void k_swiglu_bwd(float *dgate, float *dup, const float *dout,
 extern "C" void kern_cuda_swiglu_fwd(kern_device *d, float *out, const float *gate,
                                      const float *up, size_t n)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (n == 0)
         return;
-    k_swiglu_fwd<<<grid_of(n, 256), 256, 0, stream_of(d)>>>(out, gate, up, n);
-    LL_LAUNCHED(d, "swiglu_fwd");
+    k_swiglu_fwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, gate, up, n);
+    CU_LAUNCHED(d, "swiglu_fwd");
 }
 
 extern "C" void kern_cuda_swiglu_bwd(kern_device *d, float *dgate, float *dup,
                                      const float *dout, const float *gate, const float *up,
                                      size_t n)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (n == 0)
         return;
-    k_swiglu_bwd<<<grid_of(n, 256), 256, 0, stream_of(d)>>>(dgate, dup, dout, gate, up, n);
-    LL_LAUNCHED(d, "swiglu_bwd");
+    k_swiglu_bwd<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(dgate, dup, dout, gate, up, n);
+    CU_LAUNCHED(d, "swiglu_bwd");
 }
 
 /* ---- grouped-query attention (unoptimised: see the header comment) */
@@ -409,14 +350,14 @@ static __global__ void k_gqa_fwd(gqa_seq s, float *att)
         a[u] = gqa_score(s, gqa_dot(dyn, ku, s.hs));
         mx = fmaxf(mx, a[u]);
     }
-    mx = ll_block_max(mx, sh);
+    mx = block_max(mx, sh);
     float sum = 0.0f;
     for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
         float e = exp_d(a[u] - mx);
         a[u] = e;
         sum += e;
     }
-    sum = ll_block_sum(sum, sh); /* its barriers also publish a[] to the block */
+    sum = block_sum(sum, sh); /* its barriers also publish a[] to the block */
     if (threadIdx.x == 0)
         s.lse[(size_t)h * s.T + t] = (float)((double)mx + log((double)sum));
     float inv = __fdiv_rn(1.0f, sum);
@@ -459,7 +400,7 @@ static __global__ void k_gqa_bwd_rows(gqa_seq s, float *P, float *dS)
         dS[row + u] = dp;
         dot += p * dp;
     }
-    dot = ll_block_sum(dot, sh);
+    dot = block_sum(dot, sh);
     for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
         float f = s.scale;
         if (s.cap > 0.0f) { /* the cap's derivative, from the raw product again */
@@ -557,7 +498,7 @@ extern "C" void kern_cuda_gqa_attention_opt_fwd(kern_device *d, float *out, floa
                                                 const kern_att_opts *opts, int B, int T,
                                                 int NH, int NKV, int hs)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (B <= 0 || T <= 0 || NH <= 0)
         return;
     size_t qs = (size_t)T * NH * hs, ks = (size_t)T * NKV * hs;
@@ -567,8 +508,8 @@ extern "C" void kern_cuda_gqa_attention_opt_fwd(kern_device *d, float *out, floa
         s.out = out + b * qs, s.lse = lse + (size_t)b * NH * T;
         s.pos = pos != NULL ? pos + (size_t)b * T : NULL;
         k_gqa_fwd<<<(unsigned)(T * NH), ATT_THREADS, (size_t)hs * sizeof(float),
-                    stream_of(d)>>>(s, scratch);
-        if (!LL_LAUNCHED(d, "gqa_attention_fwd"))
+                    IM(d)->stream>>>(s, scratch);
+        if (!CU_LAUNCHED(d, "gqa_attention_fwd"))
             return;
     }
 }
@@ -581,7 +522,7 @@ extern "C" void kern_cuda_gqa_attention_opt_bwd(kern_device *d, float *dq, float
                                                 int B, int T, int NH, int NKV, int hs)
 {
     (void)out; /* the rows hold all of P: <P, dP> directly */
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (B <= 0 || T <= 0 || NH <= 0)
         return;
     size_t qs = (size_t)T * NH * hs, ks = (size_t)T * NKV * hs;
@@ -593,11 +534,11 @@ extern "C" void kern_cuda_gqa_attention_opt_bwd(kern_device *d, float *dq, float
         s.lsec = lse + (size_t)b * NH * T;
         s.pos = pos != NULL ? pos + (size_t)b * T : NULL;
         k_gqa_bwd_rows<<<(unsigned)(T * NH), ATT_THREADS, 2 * (size_t)hs * sizeof(float),
-                         stream_of(d)>>>(s, P, dS);
-        if (!LL_LAUNCHED(d, "gqa_attention_bwd_rows"))
+                         IM(d)->stream>>>(s, P, dS);
+        if (!CU_LAUNCHED(d, "gqa_attention_bwd_rows"))
             return;
-        k_gqa_bwd_cols<<<(unsigned)(T * NKV), ATT_THREADS, 0, stream_of(d)>>>(s, P, dS);
-        if (!LL_LAUNCHED(d, "gqa_attention_bwd_cols"))
+        k_gqa_bwd_cols<<<(unsigned)(T * NKV), ATT_THREADS, 0, IM(d)->stream>>>(s, P, dS);
+        if (!CU_LAUNCHED(d, "gqa_attention_bwd_cols"))
             return;
     }
 }

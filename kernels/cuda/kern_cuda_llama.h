@@ -3,11 +3,9 @@
  * kernels/cpu/kern_cpu_llama.c as the reference; notes in
  * kern_cuda_llama.cu). Every op queues on the device's stream; a launch
  * failure becomes the device's sticky error (kern_cuda.h).
- *
- * kern_cuda.cu provides the two hooks the op files need into its device
- * state: kern_cuda_enter (no sticky error yet, and the device current on
- * the calling thread) and kern_cuda_check (keep a CUDA error as sticky).
- * Included by .cu files only.
+ * The device state (the sticky error, the current device, the stream) is
+ * kern_cuda_impl.cuh's, as for the other op files. Included by .cu files
+ * only.
  */
 #ifndef ACC_KERN_CUDA_LLAMA_H
 #define ACC_KERN_CUDA_LLAMA_H
@@ -16,15 +14,6 @@
 #include <stddef.h>
 
 typedef struct kern_device kern_device;
-
-/* kern_cuda.cu: false when the device already failed or cannot be made
- * current (then the op does nothing) */
-extern "C" bool kern_cuda_enter(kern_device *d);
-/* kern_cuda.cu: true for cudaSuccess (and a stale cudaErrorNotReady left by
- * a query elsewhere); otherwise keeps `e` as the sticky error, naming
- * `what`, and returns false */
-extern "C" bool kern_cuda_check(kern_device *d, cudaError_t e, const char *what,
-                                const char *file, int line);
 
 extern "C" {
 void kern_cuda_embed_fwd(kern_device *d, float *out, const int *tok, const float *wte, int N,

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Out-of-memory adaptation through the daemon (DESIGN.md invariant 4):
+# Out-of-memory adaptation through the daemon (docs/invariants.md, invariant 4):
 #  - the dry run lists every candidate micro batch with its predicted peak and
 #    whether it fits; "auto" picks the largest that fits;
 #  - a job whose micro batch does not fit the CPU device budget adapts during

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Checkpoints and exact resume (DESIGN.md invariant 5):
+# Checkpoints and exact resume (docs/invariants.md, invariant 5):
 #  - SIGKILL the daemon at a random step (several seeds), restart it: the job
 #    resumes from its last checkpoint and ends with the same final weights and
 #    the same last-step loss as an uninterrupted run (within 1e-6 relative);

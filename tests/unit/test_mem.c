@@ -537,7 +537,7 @@ static void test_micro_auto(void **state)
     run_free(&r);
 }
 
-/* Invariant 2: the peak depends on m, not on a (stored and recompute). */
+/* Invariant 2 (docs/invariants.md): the peak depends on m, not on a (stored and recompute). */
 static void test_peak_flat_in_accum(void **state)
 {
     for (int rec = 0; rec < 2; rec++) {

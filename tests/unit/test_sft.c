@@ -25,7 +25,7 @@
  *   - split invariance on masked chat data whose micro-batches hold unequal
  *     numbers of targets, padded and packed: (m, a, w) = (8,1,1), (1,8,1),
  *     (2,2,2) give the same losses and final weights within 1e-5
- *     (invariant 1). */
+ *     (invariant 1, docs/invariants.md). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -139,7 +139,7 @@ static void test_planner_huge_spec(void **state)
     unlink(train);
 }
 
-/* At submit (trainer_check_spec, which jobs_submit calls): refused with
+/* At submit (trainer_check_spec, which jobs_check_submission calls): refused with
  * the field named, before any data is read. */
 static void test_submit_check(void **state)
 {

@@ -157,7 +157,7 @@ static void test_split_invariance(void **state)
         run_free(&runs[i]);
 }
 
-/* bf16 keeps invariant 1, to what bf16 allows: the rounding is elementwise,
+/* bf16 keeps invariant 1 (docs/invariants.md), to what bf16 allows: the rounding is elementwise,
  * so the split does not change which operands a sample's products see, and
  * the losses of (m=4,a=1,w=1) and (m=1,a=2,w=2) agree to float rounding
  * (1e-5; measured ~3e-6). The weights agree to 1e-3 (measured 2e-4), not
