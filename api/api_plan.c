@@ -103,11 +103,6 @@ static int parse_hardware(const jobs_mgr *m, const json_t *h, const train_cfg *s
     return 0;
 }
 
-static const char *mode_name(const plan_variant *v)
-{
-    return v->qlora ? "qlora" : v->lora ? "lora" : "full"; /* (h-nf4) qlora: a 4-bit base */
-}
-
 static json_t *row_json(const plan_table *t, int i)
 {
     const plan_variant *v = NULL;
@@ -123,7 +118,7 @@ static json_t *group_json(const plan_table *t, const plan_group *g)
     if (g->best < 0 && g->n > 0) /* the smallest row says why none fits */
         plan_row_why(&t->rows[g->first], &t->hw, why, sizeof why);
     const plan_row *best = g->best >= 0 ? &t->rows[g->best] : NULL;
-    return json_pack("{s:s, s:i, s:b, s:i, s:o, s:o, s:o, s:o}", "mode", mode_name(&g->v), "zero_stage",
+    return json_pack("{s:s, s:i, s:b, s:i, s:o, s:o, s:o, s:o}", "mode", plan_mode_name(&g->v), "zero_stage",
                      g->v.zero_stage, "recompute", g->v.recompute, "rows", g->n, "largest_fitting_micro_batch",
                      best ? json_integer(best->micro_batch) : json_null(), "accum_steps",
                      best ? json_integer(best->accum_steps) : json_null(), "device_bytes",

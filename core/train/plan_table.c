@@ -229,13 +229,18 @@ json_int_t plan_bytes_json(uint64_t b)
     return b > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)b;
 }
 
+const char *plan_mode_name(const plan_variant *v)
+{
+    return v == NULL ? "full" : v->qlora ? "qlora" : v->lora ? "lora" : "full"; /* qlora: a 4-bit base */
+}
+
 json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *hw)
 {
     char why[512];
     plan_row_why(r, hw, why, sizeof why);
     const plan_parts *p = &r->parts;
     return json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}", "mode",
-                     v != NULL && v->lora ? "lora" : "full", "zero_stage", v != NULL ? v->zero_stage : 0,
+                     plan_mode_name(v), "zero_stage", v != NULL ? v->zero_stage : 0,
                      "recompute", r->recompute, "micro_batch", r->micro_batch, "accum_steps", r->accum_steps,
                      "weights_bytes", plan_bytes_json(p->weights), "gradients_bytes", plan_bytes_json(p->gradients),
                      "optimizer_bytes", plan_bytes_json(p->optimizer), "activations_bytes",

@@ -108,6 +108,9 @@ void plan_row_why(const plan_row *r, const plan_hw *hw, char *buf, size_t n);
  * (saturated) size shows as the largest value, never a negative one. */
 json_int_t plan_bytes_json(uint64_t b);
 
+/* The mode a row's variant is listed under: "full", "lora" or "qlora" (NULL: "full"). */
+const char *plan_mode_name(const plan_variant *v);
+
 /* Row r of variant v (NULL: a full fine-tune, ZeRO 0) on hw, the one JSON
  * view of a row (POST /v1/plan's rows, the dry run's candidates): mode,
  * zero_stage, the split, the bytes by part, peak_bytes, device_bytes,
