@@ -30,6 +30,7 @@ extern "C" {
 #include "kern_cuda.h"
 #include "kern_cuda_lean.h"
 #include "kern_cuda_llama.h"
+#include "kern_cuda_impl.cuh"
 
 #define ATT_LEAN_THREADS 128
 
@@ -278,8 +279,7 @@ static bool lean_fits(kern_device *d, int hs)
 {
     if (hs <= 8 * ATT_LEAN_THREADS)
         return true;
-    kern_cuda_check(d, cudaErrorInvalidValue, "attention_lean: head size over 1024", __FILE__,
-                    __LINE__);
+    cu_ok_rt(d, cudaErrorInvalidValue, "attention_lean: head size over 1024", __FILE__, __LINE__);
     return false;
 }
 
@@ -290,14 +290,14 @@ extern "C" void kern_cuda_attention_lean_fwd(kern_device *d, float *out, float *
                                              int NKV, int hs)
 {
     (void)scratch;
-    if (!kern_cuda_enter(d) || B * T == 0 || !lean_fits(d, hs))
+    if (!cu_enter(d) || B * T == 0 || !lean_fits(d, hs))
         return;
     lean_args a = lean_shape(B, T, NH, NKV, hs, ldq, ldkv, pos, opts);
     a.q = q, a.k = k, a.v = v, a.o = out, a.lse = lse;
     size_t shm = (2 * (size_t)hs + ATT_LEAN_THREADS) * sizeof(float);
     k_lean_fwd<<<(unsigned)((size_t)B * NH * T), ATT_LEAN_THREADS, shm,
-                 (cudaStream_t)kern_cuda_stream(d)>>>(a);
-    kern_cuda_check(d, cudaGetLastError(), "launch of attention_lean_fwd", __FILE__, __LINE__);
+                 IM(d)->stream>>>(a);
+    CU_LAUNCHED(d, "attention_lean_fwd");
 }
 
 extern "C" void kern_cuda_attention_lean_bwd(kern_device *d, float *dq, float *dk, float *dv,
@@ -308,21 +308,19 @@ extern "C" void kern_cuda_attention_lean_bwd(kern_device *d, float *dq, float *d
                                              int T, int NH, int NKV, int hs)
 {
     (void)scratch;
-    if (!kern_cuda_enter(d) || B * T == 0 || !lean_fits(d, hs))
+    if (!cu_enter(d) || B * T == 0 || !lean_fits(d, hs))
         return;
     lean_args a = lean_shape(B, T, NH, NKV, hs, ldq, ldkv, pos, opts);
     a.q = q, a.k = k, a.v = v, a.dout = dout, a.out = out, a.lsec = lse;
     a.dq = dq, a.dk = dk, a.dv = dv;
-    cudaStream_t st = (cudaStream_t)kern_cuda_stream(d);
+    cudaStream_t st = IM(d)->stream;
     size_t shr = (2 * (size_t)hs + ATT_LEAN_THREADS) * sizeof(float);
     size_t shc = (2 * (size_t)hs + 2 * ATT_LEAN_THREADS) * sizeof(float);
     /* dq first, then dk / dv: GPT-2's dq, dk, dv are slices of one dqkv but
      * never the same floats, so the order is only for reproducibility */
     k_lean_bwd_rows<<<(unsigned)((size_t)B * NH * T), ATT_LEAN_THREADS, shr, st>>>(a);
-    if (!kern_cuda_check(d, cudaGetLastError(), "launch of attention_lean_bwd (rows)", __FILE__,
-                         __LINE__))
+    if (!CU_LAUNCHED(d, "attention_lean_bwd (rows)"))
         return;
     k_lean_bwd_cols<<<(unsigned)((size_t)B * NKV * T), ATT_LEAN_THREADS, shc, st>>>(a);
-    kern_cuda_check(d, cudaGetLastError(), "launch of attention_lean_bwd (cols)", __FILE__,
-                    __LINE__);
+    CU_LAUNCHED(d, "attention_lean_bwd (cols)");
 }

@@ -574,14 +574,14 @@ static __global__ void k_gqa_cache_fwd(gqa_cache c)
         a[u] = gqa_score(s, gqa_dot(dyn, c.kc + (size_t)u * ldk + (size_t)kvh * c.hs, c.hs));
         mx = fmaxf(mx, a[u]);
     }
-    mx = ll_block_max(mx, sh);
+    mx = block_max(mx, sh);
     float sum = 0.0f;
     for (int u = lo + (int)threadIdx.x; u <= t; u += blockDim.x) {
         float e = exp_d(a[u] - mx);
         a[u] = e;
         sum += e;
     }
-    sum = ll_block_sum(sum, sh); /* its barriers also publish a[] to the block */
+    sum = block_sum(sum, sh); /* its barriers also publish a[] to the block */
     float inv = __fdiv_rn(1.0f, sum);
     float *oi = c.out + (size_t)i * c.NH * c.hs + (size_t)h * c.hs;
     for (int x = threadIdx.x; x < c.hs; x += blockDim.x) {
@@ -597,13 +597,13 @@ extern "C" void kern_cuda_attention_cache_fwd(kern_device *d, float *out, float 
                                               const float *vc, const kern_att_opts *opts, int p0,
                                               int n, int NH, int NKV, int hs)
 {
-    LL_LIVE(d);
+    CU_LIVE(d);
     if (n <= 0 || NH <= 0)
         return;
     gqa_seq s = gqa_shape(p0 + n, NH, NKV, hs, opts);
     gqa_cache c = {q, kc, vc, out, scratch, ldq, p0, p0 + n, NH, NKV, hs, s.scale, s.cap,
                    s.window};
     k_gqa_cache_fwd<<<(unsigned)(n * NH), ATT_THREADS, (size_t)hs * sizeof(float),
-                      stream_of(d)>>>(c);
-    LL_LAUNCHED(d, "attention_cache_fwd");
+                      IM(d)->stream>>>(c);
+    CU_LAUNCHED(d, "attention_cache_fwd");
 }
