@@ -43,42 +43,7 @@ struct lean_args {
     int window;
 };
 
-static __device__ __forceinline__ float lw_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-static __device__ __forceinline__ float lw_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* every thread gets the result; sh: 32 floats of shared memory */
-static __device__ float lb_sum(float v, float *sh)
-{
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = lw_sum(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[w] = v;
-    __syncthreads();
-    return lw_sum(lane < nw ? sh[lane] : 0.0f);
-}
-
-static __device__ float lb_max(float v, float *sh)
-{
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = lw_max(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[w] = v;
-    __syncthreads();
-    return lw_max(lane < nw ? sh[lane] : -INFINITY);
-}
+/* the warp and block reductions: kern_cuda_impl.cuh (warp_sum, block_max, ...) */
 
 static __device__ __forceinline__ float lexp(float x)
 {
@@ -133,10 +98,10 @@ static __global__ void k_lean_fwd(lean_args a)
     for (int u0 = lo; u0 <= t; u0 += blockDim.x) {
         int u = u0 + (int)threadIdx.x, n = t - u0 + 1 < (int)blockDim.x ? t - u0 + 1 : blockDim.x;
         float s = u <= t ? lean_score(a, ldot(qs, kb + (size_t)u * a.ldkv, a.hs)) : -INFINITY;
-        float mn = fmaxf(m, lb_max(s, sh));
+        float mn = fmaxf(m, block_max(s, sh));
         float p = u <= t ? lexp(s - mn) : 0.0f;
         ps[threadIdx.x] = p;
-        float sum = lb_sum(p, sh); /* its barriers publish ps */
+        float sum = block_sum(p, sh); /* its barriers publish ps */
         float alpha = m == -INFINITY ? 0.0f : lexp(m - mn);
         for (int c = threadIdx.x; c < a.hs; c += blockDim.x) {
             float acc = 0.0f;
@@ -188,7 +153,7 @@ static __global__ void k_lean_bwd_rows(lean_args a)
         gs[c] = a.dout[oo + c];
         dpart += a.dout[oo + c] * a.out[oo + c];
     }
-    float D = lb_sum(dpart, sh); /* its barriers publish qs, gs */
+    float D = block_sum(dpart, sh); /* its barriers publish qs, gs */
     float lse = a.lsec[((size_t)b * a.NH + h) * a.T + t];
     const float *kb = a.k + (size_t)b * a.T * a.ldkv + (size_t)kvh * a.hs;
     const float *vb = a.v + (size_t)b * a.T * a.ldkv + (size_t)kvh * a.hs;
