@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 
+#include "fsutil.h"
 #include "gen_proto.h"
 #include "generate.h"
 #include "kern_device.h"
@@ -26,35 +27,6 @@ typedef struct gworker {
     int heartbeat_ms;
 } gworker;
 
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int read_all(int fd, void *buf, size_t n)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t k = read(fd, p, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 /* `o` (taken) as one line up the channel. */
 static void send_json(gworker *w, json_t *o)
 {
@@ -65,9 +37,9 @@ static void send_json(gworker *w, json_t *o)
     size_t n = strlen(text);
     text[n] = '\0';
     pthread_mutex_lock(&w->wmu);
-    int rc = write_all(GW_FD, text, n);
+    int rc = fsu_write_all(GW_FD, text, n, NULL);
     if (rc == 0)
-        rc = write_all(GW_FD, "\n", 1);
+        rc = fsu_write_all(GW_FD, "\n", 1, NULL);
     pthread_mutex_unlock(&w->wmu);
     free(text);
     if (rc != 0) /* the daemon is gone: nobody wants the rest */
@@ -256,8 +228,8 @@ int gen_worker_main(int argc, char **argv)
     signal(SIGHUP, SIG_IGN);
     gw_init in;
     char *text = NULL;
-    if (fcntl(GW_FD, F_SETFD, FD_CLOEXEC) != 0 || read_all(GW_FD, &in, sizeof in) != 0 || check_init(&in) != 0 ||
-        (text = malloc(in.request_len)) == NULL || read_all(GW_FD, text, in.request_len) != 0) {
+    if (fcntl(GW_FD, F_SETFD, FD_CLOEXEC) != 0 || fsu_read_exact(GW_FD, &in, sizeof in, NULL) != 0 ||
+        check_init(&in) != 0 || (text = malloc(in.request_len)) == NULL || fsu_read_exact(GW_FD, text, in.request_len, NULL) != 0) {
         fprintf(stderr, "accumd --generate %s: no valid start message from the daemon\n", argv[2]);
         free(text);
         return GW_EXIT_SETUP;

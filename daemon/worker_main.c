@@ -85,21 +85,6 @@ static void send_json(worker *w, json_t *o)
     }
 }
 
-static int read_all(int fd, void *buf, size_t n)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t k = read(fd, p, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 /* ---- the test-only fault hook (worker_proto.h) */
 
 static void parse_fault(worker *w)
@@ -733,13 +718,13 @@ int worker_main(int argc, char **argv)
     }
     w.init = malloc(sizeof *w.init);
     w.done_ev = calloc(1, sizeof *w.done_ev);
-    if (w.init == NULL || w.done_ev == NULL || read_all(WK_FD, w.init, sizeof *w.init) != 0 ||
+    if (w.init == NULL || w.done_ev == NULL || fsu_read_exact(WK_FD, w.init, sizeof *w.init, NULL) != 0 ||
         check_init(w.init) != 0) {
         say(&w, "no valid start message from the daemon%s", "");
         return WK_EXIT_SETUP;
     }
     w.spec_json = w.init->rank_mode ? malloc(w.init->spec_json_len + 1) : NULL;
-    if (w.init->rank_mode && (w.spec_json == NULL || read_all(WK_FD, w.spec_json, w.init->spec_json_len) != 0)) {
+    if (w.init->rank_mode && (w.spec_json == NULL || fsu_read_exact(WK_FD, w.spec_json, w.init->spec_json_len, NULL) != 0)) {
         say(&w, "no job spec from the daemon%s", "");
         return WK_EXIT_SETUP;
     }

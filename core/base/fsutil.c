@@ -76,6 +76,23 @@ int fsu_write_all(int fd, const void *data, size_t len, acc_err *err)
     return 0;
 }
 
+int fsu_read_exact(int fd, void *buf, size_t len, acc_err *err)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t r = read(fd, p, len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return acc_err_set(err, ACC_EIO, NULL, "read: %s", strerror(errno));
+        if (r == 0)
+            return acc_err_set(err, ACC_EIO, NULL, "read: the peer closed after %zu bytes short", len);
+        p += r;
+        len -= (size_t)r;
+    }
+    return 0;
+}
+
 int fsu_write_atomic_chunks(const char *path, const fsu_chunk *c, int n, acc_err *err)
 {
     char tmp[PATH_MAX];

@@ -54,6 +54,10 @@ int fsu_copy_fd(int in, const char *src, const char *dst, acc_err *err);
 /* Write all of `len` bytes to fd, retrying short writes and EINTR. */
 int fsu_write_all(int fd, const void *data, size_t len, acc_err *err);
 
+/* Read exactly `len` bytes from fd (a pipe or socket), retrying short
+ * reads and EINTR; the peer closing first is ACC_EIO. */
+int fsu_read_exact(int fd, void *buf, size_t len, acc_err *err);
+
 /* Read a whole file into a malloc'd, NUL-terminated buffer. */
 int fsu_read_all(const char *path, char **out, size_t *len, size_t max, acc_err *err);
 /* The same from the start of the open regular file `fd` (left open; e.g.
