@@ -1,5 +1,4 @@
-/* api_files: GET /v1/jobs/{id}/files, a job's outputs as a list
- * (h-results, issue 23).
+/* api_files: GET /v1/jobs/{id}/files, a job's outputs as a list.
  *
  *   {"job": ID, "files": [{"path": "ckpt-00000004/model.safetensors",
  *                          "size": BYTES, "sha256": HEX}, ...]}

@@ -243,7 +243,7 @@ struct jobs_mgr;
 int api_plan_compute(const struct jobs_mgr *m, const char *body, size_t len, json_t **out, acc_err *err);
 void api_plan(api_server *s, const api_request *req, api_response *resp);
 
-/* api_files.c (h-results, issue 23): GET /v1/jobs/{id}/files, the job's
+/* api_files.c: GET /v1/jobs/{id}/files, the job's
  * output files with sizes and SHA-256, listed off the loop thread. */
 struct job;
 void api_files(api_server *s, const api_request *req, api_response *resp, struct job *j);
@@ -256,7 +256,7 @@ struct api_fstream;
 struct api_fstream **api_server_fstreams(api_server *s);
 void api_fstream_end_all(api_server *s);
 
-/* api_generate.c (h-genapi, issue 24): POST /v1/generate, checked off the
+/* api_generate.c: POST /v1/generate, checked off the
  * loop thread, then queued for a device (genq.h) and answered as its
  * worker's events come; the keep-alive of waiting answers (every second,
  * it finds clients that left) and their end at the stop. */

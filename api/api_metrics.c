@@ -196,7 +196,7 @@ static void http_section(mbuf *b, const api_server *s)
     put(b, "accumd_http_connections_closed_total %llu\n", (unsigned long long)api_server_evicted(s));
 }
 
-/* POST /v1/generate's requests (genq.h; h-genapi, issue 24). */
+/* POST /v1/generate's requests (genq.h). */
 static void generate_section(mbuf *b, const jobs_mgr *m)
 {
     const genq *q = m->gen;

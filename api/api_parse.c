@@ -289,7 +289,7 @@ int api_parse_events(const api_request *in, api_call *out, api_response *resp)
     return 0;
 }
 
-/* (h-results, issue 23) A relative file path: components of [A-Za-z0-9._-],
+/* A relative file path: components of [A-Za-z0-9._-],
  * none empty, "." or "..". */
 static bool file_path_ok(const char *p, size_t n)
 {

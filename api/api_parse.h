@@ -48,8 +48,8 @@ typedef enum api_route_id {
     API_R_JOB_CANCEL,
     API_R_JOB_EVENTS,
     API_R_JOB_METRICS,
-    API_R_JOB_FILES,  /* GET /v1/jobs/{id}/files (h-results, issue 23) */
-    API_R_JOB_FILE,   /* GET /v1/jobs/{id}/files/{path} (h-results, issue 23) */
+    API_R_JOB_FILES,  /* GET /v1/jobs/{id}/files */
+    API_R_JOB_FILE,   /* GET /v1/jobs/{id}/files/{path} */
     API_R_GENERATE,   /* POST /v1/generate */
 } api_route_id;
 

@@ -132,9 +132,9 @@ static json_t *summary_json(const plan_table *t, bool spec_recompute)
     bool fits = rec != NULL && rec->fits;
     char msg[1024];
     const plan_group *rg = t->recommended_group >= 0 ? &t->groups[t->recommended_group] : NULL;
-    if (fits && !t->given_fits && t->start_note[0]) /* h-results, issue 23: started where it fits */
+    if (fits && !t->given_fits && t->start_note[0]) /* started where it fits */
         snprintf(msg, sizeof msg, "%s", t->start_note);
-    /* only where the start needs recomputation (h-results, issue 23) */
+    /* only where the start needs recomputation */
     else if (fits && rec->recompute && !spec_recompute && rg != NULL && rg->best >= 0 &&
              t->rows[rg->best].micro_batch > rec->micro_batch)
         /* "auto" fell back to m = 1 recomputing: recomputing from the start allows more */
@@ -228,7 +228,7 @@ int api_plan_compute(const jobs_mgr *m, const char *body, size_t len, json_t **o
         job_spec_train_cfg(js, spec);
     if (rc == 0)
         rc = parse_hardware(m, hw_in, spec, &hw, err);
-    /* (h-results, issue 23) another world than the spec's: its batch keys
+    /* another world than the spec's: its batch keys
      * resolved there as submit would (the same 400 for a bad triple) */
     if (rc == 0 && json_object_get(hw_in, "devices") != NULL && hw.devices != spec->devices * spec->nodes) {
         spec->nodes = 1;

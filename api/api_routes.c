@@ -129,7 +129,7 @@ static void route_devices(api_server *s, const api_request *req, const api_call 
                                                              ? json_integer((json_int_t)fr)
                                                              : json_null());
         }
-        if (o != NULL && m->gen != NULL) { /* lent to a generate request (genq.h; h-genapi, issue 24) */
+        if (o != NULL && m->gen != NULL) { /* lent to a generate request (genq.h) */
             const genq_req *g = genq_on_device(m->gen, i);
             json_object_set_new(o, "generate", g ? json_string(g->id) : json_null());
         }
@@ -212,7 +212,7 @@ static void route_events(api_server *s, const api_request *req, const api_call *
         resp->content_type = c->ndjson ? "application/x-ndjson" : "text/event-stream";
         return;
     }
-    if (!api_stream_admit(s, req->who, resp)) /* streams have their own limits (h-jobs, issue 25) */
+    if (!api_stream_admit(s, req->who, resp)) /* streams have their own limits */
         return;
     acc_err err = {0};
     if (jobs_hydrate(api_server_app(s), j, &err) != 0) { /* the history, from the store */

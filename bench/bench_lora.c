@@ -113,7 +113,7 @@ int main(int argc, char **argv)
     variant v[4] = {{.name = "full fine-tune"}, {.name = "LoRA q_proj,v_proj"},
                     {.name = "LoRA all-linear"}, {.name = "QLoRA all-linear"}};
     const spec_lora *sl[4] = {&none, &qv, &all, &all};
-    model_config cfgq = cfg; /* (h-nf4) the base double quantized to NF4 */
+    model_config cfgq = cfg; /* the base double quantized to NF4 */
     cfgq.quant = MODEL_QUANT_NF4;
     cfgq.quant_nested = true;
     const model_config *cf[4] = {&cfg, &cfg, &cfg, &cfgq};

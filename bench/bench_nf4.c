@@ -1,4 +1,4 @@
-/* bench_nf4 (h-nf4, issue 21): NF4 throughput on one CPU device: the host
+/* bench_nf4: NF4 throughput on one CPU device: the host
  * quantization at load (nf4_quantize + nf4_double_quant) and the device
  * op dequant_nf4 (double quantized, as a QLoRA base is fetched), next to
  * widen16 (a bf16 base's fetch) on the same count; LLaMA-2-7B's MLP

@@ -41,7 +41,7 @@ enum {
     OPT_USERS_FILE = 1 << 8,
     OPT_QUIET = 1 << 9,
     OPT_KIND = 1 << 10,
-    OPT_GEN = 1 << 11,        /* generate's sampling keys and --chat (h-genapi, issue 24) */
+    OPT_GEN = 1 << 11,        /* generate's sampling keys and --chat */
 };
 
 static const ctl_command commands[] = {
@@ -77,7 +77,7 @@ static const ctl_command commands[] = {
      "  meaning in accumd are named on stderr and left out.\n",
      -1, 0},
     {"pull", "ID DIR", "download a job's files into DIR (resumable: an interrupted pull goes on; SHA-256 checked)",
-     "", 2, 0}, /* h-results, issue 23 */
+     "", 2, 0},
     {"user add", "NAME [--role admin|user] [--users-file FILE]",
      "make a user's token and its users_file line (prints the token, then the line)",
      "  --role R          admin or user (default user)\n"
@@ -92,7 +92,7 @@ static const ctl_command commands[] = {
      "  --top-k K, --top-p P sampling from the K most likely / the smallest set of probability P\n"
      "  --seed S             the same seed gives the same tokens\n"
      "  With --json the server-sent events are printed as they come.\n",
-     2, OPT_GEN}, /* h-genapi, issue 24 */
+     2, OPT_GEN},
 };
 enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
 

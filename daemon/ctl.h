@@ -24,7 +24,7 @@
 enum {
     CTL_OK = 0,
     CTL_JOB_FAILED = 1,
-    CTL_NOTHING_FITS = 1,  /* plan: no way to run the spec fits (h-results, issue 23) */
+    CTL_NOTHING_FITS = 1,  /* plan: no way to run the spec fits */
     CTL_JOB_CANCELLED = 2,
     CTL_EHTTP = 3,
     CTL_ECONN = 4,
@@ -61,7 +61,7 @@ int ctl_stream_post(ctl *c, const char *path, const char *body, size_t len, int 
 /* Print the daemon's error answer ("accumctl: HTTP 400 invalid (field): message"),
  * return CTL_EHTTP. */
 int ctl_http_error(const ctl_resp *r);
-/* (h-results, issue 23) GET `path` into `out` from byte `from` on (a
+/* GET `path` into `out` from byte `from` on (a
  * Range request when from > 0); *status the HTTP status. 0 or CTL_ECONN. */
 int ctl_download(ctl *c, const char *path, uint64_t from, FILE *out, long *status);
 /* GET a JSON object; 0, CTL_ECONN or CTL_EHTTP (printed). */
@@ -91,7 +91,7 @@ typedef struct ctl_opts {
     const char *kind;        /* plan: "cuda", "cpu", NULL = the daemon's */
     const char *role;        /* user add */
     const char *users_file;  /* user add: append the line there */
-    /* generate (h-genapi, issue 24): the sampling keys as given ("" = the daemon's default) */
+    /* generate: the sampling keys as given ("" = the daemon's default) */
     const char *max_new_tokens, *temperature, *top_k, *top_p, *seed;
     bool chat;
 } ctl_opts;
@@ -99,7 +99,7 @@ typedef struct ctl_opts {
 int ctl_cmd_submit(ctl *c, const ctl_opts *o, const char *file);
 /* Submit a spec's text (--dry-run, --wait as submit takes them). */
 int ctl_submit_text(ctl *c, const ctl_opts *o, const char *text, size_t len);
-/* ctl_launch.c (h-dsconf): an accelerate launch / deepspeed / torchrun line
+/* ctl_launch.c: an accelerate launch / deepspeed / torchrun line
  * (argv after "launch") as an accumd spec: printed as JSON, or submitted
  * (--submit, with --dry-run / --wait / --quiet). */
 int ctl_cmd_launch(ctl *c, int argc, char **argv);
@@ -110,9 +110,9 @@ int ctl_cmd_cancel(ctl *c, const char *id);
 int ctl_cmd_devices(ctl *c);
 int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file);
 int ctl_cmd_metrics(ctl *c, const ctl_opts *o, const char *id);
-int ctl_cmd_pull(ctl *c, const char *id, const char *dir); /* h-results, issue 23 */
+int ctl_cmd_pull(ctl *c, const char *id, const char *dir);
 int ctl_cmd_user_add(const ctl *c, const ctl_opts *o, const char *name);
-/* (h-genapi, issue 24) POST /v1/generate: the model (a directory under the
+/* POST /v1/generate: the model (a directory under the
  * daemon's data_roots, or job:ID) answers `prompt` (or, with o->chat, the
  * prompt as one user message), its tokens printed as they come. */
 int ctl_cmd_generate(ctl *c, const ctl_opts *o, const char *model, const char *prompt);

@@ -346,7 +346,7 @@ int ctl_cmd_metrics(ctl *c, const ctl_opts *o, const char *id)
     return rc;
 }
 
-/* (h-results, issue 23) No way to run the spec fits: POST /v1/plan's
+/* No way to run the spec fits: POST /v1/plan's
  * summary neither fits nor suggests a row (a dry run's answer, from a
  * daemon without POST /v1/plan: no candidate fits). */
 static bool plan_nothing_fits(const json_t *ans)
@@ -502,7 +502,7 @@ int ctl_cmd_user_add(const ctl *c, const ctl_opts *o, const char *name)
     return 0;
 }
 
-/* ---- pull (h-results, issue 23): a job's files, resumable, checked -------- */
+/* ---- pull: a job's files, resumable, checked -------- */
 
 /* The SHA-256 of the file at `path` as hex; -1 when it cannot be read. */
 static int file_sha256(const char *path, char hex[65])
@@ -614,7 +614,7 @@ int ctl_cmd_pull(ctl *c, const char *id, const char *dir)
     return rc;
 }
 
-/* ---- generate (h-genapi, issue 24) ------------------------------------------ */
+/* ---- generate ------------------------------------------ */
 
 typedef struct gen_follow {
     bool raw;

@@ -199,7 +199,7 @@ int ctl_stream_post(ctl *c, const char *path, const char *body, size_t len, int 
 {
     char url[2048], errbuf[CURL_ERROR_SIZE] = "";
     struct curl_slist *hdr = prepare(c, body ? "POST" : "GET", path, url, sizeof url);
-    if (body != NULL) { /* POST /v1/generate's stream (h-genapi, issue 24) */
+    if (body != NULL) { /* POST /v1/generate's stream */
         struct curl_slist *t = curl_slist_append(hdr, "Content-Type: application/json");
         hdr = t ? t : hdr;
         curl_easy_setopt(c->curl, CURLOPT_HTTPHEADER, hdr);

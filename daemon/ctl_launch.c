@@ -1,6 +1,6 @@
 /* ctl_launch: `accumctl launch LINE`, the accumd job spec an `accelerate
  * launch ...`, `deepspeed ...` or `torchrun ...` line of a Hugging Face
- * training script means (h-dsconf).
+ * training script means.
  *
  * The launcher's own flags give the devices (processes per node), the
  * nodes, the precision and the DeepSpeed config file; the script's flags

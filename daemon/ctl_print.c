@@ -296,7 +296,7 @@ static void print_rows(const json_t *rows, const char *const *cols)
     }
 }
 
-/* (h-results, issue 23) A count in K / M / B ("124.4 K", "6.74 B"). */
+/* A count in K / M / B ("124.4 K", "6.74 B"). */
 static void fmt_count(double n, char *out, size_t len)
 {
     if (n >= 1e9)

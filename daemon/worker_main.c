@@ -670,7 +670,7 @@ static int run(worker *w)
                       .threads_per_device = w->init->threads_per_device,
                       .checkpoint_keep = w->init->checkpoint_keep, .async_start = true,
                       .on_event = on_event, .event_ctx = w,
-                      /* h-results, issue 23; the test-only ACCUMD_TEST_OOM_AT_GIVEN keeps
+                      /* the test-only ACCUMD_TEST_OOM_AT_GIVEN keeps
                        * the given micro batch, so e2e tests still drive the OOM path */
                       .start_where_fits = getenv("ACCUMD_TEST_OOM_AT_GIVEN") == NULL};
     acc_err err = {0};

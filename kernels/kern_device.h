@@ -61,7 +61,7 @@ typedef struct kern_att_opts {
     int window;
 } kern_att_opts;
 
-/* (h-nf4, issue 21) One NF4 weight for dequant_nf4 (core/model/nf4.h
+/* One NF4 weight for dequant_nf4 (core/model/nf4.h
  * states the format): device pointers to its packed codes (n values, two
  * a byte, the even index in the high nibble), its 16-value map, and its
  * per-block (64 values) absmax: fp32 `absmax`, or with double quantization
@@ -374,7 +374,7 @@ typedef struct kern_ops {
                                const float *v, const float *lse, const float *out, int ldq,
                                int ldkv, const int *pos, const kern_att_opts *opts, int B,
                                int T, int NH, int NKV, int hs);
-    /* (h-nf4, issue 21) out[i] = map[code i] * absmax of block i / 64, the
+    /* out[i] = map[code i] * absmax of block i / 64, the
      * absmax itself nested_map[qabsmax] * nested_absmax[block / 256] +
      * offset under double quantization: each product and sum one fp32
      * operation, rounded to nearest (no fused multiply-add), so every

@@ -551,7 +551,7 @@ static void test_decoder(st_ctx *c)
     test_decoder_attention(c);
 }
 
-/* (h-nf4, issue 21) n random bytes on both devices */
+/* n random bytes on both devices */
 static st_buf st_bytes(st_ctx *c, size_t n)
 {
     st_buf b = {NULL, NULL, n};
@@ -575,7 +575,7 @@ static st_buf st_bytes(st_ctx *c, size_t n)
     return b;
 }
 
-/* (h-nf4, issue 21) dequant_nf4 on random codes, with an fp32 absmax and
+/* dequant_nf4 on random codes, with an fp32 absmax and
  * double quantized (past one nested block, an odd count); a backend
  * without the op is tested without it (the model refuses a 4-bit base on
  * it). */
@@ -647,7 +647,7 @@ static void test_lean(st_ctx *c)
         st_free(c, all[i]);
 }
 
-/* (h-gen, issue 24) generation: the last 4 of T positions' queries
+/* generation: the last 4 of T positions' queries
  * against a cache of T, with Gemma 2's options and without (a backend
  * without the op is tested without it: gen_ctx_new names it) */
 static void test_generation(st_ctx *c)

@@ -398,7 +398,7 @@ static int check_limits(acc_conf *c, acc_err *err)
                            "max_connections_per_ip (%d), to keep a reserve",
                            c->max_pending_connections, c->max_connections, c->max_connections_per_ip);
     /* event streams hold their connection: at most half the slots one
-     * address may have, so requests always find one (h-jobs, issue 25) */
+     * address may have, so requests always find one */
     if (!c->set_streams)
         c->max_streams = cap / 4 > 0 ? cap / 4 : 1;
     if (c->set_streams && c->max_streams > cap / 2)

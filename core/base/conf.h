@@ -41,7 +41,7 @@ typedef struct acc_conf {
     int max_pending_connections; /* connections not yet past their request; the oldest goes */
     int shutdown_grace;          /* seconds SIGTERM waits for jobs to stop */
     int checkpoint_keep;         /* checkpoints kept per job */
-    /* (h-results, issue 23) one device's peak FLOP/s in the jobs' precision,
+    /* one device's peak FLOP/s in the jobs' precision,
      * for the step events' MFU estimate; 0 = unknown (no MFU) */
     double device_peak_flops;
     int event_ring;              /* events kept in memory per job */
@@ -66,7 +66,7 @@ typedef struct acc_conf {
     int tokenizer_match_limit;   /* PCRE2 match limit of a tokenizer regex match */
     int heavy_requests_max;      /* POST /v1/tokenize being worked on at once (429 past it) */
     int heavy_requests_per_user; /* the same per user */
-    /* (h-jobs, issue 25) queue caps, event-stream limits, the cancel deadline */
+    /* queue caps, event-stream limits, the cancel deadline */
     int max_queued_jobs;         /* queued jobs in total, 0 = no limit (429 past it) */
     int user_max_queued;         /* queued jobs per user, 0 = no limit (429 past it) */
     int max_streams;             /* open event streams in total (0 until finalized: a quarter of the connections) */
@@ -77,7 +77,7 @@ typedef struct acc_conf {
      * HF_HUB_CACHE's layout) where model.from and data.dataset find hub names,
      * offline. "" = off. Read as an extra data root (safepath.h). */
     char hf_hub_cache[PATH_MAX];
-    /* h-engine, issue 25: a rank-process job with no step for
+    /* a rank-process job with no step for
      * max(rank_watchdog_min s, rank_watchdog_factor x its mean step time)
      * is ended, every rank killed; mpi_interface: multi-node jobs' MPI
      * network (btl_tcp_if_include / oob_tcp_if_include; "" = Open MPI's

@@ -28,8 +28,8 @@ enum acc_errcode {
     ACC_ETOOBIG = -9,   /* request or value over a configured limit */
     ACC_EINTERNAL = -10,
     ACC_EUNAVAIL = -11, /* a service (the job store) is down or read-only: retry later */
-    ACC_ELIMIT = -12,   /* a configured quota is reached (queued jobs, event streams): retry later (h-jobs) */
-    ACC_ENOSPACE = -13, /* a file system is full or over quota (ENOSPC, EDQUOT): retry when it has room (h-engine) */
+    ACC_ELIMIT = -12,   /* a configured quota is reached (queued jobs, event streams): retry later */
+    ACC_ENOSPACE = -13, /* a file system is full or over quota (ENOSPC, EDQUOT): retry when it has room */
 };
 
 typedef struct acc_err {

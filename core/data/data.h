@@ -70,7 +70,7 @@ void data_sample_pos(const data_source *ds, uint64_t id, int *pos);
 void data_sample_masked(const data_source *ds, uint64_t id, int *tokens, uint8_t *tmask);
 /* Targets that carry loss in sample `id`. */
 uint64_t data_sample_targets(const data_source *ds, uint64_t id);
-/* (h-results, issue 23) Input positions of sample `id` that hold a real
+/* Input positions of sample `id` that hold a real
  * token (seq_len but for a prepared window shorter than it: the rest is
  * padding). */
 uint64_t data_sample_inputs(const data_source *ds, uint64_t id);

@@ -21,7 +21,7 @@ typedef enum spec_data_format {
     SPEC_DATA_CHAT,
     SPEC_DATA_PROMPT_COMPLETION,
     SPEC_DATA_TEXT_JSONL,
-    SPEC_DATA_TEXT_LINES, /* plain text, one sample a line, through the tokenizer (h-parquet) */
+    SPEC_DATA_TEXT_LINES, /* plain text, one sample a line, through the tokenizer */
 } spec_data_format;
 
 /* A JSONL format: tokenized by data_prep. */

@@ -586,7 +586,7 @@ int prep_validate(const data_cfg *s, acc_err *err)
         return rc;
     tok_encoder *enc = NULL;
     rc = tok_encoder_new(c.tok, &enc, err);
-    if (rc == 0) /* one time bound for all of the check's renders (h-tmpl) */
+    if (rc == 0) /* one time bound for all of the check's renders */
         tok_encoder_begin(enc);
     if (rc == 0)
         rc = check_files(&c, enc, s->data.train, "data.train", err);

@@ -135,7 +135,7 @@ static json_t *outputs_json(const job *j)
     const char *dir = final ? j->outputs[j->noutputs - 1] : NULL;
     json_t *o = json_pack("{s:o, s:o}", "model", dir ? json_string(dir) : json_null(), "checkpoints",
                           outputs_array(j));
-    char ex[PATH_MAX]; /* h-results, issue 23: written with the final checkpoint */
+    char ex[PATH_MAX]; /* written with the final checkpoint */
     job_export_dir(j, j->spec.output_root, ex, sizeof ex);
     if (o != NULL)
         json_object_set_new(o, "export", final && ex[0] ? json_string(ex) : json_null());

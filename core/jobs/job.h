@@ -106,7 +106,7 @@ int job_add_metric(job *j, const job_metric *m, acc_err *err);
  * (at most JOB_MAX_OUTPUTS). ACC_ENOMEM leaves the list as it was. */
 int job_add_output(job *j, const char *path, int keep, acc_err *err);
 void job_free_outputs(job *j);
-/* (h-results, issue 23) The job's export directory under output_root:
+/* The job's export directory under output_root:
  * output_root/<owner>/<spec output_dir>, else output_root/<id>/export
  * (jobs.c sets it at start; the job view names it). */
 void job_export_dir(const job *j, const char *output_root, char *buf, size_t n);

@@ -416,7 +416,7 @@ static int parse_model_from(const json_t *m, const acc_conf *conf, const char *r
         (rc = get_str(m, "model", "arch", true, arch, sizeof arch, NULL, err)) ||
         (rc = get_int(m, "model", "seq_len", 2, 1 << 20, &out->seq_len, err)))
         return rc;
-    static const char *const quants[] = {"none", "nf4", NULL}; /* (h-nf4) QLoRA */
+    static const char *const quants[] = {"none", "nf4", NULL}; /* QLoRA */
     int quant = 0;
     if ((rc = get_choice(m, "model", "quantize", quants, &quant, err)) ||
         (rc = get_bool(m, "model", "load_in_4bit", &out->quantize_nf4, err)))
@@ -538,7 +538,7 @@ static int parse_data_jsonl(const json_t *d, const char *roots, const char *mode
     return check_path(out->tokenizer, sizeof out->tokenizer, roots, "data.tokenizer", err);
 }
 
-/* data.train / data.val: a path (or glob), or a JSON list of them (h-parquet),
+/* data.train / data.val: a path (or glob), or a JSON list of them,
  * each resolved under the roots; a list is kept newline-separated
  * (data_prep.h reads it in order). */
 static int get_paths(const json_t *d, const char *key, const char *roots, char *dst, size_t n, bool *present,
@@ -1157,7 +1157,7 @@ static int load_deepspeed_file(json_t *root, const char *roots, job_spec *out, a
 
 /* ---- the batch triple ------------------------------------------------------- */
 
-/* (h-results, issue 23) the given keys through the one resolver
+/* the given keys through the one resolver
  * (batch_split_resolve), kept for a planner at another world size */
 static int resolve_batch(const batch_in *b, job_spec *out, acc_err *err)
 {
@@ -1297,7 +1297,7 @@ static int parse_sections(const json_t *root, const acc_conf *conf, job_spec *ou
     return 0;
 }
 
-/* (h-results, issue 23) "output_dir": a name under the owner's output
+/* "output_dir": a name under the owner's output
  * area, one or more components of letters, digits, '.', '_', '-' (no
  * empty, "." or ".." component, no leading '/'), so it never leaves it. */
 static int get_output_name(const json_t *root, job_spec *out, acc_err *err)
@@ -1482,7 +1482,7 @@ static const spec_section *section(int which) { return &sections[which]; }
 
 const spec_section *spec_sections(void) { return sections; }
 
-/* (h-gen, issue 24) eval_prompts: strings or conversations, kept as JSON text */
+/* eval_prompts: strings or conversations, kept as JSON text */
 static int get_eval_prompts(const json_t *root, job_spec *out, acc_err *err)
 {
     const json_t *a = json_object_get(root, "eval_prompts"), *p, *msg;

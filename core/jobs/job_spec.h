@@ -33,7 +33,7 @@ typedef struct job_spec {
     int devices;           /* devices per node (the world size of a one-node job) */
     int nodes;             /* servers the job spans (rank processes over MPI); world = devices * nodes */
     bool micro_auto;       /* micro batch was "auto": the planner picks it */
-    /* (h-results, issue 23) the batch keys as written (0: absent or
+    /* the batch keys as written (0: absent or
      * "auto"): another world size (POST /v1/plan's hardware.devices)
      * resolves them through the same batch_split_resolve as submit */
     int given_batch, given_micro, given_accum;
@@ -58,11 +58,11 @@ typedef struct job_spec {
      * never twice at the same step, never after a reported failure */
     int max_restarts;
     bool oom_adapt;        /* oom.adapt */
-    /* (h-results, issue 23) checkpoint_on_cancel (default true): a cancel
+    /* checkpoint_on_cancel (default true): a cancel
      * of a running job writes a checkpoint at the next micro-step boundary
      * unless no optimizer step completed since the last one */
     bool checkpoint_on_cancel;
-    /* (h-results, issue 23) outputs the user owns: "output_dir"
+    /* outputs the user owns: "output_dir"
      * (Hugging Face's name; a relative name of [A-Za-z0-9._-] components)
      * places the final export under output_root/<owner>/; save_total_limit
      * keeps the newest N checkpoints (0: the config's checkpoint_keep) */

@@ -415,7 +415,7 @@ static json_t *plan_json(const train_cfg *s, kern_dev_kind kind, uint64_t budget
         json_decref(arr);
         return json_null();
     }
-    /* the split this job would start with (h-results, issue 23: one rule,
+    /* the split this job would start with (one rule,
      * plan_start_row, as the trainer's start_where_fits) */
     int start = plan_start_row(s, rows, n, chosen);
     plan_hw hw = {.kind = kind, .device_memory = budget, .devices = s->devices};
@@ -679,7 +679,7 @@ static void set_output_dir(const jobs_mgr *m, job *j)
         j->spec.data.cache_dir[0] = '\0';
 }
 
-/* (h-results, issue 23) Where the final export goes: the spec's
+/* Where the final export goes: the spec's
  * output_dir in its owner's area, output_root/<owner>/<output_dir> (an
  * owner name that is no plain path component, or none: "_"), else
  * output_root/<id>/export. */
@@ -980,7 +980,7 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
     j->cancel_requested = false;
     j->cancel_requested_at = 0;
     j->cancel_killed = false;
-    set_export_dir(m, j); /* h-results, issue 23 */
+    set_export_dir(m, j);
     if (open_output_dir(m, j, &err) != 0) {
         release_devices(m, j);
         finish_or_retry(j, JOB_FAILED, acc_err_name(err.code), err.msg);
@@ -1006,7 +1006,7 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
     trainer_opts o = {.spec = cfg, .devices = devinfo, .threads_per_device = m->conf->cpu_threads_per_device,
                       .checkpoint_keep = m->conf->checkpoint_keep, .async_start = true,
                       .on_event = on_trainer_event, .event_ctx = j,
-                      /* h-results, issue 23; the test-only ACCUMD_TEST_OOM_AT_GIVEN keeps
+                      /* the test-only ACCUMD_TEST_OOM_AT_GIVEN keeps
                        * the given micro batch, so e2e tests still drive the OOM path */
                       .start_where_fits = getenv("ACCUMD_TEST_OOM_AT_GIVEN") == NULL};
     int rc = trainer_start(&o, &j->tr, &err);
@@ -1182,7 +1182,7 @@ static json_t *mem_array(const uint64_t *v, int n)
     return a;
 }
 
-/* (h-results, issue 23) Throughput that counts tokens: the step's
+/* Throughput that counts tokens: the step's
  * loss-carrying and real input tokens (padding excluded), each per second
  * of the step, the padding fraction of the input positions, the model's
  * FLOPs a token and, where device_peak_flops is configured, the MFU over
@@ -1385,7 +1385,7 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
         apply_step(m, j, ev);
         break;
     case TEV_EVAL:
-        /* h-results, issue 23: the whole set's tokens and perplexity */
+        /* the whole set's tokens and perplexity */
         emit(j, "eval",
              json_pack("{s:i, s:f, s:o, s:I, s:I}", "step", ev->step, "val_loss", ev->val_loss, "perplexity",
                        isfinite(exp(ev->val_loss)) ? json_real(exp(ev->val_loss)) : json_null(), "val_tokens",
@@ -1415,7 +1415,7 @@ static void apply_event(jobs_mgr *m, job *j, const train_event *ev)
     case TEV_DONE:
         apply_done(m, j, ev);
         break;
-    case TEV_SAMPLE: /* h-gen, issue 24: an eval_prompts answer */
+    case TEV_SAMPLE: /* an eval_prompts answer */
         emit(j, "sample",
              json_pack("{s:i, s:i, s:s, s:s}", "step", ev->step, "index", ev->index, "prompt", ev->prompt, "text",
                        ev->text),

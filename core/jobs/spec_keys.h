@@ -1,4 +1,4 @@
-/* spec_keys: the names a job spec accepts besides its own (h-dsconf).
+/* spec_keys: the names a job spec accepts besides its own.
  *
  * 1. Hugging Face TrainingArguments (and accelerate / TRL) names accepted
  *    as aliases where the meaning is the same: one table, one row per alias

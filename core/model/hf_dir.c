@@ -382,7 +382,7 @@ int hf_check(const hf_dir *h, const hf_tensor *want, int n, const char *const *i
         int same = e->t.ndim == want[i].ndim;
         for (int d = 0; same && d < want[i].ndim; d++)
             same = e->t.shape[d] == want[i].shape[d];
-        if (want[i].quant4) { /* (h-nf4) packed 4-bit codes */
+        if (want[i].quant4) { /* packed 4-bit codes */
             char exp[96];
             shape_str(exp, sizeof exp, want[i].ndim, want[i].shape);
             if (!same || e->t.dtype != ST_U8)

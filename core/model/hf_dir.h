@@ -51,7 +51,7 @@ typedef struct hf_tensor {
     int64_t shape[2];
     int optional; /* hf_check: one the layout ties away (a tied lm_head):
                    * absent, or refused naming it; hf_save writes every entry */
-    int quant4;   /* (h-nf4) hf_check: a 4-bit weight, packed as transformers saves it:
+    int quant4;   /* hf_check: a 4-bit weight, packed as transformers saves it:
                    * U8 of `shape` (its own, not the model's), torch_dtype not applied */
 } hf_tensor;
 
@@ -91,10 +91,10 @@ int hf_check(const hf_dir *h, const hf_tensor *want, int n, const char *const *i
  * are dropped afterwards). ACC_ESTATE when opened header only. */
 int hf_read(const hf_dir *h, const char *name, float *dst, size_t count, acc_err *err);
 
-/* (h-nf4) Tensor `name`'s dtype and shape (data NULL when opened header
+/* Tensor `name`'s dtype and shape (data NULL when opened header
  * only); ACC_ENOTFOUND when absent. */
 int hf_tensor_info(const hf_dir *h, const char *name, st_tensor *out);
-/* (h-nf4) Tensor `name`'s raw bytes into dst[nbytes] (exactly its size),
+/* Tensor `name`'s raw bytes into dst[nbytes] (exactly its size),
  * pages dropped afterwards; ACC_ESTATE when opened header only. */
 int hf_read_bytes(const hf_dir *h, const char *name, void *dst, size_t nbytes, acc_err *err);
 
@@ -124,7 +124,7 @@ typedef struct hf_save_opts {
  * = o->dtype) and the files copied from o->src_dir; `dir` must exist. */
 int hf_save_side(const char *dir, const hf_save_opts *o, acc_err *err);
 
-/* (h-results, issue 23) Only src's generation_config.json and tokenizer
+/* Only src's generation_config.json and tokenizer
  * files (those it has), read under `roots` (safepath.h), copied into the
  * existing `dir` atomically: an export's tokenizer. */
 int hf_copy_tokenizer(const char *src, const char *roots, const char *dir, acc_err *err);

@@ -17,8 +17,8 @@
 
 extern const model_family model_family_gpt2;
 extern const model_family model_family_llama;
-extern const model_family model_family_qwen3;  /* (h-kern, issue 19) */
-extern const model_family model_family_gemma2; /* (h-kern, issue 19) */
+extern const model_family model_family_qwen3;
+extern const model_family model_family_gemma2;
 
 static const model_family *const families[] = {
     &model_family_gpt2,
@@ -197,7 +197,7 @@ int model_config_from_file(const char *path, const spec_model *sm, model_config 
     return rc;
 }
 
-/* (h-nf4, issue 21) config.json's quantization_config as transformers
+/* config.json's quantization_config as transformers
  * writes it for bitsandbytes: 4-bit NF4 (double quantization or not) is
  * read; 8-bit, FP4 and other methods are refused, naming the key. */
 static int quant_from_hf(const json_t *hf, model_config *cfg, acc_err *err)
@@ -948,7 +948,7 @@ static uint16_t *narrow_at(const model *m, const model_tensor *t, size_t off)
     return (uint16_t *)((char *)m->wstore + t->soff) + (off - t->offset);
 }
 
-/* ---- NF4 tensors in the store (h-nf4, issue 21) */
+/* ---- NF4 tensors in the store */
 
 /* The store's bytes of tensor t. */
 static void *store_at(const model *m, const model_tensor *t)

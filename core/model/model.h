@@ -143,20 +143,20 @@ typedef struct model_config {
      * LoRA a BF16 or F16 one keeps the frozen base in it on the device
      * (the weight store: model_base_dtype); otherwise it changes nothing. */
     st_dtype weights_dtype;
-    /* Gemma 2's attention and logits (decoder.h; 0: off). (h-kern, issue 19) */
+    /* Gemma 2's attention and logits (decoder.h; 0: off). */
     double query_pre_attn_scalar;   /* scores * this^-1/2 (0: head_dim^-1/2) */
     double attn_logit_softcapping;  /* scores -> cap * tanh(scores / cap) */
     double final_logit_softcapping; /* logits likewise */
     int sliding_window;             /* keys a sliding layer's query sees, itself included */
     uint64_t sliding_layers[MODEL_MAX_SLIDING / 64]; /* bit l: layer l slides */
-    /* Lean activations (h-lean, issue 20; the spec's lean_activations):
+    /* Lean activations (the spec's lean_activations):
      * attention through the backend's attention_lean_fwd / _bwd (scratch
      * KERN_ATT_LEAN_SCRATCH, no T x T buffer) and the LM head + loss in
      * chunks of lean_chunk rows (blocks.h); model_logits is then NULL.
      * fp32 results within summation order of the default. */
     bool lean_acts;
     int lean_chunk; /* rows per LM-head chunk with lean_acts (0: BLK_HEAD_CHUNK) */
-    /* (h-nf4, issue 21) QLoRA: MODEL_QUANT_NF4 keeps every frozen linear
+    /* QLoRA: MODEL_QUANT_NF4 keeps every frozen linear
      * weight of the decoder (model_tensor_nf4) in NF4 (nf4.h) in the
      * weight store; the rest of the frozen base stays in weights_dtype. */
     int quant;                /* MODEL_QUANT_NONE, MODEL_QUANT_NF4 */
@@ -192,8 +192,8 @@ typedef struct model_tensor {
     bool adapter;               /* a LoRA adapter (PEFT's name), not in the base model's files */
     st_dtype dtype;             /* its storage dtype on the device (the weight store) */
     size_t soff;                /* non-F32: its first byte in the model's wstore */
-    bool stored;                /* (h-nf4) in the wstore at soff (any dtype, F32 included) */
-    float nf4_offset;           /* (h-nf4) ST_NF4 with double quantization: the absmax
+    bool stored;                /* in the wstore at soff (any dtype, F32 included) */
+    float nf4_offset;           /* ST_NF4 with double quantization: the absmax
                                  * values' offset (nf4.h), set when its bytes are stored */
 } model_tensor;
 
@@ -396,7 +396,7 @@ int model_layout_add(model_layout *l, int *cap, const char *name, int layer, int
  * or ST_F16 for a 16-bit model.from (weights_dtype), else ST_F32. */
 st_dtype model_base_dtype(const model_config *cfg);
 
-/* (h-nf4, issue 21) Whether the config keeps tensor t in NF4: cfg->quant
+/* Whether the config keeps tensor t in NF4: cfg->quant
  * is MODEL_QUANT_NF4 and t is a linear weight of a block (2-D, named
  * "*.weight", not transposed: Conv1D layers are not quantized), not an
  * adapter. The embeddings, norms and LM head never are (as transformers). */
@@ -467,7 +467,7 @@ struct model {
      * attention within each document, kern_device.h); the backward reuses
      * the forward's. */
     const int *positions;
-    size_t wstore_bytes;  /* (h-nf4) bytes of wstore (0 without one) */
+    size_t wstore_bytes;  /* bytes of wstore (0 without one) */
 };
 
 /* Floats past the gradients model_create reserves for its caller. */

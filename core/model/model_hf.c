@@ -13,7 +13,7 @@
 
 static const char *const ignore_suffixes[] = {".rotary_emb.inv_freq", ".attn.bias",
                                               ".attn.masked_bias", NULL};
-/* (h-nf4) a 4-bit directory's side tensors, checked by nf4_check_side */
+/* a 4-bit directory's side tensors, checked by nf4_check_side */
 static const char *const ignore_nf4[] = {".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias",
                                          ".weight.absmax", ".weight.quant_map",
                                          ".weight.nested_absmax", ".weight.nested_quant_map",
@@ -89,7 +89,7 @@ static int wanted(const hf_dir *h, const model_config *cfg, const model_layout *
     return 0;
 }
 
-/* ---- a 4-bit directory (h-nf4, issue 21) */
+/* ---- a 4-bit directory */
 
 /* Side tensor `suffix` of 4-bit weight `w`: its dtype and element count,
  * 1-D (transformers saves them so). */
@@ -221,7 +221,7 @@ int model_hf_validate_under(const char *roots, const char *dir, model_config *cf
         return rc;
     model_config c;
     rc = model_hf_config(h, &c, err);
-    if (rc == 0 && c.quant_in_files) { /* (h-nf4) mapped: the quant states' JSON is checked */
+    if (rc == 0 && c.quant_in_files) { /* mapped: the quant states' JSON is checked */
         hf_close(h);
         h = NULL;
         rc = hf_open_under(roots, dir, 0, &h, err);
@@ -270,7 +270,7 @@ static void transpose(float *dst, const float *src, size_t r, size_t c)
             dst[j * r + i] = src[i * c + j];
 }
 
-/* (h-nf4) 4-bit weight t of the directory into m's store, byte for byte. */
+/* 4-bit weight t of the directory into m's store, byte for byte. */
 static int nf4_load(model *m, const hf_dir *h, const char *pre, const model_tensor *t, acc_err *err)
 {
     char name[HF_NAME_LEN + 64];
@@ -322,7 +322,7 @@ int model_hf_load(model *m, const hf_dir *h, acc_err *err)
         char name[HF_NAME_LEN + 16];
         snprintf(name, sizeof name, "%s%s", pre, t->name);
         size_t n = model_tensor_file_count(t);
-        if (m->cfg.quant_in_files && model_tensor_nf4(&m->cfg, t)) { /* (h-nf4) as stored */
+        if (m->cfg.quant_in_files && model_tensor_nf4(&m->cfg, t)) { /* as stored */
             rc = t->dtype == ST_NF4 ? nf4_load(m, h, pre, t, err)
                                     : acc_err_set(err, ACC_EINVAL, "lora.r",
                                                   "%s is a 4-bit model: it trains only through "
@@ -427,7 +427,7 @@ static int output_config(const model *m, const char *src_dir, const char *src_ro
     }
     if (c == NULL && (c = json_object()) == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
-    /* (h-nf4) what accumd writes is never 4-bit: the merged model is the
+    /* what accumd writes is never 4-bit: the merged model is the
      * dequantized base plus the adapters */
     json_object_del(c, "quantization_config");
     const model_family *f = model_family_of(&m->cfg);

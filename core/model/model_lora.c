@@ -73,7 +73,7 @@ static bool has_module(char (*mods)[MODEL_LORA_NAME_MAX], int n, const char *nam
 int model_lora_apply(const spec_lora *sl, bool merge, model_config *cfg, acc_err *err)
 {
     memset(&cfg->lora, 0, sizeof cfg->lora);
-    if (sl->r == 0 && cfg->quant != MODEL_QUANT_NONE) /* (h-nf4) */
+    if (sl->r == 0 && cfg->quant != MODEL_QUANT_NONE)
         return acc_err_set(err, ACC_EINVAL, "lora.r",
                            "lora.r: a 4-bit (NF4) base trains only through LoRA adapters "
                            "(QLoRA): set lora.r");

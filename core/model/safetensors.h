@@ -26,7 +26,7 @@
 
 #define ST_MAX_DIMS 8
 
-/* ST_NF4 (h-nf4, issue 21): a storage dtype of the model's weight store
+/* ST_NF4: a storage dtype of the model's weight store
  * only (4-bit NormalFloat, nf4.h), never a file's; st_dtype_size is 0. */
 typedef enum st_dtype { ST_F32 = 0, ST_BF16, ST_F16, ST_F64, ST_I32, ST_I64, ST_U8, ST_U16, ST_NF4 } st_dtype;
 

@@ -1,5 +1,5 @@
 /* export: a job's final model as a directory that loads anywhere, apart
- * from its resumable checkpoints (h-results, issue 23).
+ * from its resumable checkpoints.
  *
  * export_final() makes `export_dir` hold the final checkpoint's files but
  * the optimizer state: a full fine-tune's Hugging Face directory

@@ -30,7 +30,7 @@ static int base_config(const train_cfg *spec, model_config *cfg, acc_err *err)
     return rc;
 }
 
-/* (h-nf4, issue 21) model.quantize "nf4": the decoder's linear weights
+/* model.quantize "nf4": the decoder's linear weights
  * quantized at load, with double quantization (QLoRA's recipe). */
 static int quantize_config(const train_cfg *spec, model_config *cfg, acc_err *err)
 {
@@ -99,7 +99,7 @@ static int state_parts(const model_config *cfg, int zero, int world, int rank, p
     p->gradients = model_b - p->weights;
     size_t ntrain = model_num_trainable(cfg);
     if (ntrain < model_num_params(cfg)) {
-        /* (h-results, issue 23) LoRA: the gradient buffer covers the
+        /* LoRA: the gradient buffer covers the
          * adapters (and the trainer's slots) only, and a 16-bit frozen base
          * holds less than 4 bytes a parameter: the rest is weights */
         uint64_t g = acc_sat_mul_u64(acc_sat_add_u64(ntrain, TRAIN_SLOTS), sizeof(float));
@@ -337,7 +337,7 @@ int plan_candidates_on(const train_cfg *spec, kern_dev_kind kind, uint64_t budge
     return 0;
 }
 
-/* ---- (h-results, issue 23) where a job starts ---------------------------- */
+/* ---- where a job starts ---------------------------- */
 
 static int given_row(const train_cfg *spec, const plan_row *rows, int n)
 {

@@ -161,7 +161,7 @@ int plan_candidates(const train_cfg *spec, uint64_t budget, plan_row *rows, int 
 int plan_candidates_on(const train_cfg *spec, kern_dev_kind kind, uint64_t budget, plan_row *rows,
                        int max, int *n, int *chosen, acc_err *err);
 
-/* (h-results, issue 23) The row of plan_candidates_on's rows a job of
+/* The row of plan_candidates_on's rows a job of
  * this spec starts with: the planner's pick for "auto"; the given micro
  * batch's row when it fits or oom.adapt is off (it will run out of memory
  * and fail); with oom.adapt and a given micro batch that does not fit, the

@@ -64,7 +64,7 @@ int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_varia
     } else if (spec->lora.r == 0) {
         out->lora = default_lora;
     }
-    out->model.quantize_nf4 = v->qlora; /* (h-nf4) */
+    out->model.quantize_nf4 = v->qlora;
     return 0;
 }
 

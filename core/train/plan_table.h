@@ -50,7 +50,7 @@ typedef struct plan_variant {
     bool lora;         /* LoRA adapters on a frozen base (false: every weight trains) */
     int zero_stage;    /* 0, 1 (AdamW moments sharded), 2 (and gradients) */
     bool recompute;    /* activation recomputation */
-    bool qlora;        /* (h-nf4, issue 21) LoRA on a 4-bit NF4 base (model.quantize "nf4";
+    bool qlora;        /* LoRA on a 4-bit NF4 base (model.quantize "nf4";
                         * lora is then true too): mode "qlora" */
 } plan_variant;
 
@@ -72,13 +72,13 @@ typedef struct plan_table {
     int recommended_group;
     int suggested;     /* first group's largest fitting row; -1: nothing fits */
     int suggested_group;
-    /* (h-results, issue 23) the spec's given micro batch: whether it fits,
+    /* the spec's given micro batch: whether it fits,
      * and plan_start_note's words when it does not ("" otherwise) */
     bool given_fits;
     char start_note[768];
 } plan_table;
 
-/* (h-results, issue 23) The spec as submitted with devices = w: its
+/* The spec as submitted with devices = w: its
  * batch keys as written (given_*) resolved again at world w through
  * batch_split_resolve, as submit would with "devices": w; the same 400
  * (ACC_EINVAL naming "train_batch_size") for a triple that does not hold

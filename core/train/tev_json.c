@@ -15,7 +15,7 @@ static const char *const kind_names[] = {
     [TEV_DONE] = "done",
     [TEV_CKPT_REJECTED] = "checkpoint_rejected",
     [TEV_PROGRESS] = "progress",
-    [TEV_SAMPLE] = "sample", /* h-gen, issue 24 */
+    [TEV_SAMPLE] = "sample",
 };
 #define NKINDS ((int)(sizeof kind_names / sizeof kind_names[0]))
 
@@ -66,7 +66,6 @@ static int encode_step(json_t *o, const train_event *ev)
            put_u64s(o, "mem_in_use", ev->mem_in_use, n) | put_u64s(o, "mem_peak", ev->mem_peak, n) |
            put_u64s(o, "mem_reserved", ev->mem_reserved, n) | put_u64s(o, "mem_free", ev->mem_free, n) |
            put_u64s(o, "mem_optimizer", ev->mem_optim, n) | put_u64s(o, "mem_gradients", ev->mem_grads, n) |
-           /* h-results, issue 23 */
            put_u64(o, "loss_tokens", ev->loss_tokens) | put_u64(o, "input_tokens", ev->input_tokens) |
            put_u64(o, "input_positions", ev->input_positions) | put_real(o, "step_seconds", ev->step_seconds) |
            put_real(o, "flops_per_token", ev->flops_per_token);
@@ -224,7 +223,6 @@ static int decode_step(const json_t *o, train_event *ev, acc_err *err)
         (rc = get_u64s(o, "mem_optimizer", ev->mem_optim, n, err)) ||
         (rc = get_u64s(o, "mem_gradients", ev->mem_grads, n, err)))
         return rc;
-    /* h-results, issue 23 */
     if ((rc = get_u(o, "loss_tokens", &ev->loss_tokens, err)) || (rc = get_u(o, "input_tokens", &ev->input_tokens, err)) ||
         (rc = get_u(o, "input_positions", &ev->input_positions, err)) ||
         (rc = get_real(o, "step_seconds", &ev->step_seconds, err)) ||
@@ -270,7 +268,7 @@ int tev_from_json(const json_t *o, train_event *ev, acc_err *err)
     switch (ev->kind) {
     case TEV_STEP:
         return decode_step(o, ev, err);
-    case TEV_EVAL: /* val_tokens, val_samples: h-results, issue 23 */
+    case TEV_EVAL: /* val_tokens, val_samples */
         return (rc = get_real(o, "val_loss", &ev->val_loss, err)) || (rc = get_u(o, "val_tokens", &ev->val_tokens, err))
                    ? rc
                    : get_u(o, "val_samples", &ev->val_samples, err);

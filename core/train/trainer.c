@@ -125,7 +125,7 @@ struct trainer {
      * sharded moments can still be gathered for the checkpoint */
     atomic_int stop_asked;
     atomic_int stepped;        /* a step of this run completed (rank 0) */
-    /* (h-results, issue 23) a cancel with spec.checkpoint_on_cancel: the
+    /* a cancel with spec.checkpoint_on_cancel: the
      * run checkpoints its last completed step as a shutdown does, unless
      * that step is already saved (rank_state.last_saved) */
     atomic_int cancel_ckpt;
@@ -152,12 +152,12 @@ struct trainer {
     int auto_split;            /* micro batch "auto": may move up at checkpoints */
     uint64_t min_budget;       /* smallest device budget of the job (0 = none) */
     char plan_note[512];       /* the planner's pick for "auto", or "" */
-    int start_where_fits;      /* trainer_opts.start_where_fits (h-results, issue 23) */
+    int start_where_fits;      /* trainer_opts.start_where_fits */
     int steps_done;            /* written by rank 0 */
     int joined;
     pthread_t launcher;        /* async_start: prepares, then starts the ranks */
     int launcher_started;
-    /* (h-gen, issue 24) eval_prompts, encoded by rank 0 at its first
+    /* eval_prompts, encoded by rank 0 at its first
      * evaluation (samples_off: they could not be) */
     tsamp *samples;
     int samples_off;
@@ -184,7 +184,7 @@ typedef struct rank_state {
     int bucket_rc;    /* first failed start this step (0 = none) */
     double step_loss_sum; /* this rank's loss sum of the step (for the slots) */
     /* the step's loss-carrying targets and real input tokens, all ranks
-     * (count_targets; h-results, issue 23) */
+     * (count_targets) */
     double step_targets, step_inputs;
     int step_oom;     /* this rank ran out of memory in this step attempt */
     int stop;         /* ZeRO: every rank agreed to stop for a shutdown */
@@ -643,7 +643,7 @@ static void publish_memory(rank_state *rs)
 }
 
 /* Eval loss over the whole validation set, or its first eval_batches x B
- * samples when eval_batches caps it (h-results, issue 23), split over
+ * samples when eval_batches caps it, split over
  * ranks: the mean over every loss-carrying target token of those samples
  * (*ntok of them, in *nsamp samples). */
 static int run_eval(rank_state *rs, double *val_loss, uint64_t *ntok, uint64_t *nsamp, acc_err *err)
@@ -718,7 +718,7 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
     ev->lr = lr;
     ev->grad_norm = norm;
     ev->tokens_per_s = seconds > 0 ? (double)s->train_batch_size * s->model.seq_len / seconds : 0;
-    /* h-results, issue 23: the tokens that count, and what they cost */
+    /* the tokens that count, and what they cost */
     ev->loss_tokens = (uint64_t)rs->step_targets;
     ev->input_tokens = (uint64_t)rs->step_inputs;
     ev->input_positions = (uint64_t)s->train_batch_size * (uint64_t)s->model.seq_len;
@@ -1316,7 +1316,7 @@ static void maybe_raise_micro(rank_state *rs, int done)
     free(ev);
 }
 
-/* (h-results, issue 23) The final checkpoint of `step` as the job's
+/* The final checkpoint of `step` as the job's
  * export (export.h): what loads anywhere, no optimizer state. */
 static int export_run(rank_state *rs, int step, acc_err *err)
 {
@@ -1331,7 +1331,7 @@ static int export_run(rank_state *rs, int step, acc_err *err)
     return rc;
 }
 
-/* (h-gen, issue 24) s[0..n) cut to fit dst[cap] at a UTF-8 character boundary. */
+/* s[0..n) cut to fit dst[cap] at a UTF-8 character boundary. */
 static void copy_utf8(char *dst, size_t cap, const char *s)
 {
     size_t n = strlen(s);
@@ -1399,14 +1399,14 @@ static int maybe_eval_and_save(rank_state *rs, int step, acc_err *err)
     }
     if (rs->rank == 0 && s->eval_prompts[0] != '\0' && s->eval_interval > 0 &&
         (done % s->eval_interval == 0 || done == s->max_steps))
-        run_samples(rs, done); /* h-gen, issue 24 */
+        run_samples(rs, done);
     int rc = 0;
     if ((rs->rank == 0 || t->zero->state_sharded) && s->output_dir[0] != '\0' &&
         ((s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0) ||
          done == t->steps.max_steps))
         rc = save_checkpoint(rs, done, err); /* ZeRO: every rank, for the gather */
     if (rc == 0 && rs->rank == 0 && done == t->steps.max_steps && s->output_dir[0] != '\0' && s->export_dir[0] != '\0')
-        rc = export_run(rs, done, err); /* h-results, issue 23 */
+        rc = export_run(rs, done, err);
     if (rc == 0 && s->checkpoint_interval > 0 && done % s->checkpoint_interval == 0 && done < t->steps.max_steps)
         maybe_raise_micro(rs, done);
     return rc;
@@ -1532,7 +1532,7 @@ static int checkpoint_on_preempt(rank_state *rs, acc_err *err)
     trainer *t = rs->t;
     /* ZeRO: checkpointed together in stop_together (or, stopped before a
      * step ended, there was nothing to save) */
-    bool on_cancel = atomic_load(&t->cancel_ckpt) != 0; /* h-results, issue 23 */
+    bool on_cancel = atomic_load(&t->cancel_ckpt) != 0;
     if (rs->rank != 0 || !(atomic_load(&t->preempt) || on_cancel) || rs->model == NULL || t->zero->state_sharded ||
         t->spec.output_dir[0] == '\0' || rs->done <= t->start_step || rs->done <= rs->last_saved)
         return 1;
@@ -1791,7 +1791,7 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     t->on_event = o->on_event; /* prepare_spec reports passed-over checkpoints */
     t->event_ctx = o->event_ctx;
     t->keep = o->checkpoint_keep > 0 ? o->checkpoint_keep : 2;
-    if (s->save_total_limit > 0) /* h-results, issue 23: the job's own limit */
+    if (s->save_total_limit > 0) /* the job's own limit */
         t->keep = s->save_total_limit;
     t->threads = o->threads_per_device > 0 ? o->threads_per_device : 1;
     t->hooks = h;
@@ -1831,7 +1831,7 @@ int trainer_start(const trainer_opts *o, trainer **out, acc_err *err)
 
 void trainer_cancel(trainer *t)
 {
-    /* (h-results, issue 23) checkpoint_on_cancel: the work is kept as a
+    /* checkpoint_on_cancel: the work is kept as a
      * shutdown keeps it (ZeRO: the ranks stop together after the step in
      * progress, so the sharded moments can be gathered) */
     if (t->spec.checkpoint_on_cancel && !atomic_load(&t->preempt)) {

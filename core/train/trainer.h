@@ -58,7 +58,7 @@ typedef enum train_event_kind {
     TEV_DONE,        /* the run ended; always the last event */
     TEV_CKPT_REJECTED, /* a checkpoint passed over at resume: path, msg = why */
     TEV_PROGRESS,    /* data preparation: stage (in path), done, total; max_steps once known */
-    TEV_SAMPLE,      /* (h-gen, issue 24) an eval_prompts answer: index, prompt, text */
+    TEV_SAMPLE,      /* an eval_prompts answer: index, prompt, text */
 } train_event_kind;
 
 typedef struct train_event {
@@ -75,7 +75,7 @@ typedef struct train_event {
     /* per rank: bytes of its AdamW moments (its shard under ZeRO >= 1) and
      * of its gradient buffer (whole at every stage) */
     uint64_t mem_optim[TRAIN_MAX_RANKS], mem_grads[TRAIN_MAX_RANKS];
-    /* TEV_STEP (h-results, issue 23): the step's tokens over all ranks:
+    /* TEV_STEP: the step's tokens over all ranks:
      * loss-carrying targets, real input tokens (padding excluded), input
      * positions (B x seq_len, padding included); its wall time; the
      * model's FLOPs a token (6 N + 12 L T C, model_flops_per_token) */
@@ -83,7 +83,7 @@ typedef struct train_event {
     double step_seconds, flops_per_token;
     /* TEV_EVAL */
     double val_loss;
-    uint64_t val_tokens;   /* loss-carrying tokens evaluated (h-results, issue 23) */
+    uint64_t val_tokens;   /* loss-carrying tokens evaluated */
     uint64_t val_samples;  /* validation samples evaluated */
     /* TEV_OOM_ADJUST */
     int from_micro, from_accum, to_micro, to_accum;
@@ -97,7 +97,7 @@ typedef struct train_event {
     char path[PATH_MAX];
     int status;            /* TEV_DONE: 0, ACC_ECANCELLED or an error code */
     char msg[512];
-    /* TEV_SAMPLE (h-gen, issue 24): eval_prompts[index], as written (a
+    /* TEV_SAMPLE: eval_prompts[index], as written (a
      * conversation: its JSON), and the answer; both cut at a UTF-8
      * character boundary to fit */
     int index;
@@ -126,7 +126,7 @@ typedef struct trainer_opts {
      * ranks are other processes; `devices` still has spec->devices entries. */
     struct kern_comm *comm;
     int rank;
-    /* (h-results, issue 23) with spec->oom_adapt and a given micro batch
+    /* with spec->oom_adapt and a given micro batch
      * the planner predicts does not fit the smallest device: start at the
      * largest micro batch it says fits (a log event says so) instead of
      * running out of memory down to it. The daemon sets it; engine tests of

@@ -651,7 +651,7 @@ static void cpu_widen16(kern_device *d, float *out, const uint16_t *in, size_t n
         out[i] = f16 ? kern_f16_to_f32(in[i]) : kern_bf16_to_f32(in[i]);
 }
 
-/* (h-nf4) NF4 codes times their block's absmax (kern_device.h). The
+/* NF4 codes times their block's absmax (kern_device.h). The
  * absmax of a block is rebuilt per value: two fp32 operations, cheaper
  * than a scratch buffer and the same bits. */
 static float nf4_absmax_at(const kern_nf4 *q, size_t b)
@@ -880,7 +880,7 @@ static const kern_ops cpu_ops = {
     /* lean activations: kern_cpu_lean.c */
     .attention_lean_fwd = kern_cpu_attention_lean_fwd,
     .attention_lean_bwd = kern_cpu_attention_lean_bwd,
-    .dequant_nf4 = cpu_dequant_nf4, /* (h-nf4, issue 21) */
+    .dequant_nf4 = cpu_dequant_nf4,
     /* generation: kern_cpu_llama.c */
     .attention_cache_fwd = kern_cpu_attention_cache_fwd,
 };

@@ -285,8 +285,8 @@ static const kern_ops cuda_ops = {
     /* lean activations: kern_cuda_lean.cu */
     /* .attention_lean_fwd = */ kern_cuda_attention_lean_fwd,
     /* .attention_lean_bwd = */ kern_cuda_attention_lean_bwd,
-    /* .dequant_nf4 = */ cu_dequant_nf4, /* (h-nf4, issue 21) */
-    /* generation (h-gen, issue 24): kern_cuda_llama.cu */
+    /* .dequant_nf4 = */ cu_dequant_nf4,
+    /* generation: kern_cuda_llama.cu */
     /* .attention_cache_fwd = */ kern_cuda_attention_cache_fwd,
 };
 

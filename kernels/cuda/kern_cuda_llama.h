@@ -65,7 +65,7 @@ void kern_cuda_gqa_attention_opt_bwd(kern_device *d, float *dq, float *dk, float
                                      const float *out, const int *pos,
                                      const struct kern_att_opts *opts, int B, int T, int NH,
                                      int NKV, int hs);
-/* generation (h-gen, issue 24): attention against a key/value cache */
+/* generation: attention against a key/value cache */
 void kern_cuda_attention_cache_fwd(kern_device *d, float *out, float *scratch, const float *q,
                                    int ldq, const float *kc, const float *vc,
                                    const struct kern_att_opts *opts, int p0, int n, int NH,

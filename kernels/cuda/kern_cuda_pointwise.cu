@@ -182,7 +182,7 @@ void cu_widen16(kern_device *d, float *out, const uint16_t *in, size_t n, int f1
     CU_LAUNCHED(d, "widen16");
 }
 
-/* (h-nf4, issue 21) NF4 codes times their block's absmax, rebuilt from
+/* NF4 codes times their block's absmax, rebuilt from
  * the double quantization per value; __fmul_rn / __fadd_rn keep each
  * step one rounded fp32 operation (no contraction into an FMA under
  * --use_fast_math), the CPU's bits exactly. */

@@ -1,4 +1,4 @@
-/* GPU (h-nf4, issue 21): dequant_nf4 on the GPU gives nf4_dequantize's
+/* GPU: dequant_nf4 on the GPU gives nf4_dequantize's
  * bits (host, core/model/nf4.c) on a weight quantized by nf4_quantize,
  * with an fp32 absmax and double quantized; and its throughput (GB/s of
  * fp32 written). Exits 77 (skipped) where no GPU is present. */

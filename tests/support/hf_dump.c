@@ -20,7 +20,7 @@
  *   "final_loss" [1] is the loss after the steps; --adapter DIR2 writes the
  *   PEFT adapter directory after the steps and the merged model as DIR2/merged;
  *   --set-adapter DIR3 starts from DIR3's adapter_model.safetensors instead.
- *   (h-nf4) --quantize: model.quantize "nf4" (QLoRA's 4-bit base, double
+ *   --quantize: model.quantize "nf4" (QLoRA's 4-bit base, double
  *   quantized at load). With a 4-bit base (this or a 4-bit DIR), "base.NAME"
  *   holds every frozen tensor as the device holds it (dequantized), and
  *   "store_changed" [1] counts the weight store's bytes the steps changed.

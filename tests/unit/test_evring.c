@@ -77,7 +77,7 @@ static void test_start_at(void **state)
     evring_free(&r);
 }
 
-/* Issue 25 (h-jobs): the slots start few and double as events come, up to
+/* Issue 25: the slots start few and double as events come, up to
  * the capacity; every event held survives each growth, in order, and past
  * the capacity the oldest go as before. A ring started at a later number
  * grows the same way. */

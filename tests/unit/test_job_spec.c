@@ -397,7 +397,7 @@ static void test_gradient_checkpointing_alias(void **state)
     expect_field(f, "\"train_batch_size\":8,\"gradient_checkpointing\":1", "gradient_checkpointing");
 }
 
-/* lean_activations (h-lean, issue 20): a boolean, off by default */
+/* lean_activations: a boolean, off by default */
 static void test_lean_activations(void **state)
 {
     fixture *f = *state;

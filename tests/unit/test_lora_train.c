@@ -677,7 +677,7 @@ static void test_7b_plan(void **state)
     assert_true(st32 > usable);
 }
 
-/* (h-nf4, issue 21) QLoRA: the planner counts a 4-bit base (quantized at
+/* QLoRA: the planner counts a 4-bit base (quantized at
  * load from the fp32 and the bf16 directory) to the byte against the
  * trainer's measured peak on CPU devices, and it trains; quantize on a
  * model with no linear layer NF4 holds (GPT-2's Conv1D) is refused
@@ -727,7 +727,7 @@ static void test_nf4_base_exact(void **state)
     assert_string_equal(err.field, "lora.r");
 }
 
-/* (h-nf4, issue 21) LLaMA-2-7B QLoRA (double quantized NF4 base in bf16,
+/* LLaMA-2-7B QLoRA (double quantized NF4 base in bf16,
  * LoRA r = 8 on q, v) at seq 4096, m 1, recompute, bf16 on a CUDA device:
  * the planner's state counted to the byte from the format here, and its
  * activations (bench/RESULTS.md quotes them). */

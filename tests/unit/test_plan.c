@@ -116,7 +116,7 @@ static void test_enumeration(void **state)
     /* per device 6: m = 1, 2, 3, 6; full and LoRA, ZeRO 0, 1, 2 (two
      * devices), recompute off and on: least change first */
     static const int ms[4] = {1, 2, 3, 6};
-    assert_int_equal(t.ngroups, 18); /* (h-nf4) and QLoRA */
+    assert_int_equal(t.ngroups, 18); /* and QLoRA */
     for (int g = 0; g < t.ngroups; g++) {
         assert_int_equal(t.groups[g].v.lora, g >= 6);
         assert_int_equal(t.groups[g].v.qlora, g >= 12);
@@ -178,7 +178,7 @@ static void test_enumeration(void **state)
     assert_non_null(strstr(t.start_note, "oom.adapt is off"));
     plan_table_free(&t);
 
-    /* (h-results, issue 23) with oom.adapt, a given micro batch that does
+    /* with oom.adapt, a given micro batch that does
      * not fit starts at the largest that does, and the note says so */
     s.oom_adapt = true;
     assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
@@ -191,7 +191,7 @@ static void test_enumeration(void **state)
     plan_table_free(&t);
     s.oom_adapt = false;
 
-    /* (h-results, issue 23) the batch keys as written, resolved again at
+    /* the batch keys as written, resolved again at
      * another world: the same rule and words as submit's */
     train_cfg w = s;
     w.given_batch = 12;
@@ -280,7 +280,7 @@ static void test_measured(void **state)
             run.activation_checkpointing = r->recompute;
             if (t.groups[g].v.lora) /* the table's default LoRA, as a spec section */
                 run.lora = (spec_lora){.r = 16, .alpha = 32, .all_linear = true};
-            run.model.quantize_nf4 = t.groups[g].v.qlora; /* (h-nf4) the 4-bit base */
+            run.model.quantize_nf4 = t.groups[g].v.qlora; /* the 4-bit base */
             kern_device_info devs[1];
             fx_devices(devs, 1, hw.device_memory);
             train_hooks h = {0};
@@ -327,7 +327,7 @@ static void test_lora_rows(void **state)
             assert_true(parts_sum(p) == t.rows[i].peak_bytes);
         }
     }
-    assert_int_equal(lora_groups, 4); /* (h-nf4) LoRA and QLoRA */
+    assert_int_equal(lora_groups, 4); /* LoRA and QLoRA */
     plan_table_free(&t);
 
     /* the spec's own section: its r; and its full rows drop it */

@@ -56,7 +56,7 @@ static void gqa_bwd_without_dk(kern_device *d, float *dq, float *dk, float *dv, 
     d->ops->free(d, junk);
 }
 
-/* (h-kern, issue 19) attention with options that forgets the window */
+/* attention with options that forgets the window */
 static void gqa_opt_fwd_without_window(kern_device *d, float *out, float *lse, float *scratch,
                                        const float *q, const float *k, const float *v,
                                        const int *pos, const kern_att_opts *opts, int B, int T,
@@ -67,7 +67,7 @@ static void gqa_opt_fwd_without_window(kern_device *d, float *out, float *lse, f
     cpu_ops->gqa_attention_opt_fwd(d, out, lse, scratch, q, k, v, pos, &o, B, T, NH, NKV, hs);
 }
 
-/* (h-nf4, issue 21) NF4 dequantization that forgets the double
+/* NF4 dequantization that forgets the double
  * quantization's offset */
 static void dequant_nf4_without_offset(kern_device *d, float *out, const kern_nf4 *q, size_t n)
 {

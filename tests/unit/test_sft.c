@@ -18,7 +18,7 @@
  *     each, no target crosses a boundary; a packed window's logits equal
  *     each document's logits run alone (1e-5), and differ without the
  *     positions (the test can fail);
- *   - (h-parquet) Parquet shards of an independent writer give the samples
+ *   - Parquet shards of an independent writer give the samples
  *     of the same records as JSONL, ShareGPT conversations those of the
  *     same messages; lists are read in order, globs in name order;
  *     text_lines; data.format read off the data; a damaged shard named;

@@ -216,7 +216,7 @@ static void check_stages(const char *arch, int w, int m, int a)
     check_stages_lean(arch, w, m, a, false);
 }
 
-/* lean activations (h-lean, issue 20): the head's gradient is accumulated in
+/* lean activations: the head's gradient is accumulated in
  * the forward; stages 1 and 2 stay bit-identical to 0, peaks exact */
 static void test_lean_stages(void **state)
 {
@@ -466,7 +466,7 @@ static void test_shutdown_checkpoint(void **state)
     free(ref.params);
 }
 
-/* (h-results, issue 23) checkpoint_on_cancel under ZeRO 2: a cancel stops
+/* checkpoint_on_cancel under ZeRO 2: a cancel stops
  * the ranks together after the step in progress, gathers the sharded
  * moments for a checkpoint of that step and ends "cancelled"; resumed, it
  * gives the uninterrupted losses. Without it nothing is saved. */
@@ -552,7 +552,7 @@ int main(void)
         cmocka_unit_test(test_modes),
         cmocka_unit_test(test_checkpoint_across_worlds),
         cmocka_unit_test(test_shutdown_checkpoint),
-        cmocka_unit_test(test_cancel_checkpoint), /* h-results, issue 23 */
+        cmocka_unit_test(test_cancel_checkpoint),
         cmocka_unit_test(test_lean_stages),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
