@@ -62,6 +62,16 @@ typedef struct plan_parts {
     uint64_t runtime;       /* outside the accounting (CUDA: context, cuBLASLt, NCCL) */
 } plan_parts;
 
+/* A row's host bytes by part, per rank: what a rank keeps in host memory
+ * (host_mem.h) because its mode puts it there, and the trainer's batch
+ * buffers. Their sum is plan_row.host_bytes. */
+typedef struct plan_host_parts {
+    uint64_t batch;         /* the trainer's host batch buffers (inputs, targets, weights) */
+    uint64_t optimizer;     /* offload_optimizer: what the optimizer keeps on the host */
+    uint64_t params;        /* offload_param: the parameter partition on the host */
+    uint64_t activations;   /* activation checkpoints kept on the host */
+} plan_host_parts;
+
 typedef struct plan_row {
     int micro_batch;        /* m, divides train_batch_size / devices */
     int accum_steps;        /* a = B / (m w) */
@@ -77,6 +87,8 @@ typedef struct plan_row {
     uint64_t device_bytes;  /* what a device of the kind must hold: peak_bytes
                                + parts.rounding + parts.runtime (CPU: peak_bytes) */
     bool fits;              /* device_bytes <= budget * (100 - PLAN_MARGIN_PCT) / 100 */
+    plan_host_parts host;   /* host bytes of one rank by part */
+    uint64_t host_bytes;    /* their sum */
 } plan_row;
 
 /* The spec's model config (from the spec, from init_from's file, or from
