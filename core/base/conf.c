@@ -218,6 +218,48 @@ static int valid_abs_or_empty(const char *key, const char *v, acc_err *err)
     return 0;
 }
 
+/* host_memory: "auto", 0 (no limit) or a size of at least 1 MiB. */
+static int set_host_memory(acc_conf *c, const char *v, acc_err *err)
+{
+    uint64_t bytes;
+    if (!strcmp(v, "auto")) {
+        c->host_memory_auto = true;
+        c->host_memory = 0;
+        return 0;
+    }
+    if (conf_parse_bytes(v, &bytes) != 0 || (bytes != 0 && bytes < (1u << 20)))
+        return acc_err_set(err, ACC_EINVAL, "host_memory",
+                           "host_memory must be \"auto\", 0 (no limit) or a size of at least 1M (suffix K/M/G/T), "
+                           "got '%s'",
+                           v);
+    c->host_memory_auto = false;
+    c->host_memory = bytes;
+    return 0;
+}
+
+uint64_t conf_host_memory_auto(uint64_t total)
+{
+    uint64_t reserve = total / 10 > (1ull << 30) ? total / 10 : (1ull << 30);
+    if (reserve > total / 2)
+        reserve = total / 2;
+    return total - reserve;
+}
+
+/* MemTotal of /proc/meminfo in bytes, 0 when it cannot be read. */
+static uint64_t meminfo_total(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f == NULL)
+        return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "MemTotal: %llu kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib > UINT64_MAX / 1024 ? 0 : (uint64_t)kib * 1024;
+}
+
 static const char *const device_names[] = {"auto", "cuda", "cpu", NULL}; /* enum conf_devices' order */
 
 #define INT(k, d, lo_, hi_, doc_) \
@@ -295,6 +337,9 @@ const conf_row conf_table[] = {
     {.name = "device_peak_flops", .type = CONF_DOUBLE, .def = "0", .off = OFF(device_peak_flops),
      .size = SZ(device_peak_flops), .fmax = 1e21, .set_flag = NOFLAG,
      .doc = "one device's peak FLOP/s for the MFU estimate (e.g. 989e12); 0 = unknown"},
+    {.name = "host_memory", .type = CONF_BYTES, .def = "auto", .off = OFF(host_memory), .size = SZ(host_memory),
+     .lo = 0, .hi = UINT64_MAX, .set_flag = NOFLAG, .set = set_host_memory,
+     .doc = "host memory jobs may hold at once, reserved per job; auto = MemTotal less 10% (1 GiB to half); 0 = no limit"},
 };
 const size_t conf_table_len = sizeof conf_table / sizeof conf_table[0];
 
@@ -437,6 +482,8 @@ int conf_finalize(acc_conf *c, acc_err *err)
     }
     if (!conf_listen_is_loopback(c))
         c->require_token = true; /* never serve jobs to the network without auth */
+    if (c->host_memory_auto) /* unreadable: 0, no limit */
+        c->host_memory = conf_host_memory_auto(meminfo_total());
     return check_limits(c, err);
 }
 

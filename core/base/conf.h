@@ -85,6 +85,13 @@ typedef struct acc_conf {
     int rank_watchdog_factor;
     int rank_watchdog_min;
     char mpi_interface[256];
+    /* bytes of host memory the jobs may hold at once (their batch buffers
+     * and whatever they keep in host memory by choice: offloaded state);
+     * the scheduler reserves each running job's share. "auto" (the default,
+     * host_memory_auto): MemTotal of /proc/meminfo less a reserve of 10%
+     * (at least 1 GiB, at most half), set by conf_finalize; 0 = no limit */
+    uint64_t host_memory;
+    bool host_memory_auto;
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;
@@ -133,6 +140,10 @@ int conf_set_pair(acc_conf *c, const char *pair, acc_err *err);
 
 /* Derive the dependent defaults and check cross-key rules. */
 int conf_finalize(acc_conf *c, acc_err *err);
+
+/* host_memory "auto" for a host of `total` bytes: total less 10% (at
+ * least 1 GiB, at most half of it). */
+uint64_t conf_host_memory_auto(uint64_t total);
 
 /* Parse a byte size with an optional K/M/G/T suffix (powers of 1024). */
 int conf_parse_bytes(const char *s, uint64_t *out);

@@ -14,6 +14,18 @@ void host_mem_init(host_mem *h, uint64_t budget)
     h->budget = budget;
     h->in_use = 0;
     h->peak = 0;
+    h->capped = false;
+}
+
+void host_mem_init_capped(host_mem *h, uint64_t budget)
+{
+    host_mem_init(h, budget);
+    h->capped = true;
+}
+
+uint64_t host_mem_budget(const host_mem *h)
+{
+    return h->budget;
 }
 
 void host_mem_destroy(host_mem *h)
@@ -26,7 +38,7 @@ static int reserve(host_mem *h, uint64_t bytes)
 {
     pthread_mutex_lock(&h->mu);
     uint64_t next;
-    int ok = !acc_add_u64(h->in_use, bytes, &next) && (h->budget == 0 || next <= h->budget);
+    int ok = !acc_add_u64(h->in_use, bytes, &next) && ((h->budget == 0 && !h->capped) || next <= h->budget);
     if (ok) {
         h->in_use = next;
         if (next > h->peak)

@@ -16,6 +16,7 @@
 #define ACC_HOST_MEM_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,11 +27,17 @@ typedef struct host_mem {
     uint64_t budget;  /* bytes allowed; 0 = unlimited */
     uint64_t in_use;  /* bytes allocated now */
     uint64_t peak;    /* most bytes allocated at once */
+    bool capped;      /* host_mem_init_capped: budget 0 allows nothing */
 } host_mem;
 
 /* A budget of `budget` bytes (0: unlimited), nothing allocated. */
 void host_mem_init(host_mem *h, uint64_t budget);
 void host_mem_destroy(host_mem *h);
+/* A budget of exactly `budget` bytes, 0 included (nothing may be
+ * allocated): a job whose reservation its batch buffers fill. */
+void host_mem_init_capped(host_mem *h, uint64_t budget);
+/* Bytes allowed (0: unlimited unless capped). */
+uint64_t host_mem_budget(const host_mem *h);
 
 /* *out = `bytes` zeroed bytes (64-byte aligned) counted against the
  * budget; *out = NULL for 0 bytes. ACC_ENOMEM naming "host memory" when

@@ -1,6 +1,7 @@
 /* mem_plan: see mem_plan.h. */
 #include "mem_plan.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -187,10 +188,9 @@ int plan_check_sizes(const train_cfg *spec, acc_err *err)
     if (acc_add_u64(state, acts, &state))
         return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
                            "a device's bytes overflow 64-bit sizes");
-    /* the trainer's host batch buffers: inputs, targets, weights of the
-     * largest split (mmax x T, 4 bytes each) */
-    if (acc_mul_u64(acc_sat_mul_u64((uint64_t)mmax, (uint64_t)T), 3 * sizeof(int), &host) ||
-        host > SIZE_MAX)
+    /* the trainer's host batch buffers of the largest split (mmax x T) */
+    host = plan_host_batch_bytes(spec);
+    if (host == ACC_SIZE_OVERFLOW || host > SIZE_MAX)
         return acc_err_set(err, ACC_EINVAL, "train_batch_size",
                            "the host batch buffers of %d x %d tokens overflow", mmax, T);
     return 0;
@@ -275,6 +275,44 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
     r->device_bytes = acc_sat_add_u64(r->peak_bytes, acc_sat_add_u64(p->rounding, p->runtime));
 }
 
+/* ---- host memory ----------------------------------------------------- */
+
+uint64_t plan_host_batch_bytes(const train_cfg *spec)
+{
+    int w = spec->devices > 0 ? spec->devices : 1;
+    uint64_t T = spec->model.seq_len > 0 ? (uint64_t)spec->model.seq_len : 0;
+    uint64_t mmax = (uint64_t)(spec->train_batch_size / w);
+    if (spec->micro_batch > 0 && (uint64_t)spec->micro_batch > mmax)
+        mmax = (uint64_t)spec->micro_batch;
+    uint64_t tokens = acc_sat_mul_u64(mmax, T);
+    /* trainer.c rank_setup: sample, inputs, targets, weights, mask, pos */
+    uint64_t b = acc_sat_mul_u64(T + 1, sizeof(int));
+    b = acc_sat_add_u64(b, acc_sat_mul_u64(tokens, 2 * sizeof(int) + sizeof(float)));
+    b = acc_sat_add_u64(b, acc_sat_mul_u64(T, 2));
+    if (spec->data.packing)
+        b = acc_sat_add_u64(b, acc_sat_mul_u64(tokens, sizeof(int)));
+    return b;
+}
+
+uint64_t plan_host_sum(const plan_host_parts *h)
+{
+    return acc_sat_add_u64(acc_sat_add_u64(h->batch, h->optimizer), acc_sat_add_u64(h->params, h->activations));
+}
+
+uint64_t plan_row_job_host_bytes(const plan_row *r, int ranks_here)
+{
+    return acc_sat_mul_u64(r->host_bytes, (uint64_t)(ranks_here > 0 ? ranks_here : 1));
+}
+
+/* The row's host parts this file knows (the batch buffers; the offload
+ * modes' parts are set by their own row functions before it), then
+ * host_bytes, the sum: call it last. */
+static void row_host(const train_cfg *spec, plan_row *r)
+{
+    r->host.batch = plan_host_batch_bytes(spec);
+    r->host_bytes = plan_host_sum(&r->host);
+}
+
 static plan_row make_row(const model_config *cfg, const train_cfg *spec, const batch_split *split,
                          bool recompute, uint64_t usable, kern_dev_kind kind)
 {
@@ -285,6 +323,7 @@ static plan_row make_row(const model_config *cfg, const train_cfg *spec, const b
     r.act_bytes = plan_act_bytes(cfg, kind, spec->precision, m, spec->model.seq_len, recompute);
     r.peak_bytes = acc_sat_add_u64(r.state_bytes, r.act_bytes); /* UINT64_MAX never fits */
     row_parts(cfg, spec, kern_backend_ops(kind), m, &r);
+    row_host(spec, &r);
     r.fits = r.device_bytes <= usable;
     return r;
 }
@@ -307,6 +346,20 @@ int plan_candidates(const train_cfg *spec, uint64_t budget, plan_row *rows, int 
 
 int plan_candidates_on(const train_cfg *spec, kern_dev_kind kind, uint64_t budget, plan_row *rows,
                        int max, int *n, int *chosen, acc_err *err)
+{
+    return plan_candidates_hw(spec, kind, budget, 0, rows, max, n, chosen, err);
+}
+
+/* Rows whose job host bytes exceed host_memory (0: unlimited) do not fit. */
+static void host_limit(const train_cfg *spec, uint64_t host_memory, plan_row *rows, int n)
+{
+    for (int i = 0; host_memory != 0 && i < n; i++)
+        if (plan_row_job_host_bytes(&rows[i], spec->devices) > host_memory)
+            rows[i].fits = false;
+}
+
+int plan_candidates_hw(const train_cfg *spec, kern_dev_kind kind, uint64_t budget, uint64_t host_memory,
+                       plan_row *rows, int max, int *n, int *chosen, acc_err *err)
 {
     *n = 0;
     *chosen = -1;
@@ -333,8 +386,28 @@ int plan_candidates_on(const train_cfg *spec, kern_dev_kind kind, uint64_t budge
     int nmain = *n;
     if (!rec && spec->oom_adapt && *n < max)
         rows[(*n)++] = make_row(&cfg, spec, &one, true, usable, kind);
+    host_limit(spec, host_memory, rows, *n);
     *chosen = pick(rows, nmain, *n);
     return 0;
+}
+
+int plan_job_host_bytes(const train_cfg *spec, kern_dev_kind kind, uint64_t budget, int ranks_here,
+                        uint64_t *per_rank, uint64_t *job, acc_err *err)
+{
+    *per_rank = *job = 0;
+    plan_row *rows = calloc(PLAN_MAX_ROWS, sizeof *rows);
+    if (rows == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    int n = 0, chosen = -1;
+    int rc = plan_candidates_on(spec, kind, budget, rows, PLAN_MAX_ROWS, &n, &chosen, err);
+    if (rc == 0 && n > 0) {
+        int s = plan_start_row(spec, rows, n, chosen);
+        const plan_row *r = &rows[s >= 0 ? s : 0];
+        *per_rank = r->host_bytes;
+        *job = plan_row_job_host_bytes(r, ranks_here);
+    }
+    free(rows);
+    return rc;
 }
 
 /* ---- where a job starts ---------------------------- */

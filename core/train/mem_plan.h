@@ -91,6 +91,29 @@ typedef struct plan_row {
     uint64_t host_bytes;    /* their sum */
 } plan_row;
 
+/* ---- host memory (plan_row.host) ------------------------------------
+ *
+ * A row's host bytes are per rank: every rank (a thread of the job's
+ * trainer, or a rank process) holds its own batch buffers and, in the
+ * offload modes, its own part of the offloaded state. A job's host bytes
+ * on one host are its ranks there times the row's host_bytes
+ * (plan_job_host_bytes); the daemon reserves that much of its
+ * host_memory for the job while it runs, and the job's host_mem budget
+ * (host_mem.h) is what of it the batch buffers leave. */
+
+/* The trainer's host batch buffers of one rank, as trainer.c allocates them
+ * for the largest split it may move to (mmax = max(B / w, m) samples of
+ * seq_len T): the sample (T + 1 ints), inputs and targets (mmax T ints
+ * each), the loss weights (mmax T floats), the target mask (2 T bytes) and,
+ * with data.packing, the packed positions (mmax T ints). The same for every
+ * row of a spec (mmax does not depend on m). UINT64_MAX on overflow. */
+uint64_t plan_host_batch_bytes(const train_cfg *spec);
+/* batch + optimizer + params + activations (saturated). */
+uint64_t plan_host_sum(const plan_host_parts *h);
+/* The host bytes of a job whose `ranks_here` ranks share one host at row r
+ * (ranks_here x r->host_bytes, saturated). */
+uint64_t plan_row_job_host_bytes(const plan_row *r, int ranks_here);
+
 /* The spec's model config (from the spec, from init_from's file, or from
  * model.from's directory: its config.json and the weights' headers, or
  * config.json alone for a spec read by job_spec_parse_plan, plan_only),
@@ -172,6 +195,18 @@ int plan_candidates(const train_cfg *spec, uint64_t budget, plan_row *rows, int 
 /* The same for devices of `kind` (plan_candidates: CPU devices). */
 int plan_candidates_on(const train_cfg *spec, kern_dev_kind kind, uint64_t budget, plan_row *rows,
                        int max, int *n, int *chosen, acc_err *err);
+/* The same with a host of `host_memory` bytes for the job (0: unlimited):
+ * a row whose job host bytes (spec->devices ranks on the host,
+ * plan_row_job_host_bytes) exceed it does not fit either. */
+int plan_candidates_hw(const train_cfg *spec, kern_dev_kind kind, uint64_t budget, uint64_t host_memory,
+                       plan_row *rows, int max, int *n, int *chosen, acc_err *err);
+
+/* A job's host bytes where it starts (plan_start_row of its candidates on
+ * devices of `kind` with `budget` bytes, host unlimited; the first row
+ * when no row is the start): *per_rank = that row's host_bytes, *job =
+ * ranks_here x *per_rank. The daemon reserves *job of its host_memory. */
+int plan_job_host_bytes(const train_cfg *spec, kern_dev_kind kind, uint64_t budget, int ranks_here,
+                        uint64_t *per_rank, uint64_t *job, acc_err *err);
 
 /* The row of plan_candidates_on's rows a job of
  * this spec starts with: the planner's pick for "auto"; the given micro

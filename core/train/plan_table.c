@@ -111,8 +111,8 @@ static int add_group(const train_cfg *spec, plan_table *t, const plan_variant *v
     if (rc == 0 && (t->ngroups >= PLAN_MAX_GROUPS || t->nrows > (PLAN_MAX_GROUPS - 1) * PLAN_MAX_ROWS))
         rc = acc_err_set(err, ACC_EINTERNAL, NULL, "the plan table is full");
     if (rc == 0)
-        rc = plan_candidates_on(vs, t->hw.kind, t->hw.device_memory, t->rows + t->nrows, PLAN_MAX_ROWS, &n,
-                                &chosen, err);
+        rc = plan_candidates_hw(vs, t->hw.kind, t->hw.device_memory, t->hw.host_memory, t->rows + t->nrows,
+                                PLAN_MAX_ROWS, &n, &chosen, err);
     free(vs);
     if (rc != 0)
         return rc;
@@ -141,7 +141,8 @@ static int recommend(const train_cfg *spec, plan_table *t, acc_err *err)
         *own = *spec;
         own->devices = t->hw.devices;
         own->micro_auto = !given;
-        rc = plan_candidates_on(own, t->hw.kind, t->hw.device_memory, rows, PLAN_MAX_ROWS, &n, &chosen, err);
+        rc = plan_candidates_hw(own, t->hw.kind, t->hw.device_memory, t->hw.host_memory, rows, PLAN_MAX_ROWS, &n,
+                                &chosen, err);
     }
     int start = rc == 0 ? plan_start_row(own, rows, n, chosen) : -1;
     if (rc == 0 && given) {
@@ -197,11 +198,39 @@ void plan_table_free(plan_table *t)
 
 static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
+const char *plan_row_limit(const plan_row *r, const plan_hw *hw)
+{
+    if (r->fits)
+        return NULL;
+    if (hw->host_memory != 0 && r->device_bytes <= plan_usable_bytes(hw->device_memory) &&
+        plan_row_job_host_bytes(r, hw->devices) > hw->host_memory)
+        return "host_memory";
+    return "device_memory";
+}
+
+/* The host's part of plan_row_why. */
+static void host_why(const plan_row *r, const plan_hw *hw, char *buf, size_t n)
+{
+    const plan_host_parts *h = &r->host;
+    snprintf(buf, n,
+             "host memory: %d rank(s) x %.1f MiB (batch %.1f + optimizer %.1f + params %.1f + activations %.1f) = "
+             "%llu bytes exceeds the host's %llu bytes for jobs",
+             hw->devices, (double)r->host_bytes / (1024.0 * 1024.0), (double)h->batch / (1024.0 * 1024.0),
+             (double)h->optimizer / (1024.0 * 1024.0), (double)h->params / (1024.0 * 1024.0),
+             (double)h->activations / (1024.0 * 1024.0),
+             (unsigned long long)plan_row_job_host_bytes(r, hw->devices), (unsigned long long)hw->host_memory);
+}
+
 void plan_row_why(const plan_row *r, const plan_hw *hw, char *buf, size_t n)
 {
     buf[0] = '\0';
     if (r->fits)
         return;
+    const char *limit = plan_row_limit(r, hw);
+    if (limit != NULL && !strcmp(limit, "host_memory")) {
+        host_why(r, hw, buf, n);
+        return;
+    }
     uint64_t usable = plan_usable_bytes(hw->device_memory);
     const plan_parts *p = &r->parts;
     uint64_t state = r->state_bytes;
@@ -234,12 +263,27 @@ const char *plan_mode_name(const plan_variant *v)
     return v == NULL ? "full" : v->qlora ? "qlora" : v->lora ? "lora" : "full"; /* qlora: a 4-bit base */
 }
 
+/* The row's host bytes by part, the job's on the host, and which limit a
+ * row that does not fit exceeds. */
+static json_t *row_host_json(const plan_row *r, const plan_hw *hw)
+{
+    const plan_host_parts *h = &r->host;
+    const char *limit = plan_row_limit(r, hw);
+    bool host_fits = hw->host_memory == 0 || plan_row_job_host_bytes(r, hw->devices) <= hw->host_memory;
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}", "host_batch_bytes", plan_bytes_json(h->batch),
+                     "host_optimizer_bytes", plan_bytes_json(h->optimizer), "host_params_bytes",
+                     plan_bytes_json(h->params), "host_activations_bytes", plan_bytes_json(h->activations),
+                     "host_bytes", plan_bytes_json(r->host_bytes), "job_host_bytes",
+                     plan_bytes_json(plan_row_job_host_bytes(r, hw->devices)), "host_fits", host_fits, "limit",
+                     limit ? json_string(limit) : json_null());
+}
+
 json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *hw)
 {
     char why[512];
     plan_row_why(r, hw, why, sizeof why);
     const plan_parts *p = &r->parts;
-    return json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}", "mode",
+    json_t *o = json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}", "mode",
                      plan_mode_name(v), "zero_stage", v != NULL ? v->zero_stage : 0,
                      "recompute", r->recompute, "micro_batch", r->micro_batch, "accum_steps", r->accum_steps,
                      "weights_bytes", plan_bytes_json(p->weights), "gradients_bytes", plan_bytes_json(p->gradients),
@@ -248,4 +292,9 @@ json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *h
                      "rounding_bytes", plan_bytes_json(p->rounding), "runtime_bytes", plan_bytes_json(p->runtime),
                      "peak_bytes", plan_bytes_json(r->peak_bytes), "device_bytes", plan_bytes_json(r->device_bytes),
                      "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null());
+    json_t *host = row_host_json(r, hw);
+    if (o != NULL && host != NULL)
+        json_object_update(o, host);
+    json_decref(host);
+    return o;
 }

@@ -39,11 +39,15 @@
 #include "mem_plan.h"
 
 /* The hardware planned for: one kind, `devices` devices of
- * `device_memory` bytes each (0: unlimited). */
+ * `device_memory` bytes each (0: unlimited), on one host whose jobs may
+ * keep `host_memory` bytes in host memory (0: unlimited): a row fits when
+ * its device bytes fit a device and its job host bytes (devices x the
+ * row's host_bytes) fit host_memory. */
 typedef struct plan_hw {
     kern_dev_kind kind;
     uint64_t device_memory;
     int devices;
+    uint64_t host_memory;
 } plan_hw;
 
 typedef struct plan_variant {
@@ -85,6 +89,10 @@ typedef struct plan_table {
  * there. A spec without given keys (built in code) keeps its triple. */
 int plan_spec_at_world(train_cfg *spec, int w, acc_err *err);
 
+/* The limit row r exceeds on hw: NULL (it fits), "device_memory" or
+ * "host_memory". */
+const char *plan_row_limit(const plan_row *r, const plan_hw *hw);
+
 /* Whether the planner can count variant v for this spec on hw. */
 bool plan_variant_available(const train_cfg *spec, const plan_hw *hw, const plan_variant *v);
 
@@ -101,7 +109,9 @@ int plan_table_build(const train_cfg *spec, const plan_hw *hw, plan_table *t, ac
 void plan_table_free(plan_table *t);
 
 /* Why row r does not fit a device of hw.device_memory bytes ("" when it
- * fits), with the numbers: the model state alone, or the whole peak. */
+ * fits), with the numbers: the model state alone, or the whole peak; or,
+ * when the device holds it, the host: the job's host bytes by part against
+ * hw.host_memory. */
 void plan_row_why(const plan_row *r, const plan_hw *hw, char *buf, size_t n);
 
 /* A byte count as a JSON integer (signed 64-bit): an overflowed
@@ -114,7 +124,11 @@ const char *plan_mode_name(const plan_variant *v);
 /* Row r of variant v (NULL: a full fine-tune, ZeRO 0) on hw, the one JSON
  * view of a row (POST /v1/plan's rows, the dry run's candidates): mode,
  * zero_stage, the split, the bytes by part, peak_bytes, device_bytes,
- * fits and why_not. NULL when out of memory. */
+ * fits and why_not; the host bytes of one rank by part (host_batch_bytes,
+ * host_optimizer_bytes, host_params_bytes, host_activations_bytes) and
+ * their sum host_bytes, job_host_bytes (hw.devices ranks), host_fits, and
+ * limit: null when the row fits, else "device_memory" or "host_memory"
+ * (the device's first when both are exceeded). NULL when out of memory. */
 json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *hw);
 
 #endif

@@ -61,6 +61,7 @@
 #include "adamw.h"
 #include "batch_split.h"
 #include "checked.h"
+#include "host_mem.h"
 #include "mem_plan.h"
 #include "model_lora.h"
 #include "model.h"
@@ -99,6 +100,9 @@ typedef struct rank_ctx {
 
 struct trainer {
     train_cfg spec;
+    /* the job's host memory, shared by the ranks of this process
+     * (trainer.h "Host memory"); rank_state.host points here */
+    host_mem host;
     const zero_ops *zero;      /* the row of spec.zero_stage (zero.h) */
     /* what the start resolved, kept here (the spec is never written):
      * the starting split (the planner's pick for "auto", a resumed
@@ -163,9 +167,13 @@ struct trainer {
     int samples_off;
 };
 
-/* Per-rank loop state. */
+/* Per-rank loop state. `host` is the job's host-memory budget (the
+ * trainer's host_mem): what the rank keeps in host memory by choice is
+ * allocated from it (host_mem_alloc), so it counts against the job's
+ * reservation and the planner's host parts. */
 typedef struct rank_state {
     trainer *t;
+    host_mem *host;
     int rank;
     int last_saved;   /* step of this rank's latest checkpoint, or the one resumed from */
     kern_device *dev;
@@ -534,6 +542,10 @@ static int rank_setup(rank_state *rs, acc_err *err)
     rs->model->positions = rs->pos; /* filled with each micro-batch */
     if (!rs->sample || !rs->inputs || !rs->targets || !rs->weights || !rs->mask)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for batch buffers");
+    if (t->hooks != NULL) /* as allocated: the planner's host.batch predicts it */
+        t->hooks->host_batch[rs->rank] = (uint64_t)(T + 1) * sizeof *rs->sample +
+                                         tokens * (sizeof *rs->inputs + sizeof *rs->targets + sizeof *rs->weights) +
+                                         2 * (uint64_t)T + (rs->pos != NULL ? tokens * sizeof *rs->pos : 0);
     return 0;
 }
 
@@ -735,6 +747,9 @@ static void emit_step(rank_state *rs, int step, double loss, double lr, double n
         ev->mem_optim[r] = t->mem_optim[r];
         ev->mem_grads[r] = t->mem_grads[r];
     }
+    ev->host_budget = host_mem_budget(&t->host);
+    ev->host_in_use = host_mem_in_use(&t->host);
+    ev->host_peak = host_mem_peak(&t->host);
     emit(t, ev);
     free(ev);
 }
@@ -1551,6 +1566,7 @@ static void *rank_main(void *arg)
     rank_state rs;
     memset(&rs, 0, sizeof rs);
     rs.t = t;
+    rs.host = &t->host;
     rs.rank = rc->rank;
     acc_err err = {0};
     if (rank_run(&rs, &err) != 0 && checkpoint_on_preempt(&rs, &err) != 0) {
@@ -1561,6 +1577,10 @@ static void *rank_main(void *arg)
     if (t->hooks != NULL && rs.dev != NULL)
         t->hooks->mem_peak[rs.rank] = rs.dev->peak;
     rank_teardown(&rs);
+    if (t->hooks != NULL) {
+        t->hooks->host_budget = host_mem_budget(&t->host);
+        t->hooks->host_peak = host_mem_peak(&t->host);
+    }
     if (atomic_fetch_sub(&t->live, 1) == 1)
         finish_run(t);
     return NULL;
@@ -1578,6 +1598,7 @@ static void trainer_destroy(trainer *t)
     if (t->own_comm)
         kern_comm_destroy(t->comm);
     pthread_mutex_destroy(&t->mu);
+    host_mem_destroy(&t->host);
     free(t);
 }
 
@@ -1760,6 +1781,25 @@ static void *launcher_main(void *arg)
     return NULL;
 }
 
+/* The job's host_mem: what the reservation for this process's ranks
+ * leaves after their batch buffers (plan_host_batch_bytes each, allocated
+ * outside it), exactly (a reservation they fill allows nothing more); no
+ * reservation, no limit. */
+static int init_host(trainer *t, uint64_t reserved, acc_err *err)
+{
+    if (reserved == 0) {
+        host_mem_init(&t->host, 0);
+        return 0;
+    }
+    uint64_t batch = acc_sat_mul_u64(plan_host_batch_bytes(&t->spec), (uint64_t)t->local_ranks);
+    if (batch > reserved)
+        return acc_err_set(err, ACC_ENOMEM, "host memory",
+                           "the batch buffers of %d rank(s) need %llu bytes of host memory; %llu are reserved",
+                           t->local_ranks, (unsigned long long)batch, (unsigned long long)reserved);
+    host_mem_init_capped(&t->host, reserved - batch);
+    return 0;
+}
+
 int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, acc_err *err)
 {
     *out = NULL;
@@ -1806,6 +1846,11 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
     if (pthread_mutex_init(&t->mu, NULL) != 0) {
         free(t);
         return acc_err_set(err, ACC_ENOMEM, "", "pthread_mutex_init failed");
+    }
+    if ((rc = init_host(t, o->host_budget, err)) != 0) {
+        pthread_mutex_destroy(&t->mu);
+        free(t);
+        return rc;
     }
     if (o->async_start) {
         if (pthread_create(&t->launcher, NULL, launcher_main, t) != 0) {

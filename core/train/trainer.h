@@ -19,6 +19,19 @@
  * split in use. Otherwise the run ends with ACC_EOOM, bytes needed and the
  * budget in the message.
  *
+ * Host memory: a job's trainer (one per job, in the daemon or its worker;
+ * in rank-process mode one per process) holds one host_mem (host_mem.h)
+ * shared by its ranks, whose budget is trainer_opts.host_budget (the
+ * host memory the daemon reserved for the ranks of this process) less
+ * their batch buffers (allocated outside it, counted by the planner as
+ * plan_row.host.batch). Whatever a rank keeps in host memory by choice
+ * (offloaded optimizer state, parameter partitions, activation
+ * checkpoints) is allocated from it through rank_state.host (trainer.c),
+ * so a rank can never take more than was reserved: a request past it is
+ * ACC_ENOMEM naming "host memory", which fails the job with that message
+ * (never the kernel's OOM killer). TEV_STEP carries its budget, in-use
+ * and peak bytes.
+ *
  * The last event of every run is TEV_DONE (status 0, ACC_ECANCELLED or the
  * failure's code with a message); after it the daemon calls
  * trainer_free(), which joins the threads.
@@ -103,6 +116,9 @@ typedef struct train_event {
     int index;
     char prompt[1024];
     char text[4096];
+    /* TEV_STEP: the trainer's host_mem (this process's ranks): its budget
+     * (0: unlimited), bytes allocated now and at most so far */
+    uint64_t host_budget, host_in_use, host_peak;
 } train_event;
 
 typedef void (*train_event_fn)(void *ctx, const train_event *ev);
@@ -132,6 +148,12 @@ typedef struct trainer_opts {
      * running out of memory down to it. The daemon sets it; engine tests of
      * the out-of-memory path leave it off. */
     bool start_where_fits;
+    /* bytes of host memory reserved for the ranks this process runs (the
+     * daemon's host_memory reservation, plan_job_host_bytes); the
+     * trainer's host_mem gets what their batch buffers leave of it, and a
+     * reservation below those buffers is ACC_ENOMEM naming "host memory"
+     * at start. 0: no limit. */
+    uint64_t host_budget;
 } trainer_opts;
 
 typedef struct trainer trainer;

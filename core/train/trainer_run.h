@@ -52,6 +52,10 @@ typedef struct train_hooks {
     int final_micro, final_accum;
     bool final_recompute;
     int oom_adjusts;             /* TEV_OOM_ADJUST events emitted */
+    /* bytes of each rank's host batch buffers as allocated (plan_row.host.batch
+     * predicts them), and the trainer's host_mem at the end: budget, peak */
+    uint64_t host_batch[TRAIN_MAX_RANKS];
+    uint64_t host_budget, host_peak;
 } train_hooks;
 
 /* Device bytes one rank of this job allocates (parameters, gradients, AdamW
