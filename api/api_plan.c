@@ -12,6 +12,11 @@
  * dry run would start with and, when it does not fit, the first variant
  * that does.
  *
+ * hardware.host_memory (the same syntax): the host memory the job's ranks
+ * may hold there (default the daemon's host_memory config key, this
+ * machine's; 0 there: no limit); a row whose job host bytes (devices x its
+ * host_bytes) exceed it does not fit ("limit": "host_memory").
+ *
  * hardware (optional, each key too): device_memory (bytes, or a size with
  * the config's K/M/G/T suffixes, "24GiB", "80G"; at least 1 MiB), devices
  * (the job's world size w, 1..TRAIN_MAX_RANKS; default the spec's
@@ -37,9 +42,8 @@
 #include "plan_table.h"
 #include "trainer.h"
 
-static int hw_memory(const json_t *v, uint64_t *out, acc_err *err)
+static int hw_memory_named(const json_t *v, const char *f, uint64_t *out, acc_err *err)
 {
-    static const char f[] = "hardware.device_memory";
     if (json_is_integer(v)) {
         json_int_t b = json_integer_value(v);
         if (b < (1 << 20))
@@ -55,10 +59,24 @@ static int hw_memory(const json_t *v, uint64_t *out, acc_err *err)
     return 0;
 }
 
+static int hw_memory(const json_t *v, uint64_t *out, acc_err *err)
+{
+    return hw_memory_named(v, "hardware.device_memory", out, err);
+}
+
+/* hardware.host_memory: the same syntax; default the daemon's host_memory
+ * (this machine's host memory for jobs; 0 there: no limit). */
+static int hw_host_memory(const jobs_mgr *m, const json_t *h, plan_hw *hw, acc_err *err)
+{
+    json_t *v = json_object_get(h, "host_memory");
+    hw->host_memory = m->conf != NULL ? m->conf->host_memory : 0;
+    return v != NULL ? hw_memory_named(v, "hardware.host_memory", &hw->host_memory, err) : 0;
+}
+
 /* The hardware object into hw, defaults from the spec and this machine. */
 static int parse_hardware(const jobs_mgr *m, const json_t *h, const train_cfg *spec, plan_hw *hw, acc_err *err)
 {
-    static const char *const keys[] = {"device_memory", "devices", "kind", NULL};
+    static const char *const keys[] = {"device_memory", "devices", "kind", "host_memory", NULL};
     kern_dev_kind here = m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU; /* all of one kind */
     *hw = (plan_hw){.kind = here, .devices = spec->devices};
     if (h != NULL && !json_is_object(h))
@@ -70,8 +88,8 @@ static int parse_hardware(const jobs_mgr *m, const json_t *h, const train_cfg *s
         for (int i = 0; keys[i] != NULL; i++)
             ok |= !strcmp(key, keys[i]);
         if (!ok)
-            return acc_err_set(err, ACC_EINVAL, "hardware", "hardware: unknown key '%s' (device_memory, devices, kind)",
-                               key);
+            return acc_err_set(err, ACC_EINVAL, "hardware",
+                               "hardware: unknown key '%s' (device_memory, devices, kind, host_memory)", key);
     }
     json_t *kind = json_object_get(h, "kind"), *devs = json_object_get(h, "devices"),
            *mem = json_object_get(h, "device_memory");
@@ -91,6 +109,9 @@ static int parse_hardware(const jobs_mgr *m, const json_t *h, const train_cfg *s
     }
     if (devs == NULL && hw->devices > TRAIN_MAX_RANKS) /* the spec's own, as a job would be refused */
         return acc_err_set(err, ACC_EINVAL, "devices", "at most %d devices per job", TRAIN_MAX_RANKS);
+    int rc = hw_host_memory(m, h, hw, err);
+    if (rc != 0)
+        return rc;
     if (mem != NULL)
         return hw_memory(mem, &hw->device_memory, err);
     for (int i = 0; i < m->ndev; i++) /* the smallest device of that kind here */
@@ -153,7 +174,11 @@ static json_t *summary_json(const plan_table *t, bool spec_recompute)
                  "the spec as given does not fit; %s fine-tune%s%s with micro batch %d x %d accumulation steps does",
                  v->qlora ? "a QLoRA" : v->lora ? "a LoRA" : "a full", v->zero_stage ? (v->zero_stage == 1 ? " with ZeRO-1" : " with ZeRO-2") : "",
                  v->recompute ? " and recomputation" : "", s->micro_batch, s->accum_steps);
-    } else
+    } else if (t->hw.host_memory != 0)
+        snprintf(msg, sizeof msg, "no way to run this spec fits %d device(s) of %.1f GiB with %.1f GiB of host memory",
+                 t->hw.devices, (double)t->hw.device_memory / (1024.0 * 1024.0 * 1024.0),
+                 (double)t->hw.host_memory / (1024.0 * 1024.0 * 1024.0));
+    else
         snprintf(msg, sizeof msg, "no way to run this spec fits %d device(s) of %.1f GiB", t->hw.devices,
                  (double)t->hw.device_memory / (1024.0 * 1024.0 * 1024.0));
     return json_pack("{s:o, s:b, s:o, s:s, s:b}", "recommended", rec ? row_json(t, t->recommended) : json_null(),
@@ -202,6 +227,15 @@ static json_t *answer(const train_cfg *spec, const model_config *cfg, const plan
                      summary_json(t, spec->activation_checkpointing), "lora", lora_json(spec, t), "groups", groups ? groups : json_array(), "rows", rows ? rows : json_array());
 }
 
+/* The host planned for, next to the devices: hardware.host_memory_bytes
+ * (0: no limit). */
+static void answer_host(json_t *o, const plan_table *t)
+{
+    json_t *hw = json_object_get(o, "hardware");
+    if (hw != NULL)
+        json_object_set_new(hw, "host_memory_bytes", json_integer(plan_bytes_json(t->hw.host_memory)));
+}
+
 int api_plan_compute(const jobs_mgr *m, const char *body, size_t len, json_t **out, acc_err *err)
 {
     *out = NULL;
@@ -240,6 +274,8 @@ int api_plan_compute(const jobs_mgr *m, const char *body, size_t len, json_t **o
         rc = plan_table_build(spec, &hw, &t, err);
     if (rc == 0 && (*out = answer(spec, &cfg, &t, hw_in != NULL)) == NULL)
         rc = acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    if (rc == 0)
+        answer_host(*out, &t);
     plan_table_free(&t);
     json_decref(hw_in);
     free(spec_text);

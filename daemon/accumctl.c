@@ -42,6 +42,7 @@ enum {
     OPT_QUIET = 1 << 9,
     OPT_KIND = 1 << 10,
     OPT_GEN = 1 << 11,        /* generate's sampling keys and --chat */
+    OPT_HOSTMEM = 1 << 12,
 };
 
 static const ctl_command commands[] = {
@@ -58,14 +59,15 @@ static const ctl_command commands[] = {
      OPT_FOLLOW},
     {"cancel", "ID", "cancel a queued job (now) or a running one (at its next micro-step)", "", 1, 0},
     {"devices", "", "the devices: kind, memory total / in use / peak / free, the job holding each", "", 0, 0},
-    {"plan", "FILE|- [--device-memory SIZE] [--devices N] [--kind cuda|cpu]",
+    {"plan", "FILE|- [--device-memory SIZE] [--devices N] [--kind cuda|cpu] [--host-memory SIZE]",
      "the planner's table for a spec: each way to run it, its predicted peak per device, whether it fits",
      "  --device-memory SIZE  memory of one device to plan for (24GiB, 80G, ...)\n"
      "  --devices N           devices to plan for (default: the spec's \"devices\")\n"
      "  --kind cuda|cpu       kind of device to plan for (default: the daemon's)\n"
+     "  --host-memory SIZE    host memory the job's ranks may hold (default: the daemon's host_memory)\n"
      "  Sent as POST /v1/plan with \"hardware\"; without POST /v1/plan on the daemon, its dry run\n"
      "  is shown instead (said on stderr).\n",
-     1, OPT_DEVMEM | OPT_DEVICES | OPT_KIND},
+     1, OPT_DEVMEM | OPT_DEVICES | OPT_KIND | OPT_HOSTMEM},
     {"metrics", "[--csv] ID", "a job's step history (loss, lr, grad norm, tokens/s, split, peak memory)",
      "  --csv       comma-separated, with a header line\n", 1, OPT_CSV},
     {"launch", "[--submit [--dry-run] [--wait]] accelerate launch|deepspeed|torchrun ARGS...",
@@ -182,7 +184,7 @@ static void resolve(ctl *c, const char *url, const char *token, const char *stat
 /* ---- the command line ----------------------------------------------------- */
 
 enum { L_URL = 1000, L_TOKEN, L_STATE_DIR, L_JSON, L_DRY_RUN, L_WAIT, L_STATE, L_DEVMEM, L_DEVICES, L_CSV,
-       L_ROLE, L_USERS_FILE, L_QUIET, L_KIND, L_CHAT, L_MAX_NEW, L_TEMP, L_TOPK, L_TOPP, L_SEED };
+       L_ROLE, L_USERS_FILE, L_QUIET, L_KIND, L_CHAT, L_MAX_NEW, L_TEMP, L_TOPK, L_TOPP, L_SEED, L_HOSTMEM };
 
 static const struct option long_opts[] = {
     {"url", required_argument, NULL, L_URL},
@@ -208,6 +210,7 @@ static const struct option long_opts[] = {
     {"top-k", required_argument, NULL, L_TOPK},
     {"top-p", required_argument, NULL, L_TOPP},
     {"seed", required_argument, NULL, L_SEED},
+    {"host-memory", required_argument, NULL, L_HOSTMEM},
     {NULL, 0, NULL, 0},
 };
 
@@ -235,6 +238,7 @@ static int take_opt(int opt, const char *arg, cmdline *cl)
     case L_STATE: cl->o.state = arg; cl->given |= OPT_STATE; return 0;
     case 'f': cl->o.follow = true; cl->given |= OPT_FOLLOW; return 0;
     case L_DEVMEM: cl->o.device_memory = arg; cl->given |= OPT_DEVMEM; return 0;
+    case L_HOSTMEM: cl->o.host_memory = arg; cl->given |= OPT_HOSTMEM; return 0;
     case L_KIND:
         cl->o.kind = arg;
         cl->given |= OPT_KIND;

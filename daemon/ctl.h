@@ -94,6 +94,7 @@ typedef struct ctl_opts {
     /* generate: the sampling keys as given ("" = the daemon's default) */
     const char *max_new_tokens, *temperature, *top_k, *top_p, *seed;
     bool chat;
+    const char *host_memory; /* plan: hardware.host_memory, NULL = the daemon's */
 } ctl_opts;
 
 int ctl_cmd_submit(ctl *c, const ctl_opts *o, const char *file);

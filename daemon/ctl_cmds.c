@@ -374,6 +374,10 @@ int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file)
                 o->device_memory);
         return CTL_EUSAGE;
     }
+    if (o->host_memory != NULL && conf_parse_bytes(o->host_memory, &bytes) != 0) {
+        fprintf(stderr, "accumctl: --host-memory must be a size such as 64GiB or 512G, got '%s'\n", o->host_memory);
+        return CTL_EUSAGE;
+    }
     char *text;
     size_t len;
     int rc = read_spec(file, &text, &len);
@@ -387,7 +391,7 @@ int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file)
         free(text);
         return CTL_EUSAGE;
     }
-    if (o->device_memory != NULL || o->devices > 0 || o->kind != NULL) {
+    if (o->device_memory != NULL || o->devices > 0 || o->kind != NULL || o->host_memory != NULL) {
         json_t *hw = json_object();
         if (o->kind != NULL)
             json_object_set_new(hw, "kind", json_string(o->kind));
@@ -395,6 +399,8 @@ int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file)
             json_object_set_new(hw, "device_memory", json_string(o->device_memory));
         if (o->devices > 0)
             json_object_set_new(hw, "devices", json_integer(o->devices));
+        if (o->host_memory != NULL)
+            json_object_set_new(hw, "host_memory", json_string(o->host_memory));
         json_object_set_new(spec, "hardware", hw);
     }
     char *body = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -406,7 +412,9 @@ int ctl_cmd_plan(ctl *c, const ctl_opts *o, const char *file)
         ctl_resp_free(&r);
         fprintf(stderr, "accumctl: this accumd has no POST /v1/plan yet; showing its dry run "
                         "(POST /v1/jobs?dry_run=1) instead, which plans for the daemon's own devices%s\n",
-                o->device_memory || o->devices || o->kind ? ", not for --device-memory/--devices/--kind" : "");
+                o->device_memory || o->devices || o->kind || o->host_memory
+                    ? ", not for --device-memory/--devices/--kind/--host-memory"
+                    : "");
         rc = ctl_request(c, "POST", "/v1/jobs?dry_run=1", text, len, &r);
     }
     free(text);

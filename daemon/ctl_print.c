@@ -317,6 +317,25 @@ static void fmt_way(const json_t *r, char *out, size_t n)
              (int)num(r, "micro_batch", 0), (int)num(r, "accum_steps", 0));
 }
 
+/* A row's host bytes per rank and by part ("-" from a daemon without
+ * them), and "(host memory)" when the host is what it exceeds. */
+static void fmt_host(const json_t *r, char *out, size_t n)
+{
+    if (!json_is_number(json_object_get(r, "host_bytes"))) {
+        snprintf(out, n, "-");
+        return;
+    }
+    char t[32], p[4][32];
+    static const char *const parts[] = {"host_batch_bytes", "host_optimizer_bytes", "host_params_bytes",
+                                        "host_activations_bytes"};
+    ctl_fmt_bytes(num(r, "host_bytes", 0), t, sizeof t);
+    for (int i = 0; i < 4; i++)
+        ctl_fmt_bytes(num(r, parts[i], 0), p[i], sizeof p[i]);
+    const char *limit = str(r, "limit", "");
+    snprintf(out, n, "%s (%s+%s+%s+%s)%s", t, p[0], p[1], p[2], p[3],
+             !strcmp(limit, "host_memory") ? " exceeds host memory" : "");
+}
+
 /* POST /v1/plan's answer: the hardware, the summary, each variant's
  * largest fitting micro batch, then every row with its parts. */
 static void print_planner(const json_t *plan)
@@ -330,6 +349,10 @@ static void print_planner(const json_t *plan)
     printf("model:      %s, %s parameters, seq_len %d\n", str(md, "family", "?"), cnt, (int)num(md, "seq_len", 0));
     printf("hardware:   %d x %s of %s (%d%% kept free)\n", (int)num(hw, "devices", 0), str(hw, "kind", "?"), a,
            (int)num(plan, "margin_pct", 0));
+    if (json_is_number(json_object_get(hw, "host_memory_bytes"))) { /* the host the ranks share */
+        ctl_fmt_bytes(num(hw, "host_memory_bytes", 0), b, sizeof b);
+        printf("host:       %s of host memory for the job\n", num(hw, "host_memory_bytes", 0) > 0 ? b : "no limit");
+    }
     printf("precision:  %s\n", str(plan, "precision", "-"));
     const json_t *lo = json_object_get(plan, "lora");
     if (json_is_object(lo)) {
@@ -373,8 +396,9 @@ static void print_planner(const json_t *plan)
         printf("%-5s %-5d %-10s %-18s %-12s %s\n", str(v, "mode", "?"), (int)num(v, "zero_stage", 0),
                json_is_true(json_object_get(v, "recompute")) ? "on" : "off", mm, b, str(v, "why_not", ""));
     }
-    printf("\n%-5s %-5s %-10s %6s %6s %10s %10s %10s %10s %10s %10s %10s %s\n", "MODE", "ZERO", "RECOMPUTE", "M", "A",
-           "WEIGHTS", "GRADS", "OPTIMIZER", "ACTS", "WORKSPACE", "PEAK", "DEVICE", "FITS");
+    printf("\n%-5s %-5s %-10s %6s %6s %10s %10s %10s %10s %10s %10s %10s %s %s\n", "MODE", "ZERO", "RECOMPUTE", "M",
+           "A", "WEIGHTS", "GRADS", "OPTIMIZER", "ACTS", "WORKSPACE", "PEAK", "DEVICE", "FITS",
+           "HOST/RANK (batch+optimizer+params+acts)");
     json_array_foreach(json_object_get(plan, "rows"), i, v)
     {
         ctl_fmt_bytes(num(v, "weights_bytes", 0), a, sizeof a);
@@ -384,10 +408,12 @@ static void print_planner(const json_t *plan)
         ctl_fmt_bytes(num(v, "workspace_bytes", 0), e, sizeof e);
         ctl_fmt_bytes(num(v, "peak_bytes", 0), f, sizeof f);
         ctl_fmt_bytes(num(v, "device_bytes", 0), g, sizeof g);
-        printf("%-5s %-5d %-10s %6d %6d %10s %10s %10s %10s %10s %10s %10s %s\n", str(v, "mode", "?"),
+        char host[256];
+        fmt_host(v, host, sizeof host);
+        printf("%-5s %-5d %-10s %6d %6d %10s %10s %10s %10s %10s %10s %10s %-4s %s\n", str(v, "mode", "?"),
                (int)num(v, "zero_stage", 0), json_is_true(json_object_get(v, "recompute")) ? "on" : "off",
                (int)num(v, "micro_batch", 0), (int)num(v, "accum_steps", 0), a, b, c, d, e, f, g,
-               json_is_true(json_object_get(v, "fits")) ? "yes" : "no");
+               json_is_true(json_object_get(v, "fits")) ? "yes" : "no", host);
     }
 }
 
@@ -421,11 +447,20 @@ void ctl_print_plan(const json_t *plan)
         ctl_fmt_bytes(max_of(json_object_get(plan, "predicted_peak_memory_bytes")), peak, sizeof peak);
         printf("memory:     predicted peak %s per device, device budget %s\n", peak, mem);
     }
+    const json_t *hm = json_object_get(plan, "host_memory");
+    if (json_is_object(hm)) { /* what the job reserves of the daemon's host_memory */
+        char job[32], lim[32];
+        ctl_fmt_bytes(num(hm, "job_bytes", 0), job, sizeof job);
+        ctl_fmt_bytes(num(hm, "host_memory_bytes", 0), lim, sizeof lim);
+        printf("host:       reserves %s of host memory (%s)%s\n", job,
+               num(hm, "host_memory_bytes", 0) > 0 ? lim : "no limit",
+               json_is_true(json_object_get(hm, "fits")) ? "" : ": more than the host has for jobs");
+    }
     /* every array of objects in the answer as a table; the dry run's
      * candidates by the trade-off they show (m against a: the peak and
      * whether it fits), their parts are accumctl plan's */
     static const char *const candidate_cols[] = {"micro_batch", "accum_steps", "recompute", "predicted_peak_bytes",
-                                                 "fits", NULL};
+                                                 "fits", "host_bytes", NULL};
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)plan, key, v)

@@ -56,6 +56,7 @@ typedef struct rank_args {
     uint64_t device_memory;
     int oom_rank, oom_step, oom_micro; /* --inject-oom, oom_rank < 0 = none */
     uint64_t bucket_bytes; /* --bucket-bytes: gradient bucket size (0 = the trainer's) */
+    uint64_t host_memory;  /* --host-memory: host memory reserved for this process's ranks (0 = no limit) */
 } rank_args;
 
 typedef struct rank_prog {
@@ -74,6 +75,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: accumd-rank [--local N] [--cuda] [--events PATH] [--output DIR] "
                     "[--kernel-threads K] [--device-memory BYTES] [--bucket-bytes BYTES] [--inject-oom R:S:M] "
+                    "[--host-memory BYTES] "
                     "SPEC.json\n");
 }
 
@@ -104,6 +106,8 @@ static int parse_args(int argc, char **argv, rank_args *a)
         else if (!strcmp(k, "--device-memory") && conf_parse_bytes(v, &a->device_memory) == 0)
             ;
         else if (!strcmp(k, "--bucket-bytes") && conf_parse_bytes(v, &a->bucket_bytes) == 0)
+            ;
+        else if (!strcmp(k, "--host-memory") && conf_parse_bytes(v, &a->host_memory) == 0)
             ;
         else if (!strcmp(k, "--inject-oom") &&
                  sscanf(v, "%d:%d:%d", &a->oom_rank, &a->oom_step, &a->oom_micro) == 3)
@@ -301,7 +305,8 @@ static int run_job(rank_prog *p, kern_comm *comm, const train_cfg *s, train_hook
     if (rc != 0)
         return rc;
     trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = p->a.kernel_threads,
-                      .on_event = on_event, .event_ctx = p, .comm = comm, .rank = p->rank};
+                      .on_event = on_event, .event_ctx = p, .comm = comm, .rank = p->rank,
+                      .host_budget = p->a.host_memory};
     trainer *t;
     rc = trainer_start_hooked(&o, h, &t, err);
     if (rc != 0)
@@ -350,7 +355,7 @@ static int rank_program(rank_prog *p, kern_comm *comm, acc_err *err)
         kern_device_info devs[TRAIN_MAX_RANKS];
         rc = job_devices(p, 0, 0, devs, err);
         trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = p->a.kernel_threads,
-                          .on_event = on_event, .event_ctx = p};
+                          .on_event = on_event, .event_ctx = p, .host_budget = p->a.host_memory};
         if (rc == 0)
             rc = trainer_run_sync(&o, &h, err);
     }

@@ -352,6 +352,8 @@ static wk_init *make_init(const wk_runner *r, const job *j, const kern_device_in
                     .attempt = j->worker_restarts, .spec = j->spec, .rank_mode = ranks,
                     .world = j->spec.devices * j->spec.nodes, .spec_json_len = (uint32_t)text,
                     .watchdog_factor = r->conf->rank_watchdog_factor, .watchdog_min_s = r->conf->rank_watchdog_min};
+    in->host_budget = j->host_bytes;
+    in->host_per_rank = j->host_per_rank;
     snprintf(in->mpi_interface, sizeof in->mpi_interface, "%s", r->conf->mpi_interface);
     memcpy(in->devices, devs, (size_t)ndev * sizeof *devs);
     snprintf(in->mpi_launcher, sizeof in->mpi_launcher, "%s", r->conf->mpi_launcher);

@@ -318,13 +318,14 @@ static int private_network(void)
 
 /* launcher -np W [--hostfile H] mpi_args... rank_program options spec; the
  * strings live in `store` and `num`, the caller's */
-static int rank_argv(worker *w, const char *spec, char *store, size_t n, char num[3][32], char **argv)
+static int rank_argv(worker *w, const char *spec, char *store, size_t n, char num[4][32], char **argv)
 {
     const wk_init *in = w->init;
     int c = 0;
     snprintf(num[0], 32, "%d", in->world);
     snprintf(num[1], 32, "%d", in->threads_per_device);
     snprintf(num[2], 32, "%llu", (unsigned long long)in->devices[0].mem_total);
+    snprintf(num[3], 32, "%llu", (unsigned long long)in->host_per_rank); /* each rank process's reservation */
     argv[c++] = (char *)in->mpi_launcher;
     argv[c++] = "-np";
     argv[c++] = num[0];
@@ -356,7 +357,7 @@ static int rank_argv(worker *w, const char *spec, char *store, size_t n, char nu
     if (in->devices[0].kind == KERN_DEV_CUDA)
         argv[c++] = "--cuda";
     const char *tail[] = {"--events", "-", "--output", in->spec.output_dir, "--kernel-threads", num[1],
-                          "--device-memory", num[2], spec};
+                          "--device-memory", num[2], "--host-memory", num[3], spec};
     for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++)
         argv[c++] = (char *)tail[i];
     argv[c] = NULL;
@@ -549,7 +550,7 @@ static void relay(worker *w, FILE *in)
 
 static int run_ranks(worker *w)
 {
-    char spec[PATH_MAX + 32], store[sizeof w->init->mpi_args], num[3][32];
+    char spec[PATH_MAX + 32], store[sizeof w->init->mpi_args], num[4][32];
     char *argv[MAX_ARGS];
     int fds[2];
     if (write_rank_spec(w, spec, sizeof spec) != 0 || rank_argv(w, spec, store, sizeof store, num, argv) != 0 ||
@@ -672,7 +673,8 @@ static int run(worker *w)
                       .on_event = on_event, .event_ctx = w,
                       /* the test-only ACCUMD_TEST_OOM_AT_GIVEN keeps
                        * the given micro batch, so e2e tests still drive the OOM path */
-                      .start_where_fits = getenv("ACCUMD_TEST_OOM_AT_GIVEN") == NULL};
+                      .start_where_fits = getenv("ACCUMD_TEST_OOM_AT_GIVEN") == NULL,
+                      .host_budget = w->init->host_budget};
     acc_err err = {0};
     trainer *tr = NULL;
     int rc = trainer_start(&o, &tr, &err);

@@ -80,6 +80,9 @@ typedef struct wk_init {
     int watchdog_factor, watchdog_min_s;
     char mpi_interface[256];
     uint32_t spec_json_len;  /* then this many bytes: the spec as submitted (rank mode) */
+    /* host memory reserved for the job (its ranks here); rank mode: each
+     * rank process gets host_per_rank (accumd-rank --host-memory); 0 = none */
+    uint64_t host_budget, host_per_rank;
 } wk_init;
 
 /* The worker's main (daemon/worker_main.c); argv as above. */

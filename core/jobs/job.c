@@ -178,6 +178,19 @@ static json_t *devices_json(const job *j, const kern_device_info *devs)
     return a;
 }
 
+/* The job's host memory next to its device figures: what it needs and
+ * holds reserved while it runs, its trainer's host_mem (budget, in use,
+ * peak: the last step's), and whether it waits for host memory. */
+static json_t *host_json(const job *j)
+{
+    bool active = j->tr != NULL || j->worker != NULL;
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}", "needed_bytes", (json_int_t)j->host_bytes,
+                     "per_rank_bytes", (json_int_t)j->host_per_rank, "reserved_bytes",
+                     (json_int_t)(active ? j->host_bytes : 0), "budget_bytes", (json_int_t)j->host_budget,
+                     "in_use_bytes", (json_int_t)j->host_in_use, "peak_bytes", (json_int_t)j->host_peak, "waiting",
+                     j->host_waiting, "wait_reason", j->host_waiting ? json_string(j->host_wait_msg) : json_null());
+}
+
 json_t *job_to_json(const job *j, bool full, const kern_device_info *devs)
 {
     json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:i, s:i, s:o, s:o, s:s, s:o, s:i, s:I}", "id",
@@ -199,6 +212,7 @@ json_t *job_to_json(const job *j, bool full, const kern_device_info *devs)
         json_object_set_new(o, "error", json_pack("{s:s, s:s}", "code", j->err_code, "message", j->err_msg));
     else
         json_object_set_new(o, "error", json_null());
+    json_object_set_new(o, "host_memory", host_json(j));
     if (full) {
         json_t *spec = json_loads(j->spec_json, 0, NULL);
         json_object_set_new(o, "spec", spec ? spec : json_null());

@@ -89,6 +89,14 @@ typedef struct job {
     /* the API views (summary, full), built on demand, dropped on change */
     char *view[2];
     size_t view_len[2];
+    /* host memory (config host_memory): what the job needs where it
+     * starts (its ranks here x a rank's host bytes, plan_job_host_bytes),
+     * reserved while it runs; its trainer's host_mem as the last step
+     * reported it; queued for want of host memory (host_wait_msg says why) */
+    uint64_t host_bytes, host_per_rank;
+    uint64_t host_budget, host_in_use, host_peak;
+    bool host_waiting;
+    char host_wait_msg[256];
 } job;
 
 const char *job_state_name(job_state s);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checked.h"
 #include "fsutil.h"
 #include "job_train_cfg.h"
 #include "log.h"
@@ -401,7 +402,7 @@ static uint64_t min_budget(const jobs_mgr *m)
 /* The planner's table for a dry run: each candidate micro batch with its
  * predicted peak per device and whether it fits the smallest budget of the
  * devices of that kind (less the planner's margin). */
-static json_t *plan_json(const train_cfg *s, kern_dev_kind kind, uint64_t budget,
+static json_t *plan_json(const train_cfg *s, kern_dev_kind kind, uint64_t budget, uint64_t host_memory,
                          uint64_t *peak_out, int *micro_out)
 {
     plan_row *rows = calloc(PLAN_MAX_ROWS, sizeof *rows);
@@ -410,7 +411,8 @@ static json_t *plan_json(const train_cfg *s, kern_dev_kind kind, uint64_t budget
     acc_err err = {0};
     *peak_out = 0;
     *micro_out = s->micro_batch;
-    if (rows == NULL || arr == NULL || plan_candidates_on(s, kind, budget, rows, PLAN_MAX_ROWS, &n, &chosen, &err) != 0) {
+    if (rows == NULL || arr == NULL ||
+        plan_candidates_hw(s, kind, budget, host_memory, rows, PLAN_MAX_ROWS, &n, &chosen, &err) != 0) {
         free(rows);
         json_decref(arr);
         return json_null();
@@ -418,7 +420,7 @@ static json_t *plan_json(const train_cfg *s, kern_dev_kind kind, uint64_t budget
     /* the split this job would start with (one rule,
      * plan_start_row, as the trainer's start_where_fits) */
     int start = plan_start_row(s, rows, n, chosen);
-    plan_hw hw = {.kind = kind, .device_memory = budget, .devices = s->devices};
+    plan_hw hw = {.kind = kind, .device_memory = budget, .devices = s->devices, .host_memory = host_memory};
     for (int i = 0; i < n; i++) {
         const plan_row *r = &rows[i];
         /* the plan's row view, and its peak under the dry run's older name */
@@ -454,12 +456,15 @@ static void owner_tab_free(owner_tab *t);
 static void owner_limits(const jobs_mgr *m, owner_tab *t, sched_limits *lim);
 
 static size_t queue_fill(jobs_mgr *m, owner_tab *ot, sched_req *q);
+static void host_limits(const jobs_mgr *m, sched_limits *lim);
+static uint64_t host_reserved(const jobs_mgr *m);
 
 /* Would a job of `owner` with spec `s` start now? The scheduler's own
  * answer: every queued job and this one planned on the devices as they
  * are, with the owners' shares. *before: the queued jobs ahead of it in
  * run order that are not held back by their owner's limits. */
-static int plan_with_queue(jobs_mgr *m, const job_spec *s, const char *owner, sched_req *out, int *before)
+static int plan_with_queue(jobs_mgr *m, const job_spec *s, const char *owner, uint64_t host_bytes, sched_req *out,
+                           int *before)
 {
     size_t nq = 0;
     for (size_t i = 0; i < m->njobs; i++)
@@ -473,11 +478,12 @@ static int plan_with_queue(jobs_mgr *m, const job_spec *s, const char *owner, sc
     size_t k = queue_fill(m, &ot, q);
     int u = owner_index(&ot, owner ? owner : "");
     q[k] = (sched_req){.want = s->devices, .prio = s->priority, .submit = m->next_submit, .user = u,
-                       .user_last = ot.last[u]};
+                       .user_last = ot.last[u], .host_bytes = host_bytes};
     sched_dev sd[KERN_MAX_DEVICES];
     sched_devs(m, sd);
     sched_limits lim;
     owner_limits(m, &ot, &lim);
+    host_limits(m, &lim);
     sched_plan_users(sd, m->ndev, q, (int)k + 1, &lim);
     *before = 0;
     for (size_t i = 0; i <= k; i++) {
@@ -513,11 +519,11 @@ static json_t *resolved_json(const job_spec *s)
 }
 
 static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, json_t *cands, uint64_t peak,
-                            int micro)
+                            int micro, uint64_t host_per_rank, uint64_t host_job)
 {
     sched_req r = {0};
     int queued_before;
-    if (plan_with_queue(m, s, owner, &r, &queued_before) != 0) {
+    if (plan_with_queue(m, s, owner, host_job, &r, &queued_before) != 0) {
         json_decref(cands);
         return NULL;
     }
@@ -548,6 +554,16 @@ static json_t *dry_run_plan(jobs_mgr *m, const job_spec *s, const char *owner, j
     json_t *pl = json_object_get(plan, "placement");
     if (pl != NULL) /* it would wait for its owner's share (user_max_*) */
         json_object_set_new(pl, "over_user_limit", json_boolean(r.over_share));
+    if (pl != NULL) /* or for host memory */
+        json_object_set_new(pl, "waits_for_host_memory", json_boolean(r.host_wait));
+    if (plan != NULL) { /* what it reserves of the host memory jobs may hold */
+        uint64_t limit = m->conf->host_memory, held = host_reserved(m);
+        json_object_set_new(plan, "host_memory",
+                            json_pack("{s:I, s:I, s:i, s:I, s:I, s:b}", "per_rank_bytes", (json_int_t)host_per_rank,
+                                      "job_bytes", (json_int_t)host_job, "ranks", s->devices, "host_memory_bytes",
+                                      (json_int_t)limit, "free_bytes", (json_int_t)(held < limit ? limit - held : 0),
+                                      "fits", limit == 0 || host_job <= limit));
+    }
     if (plan != NULL) /* h-dsconf: what the spec resolved to, what it ignores */
         json_object_set_new(plan, "resolved", resolved_json(s));
     if (plan != NULL) /* the given micro batch does not fit: what the daemon does */
@@ -595,6 +611,73 @@ static int check_fits_a_device(const jobs_mgr *m, const train_cfg *s, acc_err *e
                        "here has %llu bytes: this job can never run%s",
                        (unsigned long long)least, (unsigned long long)budget,
                        s->oom_adapt ? "" : " (oom.adapt is off)");
+}
+
+/* ---- host memory (config host_memory) -------------------------------------- */
+
+/* The job's host bytes where it starts: its ranks on this host (the spec's
+ * devices) x a rank's (plan_job_host_bytes; `ranks` is the spec as each
+ * rank sees it), and the refusal of a job that alone needs more than
+ * host_memory (it could never run). Reads the model's config: off the
+ * loop thread, or at start-up. */
+static int host_need(const jobs_mgr *m, const job_spec *s, const train_cfg *ranks, uint64_t *per_rank,
+                     uint64_t *need, acc_err *err)
+{
+    kern_dev_kind kind = m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU;
+    int rc = plan_job_host_bytes(ranks, kind, min_budget(m), s->devices, per_rank, need, err);
+    if (rc != 0)
+        return rc;
+    uint64_t limit = m->conf->host_memory;
+    if (limit != 0 && *need > limit)
+        return acc_err_set(err, ACC_EINVAL, "host_memory",
+                           "the job needs %llu bytes of host memory (%d rank(s) x %llu bytes: its batch buffers of "
+                           "%d x %d tokens and any offloaded state), more than the %llu bytes of host memory this "
+                           "daemon gives jobs (host_memory): this job can never run",
+                           (unsigned long long)*need, s->devices, (unsigned long long)*per_rank,
+                           ranks->train_batch_size / (ranks->devices > 0 ? ranks->devices : 1), ranks->model.seq_len,
+                           (unsigned long long)limit);
+    return 0;
+}
+
+/* The host memory held by the jobs running now (their reservations). */
+static uint64_t host_reserved(const jobs_mgr *m)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < m->njobs; i++)
+        if (jobs_job_active(m->jobs[i]))
+            sum = acc_sat_add_u64(sum, m->jobs[i]->host_bytes);
+    return sum;
+}
+
+/* The scheduler's host-memory limit: host_memory less what runs. */
+static void host_limits(const jobs_mgr *m, sched_limits *lim)
+{
+    uint64_t limit = m->conf->host_memory, held = host_reserved(m);
+    lim->host_on = limit != 0;
+    lim->host_free = held < limit ? limit - held : 0;
+}
+
+/* A queued job that waits for host memory says so once, in its view and a
+ * log event; the flag drops when it no longer waits for it. */
+static void note_host_wait(jobs_mgr *m, job *j, bool waiting)
+{
+    if (!waiting) {
+        if (j->host_waiting) {
+            j->host_waiting = false;
+            job_view_invalidate(j);
+        }
+        return;
+    }
+    if (j->host_waiting)
+        return;
+    uint64_t limit = m->conf->host_memory, held = host_reserved(m);
+    j->host_waiting = true;
+    snprintf(j->host_wait_msg, sizeof j->host_wait_msg,
+             "waiting for host memory: needs %llu bytes, %llu of host_memory %llu bytes are free",
+             (unsigned long long)j->host_bytes, (unsigned long long)(held < limit ? limit - held : 0),
+             (unsigned long long)limit);
+    job_view_invalidate(j);
+    emit(j, "log", json_pack("{s:i, s:s}", "step", j->step, "message", j->host_wait_msg), false);
 }
 
 /* A job over several servers runs as rank processes from a worker. */
@@ -649,9 +732,11 @@ jobs_checked *jobs_check_submission(const jobs_mgr *m, const char *text, size_t 
     }
     if (c->rc == 0 && (c->rc = trainer_check_spec(ranks, &c->err)) == 0)
         c->rc = check_fits_a_device(m, ranks, &c->err);
+    if (c->rc == 0)
+        c->rc = host_need(m, s, ranks, &c->host_per_rank, &c->host_job, &c->err);
     if (c->rc == 0 && dry_run) {
         kern_dev_kind kind = m->ndev > 0 ? m->devs[0].kind : KERN_DEV_CPU; /* all of one kind */
-        c->cands = plan_json(ranks, kind, min_budget(m), &c->peak, &c->micro);
+        c->cands = plan_json(ranks, kind, min_budget(m), m->conf->host_memory, &c->peak, &c->micro);
     }
     free(ranks);
     return c;
@@ -809,7 +894,8 @@ int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, 
     if (rc != 0)
         return rc;
     if (c->dry_run) {
-        *plan = dry_run_plan(m, c->spec, c->owner, c->cands ? c->cands : json_null(), c->peak, c->micro);
+        *plan = dry_run_plan(m, c->spec, c->owner, c->cands ? c->cands : json_null(), c->peak, c->micro,
+                             c->host_per_rank, c->host_job);
         c->cands = NULL;
         return *plan ? 0 : acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     }
@@ -825,6 +911,8 @@ int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, 
     if (j == NULL)
         return err ? err->code : ACC_ENOMEM;
     j->spec = *c->spec;
+    j->host_bytes = c->host_job;
+    j->host_per_rank = c->host_per_rank;
     const char *text = c->text;
     size_t len = c->len;
     if ((rc = job_uid_mint(j->spec.job_uid, sizeof j->spec.job_uid, err)) != 0 ||
@@ -1008,7 +1096,8 @@ static void start_job(jobs_mgr *m, job *j, const sched_req *r)
                       .on_event = on_trainer_event, .event_ctx = j,
                       /* the test-only ACCUMD_TEST_OOM_AT_GIVEN keeps
                        * the given micro batch, so e2e tests still drive the OOM path */
-                      .start_where_fits = getenv("ACCUMD_TEST_OOM_AT_GIVEN") == NULL};
+                      .start_where_fits = getenv("ACCUMD_TEST_OOM_AT_GIVEN") == NULL,
+                      .host_budget = j->host_bytes}; /* its reservation: all its ranks run here */
     int rc = trainer_start(&o, &j->tr, &err);
     free(cfg);
     if (rc != 0) {
@@ -1072,7 +1161,7 @@ static size_t queue_fill(jobs_mgr *m, owner_tab *ot, sched_req *q)
             continue;
         int u = owner_index(ot, j->owner);
         q[k++] = (sched_req){.want = j->spec.devices, .prio = j->spec.priority, .submit = j->submit_seq,
-                             .job = j, .user = u, .user_last = ot->last[u]};
+                             .job = j, .user = u, .user_last = ot->last[u], .host_bytes = j->host_bytes};
     }
     return k;
 }
@@ -1115,10 +1204,13 @@ static void schedule_jobs(jobs_mgr *m)
     sched_devs(m, sd);
     sched_limits lim;
     owner_limits(m, &ot, &lim);
+    host_limits(m, &lim);
     sched_plan_users(sd, m->ndev, q, (int)nq, &lim);
-    for (size_t i = 0; i < nq && !m->st.failing; i++)
+    for (size_t i = 0; i < nq && !m->st.failing; i++) {
+        note_host_wait(m, q[i].job, !q[i].start && q[i].host_wait);
         if (q[i].start)
             start_job(m, q[i].job, &q[i]);
+    }
     owner_tab_free(&ot);
     free(q);
 }
@@ -1229,6 +1321,9 @@ static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
     j->step = ev->step;
     j->last_loss = ev->loss;
     j->have_loss = true;
+    j->host_budget = ev->host_budget;
+    j->host_in_use = ev->host_in_use;
+    j->host_peak = ev->host_peak;
     if (ev->micro_batch > 0) {
         j->cur_micro = ev->micro_batch;
         j->cur_accum = ev->accum_steps;
@@ -1251,6 +1346,12 @@ static void apply_step(jobs_mgr *m, job *j, const train_event *ev)
                    "mem_reserved", mem_array(ev->mem_reserved, nr), "mem_free", mem_array(ev->mem_free, nr),
                    "mem_optimizer", mem_array(ev->mem_optim, nr), "mem_gradients", mem_array(ev->mem_grads, nr));
     add_token_rates(m, o, ev);
+    if (o != NULL) { /* host memory next to the device figures: reserved, the trainer's host_mem */
+        json_object_set_new(o, "host_reserved", json_integer((json_int_t)j->host_bytes));
+        json_object_set_new(o, "host_budget", json_integer((json_int_t)ev->host_budget));
+        json_object_set_new(o, "host_in_use", json_integer((json_int_t)ev->host_in_use));
+        json_object_set_new(o, "host_peak", json_integer((json_int_t)ev->host_peak));
+    }
     emit_metric(j, "step", o, false, &sm);
 }
 
@@ -1645,6 +1746,21 @@ static int still_fits(const jobs_mgr *m, const job *j, acc_err *err)
     return rc;
 }
 
+/* A reloaded job's host bytes, from its spec as at submit (a smaller
+ * host_memory now refuses it as submit would). */
+static int host_need_reload(const jobs_mgr *m, job *j, acc_err *err)
+{
+    train_cfg *cfg = malloc(sizeof *cfg);
+    if (cfg == NULL)
+        return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
+    job_spec_train_cfg(&j->spec, cfg);
+    cfg->devices = j->spec.devices * j->spec.nodes;
+    cfg->nodes = 1;
+    int rc = host_need(m, &j->spec, cfg, &j->host_per_rank, &j->host_bytes, err);
+    free(cfg);
+    return rc;
+}
+
 /* What is wrong with a stored record, if anything; "" when it is sound. */
 static void check_record(const store_job_row *r, const json_t *status, char *why, size_t n)
 {
@@ -1719,6 +1835,8 @@ static void reload_one(void *ctx, const store_job_row *r)
     }
     if (!job_state_final(j->state) && spec_rc == 0)
         spec_rc = still_fits(m, j, &err);
+    if (!job_state_final(j->state) && spec_rc == 0)
+        spec_rc = host_need_reload(m, j, &err);
     if (!job_state_final(j->state) && spec_rc != 0) {
         char msg[700];
         snprintf(msg, sizeof msg, "spec no longer valid at restart: %s: %s", err.field, err.msg);

@@ -138,6 +138,8 @@ typedef struct jobs_checked {
     uint64_t peak;
     int micro;
     char owner[JOB_OWNER_MAX]; /* who submits ("" for none): set before jobs_submit_checked */
+    /* host memory the job reserves while it runs: its ranks here x a rank's */
+    uint64_t host_per_rank, host_job;
 } jobs_checked;
 jobs_checked *jobs_check_submission(const jobs_mgr *m, const char *text, size_t len, bool dry_run);
 int jobs_submit_checked(jobs_mgr *m, jobs_checked *c, job **out, json_t **plan, acc_err *err);

@@ -61,8 +61,24 @@ static bool over_share(const sched_limits *lim, const sched_req *r)
            (lim->max_devices > 0 && lim->devices[r->user] + r->want > lim->max_devices);
 }
 
+/* The host memory free has room for r. */
+static bool host_fits(const sched_limits *lim, const sched_req *r)
+{
+    return lim == NULL || !lim->host_on || r->host_bytes <= lim->host_free;
+}
+
+/* A backfill of r leaves the waiting head's host bytes free. */
+static bool host_leaves_head(const sched_limits *lim, const sched_req *r, const sched_req *head)
+{
+    if (lim == NULL || !lim->host_on || r->host_bytes == 0)
+        return true;
+    return r->host_bytes <= lim->host_free && lim->host_free - r->host_bytes >= head->host_bytes;
+}
+
 static void charge(sched_limits *lim, const sched_req *r)
 {
+    if (lim != NULL && lim->host_on)
+        lim->host_free -= r->host_bytes; /* host_fits checked it */
     if (lim == NULL || r->user < 0 || r->user >= lim->nusers)
         return;
     lim->running[r->user]++;
@@ -152,11 +168,13 @@ int sched_plan_users(sched_dev *devs, int ndev, sched_req *q, int nq, sched_limi
         r->start = false;
         r->backfilled = false;
         r->over_share = over_share(lim, r);
+        r->host_wait = false;
         if (r->want < 1 || r->want > SCHED_MAX_GANG || r->over_share)
             continue;
         int kind = kind_with_room(devs, ndev, r->want);
+        r->host_wait = !host_fits(lim, r);
         if (head == NULL) {
-            if (kind >= 0) {
+            if (kind >= 0 && !r->host_wait) {
                 place(devs, ndev, r, (kern_dev_kind)kind);
                 charge(lim, r);
                 started++;
@@ -166,7 +184,7 @@ int sched_plan_users(sched_dev *devs, int ndev, sched_req *q, int nq, sched_limi
             hk = head_kind(devs, ndev);
             continue;
         }
-        if (kind < 0)
+        if (kind < 0 || r->host_wait || !host_leaves_head(lim, r, head))
             continue;
         /* backfill: the head must still find its gang among the devices
          * that jobs behind it do not hold */

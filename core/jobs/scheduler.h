@@ -20,6 +20,13 @@
  * for its owner's share and does not block the queue of other users.
  * Backfill still judges which running jobs are "behind" the head by
  * (priority, submission): running jobs carry no fair-order key.
+ *
+ * Host memory (sched_limits.host_on): each job reserves its host_bytes of
+ * the host memory free while it runs. A job whose bytes do not fit waits
+ * (host_wait) like one whose devices are busy, and may be the head; a
+ * later job backfills only when the host memory it takes leaves the
+ * head's host_bytes free (so it can never delay the head for want of
+ * host memory).
  */
 #ifndef ACC_SCHEDULER_H
 #define ACC_SCHEDULER_H
@@ -54,6 +61,10 @@ typedef struct sched_req {
     bool backfilled;
     bool over_share;          /* held back: its owner is at a per-user limit */
     int depth;                /* jobs of the same owner and priority before it */
+    /* in: host memory the job reserves while it runs (sched_limits.host_on) */
+    uint64_t host_bytes;
+    /* out: it waits because the host memory free is too little for it */
+    bool host_wait;
 } sched_req;
 
 /* Per-user limits and what each user holds now (updated as jobs start). */
@@ -63,6 +74,11 @@ typedef struct sched_limits {
     int nusers;
     int *running;             /* [nusers] */
     int *devices;             /* [nusers] */
+    /* host memory (config host_memory): with host_on, a job starts only
+     * when its host_bytes fit host_free (then taken from it), and a
+     * backfill never takes host memory the waiting head would need */
+    bool host_on;
+    uint64_t host_free;
 } sched_limits;
 
 /* < 0 when a runs before b. */

@@ -68,7 +68,8 @@ static int encode_step(json_t *o, const train_event *ev)
            put_u64s(o, "mem_optimizer", ev->mem_optim, n) | put_u64s(o, "mem_gradients", ev->mem_grads, n) |
            put_u64(o, "loss_tokens", ev->loss_tokens) | put_u64(o, "input_tokens", ev->input_tokens) |
            put_u64(o, "input_positions", ev->input_positions) | put_real(o, "step_seconds", ev->step_seconds) |
-           put_real(o, "flops_per_token", ev->flops_per_token);
+           put_real(o, "flops_per_token", ev->flops_per_token) | put_u64(o, "host_budget", ev->host_budget) |
+           put_u64(o, "host_in_use", ev->host_in_use) | put_u64(o, "host_peak", ev->host_peak);
 }
 
 static int encode_split(json_t *o, const train_event *ev)
@@ -228,6 +229,12 @@ static int decode_step(const json_t *o, train_event *ev, acc_err *err)
         (rc = get_real(o, "step_seconds", &ev->step_seconds, err)) ||
         (rc = get_real(o, "flops_per_token", &ev->flops_per_token, err)))
         return rc;
+    /* the trainer's host_mem; absent from an older worker's events: 0 */
+    const char *host[] = {"host_budget", "host_in_use", "host_peak"};
+    uint64_t *to[] = {&ev->host_budget, &ev->host_in_use, &ev->host_peak};
+    for (int i = 0; i < 3; i++)
+        if (json_object_get(o, host[i]) != NULL && (rc = get_u(o, host[i], to[i], err)) != 0)
+            return rc;
     return 0;
 }
 

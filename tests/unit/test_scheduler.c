@@ -165,6 +165,57 @@ static void test_user_limits(void **state)
     assert_int_equal(dev2[ALICE], 3);
 }
 
+/* Host memory: a job starts only when its host bytes fit what is free
+ * (then taken), one that does not waits (host_wait), and a backfill never
+ * takes host memory the waiting head needs. */
+static void test_host_memory(void **state)
+{
+    (void)state;
+    sched_dev d[4];
+    cpus(d, 4);
+    /* 100 bytes free: 60 starts, the next 60 waits for host memory, 30 fits
+     * what is left but would leave the waiting head's 60 short: no backfill */
+    sched_limits lim = {.host_on = true, .host_free = 100};
+    sched_req q[3] = {{.want = 1, .submit = 1, .host_bytes = 60},
+                      {.want = 1, .submit = 2, .host_bytes = 60},
+                      {.want = 1, .submit = 3, .host_bytes = 30}};
+    assert_int_equal(sched_plan_users(d, 4, q, 3, &lim), 1);
+    assert_true(q[0].start && !q[0].host_wait);
+    assert_true(!q[1].start && q[1].host_wait);
+    assert_true(!q[2].start && !q[2].host_wait);
+    assert_true(lim.host_free == 40);
+    /* the first ended: 100 free again, the second and the third both start */
+    cpus(d, 4);
+    lim.host_free = 100;
+    sched_req q2[2] = {{.want = 1, .submit = 2, .host_bytes = 60}, {.want = 1, .submit = 3, .host_bytes = 30}};
+    assert_int_equal(sched_plan_users(d, 4, q2, 2, &lim), 2);
+    assert_true(lim.host_free == 10);
+    /* a head waiting for devices (3 of 4, two held by earlier jobs) keeps
+     * its host bytes: a backfill may take only what it leaves */
+    cpus(d, 4);
+    d[0].busy = d[1].busy = true;
+    d[0].holder_submit = d[1].holder_submit = 1;
+    lim.host_free = 100;
+    sched_req q3[3] = {{.want = 3, .submit = 2, .host_bytes = 70},
+                       {.want = 1, .submit = 3, .host_bytes = 40},
+                       {.want = 1, .submit = 4, .host_bytes = 30}};
+    assert_int_equal(sched_plan_users(d, 4, q3, 3, &lim), 1);
+    assert_true(!q3[0].start && !q3[0].host_wait); /* it waits for devices */
+    assert_true(!q3[1].start);                      /* 100 - 40 < 70 */
+    assert_true(q3[2].start && q3[2].backfilled);   /* 100 - 30 = 70 */
+    assert_true(lim.host_free == 70);
+    /* without a host limit the devices alone decide: the first backfills */
+    cpus(d, 4);
+    d[0].busy = d[1].busy = true;
+    d[0].holder_submit = d[1].holder_submit = 1;
+    sched_limits off = {.host_on = false};
+    sched_req q4[3] = {{.want = 3, .submit = 2, .host_bytes = 70},
+                       {.want = 1, .submit = 3, .host_bytes = 40},
+                       {.want = 1, .submit = 4, .host_bytes = 30}};
+    assert_int_equal(sched_plan_users(d, 4, q4, 3, &off), 1);
+    assert_true(q4[1].start && !q4[2].start);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -174,6 +225,7 @@ int main(void)
         cmocka_unit_test(test_prefers_cuda),
         cmocka_unit_test(test_fair_order_alternates),
         cmocka_unit_test(test_user_limits),
+        cmocka_unit_test(test_host_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

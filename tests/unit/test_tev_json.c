@@ -35,7 +35,7 @@ static void test_step_exact(void **state)
                       .grad_norm = 1.0 / 3.0, .tokens_per_s = 2334.689, .micro_batch = 2, .accum_steps = 4,
                       .nranks = 2, .mem_in_use = {715328, 1}, .mem_peak = {UINT64_C(1) << 40, 3},
                       .mem_reserved = {5, 6}, .mem_free = {7, 8}, .mem_optim = {9, 10},
-                      .mem_grads = {11, 12}};
+                      .mem_grads = {11, 12}, .host_budget = 13, .host_in_use = 14, .host_peak = 15};
     train_event out;
     trip(&in, &out);
     assert_int_equal(out.kind, TEV_STEP);
@@ -51,6 +51,8 @@ static void test_step_exact(void **state)
     /* ZeRO's per-rank optimizer and gradient bytes cross the worker's pipe too */
     assert_memory_equal(out.mem_optim, in.mem_optim, sizeof in.mem_optim);
     assert_memory_equal(out.mem_grads, in.mem_grads, sizeof in.mem_grads);
+    /* the trainer's host_mem too */
+    assert_true(out.host_budget == 13 && out.host_in_use == 14 && out.host_peak == 15);
 }
 
 static void test_nan_loss(void **state)
