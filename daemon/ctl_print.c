@@ -460,7 +460,7 @@ void ctl_print_plan(const json_t *plan)
      * candidates by the trade-off they show (m against a: the peak and
      * whether it fits), their parts are accumctl plan's */
     static const char *const candidate_cols[] = {"micro_batch", "accum_steps", "recompute", "predicted_peak_bytes",
-                                                 "fits", "host_bytes", NULL};
+                                                 "fits", NULL};
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)plan, key, v)
