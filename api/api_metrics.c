@@ -182,6 +182,31 @@ static void devices_section(mbuf *b, const jobs_mgr *m)
     }
 }
 
+/* Host memory (config host_memory): the limit, what the running jobs hold
+ * reserved, and each running job's reservation and host_mem in use / peak. */
+static void host_section(mbuf *b, const jobs_mgr *m)
+{
+    head(b, "accumd_host_memory_bytes", "gauge", "Host memory jobs may hold at once (host_memory; 0 = no limit).");
+    put(b, "accumd_host_memory_bytes %llu\n", (unsigned long long)m->conf->host_memory);
+    head(b, "accumd_host_memory_reserved_bytes", "gauge", "Host memory reserved by the running jobs.");
+    put(b, "accumd_host_memory_reserved_bytes %llu\n", (unsigned long long)jobs_host_reserved(m));
+    static const char *const names[3] = {"accumd_job_host_memory_reserved_bytes", "accumd_job_host_memory_in_use_bytes",
+                                         "accumd_job_host_memory_peak_bytes"};
+    static const char *const helps[3] = {"Host memory reserved by each running job.",
+                                         "Host memory each running job holds by choice (offloaded state), last step.",
+                                         "Most host memory each running job held by choice, last step."};
+    for (int k = 0; k < 3; k++) {
+        head(b, names[k], "gauge", helps[k]);
+        for (size_t i = 0; i < m->njobs; i++) {
+            const job *j = m->jobs[i];
+            if (!jobs_job_active(j))
+                continue;
+            uint64_t v = k == 0 ? j->host_bytes : k == 1 ? j->host_in_use : j->host_peak;
+            put(b, "%s{job=\"%s\"} %llu\n", names[k], j->id, (unsigned long long)v);
+        }
+    }
+}
+
 static void http_section(mbuf *b, const api_server *s)
 {
     head(b, "accumd_http_requests_total", "counter", "HTTP requests answered, by status code.");
@@ -232,6 +257,7 @@ char *api_metrics_text(api_server *s, size_t *len)
     users_section(&b, m);
     store_section(&b, m);
     devices_section(&b, m);
+    host_section(&b, m);
     http_section(&b, s);
     generate_section(&b, m);
     if (b.failed) {

@@ -649,6 +649,8 @@ static uint64_t host_reserved(const jobs_mgr *m)
     return sum;
 }
 
+uint64_t jobs_host_reserved(const jobs_mgr *m) { return host_reserved(m); }
+
 /* The scheduler's host-memory limit: host_memory less what runs. */
 static void host_limits(const jobs_mgr *m, sched_limits *lim)
 {

@@ -167,6 +167,9 @@ void jobs_worker_event(jobs_mgr *m, job *j, const train_event *ev);
 void jobs_worker_ended(jobs_mgr *m, job *j, const jobs_wend *e);
 /* Whether j has rank threads or a worker (it holds its devices). */
 bool jobs_job_active(const job *j);
+/* Host memory the running jobs hold reserved (each its host_bytes), of
+ * the config's host_memory. */
+uint64_t jobs_host_reserved(const jobs_mgr *m);
 
 /* Apply the trainer events queued since the last call (loop thread). */
 void jobs_drain_events(jobs_mgr *m);

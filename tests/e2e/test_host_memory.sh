@@ -12,7 +12,7 @@
 #     the second waits (queued, host_memory.waiting with the reason in its
 #     view and a log event) while the first runs with its bytes reserved,
 #     then runs; their step events carry the reservation and the trainer's
-#     host_mem figures;
+#     host_mem figures, and /metrics the limit and the reservations;
 #   - the dry run says what the job reserves; POST /v1/plan shows each row's
 #     host bytes by part and, with hardware.host_memory below the job's,
 #     marks every row as not fitting with "limit": "host_memory"; a bad
@@ -61,6 +61,11 @@ echo "$view" | jq -r .host_memory.wait_reason | grep -q "needs $SMALL bytes" || 
 va=$(acc_curl "$BASE/v1/jobs/$a")
 [ "$(echo "$va" | jq -r .state)" = running ] || fail "the first job ended before the check: $va"
 expect_eq "first job's reservation" "$(echo "$va" | jq .host_memory.reserved_bytes)" "$SMALL"
+curl -s "$BASE/metrics" >"$ACC_TMP/m"
+grep -q "^accumd_host_memory_bytes $LIMIT\$" "$ACC_TMP/m" || fail "metrics: host_memory: $(grep host_memory "$ACC_TMP/m")"
+grep -q "^accumd_host_memory_reserved_bytes $SMALL\$" "$ACC_TMP/m" || fail "metrics: reserved: $(grep host_memory "$ACC_TMP/m")"
+grep -q "^accumd_job_host_memory_reserved_bytes{job=\"$a\"} $SMALL\$" "$ACC_TMP/m" ||
+    fail "metrics: the job's reservation: $(grep host_memory "$ACC_TMP/m")"
 acc_wait_state "$a" succeeded 120
 acc_wait_state "$b" succeeded 120
 ta=$(acc_curl "$BASE/v1/jobs/$a" | jq -r .finished_at) tb=$(acc_curl "$BASE/v1/jobs/$b" | jq -r .started_at)
