@@ -192,6 +192,17 @@ void ctl_print_job(const json_t *j)
     printf("submitted:  %s\nstarted:    %s\nfinished:   %s\nrestarts:   %d\nlast event: %d\n",
            str(j, "submitted_at", "-"), str(j, "started_at", "-"), str(j, "finished_at", "-"),
            (int)num(j, "restarts", 0), (int)num(j, "last_event", 0));
+    const json_t *h = json_object_get(j, "host_memory");
+    if (json_is_object(h)) { /* needs, holds reserved, holds by choice; or why it waits */
+        char need[32], res[32], use[32], peak[32];
+        ctl_fmt_bytes(num(h, "needed_bytes", 0), need, sizeof need);
+        ctl_fmt_bytes(num(h, "reserved_bytes", 0), res, sizeof res);
+        ctl_fmt_bytes(num(h, "in_use_bytes", 0), use, sizeof use);
+        ctl_fmt_bytes(num(h, "peak_bytes", 0), peak, sizeof peak);
+        printf("host mem:   needs %s, reserved %s, offloaded %s (peak %s)%s%s\n", need, res, use, peak,
+               json_is_true(json_object_get(h, "waiting")) ? "; " : "",
+               json_is_true(json_object_get(h, "waiting")) ? str(h, "wait_reason", "") : "");
+    }
     const json_t *e = json_object_get(j, "error");
     if (json_is_object(e))
         printf("error:      %s: %s\n", str(e, "code", "?"), str(e, "message", ""));

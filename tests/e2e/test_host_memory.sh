@@ -58,6 +58,8 @@ view=$(acc_curl "$BASE/v1/jobs/$b")
 expect_eq "second job" "$(echo "$view" | jq -r .state)" queued
 expect_eq "it waits for host memory" "$(echo "$view" | jq .host_memory.waiting)" true
 echo "$view" | jq -r .host_memory.wait_reason | grep -q "needs $SMALL bytes" || fail "wait reason: $view"
+"$ACCUMCTL" --url "$BASE" show "$b" >"$ACC_TMP/show.out" 2>&1
+grep -q '^host mem: .*waiting for host memory' "$ACC_TMP/show.out" || fail "accumctl show: $(cat "$ACC_TMP/show.out")"
 va=$(acc_curl "$BASE/v1/jobs/$a")
 [ "$(echo "$va" | jq -r .state)" = running ] || fail "the first job ended before the check: $va"
 expect_eq "first job's reservation" "$(echo "$va" | jq .host_memory.reserved_bytes)" "$SMALL"
