@@ -104,6 +104,7 @@ static void assert_same(const run_out *a, const run_out *b, int from, int to, do
         fail_msg("final weights: relative difference %.3g", rel);
 }
 
+#define BF16_LEAN_TOL 1e-3 /* lean vs default in bf16 (split_invariance_tol) */
 static void split_invariance_tol(bool lean, bool bf16, double tol)
 {
     static const int splits[4][3] = {{8, 1, 1}, {1, 8, 1}, {2, 2, 2}, {4, 1, 2}};
@@ -139,7 +140,10 @@ static void split_invariance_tol(bool lean, bool bf16, double tol)
         llama_spec(&s, BATCH, 8, 1, 1);
         s.precision = bf16 ? SPEC_BF16 : SPEC_FP32;
         run(&s, &plain);
-        assert_same(&r[0], &plain, 0, STEPS, tol);
+        /* bf16: the lean attention's backward takes rowsum(dout * out) from
+         * the kept (rounded) output, the full one from its rebuilt
+         * probabilities: equal in exact arithmetic, one bf16 rounding apart */
+        assert_same(&r[0], &plain, 0, STEPS, bf16 ? BF16_LEAN_TOL : tol);
         free(plain.params);
     }
     for (int i = 0; i < 4; i++)
