@@ -240,6 +240,7 @@ enum {
 static const int kept[] = {A_LN1, A_Q, A_K, A_V, A_ATTY, A_RESID2, A_LN2, A_GATE, A_UP, A_H,
                            A_LORA_U, A_QRAW, A_KRAW, A_AO, A_FO};
 #define NKEPT ((int)(sizeof kept / sizeof kept[0]))
+_Static_assert(sizeof kept / sizeof kept[0] <= BLK_KEEP_MAX, "blk_keep holds BLK_KEEP_MAX arrays");
 
 static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int T, int recompute,
                            uint64_t *cnt)

@@ -183,6 +183,7 @@ enum {
  * outputs attproj and fcproj are not read by the backward). */
 static const int kept[] = {A_LN1, A_QKV, A_ATTY, A_RESID2, A_LN2, A_FCH, A_FCH_GELU, A_LORA_U};
 #define NKEPT ((int)(sizeof kept / sizeof kept[0]))
+_Static_assert(sizeof kept / sizeof kept[0] <= BLK_KEEP_MAX, "blk_keep holds BLK_KEEP_MAX arrays");
 
 static uint64_t act_counts(const model_config *c, int B, int T, int recompute, uint64_t *cnt)
 {
