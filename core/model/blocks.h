@@ -35,7 +35,8 @@
  * Activations: a family lists its arrays' float counts for B x T (one
  * enum); blk_acts_bytes sums them (each rounded up to 16 floats, 64-byte
  * aligned, saturated on overflow) and blk_acts_alloc carves one device
- * allocation into them.
+ * allocation into them. With model_config.act_bf16 the layer loop keeps
+ * what the backward needs in bf16 ("bf16 activation storage" below).
  */
 #ifndef ACC_BLOCKS_H
 #define ACC_BLOCKS_H
