@@ -105,7 +105,8 @@ int main(int argc, char **argv)
                         .n_head = a.heads, .n_kv_head = a.kv, .channels = a.channels,
                         .intermediate_size = a.mlp, .vocab_size = a.vocab,
                         .padded_vocab_size = (a.vocab + 63) / 64 * 64, .max_seq_len = a.seq,
-                        .norm_eps = 1e-5, .rope_theta = 10000.0, .lean_acts = a.lean};
+                        .norm_eps = 1e-5, .rope_theta = 10000.0, .lean_acts = a.lean,
+                        .act_bf16 = a.bf16}; /* --bf16: a bf16 job's (activations stored in bf16) */
     snprintf(cfg.model_type, sizeof cfg.model_type, "llama");
     if (cfg.family == NULL || model_config_check(&cfg, &err) != 0) {
         fprintf(stderr, "bench_llama: config: %s\n", err.msg);

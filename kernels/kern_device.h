@@ -395,6 +395,13 @@ typedef struct kern_ops {
                                 int ldq, const float *kc, const float *vc,
                                 const kern_att_opts *opts, int p0, int n, int NH, int NKV,
                                 int hs);
+    /* out[i] = in[i] narrowed to bf16, rounded to nearest, ties to even:
+     * the upper half of kern_bf16_round(in[i]) (NaN stays a quiet NaN,
+     * past bf16's largest: +-Inf, subnormals kept). The inverse of widen16
+     * (f16 = 0) on bf16 values, so narrow then widen is kern_bf16_round.
+     * bf16 activation storage (model_config.act_bf16, blocks.h) keeps a
+     * block's activations through it between the forward and the backward. */
+    void (*narrow_bf16)(kern_device *d, uint16_t *out, const float *in, size_t n);
 } kern_ops;
 
 struct kern_device {

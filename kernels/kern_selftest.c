@@ -670,6 +670,77 @@ static void test_generation(st_ctx *c)
         st_free(c, all[i]);
 }
 
+/* The same bytes on both devices' buffers (b->bytes each), else a failure
+ * naming `what` and the first differing 16-bit word. */
+static void st_same_bits(st_ctx *c, const char *what, const st_buf *b)
+{
+    if (!st_ready(c, b))
+        return;
+    uint16_t *hd = malloc(b->bytes), *hr = malloc(b->bytes);
+    acc_err e = {0};
+    if (hd == NULL || hr == NULL) {
+        fail_alloc(c, acc_err_set(&e, ACC_ENOMEM, "", "self-test: out of host memory"), &e);
+    } else {
+        c->dev->ops->download(c->dev, hd, b->d, b->bytes);
+        c->ref->ops->download(c->ref, hr, b->r, b->bytes);
+        for (size_t i = 0; i < b->bytes / sizeof *hd; i++)
+            if (hd[i] != hr[i]) {
+                c->rc = acc_err_set(c->err, ACC_EDEVICE, "devices",
+                                    "self-test of %s (%s) against the CPU: %s differs at [%zu]: "
+                                    "0x%04x, CPU 0x%04x", c->dev->info.name, c->dev->ops->backend,
+                                    what, i, hd[i], hr[i]);
+                break;
+            }
+    }
+    free(hd);
+    free(hr);
+}
+
+/* bf16 activation storage: narrow_bf16 on random fp32 values of every
+ * magnitude, exact ties (both parities), subnormals, values past bf16's
+ * largest, +-Inf: the same bits on both (round to nearest, ties to even).
+ * NaN is left out: both keep it a NaN, its payload may differ. */
+static void test_narrow(st_ctx *c)
+{
+    if (c->dev->ops->narrow_bf16 == NULL)
+        return;
+    enum { NV = 4096 };
+    float *h = malloc(NV * sizeof *h);
+    acc_err e = {0};
+    if (h == NULL) {
+        fail_alloc(c, acc_err_set(&e, ACC_ENOMEM, "", "self-test: out of host memory"), &e);
+        return;
+    }
+    for (size_t i = 0; i < NV; i++) {
+        uint32_t u = (uint32_t)uniform(c, 0.0f, 65536.0f) << 16 | (uint32_t)uniform(c, 0.0f, 65536.0f);
+        if (i % 4 == 1)
+            u = (u & 0xffff0000u) | 0x8000u; /* a tie */
+        if ((u & 0x7f800000u) == 0x7f800000u)
+            u &= 0xff800000u; /* Inf, not NaN */
+        memcpy(&h[i], &u, sizeof u);
+    }
+    h[0] = 3.40282347e38f;  /* rounds past bf16's largest: Inf */
+    h[2] = 1e-40f;          /* subnormal */
+    h[3] = -0.0f;
+    st_buf x = {NULL, NULL, NV * sizeof(float)}, y = {NULL, NULL, NV * sizeof(uint16_t)};
+    int rc;
+    if ((rc = c->dev->ops->alloc(c->dev, x.bytes, &x.d, &e)) != 0 ||
+        (rc = c->ref->ops->alloc(c->ref, x.bytes, &x.r, &e)) != 0 ||
+        (rc = c->dev->ops->alloc(c->dev, y.bytes, &y.d, &e)) != 0 ||
+        (rc = c->ref->ops->alloc(c->ref, y.bytes, &y.r, &e)) != 0) {
+        fail_alloc(c, rc, &e);
+    } else {
+        c->dev->ops->upload(c->dev, x.d, h, x.bytes);
+        c->ref->ops->upload(c->ref, x.r, h, x.bytes);
+        BOTH(c, D->ops->narrow_bf16(D, (uint16_t *)y.d, F(x, d), NV),
+             D->ops->narrow_bf16(D, (uint16_t *)y.r, F(x, r), NV));
+        st_same_bits(c, "narrow_bf16", &y);
+    }
+    free(h);
+    st_free(c, &x);
+    st_free(c, &y);
+}
+
 int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
 {
     st_ctx c = {.dev = dev, .ref = ref, .tol = tol, .rng = 20261202, .err = err};
@@ -683,6 +754,7 @@ int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
     test_nf4(&c);
     test_lean(&c);
     test_generation(&c);
+    test_narrow(&c);
     acc_err e = {0};
     int rc = dev->ops->last_error(dev, &e); /* a fault wins: the numbers mean nothing then */
     if (rc != 0) {

@@ -69,7 +69,7 @@ static float *lora_u(const blk_run *r, int layer, const blk_linear *L)
 {
     const model *m = r->m;
     size_t bt = (size_t)m->B * m->T, R = (size_t)m->cfg.lora.r;
-    size_t kept = m->recompute ? 0 : (size_t)layer;
+    size_t kept = blk_inner_slot(m, layer);
     if (r->infer) /* one block's worth, the run's rows */
         return r->lora.u + (size_t)L->slot * (size_t)r->N * R;
     return r->lora.u + (kept * (size_t)r->lora.per_layer + (size_t)L->slot) * bt * R;
@@ -450,6 +450,101 @@ void blk_inputs_upload(blk_run *r, const blk_inputs *in, const int *tokens, cons
     }
 }
 
+/* ---- bf16 activation storage (blocks.h) */
+
+uint64_t blk_inner_layers(const model_config *c, int recompute)
+{
+    return recompute || c->act_bf16 ? 1 : (uint64_t)c->n_layer;
+}
+
+size_t blk_inner_slot(const model *m, int l)
+{
+    return m->recompute || m->cfg.act_bf16 ? 0 : (size_t)l;
+}
+
+uint64_t blk_resid_rows(const model_config *c)
+{
+    return c->act_bf16 ? 1 : (uint64_t)c->n_layer;
+}
+
+size_t blk_resid_row(const model *m, int l)
+{
+    return m->cfg.act_bf16 ? 0 : (size_t)l;
+}
+
+/* bf16 values of one block's kept arrays */
+static uint64_t keep_layer_vals(const uint64_t *cnt, const int *kept, int nkept)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < nkept; i++)
+        v = acc_sat_add_u64(v, cnt[kept[i]]);
+    return v;
+}
+
+uint64_t blk_keep_floats(const model_config *c, int recompute, const uint64_t *cnt,
+                         const int *kept, int nkept, uint64_t row_vals)
+{
+    if (!c->act_bf16)
+        return 0;
+    uint64_t stored = (uint64_t)c->n_layer - 1; /* every block but the last */
+    uint64_t per = recompute ? row_vals : acc_sat_add_u64(row_vals, keep_layer_vals(cnt, kept, nkept));
+    uint64_t vals = acc_sat_mul_u64(stored, per);
+    return vals == ACC_SIZE_OVERFLOW ? vals : vals / 2 + vals % 2; /* two values a float */
+}
+
+void blk_keep_init(blk_keep *k, const model *m, float *const *a, const uint64_t *cnt,
+                   const int *kept, int nkept, float *rows, float *store)
+{
+    *k = (blk_keep){.rows = rows, .C = m->cfg.channels, .out = (uint16_t *)store};
+    k->row_vals = (uint64_t)m->B * (uint64_t)m->T * (uint64_t)m->cfg.channels;
+    for (int i = 0; !m->recompute && i < nkept && k->n < BLK_KEEP_MAX; i++)
+        if (cnt[kept[i]] > 0) {
+            k->slot[k->n] = a[kept[i]];
+            k->cnt[k->n++] = cnt[kept[i]];
+            k->layer_vals += cnt[kept[i]];
+        }
+    k->inner = k->out + (size_t)(m->cfg.n_layer - 1) * k->row_vals;
+}
+
+/* After block l's forward (l < L-1: the last block's output and kept
+ * arrays stay in fp32 until its backward, which comes first): its output
+ * rounded to bf16 in place and kept in the store, then in stored mode its
+ * kept arrays narrowed into its part of the store. */
+static void keep_after_forward(blk_run *r, int l, int L)
+{
+    const blk_keep *k = r->keep;
+    if (l == L - 1)
+        return;
+    size_t n = (size_t)r->N * (size_t)k->C;
+    uint16_t *out = k->out + (size_t)l * k->row_vals;
+    r->k->narrow_bf16(r->d, out, k->rows, n);
+    r->k->widen16(r->d, k->rows, out, n, 0);
+    uint16_t *p = k->inner + (size_t)l * k->layer_vals;
+    for (int i = 0; i < k->n; p += k->cnt[i], i++)
+        r->k->narrow_bf16(r->d, p, k->slot[i], (size_t)k->cnt[i]);
+}
+
+/* Block l's input (block l-1's output) widened back into the fp32 row. */
+static void keep_input(blk_run *r, int l)
+{
+    const blk_keep *k = r->keep;
+    if (l > 0)
+        r->k->widen16(r->d, k->rows, k->out + (size_t)(l - 1) * k->row_vals,
+                      (size_t)r->N * (size_t)k->C, 0);
+}
+
+/* Stored mode: block l's kept arrays widened back into the slot (the last
+ * block's are still there). */
+static void keep_inner(blk_run *r, int l, int L)
+{
+    const blk_keep *k = r->keep;
+    if (l == L - 1)
+        return;
+    const uint16_t *p = k->inner + (size_t)l * k->layer_vals;
+    for (int i = 0; i < k->n; p += k->cnt[i], i++)
+        r->k->widen16(r->d, k->slot[i], p, (size_t)k->cnt[i], 0);
+}
+
 /* ---- the layer loop */
 
 void blk_layers_forward(blk_run *r, int L, blk_layer_fn fwd)
@@ -457,6 +552,8 @@ void blk_layers_forward(blk_run *r, int L, blk_layer_fn fwd)
     for (int l = 0; l < L; l++) {
         model_layer_begin(r->m, l, false);
         fwd(r, l);
+        if (r->keep != NULL)
+            keep_after_forward(r, l, L);
         model_layer_end(r->m, l, false);
     }
 }
@@ -466,8 +563,15 @@ void blk_layers_backward(blk_run *r, int L, blk_layer_fn fwd, blk_layer_fn bwd,
 {
     for (int l = L - 1; l >= 0; l--) {
         model_layer_begin(r->m, l, true);
-        if (r->m->recompute) /* rebuild the block's inner activations (same bits) */
+        if (r->keep != NULL)
+            keep_input(r, l);
+        if (r->m->recompute) { /* rebuild the block's inner activations (same bits) */
             fwd(r, l);
+            if (r->keep != NULL) /* its output went to the input's row: the input again */
+                keep_input(r, l);
+        } else if (r->keep != NULL) {
+            keep_inner(r, l, L);
+        }
         bwd(r, l);
         model_layer_end(r->m, l, true);
         if (done != NULL)

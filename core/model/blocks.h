@@ -35,7 +35,8 @@
  * Activations: a family lists its arrays' float counts for B x T (one
  * enum); blk_acts_bytes sums them (each rounded up to 16 floats, 64-byte
  * aligned, saturated on overflow) and blk_acts_alloc carves one device
- * allocation into them.
+ * allocation into them. With model_config.act_bf16 the layer loop keeps
+ * what the backward needs in bf16 ("bf16 activation storage" below).
  */
 #ifndef ACC_BLOCKS_H
 #define ACC_BLOCKS_H
@@ -48,6 +49,7 @@
 #include "model.h"
 
 #define BLK_NONE SIZE_MAX
+#define BLK_KEEP_MAX 24 /* arrays a family's blk_keep may list */
 
 /* ---- one forward or backward: the model, its device, this micro batch */
 
@@ -58,6 +60,8 @@ typedef struct blk_lora_acts {
     int per_layer;/* adapted linears per block (blk_lora_per_layer) */
 } blk_lora_acts;
 
+struct blk_keep;
+
 typedef struct blk_run {
     model *m;
     kern_device *d;
@@ -67,6 +71,7 @@ typedef struct blk_run {
     blk_lora_acts lora;       /* LoRA's activations (u NULL: no adapters) */
     bool infer;               /* inference (blk_infer): LoRA's u holds one [N, r] per
                                * adapter of the current block, nothing kept */
+    const struct blk_keep *keep; /* bf16 activation storage (cfg.act_bf16), or NULL */
 } blk_run;
 
 /* A run over nseq sequences of m->T tokens. */
@@ -263,10 +268,12 @@ void blk_inputs_upload(blk_run *r, const blk_inputs *in, const int *tokens, cons
 
 typedef void (*blk_layer_fn)(blk_run *r, int layer);
 
-/* For l = 0..L-1: model_layer_begin, fwd(l), model_layer_end. */
+/* For l = 0..L-1: model_layer_begin, fwd(l), (r->keep: into the bf16
+ * store, "bf16 activation storage" below), model_layer_end. */
 void blk_layers_forward(blk_run *r, int L, blk_layer_fn fwd);
-/* For l = L-1..0: model_layer_begin, (recompute: fwd(l)), bwd(l),
- * model_layer_end, done(ctx, l); done may be NULL. */
+/* For l = L-1..0: model_layer_begin, (r->keep: out of the bf16 store),
+ * (recompute: fwd(l)), bwd(l), model_layer_end, done(ctx, l); done may
+ * be NULL. */
 void blk_layers_backward(blk_run *r, int L, blk_layer_fn fwd, blk_layer_fn bwd,
                          void (*done)(void *ctx, int layer), void *ctx);
 
@@ -312,6 +319,80 @@ int blk_acts_alloc(model *m, const uint64_t *cnt, int n, void **mem, float **ptr
                    acc_err *err);
 /* Free *mem (NULL: nothing) and clear ptr[0..n). */
 void blk_acts_free(model *m, void **mem, float **ptr, int n);
+
+/* ---- bf16 activation storage (model_config.act_bf16)
+ *
+ * In fp32 a family keeps every block's inner activations (stored mode) or
+ * one block's (recompute), and each block's output on the residual stream
+ * ([L] rows of [B*T, C]). With act_bf16 it allocates instead:
+ *   - ONE block's inner activations in fp32, the working slot
+ *     (blk_inner_layers: 1; blk_inner_slot: 0), whatever the mode;
+ *   - ONE fp32 row of the residual stream (blk_resid_rows: 1): block l
+ *     reads it (block 0: the embedding's output instead) and writes its
+ *     output over it (every family reads its input before it writes its
+ *     output);
+ *   - per-row statistics (norms' rstd / mean, attention's log-sum-exp)
+ *     as in fp32 (every block's stored, one with recompute): small, and
+ *     kept exact;
+ *   - a bf16 store (blk_keep_floats) for blocks 0 .. L-2, and the layer
+ *     loop (blk_layers_*) moves values through it with narrow_bf16 /
+ *     widen16. After the forward of block l < L-1:
+ *       its output is rounded to bf16 IN PLACE (narrowed into the store,
+ *       widened back), so block l+1 and every backward read the same
+ *       rounded value;
+ *       in stored mode (no recompute) the family's kept arrays of the
+ *       working slot (blk_keep: normed inputs, projections, attention
+ *       output, MLP pre-activations, LoRA's u; not the statistics) are
+ *       narrowed into block l's part of the store (the forward itself used
+ *       them in fp32).
+ *     Before block l's backward its input (block l-1's output) is widened
+ *     back into the row (with recompute: before and again after the
+ *     block's recomputation, whose output lands there) and, stored mode,
+ *     its kept arrays back into the slot. The last block's output and
+ *     kept arrays are never stored: they stay in fp32 in the row and the
+ *     slot until its backward, the first one.
+ * So rounding to bf16 (to nearest, ties to even) happens at fixed points:
+ * each block's output but the last, seen rounded by the next block and
+ * by the backward; stored mode only, the kept arrays of every block but
+ * the last, between its forward and its backward. With recompute the
+ * backward rebuilds the inner activations in fp32 from the rounded block
+ * input, bit for bit the forward's. The embedding's output, the final
+ * norm, the logits, the statistics and every gradient stay fp32. Bytes:
+ * 2 per stored value, the store one more array of the family's
+ * allocation (rounded up as blk_acts_bytes rounds floats); for L >= 2 a
+ * bf16 job's activations are smaller than fp32's (L = 1: equal). */
+
+typedef struct blk_keep {
+    int n;                         /* the family's kept arrays (stored mode; 0 with recompute) */
+    float *slot[BLK_KEEP_MAX];     /* each one's fp32 working array */
+    uint64_t cnt[BLK_KEEP_MAX];    /* its floats for m->B sequences */
+    uint64_t layer_vals;           /* bf16 values of one block's kept arrays (sum of cnt) */
+    float *rows;                   /* the residual stream's fp32 row */
+    uint64_t row_vals;             /* values of one row: B*T*C for m->B */
+    int C;
+    uint16_t *out;                 /* [L-1][row_vals]: each block's output but the last's */
+    uint16_t *inner;               /* [L-1][layer_vals] (stored mode) */
+} blk_keep;
+
+/* Blocks whose inner activations a family allocates in fp32: L in stored
+ * fp32, 1 with recompute or act_bf16. */
+uint64_t blk_inner_layers(const model_config *c, int recompute);
+/* Block l's slot among them: l, or 0. */
+size_t blk_inner_slot(const model *m, int l);
+/* Rows of the residual stream a family allocates: L, or 1 with act_bf16. */
+uint64_t blk_resid_rows(const model_config *c);
+/* The row block l's output goes to: l, or 0. */
+size_t blk_resid_row(const model *m, int l);
+/* Floats of the bf16 store (0 without act_bf16): L-1 blocks' outputs of
+ * row_vals values each and, without recompute, L-1 blocks' kept arrays
+ * (cnt[kept[i]], the slot's counts), at 2 bytes a value (saturated). */
+uint64_t blk_keep_floats(const model_config *c, int recompute, const uint64_t *cnt,
+                         const int *kept, int nkept, uint64_t row_vals);
+/* k for m's allocation (act_bf16): a[] the family's arrays, cnt[] their
+ * counts, kept[0..nkept) the arrays narrowed in stored mode, rows the
+ * residual stream, store the a[] entry blk_keep_floats sized. */
+void blk_keep_init(blk_keep *k, const model *m, float *const *a, const uint64_t *cnt,
+                   const int *kept, int nkept, float *rows, float *store);
 
 /* ---- inference (generate.h): a key/value cache and one chunk of scratch
  *

@@ -218,7 +218,7 @@ int dec_layout(const dec_desc *d, const model_config *c, model_layout *out, acc_
     return rc;
 }
 
-/* ---- activations: every block's (stored) or one block's (recompute) */
+/* ---- activations: every block's (stored) or one block's (recompute, act_bf16) */
 
 enum {
     A_ENC, A_RESID, A_LN1, A_RSTD1, A_Q, A_K, A_V, A_ATTY, A_LSE, A_RESID2, A_LN2, A_RSTD2,
@@ -230,15 +230,25 @@ enum {
     /* sandwich: attention and FFN outputs before their norm, the norms' rstd */
     A_AO, A_RSTDAO, A_FO, A_RSTDFO, A_DBR,
     A_RAWLOGITS, /* the logits before their cap */
+    A_KEEP,      /* bf16 activation storage: the store (blocks.h; 0 floats in fp32) */
     A_COUNT
 };
+
+/* What a block's backward reads from its working slot, narrowed to bf16
+ * between its forward and its backward with act_bf16 in stored mode (the
+ * per-row statistics stay fp32: blocks.h). */
+static const int kept[] = {A_LN1, A_Q, A_K, A_V, A_ATTY, A_RESID2, A_LN2, A_GATE, A_UP, A_H,
+                           A_LORA_U, A_QRAW, A_KRAW, A_AO, A_FO};
+#define NKEPT ((int)(sizeof kept / sizeof kept[0]))
+_Static_assert(sizeof kept / sizeof kept[0] <= BLK_KEEP_MAX, "blk_keep holds BLK_KEEP_MAX arrays");
 
 static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int T, int recompute,
                            uint64_t *cnt)
 {
     uint64_t BT = acc_sat_mul_u64((uint64_t)B, (uint64_t)T), C = (uint64_t)c->channels;
     uint64_t L = (uint64_t)c->n_layer, NH = (uint64_t)c->n_head, hs = (uint64_t)dec_head_dim(c);
-    uint64_t Ls = recompute ? 1 : L, NKV = (uint64_t)dec_kv_heads(c);
+    uint64_t Ls = recompute ? 1 : L, NKV = (uint64_t)dec_kv_heads(c); /* statistics */
+    uint64_t Lk = blk_inner_layers(c, recompute); /* the other inner arrays */
     uint64_t QD = NH * hs, KD = NKV * hs, I = (uint64_t)c->intermediate_size;
     uint64_t btc = acc_sat_mul_u64(BT, C), btq = acc_sat_mul_u64(BT, QD);
     uint64_t btk = acc_sat_mul_u64(BT, KD), bti = acc_sat_mul_u64(BT, I);
@@ -248,14 +258,14 @@ static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int 
     uint64_t qk = d->qk_norm ? 1 : 0, sw = d->sandwich ? 1 : 0;
     wide = I > wide ? I : wide;
     uint64_t per[A_COUNT] = {
-        [A_ENC] = btc, [A_RESID] = acc_sat_mul_u64(L, btc),
-        [A_LN1] = acc_sat_mul_u64(Ls, btc), [A_RSTD1] = acc_sat_mul_u64(Ls, BT),
-        [A_Q] = acc_sat_mul_u64(Ls, btq), [A_K] = acc_sat_mul_u64(Ls, btk),
-        [A_V] = acc_sat_mul_u64(Ls, btk), [A_ATTY] = acc_sat_mul_u64(Ls, btq),
-        [A_LSE] = acc_sat_mul3_u64(Ls, BT, NH), [A_RESID2] = acc_sat_mul_u64(Ls, btc),
-        [A_LN2] = acc_sat_mul_u64(Ls, btc), [A_RSTD2] = acc_sat_mul_u64(Ls, BT),
-        [A_GATE] = acc_sat_mul_u64(Ls, bti), [A_UP] = acc_sat_mul_u64(Ls, bti),
-        [A_H] = acc_sat_mul_u64(Ls, bti), [A_LNF] = btc, [A_RSTDF] = BT,
+        [A_ENC] = btc, [A_RESID] = acc_sat_mul_u64(blk_resid_rows(c), btc),
+        [A_LN1] = acc_sat_mul_u64(Lk, btc), [A_RSTD1] = acc_sat_mul_u64(Ls, BT),
+        [A_Q] = acc_sat_mul_u64(Lk, btq), [A_K] = acc_sat_mul_u64(Lk, btk),
+        [A_V] = acc_sat_mul_u64(Lk, btk), [A_ATTY] = acc_sat_mul_u64(Lk, btq),
+        [A_LSE] = acc_sat_mul3_u64(Ls, BT, NH), [A_RESID2] = acc_sat_mul_u64(Lk, btc),
+        [A_LN2] = acc_sat_mul_u64(Lk, btc), [A_RSTD2] = acc_sat_mul_u64(Ls, BT),
+        [A_GATE] = acc_sat_mul_u64(Lk, bti), [A_UP] = acc_sat_mul_u64(Lk, bti),
+        [A_H] = acc_sat_mul_u64(Lk, bti), [A_LNF] = btc, [A_RSTDF] = BT,
         [A_LOGITS] = logits, [A_LOSSES] = BT,
         [A_DRESID] = btc, [A_DLN] = btc, [A_DATTY] = btq, [A_DQ] = btq, [A_DK] = btk,
         [A_DV] = btk, [A_DH] = bti, [A_DGATE] = bti, [A_DUP] = bti,
@@ -263,16 +273,17 @@ static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int 
                                        : acc_sat_mul3_u64(2 * NH, (uint64_t)T, (uint64_t)T),
         [A_COS] = blk_rope_floats(T, (int)hs), [A_SIN] = blk_rope_floats(T, (int)hs),
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT, [A_POS] = BT,
-        [A_LORA_U] = acc_sat_mul3_u64(Ls, (uint64_t)blk_lora_per_layer(c), btr),
+        [A_LORA_U] = acc_sat_mul3_u64(Lk, (uint64_t)blk_lora_per_layer(c), btr),
         [A_LORA_TMP] = R > 0 ? acc_sat_mul_u64(BT, wide) : 0, [A_LORA_DU] = btr,
-        [A_QRAW] = acc_sat_mul3_u64(qk, Ls, btq), [A_KRAW] = acc_sat_mul3_u64(qk, Ls, btk),
+        [A_QRAW] = acc_sat_mul3_u64(qk, Lk, btq), [A_KRAW] = acc_sat_mul3_u64(qk, Lk, btk),
         [A_QRSTD] = acc_sat_mul3_u64(qk, Ls, BT * NH), [A_KRSTD] = acc_sat_mul3_u64(qk, Ls, BT * NKV),
         [A_DQRAW] = qk * btq, [A_DKRAW] = qk * btk,
-        [A_AO] = acc_sat_mul3_u64(sw, Ls, btc), [A_RSTDAO] = acc_sat_mul3_u64(sw, Ls, BT),
-        [A_FO] = acc_sat_mul3_u64(sw, Ls, btc), [A_RSTDFO] = acc_sat_mul3_u64(sw, Ls, BT),
+        [A_AO] = acc_sat_mul3_u64(sw, Lk, btc), [A_RSTDAO] = acc_sat_mul3_u64(sw, Ls, BT),
+        [A_FO] = acc_sat_mul3_u64(sw, Lk, btc), [A_RSTDFO] = acc_sat_mul3_u64(sw, Ls, BT),
         [A_DBR] = sw * btc,
         [A_RAWLOGITS] = c->final_logit_softcapping > 0 ? logits : 0,
     };
+    per[A_KEEP] = blk_keep_floats(c, recompute, per, kept, NKEPT, btc);
     memcpy(cnt, per, sizeof per);
     return blk_acts_bytes(cnt, A_COUNT);
 }
@@ -327,6 +338,7 @@ typedef struct dec_state {
     float *a[A_COUNT];
     int lora_per_layer; /* adapted linears per block (blk_lora_per_layer, at create) */
     int packed;     /* the last forward had m->positions (A_POS holds them) */
+    blk_keep keep;  /* bf16 activation storage (act_bf16) */
 } dec_state;
 
 static dec_state *S(const model *m)
@@ -430,6 +442,8 @@ int dec_acts_alloc(model *m, acc_err *err)
         rc = blk_acts_alloc(m, cnt, A_COUNT, &s->mem, s->a, err);
     if (rc != 0)
         return rc;
+    if (m->cfg.act_bf16)
+        blk_keep_init(&s->keep, m, s->a, cnt, kept, NKEPT, s->a[A_RESID], s->a[A_KEEP]);
     s->rope.cos = s->a[A_COS];
     s->rope.sin = s->a[A_SIN];
     s->head.raw = s->a[A_RAWLOGITS];
@@ -443,6 +457,7 @@ static blk_run run_of(model *m, int nseq)
     dec_state *s = S(m);
     blk_run r = blk_run_of(m, nseq);
     r.pos = s->packed ? (const int *)s->a[A_POS] : NULL;
+    r.keep = m->cfg.act_bf16 ? &s->keep : NULL;
     r.lora = (blk_lora_acts){s->a[A_LORA_U], s->a[A_LORA_TMP], s->a[A_LORA_DU],
                              s->lora_per_layer};
     return r;
@@ -461,20 +476,21 @@ static block_acts block_at(const model *m, int l)
     const model_config *c = &m->cfg;
     size_t bt = (size_t)m->B * m->T, C = (size_t)c->channels, hs = (size_t)dec_head_dim(c);
     size_t NH = (size_t)c->n_head, NKV = (size_t)dec_kv_heads(c), QD = NH * hs, KD = NKV * hs;
-    size_t I = (size_t)c->intermediate_size, s = m->recompute ? 0 : (size_t)l;
+    size_t I = (size_t)c->intermediate_size, s = m->recompute ? 0 : (size_t)l; /* statistics */
+    size_t k = blk_inner_slot(m, l); /* the other inner arrays */
     bool qk = S(m)->desc.qk_norm, sw = S(m)->desc.sandwich;
     return (block_acts){
-        .x = l == 0 ? a[A_ENC] : a[A_RESID] + (size_t)(l - 1) * bt * C,
-        .ln1 = a[A_LN1] + s * bt * C, .rstd1 = a[A_RSTD1] + s * bt,
-        .q = a[A_Q] + s * bt * QD, .k = a[A_K] + s * bt * KD, .v = a[A_V] + s * bt * KD,
-        .atty = a[A_ATTY] + s * bt * QD, .lse = a[A_LSE] + s * bt * NH,
-        .resid2 = a[A_RESID2] + s * bt * C, .ln2 = a[A_LN2] + s * bt * C,
-        .rstd2 = a[A_RSTD2] + s * bt, .out = a[A_RESID] + (size_t)l * bt * C,
-        .qraw = qk ? a[A_QRAW] + s * bt * QD : NULL, .kraw = qk ? a[A_KRAW] + s * bt * KD : NULL,
+        .x = l == 0 ? a[A_ENC] : a[A_RESID] + blk_resid_row(m, l - 1) * bt * C,
+        .ln1 = a[A_LN1] + k * bt * C, .rstd1 = a[A_RSTD1] + s * bt,
+        .q = a[A_Q] + k * bt * QD, .k = a[A_K] + k * bt * KD, .v = a[A_V] + k * bt * KD,
+        .atty = a[A_ATTY] + k * bt * QD, .lse = a[A_LSE] + s * bt * NH,
+        .resid2 = a[A_RESID2] + k * bt * C, .ln2 = a[A_LN2] + k * bt * C,
+        .rstd2 = a[A_RSTD2] + s * bt, .out = a[A_RESID] + blk_resid_row(m, l) * bt * C,
+        .qraw = qk ? a[A_QRAW] + k * bt * QD : NULL, .kraw = qk ? a[A_KRAW] + k * bt * KD : NULL,
         .qrstd = qk ? a[A_QRSTD] + s * bt * NH : NULL, .krstd = qk ? a[A_KRSTD] + s * bt * NKV : NULL,
-        .ao = sw ? a[A_AO] + s * bt * C : NULL, .rstdao = sw ? a[A_RSTDAO] + s * bt : NULL,
-        .fo = sw ? a[A_FO] + s * bt * C : NULL, .rstdfo = sw ? a[A_RSTDFO] + s * bt : NULL,
-        .ffn = {a[A_GATE] + s * bt * I, a[A_UP] + s * bt * I, a[A_H] + s * bt * I},
+        .ao = sw ? a[A_AO] + k * bt * C : NULL, .rstdao = sw ? a[A_RSTDAO] + s * bt : NULL,
+        .fo = sw ? a[A_FO] + k * bt * C : NULL, .rstdfo = sw ? a[A_RSTDFO] + s * bt : NULL,
+        .ffn = {a[A_GATE] + k * bt * I, a[A_UP] + k * bt * I, a[A_H] + k * bt * I},
     };
 }
 

@@ -645,6 +645,11 @@ int model_acts_alloc(model *m, int B, int recompute, acc_err *err)
                            "lean activations need the tiled attention, which the %s backend "
                            "of %s lacks",
                            k->backend, m->dev->info.name);
+    if (m->cfg.act_bf16 && (k->narrow_bf16 == NULL || k->widen16 == NULL))
+        return acc_err_set(err, ACC_EINVAL, "precision",
+                           "bf16 activations need narrow_bf16 and widen16, which the %s backend "
+                           "of %s lacks",
+                           k->backend, m->dev->info.name);
     uint64_t bytes;
     int rc = model_act_bytes(&m->cfg, B, m->T, recompute, &bytes, err);
     if (rc != 0)

@@ -163,6 +163,11 @@ typedef struct model_config {
     bool quant_nested;        /* double quantization (bnb_4bit_use_double_quant) */
     bool quant_in_files;      /* model.from holds them 4-bit (transformers' layout, config.json's
                                * quantization_config); false: quantized at load (model.quantize) */
+    /* bf16 activation storage (the spec's precision "bf16"): what a block
+     * keeps between its forward and its backward is stored in bf16, one
+     * block computes in fp32 at a time (blocks.h "bf16 activation
+     * storage"); false: every activation fp32, as it always was. */
+    bool act_bf16;
 } model_config;
 
 #define MODEL_QUANT_NONE 0

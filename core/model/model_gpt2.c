@@ -172,15 +172,26 @@ enum {
     A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FCH, A_FCH_GELU, A_FCPROJ, A_RESID3, A_LNF,
     A_LNF_MEAN, A_LNF_RSTD, A_LOGITS, A_LOSSES, A_DRESID, A_DLN, A_DATTY, A_DQKV,
     A_DBIG1, A_DBIG2, A_ATT_SCRATCH, A_TOKENS, A_TARGETS, A_WEIGHTS,
-    A_LORA_U, A_LORA_TMP, A_LORA_DU, A_COUNT
+    A_LORA_U, A_LORA_TMP, A_LORA_DU,
+    A_KEEP, /* bf16 activation storage: the store (blocks.h; 0 floats in fp32) */
+    A_COUNT
 };
+
+/* What a block's backward reads from its working slot, narrowed to bf16
+ * between its forward and its backward with act_bf16 in stored mode (the
+ * norms' statistics and the log-sum-exp stay fp32; the projections'
+ * outputs attproj and fcproj are not read by the backward). */
+static const int kept[] = {A_LN1, A_QKV, A_ATTY, A_RESID2, A_LN2, A_FCH, A_FCH_GELU, A_LORA_U};
+#define NKEPT ((int)(sizeof kept / sizeof kept[0]))
+_Static_assert(sizeof kept / sizeof kept[0] <= BLK_KEEP_MAX, "blk_keep holds BLK_KEEP_MAX arrays");
 
 static uint64_t act_counts(const model_config *c, int B, int T, int recompute, uint64_t *cnt)
 {
     uint64_t BT = acc_sat_mul_u64((uint64_t)B, (uint64_t)T), C = (uint64_t)c->channels;
     uint64_t L = (uint64_t)c->n_layer, NH = (uint64_t)c->n_head;
-    uint64_t Ls = recompute ? 1 : L; /* layers whose inner activations are kept */
-    uint64_t btc = acc_sat_mul_u64(BT, C), lbtc = acc_sat_mul_u64(Ls, btc);
+    uint64_t Ls = recompute ? 1 : L; /* layers whose statistics are kept */
+    uint64_t Lk = blk_inner_layers(c, recompute); /* whose other inner activations are */
+    uint64_t btc = acc_sat_mul_u64(BT, C), lbtc = acc_sat_mul_u64(Lk, btc);
     uint64_t lbt = acc_sat_mul_u64(Ls, BT), R = (uint64_t)c->lora.r;
     uint64_t btr = acc_sat_mul_u64(BT, R);
     uint64_t per[A_COUNT] = {
@@ -189,7 +200,7 @@ static uint64_t act_counts(const model_config *c, int B, int T, int recompute, u
         [A_LSE] = acc_sat_mul3_u64(Ls, BT, NH), [A_ATTPROJ] = lbtc, [A_RESID2] = lbtc,
         [A_LN2] = lbtc, [A_LN2_MEAN] = lbt, [A_LN2_RSTD] = lbt,
         [A_FCH] = acc_sat_mul_u64(lbtc, 4), [A_FCH_GELU] = acc_sat_mul_u64(lbtc, 4),
-        [A_FCPROJ] = lbtc, [A_RESID3] = acc_sat_mul_u64(L, btc), [A_LNF] = btc,
+        [A_FCPROJ] = lbtc, [A_RESID3] = acc_sat_mul_u64(blk_resid_rows(c), btc), [A_LNF] = btc,
         [A_LNF_MEAN] = BT, [A_LNF_RSTD] = BT,
         [A_LOGITS] = acc_sat_mul_u64(blk_head_rows(BT, c),
                                      (uint64_t)c->padded_vocab_size),
@@ -199,9 +210,10 @@ static uint64_t act_counts(const model_config *c, int B, int T, int recompute, u
         [A_ATT_SCRATCH] = c->lean_acts ? KERN_ATT_LEAN_SCRATCH(T, NH)
                                        : acc_sat_mul3_u64(2 * NH, (uint64_t)T, (uint64_t)T),
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT,
-        [A_LORA_U] = acc_sat_mul3_u64(Ls, (uint64_t)blk_lora_per_layer(c), btr),
+        [A_LORA_U] = acc_sat_mul3_u64(Lk, (uint64_t)blk_lora_per_layer(c), btr),
         [A_LORA_TMP] = R > 0 ? acc_sat_mul_u64(btc, 4) : 0, [A_LORA_DU] = btr,
     };
+    per[A_KEEP] = blk_keep_floats(c, recompute, per, kept, NKEPT, btc);
     memcpy(cnt, per, sizeof per);
     return blk_acts_bytes(cnt, A_COUNT);
 }
@@ -252,6 +264,7 @@ typedef struct gpt2_state {
     void *mem;
     float *a[A_COUNT];
     int lora_per_layer; /* adapted linears per block (blk_lora_per_layer) */
+    blk_keep keep;      /* bf16 activation storage (act_bf16) */
 } gpt2_state;
 
 static gpt2_state *G(const model *m)
@@ -320,7 +333,11 @@ static int gpt2_acts_alloc(model *m, acc_err *err)
 {
     uint64_t cnt[A_COUNT];
     act_counts(&m->cfg, m->B, m->T, m->recompute, cnt);
-    return blk_acts_alloc(m, cnt, A_COUNT, &G(m)->mem, G(m)->a, err);
+    gpt2_state *s = G(m);
+    int rc = blk_acts_alloc(m, cnt, A_COUNT, &s->mem, s->a, err);
+    if (rc == 0 && m->cfg.act_bf16)
+        blk_keep_init(&s->keep, m, s->a, cnt, kept, NKEPT, s->a[A_RESID3], s->a[A_KEEP]);
+    return rc;
 }
 
 static blk_run run_of(model *m, int nseq)
@@ -328,6 +345,7 @@ static blk_run run_of(model *m, int nseq)
     float *const *a = G(m)->a;
     blk_run r = blk_run_of(m, nseq);
     r.lora = (blk_lora_acts){a[A_LORA_U], a[A_LORA_TMP], a[A_LORA_DU], G(m)->lora_per_layer};
+    r.keep = m->cfg.act_bf16 ? &G(m)->keep : NULL;
     return r;
 }
 
@@ -343,17 +361,18 @@ static block_acts block_at(const model *m, int l)
 {
     float *const *a = G(m)->a;
     size_t C = (size_t)m->cfg.channels, bt = (size_t)m->B * m->T; /* sized for m->B */
-    size_t s = m->recompute ? 0 : (size_t)l;
+    size_t s = m->recompute ? 0 : (size_t)l; /* statistics */
+    size_t k = blk_inner_slot(m, l);          /* the other inner arrays */
     return (block_acts){
-        .x = l == 0 ? a[A_ENCODED] : a[A_RESID3] + (size_t)(l - 1) * bt * C,
-        .ln1 = a[A_LN1] + s * bt * C, .ln1_mean = a[A_LN1_MEAN] + s * bt,
-        .ln1_rstd = a[A_LN1_RSTD] + s * bt, .qkv = a[A_QKV] + s * bt * 3 * C,
-        .atty = a[A_ATTY] + s * bt * C, .lse = a[A_LSE] + s * bt * (size_t)m->cfg.n_head,
-        .attproj = a[A_ATTPROJ] + s * bt * C, .resid2 = a[A_RESID2] + s * bt * C,
-        .ln2 = a[A_LN2] + s * bt * C, .ln2_mean = a[A_LN2_MEAN] + s * bt,
-        .ln2_rstd = a[A_LN2_RSTD] + s * bt, .fcproj = a[A_FCPROJ] + s * bt * C,
-        .out = a[A_RESID3] + (size_t)l * bt * C,
-        .ffn = {a[A_FCH] + s * bt * 4 * C, NULL, a[A_FCH_GELU] + s * bt * 4 * C},
+        .x = l == 0 ? a[A_ENCODED] : a[A_RESID3] + blk_resid_row(m, l - 1) * bt * C,
+        .ln1 = a[A_LN1] + k * bt * C, .ln1_mean = a[A_LN1_MEAN] + s * bt,
+        .ln1_rstd = a[A_LN1_RSTD] + s * bt, .qkv = a[A_QKV] + k * bt * 3 * C,
+        .atty = a[A_ATTY] + k * bt * C, .lse = a[A_LSE] + s * bt * (size_t)m->cfg.n_head,
+        .attproj = a[A_ATTPROJ] + k * bt * C, .resid2 = a[A_RESID2] + k * bt * C,
+        .ln2 = a[A_LN2] + k * bt * C, .ln2_mean = a[A_LN2_MEAN] + s * bt,
+        .ln2_rstd = a[A_LN2_RSTD] + s * bt, .fcproj = a[A_FCPROJ] + k * bt * C,
+        .out = a[A_RESID3] + blk_resid_row(m, l) * bt * C,
+        .ffn = {a[A_FCH] + k * bt * 4 * C, NULL, a[A_FCH_GELU] + k * bt * 4 * C},
     };
 }
 

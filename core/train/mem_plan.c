@@ -55,6 +55,8 @@ int plan_model_config(const train_cfg *spec, model_config *cfg, acc_err *err)
         rc = quantize_config(spec, cfg, err);
     if (rc == 0)
         cfg->lean_acts = spec->lean_activations;
+    if (rc == 0) /* bf16: the activations stored in bf16 too (blocks.h) */
+        cfg->act_bf16 = spec->precision == SPEC_BF16;
     if (rc == 0) /* the lora section against the model's modules */
         rc = model_lora_apply(&spec->lora, spec->merge_lora, cfg, err);
     return rc;

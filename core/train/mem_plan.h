@@ -4,7 +4,8 @@
  * The prediction is the model family's own byte functions (model.h:
  * parameters + gradients + the trainer's slots, model_state_bytes;
  * activations for micro_batch x seq_len tokens, model_act_bytes, all
- * layers stored or recomputed), the optimizer's (adamw.h: two moments),
+ * layers stored or recomputed, in bf16 with precision bf16:
+ * plan_model_config sets model_config.act_bf16), the optimizer's (adamw.h: two moments),
  * and the backend's per-micro-batch workspace, which the backend itself
  * sizes from the family's largest linear-layer operands (kern_ops
  * workspace_size: none on CPU devices, the bf16 operand buffers on CUDA in

@@ -25,8 +25,10 @@
 #define SPEC_EVAL_PROMPTS_BYTES 16384 /* eval_prompts: bytes of their JSON text */
 
 /* fp32: everything in fp32. bf16: the linear layers' products take bf16
- * operands with fp32 accumulation; weights, gradients, optimizer state and
- * every other kernel stay fp32 (kern_device.h set_precision). */
+ * operands with fp32 accumulation (kern_device.h set_precision) and the
+ * activations are stored in bf16 between forward and backward
+ * (model_config.act_bf16, blocks.h); weights, gradients, optimizer state
+ * and every other kernel stay fp32. */
 typedef enum spec_precision { SPEC_FP32 = 0, SPEC_BF16 = 1 } spec_precision;
 
 /* "fp32" / "bf16", as the spec's "precision" spells it. */

@@ -1474,7 +1474,7 @@ static int rank_run(rank_state *rs, acc_err *err)
                  rs->dev->ops->backend, (double)job_state_bytes(t) / (1024.0 * 1024.0),
                  (double)rank_act_bytes(rs, rs->split.m) / (1024.0 * 1024.0),
                  t->threads,
-                 s->precision == SPEC_BF16 ? "precision bf16 (bf16 matmul operands, fp32 accumulation)"
+                 s->precision == SPEC_BF16 ? "precision bf16 (bf16 matmul operands, fp32 accumulation; activations stored in bf16)"
                                            : "precision fp32",
                  t->zero->note,
                  t->plan_note[0] ? "; " : "", t->plan_note);

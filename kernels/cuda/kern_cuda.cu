@@ -288,6 +288,8 @@ static const kern_ops cuda_ops = {
     /* .dequant_nf4 = */ cu_dequant_nf4,
     /* generation: kern_cuda_llama.cu */
     /* .attention_cache_fwd = */ kern_cuda_attention_cache_fwd,
+    /* bf16 activation storage: kern_cuda_pointwise.cu */
+    /* .narrow_bf16 = */ cu_narrow_bf16,
 };
 
 /* the op files' hooks into the device state (kern_cuda_llama.h) */

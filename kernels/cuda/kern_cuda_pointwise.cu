@@ -182,6 +182,26 @@ void cu_widen16(kern_device *d, float *out, const uint16_t *in, size_t n, int f1
     CU_LAUNCHED(d, "widen16");
 }
 
+/* fp32 to bf16, to nearest, ties to even: __float2bfloat16_rn, the
+ * function kern_bf16_round is on the CPU (NaN quiet, overflow to Inf,
+ * subnormals kept), so both backends store the same bits. */
+__global__ void k_narrow_bf16(uint16_t *out, const float *in, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(in[i]));
+}
+
+void cu_narrow_bf16(kern_device *d, uint16_t *out, const float *in, size_t n)
+{
+    CU_LIVE(d);
+    PROF(d, KP_ADD);
+    if (n == 0)
+        return;
+    k_narrow_bf16<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, in, n);
+    CU_LAUNCHED(d, "narrow_bf16");
+}
+
 /* NF4 codes times their block's absmax, rebuilt from
  * the double quantization per value; __fmul_rn / __fadd_rn keep each
  * step one rounded fp32 operation (no contraction into an FMA under

@@ -291,6 +291,7 @@ int main(int argc, char **argv)
         cfg.quant = MODEL_QUANT_NF4;
         cfg.quant_nested = true;
     }
+    cfg.act_bf16 = o.bf16; /* bf16: the activations stored in bf16 too, as a bf16 job's */
     if (o.lora != NULL && lora_opts(o.lora, &cfg, &err) != 0)
         return die("lora", &err);
     kern_device_info info = {.kind = KERN_DEV_CPU, .mem_total = 8ull << 30};

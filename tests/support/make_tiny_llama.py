@@ -17,6 +17,7 @@ Variants (combinable with '+', e.g. gqa+bf16+sharded):
   bf16      tensors stored BF16 (torch_dtype bfloat16); f16 likewise F16
   big       2 layers of 64 channels, vocab 300 (split / planner tests)
   vocab32k  vocab 32000 (Mistral's tokenizer), 128 positions (SFT tests)
+  deep      4 layers (bf16 activation storage: three blocks stored)
 The directory also gets generation_config.json and a tokenizer.json (copied
 by accumd on save). --batch FILE B T writes a batch (I32 tokens, targets
 [B, T]) for llama_ref.py / the C tests. --bad KIND breaks the checkpoint
@@ -69,6 +70,8 @@ def make_config(variants):
             c["torch_dtype"] = "float16"
         elif v == "big":
             c.update(hidden_size=64, intermediate_size=96, vocab_size=300)
+        elif v == "deep":
+            c["num_hidden_layers"] = 4
         elif v == "vocab32k":
             c.update(vocab_size=32000, max_position_embeddings=128)
         elif v in ("mha", "sharded", ""):

@@ -231,6 +231,43 @@ static void test_bf16_round(void **state)
     }
 }
 
+/* narrow_bf16 (bf16 activation storage): the upper half of
+ * kern_bf16_round, for the edge cases above, every upper half with the
+ * lower halves that decide the rounding, and NaNs (a NaN stays a NaN of its
+ * sign); widen16 of the result is kern_bf16_round exactly. */
+static void test_narrow_bf16(void **state)
+{
+    kern_device *d = ((fx *)*state)->dev;
+    static const uint32_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff};
+    size_t nl = sizeof lows / sizeof *lows, ne = sizeof bf16_cases / sizeof *bf16_cases;
+    size_t nn = sizeof bf16_nans / sizeof *bf16_nans, n = 65536 * nl + ne + nn;
+    float *x = malloc(n * sizeof *x), *back = malloc(n * sizeof *back);
+    uint16_t *h = malloc(n * sizeof *h);
+    assert_non_null(x);
+    assert_non_null(back);
+    assert_non_null(h);
+    for (size_t i = 0; i < 65536 * nl; i++)
+        x[i] = from_bits((uint32_t)(i / nl) << 16 | lows[i % nl]);
+    for (size_t i = 0; i < ne; i++)
+        x[65536 * nl + i] = from_bits(bf16_cases[i].in);
+    for (size_t i = 0; i < nn; i++)
+        x[65536 * nl + ne + i] = from_bits(bf16_nans[i]);
+    d->ops->narrow_bf16(d, h, x, n);
+    d->ops->widen16(d, back, h, n, 0);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t want = to_bits(kern_bf16_round(x[i]));
+        if (isnan(x[i])) {
+            assert_true(isnan(back[i]) && (to_bits(back[i]) >> 31) == (to_bits(x[i]) >> 31));
+            continue;
+        }
+        if (((uint32_t)h[i] << 16) != want || to_bits(back[i]) != want)
+            fail_msg("narrow_bf16(0x%08x) = 0x%04x, want 0x%08x", to_bits(x[i]), h[i], want);
+    }
+    free(x);
+    free(back);
+    free(h);
+}
+
 /* A bf16 device's products see the rounded operands, bit for bit: row n
  * of x holds edge value n at column n % MC_ and zeros elsewhere, w is the
  * identity, so out[n, n % MC_] = bf16(x) * 1 exactly (the other terms are
@@ -831,6 +868,7 @@ int main(void)
         cmocka_unit_test(test_memory_accounting),
         cmocka_unit_test(test_bf16_round), cmocka_unit_test(test_bf16_matmul_rounds_operands),
         cmocka_unit_test(test_bf16_matmul),
+        cmocka_unit_test(test_narrow_bf16),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

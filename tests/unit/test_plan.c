@@ -19,6 +19,10 @@
  *     submit of the same spec is refused naming model.from; on one 24 GiB
  *     CUDA device no full fine-tune fits and the reason names the model
  *     state; on 141 GiB one does;
+ *   - bf16 (activations stored in bf16): for the LLaMA configs here (the
+ *     small one and LLaMA-2-7B at seq 4096), plain and lean, every row's
+ *     bf16 peak is below its fp32 peak (CPU devices; CUDA: the activations,
+ *     and for 7B the whole peak);
  *   - the request: bad hardware values are ACC_EINVAL naming
  *     hardware.device_memory / hardware.devices / hardware.kind, unknown
  *     keys refused, the spec's own errors still name their field. */
@@ -461,6 +465,69 @@ static void test_config_only(void **state)
     json_decref(out);
 }
 
+/* One spec's table in fp32 and in bf16 on devices of `kind`: row for row
+ * (the same variants and micro batches) bf16's activations are below
+ * fp32's, and on CPU devices (or with `whole`) the whole peak is too. */
+static int bf16_below_fp32(const train_cfg *spec, kern_dev_kind kind, bool whole)
+{
+    train_cfg s32 = *spec, s16 = *spec;
+    s32.precision = SPEC_FP32;
+    s16.precision = SPEC_BF16;
+    plan_hw hw = {.kind = kind, .device_memory = 24ull << 30, .devices = 1};
+    plan_table t32, t16;
+    acc_err err = {0};
+    assert_int_equal(plan_table_build(&s32, &hw, &t32, &err), 0);
+    assert_int_equal(plan_table_build(&s16, &hw, &t16, &err), 0);
+    assert_int_equal(t32.nrows, t16.nrows);
+    for (int i = 0; i < t32.nrows; i++) {
+        const plan_row *a = &t32.rows[i], *b = &t16.rows[i];
+        assert_int_equal(a->micro_batch, b->micro_batch);
+        assert_int_equal(a->recompute, b->recompute);
+        if (!(b->parts.activations < a->parts.activations) ||
+            ((kind == KERN_DEV_CPU || whole) && !(b->peak_bytes < a->peak_bytes)))
+            fail_msg("row %d (m %d, recompute %d): bf16 activations %llu, peak %llu; fp32 %llu, %llu",
+                     i, a->micro_batch, a->recompute, (unsigned long long)b->parts.activations,
+                     (unsigned long long)b->peak_bytes, (unsigned long long)a->parts.activations,
+                     (unsigned long long)a->peak_bytes);
+    }
+    int n = t32.nrows;
+    plan_table_free(&t32);
+    plan_table_free(&t16);
+    return n;
+}
+
+/* bf16 stores activations in bf16 (blocks.h): for every LLaMA config of
+ * these tests, every row of the table (full, LoRA, QLoRA; ZeRO; stored and
+ * recompute; every m), plain and lean, bf16's peak is below fp32's on CPU
+ * devices. On CUDA devices the activations are below too, and for
+ * LLaMA-2-7B the whole peak, bf16 operand buffers included (for the tiny
+ * model those buffers, sized by its weights, outweigh what it saves). */
+static void test_bf16_below_fp32(void **state)
+{
+    (void)state;
+    train_cfg tiny;
+    llama_spec(&tiny, 12, 0, 0, 1);
+    tiny.micro_auto = true;
+    const char *pspec = "{" SPEC7B "}";
+    job_spec *js = malloc(sizeof *js);
+    train_cfg *big = malloc(sizeof *big);
+    acc_err err = {0};
+    assert_int_equal(job_spec_parse_plan(pspec, strlen(pspec), &conf, js, &err), 0);
+    job_spec_train_cfg(js, big);
+    free(js);
+    int rows = 0;
+    for (int lean = 0; lean <= 1; lean++) {
+        tiny.lean_activations = big->lean_activations = lean;
+        rows += bf16_below_fp32(&tiny, KERN_DEV_CPU, false);
+        rows += bf16_below_fp32(&tiny, KERN_DEV_CUDA, false);
+        rows += bf16_below_fp32(big, KERN_DEV_CPU, true);
+        rows += bf16_below_fp32(big, KERN_DEV_CUDA, true);
+    }
+    print_message("bf16 below fp32 in %d rows\n", rows);
+    assert_true(rows > 100);
+    free(big);
+}
+
 static void expect_field(const char *body, const char *field)
 {
     json_t *out = NULL;
@@ -512,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_enumeration), cmocka_unit_test(test_cuda_parts), cmocka_unit_test(test_measured),
         cmocka_unit_test(test_lora_rows),
         cmocka_unit_test(test_config_only), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_bf16_below_fp32),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
