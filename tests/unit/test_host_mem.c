@@ -45,10 +45,13 @@ static void test_unlimited(void **state)
     host_mem h;
     host_mem_init(&h, 0);
     acc_err err = {0};
-    void *a;
+    void *a, *b;
     assert_int_equal(host_mem_alloc(&h, 1 << 20, &a, &err), 0);
     assert_int_equal(host_mem_peak(&h), 1 << 20);
-    assert_int_equal(host_mem_alloc(&h, SIZE_MAX, &a, &err), ACC_ENOMEM);
+    assert_int_equal(host_mem_alloc(&h, SIZE_MAX, &b, &err), ACC_ENOMEM);
+    assert_null(b);
+    host_mem_free(&h, a, 1 << 20);
+    assert_int_equal(host_mem_in_use(&h), 0);
     host_mem_destroy(&h);
 }
 
