@@ -132,6 +132,11 @@ typedef struct trainer_opts {
      * running out of memory down to it. The daemon sets it; engine tests of
      * the out-of-memory path leave it off. */
     bool start_where_fits;
+    /* the job's host-memory budget in bytes (host_mem.h; 0 = unlimited):
+     * what its ranks keep in host memory by choice (the offloaded optimizer
+     * state) is counted against it; past it the run fails with ACC_ENOMEM
+     * naming "host memory" */
+    uint64_t host_memory;
 } trainer_opts;
 
 typedef struct trainer trainer;

@@ -52,6 +52,10 @@ typedef struct train_hooks {
     int final_micro, final_accum;
     bool final_recompute;
     int oom_adjusts;             /* TEV_OOM_ADJUST events emitted */
+    /* offload_optimizer: each rank's host bytes of the optimizer (moments,
+     * master copy, gradients' copy), and the job's host_mem peak */
+    uint64_t host_optim[TRAIN_MAX_RANKS];
+    uint64_t host_peak;
 } train_hooks;
 
 /* Device bytes one rank of this job allocates (parameters, gradients, AdamW

