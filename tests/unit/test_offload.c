@@ -200,11 +200,174 @@ static void test_bits_two_ranks(void **state)
     }
 }
 
+/* A LLaMA-shaped job whose stage-0 state (with the moments) is past its
+ * CPU device budget: refused without offload (the state does not fit, no
+ * split helps), run to the end with it on the same budget, with the
+ * losses of the same job on a big device. */
+static void llama_spec(train_cfg *s, bool offload)
+{
+    spec_of(s, "llama", 1, 0, offload);
+    s->model.n_layer = 3;
+    s->model.n_embd = 64;
+    s->model.n_head = 4;
+    s->model.n_kv_head = 2;
+    s->model.intermediate_size = 172;
+    s->oom_adapt = true;
+}
+
+static void test_llama_fits_with_offload(void **state)
+{
+    (void)state;
+    train_cfg s;
+    llama_spec(&s, true);
+    uint64_t budget, host;
+    acc_err err = {0};
+    assert_int_equal(plan_device_bytes(&s, s.micro_batch, false, &budget, &err), 0);
+    assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
+    model_config cfg;
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    uint64_t state0 = plan_rank_state_bytes(&cfg, 0, 1, 0); /* stage 0, moments on the device */
+    assert_true(state0 > budget);                          /* the state alone does not fit */
+    run_out no, yes, big;
+    llama_spec(&s, false);
+    run_budget(&s, budget, 0, &no);
+    assert_int_equal(no.status, ACC_EOOM);
+    assert_non_null(strstr(no.err.msg, "AdamW state"));
+    assert_int_equal(no.h.steps_done, 0);
+    llama_spec(&s, true);
+    run_budget(&s, budget, host, &yes); /* the device and the host exactly as predicted */
+    if (yes.status != 0)
+        print_error("offloaded run failed: %s\n", yes.err.msg);
+    assert_int_equal(yes.status, 0);
+    assert_int_equal(yes.h.steps_done, s.max_steps);
+    assert_int_equal(yes.h.mem_peak[0], budget);
+    assert_int_equal(yes.h.host_peak, host);
+    llama_spec(&s, false);
+    run(&s, &big);
+    assert_bits(&big, &yes, 0, s.max_steps);
+    print_message("llama: stage-0 state %llu > device budget %llu: without offload \"%s\"; offloaded it runs "
+                  "(host %llu bytes), bit-identical to a big device\n",
+                  (unsigned long long)state0, (unsigned long long)budget, no.err.msg, (unsigned long long)host);
+    free(no.params);
+    free(yes.params);
+    free(big.params);
+}
+
+/* The job's host memory one byte short of the prediction: the run fails
+ * with ACC_ENOMEM naming host memory; at the prediction it runs. */
+static void test_host_budget(void **state)
+{
+    (void)state;
+    train_cfg s;
+    spec_of(&s, "gpt2", 2, 2, true);
+    uint64_t host;
+    acc_err err = {0};
+    assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
+    assert_true(host > 0);
+    run_out r;
+    run_budget(&s, 1ull << 30, host - 1, &r);
+    assert_int_equal(r.status, ACC_ENOMEM);
+    assert_non_null(strstr(r.err.msg, "host memory"));
+    free(r.params);
+    run_budget(&s, 1ull << 30, host, &r);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.h.host_peak, host);
+    free(r.params);
+}
+
+static void read_file(const char *path, char **data, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *data = malloc(*n);
+    assert_non_null(*data);
+    assert_int_equal(fread(*data, 1, *n, f), *n);
+    fclose(f);
+}
+
+static void assert_same_file(const char *dir_a, const char *dir_b, const char *name)
+{
+    char a[320], b[320];
+    snprintf(a, sizeof a, "%s/%s", dir_a, name);
+    snprintf(b, sizeof b, "%s/%s", dir_b, name);
+    char *da, *db;
+    size_t na, nb;
+    read_file(a, &da, &na);
+    read_file(b, &db, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(da, db, na);
+    free(da);
+    free(db);
+}
+
+static void ckpt_spec(train_cfg *s, int w, int zero, bool offload, const char *from, const char *out, int steps)
+{
+    spec_of(s, "gpt2", w, zero, offload);
+    s->max_steps = steps;
+    snprintf(s->resume_from, sizeof s->resume_from, "%s", from);
+    snprintf(s->output_dir, sizeof s->output_dir, "%s/%s", root, out);
+}
+
+/* Checkpoints written with offload are those written without (byte for
+ * byte: the moments gathered from the host copies), and a resume with or
+ * without offload from either continues with the uninterrupted losses. */
+static void check_resume(int w, int zero)
+{
+    train_cfg s;
+    run_out a, b, ra, rb, ref;
+    char tag[32], ck_a[256], ck_b[256];
+    snprintf(tag, sizeof tag, "w%dz%d", w, zero);
+    char out[64];
+    snprintf(out, sizeof out, "%s-off", tag);
+    ckpt_spec(&s, w, zero, true, "", out, 2);
+    run(&s, &a);
+    snprintf(ck_a, sizeof ck_a, "%s/%s/ckpt-00000002", root, out);
+    snprintf(out, sizeof out, "%s-on", tag);
+    ckpt_spec(&s, w, zero, false, "", out, 2);
+    run(&s, &b);
+    snprintf(ck_b, sizeof ck_b, "%s/%s/ckpt-00000002", root, out);
+    assert_bits(&a, &b, 0, 2);
+    assert_same_file(ck_a, ck_b, "state.safetensors");
+    assert_same_file(ck_a, ck_b, "model.safetensors");
+    /* written with offload, resumed without; written without, resumed with */
+    snprintf(out, sizeof out, "%s-off-on", tag);
+    ckpt_spec(&s, w, zero, false, ck_a, out, 4);
+    run(&s, &ra);
+    snprintf(out, sizeof out, "%s-on-off", tag);
+    ckpt_spec(&s, w, zero, true, ck_b, out, 4);
+    run(&s, &rb);
+    snprintf(out, sizeof out, "%s-ref", tag);
+    ckpt_spec(&s, w, zero, false, "", out, 4);
+    run(&s, &ref);
+    assert_bits(&ref, &ra, 2, 4);
+    assert_bits(&ref, &rb, 2, 4);
+    for (int k = 0; k < 2; k++)
+        assert_true(isnan(ra.loss[k]) && isnan(rb.loss[k])); /* resumed at step 2 */
+    print_message("w=%d stage %d: offloaded checkpoint = the device's; resumed across: losses %.9f %.9f\n", w, zero,
+                  ref.loss[2], ref.loss[3]);
+    run_out *all[] = {&a, &b, &ra, &rb, &ref};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        free(all[i]->params);
+}
+
+static void test_resume_across(void **state)
+{
+    (void)state;
+    check_resume(1, 0);
+    check_resume(2, 2); /* the sharded moments gathered from the host copies */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bits_one_rank),
         cmocka_unit_test(test_bits_two_ranks),
+        cmocka_unit_test(test_llama_fits_with_offload),
+        cmocka_unit_test(test_host_budget),
+        cmocka_unit_test(test_resume_across),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
