@@ -395,6 +395,14 @@ typedef struct kern_ops {
                                 int ldq, const float *kc, const float *vc,
                                 const kern_att_opts *opts, int p0, int n, int NH, int NKV,
                                 int hs);
+    /* ---- Host memory (the optimizer offload, core/train/adamw.c). OPTIONAL
+     * (NULL: nothing to do, as on CPU devices): page-lock the `bytes` of
+     * host memory at `p` so that upload / download from and to it run at
+     * the bus's speed (CUDA: cudaHostRegister); 0, or ACC_EDEVICE with the
+     * runtime's message (nothing registered then). host_unregister undoes
+     * a successful host_register of the same `p`. */
+    int (*host_register)(kern_device *d, void *p, size_t bytes, acc_err *err);
+    void (*host_unregister)(kern_device *d, void *p);
 } kern_ops;
 
 struct kern_device {

@@ -51,8 +51,26 @@ int adamw_create(kern_device *dev, size_t lo, size_t hi, adamw **out, acc_err *e
     return 0;
 }
 
-int adamw_create_host(kern_device *dev, host_mem *host, int threads, size_t lo, size_t hi, adamw **out,
-                      acc_err *err)
+/* pin_memory: page-lock the buffers that cross the bus, both or neither. */
+static int pin_buffers(adamw *a, acc_err *err)
+{
+    const kern_ops *k = a->dev->ops;
+    size_t each = (a->hi - a->lo) * sizeof(float);
+    if (k->host_register == NULL || each == 0)
+        return 0;
+    acc_err e = {0};
+    int rc = k->host_register(a->dev, a->master, each, &e);
+    if (rc == 0 && (rc = k->host_register(a->dev, a->g, each, &e)) != 0)
+        k->host_unregister(a->dev, a->master);
+    if (rc != 0)
+        return acc_err_set(err, rc, "zero_optimization.offload_optimizer.pin_memory",
+                           "pin_memory: the device cannot page-lock the optimizer's host buffers: %s", e.msg);
+    a->pinned = true;
+    return 0;
+}
+
+int adamw_create_host(kern_device *dev, host_mem *host, int threads, bool pin, size_t lo, size_t hi,
+                      adamw **out, acc_err *err)
 {
     *out = NULL;
     uint64_t bytes;
@@ -71,6 +89,8 @@ int adamw_create_host(kern_device *dev, host_mem *host, int threads, size_t lo, 
     float **bufs[] = {&a->m, &a->v, &a->master, &a->g}; /* host_mem zeroes them */
     for (size_t i = 0; rc == 0 && i < sizeof bufs / sizeof bufs[0]; i++)
         rc = host_mem_alloc(host, each, (void **)bufs[i], err);
+    if (rc == 0 && pin)
+        rc = pin_buffers(a, err);
     if (rc != 0) {
         adamw_free(a);
         return rc;
@@ -115,6 +135,10 @@ void adamw_free(adamw *a)
         return;
     if (a->host != NULL) {
         size_t each = (a->hi - a->lo) * sizeof(float);
+        if (a->pinned) {
+            a->dev->ops->host_unregister(a->dev, a->g);
+            a->dev->ops->host_unregister(a->dev, a->master);
+        }
         host_mem_free(a->host, a->g, each);
         host_mem_free(a->host, a->master, each);
         host_mem_free(a->host, a->v, each);

@@ -28,6 +28,7 @@
 #ifndef ACC_ADAMW_H
 #define ACC_ADAMW_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,6 +51,7 @@ typedef struct adamw {
     host_mem *host;
     float *master, *g;
     int threads;
+    bool pinned;        /* master and g are registered with the device (host_register) */
 } adamw;
 
 /* ---- shard arithmetic (pure)
@@ -83,9 +85,13 @@ int adamw_host_bytes(size_t lo, size_t hi, uint64_t *bytes, acc_err *err);
 int adamw_create(kern_device *dev, size_t lo, size_t hi, adamw **out, acc_err *err);
 /* Offloaded: moments (zeroed), master and gradients' copy in `host`
  * (ACC_ENOMEM naming "host memory" past its budget); steps on `threads`
- * host threads (>= 1). The master copy is zero until adamw_load_master. */
-int adamw_create_host(kern_device *dev, host_mem *host, int threads, size_t lo, size_t hi, adamw **out,
-                      acc_err *err);
+ * host threads (>= 1). With `pin`, the two buffers that cross the bus
+ * (master and gradients' copy) are page-locked through the device's
+ * host_register where it has one (CUDA; CPU devices: nothing to do); a
+ * refusal is ACC_EDEVICE naming zero_optimization.offload_optimizer.pin_memory.
+ * The master copy is zero until adamw_load_master. */
+int adamw_create_host(kern_device *dev, host_mem *host, int threads, bool pin, size_t lo, size_t hi,
+                      adamw **out, acc_err *err);
 void adamw_free(adamw *a);
 
 /* Offloaded: the master copy := params[lo, hi) (device); else nothing. */

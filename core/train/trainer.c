@@ -496,7 +496,8 @@ static int create_optimizer(rank_state *rs, acc_err *err)
     trainer *t = rs->t;
     if (!t->spec.offload_optimizer)
         return adamw_create(rs->dev, rs->zlo, rs->zhi, &rs->opt, err);
-    int rc = adamw_create_host(rs->dev, &t->host, t->threads, rs->zlo, rs->zhi, &rs->opt, err);
+    int rc = adamw_create_host(rs->dev, &t->host, t->threads, t->spec.offload_pin_memory, rs->zlo, rs->zhi,
+                               &rs->opt, err);
     if (rc == 0 && t->hooks != NULL)
         t->hooks->host_optim[rs->rank] = host_optim_bytes(rs);
     return rc;

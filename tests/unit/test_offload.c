@@ -11,7 +11,12 @@
  *   - a host budget one byte short fails with ACC_ENOMEM naming host memory;
  *   - checkpoints: written with offload (stage 2, the moments gathered from
  *     the host copies) they are byte for byte those written without, and
- *     resumed either way they continue with the uninterrupted losses.
+ *     resumed either way they continue with the uninterrupted losses;
+ *   - pin_memory: the two buffers that cross the bus are registered with
+ *     the device and unregistered at free, a refusal is an error naming
+ *     the key with nothing left registered or allocated (a device whose
+ *     host_register is a test double); on CPU devices (no such op) a
+ *     pinned job runs bit-identical.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,8 +29,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "adamw.h"
 #include "engine_fixture.h"
 #include "fsutil.h"
+#include "host_mem.h"
+#include "kern_device.h"
 #include "mem_plan.h"
 #include "trainer_run.h"
 
@@ -360,6 +368,93 @@ static void test_resume_across(void **state)
     check_resume(2, 2); /* the sharded moments gathered from the host copies */
 }
 
+/* A device whose host_register is a test double: a copy of a CPU device
+ * (same backend state) with the double's log around it; the double records
+ * what it registers and refuses the call numbered `refuse` (1-based; 0:
+ * none). */
+typedef struct pin_log {
+    void *reg[8];
+    int nreg, nunreg, refuse;
+} pin_log;
+
+typedef struct fake_dev {
+    kern_device dev; /* first: the ops get &dev */
+    pin_log log;
+} fake_dev;
+
+static int fake_register(kern_device *d, void *p, size_t bytes, acc_err *err)
+{
+    pin_log *log = &((fake_dev *)d)->log;
+    assert_true(bytes > 0);
+    if (log->nreg + 1 == log->refuse)
+        return acc_err_set(err, ACC_EDEVICE, "devices", "refused by the test");
+    log->reg[log->nreg++] = p;
+    return 0;
+}
+
+static void fake_unregister(kern_device *d, void *p)
+{
+    pin_log *log = &((fake_dev *)d)->log;
+    bool known = false;
+    for (int i = 0; i < log->nreg; i++)
+        known = known || log->reg[i] == p;
+    assert_true(known);
+    log->nunreg++;
+}
+
+static void test_pin_memory(void **state)
+{
+    (void)state;
+    kern_device_info info;
+    fx_devices(&info, 1, 0);
+    kern_device *d;
+    acc_err err = {0};
+    assert_int_equal(kern_device_open(&info, 1, &d, &err), 0);
+    assert_null(d->ops->host_register); /* CPU devices: nothing to pin */
+    kern_ops ops = *d->ops;
+    ops.host_register = fake_register;
+    ops.host_unregister = fake_unregister;
+    fake_dev fd = {.dev = *d};
+    fd.dev.ops = &ops;
+    kern_device *pd = &fd.dev;
+    pin_log *log = &fd.log;
+    host_mem hm;
+    host_mem_init(&hm, 0);
+    adamw *a;
+    assert_int_equal(adamw_create_host(pd, &hm, 2, true, 10, 1010, &a, &err), 0);
+    assert_int_equal(log->nreg, 2);
+    assert_true((log->reg[0] == a->master && log->reg[1] == a->g) || (log->reg[0] == a->g && log->reg[1] == a->master));
+    adamw_free(a);
+    assert_int_equal(log->nunreg, 2);
+    /* not asked: nothing registered */
+    *log = (pin_log){0};
+    assert_int_equal(adamw_create_host(pd, &hm, 2, false, 10, 1010, &a, &err), 0);
+    adamw_free(a);
+    assert_int_equal(log->nreg, 0);
+    /* the second refused: the first undone, nothing allocated, the key named */
+    *log = (pin_log){.refuse = 2};
+    assert_int_equal(adamw_create_host(pd, &hm, 2, true, 10, 1010, &a, &err), ACC_EDEVICE);
+    assert_null(a);
+    assert_string_equal(err.field, "zero_optimization.offload_optimizer.pin_memory");
+    assert_non_null(strstr(err.msg, "refused by the test"));
+    assert_int_equal(log->nreg, 1);
+    assert_int_equal(log->nunreg, 1);
+    assert_int_equal(host_mem_in_use(&hm), 0);
+    host_mem_destroy(&hm);
+    kern_device_close(d);
+    /* a pinned job on CPU devices: the same bits */
+    train_cfg s;
+    run_out on, off;
+    spec_of(&s, "gpt2", 2, 2, false);
+    run(&s, &on);
+    spec_of(&s, "gpt2", 2, 2, true);
+    s.offload_pin_memory = true;
+    run(&s, &off);
+    assert_bits(&on, &off, 0, s.max_steps);
+    free(on.params);
+    free(off.params);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -368,6 +463,7 @@ int main(void)
         cmocka_unit_test(test_llama_fits_with_offload),
         cmocka_unit_test(test_host_budget),
         cmocka_unit_test(test_resume_across),
+        cmocka_unit_test(test_pin_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
