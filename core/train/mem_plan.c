@@ -158,20 +158,25 @@ uint64_t plan_host_optim_bytes(const model_config *cfg, int zero, bool offload, 
     return adamw_host_bytes(lo, hi, &b, NULL) == 0 ? b : ACC_SIZE_OVERFLOW;
 }
 
+/* plan_host_bytes for the spec's resolved config. */
+static int host_bytes(const train_cfg *spec, const model_config *cfg, uint64_t *bytes, acc_err *err)
+{
+    int w = spec->devices > 0 ? spec->devices : 1;
+    *bytes = 0;
+    for (int r = 0; r < w; r++)
+        *bytes = acc_sat_add_u64(*bytes, plan_host_optim_bytes(cfg, spec->zero_stage, spec->offload_optimizer, w, r));
+    if (*bytes == ACC_SIZE_OVERFLOW)
+        return acc_err_set(err, ACC_EINVAL, "zero_optimization.offload_optimizer",
+                           "the offloaded optimizer state overflows 64-bit sizes");
+    return 0;
+}
+
 int plan_host_bytes(const train_cfg *spec, uint64_t *bytes, acc_err *err)
 {
     model_config cfg;
     *bytes = 0;
     int rc = plan_model_config(spec, &cfg, err);
-    if (rc != 0)
-        return rc;
-    int w = spec->devices > 0 ? spec->devices : 1;
-    for (int r = 0; r < w; r++)
-        *bytes = acc_sat_add_u64(*bytes, plan_host_optim_bytes(&cfg, spec->zero_stage, spec->offload_optimizer, w, r));
-    if (*bytes == ACC_SIZE_OVERFLOW)
-        return acc_err_set(err, ACC_EINVAL, "zero_optimization.offload_optimizer",
-                           "the offloaded optimizer state overflows 64-bit sizes");
-    return 0;
+    return rc != 0 ? rc : host_bytes(spec, &cfg, bytes, err);
 }
 
 uint64_t plan_state_bytes(const model_config *cfg)
@@ -223,7 +228,7 @@ int plan_check_sizes(const train_cfg *spec, acc_err *err)
     int m0 = spec->micro_batch > 0 ? spec->micro_batch : 1;
     int mmax = spec->train_batch_size / w > m0 ? spec->train_batch_size / w : m0;
     uint64_t state, acts = 0, host;
-    if ((rc = state_bytes(spec, &cfg, &state, err)) != 0)
+    if ((rc = state_bytes(spec, &cfg, &state, err)) != 0 || (rc = host_bytes(spec, &cfg, &host, err)) != 0)
         return rc;
     /* both modes: an out-of-memory may switch recomputation on */
     for (int rec = 1; rc == 0 && rec >= 0; rec--) /* stored (rec = 0) last: the larger */
