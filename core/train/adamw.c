@@ -223,6 +223,8 @@ static void *host_thread(void *arg)
     return NULL;
 }
 
+#define HOST_MAX_THREADS 64 /* host AdamW threads at most (more are not started) */
+
 /* Offloaded step: the range's gradients to the host, AdamW on `threads`
  * threads (the caller's is one of them; a thread that cannot be started
  * leaves its chunk to the caller), the master range back to the device. */
@@ -234,11 +236,11 @@ static void host_step(step_args *base)
         return;
     a->dev->ops->download(a->dev, a->g, base->grads + a->lo, bytes);
     int nt = a->threads;
-    step_args args[64];
-    pthread_t th[64];
-    int started[64] = {0};
-    if (nt > 64)
-        nt = 64;
+    step_args args[HOST_MAX_THREADS];
+    pthread_t th[HOST_MAX_THREADS];
+    int started[HOST_MAX_THREADS] = {0};
+    if (nt > HOST_MAX_THREADS)
+        nt = HOST_MAX_THREADS;
     for (int i = 0; i < nt; i++) {
         args[i] = *base;
         args[i].id = i;
