@@ -2,7 +2,8 @@
  * trainer, on CPU devices:
  *   - offloaded and not, the per-step losses, grad norms and final weights
  *     are the same bits (memcmp), at ZeRO stages 0, 1, 2 over 1 and 2 ranks,
- *     GPT-2 and LLaMA, the host AdamW on several threads;
+ *     GPT-2 and LLaMA (and LLaMA LoRA at stage 2), the host AdamW on
+ *     several threads;
  *   - the device peak is the planner's prediction to the byte and lower by
  *     exactly the moments; each rank's host bytes and the job's host_mem
  *     peak are the planner's host.optimizer to the byte;
@@ -70,6 +71,10 @@ typedef struct run_out {
 static void spec_of(train_cfg *s, const char *arch, int w, int zero, bool offload)
 {
     fx_tiny_spec(s, text_path, 4 * w, 2, 2, w);
+    if (!strcmp(arch, "llama-lora")) { /* AdamW's range is the adapters */
+        arch = "llama";
+        s->lora = (spec_lora){.r = 4, .alpha = 8, .all_linear = true};
+    }
     if (!strcmp(arch, "llama")) {
         snprintf(s->model.arch, sizeof s->model.arch, "llama");
         s->model.n_kv_head = 1;
@@ -206,6 +211,7 @@ static void test_bits_two_ranks(void **state)
         check("gpt2", 2, z);
         check("llama", 2, z);
     }
+    check("llama-lora", 2, 2); /* the shards cut the adapters' range */
 }
 
 /* A LLaMA-shaped job whose stage-0 state (with the moments) is past its
