@@ -12,7 +12,10 @@
  *     caps differ by plan_cuda_bf16_bytes, the outcome does not;
  *   - with two GPUs or more, ZeRO stage 1 and 2 over 2 GPUs (NCCL
  *     reduce-scatter and all-gather) against stage 0 over 2 CPU devices:
- *     losses within 1e-4, each GPU rank's AdamW bytes its shard's.
+ *     losses within 1e-4, each GPU rank's AdamW bytes its shard's;
+ *   - optimizer offload (pinned and not) on the GPU against the CPU run:
+ *     losses and weights within 1e-4, the GPU peak lower by the moments,
+ *     the host holding twice their bytes.
  * Exits 77 (skipped) with a message where no GPU is present. */
 #include <math.h>
 #include <stdio.h>
@@ -162,6 +165,30 @@ int main(void)
                (unsigned long long)rc.h.mem_peak[0], (unsigned long long)rg.h.mem_peak[0]);
         free(rc.params);
         free(rg.params);
+    }
+    /* optimizer offload on the GPU (pinned and not): the CPU run's losses
+     * and weights (1e-4: the host AdamW rounds as the CPU kernel, the GPU
+     * kernel with fused multiply-adds), and the GPU holds no moments */
+    for (int pin = 0; pin <= 1; pin++) {
+        train_cfg s;
+        spec_for(&s, text, 0);
+        kern_device_info cpu1, gpu1 = g[0];
+        fx_devices(&cpu1, 1, 1ull << 32);
+        run rc, rg, rd;
+        train(&s, &cpu1, 0, &rc);
+        train(&s, &gpu1, 1, &rd); /* the GPU without offload: its peak */
+        s.offload_optimizer = true;
+        s.offload_pin_memory = pin;
+        train(&s, &gpu1, 1, &rg);
+        compare(pin ? "offpin" : "offld", &rc, &rg, 1e-4);
+        check(rg.h.mem_optim[0] == 0, "gpu AdamW bytes with offload %g, want %g", (double)rg.h.mem_optim[0], 0);
+        check(rd.h.mem_peak[0] - rg.h.mem_peak[0] == rd.h.mem_optim[0], "gpu peak saved %g, the moments %g",
+              (double)(rd.h.mem_peak[0] - rg.h.mem_peak[0]), (double)rd.h.mem_optim[0]);
+        check(rg.h.host_peak == 2 * rd.h.mem_optim[0], "host bytes %g, want %g", (double)rg.h.host_peak,
+              (double)(2 * rd.h.mem_optim[0]));
+        free(rc.params);
+        free(rg.params);
+        free(rd.params);
     }
     /* ZeRO over 2 GPUs */
     if (n >= 2) {
