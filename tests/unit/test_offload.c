@@ -17,7 +17,9 @@
  *     the device and unregistered at free, a refusal is an error naming
  *     the key with nothing left registered or allocated (a device whose
  *     host_register is a test double); on CPU devices (no such op) a
- *     pinned job runs bit-identical.
+ *     pinned job runs bit-identical;
+ *   - bf16, recomputation, evals, a checkpoint mid-run and an injected
+ *     out-of-memory on one rank under ZeRO 2 change nothing of that.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -60,13 +62,28 @@ static int teardown(void **state)
     return 0;
 }
 
+typedef struct inject {
+    int rank, step, m;
+    int fired;
+} inject;
+
 typedef struct run_out {
-    double loss[CAP_STEPS], norm[CAP_STEPS];
+    double loss[CAP_STEPS], norm[CAP_STEPS], val[CAP_STEPS];
     float *params;
     train_hooks h;
     int status;
     acc_err err;
+    inject *in; /* an out-of-memory to inject, or NULL (set before the run) */
 } run_out;
+
+static int inject_oom(void *ctx, int rank, int step, int micro, int m)
+{
+    inject *in = ctx;
+    if (in->fired || rank != in->rank || step != in->step || micro != 0 || m != in->m)
+        return 0;
+    in->fired = 1;
+    return 1;
+}
 
 static void spec_of(train_cfg *s, const char *arch, int w, int zero, bool offload)
 {
@@ -91,13 +108,20 @@ static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, run_o
 {
     kern_device_info devs[4];
     fx_devices(devs, s->devices, budget);
+    inject *in = r->in;
     memset(r, 0, sizeof *r);
+    r->in = in;
+    if (in != NULL) {
+        r->h.inject_oom = inject_oom;
+        r->h.oom_ctx = in;
+    }
     size_t cap = 1 << 20;
     r->params = calloc(cap, sizeof(float));
     assert_non_null(r->params);
     for (int k = 0; k < CAP_STEPS; k++)
-        r->loss[k] = r->norm[k] = NAN;
+        r->loss[k] = r->norm[k] = r->val[k] = NAN;
     r->h.steps_cap = CAP_STEPS;
+    r->h.step_val_loss = r->val;
     r->h.step_loss = r->loss;
     r->h.step_grad_norm = r->norm;
     r->h.final_params = r->params;
@@ -107,13 +131,19 @@ static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, run_o
     r->status = trainer_run_sync(&o, &r->h, &r->err);
 }
 
-static void run(const train_cfg *s, run_out *r)
+static void run_in(const train_cfg *s, run_out *r, inject *in)
 {
+    r->in = in;
     run_budget(s, 1ull << 30, 0, r);
     if (r->status != 0)
         print_error("run failed: %s\n", r->err.msg);
     assert_int_equal(r->status, 0);
     assert_int_equal(r->h.steps_done, s->max_steps);
+}
+
+static void run(const train_cfg *s, run_out *r)
+{
+    run_in(s, r, NULL);
 }
 
 /* Steps [from, to) and the final weights: the same bits. */
@@ -242,7 +272,7 @@ static void test_llama_fits_with_offload(void **state)
     assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
     uint64_t state0 = plan_rank_state_bytes(&cfg, 0, 1, 0); /* stage 0, moments on the device */
     assert_true(state0 > budget);                          /* the state alone does not fit */
-    run_out no, yes, big;
+    run_out no = {0}, yes = {0}, big;
     llama_spec(&s, false);
     run_budget(&s, budget, 0, &no);
     assert_int_equal(no.status, ACC_EOOM);
@@ -278,11 +308,12 @@ static void test_host_budget(void **state)
     acc_err err = {0};
     assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
     assert_true(host > 0);
-    run_out r;
+    run_out r = {0};
     run_budget(&s, 1ull << 30, host - 1, &r);
     assert_int_equal(r.status, ACC_ENOMEM);
     assert_non_null(strstr(r.err.msg, "host memory"));
     free(r.params);
+    r.in = NULL;
     run_budget(&s, 1ull << 30, host, &r);
     assert_int_equal(r.status, 0);
     assert_int_equal(r.h.host_peak, host);
@@ -461,6 +492,37 @@ static void test_pin_memory(void **state)
     free(off.params);
 }
 
+/* The other modes ride along: bf16 operands, recomputation, evals, a
+ * checkpoint mid-run and an out-of-memory on one rank (every rank adapts)
+ * under ZeRO 2: offloaded, the same bits as without. */
+static void test_modes_and_oom(void **state)
+{
+    (void)state;
+    run_out r[2];
+    inject in[2] = {{.rank = 1, .step = 1, .m = 2}, {.rank = 1, .step = 1, .m = 2}};
+    for (int off = 0; off <= 1; off++) {
+        train_cfg s;
+        spec_of(&s, "gpt2", 2, 2, off);
+        s.precision = SPEC_BF16;
+        s.activation_checkpointing = true;
+        s.oom_adapt = true;
+        snprintf(s.data.val, sizeof s.data.val, "%s", text_path);
+        s.eval_interval = 2;
+        s.checkpoint_interval = 2;
+        snprintf(s.output_dir, sizeof s.output_dir, "%s/modes%d", root, off);
+        run_in(&s, &r[off], &in[off]);
+        assert_true(in[off].fired);
+        assert_int_equal(r[off].h.oom_adjusts, 1);
+        assert_int_equal(r[off].h.final_micro, 1);
+        assert_true(isfinite(r[off].val[1]) && isfinite(r[off].val[3]));
+        if (off)
+            assert_bits(&r[0], &r[1], 0, s.max_steps);
+    }
+    assert_memory_equal(r[0].val, r[1].val, sizeof r[0].val);
+    free(r[0].params);
+    free(r[1].params);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -470,6 +532,7 @@ int main(void)
         cmocka_unit_test(test_host_budget),
         cmocka_unit_test(test_resume_across),
         cmocka_unit_test(test_pin_memory),
+        cmocka_unit_test(test_modes_and_oom),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
