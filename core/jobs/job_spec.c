@@ -926,7 +926,8 @@ static int zero_offload(const json_t *z, const char *prefix, const char *key, jo
 
 /* offload_optimizer: {"device": "cpu" | "none" (DeepSpeed's default),
  * "pin_memory": bool}; DeepSpeed's other keys mean nothing here and are
- * listed as ignored; "nvme" is refused as not supported yet. */
+ * listed as ignored, and so is the whole key with "none" (no effect);
+ * "nvme" is refused as not supported yet. */
 static const char *const offload_opt_keys[] = {
     "device", "pin_memory",
     /* ignored from here (OFFLOAD_FIRST_IGNORED) */
@@ -956,6 +957,8 @@ static int zero_offload_optimizer(const json_t *z, const char *prefix, job_spec 
         return acc_err_set(err, ACC_EINVAL, fd, "%s must be \"cpu\" or \"none\", got \"%s\"", fd, dev);
     out->offload_optimizer = !strcmp(dev, "cpu");
     out->offload_pin_memory = out->offload_optimizer && pin;
+    if (!out->offload_optimizer) /* "none": the state stays on the device, as without the key */
+        note_ignored(out, prefix, "offload_optimizer");
     return 0;
 }
 

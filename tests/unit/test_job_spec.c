@@ -395,6 +395,7 @@ static void test_offload_optimizer(void **state)
                                    "{\"device\":\"cpu\"}}", &s, &err), 0);
     assert_true(s.offload_optimizer);
     assert_false(s.offload_pin_memory);
+    assert_null(strstr(s.ignored, "offload_optimizer")); /* honoured */
     assert_int_equal(s.zero_stage, 0);
     for (int z = 1; z <= 2; z++) {
         char extra[256];
@@ -411,6 +412,7 @@ static void test_offload_optimizer(void **state)
     assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"zero_optimization\":{\"offload_optimizer\":"
                                    "{\"device\":\"none\",\"pin_memory\":true}}", &s, &err), 0);
     assert_false(s.offload_optimizer || s.offload_pin_memory);
+    assert_non_null(strstr(s.ignored, "zero_optimization.offload_optimizer")); /* no effect */
     assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"zero_optimization\":{\"offload_optimizer\":{}}", &s,
                                 &err), 0);
     assert_false(s.offload_optimizer);
@@ -702,7 +704,7 @@ static void test_deepspeed_file(void **state)
     assert_int_equal(s.lr.warmup_steps, 10); /* ceil(0.05 x 200) */
     assert_int_equal(s.lr.total_steps, 200);
     const char *ignored[] = {"deepspeed.fp16.loss_scale", "deepspeed.fp16.initial_scale_power",
-                             "deepspeed.zero_optimization.overlap_comm",
+                             "deepspeed.zero_optimization.offload_optimizer", "deepspeed.zero_optimization.overlap_comm",
                              "deepspeed.zero_optimization.allgather_bucket_size",
                              "deepspeed.zero_optimization.reduce_bucket_size",
                              "deepspeed.zero_optimization.contiguous_gradients",
