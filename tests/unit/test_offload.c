@@ -73,7 +73,6 @@ typedef struct run_out {
     train_hooks h;
     int status;
     acc_err err;
-    inject *in; /* an out-of-memory to inject, or NULL (set before the run) */
 } run_out;
 
 static int inject_oom(void *ctx, int rank, int step, int micro, int m)
@@ -102,15 +101,14 @@ static void spec_of(train_cfg *s, const char *arch, int w, int zero, bool offloa
     s->offload_optimizer = offload;
 }
 
-/* Runs s on CPU devices of `budget` bytes with a host budget; the status
- * and message are kept (no assertion on them). */
-static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, run_out *r)
+/* Runs s on CPU devices of `budget` bytes with a host budget and an
+ * out-of-memory to inject (or NULL); the status and message are kept (no
+ * assertion on them). */
+static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, inject *in, run_out *r)
 {
     kern_device_info devs[4];
     fx_devices(devs, s->devices, budget);
-    inject *in = r->in;
     memset(r, 0, sizeof *r);
-    r->in = in;
     if (in != NULL) {
         r->h.inject_oom = inject_oom;
         r->h.oom_ctx = in;
@@ -133,8 +131,7 @@ static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, run_o
 
 static void run_in(const train_cfg *s, run_out *r, inject *in)
 {
-    r->in = in;
-    run_budget(s, 1ull << 30, 0, r);
+    run_budget(s, 1ull << 30, 0, in, r);
     if (r->status != 0)
         print_error("run failed: %s\n", r->err.msg);
     assert_int_equal(r->status, 0);
@@ -272,14 +269,14 @@ static void test_llama_fits_with_offload(void **state)
     assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
     uint64_t state0 = plan_rank_state_bytes(&cfg, 0, 1, 0); /* stage 0, moments on the device */
     assert_true(state0 > budget);                          /* the state alone does not fit */
-    run_out no = {0}, yes = {0}, big;
+    run_out no, yes, big;
     llama_spec(&s, false);
-    run_budget(&s, budget, 0, &no);
+    run_budget(&s, budget, 0, NULL, &no);
     assert_int_equal(no.status, ACC_EOOM);
     assert_non_null(strstr(no.err.msg, "AdamW state"));
     assert_int_equal(no.h.steps_done, 0);
     llama_spec(&s, true);
-    run_budget(&s, budget, host, &yes); /* the device and the host exactly as predicted */
+    run_budget(&s, budget, host, NULL, &yes); /* the device and the host exactly as predicted */
     if (yes.status != 0)
         print_error("offloaded run failed: %s\n", yes.err.msg);
     assert_int_equal(yes.status, 0);
@@ -308,13 +305,12 @@ static void test_host_budget(void **state)
     acc_err err = {0};
     assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
     assert_true(host > 0);
-    run_out r = {0};
-    run_budget(&s, 1ull << 30, host - 1, &r);
+    run_out r;
+    run_budget(&s, 1ull << 30, host - 1, NULL, &r);
     assert_int_equal(r.status, ACC_ENOMEM);
     assert_non_null(strstr(r.err.msg, "host memory"));
     free(r.params);
-    r.in = NULL;
-    run_budget(&s, 1ull << 30, host, &r);
+    run_budget(&s, 1ull << 30, host, NULL, &r);
     assert_int_equal(r.status, 0);
     assert_int_equal(r.h.host_peak, host);
     free(r.params);
