@@ -401,9 +401,11 @@ static int state_oom(rank_state *rs, acc_err *err)
     uint64_t need = plan_rank_device_state_bytes(&rs->t->cfg, rs->t->zero->stage, rs->t->spec.offload_optimizer,
                                                  rs->t->nranks, rs->rank);
     return acc_err_set(err, ACC_EOOM, "",
-                       "out of memory: parameters, gradients%s need %llu bytes "
+                       "out of memory: %s need %llu bytes "
                        "per device, device %s has a budget of %llu bytes",
-                       rs->t->spec.offload_optimizer ? "" : " and AdamW state", (unsigned long long)need,
+                       rs->t->spec.offload_optimizer ? "parameters and gradients (the optimizer is offloaded)"
+                                                     : "parameters, gradients and AdamW state",
+                       (unsigned long long)need,
                        rs->dev->info.name,
                        (unsigned long long)rs->dev->budget);
 }

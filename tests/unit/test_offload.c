@@ -286,6 +286,15 @@ static void test_llama_fits_with_offload(void **state)
     llama_spec(&s, false);
     run(&s, &big);
     assert_bits(&big, &yes, 0, s.max_steps);
+    /* offloaded, a device one byte short of the parameters and gradients */
+    run_out tight;
+    llama_spec(&s, true);
+    uint64_t dev_state = plan_rank_device_state_bytes(&cfg, 0, true, 1, 0);
+    assert_int_equal(dev_state, state0 - plan_optim_bytes(&cfg, 0, 1, 0));
+    run_budget(&s, dev_state - 1, host, NULL, &tight);
+    assert_int_equal(tight.status, ACC_EOOM);
+    assert_non_null(strstr(tight.err.msg, "the optimizer is offloaded"));
+    free(tight.params);
     print_message("llama: stage-0 state %llu > device budget %llu: without offload \"%s\"; offloaded it runs "
                   "(host %llu bytes), bit-identical to a big device\n",
                   (unsigned long long)state0, (unsigned long long)budget, no.err.msg, (unsigned long long)host);
