@@ -81,8 +81,9 @@ typedef struct plan_row {
     int micro_batch;        /* m, divides train_batch_size / devices */
     int accum_steps;        /* a = B / (m w) */
     bool recompute;         /* activation recomputation on */
-    uint64_t state_bytes;   /* parameters, gradients, AdamW moments (rank 0's shard) */
-    uint64_t optim_bytes;   /* of which the AdamW moments */
+    uint64_t state_bytes;   /* parameters, gradients, AdamW moments (rank 0's shard;
+                               none on the device when offloaded) */
+    uint64_t optim_bytes;   /* of which the AdamW moments (0 when offloaded) */
     uint64_t act_bytes;     /* activations for m x seq_len (+ the backend's
                                per-m workspace: CUDA bf16 operand buffers) */
     uint64_t peak_bytes;    /* predicted per-device peak: state + activations
