@@ -402,6 +402,14 @@ typedef struct kern_ops {
      * bf16 activation storage (model_config.act_bf16, blocks.h) keeps a
      * block's activations through it between the forward and the backward. */
     void (*narrow_bf16)(kern_device *d, uint16_t *out, const float *in, size_t n);
+    /* ---- Host memory (the optimizer offload, core/train/adamw.c). OPTIONAL
+     * (NULL: nothing to do, as on CPU devices): page-lock the `bytes` of
+     * host memory at `p` so that upload / download from and to it run at
+     * the bus's speed (CUDA: cudaHostRegister); 0, or ACC_EDEVICE with the
+     * runtime's message (nothing registered then). host_unregister undoes
+     * a successful host_register of the same `p`. */
+    int (*host_register)(kern_device *d, void *p, size_t bytes, acc_err *err);
+    void (*host_unregister)(kern_device *d, void *p);
 } kern_ops;
 
 struct kern_device {

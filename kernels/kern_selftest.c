@@ -741,6 +741,35 @@ static void test_narrow(st_ctx *c)
     st_free(c, &y);
 }
 
+/* host_register (the optimizer offload's pinned buffers): a registered
+ * host buffer takes a download and gives an upload back, the same bytes
+ * (a backend without the op has nothing to pin: skipped) */
+static void test_host_register(st_ctx *c)
+{
+    if (c->dev->ops->host_register == NULL)
+        return;
+    const size_t n = 4099;
+    st_buf a = st_new(c, n, -2, 2), b = st_new(c, n, 0, 0);
+    float *h = malloc(n * sizeof(float));
+    acc_err e = {0};
+    int rc = h == NULL ? acc_err_set(&e, ACC_ENOMEM, "", "self-test: out of host memory") : 0;
+    if (rc == 0 && st_ready(c, &a) && st_ready(c, &b)) {
+        rc = c->dev->ops->host_register(c->dev, h, n * sizeof(float), &e);
+        if (rc == 0) {
+            c->dev->ops->download(c->dev, h, a.d, a.bytes);
+            c->dev->ops->upload(c->dev, b.d, h, b.bytes);
+            c->dev->ops->host_unregister(c->dev, h);
+            c->ref->ops->copy(c->ref, b.r, a.r, a.bytes);
+            st_cmp(c, "host_register (download, upload)", &b);
+        }
+    }
+    if (rc != 0)
+        fail_alloc(c, rc, &e);
+    free(h);
+    st_free(c, &a);
+    st_free(c, &b);
+}
+
 int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
 {
     st_ctx c = {.dev = dev, .ref = ref, .tol = tol, .rng = 20261202, .err = err};
@@ -755,6 +784,7 @@ int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
     test_lean(&c);
     test_generation(&c);
     test_narrow(&c);
+    test_host_register(&c);
     acc_err e = {0};
     int rc = dev->ops->last_error(dev, &e); /* a fault wins: the numbers mean nothing then */
     if (rc != 0) {

@@ -924,6 +924,44 @@ static int zero_offload(const json_t *z, const char *prefix, const char *key, jo
     return 0;
 }
 
+/* offload_optimizer: {"device": "cpu" | "none" (DeepSpeed's default),
+ * "pin_memory": bool}; DeepSpeed's other keys mean nothing here and are
+ * listed as ignored, and so is the whole key with "none" (no effect);
+ * "nvme" is refused as not supported yet. */
+static const char *const offload_opt_keys[] = {
+    "device", "pin_memory",
+    /* ignored from here (OFFLOAD_FIRST_IGNORED) */
+    "buffer_count", "fast_init", "ratio", "nvme_path", "pipeline", "pipeline_read", "pipeline_write", NULL};
+#define OFFLOAD_FIRST_IGNORED 2
+
+static int zero_offload_optimizer(const json_t *z, const char *prefix, job_spec *out, acc_err *err)
+{
+    char f[160], fd[176];
+    const json_t *o = json_object_get(z, "offload_optimizer");
+    if (o == NULL || json_is_null(o))
+        return 0;
+    field(f, sizeof f, prefix, "offload_optimizer");
+    if (!json_is_object(o))
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be an object, got %s", f, json_kind(o));
+    char dev[16] = "none";
+    bool pin = false;
+    int rc;
+    if ((rc = classify_keys(o, f, offload_opt_keys, OFFLOAD_FIRST_IGNORED, "unknown key", out, err)) ||
+        (rc = get_str(o, f, "device", true, dev, sizeof dev, NULL, err)) ||
+        (rc = get_bool(o, f, "pin_memory", &pin, err)))
+        return rc;
+    field(fd, sizeof fd, f, "device");
+    if (!strcmp(dev, "nvme"))
+        return acc_err_set(err, ACC_EINVAL, fd, "%s \"nvme\" is not supported yet (use \"cpu\" or \"none\")", fd);
+    if (strcmp(dev, "cpu") != 0 && strcmp(dev, "none") != 0)
+        return acc_err_set(err, ACC_EINVAL, fd, "%s must be \"cpu\" or \"none\", got \"%s\"", fd, dev);
+    out->offload_optimizer = !strcmp(dev, "cpu");
+    out->offload_pin_memory = out->offload_optimizer && pin;
+    if (!out->offload_optimizer) /* "none": the state stays on the device, as without the key */
+        note_ignored(out, prefix, "offload_optimizer");
+    return 0;
+}
+
 /* A switch or size whose non-default value asks for something not here. */
 static int zero_default_only(const json_t *z, const char *prefix, const char *key, job_spec *out, acc_err *err)
 {
@@ -951,7 +989,7 @@ static int parse_zero(const json_t *z, const char *prefix, job_spec *out, int *s
         return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, prefix, "stage"),
                            "%s 3 (sharded parameters) is not supported yet; use 1 or 2", f);
     if ((rc = classify_keys(z, prefix, zero_keys, ZERO_FIRST_IGNORED, "unknown key", out, err)) ||
-        (rc = zero_offload(z, prefix, "offload_optimizer", out, err)) ||
+        (rc = zero_offload_optimizer(z, prefix, out, err)) ||
         (rc = zero_offload(z, prefix, "offload_param", out, err)))
         return rc;
     for (int i = 3; i < ZERO_FIRST_IGNORED; i++)

@@ -102,6 +102,12 @@ typedef struct job_spec {
      * each evaluation (train_samples.h); kept as their compact JSON array
      * text ("" = none), at most SPEC_EVAL_PROMPTS_BYTES bytes */
     char eval_prompts[SPEC_EVAL_PROMPTS_BYTES];
+    /* zero_optimization.offload_optimizer: {"device": "cpu"} keeps the
+     * AdamW moments and an fp32 master copy of each rank's range in host
+     * memory and runs AdamW there (adamw.h); pin_memory page-locks them on
+     * CUDA devices */
+    bool offload_optimizer;
+    bool offload_pin_memory;
 } job_spec;
 
 /* Parse and validate a JSON document (text of `len` bytes) against the

@@ -53,4 +53,6 @@ void job_spec_train_cfg(const job_spec *s, train_cfg *out)
     COPY_ARRAY(out->job_uid, s->job_uid);
     out->adopt_unnamed = s->adopt_unnamed;
     out->plan_only = s->plan_only;
+    out->offload_optimizer = s->offload_optimizer;
+    out->offload_pin_memory = s->offload_pin_memory;
 }

@@ -12,10 +12,23 @@
  * nothing of it: it only holds params and grads.
  *
  * Memory: 2 * (hi - lo) floats on the device, through its budget.
+ *
+ * Offloaded (adamw_create_host, DeepSpeed's offload_optimizer "cpu"): the
+ * moments, an fp32 master copy of params[lo, hi) and a host copy of the
+ * range's reduced gradients live in host memory instead (host_mem.h: 4 *
+ * (hi - lo) floats, adamw_host_bytes), the device holds none of it. A step
+ * copies grads[lo, hi) to the host, runs the CPU backend's AdamW
+ * arithmetic (kern_cpu_adamw_span) over the master copy on `threads`
+ * pthreads, each over 4-aligned chunks of every run, and copies the
+ * master range back into params[lo, hi). On CPU devices that is what the
+ * device step computes, bit for bit; the master copy stays equal to the
+ * device's range because nothing else writes it (adamw_load_master after
+ * the weights are loaded).
  */
 #ifndef ACC_ADAMW_H
 #define ACC_ADAMW_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,11 +38,20 @@
 #include "kern_span.h"
 #include "model.h"
 
+typedef struct host_mem host_mem;
+
 typedef struct adamw {
     kern_device *dev;
     size_t lo, hi;      /* elements [lo, hi) of the parameter buffer */
-    float *m, *v;       /* [hi - lo] first and second moments, device */
+    float *m, *v;       /* [hi - lo] first and second moments: device, or host when offloaded */
     int t;              /* steps taken */
+    /* offloaded: the host budget they came from (NULL: on the device), the
+     * master copy of params[lo, hi) and the gradients' host copy, and the
+     * threads of a host step */
+    host_mem *host;
+    float *master, *g;
+    int threads;
+    bool pinned;        /* master and g are registered with the device (host_register) */
 } adamw;
 
 /* ---- shard arithmetic (pure)
@@ -54,9 +76,31 @@ static inline void adamw_shard(size_t n, int rank, int world, size_t *lo, size_t
  * (ACC_EINVAL, field "model"). */
 int adamw_state_bytes(size_t lo, size_t hi, uint64_t *bytes, acc_err *err);
 
+/* Host bytes of an offloaded optimizer for (hi - lo) elements: moments,
+ * master copy, gradients' copy (4 floats each); overflow-checked
+ * (ACC_EINVAL, field "model"). */
+int adamw_host_bytes(size_t lo, size_t hi, uint64_t *bytes, acc_err *err);
+
 /* Moments (zeroed) for [lo, hi) on dev; t = 0. ACC_EOOM from the device. */
 int adamw_create(kern_device *dev, size_t lo, size_t hi, adamw **out, acc_err *err);
+/* Offloaded: moments (zeroed), master and gradients' copy in `host`
+ * (ACC_ENOMEM naming "host memory" past its budget); steps on `threads`
+ * host threads (>= 1). With `pin`, the two buffers that cross the bus
+ * (master and gradients' copy) are page-locked through the device's
+ * host_register where it has one (CUDA; CPU devices: nothing to do); a
+ * refusal is ACC_EDEVICE naming zero_optimization.offload_optimizer.pin_memory.
+ * The master copy is zero until adamw_load_master. */
+int adamw_create_host(kern_device *dev, host_mem *host, int threads, bool pin, size_t lo, size_t hi,
+                      adamw **out, acc_err *err);
 void adamw_free(adamw *a);
+
+/* Offloaded: the master copy := params[lo, hi) (device); else nothing. */
+void adamw_load_master(adamw *a, const float *params);
+
+/* Moment `which` (0: first, 1: second) of the range, (hi - lo) floats,
+ * copied to / from host memory `buf`, wherever the moments live. */
+void adamw_moment_get(const adamw *a, int which, float *buf);
+void adamw_moment_set(adamw *a, int which, const float *buf);
 
 /* One step: t += 1, then for each trainable run of the layout inside
  * [lo, hi): p -= lr * (adam(g * grad_scale) + wd * p), wd = the spec's

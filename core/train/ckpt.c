@@ -41,11 +41,10 @@ static int download_all(const model *m, const adamw *opt, float **params, float 
         free(*mom2);
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for a checkpoint");
     }
-    kern_device *d = m->dev;
     model_params_download(m, *params);
-    if (opt != NULL) {
-        d->ops->download(d, *mom1, opt->m, mbytes);
-        d->ops->download(d, *mom2, opt->v, mbytes);
+    if (opt != NULL) { /* from the device, or the host copy when offloaded */
+        adamw_moment_get(opt, 0, *mom1);
+        adamw_moment_get(opt, 1, *mom2);
     }
     return 0;
 }
@@ -537,12 +536,11 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
             model_params_upload(m, params);
     }
     if (rc == 0) {
-        kern_device *d = m->dev;
         /* the whole trainable range's moments on disk: this optimizer's range of them
-         * (a ZeRO shard of any world size, or all) */
-        size_t each = (opt->hi - opt->lo) * sizeof(float);
-        d->ops->upload(d, opt->m, (const float *)tm.data + opt->lo, each);
-        d->ops->upload(d, opt->v, (const float *)tv.data + opt->lo, each);
+         * (a ZeRO shard of any world size, or all), on the device or the
+         * host (offloaded) */
+        adamw_moment_set(opt, 0, (const float *)tm.data + opt->lo);
+        adamw_moment_set(opt, 1, (const float *)tv.data + opt->lo);
         opt->t = got.adam_t;
         *st = got;
     }

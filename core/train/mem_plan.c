@@ -126,9 +126,60 @@ static int state_bytes_z(const model_config *cfg, int zero, int world, int rank,
     return rc;
 }
 
+/* Rank `rank`'s state on its device: state_parts without the moments when
+ * the optimizer is offloaded (they live in host memory: host_optim). */
+static int device_state_parts(const model_config *cfg, int zero, bool offload, int world, int rank, plan_parts *p,
+                              acc_err *err)
+{
+    int rc = state_parts(cfg, zero, world, rank, p, err);
+    if (rc == 0 && offload)
+        p->optimizer = 0;
+    return rc;
+}
+
 static int state_bytes(const train_cfg *spec, const model_config *cfg, uint64_t *bytes, acc_err *err)
 {
-    return state_bytes_z(cfg, spec->zero_stage, spec->devices, 0, bytes, err);
+    int rc = state_bytes_z(cfg, spec->zero_stage, spec->devices, 0, bytes, err);
+    if (rc == 0 && spec->offload_optimizer)
+        *bytes -= plan_optim_bytes(cfg, spec->zero_stage, spec->devices, 0);
+    return rc;
+}
+
+uint64_t plan_rank_device_state_bytes(const model_config *cfg, int zero, bool offload, int world, int rank)
+{
+    uint64_t b = plan_rank_state_bytes(cfg, zero, world, rank);
+    return offload && b != ACC_SIZE_OVERFLOW ? b - plan_optim_bytes(cfg, zero, world, rank) : b;
+}
+
+uint64_t plan_host_optim_bytes(const model_config *cfg, int zero, bool offload, int world, int rank)
+{
+    size_t lo, hi;
+    uint64_t b;
+    if (!offload)
+        return 0;
+    optim_range(cfg, zero, world, rank, &lo, &hi);
+    return adamw_host_bytes(lo, hi, &b, NULL) == 0 ? b : ACC_SIZE_OVERFLOW;
+}
+
+/* plan_host_bytes for the spec's resolved config. */
+static int host_bytes(const train_cfg *spec, const model_config *cfg, uint64_t *bytes, acc_err *err)
+{
+    int w = spec->devices > 0 ? spec->devices : 1;
+    *bytes = 0;
+    for (int r = 0; r < w; r++)
+        *bytes = acc_sat_add_u64(*bytes, plan_host_optim_bytes(cfg, spec->zero_stage, spec->offload_optimizer, w, r));
+    if (*bytes == ACC_SIZE_OVERFLOW)
+        return acc_err_set(err, ACC_EINVAL, "zero_optimization.offload_optimizer",
+                           "the offloaded optimizer state overflows 64-bit sizes");
+    return 0;
+}
+
+int plan_host_bytes(const train_cfg *spec, uint64_t *bytes, acc_err *err)
+{
+    model_config cfg;
+    *bytes = 0;
+    int rc = plan_model_config(spec, &cfg, err);
+    return rc != 0 ? rc : host_bytes(spec, &cfg, bytes, err);
 }
 
 uint64_t plan_state_bytes(const model_config *cfg)
@@ -180,7 +231,7 @@ int plan_check_sizes(const train_cfg *spec, acc_err *err)
     int m0 = spec->micro_batch > 0 ? spec->micro_batch : 1;
     int mmax = spec->train_batch_size / w > m0 ? spec->train_batch_size / w : m0;
     uint64_t state, acts = 0, host;
-    if ((rc = state_bytes(spec, &cfg, &state, err)) != 0)
+    if ((rc = state_bytes(spec, &cfg, &state, err)) != 0 || (rc = host_bytes(spec, &cfg, &host, err)) != 0)
         return rc;
     /* both modes: an out-of-memory may switch recomputation on */
     for (int rec = 1; rc == 0 && rec >= 0; rec--) /* stored (rec = 0) last: the larger */
@@ -257,7 +308,7 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
     plan_parts *p = &r->parts;
     spec_precision precision = spec->precision;
     int seq_len = spec->model.seq_len;
-    if (state_parts(cfg, spec->zero_stage, spec->devices, 0, p, NULL) != 0)
+    if (device_state_parts(cfg, spec->zero_stage, spec->offload_optimizer, spec->devices, 0, p, NULL) != 0)
         memset(p, 0, sizeof *p);
     kern_workspace ws;
     plan_workspace(cfg, ops, precision, m, seq_len, &ws);
@@ -320,13 +371,18 @@ static plan_row make_row(const model_config *cfg, const train_cfg *spec, const b
 {
     int m = split->m;
     plan_row r = {.micro_batch = m, .accum_steps = split->a, .recompute = recompute};
-    r.state_bytes = plan_rank_state_bytes(cfg, spec->zero_stage, spec->devices, 0);
-    r.optim_bytes = plan_optim_bytes(cfg, spec->zero_stage, spec->devices, 0);
+    bool off = spec->offload_optimizer;
+    r.state_bytes = plan_rank_device_state_bytes(cfg, spec->zero_stage, off, spec->devices, 0);
+    r.optim_bytes = off ? 0 : plan_optim_bytes(cfg, spec->zero_stage, spec->devices, 0);
     r.act_bytes = plan_act_bytes(cfg, kind, spec->precision, m, spec->model.seq_len, recompute);
     r.peak_bytes = acc_sat_add_u64(r.state_bytes, r.act_bytes); /* UINT64_MAX never fits */
     row_parts(cfg, spec, kern_backend_ops(kind), m, &r);
     row_host(spec, &r);
     r.fits = r.device_bytes <= usable;
+    /* offload_optimizer: moments, master copy and gradients' copy of rank 0's range */
+    r.host.optimizer = plan_host_optim_bytes(cfg, spec->zero_stage, off, spec->devices, 0);
+    r.host_bytes = acc_sat_add_u64(acc_sat_add_u64(r.host.batch, r.host.optimizer),
+                                   acc_sat_add_u64(r.host.params, r.host.activations));
     return r;
 }
 

@@ -21,6 +21,11 @@
  * step), so stage 2's bytes are stage 1's. The spec-taking functions
  * below predict rank 0 under the spec's stage and devices.
  *
+ * Optimizer offload (zero_optimization.offload_optimizer, adamw.h): the
+ * moments leave the device (parts.optimizer 0, optim_bytes 0) and the
+ * row's host.optimizer holds them with the master copy and the gradients'
+ * copy of the rank's range, to the byte of the job's host_mem.
+ *
  * Every size is overflow-checked (checked.h): a byte count past 2^64 is
  * UINT64_MAX here (it fits no budget), and plan_check_sizes() turns it into
  * ACC_EINVAL naming the spec field, so such a spec is refused at submit.
@@ -77,8 +82,9 @@ typedef struct plan_row {
     int micro_batch;        /* m, divides train_batch_size / devices */
     int accum_steps;        /* a = B / (m w) */
     bool recompute;         /* activation recomputation on */
-    uint64_t state_bytes;   /* parameters, gradients, AdamW moments (rank 0's shard) */
-    uint64_t optim_bytes;   /* of which the AdamW moments */
+    uint64_t state_bytes;   /* parameters, gradients, AdamW moments (rank 0's shard;
+                               none on the device when offloaded) */
+    uint64_t optim_bytes;   /* of which the AdamW moments (0 when offloaded) */
     uint64_t act_bytes;     /* activations for m x seq_len (+ the backend's
                                per-m workspace: CUDA bf16 operand buffers) */
     uint64_t peak_bytes;    /* predicted per-device peak: state + activations
@@ -130,6 +136,17 @@ uint64_t plan_state_bytes(const model_config *cfg);
 uint64_t plan_rank_state_bytes(const model_config *cfg, int zero, int world, int rank);
 /* Of which the AdamW moments. UINT64_MAX on overflow. */
 uint64_t plan_optim_bytes(const model_config *cfg, int zero, int world, int rank);
+/* offload_optimizer (train_cfg): the rank's state on its device is
+ * plan_rank_state_bytes less the moments (offload true), and its host
+ * memory holds the moments, an fp32 master copy of its range and the
+ * range's gradients' copy (adamw_host_bytes: 4 floats an element of its
+ * range; 0 without offload). UINT64_MAX on overflow. */
+uint64_t plan_rank_device_state_bytes(const model_config *cfg, int zero, bool offload, int world, int rank);
+uint64_t plan_host_optim_bytes(const model_config *cfg, int zero, bool offload, int world, int rank);
+/* A job's host bytes over all its ranks, as its host_mem budget counts
+ * them (host_mem.h): the offloaded optimizer state of every rank. 0
+ * without offload. ACC_EINVAL naming the field on overflow. */
+int plan_host_bytes(const train_cfg *spec, uint64_t *bytes, acc_err *err);
 /* State + activations for micro batch m on a CPU device (no workspace):
  * the rank's whole peak there. UINT64_MAX on overflow. */
 uint64_t plan_peak_bytes(const model_config *cfg, int micro_batch, int seq_len, bool recompute);

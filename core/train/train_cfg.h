@@ -118,6 +118,12 @@ typedef struct train_cfg {
     /* eval_prompts: their compact JSON array text ("" = none), answered at
      * each evaluation (train_samples.h) */
     char eval_prompts[SPEC_EVAL_PROMPTS_BYTES];
+    /* zero_optimization.offload_optimizer "cpu": the AdamW moments, an
+     * fp32 master copy of the rank's range and its reduced gradients in
+     * host memory, AdamW on the host (adamw.h); offload_pin_memory:
+     * page-locked where the device can (CUDA) */
+    bool offload_optimizer;
+    bool offload_pin_memory;
 } train_cfg;
 
 /* The data layer's part of `c` (data_cfg.h), copied into `out`. */

@@ -56,12 +56,12 @@
 #include "data.h"
 #include "data_prep.h"
 #include "export.h"
+#include "host_mem.h"
 #include "kern_comm.h"
 #include "kern_device.h"
 #include "adamw.h"
 #include "batch_split.h"
 #include "checked.h"
-#include "host_mem.h"
 #include "mem_plan.h"
 #include "model_lora.h"
 #include "model.h"
@@ -396,17 +396,21 @@ int trainer_device_bytes(const train_cfg *spec, uint64_t *bytes, acc_err *err)
  * largest): the same number on every rank, so that decisions from it agree. */
 static uint64_t job_state_bytes(const trainer *t)
 {
-    return plan_rank_state_bytes(&t->cfg, t->zero->stage, t->nranks, 0);
+    return plan_rank_device_state_bytes(&t->cfg, t->zero->stage, t->spec.offload_optimizer, t->nranks, 0);
 }
 
 /* The state alone does not fit: no split can help. */
 static int state_oom(rank_state *rs, acc_err *err)
 {
-    uint64_t need = plan_rank_state_bytes(&rs->t->cfg, rs->t->zero->stage, rs->t->nranks, rs->rank);
+    uint64_t need = plan_rank_device_state_bytes(&rs->t->cfg, rs->t->zero->stage, rs->t->spec.offload_optimizer,
+                                                 rs->t->nranks, rs->rank);
     return acc_err_set(err, ACC_EOOM, "",
-                       "out of memory: parameters, gradients and AdamW state need %llu bytes "
+                       "out of memory: %s need %llu bytes "
                        "per device, device %s has a budget of %llu bytes",
-                       (unsigned long long)need, rs->dev->info.name,
+                       rs->t->spec.offload_optimizer ? "parameters and gradients (the optimizer is offloaded)"
+                                                     : "parameters, gradients and AdamW state",
+                       (unsigned long long)need,
+                       rs->dev->info.name,
                        (unsigned long long)rs->dev->budget);
 }
 
@@ -482,6 +486,29 @@ static int plan_buckets(rank_state *rs, size_t bytes, acc_err *err)
     return 0;
 }
 
+/* Host bytes of this rank's offloaded optimizer (adamw_host_bytes). */
+static uint64_t host_optim_bytes(const rank_state *rs)
+{
+    uint64_t b = 0;
+    adamw_host_bytes(rs->zlo, rs->zhi, &b, NULL);
+    return b;
+}
+
+/* The AdamW of [zlo, zhi): its state on the device, or in the job's host
+ * memory with offload_optimizer (adamw.h; AdamW then runs on the host on
+ * the job's kernel threads). */
+static int create_optimizer(rank_state *rs, acc_err *err)
+{
+    trainer *t = rs->t;
+    if (!t->spec.offload_optimizer)
+        return adamw_create(rs->dev, rs->zlo, rs->zhi, &rs->opt, err);
+    int rc = adamw_create_host(rs->dev, &t->host, t->threads, t->spec.offload_pin_memory, rs->zlo, rs->zhi,
+                               &rs->opt, err);
+    if (rc == 0 && t->hooks != NULL)
+        t->hooks->host_optim[rs->rank] = host_optim_bytes(rs);
+    return rc;
+}
+
 static int rank_setup(rank_state *rs, acc_err *err)
 {
     trainer *t = rs->t;
@@ -505,7 +532,7 @@ static int rank_setup(rank_state *rs, acc_err *err)
         t->zero->keep(rs->model->ngrad, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
     }
     uint64_t before = rs->dev != NULL ? rs->dev->in_use : 0;
-    if (rc == 0 && (rc = adamw_create(rs->dev, rs->zlo, rs->zhi, &rs->opt, err)) == ACC_EOOM)
+    if (rc == 0 && (rc = create_optimizer(rs, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0) { /* measured, for the step events and the tests */
         t->mem_optim[rs->rank] = rs->dev->in_use - before;
@@ -517,6 +544,8 @@ static int rank_setup(rank_state *rs, acc_err *err)
     }
     if (rc == 0)
         rc = init_weights(rs, err);
+    if (rc == 0) /* offloaded: the host's master copy of the range starts as the weights */
+        adamw_load_master(rs->opt, rs->model->params);
     if (rc == 0) {
         train_hooks *h = t->hooks;
         rc = plan_buckets(rs, h != NULL && h->bucket_bytes > 0 ? h->bucket_bytes : TRAIN_BUCKET_BYTES,
@@ -855,7 +884,7 @@ static int gather_moments(rank_state *rs, float *mom[2], acc_err *err)
             rc = ACC_ENOMEM;
             break;
         }
-        d->ops->download(d, shard, i == 0 ? rs->opt->m : rs->opt->v, k * sizeof(float));
+        adamw_moment_get(rs->opt, i, shard); /* the device's, or the host copy (offloaded) */
         d->ops->upload(d, m->grads + rs->zlo, shard, k * sizeof(float));
         if ((rc = kern_comm_allgather(t->comm, rs->rank, m->grads, n)) == 0 && rs->rank == 0)
             d->ops->download(d, mom[i], m->grads, n * sizeof(float));
@@ -1465,7 +1494,7 @@ static int rank_run(rank_state *rs, acc_err *err)
         emit_log(t, 0,
                  "%s %.2fM parameters, %llu training samples; micro batch %d x %d "
                  "accumulation steps x %d devices%s; %.1f MiB on each %s device "
-                 "(%.1f state + %.1f activations), %d threads, %s%s%s%s",
+                 "(%.1f state + %.1f activations), %d threads, %s%s%s%s%s",
                  rs->model->family->name, (double)rs->model->nparams / 1e6,
                  (unsigned long long)data_num_samples(t->train), rs->split.m, rs->split.a, t->nranks,
                  rs->recompute ? ", activation recomputation" : "",
@@ -1476,7 +1505,7 @@ static int rank_run(rank_state *rs, acc_err *err)
                  t->threads,
                  s->precision == SPEC_BF16 ? "precision bf16 (bf16 matmul operands, fp32 accumulation; activations stored in bf16)"
                                            : "precision fp32",
-                 t->zero->note,
+                 t->zero->note, s->offload_optimizer ? "; optimizer offloaded to host memory (AdamW on the host)" : "",
                  t->plan_note[0] ? "; " : "", t->plan_note);
     if (rs->rank == 0 && t->resume_dir[0] != '\0')
         emit_log(t, t->start_step, "resumed from %s at step %d (micro batch %d x %d accumulation steps%s)",

@@ -56,6 +56,9 @@ typedef struct train_hooks {
      * predicts them), and the trainer's host_mem at the end: budget, peak */
     uint64_t host_batch[TRAIN_MAX_RANKS];
     uint64_t host_budget, host_peak;
+    /* offload_optimizer: each rank's host bytes of the optimizer (moments,
+     * master copy, gradients' copy) */
+    uint64_t host_optim[TRAIN_MAX_RANKS];
 } train_hooks;
 
 /* Device bytes one rank of this job allocates (parameters, gradients, AdamW

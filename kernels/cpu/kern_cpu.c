@@ -761,14 +761,28 @@ static void adamw_span(float *p, const float *g, float *m, float *v, size_t lo, 
         adamw_one(p, g, m, v, i, k);
 }
 
-static void cpu_adamw(kern_device *d, float *p, const float *g, float *m, float *v, size_t n,
-                      float lr, float beta1, float beta2, float eps, float weight_decay,
-                      float grad_scale, int t)
+static adamw_k adamw_consts(float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                            int t)
 {
     adamw_k k = {.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .wd = weight_decay,
                  .scale = grad_scale,
                  .ic1 = 1.0f / (1.0f - powf(beta1, (float)t)),
                  .ic2 = 1.0f / (1.0f - powf(beta2, (float)t))};
+    return k;
+}
+
+void kern_cpu_adamw_span(float *p, const float *g, float *m, float *v, size_t lo, size_t hi, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t)
+{
+    adamw_k k = adamw_consts(lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+    adamw_span(p, g, m, v, lo, hi, &k);
+}
+
+static void cpu_adamw(kern_device *d, float *p, const float *g, float *m, float *v, size_t n,
+                      float lr, float beta1, float beta2, float eps, float weight_decay,
+                      float grad_scale, int t)
+{
+    adamw_k k = adamw_consts(lr, beta1, beta2, eps, weight_decay, grad_scale, t);
     if (n < 4096) { /* LayerNorm and bias tensors: not worth a thread team */
         adamw_span(p, g, m, v, 0, n, &k);
         return;

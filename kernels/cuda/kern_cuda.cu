@@ -168,6 +168,26 @@ void cu_download(kern_device *d, void *host, const void *src, size_t bytes)
         CU_OK(d, cudaStreamSynchronize(IM(d)->stream));
 }
 
+/* Page-locks host memory for the optimizer offload's copies (kern_device.h). */
+static int cu_host_register(kern_device *d, void *p, size_t bytes, acc_err *err)
+{
+    if (bytes == 0)
+        return 0;
+    cudaError_t e = cudaSetDevice(IM(d)->ordinal);
+    if (e == cudaSuccess)
+        e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess)
+        return acc_err_set(err, ACC_EDEVICE, "devices", "cudaHostRegister of %zu bytes on %s: %s", bytes,
+                           d->info.name, cudaGetErrorString(e));
+    return 0;
+}
+
+static void cu_host_unregister(kern_device *d, void *p)
+{
+    if (p != NULL && cudaSetDevice(IM(d)->ordinal) == cudaSuccess)
+        (void)cudaHostUnregister(p);
+}
+
 /* ------------------------------------------------------------ open/close */
 
 static void cu_teardown(kern_device *d)
@@ -290,6 +310,9 @@ static const kern_ops cuda_ops = {
     /* .attention_cache_fwd = */ kern_cuda_attention_cache_fwd,
     /* bf16 activation storage: kern_cuda_pointwise.cu */
     /* .narrow_bf16 = */ cu_narrow_bf16,
+    /* host memory: the optimizer offload's pinned buffers */
+    /* .host_register = */ cu_host_register,
+    /* .host_unregister = */ cu_host_unregister,
 };
 
 /* the op files' hooks into the device state (kern_cuda_llama.h) */

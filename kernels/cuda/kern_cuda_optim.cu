@@ -3,19 +3,27 @@
 
 /* ------------------------------------------------------------- optimizer */
 
+/* Every operation rounded on its own (the _rn intrinsics: no fused
+ * multiply-add, which nvcc would otherwise contract), in the CPU kernel's
+ * order (kern_cpu.c adamw_one): the same bits as the CPU AdamW for the same
+ * inputs, so an offloaded optimizer (host AdamW, core/train/adamw.c) steps
+ * exactly as this kernel does. */
 __global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
                         float beta1, float beta2, float eps, float wd, float scale, float ic1,
                         float ic2)
 {
+    const float nb1 = __fsub_rn(1.0f, beta1), nb2 = __fsub_rn(1.0f, beta2);
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i] * scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        float gi = __fmul_rn(g[i], scale);
+        float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(nb1, gi));
+        float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(nb2, gi), gi));
         m[i] = mi;
         v[i] = vi;
-        float mh = mi * ic1, vh = vi * ic2;
-        p[i] -= lr * (__fdiv_rn(mh, __fsqrt_rn(vh) + eps) + wd * p[i]);
+        float mh = __fmul_rn(mi, ic1), vh = __fmul_rn(vi, ic2);
+        float pi = p[i];
+        float upd = __fadd_rn(__fdiv_rn(mh, __fadd_rn(__fsqrt_rn(vh), eps)), __fmul_rn(wd, pi));
+        p[i] = __fsub_rn(pi, __fmul_rn(lr, upd));
     }
 }
 

@@ -12,7 +12,12 @@
  *     caps differ by plan_cuda_bf16_bytes, the outcome does not;
  *   - with two GPUs or more, ZeRO stage 1 and 2 over 2 GPUs (NCCL
  *     reduce-scatter and all-gather) against stage 0 over 2 CPU devices:
- *     losses within 1e-4, each GPU rank's AdamW bytes its shard's.
+ *     losses within 1e-4, each GPU rank's AdamW bytes its shard's;
+ *   - optimizer offload (pinned and not) on the GPU against the CPU run:
+ *     losses and weights within 1e-4 (GPU runs are not bitwise
+ *     reproducible: atomics), the GPU peak lower by the moments, the host
+ *     holding twice their bytes; and the GPU's adamw op against the host
+ *     AdamW on the same inputs: the same bits.
  * Exits 77 (skipped) with a message where no GPU is present. */
 #include <math.h>
 #include <stdio.h>
@@ -22,6 +27,8 @@
 #include "../unit/engine_fixture.h"
 #include "gpu_fixture.h"
 #include "adamw.h"
+#include "kern_cpu.h"
+#include "kern_device.h"
 #include "mem_plan.h"
 #include "model_gpt2.h"
 #include "trainer_run.h"
@@ -78,6 +85,57 @@ static void check(int ok, const char *fmt, double a, double b)
     fprintf(stderr, fmt, a, b);
     fprintf(stderr, "\n");
     failures++;
+}
+
+/* The GPU's adamw op and the host AdamW of the optimizer offload
+ * (kern_cpu_adamw_span) on the same inputs, three steps: the same bits
+ * (k_adamw rounds every operation as the CPU kernel does). */
+static void adamw_bits(const kern_device_info *info)
+{
+    enum { NA = 100003 };
+    kern_device *d;
+    acc_err err = {0};
+    if (kern_device_open(info, 1, &d, &err) != 0) {
+        fprintf(stderr, "FAIL: open: %s\n", err.msg);
+        failures++;
+        return;
+    }
+    float *h[4], *dv[4];
+    for (int b = 0; b < 4; b++) {
+        h[b] = malloc(NA * sizeof(float));
+        if (h[b] == NULL || d->ops->alloc(d, NA * sizeof(float), (void **)&dv[b], &err) != 0) {
+            fprintf(stderr, "FAIL: adamw buffers\n");
+            failures++;
+            return;
+        }
+    }
+    unsigned x = 7;
+    for (int i = 0; i < NA; i++) { /* p, g random; m, v zero */
+        x = x * 1103515245u + 12345u;
+        h[0][i] = (float)((x >> 8) & 0xffff) / 65536.0f - 0.5f;
+        h[1][i] = (float)((x >> 4) & 0xfff) / 4096.0f - 0.5f;
+        h[2][i] = h[3][i] = 0.0f;
+    }
+    for (int b = 0; b < 4; b++)
+        d->ops->upload(d, dv[b], h[b], NA * sizeof(float));
+    for (int t = 1; t <= 3; t++) {
+        d->ops->adamw(d, dv[0], dv[1], dv[2], dv[3], NA, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.37f, t);
+        kern_cpu_adamw_span(h[0], h[1], h[2], h[3], 0, NA, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.37f, t);
+    }
+    int same = 1;
+    float *back = malloc(NA * sizeof(float));
+    for (int b = 0; b < 4 && back != NULL; b += b == 0 ? 2 : 1) { /* p, m, v */
+        d->ops->download(d, back, dv[b], NA * sizeof(float));
+        same = same && memcmp(back, h[b], NA * sizeof(float)) == 0;
+    }
+    check(back != NULL && same, "gpu adamw vs host AdamW: not the same bits (%g, %g)", 0, 0);
+    printf("adamw: GPU op and host AdamW %s over %d elements, 3 steps\n", same ? "bit-identical" : "DIFFER", NA);
+    free(back);
+    for (int b = 0; b < 4; b++) {
+        d->ops->free(d, dv[b]);
+        free(h[b]);
+    }
+    kern_device_close(d);
 }
 
 static void compare(const char *what, const run *cpu, const run *gpu, double tol)
@@ -162,6 +220,31 @@ int main(void)
                (unsigned long long)rc.h.mem_peak[0], (unsigned long long)rg.h.mem_peak[0]);
         free(rc.params);
         free(rg.params);
+    }
+    adamw_bits(&g[0]);
+    /* optimizer offload on the GPU (pinned and not): the CPU run's losses
+     * and weights (1e-4: the host AdamW rounds as the CPU kernel, the GPU
+     * kernel with fused multiply-adds), and the GPU holds no moments */
+    for (int pin = 0; pin <= 1; pin++) {
+        train_cfg s;
+        spec_for(&s, text, 0);
+        kern_device_info cpu1, gpu1 = g[0];
+        fx_devices(&cpu1, 1, 1ull << 32);
+        run rc, rg, rd;
+        train(&s, &cpu1, 0, &rc);
+        train(&s, &gpu1, 1, &rd); /* the GPU without offload: its peak */
+        s.offload_optimizer = true;
+        s.offload_pin_memory = pin;
+        train(&s, &gpu1, 1, &rg);
+        compare(pin ? "offpin" : "offld", &rc, &rg, 1e-4);
+        check(rg.h.mem_optim[0] == 0, "gpu AdamW bytes with offload %g, want %g", (double)rg.h.mem_optim[0], 0);
+        check(rd.h.mem_peak[0] - rg.h.mem_peak[0] == rd.h.mem_optim[0], "gpu peak saved %g, the moments %g",
+              (double)(rd.h.mem_peak[0] - rg.h.mem_peak[0]), (double)rd.h.mem_optim[0]);
+        check(rg.h.host_peak == 2 * rd.h.mem_optim[0], "host bytes %g, want %g", (double)rg.h.host_peak,
+              (double)(2 * rd.h.mem_optim[0]));
+        free(rc.params);
+        free(rg.params);
+        free(rd.params);
     }
     /* ZeRO over 2 GPUs */
     if (n >= 2) {

@@ -379,6 +379,59 @@ static void test_deepspeed(void **state)
 /* zero_optimization: top level or in deepspeed, stages 0..2; stage 3,
  * offload and other DeepSpeed ZeRO keys "not supported yet"; sharding
  * needs two devices. Each error names its key path. */
+/* zero_optimization.offload_optimizer: "cpu" at stages 0, 1, 2 (top level
+ * or in deepspeed), "none" or absent is off, pin_memory read; DeepSpeed's
+ * other keys accepted and listed as ignored; "nvme", other devices, a
+ * non-object, a non-boolean pin_memory and unknown keys each a 400 naming
+ * the key path. */
+static void test_offload_optimizer(void **state)
+{
+    fixture *f = *state;
+    job_spec s;
+    acc_err err = {0};
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8", &s, &err), 0);
+    assert_false(s.offload_optimizer);
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"zero_optimization\":{\"offload_optimizer\":"
+                                   "{\"device\":\"cpu\"}}", &s, &err), 0);
+    assert_true(s.offload_optimizer);
+    assert_false(s.offload_pin_memory);
+    assert_null(strstr(s.ignored, "offload_optimizer")); /* honoured */
+    assert_int_equal(s.zero_stage, 0);
+    for (int z = 1; z <= 2; z++) {
+        char extra[256];
+        snprintf(extra, sizeof extra, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":%d,"
+                 "\"offload_optimizer\":{\"device\":\"cpu\",\"pin_memory\":true,\"ratio\":1}}", z);
+        assert_int_equal(parse_with(f, extra, &s, &err), 0);
+        assert_true(s.offload_optimizer && s.offload_pin_memory);
+        assert_int_equal(s.zero_stage, z);
+        assert_non_null(strstr(s.ignored, "zero_optimization.offload_optimizer.ratio"));
+    }
+    assert_int_equal(parse_with(f, "\"devices\":2,\"deepspeed\":{\"train_batch_size\":8,\"zero_optimization\":{"
+                                   "\"stage\":1,\"offload_optimizer\":{\"device\":\"cpu\"}}}", &s, &err), 0);
+    assert_true(s.offload_optimizer);
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"zero_optimization\":{\"offload_optimizer\":"
+                                   "{\"device\":\"none\",\"pin_memory\":true}}", &s, &err), 0);
+    assert_false(s.offload_optimizer || s.offload_pin_memory);
+    assert_non_null(strstr(s.ignored, "zero_optimization.offload_optimizer")); /* no effect */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"zero_optimization\":{\"offload_optimizer\":{}}", &s,
+                                &err), 0);
+    assert_false(s.offload_optimizer);
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"zero_optimization\":{\"offload_optimizer\":"
+                                   "{\"device\":\"nvme\"}}", &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "zero_optimization.offload_optimizer.device");
+    assert_non_null(strstr(err.msg, "not supported yet"));
+    expect_field(f, "\"train_batch_size\":8,\"zero_optimization\":{\"offload_optimizer\":{\"device\":\"gpu\"}}",
+                 "zero_optimization.offload_optimizer.device");
+    expect_field(f, "\"train_batch_size\":8,\"zero_optimization\":{\"offload_optimizer\":{\"device\":7}}",
+                 "zero_optimization.offload_optimizer.device");
+    expect_field(f, "\"train_batch_size\":8,\"zero_optimization\":{\"offload_optimizer\":\"cpu\"}",
+                 "zero_optimization.offload_optimizer");
+    expect_field(f, "\"train_batch_size\":8,\"zero_optimization\":{\"offload_optimizer\":"
+                    "{\"device\":\"cpu\",\"pin_memory\":1}}", "zero_optimization.offload_optimizer.pin_memory");
+    expect_field(f, "\"train_batch_size\":8,\"zero_optimization\":{\"offload_optimizer\":"
+                    "{\"device\":\"cpu\",\"pin_memroy\":true}}", "zero_optimization.offload_optimizer.pin_memroy");
+}
+
 /* Hugging Face's gradient_checkpointing: an alias of activation_checkpointing. */
 static void test_gradient_checkpointing_alias(void **state)
 {
@@ -437,9 +490,10 @@ static void test_zero(void **state)
                                    "\"zero_optimization\":{\"stage\":3}}", &s, &err), ACC_EINVAL);
     assert_string_equal(err.field, "deepspeed.zero_optimization.stage");
     assert_non_null(strstr(err.msg, "not supported yet"));
+    /* optimizer offload to the host: taken (test_offload_optimizer) */
     assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":2,"
-                                   "\"offload_optimizer\":{\"device\":\"cpu\"}}", &s, &err), ACC_EINVAL);
-    assert_string_equal(err.field, "zero_optimization.offload_optimizer");
+                                   "\"offload_optimizer\":{\"device\":\"nvme\"}}", &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "zero_optimization.offload_optimizer.device");
     assert_non_null(strstr(err.msg, "not supported yet"));
     assert_int_equal(parse_with(f, "\"devices\":2,\"deepspeed\":{\"train_batch_size\":8,\"zero_optimization\":{"
                                    "\"stage\":1,\"offload_param\":{\"device\":\"nvme\"}}}", &s, &err), ACC_EINVAL);
@@ -688,8 +742,18 @@ static void test_deepspeed_file(void **state)
     assert_string_equal(err.field, "deepspeed.zero_optimization.stage");
     assert_non_null(strstr(err.msg, "not supported yet"));
     write_file(path, "{\"train_batch_size\":8,\"zero_optimization\":{\"stage\":2,\"offload_optimizer\":"
-                     "{\"device\":\"cpu\"}}}");
-    expect_field(f, "\"deepspeed\":\"ds_zero2.json\",\"devices\":2", "deepspeed.zero_optimization.offload_optimizer");
+                     "{\"device\":\"nvme\",\"nvme_path\":\"/local_nvme\"}}}");
+    expect_field(f, "\"deepspeed\":\"ds_zero2.json\",\"devices\":2",
+                 "deepspeed.zero_optimization.offload_optimizer.device");
+    /* DeepSpeed's ZeRO-Offload file: taken, its tuning keys listed as having no effect */
+    write_file(path, "{\"train_batch_size\":8,\"zero_optimization\":{\"stage\":2,\"offload_optimizer\":"
+                     "{\"device\":\"cpu\",\"pin_memory\":true,\"buffer_count\":4,\"fast_init\":false}}}");
+    assert_int_equal(parse_with(f, "\"deepspeed\":\"ds_zero2.json\",\"devices\":2", &s, &err), 0);
+    assert_true(s.offload_optimizer && s.offload_pin_memory);
+    assert_int_equal(s.zero_stage, 2);
+    assert_non_null(strstr(s.ignored, "deepspeed.zero_optimization.offload_optimizer.buffer_count"));
+    assert_non_null(strstr(s.ignored, "deepspeed.zero_optimization.offload_optimizer.fast_init"));
+    assert_null(strstr(s.ignored, "offload_optimizer.device"));
     /* a bad file: not JSON, not an object, missing, outside the roots */
     write_file(path, "{\"train_batch_size\": 8,");
     expect_field(f, "\"deepspeed\":\"ds_zero2.json\"", "deepspeed");
@@ -792,6 +856,7 @@ int main(void)
         cmocka_unit_test(test_deepspeed_file),
         cmocka_unit_test(test_hub_names),
         cmocka_unit_test(test_lean_activations),
+        cmocka_unit_test(test_offload_optimizer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

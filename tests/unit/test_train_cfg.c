@@ -76,6 +76,8 @@ static void full_spec(job_spec *s)
     snprintf(s->job_uid, sizeof s->job_uid, "0123456789abcdef0123456789abcdef");
     s->adopt_unnamed = true;
     s->plan_only = true;
+    s->offload_optimizer = true;
+    s->offload_pin_memory = false; /* apart from offload_optimizer: a swap shows */
 }
 
 static void test_every_engine_field(void **state)
@@ -128,6 +130,11 @@ static void test_every_engine_field(void **state)
     assert_string_equal(c->job_uid, "0123456789abcdef0123456789abcdef");
     assert_true(c->adopt_unnamed);
     assert_true(c->plan_only);
+    assert_true(c->offload_optimizer);
+    assert_false(c->offload_pin_memory);
+    s->offload_pin_memory = true;
+    job_spec_train_cfg(s, c);
+    assert_true(c->offload_optimizer && c->offload_pin_memory);
     free(s);
     free(c);
 }
