@@ -468,6 +468,12 @@ struct model {
      * the forward's. */
     const int *positions;
     size_t wstore_bytes;  /* bytes of wstore (0 without one) */
+    /* ZeRO stage 3 (model_shard.h): params and grads hold this rank's
+     * partition only, the blocks are gathered into slots; NULL: whole */
+    struct model_shard *shard;
+    size_t nheld;         /* floats of params and grads this rank holds: ngrad, or its partition's */
+    float *gtail;         /* the caller's tail: grads + ngrad, or (ZeRO-3) past rank 0's
+                           * partition, at the same offset on every rank */
 };
 
 /* Floats past the gradients model_create reserves for its caller. */
@@ -476,6 +482,10 @@ struct model {
 typedef struct model_opts {
     int B, T;             /* activations for B x T now (B = 0: later) */
     size_t grad_tail;     /* floats the caller owns past the gradients */
+    /* ZeRO stage 3: the parameters partitioned over `world` ranks of
+     * `comm` (model_shard.h), this one `rank`; NULL: a whole model */
+    struct kern_comm *comm;
+    int rank, world;
 } model_opts;
 
 /* Allocate parameters and gradients (zeroed), then activations for B x T
@@ -512,6 +522,19 @@ void model_backward_notify(model *m, int nseq, model_grads_done_fn done, void *c
  * the ends once cover [0, ngrad + grad_tail) exactly once (frozen tensors have no gradient). Writes at most
  * MODEL_MAX_GRAD_SPANS; returns how many (-1 if more were needed). */
 int model_grad_spans(const model *m, int lo, int hi, int ends, kern_span *out);
+
+/* The gradient of the tensor at layout offset off for the next op
+ * (grads + off, or a ZeRO-3 gradient slot); NULL when frozen. */
+float *model_grad(model *m, size_t off);
+/* The layout AdamW walks over params / grads: the model's, or the
+ * ZeRO-3 partition's (model_shard.h). */
+const model_layout *model_held_layout(const model *m);
+/* Before one rank reads the whole parameters to the host
+ * (model_params_download: a checkpoint): at ZeRO-3 every rank calls it (a
+ * collective) and the ranks with `keep` hold them until
+ * model_params_release; a no-op for a whole model. */
+int model_params_gather(model *m, bool keep);
+void model_params_release(model *m);
 
 void model_zero_grad(model *m);
 /* Sum of squares of the parameter gradients (not the tail). */

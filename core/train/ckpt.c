@@ -17,6 +17,7 @@
 #include "hf_dir.h"
 #include "model_hf.h"
 #include "model_lora.h"
+#include "model_shard.h"
 #include "safepath.h"
 #include "safetensors.h"
 
@@ -523,7 +524,7 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
     if (master && (tp.dtype != ST_F32 || tp.nbytes != nmaster * sizeof(float)))
         rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: master weights do not match the model", path);
     if (rc == 0 && master) { /* the fp32 weights beside a narrower model.safetensors */
-        m->dev->ops->upload(m->dev, m->params, tp.data, tp.nbytes);
+        model_weights_upload(m, tp.data, 0, nmaster); /* a ZeRO-3 rank: its pieces */
     } else if (rc == 0 && sharded_at(dfd)) {
         rc = load_sharded(dfd, dir, m, err);
     } else if (rc == 0) {
@@ -541,8 +542,13 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
         /* the whole trainable range's moments on disk: this optimizer's range of them
          * (a ZeRO shard of any world size, or all) */
         size_t each = (opt->hi - opt->lo) * sizeof(float);
-        d->ops->upload(d, opt->m, (const float *)tm.data + opt->lo, each);
-        d->ops->upload(d, opt->v, (const float *)tv.data + opt->lo, each);
+        if (m->shard != NULL) { /* ZeRO-3: the partition's pieces, in its order */
+            model_shard_scatter_host(m, tm.data, opt->m);
+            model_shard_scatter_host(m, tv.data, opt->v);
+        } else {
+            d->ops->upload(d, opt->m, (const float *)tm.data + opt->lo, each);
+            d->ops->upload(d, opt->v, (const float *)tv.data + opt->lo, each);
+        }
         opt->t = got.adam_t;
         *st = got;
     }

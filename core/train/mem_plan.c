@@ -1,5 +1,6 @@
 /* mem_plan: see mem_plan.h. */
 #include "mem_plan.h"
+#include "model_shard.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -67,7 +68,10 @@ static void optim_range(const model_config *cfg, int zero, int world, int rank, 
     size_t n = model_num_trainable(cfg); /* AdamW covers the trainable prefix (LoRA: the adapters) */
     *lo = 0;
     *hi = n;
-    if (zero >= 1 && world > 1)
+    model_shard_sizes z;
+    if (zero >= 3) /* the rank's partition (model_shard.h), whole in its order */
+        *hi = model_shard_sizes_of(cfg, rank, world, &z, NULL) == 0 ? z.pn : n;
+    else if (zero >= 1 && world > 1)
         adamw_shard(n, rank, world, lo, hi);
 }
 
@@ -77,6 +81,18 @@ uint64_t plan_optim_bytes(const model_config *cfg, int zero, int world, int rank
     uint64_t b;
     optim_range(cfg, zero, world, rank, &lo, &hi);
     return adamw_state_bytes(lo, hi, &b, NULL) == 0 ? b : ACC_SIZE_OVERFLOW;
+}
+
+/* ZeRO-3's state by part: the partition's weights and the parameter
+ * slots, its gradients with the trainer's slots and the gradient slots,
+ * its moments. */
+static int state_parts_z3(const model_config *cfg, int world, int rank, size_t lo, size_t hi,
+                          plan_parts *p, acc_err *err)
+{
+    int rc = model_shard_state_bytes(cfg, TRAIN_SLOTS, rank, world, &p->weights, &p->gradients, err);
+    if (rc == 0)
+        rc = adamw_state_bytes(lo, hi, &p->optimizer, err);
+    return rc;
 }
 
 /* Rank `rank`'s state by part, as the allocations are made (model.c:
@@ -89,6 +105,8 @@ static int state_parts(const model_config *cfg, int zero, int world, int rank, p
     size_t lo, hi;
     memset(p, 0, sizeof *p);
     optim_range(cfg, zero, world, rank, &lo, &hi);
+    if (zero >= 3) /* the partition and the gather slots (model_shard.h) */
+        return state_parts_z3(cfg, world, rank, lo, hi, p, err);
     int rc = model_state_bytes(cfg, TRAIN_SLOTS, &model_b, err);
     if (rc == 0)
         rc = adamw_state_bytes(lo, hi, &p->optimizer, err);

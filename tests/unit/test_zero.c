@@ -30,6 +30,7 @@
 #include "engine_fixture.h"
 #include "fsutil.h"
 #include "mem_plan.h"
+#include "model_shard.h"
 #include "trainer_run.h"
 #include "zero.h"
 
@@ -209,6 +210,117 @@ static void check_stages_lean(const char *arch, int w, int m, int a, bool lean)
     free(r0.params);
     free(r1.params);
     free(r2.params);
+}
+
+/* max |a - b| over max |a| of n floats (0 when both are 0) */
+static double rel_diff_f(const float *a, const float *b, size_t n)
+{
+    double big = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        big = fabs((double)a[i]) > big ? fabs((double)a[i]) : big;
+        d = fabs((double)a[i] - (double)b[i]) > d ? fabs((double)a[i] - (double)b[i]) : d;
+    }
+    return big > 0 ? d / big : d;
+}
+
+static double rel_diff(double a, double b)
+{
+    return fabs(a - b) / (fabs(a) > 0 ? fabs(a) : 1.0);
+}
+
+/* ZeRO-3's measured bytes: AdamW moments of its partition, gradients of
+ * its partition (+ the slots' tail), the peak the planner's to the byte,
+ * and below stage 0's. */
+static void assert_memory3(const train_cfg *s, const run_out *r, const run_out *r0)
+{
+    model_config cfg;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(s, &cfg, &err), 0);
+    int w = s->devices;
+    uint64_t sum = 0;
+    for (int k = 0; k < w; k++) {
+        model_shard_sizes z;
+        assert_int_equal(model_shard_sizes_of(&cfg, k, w, &z, &err), 0);
+        assert_int_equal(r->h.mem_optim[k], z.pn * 2 * sizeof(float));
+        assert_int_equal(r->h.mem_optim[k], plan_optim_bytes(&cfg, 3, w, k));
+        model_shard_sizes z0; /* the tail sits past rank 0's partition on every rank */
+        assert_int_equal(model_shard_sizes_of(&cfg, 0, w, &z0, &err), 0);
+        assert_int_equal(r->h.mem_grads[k], (z0.pn + TRAIN_SLOTS) * sizeof(float));
+        sum += z.pn;
+        uint64_t want = plan_rank_state_bytes(&cfg, 3, w, k) +
+                        plan_act_bytes(&cfg, KERN_DEV_CPU, s->precision, s->micro_batch, s->model.seq_len,
+                                       s->activation_checkpointing);
+        if (r->h.mem_peak[k] != want)
+            print_error("rank %d: peak %llu, predicted %llu\n", k, (unsigned long long)r->h.mem_peak[k],
+                        (unsigned long long)want);
+        assert_int_equal(r->h.mem_peak[k], want);
+        assert_true(r->h.mem_peak[k] < r0->h.mem_peak[k]);
+    }
+    assert_int_equal(sum, model_num_params(&cfg)); /* the partitions cover the model once */
+    uint64_t dev0;
+    assert_int_equal(plan_device_bytes(s, s->micro_batch, s->activation_checkpointing, &dev0, &err), 0);
+    assert_int_equal(r->h.mem_peak[0], dev0);
+}
+
+/* ZeRO-3 against stage 0 on the same split. exact: one micro-step per rank
+ * and no clipping, so the same bits: the blocks' reduce-scatter sums in
+ * rank order as stage 0's all-reduce does, into a zeroed partition, and
+ * AdamW is elementwise; only the norm's partial sums are over other
+ * pieces (reported, not used: within 1e-12). Otherwise within 1e-6
+ * relative: with a > 1 the ranks' sums are added per micro-step (stage 0
+ * adds a rank's micro-steps first), and the clip scale comes from that
+ * norm summed in another order. */
+static void check_stage3(const char *arch, int w, int m, int a, bool exact, bool lean)
+{
+    train_cfg s;
+    run_out r0, r3;
+    spec_of(&s, arch, m, a, w, 0);
+    s.lean_activations = lean;
+    if (exact)
+        s.optim.grad_clip = 0;
+    run(&s, &r0, NULL);
+    spec_of(&s, arch, m, a, w, 3);
+    s.lean_activations = lean;
+    if (exact)
+        s.optim.grad_clip = 0;
+    run(&s, &r3, NULL);
+    double worst = 0;
+    for (int k = 0; k < s.max_steps; k++) {
+        assert_true(isfinite(r3.loss[k]));
+        if (exact)
+            assert_memory_equal(&r0.loss[k], &r3.loss[k], sizeof(double));
+        worst = rel_diff(r0.loss[k], r3.loss[k]) > worst ? rel_diff(r0.loss[k], r3.loss[k]) : worst;
+        assert_true(rel_diff(r0.norm[k], r3.norm[k]) <= (exact ? 1e-12 : 1e-6));
+    }
+    assert_true(worst <= 1e-6);
+    assert_int_equal(r0.h.nparams, r3.h.nparams);
+    double pd = rel_diff_f(r0.params, r3.params, r0.h.nparams);
+    if (exact)
+        assert_memory_equal(r0.params, r3.params, r0.h.nparams * sizeof(float));
+    assert_true(pd <= 1e-6);
+    assert_memory3(&s, &r3, &r0);
+    print_message("%s ZeRO-3 w=%d m=%d a=%d%s: losses %.6f .. %.6f, %s (loss rel %.2g, weights rel %.2g); "
+                  "peak per rank %llu (stage 0: %llu)\n",
+                  arch, w, m, a, lean ? " lean" : "", r0.loss[0], r0.loss[s.max_steps - 1],
+                  exact ? "bit-identical" : "within 1e-6", worst, pd, (unsigned long long)r3.h.mem_peak[0],
+                  (unsigned long long)r0.h.mem_peak[0]);
+    free(r0.params);
+    free(r3.params);
+}
+
+/* ZeRO-3 over 2 and 4 ranks: bit-identical to stage 0 at a = 1 without
+ * clipping; within 1e-6 with accumulation and clipping; GPT-2's
+ * tensor-major layout (a block's tensors apart) and LLaMA's. */
+static void test_stage3(void **state)
+{
+    (void)state;
+    check_stage3("gpt2", 2, 4, 1, true, false);
+    check_stage3("gpt2", 4, 2, 1, true, false);
+    check_stage3("llama", 2, 4, 1, true, false);
+    check_stage3("llama", 4, 2, 1, true, true);
+    check_stage3("gpt2", 2, 2, 2, false, false);
+    check_stage3("llama", 4, 1, 2, false, false);
+    check_stage3("gpt2", 3, 1, 2, false, true); /* uneven slices */
 }
 
 static void check_stages(const char *arch, int w, int m, int a)
@@ -518,14 +630,15 @@ static void test_table(void **state)
         assert_non_null(z);
         assert_int_equal(z->stage, stage);
         assert_int_equal(z->state_sharded, stage >= 1);
-        assert_int_equal(z->grads_sharded, stage == 2);
+        assert_int_equal(z->grads_sharded, stage >= 2);
+        assert_int_equal(z->params_sharded, stage == 3);
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
             for (int w = 1; w <= 5; w++) {
                 size_t next = 0, small = (size_t)-1, big = 0;
                 for (int r = 0; r < w; r++) {
                     size_t lo, hi;
                     z->keep(ns[i], r, w, &lo, &hi);
-                    if (stage == 0) {
+                    if (stage == 0 || stage == 3) { /* stage 3: all of its partition */
                         assert_true(lo == 0 && hi == ns[i]);
                         continue;
                     }
@@ -534,7 +647,7 @@ static void test_table(void **state)
                     small = hi - lo < small ? hi - lo : small;
                     big = hi - lo > big ? hi - lo : big;
                 }
-                if (stage >= 1)
+                if (stage == 1 || stage == 2)
                     assert_true(next == ns[i] && big - small <= 1);
             }
         }
@@ -554,6 +667,7 @@ int main(void)
         cmocka_unit_test(test_shutdown_checkpoint),
         cmocka_unit_test(test_cancel_checkpoint),
         cmocka_unit_test(test_lean_stages),
+        cmocka_unit_test(test_stage3),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
