@@ -507,6 +507,79 @@ static void test_checkpoint_across_worlds(void **state)
         free(all[i]->params);
 }
 
+/* Stage 3 against stage 0 at a = 1 without clipping: the losses and the
+ * weights bit for bit; the norm (reported only) within 1e-12, its
+ * partial sums being over other pieces. */
+static void assert_bits_z3(const run_out *a, const run_out *b, int from, int to)
+{
+    for (int k = from; k < to; k++) {
+        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
+        assert_true(isfinite(a->loss[k]) && rel_diff(a->norm[k], b->norm[k]) <= 1e-12);
+    }
+    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
+    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+}
+
+/* B = 8 as m = 8 / w, a = 1, no clipping: stage 3 is stage 0's bits. */
+static void z3_spec(train_cfg *s, int w, int zero, const char *from, const char *out, int steps)
+{
+    spec_of(s, "gpt2", BATCH / w, 1, w, zero);
+    s->optim.grad_clip = 0;
+    s->max_steps = steps;
+    s->checkpoint_interval = 2;
+    snprintf(s->resume_from, sizeof s->resume_from, "%s", from);
+    snprintf(s->output_dir, sizeof s->output_dir, "%s/%s", root, out);
+}
+
+/* ZeRO-3 checkpoints are gathered whole: at w = 2 its files are stage
+ * 0's byte for byte; resumed at w = 4 (stage 3: the moments scattered into
+ * other partitions) and at w = 1 (stage 0) they continue as stage 0's
+ * checkpoint does; and a stage-3 run interrupted at step 2 and resumed
+ * ends with the uninterrupted run's bits. */
+static void test_checkpoint_zero3_worlds(void **state)
+{
+    (void)state;
+    train_cfg s;
+    run_out z3, z0, r4, b4, r1, b1, full;
+    char ck3[256], ck0[256], f1[320], f2[320];
+    z3_spec(&s, 2, 3, "", "z3w2", 2);
+    run(&s, &z3, NULL);
+    z3_spec(&s, 2, 0, "", "z0w2", 2);
+    run(&s, &z0, NULL);
+    assert_bits_z3(&z3, &z0, 0, 2);
+    snprintf(ck3, sizeof ck3, "%s/z3w2/ckpt-00000002", root);
+    snprintf(ck0, sizeof ck0, "%s/z0w2/ckpt-00000002", root);
+    const char *files[] = {"state.safetensors", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(f1, sizeof f1, "%s/%s", ck3, files[i]);
+        snprintf(f2, sizeof f2, "%s/%s", ck0, files[i]);
+        assert_same_file(f1, f2);
+    }
+    z3_spec(&s, 4, 3, ck3, "z3r4", 5);
+    run(&s, &r4, NULL);
+    z3_spec(&s, 4, 0, ck0, "z0r4", 5);
+    run(&s, &b4, NULL);
+    assert_bits_z3(&r4, &b4, 2, 5);
+    z3_spec(&s, 1, 0, ck3, "z3r1", 5);
+    run(&s, &r1, NULL);
+    z3_spec(&s, 1, 0, ck0, "z0r1", 5);
+    run(&s, &b1, NULL);
+    assert_bits(&r1, &b1, 2, 5);
+    /* invariant 5 within stage 3: 2 steps + resumed = 5 uninterrupted */
+    z3_spec(&s, 2, 3, "", "z3full", 5);
+    run(&s, &full, NULL);
+    run_out rest;
+    z3_spec(&s, 2, 3, ck3, "z3rest", 5);
+    run(&s, &rest, NULL);
+    assert_bits(&full, &rest, 2, 5);
+    assert_true(isnan(rest.loss[0]));
+    print_message("ZeRO-3 checkpoint at w=2 = stage 0's files; resumed at w=4: %.9f .. %.9f, at w=1: %.9f .. %.9f\n",
+                  r4.loss[2], r4.loss[4], r1.loss[2], r1.loss[4]);
+    run_out *all[] = {&z3, &z0, &r4, &b4, &r1, &b1, &full, &rest};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        free(all[i]->params);
+}
+
 /* A shutdown (trainer_preempt) of a ZeRO-2 job: the ranks stop together
  * after the step in progress and checkpoint it (the moments gathered), so
  * resuming from it continues with the losses of an uninterrupted run. */
@@ -668,6 +741,7 @@ int main(void)
         cmocka_unit_test(test_cancel_checkpoint),
         cmocka_unit_test(test_lean_stages),
         cmocka_unit_test(test_stage3),
+        cmocka_unit_test(test_checkpoint_zero3_worlds),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
