@@ -60,7 +60,7 @@ typedef struct plan_group {
     int best;          /* index (in rows) of the largest fitting m; -1: none fits */
 } plan_group;
 
-#define PLAN_MAX_GROUPS 18 /* 3 (full / LoRA / QLoRA) x 3 (ZeRO) x 2 (recompute) */
+#define PLAN_MAX_GROUPS 20 /* 3 (full / LoRA / QLoRA) x 3 (ZeRO 0-2) x 2 (recompute), ZeRO-3 x 2 */
 
 typedef struct plan_table {
     plan_hw hw;
