@@ -48,7 +48,7 @@ typedef struct plan_hw {
 
 typedef struct plan_variant {
     bool lora;         /* LoRA adapters on a frozen base (false: every weight trains) */
-    int zero_stage;    /* 0, 1 (AdamW moments sharded), 2 (and gradients) */
+    int zero_stage;    /* 0, 1 (AdamW moments sharded), 2 (and gradients), 3 (and parameters) */
     bool recompute;    /* activation recomputation */
     bool qlora;        /* LoRA on a 4-bit NF4 base (model.quantize "nf4";
                         * lora is then true too): mode "qlora" */
