@@ -21,9 +21,11 @@
  * Gathers. Before block l's forward and again before its backward
  * (model_layer_begin) the block's vector is all-gathered into one of two
  * parameter slots, and the next block's (l + 1 forward, l - 1 backward)
- * into the other: a prefetch. The CPU collectives are synchronous, so on
- * CPU devices the prefetch is only the call order (nothing overlaps); on
- * GPUs the gather is queued on the communication stream. model_layer_end
+ * into the other: a prefetch. kern_comm_allgather is synchronous on every
+ * backend (CPU: shared memory; NCCL: queued on the communication stream,
+ * then the host waits for it), so the prefetch is only the call order:
+ * nothing overlaps yet. An asynchronous gather start (as
+ * kern_comm_reduce_start is for the buckets) is where it would. model_layer_end
  * releases the block's slot. The ends are gathered once at the start of
  * each forward (model_shard_pass_begin) and stay in their slot until the
  * next forward: the embedding, the final norm and the (tied) head are used
