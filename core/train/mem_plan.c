@@ -262,6 +262,21 @@ int plan_next_smaller_micro(int per_rank, int m)
     return batch_split_smaller_micro(&s);
 }
 
+/* ZeRO-3's state as model_shard_create allocates it, into allocs[0, 1]
+ * (the partition's parameters, its gradients + the trainer's slots) and
+ * allocs[7..11] (two parameter slots, the gradient slot, the ends' two). */
+static void z3_allocs(const model_config *cfg, int world, uint64_t *allocs)
+{
+    model_shard_sizes z; /* rank 0's: the planner's row is rank 0's */
+    if (model_shard_sizes_of(cfg, 0, world, &z, NULL) != 0)
+        return;
+    uint64_t f = sizeof(float);
+    allocs[0] = z.pn * f;
+    allocs[1] = (z.pn + TRAIN_SLOTS) * f;
+    allocs[7] = allocs[8] = allocs[9] = z.slot * f;
+    allocs[10] = allocs[11] = z.ends * f;
+}
+
 /* The row's peak by part: the state's parts (state_parts), the per-m part
  * as plan_act_bytes counts it (activations + the backend's workspace);
  * then what the backend holds beyond: its allocator's rounding of each
@@ -280,8 +295,10 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
     p->workspace = acc_sat_add_u64(ws.a_bytes, ws.b_bytes);
     p->workspace = p->workspace <= r->act_bytes ? p->workspace : r->act_bytes;
     p->activations = r->act_bytes - p->workspace;
-    const uint64_t allocs[] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer - p->optimizer / 2,
-                               p->activations, ws.a_bytes, ws.b_bytes};
+    uint64_t allocs[] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer - p->optimizer / 2,
+                         p->activations, ws.a_bytes, ws.b_bytes, 0, 0, 0, 0, 0};
+    if (spec->zero_stage >= 3) /* the partition's buffers and the slots, one allocation each */
+        z3_allocs(cfg, spec->devices, allocs);
     p->rounding = 0;
     for (size_t i = 0; i < sizeof allocs / sizeof allocs[0]; i++)
         if (allocs[i] != 0 && allocs[i] != ACC_SIZE_OVERFLOW) {
