@@ -45,8 +45,10 @@
  * fp32: widened exactly, narrowed by rounding to nearest even (exact for
  * weights loaded in that dtype). Forward and backward bracket each block
  * with model_layer_begin / model_layer_end (blocks.h's layer loop): where
- * a sharded store gathers a block's parameters and releases them, and an
- * offloaded one streams them in (no-ops today).
+ * the ZeRO-3 store (model_shard.h, m->shard) gathers a block's parameters
+ * and releases them, and an offloaded one would stream them in (no-ops
+ * for a whole model). At ZeRO-3, params / grads hold the rank's partition
+ * only: model_weight and model_grad resolve into the gathered slots.
  *
  * Bytes. model_state_bytes and model_act_bytes are the device bytes the
  * model allocates (parameters + gradients + tail; activations for B x T),
@@ -573,8 +575,9 @@ void model_weights_upload(model *m, const float *host, size_t off, size_t n);
  * slot-0 matrix), valid until the next model_weight of that slot. */
 const float *model_weight(model *m, size_t off, int slot);
 /* Block `layer`'s parameters are about to be used (begin) / are done
- * with (end) in the forward or the backward (no-ops today: the seam where
- * ZeRO-3 gathers and releases them and offload streams them). */
+ * with (end) in the forward or the backward: the ZeRO-3 store gathers
+ * (and prefetches the next block) / releases them and reduce-scatters the
+ * block's gradients after its backward; no-ops for a whole model. */
 void model_layer_begin(model *m, int layer, bool backward);
 void model_layer_end(model *m, int layer, bool backward);
 
