@@ -1,4 +1,4 @@
-/* bench_zero: peak device memory per rank under ZeRO stages 0, 1 and 2,
+/* bench_zero: peak device memory per rank under ZeRO stages 0 to 3,
  * over w = 1, 2 and 4 CPU devices, measured next to the planner's
  * prediction, for a LLaMA-shaped model (GQA, SwiGLU, RMSNorm, RoPE).
  *
@@ -6,8 +6,9 @@
  * activations per rank are the same in every cell) and prints, for rank 0
  * (the largest shard, the job's peak) and the smallest rank: the device
  * accounting's peak, the planner's prediction (plan_rank_state_bytes +
- * plan_act_bytes), and the AdamW and gradient bytes measured at creation.
- * Not a test: nothing is asserted.
+ * plan_act_bytes), and the AdamW and gradient bytes measured at creation,
+ * and the seconds per optimizer step (stage 3: the per-block gathers and
+ * reduce-scatters against stage 0). Not a test: nothing is asserted.
  *
  *   bench_zero [--threads N] [--steps S] [--layers L] [--embd C] [--data FILE]
  */
@@ -87,7 +88,7 @@ int main(int argc, char **argv)
     int printed = 0;
     for (size_t wi = 0; wi < sizeof worlds / sizeof *worlds; wi++) {
         int w = worlds[wi];
-        for (int zero = 0; zero <= 2; zero++) {
+        for (int zero = 0; zero <= 3; zero++) {
             if (w == 1 && zero > 0)
                 continue; /* ZeRO needs devices >= 2 */
             train_cfg s;
@@ -119,16 +120,16 @@ int main(int argc, char **argv)
                        s.model.n_layer, s.model.n_embd, s.model.n_head, s.model.n_kv_head,
                        s.model.intermediate_size, h.nparams);
                 printf("| w | ZeRO | rank 0 peak (MiB) | predicted (MiB) | equal | AdamW rank 0 / rank w-1 (MiB) "
-                       "| gradients (MiB) | peak rank w-1 (MiB) |\n");
-                printf("|---|---|---|---|---|---|---|---|\n");
+                       "| gradients (MiB) | peak rank w-1 (MiB) | s / step |\n");
+                printf("|---|---|---|---|---|---|---|---|---|\n");
             }
             uint64_t acts = plan_act_bytes(&cfg, KERN_DEV_CPU, SPEC_FP32, s.micro_batch, s.model.seq_len, 0);
             uint64_t pred0 = plan_rank_state_bytes(&cfg, zero, w, 0) + acts;
             uint64_t predl = plan_rank_state_bytes(&cfg, zero, w, w - 1) + acts;
-            printf("| %d | %d | %.3f | %.3f | %s | %.3f / %.3f | %.3f | %.3f%s |\n", w, zero, mib(h.mem_peak[0]),
+            printf("| %d | %d | %.3f | %.3f | %s | %.3f / %.3f | %.3f | %.3f%s | %.3f |\n", w, zero, mib(h.mem_peak[0]),
                    mib(pred0), h.mem_peak[0] == pred0 && h.mem_peak[w - 1] == predl ? "yes" : "NO",
                    mib(h.mem_optim[0]), mib(h.mem_optim[w - 1]), mib(h.mem_grads[0]), mib(h.mem_peak[w - 1]),
-                   h.mem_peak[w - 1] == predl ? "" : " (differs from the prediction)");
+                   h.mem_peak[w - 1] == predl ? "" : " (differs from the prediction)", h.seconds / a.steps);
             fflush(stdout);
         }
     }

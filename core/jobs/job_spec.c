@@ -884,10 +884,13 @@ static int ds_scheduler(const json_t *ds, job_spec *out, acc_err *err)
     return 0;
 }
 
-/* "zero_optimization": {"stage": 0|1|2}, at the top level or in
- * "deepspeed". Stage 3 and offloading to a device are refused as not
- * supported yet (naming the key); DeepSpeed's bucket, overlap and stage-3
- * tuning keys mean nothing here and are listed as ignored. */
+/* "zero_optimization": {"stage": 0|1|2|3}, at the top level or in
+ * "deepspeed". Offloading to a device is refused as not supported yet
+ * (naming the key); DeepSpeed's bucket, overlap and stage-3 tuning keys
+ * mean nothing here and are listed as ignored (stage 3 partitions every
+ * tensor, prefetches one block ahead, keeps at most two blocks and the
+ * embeddings / head gathered, and always gathers checkpoints whole:
+ * docs/engine.md "ZeRO"). */
 static const char *const zero_keys[] = {
     "stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params", "zero_quantized_weights",
     "zero_quantized_gradients", "zero_quantized_nontrainable_weights", "zero_hpz_partition_size", "mics_shard_size",
@@ -905,7 +908,7 @@ static const char *const zero_keys[] = {
 static int zero_not_yet(const char *f, acc_err *err)
 {
     return acc_err_set(err, ACC_EINVAL, f,
-                       "%s is not supported yet (accumd runs ZeRO stages 0, 1 and 2 on the job's devices, without "
+                       "%s is not supported yet (accumd runs ZeRO stages 0 to 3 on the job's devices, without "
                        "offload)", f);
 }
 
@@ -980,14 +983,9 @@ static int zero_default_only(const json_t *z, const char *prefix, const char *ke
 
 static int parse_zero(const json_t *z, const char *prefix, job_spec *out, int *stage, acc_err *err)
 {
-    char f[128];
     int rc, st = 0;
-    /* the stage first: a ZeRO-3 file is refused for its stage */
     if ((rc = get_int(z, prefix, "stage", 0, 3, &st, err)))
         return rc;
-    if (st == 3)
-        return acc_err_set(err, ACC_EINVAL, field(f, sizeof f, prefix, "stage"),
-                           "%s 3 (sharded parameters) is not supported yet; use 1 or 2", f);
     if ((rc = classify_keys(z, prefix, zero_keys, ZERO_FIRST_IGNORED, "unknown key", out, err)) ||
         (rc = zero_offload_optimizer(z, prefix, out, err)) ||
         (rc = zero_offload(z, prefix, "offload_param", out, err)))
@@ -1381,6 +1379,24 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
     return 0;
 }
 
+/* ZeRO-3's partitioned store has no LoRA adapters or narrow frozen base
+ * yet, and eval_prompts generate on rank 0 alone while every forward
+ * needs all ranks' gathers. */
+static int check_zero3(const job_spec *out, const char *zero_field, acc_err *err)
+{
+    if (out->zero_stage != 3)
+        return 0;
+    if (out->lora.r > 0)
+        return acc_err_set(err, ACC_EINVAL, zero_field,
+                           "%s 3 with LoRA (lora.r %d) is not supported yet; use stage 1 or 2", zero_field,
+                           out->lora.r);
+    if (out->eval_prompts[0] != '\0')
+        return acc_err_set(err, ACC_EINVAL, "eval_prompts",
+                           "eval_prompts with %s 3 is not supported yet (the samples are generated on one "
+                           "device)", zero_field);
+    return 0;
+}
+
 static int check_cross(job_spec *out, acc_err *err)
 {
     if (out->model.padded_vocab_size == 0)
@@ -1579,6 +1595,8 @@ static int parse_root(const json_t *root, const json_t *origin, const acc_conf *
         return acc_err_set(err, ACC_EINVAL, zero_field,
                            "%s %d shards the optimizer state over the job's devices: it needs devices >= 2 "
                            "(devices is %d)", zero_field, out->zero_stage, out->devices);
+    if ((rc = check_zero3(out, zero_field, err)))
+        return rc;
     return check_cross(out, err);
 }
 

@@ -40,7 +40,8 @@ typedef struct job_spec {
     spec_precision precision;
     bool activation_checkpointing;
     int zero_stage;        /* zero_optimization.stage: 0 (replicas), 1 (AdamW moments
-                            * sharded), 2 (and the reduced gradients: a reduce-scatter) */
+                            * sharded), 2 (and the reduced gradients: a reduce-scatter),
+                            * 3 (and the parameters, gathered per block) */
     spec_optim optim;
     spec_lr lr;
     int max_steps;

@@ -33,7 +33,7 @@ const float *blk_w(model *m, size_t off, int slot)
 
 float *blk_g(const model *m, size_t off)
 {
-    return off == BLK_NONE || off >= m->ngrad ? NULL : m->grads + off;
+    return off == BLK_NONE ? NULL : model_grad((model *)m, off);
 }
 
 /* ---- linear, with its LoRA adapter */

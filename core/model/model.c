@@ -3,6 +3,7 @@
  * family's tensors. */
 #include "model.h"
 #include "model_lora.h"
+#include "model_shard.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -698,6 +699,8 @@ static int alloc_buffers(model *m, acc_err *err)
         return rc;
     k->zero(dev, m->params, pb);
     k->zero(dev, m->grads, gb);
+    m->nheld = m->ngrad;
+    m->gtail = m->grads + m->ngrad;
     return 0;
 }
 
@@ -728,7 +731,8 @@ int model_create_ex(kern_device *dev, const model_config *cfg, const model_opts 
     if (rc == 0) {
         m->nparams = m->layout.nparams;
         m->ngrad = m->layout.ntrain;
-        rc = alloc_buffers(m, err);
+        rc = o->comm != NULL ? model_shard_create(m, o->comm, o->rank, o->world, err)
+                             : alloc_buffers(m, err);
     }
     if (rc == 0 && m->family->create != NULL)
         rc = m->family->create(m, err);
@@ -757,6 +761,7 @@ void model_free(model *m)
     model_acts_free(m);
     if (m->family->destroy != NULL)
         m->family->destroy(m);
+    model_shard_free(m);
     if (m->grads != NULL)
         k->free(m->dev, m->grads);
     if (m->params != NULL)
@@ -800,17 +805,40 @@ int model_load_fd(model *m, int fd, const char *path, acc_err *err)
 void model_forward(model *m, const int *tokens, const int *targets, const float *weights,
                    int nseq, int want_grad, double *loss_sum)
 {
+    if (m->shard != NULL)
+        model_shard_pass_begin(m, want_grad != 0);
     m->family->forward(m, tokens, targets, weights, nseq, want_grad, loss_sum);
+}
+
+/* ZeRO-3: the caller's done, after the ends' gradients are reduced. */
+typedef struct shard_done_ctx {
+    model *m;
+    model_grads_done_fn done;
+    void *ctx;
+} shard_done_ctx;
+
+static void shard_done(void *ctx, int layer)
+{
+    shard_done_ctx *c = ctx;
+    if (layer < 0)
+        model_shard_backward_done(c->m);
+    if (c->done != NULL)
+        c->done(c->ctx, layer);
 }
 
 void model_backward(model *m, int nseq)
 {
-    m->family->backward(m, nseq, NULL, NULL);
+    model_backward_notify(m, nseq, NULL, NULL);
 }
 
 void model_backward_notify(model *m, int nseq, model_grads_done_fn done, void *ctx)
 {
-    m->family->backward(m, nseq, done, ctx);
+    if (m->shard == NULL) {
+        m->family->backward(m, nseq, done, ctx);
+        return;
+    }
+    shard_done_ctx c = {m, done, ctx};
+    m->family->backward(m, nseq, shard_done, &c);
 }
 
 /* Append span [off, off + len) to out, merged into the last one when
@@ -838,6 +866,8 @@ int model_grad_spans(const model *m, int lo, int hi, int ends, kern_span *out)
      * tensor) one span per block tensor. */
     int n = 0, prev = -2;
     const model_layout *l = &m->layout;
+    if (m->shard != NULL) /* ZeRO-3: the blocks' were reduced in the backward */
+        return ends ? push_span(out, 0, (size_t)(m->gtail - m->grads), m->grad_tail, 1) : 0;
     for (int i = 0; i < l->n; i++) {
         const model_tensor *t = &l->t[i];
         int in = t->layer < 0 ? ends : (t->layer >= lo && t->layer < hi);
@@ -853,12 +883,34 @@ int model_grad_spans(const model *m, int lo, int hi, int ends, kern_span *out)
 
 void model_zero_grad(model *m)
 {
-    m->dev->ops->zero(m->dev, m->grads, (m->ngrad + m->grad_tail) * sizeof(float));
+    m->dev->ops->zero(m->dev, m->grads, ((size_t)(m->gtail - m->grads) + m->grad_tail) * sizeof(float));
 }
 
 double model_grad_sumsq(model *m)
 {
-    return m->dev->ops->sumsq(m->dev, m->grads, m->ngrad);
+    return m->dev->ops->sumsq(m->dev, m->grads, m->nheld);
+}
+
+float *model_grad(model *m, size_t off)
+{
+    if (m->shard != NULL)
+        return model_shard_grad(m, off);
+    return off >= m->ngrad ? NULL : m->grads + off;
+}
+
+const model_layout *model_held_layout(const model *m)
+{
+    return m->shard != NULL ? model_shard_layout(m) : &m->layout;
+}
+
+int model_params_gather(model *m, bool keep)
+{
+    return m->shard != NULL ? model_shard_snapshot(m, keep) : 0;
+}
+
+void model_params_release(model *m)
+{
+    model_shard_release(m);
 }
 
 const model_tensor *model_find_tensor(const model *m, const char *name)
@@ -1130,6 +1182,10 @@ static void narrow_copy(const model *m, float *down, const float *up, size_t off
 void model_weights_download(const model *m, float *host, size_t off, size_t n)
 {
     kern_device *d = m->dev;
+    if (m->shard != NULL) { /* from model_params_gather's copy */
+        model_shard_copy((model *)m, host, NULL, off, n);
+        return;
+    }
     if (off < m->nf32) {
         size_t k = n < m->nf32 - off ? n : m->nf32 - off;
         d->ops->download(d, host, m->params + off, k * sizeof *host);
@@ -1141,6 +1197,10 @@ void model_weights_download(const model *m, float *host, size_t off, size_t n)
 void model_weights_upload(model *m, const float *host, size_t off, size_t n)
 {
     kern_device *d = m->dev;
+    if (m->shard != NULL) { /* this rank's pieces of the range */
+        model_shard_copy(m, NULL, host, off, n);
+        return;
+    }
     if (off < m->nf32) {
         size_t k = n < m->nf32 - off ? n : m->nf32 - off;
         d->ops->upload(d, m->params + off, host, k * sizeof *host);
@@ -1161,6 +1221,8 @@ void model_params_upload(model *m, const float *host)
 
 const float *model_weight(model *m, size_t off, int slot)
 {
+    if (m->shard != NULL)
+        return model_shard_weight(m, off);
     if (off < m->nf32)
         return m->params + off;
     const model_tensor *t = tensor_holding(&m->layout, off);
@@ -1186,12 +1248,14 @@ const float *model_weight(model *m, size_t off, int slot)
 
 void model_layer_begin(model *m, int layer, bool backward)
 {
-    (void)m, (void)layer, (void)backward; /* every parameter is resident today */
+    if (m->shard != NULL) /* ZeRO-3: gathered (and the next one prefetched) */
+        model_shard_layer_begin(m, layer, backward);
 }
 
 void model_layer_end(model *m, int layer, bool backward)
 {
-    (void)m, (void)layer, (void)backward;
+    if (m->shard != NULL) /* released; in the backward its gradients reduce-scattered */
+        model_shard_layer_end(m, layer, backward);
 }
 
 int model_safetensors_read(const model_layout *l, const st_file *f, const char *path,

@@ -45,8 +45,10 @@
  * fp32: widened exactly, narrowed by rounding to nearest even (exact for
  * weights loaded in that dtype). Forward and backward bracket each block
  * with model_layer_begin / model_layer_end (blocks.h's layer loop): where
- * a sharded store gathers a block's parameters and releases them, and an
- * offloaded one streams them in (no-ops today).
+ * the ZeRO-3 store (model_shard.h, m->shard) gathers a block's parameters
+ * and releases them, and an offloaded one would stream them in (no-ops
+ * for a whole model). At ZeRO-3, params / grads hold the rank's partition
+ * only: model_weight and model_grad resolve into the gathered slots.
  *
  * Bytes. model_state_bytes and model_act_bytes are the device bytes the
  * model allocates (parameters + gradients + tail; activations for B x T),
@@ -473,6 +475,12 @@ struct model {
      * the forward's. */
     const int *positions;
     size_t wstore_bytes;  /* bytes of wstore (0 without one) */
+    /* ZeRO stage 3 (model_shard.h): params and grads hold this rank's
+     * partition only, the blocks are gathered into slots; NULL: whole */
+    struct model_shard *shard;
+    size_t nheld;         /* floats of params and grads this rank holds: ngrad, or its partition's */
+    float *gtail;         /* the caller's tail: grads + ngrad, or (ZeRO-3) past rank 0's
+                           * partition, at the same offset on every rank */
 };
 
 /* Floats past the gradients model_create reserves for its caller. */
@@ -481,6 +489,10 @@ struct model {
 typedef struct model_opts {
     int B, T;             /* activations for B x T now (B = 0: later) */
     size_t grad_tail;     /* floats the caller owns past the gradients */
+    /* ZeRO stage 3: the parameters partitioned over `world` ranks of
+     * `comm` (model_shard.h), this one `rank`; NULL: a whole model */
+    struct kern_comm *comm;
+    int rank, world;
 } model_opts;
 
 /* Allocate parameters and gradients (zeroed), then activations for B x T
@@ -517,6 +529,19 @@ void model_backward_notify(model *m, int nseq, model_grads_done_fn done, void *c
  * the ends once cover [0, ngrad + grad_tail) exactly once (frozen tensors have no gradient). Writes at most
  * MODEL_MAX_GRAD_SPANS; returns how many (-1 if more were needed). */
 int model_grad_spans(const model *m, int lo, int hi, int ends, kern_span *out);
+
+/* The gradient of the tensor at layout offset off for the next op
+ * (grads + off, or a ZeRO-3 gradient slot); NULL when frozen. */
+float *model_grad(model *m, size_t off);
+/* The layout AdamW walks over params / grads: the model's, or the
+ * ZeRO-3 partition's (model_shard.h). */
+const model_layout *model_held_layout(const model *m);
+/* Before one rank reads the whole parameters to the host
+ * (model_params_download: a checkpoint): at ZeRO-3 every rank calls it (a
+ * collective) and the ranks with `keep` hold them until
+ * model_params_release; a no-op for a whole model. */
+int model_params_gather(model *m, bool keep);
+void model_params_release(model *m);
 
 void model_zero_grad(model *m);
 /* Sum of squares of the parameter gradients (not the tail). */
@@ -555,8 +580,9 @@ void model_weights_upload(model *m, const float *host, size_t off, size_t n);
  * slot-0 matrix), valid until the next model_weight of that slot. */
 const float *model_weight(model *m, size_t off, int slot);
 /* Block `layer`'s parameters are about to be used (begin) / are done
- * with (end) in the forward or the backward (no-ops today: the seam where
- * ZeRO-3 gathers and releases them and offload streams them). */
+ * with (end) in the forward or the backward: the ZeRO-3 store gathers
+ * (and prefetches the next block) / releases them and reduce-scatters the
+ * block's gradients after its backward; no-ops for a whole model. */
 void model_layer_begin(model *m, int layer, bool backward);
 void model_layer_end(model *m, int layer, bool backward);
 

@@ -17,6 +17,7 @@
 #include "hf_dir.h"
 #include "model_hf.h"
 #include "model_lora.h"
+#include "model_shard.h"
 #include "safepath.h"
 #include "safetensors.h"
 
@@ -522,7 +523,7 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
     if (master && (tp.dtype != ST_F32 || tp.nbytes != nmaster * sizeof(float)))
         rc = acc_err_set(err, ACC_EINVAL, "resume_from", "%s: master weights do not match the model", path);
     if (rc == 0 && master) { /* the fp32 weights beside a narrower model.safetensors */
-        m->dev->ops->upload(m->dev, m->params, tp.data, tp.nbytes);
+        model_weights_upload(m, tp.data, 0, nmaster); /* a ZeRO-3 rank: its pieces */
     } else if (rc == 0 && sharded_at(dfd)) {
         rc = load_sharded(dfd, dir, m, err);
     } else if (rc == 0) {
@@ -539,8 +540,23 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
         /* the whole trainable range's moments on disk: this optimizer's range of them
          * (a ZeRO shard of any world size, or all), on the device or the
          * host (offloaded) */
-        adamw_moment_set(opt, 0, (const float *)tm.data + opt->lo);
-        adamw_moment_set(opt, 1, (const float *)tv.data + opt->lo);
+        if (m->shard != NULL) { /* ZeRO-3: the partition's pieces, in its order, through
+                                 * the gradient buffer's partition (free until the first step) */
+            size_t each = (opt->hi - opt->lo) * sizeof(float);
+            float *buf = malloc(each > 0 ? each : 1);
+            if (buf == NULL)
+                rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory loading the optimizer state");
+            for (int i = 0; rc == 0 && i < 2; i++) {
+                model_shard_scatter_host(m, (const float *)(i == 0 ? tm.data : tv.data), m->grads);
+                m->dev->ops->download(m->dev, buf, m->grads, each);
+                adamw_moment_set(opt, i, buf);
+            }
+            model_zero_grad(m);
+            free(buf);
+        } else {
+            adamw_moment_set(opt, 0, (const float *)tm.data + opt->lo);
+            adamw_moment_set(opt, 1, (const float *)tv.data + opt->lo);
+        }
         opt->t = got.adam_t;
         *st = got;
     }

@@ -1,5 +1,6 @@
 /* mem_plan: see mem_plan.h. */
 #include "mem_plan.h"
+#include "model_shard.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -70,7 +71,10 @@ static void optim_range(const model_config *cfg, int zero, int world, int rank, 
     size_t n = model_num_trainable(cfg); /* AdamW covers the trainable prefix (LoRA: the adapters) */
     *lo = 0;
     *hi = n;
-    if (zero >= 1 && world > 1)
+    model_shard_sizes z;
+    if (zero >= 3) /* the rank's partition (model_shard.h), whole in its order */
+        *hi = model_shard_sizes_of(cfg, rank, world, &z, NULL) == 0 ? z.pn : n;
+    else if (zero >= 1 && world > 1)
         adamw_shard(n, rank, world, lo, hi);
 }
 
@@ -80,6 +84,18 @@ uint64_t plan_optim_bytes(const model_config *cfg, int zero, int world, int rank
     uint64_t b;
     optim_range(cfg, zero, world, rank, &lo, &hi);
     return adamw_state_bytes(lo, hi, &b, NULL) == 0 ? b : ACC_SIZE_OVERFLOW;
+}
+
+/* ZeRO-3's state by part: the partition's weights and the parameter
+ * slots, its gradients with the trainer's slots and the gradient slots,
+ * its moments. */
+static int state_parts_z3(const model_config *cfg, int world, int rank, size_t lo, size_t hi,
+                          plan_parts *p, acc_err *err)
+{
+    int rc = model_shard_state_bytes(cfg, TRAIN_SLOTS, rank, world, &p->weights, &p->gradients, err);
+    if (rc == 0)
+        rc = adamw_state_bytes(lo, hi, &p->optimizer, err);
+    return rc;
 }
 
 /* Rank `rank`'s state by part, as the allocations are made (model.c:
@@ -92,6 +108,8 @@ static int state_parts(const model_config *cfg, int zero, int world, int rank, p
     size_t lo, hi;
     memset(p, 0, sizeof *p);
     optim_range(cfg, zero, world, rank, &lo, &hi);
+    if (zero >= 3) /* the partition and the gather slots (model_shard.h) */
+        return state_parts_z3(cfg, world, rank, lo, hi, p, err);
     int rc = model_state_bytes(cfg, TRAIN_SLOTS, &model_b, err);
     if (rc == 0)
         rc = adamw_state_bytes(lo, hi, &p->optimizer, err);
@@ -297,6 +315,21 @@ int plan_next_smaller_micro(int per_rank, int m)
     return batch_split_smaller_micro(&s);
 }
 
+/* ZeRO-3's state as model_shard_create allocates it, into allocs[0, 1]
+ * (the partition's parameters, its gradients + the trainer's slots) and
+ * allocs[7..11] (two parameter slots, the gradient slot, the ends' two). */
+static void z3_allocs(const model_config *cfg, int world, uint64_t *allocs)
+{
+    model_shard_sizes z; /* rank 0's: the planner's row is rank 0's */
+    if (model_shard_sizes_of(cfg, 0, world, &z, NULL) != 0)
+        return;
+    uint64_t f = sizeof(float);
+    allocs[0] = z.pn * f;
+    allocs[1] = (z.pn + TRAIN_SLOTS) * f;
+    allocs[7] = allocs[8] = allocs[9] = z.slot * f;
+    allocs[10] = allocs[11] = z.ends * f;
+}
+
 /* The row's peak by part: the state's parts (state_parts), the per-m part
  * as plan_act_bytes counts it (activations + the backend's workspace);
  * then what the backend holds beyond: its allocator's rounding of each
@@ -315,8 +348,10 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
     p->workspace = acc_sat_add_u64(ws.a_bytes, ws.b_bytes);
     p->workspace = p->workspace <= r->act_bytes ? p->workspace : r->act_bytes;
     p->activations = r->act_bytes - p->workspace;
-    const uint64_t allocs[] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer - p->optimizer / 2,
-                               p->activations, ws.a_bytes, ws.b_bytes};
+    uint64_t allocs[] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer - p->optimizer / 2,
+                         p->activations, ws.a_bytes, ws.b_bytes, 0, 0, 0, 0, 0};
+    if (spec->zero_stage >= 3) /* the partition's buffers and the slots, one allocation each */
+        z3_allocs(cfg, spec->devices, allocs);
     p->rounding = 0;
     for (size_t i = 0; i < sizeof allocs / sizeof allocs[0]; i++)
         if (allocs[i] != 0 && allocs[i] != ACC_SIZE_OVERFLOW) {

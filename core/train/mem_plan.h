@@ -16,10 +16,13 @@
  * ZeRO (spec zero_optimization.stage, docs/engine.md): from stage 1 a rank
  * holds the AdamW moments of its shard of the parameters only (adamw_shard:
  * rank 0's is the largest, so it is the job's peak); the parameters and
- * the gradient buffer stay whole at every stage (stage 2 accumulates the
+ * the gradient buffer stay whole at stages 1 and 2 (stage 2 accumulates the
  * micro-steps in the full buffer, as the gradients cross devices once per
- * step), so stage 2's bytes are stage 1's. The spec-taking functions
- * below predict rank 0 under the spec's stage and devices.
+ * step), so stage 2's bytes are stage 1's. Stage 3 partitions them too:
+ * a rank holds its partition of parameters, gradients and moments plus
+ * the gather slots (model_shard.h; rank 0's partition is the largest).
+ * The spec-taking functions below predict rank 0 under the spec's stage
+ * and devices.
  *
  * Optimizer offload (zero_optimization.offload_optimizer, adamw.h): the
  * moments leave the device (parts.optimizer 0, optim_bytes 0) and the
@@ -131,8 +134,10 @@ int plan_model_config(const train_cfg *spec, model_config *cfg, acc_err *err);
  * gradients and the trainer's slots (model_state_bytes with TRAIN_SLOTS)
  * plus the AdamW moments of the whole buffer. UINT64_MAX on overflow. */
 uint64_t plan_state_bytes(const model_config *cfg);
-/* The same for rank `rank` of `world` under ZeRO stage `zero` (0, 1, 2):
- * its AdamW moments are those of its shard from stage 1. */
+/* The same for rank `rank` of `world` under ZeRO stage `zero` (0 to 3):
+ * its AdamW moments are those of its shard from stage 1; at stage 3 its
+ * parameters, gradients and moments those of its partition plus the
+ * gather slots (model_shard_state_bytes). */
 uint64_t plan_rank_state_bytes(const model_config *cfg, int zero, int world, int rank);
 /* Of which the AdamW moments. UINT64_MAX on overflow. */
 uint64_t plan_optim_bytes(const model_config *cfg, int zero, int world, int rank);

@@ -39,8 +39,10 @@ int plan_spec_at_world(train_cfg *spec, int w, acc_err *err)
 bool plan_variant_available(const train_cfg *spec, const plan_hw *hw, const plan_variant *v)
 {
     (void)spec;
-    /* ZeRO shards over the ranks: none with one device (a 400 at submit) */
-    return v->zero_stage >= 0 && v->zero_stage <= 2 && (v->zero_stage == 0 || hw->devices >= 2);
+    /* ZeRO shards over the ranks: none with one device (a 400 at submit);
+     * stage 3 partitions a full fine-tune's parameters (no LoRA yet) */
+    return v->zero_stage >= 0 && v->zero_stage <= 3 && (v->zero_stage == 0 || hw->devices >= 2) &&
+           !(v->zero_stage == 3 && v->lora);
 }
 
 int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_variant *v, train_cfg *out,
@@ -177,6 +179,12 @@ int plan_table_build(const train_cfg *spec, const plan_hw *hw, plan_table *t, ac
                 if (plan_variant_available(spec, hw, &v))
                     rc = add_group(spec, t, &v, err);
             }
+    /* then ZeRO-3 (a full fine-tune's parameters partitioned), the most change */
+    for (int rec = 0; rc == 0 && rec < 2; rec++) {
+        plan_variant v = {.zero_stage = 3, .recompute = rec};
+        if (plan_variant_available(spec, hw, &v))
+            rc = add_group(spec, t, &v, err);
+    }
     if (rc == 0)
         rc = recommend(spec, t, err);
     for (int g = 0; rc == 0 && g < t->ngroups && t->suggested < 0; g++)

@@ -52,7 +52,7 @@ typedef struct plan_hw {
 
 typedef struct plan_variant {
     bool lora;         /* LoRA adapters on a frozen base (false: every weight trains) */
-    int zero_stage;    /* 0, 1 (AdamW moments sharded), 2 (and gradients) */
+    int zero_stage;    /* 0, 1 (AdamW moments sharded), 2 (and gradients), 3 (and parameters) */
     bool recompute;    /* activation recomputation */
     bool qlora;        /* LoRA on a 4-bit NF4 base (model.quantize "nf4";
                         * lora is then true too): mode "qlora" */
@@ -64,7 +64,7 @@ typedef struct plan_group {
     int best;          /* index (in rows) of the largest fitting m; -1: none fits */
 } plan_group;
 
-#define PLAN_MAX_GROUPS 18 /* 3 (full / LoRA / QLoRA) x 3 (ZeRO) x 2 (recompute) */
+#define PLAN_MAX_GROUPS 20 /* 3 (full / LoRA / QLoRA) x 3 (ZeRO 0-2) x 2 (recompute), ZeRO-3 x 2 */
 
 typedef struct plan_table {
     plan_hw hw;

@@ -88,7 +88,8 @@ typedef struct train_cfg {
     spec_precision precision;
     bool activation_checkpointing;
     bool lean_activations;      /* attention without T x T, chunked head + loss */
-    int zero_stage;        /* 0 (replicas), 1 (AdamW moments sharded), 2 (and the reduced gradients) */
+    int zero_stage;        /* 0 (replicas), 1 (AdamW moments sharded), 2 (and the reduced gradients),
+                            * 3 (and the parameters: model_shard.h) */
     spec_optim optim;
     spec_lr lr;
     int max_steps;

@@ -476,6 +476,8 @@ static int plan_buckets(rank_state *rs, size_t bytes, acc_err *err)
         acc = 0;
         if (b->nspans < 0)
             return acc_err_set(err, ACC_EINTERNAL, "", "a gradient bucket needs too many spans");
+        if (b->nspans == 0) /* nothing of these layers' is reduced here (ZeRO-3) */
+            n--;
     }
     grad_bucket *last = &rs->buckets[n++];
     last->after_layer = -1;
@@ -526,17 +528,22 @@ static int rank_setup(rank_state *rs, acc_err *err)
     if (rc == 0)
         rc = kern_comm_bind(t->comm, rs->rank, rs->dev, err);
     model_opts mo = {.B = 0, .T = T, .grad_tail = TRAIN_SLOTS};
+    if (t->zero->params_sharded) { /* ZeRO-3: each rank holds its partition */
+        mo.comm = t->comm;
+        mo.rank = rs->rank;
+        mo.world = t->nranks;
+    }
     if (rc == 0 && (rc = model_create_ex(rs->dev, &t->cfg, &mo, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0) {
-        t->zero->keep(rs->model->ngrad, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
+        t->zero->keep(rs->model->nheld, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
     }
     uint64_t before = rs->dev != NULL ? rs->dev->in_use : 0;
     if (rc == 0 && (rc = create_optimizer(rs, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0) { /* measured, for the step events and the tests */
         t->mem_optim[rs->rank] = rs->dev->in_use - before;
-        t->mem_grads[rs->rank] = (rs->model->ngrad + rs->model->grad_tail) * sizeof(float);
+        t->mem_grads[rs->rank] = ((size_t)(rs->model->gtail - rs->model->grads) + rs->model->grad_tail) * sizeof(float);
         if (t->hooks != NULL) {
             t->hooks->mem_optim[rs->rank] = t->mem_optim[rs->rank];
             t->hooks->mem_grads[rs->rank] = t->mem_grads[rs->rank];
@@ -683,6 +690,26 @@ static void publish_memory(rank_state *rs)
     atomic_store_explicit(&rs->t->mem_free[rs->rank], mi.free_bytes, memory_order_relaxed);
 }
 
+/* ZeRO-3: every forward gathers, so every rank runs as many as the rank
+ * with the most samples; a rank with fewer first runs forwards of one
+ * sample that carries no loss (token 0, weight 0), their results dropped. */
+static void eval_pad(rank_state *rs, uint64_t total, uint64_t mine)
+{
+    uint64_t m = (uint64_t)rs->split.m, w = (uint64_t)rs->t->nranks, T = (uint64_t)rs->t->spec.model.seq_len;
+    uint64_t most = (total + w - 1) / w, calls = (most + m - 1) / m, own = (mine + m - 1) / m;
+    if (own >= calls)
+        return;
+    memset(rs->inputs, 0, T * sizeof *rs->inputs);
+    memset(rs->targets, 0, T * sizeof *rs->targets);
+    memset(rs->weights, 0, T * sizeof *rs->weights);
+    for (uint64_t i = 0; rs->pos != NULL && i < T; i++)
+        rs->pos[i] = (int)i;
+    for (uint64_t k = own; k < calls; k++) {
+        double none;
+        model_forward(rs->model, rs->inputs, rs->targets, rs->weights, 1, 0, &none);
+    }
+}
+
 /* Eval loss over the whole validation set, or its first eval_batches x B
  * samples when eval_batches caps it, split over
  * ranks: the mean over every loss-carrying target token of those samples
@@ -699,6 +726,8 @@ static int run_eval(rank_state *rs, double *val_loss, uint64_t *ntok, uint64_t *
     uint64_t hi = total * (uint64_t)(rs->rank + 1) / (uint64_t)t->nranks;
     uint64_t nval = data_num_samples(t->val);
     double sum = 0.0;
+    if (t->zero->params_sharded) /* as many forwards as the rank with the most */
+        eval_pad(rs, total, hi - lo);
     for (uint64_t j = lo; j < hi; j += (uint64_t)m) {
         int n = (int)(hi - j < (uint64_t)m ? hi - j : (uint64_t)m);
         for (int pos = 0; pos < n; pos++) {
@@ -719,7 +748,7 @@ static int run_eval(rank_state *rs, double *val_loss, uint64_t *ntok, uint64_t *
      * gradient buffer's spare slots, free between steps */
     model *md = rs->model;
     kern_device *dev = rs->dev;
-    float *slots = md->grads + md->ngrad + SLOT_EVAL;
+    float *slots = md->gtail + SLOT_EVAL;
     float buf[2];
     put_double(buf, sum);
     dev->ops->upload(dev, slots, buf, sizeof buf);
@@ -874,9 +903,10 @@ static int gather_moments(rank_state *rs, float *mom[2], acc_err *err)
 {
     trainer *t = rs->t;
     model *m = rs->model;
-    kern_device *d = rs->dev;
     size_t n = m->ngrad, k = rs->zhi - rs->zlo;
     mom[0] = mom[1] = NULL;
+    /* the rank's moments on the host first: on the device, or already
+     * there (offloaded), adamw_moment_get says which */
     float *shard = malloc(k > 0 ? k * sizeof(float) : 1);
     int rc = shard == NULL ? ACC_ENOMEM : 0;
     for (int i = 0; rc == 0 && i < 2; i++) {
@@ -884,12 +914,9 @@ static int gather_moments(rank_state *rs, float *mom[2], acc_err *err)
             rc = ACC_ENOMEM;
             break;
         }
-        adamw_moment_get(rs->opt, i, shard); /* the device's, or the host copy (offloaded) */
-        d->ops->upload(d, m->grads + rs->zlo, shard, k * sizeof(float));
-        if ((rc = kern_comm_allgather(t->comm, rs->rank, m->grads, n)) == 0 && rs->rank == 0)
-            d->ops->download(d, mom[i], m->grads, n * sizeof(float));
+        adamw_moment_get(rs->opt, i, shard);
+        rc = t->zero->state_to_host(t->comm, rs->rank, m, shard, rs->zlo, rs->zhi, mom[i]);
     }
-    model_zero_grad(m);
     free(shard);
     if (rc == 0)
         return 0;
@@ -948,6 +975,13 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     float *mom[2] = {NULL, NULL};
     if (t->zero->state_sharded) {
         int grc = gather_moments(rs, mom, err);
+        if (grc == 0 && (grc = model_params_gather(rs->model, rs->rank == 0)) != 0)
+            grc = acc_err_set(err, grc, "", grc == ACC_ENOMEM ? "out of host memory gathering the weights "
+                                                                "for a checkpoint" : "cancelled");
+        if (grc != 0) {
+            free(mom[0]);
+            free(mom[1]);
+        }
         if (grc == 0 && rs->rank != 0)
             rs->last_saved = step;
         if (grc != 0 || rs->rank != 0)
@@ -975,6 +1009,7 @@ static int save_checkpoint(rank_state *rs, int step, acc_err *err)
     }
     free(mom[0]);
     free(mom[1]);
+    model_params_release(rs->model);
     if (rc == 0) {
         rs->last_saved = step;
         emit_simple(t, TEV_CHECKPOINT, step, 0.0, path);
@@ -1001,8 +1036,9 @@ static double get_exact(const float *slot)
 static double shard_sumsq(rank_state *rs, int r)
 {
     model *m = rs->model;
-    size_t lo, hi;
-    adamw_shard(m->ngrad, r, rs->t->nranks, &lo, &hi);
+    size_t lo = rs->zlo, hi = rs->zhi; /* this rank's when it holds only its own */
+    if (!rs->t->zero->grads_sharded)
+        adamw_shard(m->ngrad, r, rs->t->nranks, &lo, &hi);
     return hi > lo ? rs->dev->ops->sumsq(rs->dev, m->grads + lo, hi - lo) : 0.0;
 }
 
@@ -1017,7 +1053,7 @@ static int grad_norm(rank_state *rs, double *norm, acc_err *err)
     int w = t->nranks;
     float part[3 * TRAIN_MAX_RANKS];
     if (t->zero->grads_sharded) {
-        float *slots = m->grads + m->ngrad + SLOT_NORM;
+        float *slots = m->gtail + SLOT_NORM;
         put_exact(part + 3 * rs->rank, shard_sumsq(rs, rs->rank));
         rs->dev->ops->upload(rs->dev, slots + 3 * rs->rank, part + 3 * rs->rank, 3 * sizeof(float));
         int rc = kern_comm_allgather(t->comm, rs->rank, slots, 3 * (size_t)w);
@@ -1056,7 +1092,7 @@ static int finish_step(rank_state *rs, int step, double t0, acc_err *err)
                            step + 1, !isfinite(loss) ? "loss" : "gradient norm", !isfinite(loss) ? loss : norm,
                            step);
     double lr = optim_lr_run(s, &t->steps, step);
-    adamw_step(rs->opt, &m->layout, m->params, m->grads, (float)lr, &s->optim,
+    adamw_step(rs->opt, model_held_layout(m), m->params, m->grads, (float)lr, &s->optim,
                (float)optim_clip_scale(norm, s->optim.grad_clip));
     if ((rc = t->zero->gather_params(t->comm, rs->rank, m->params, m->ngrad)) != 0)
         return acc_err_set(err, rc, "", "cancelled");
@@ -1140,7 +1176,7 @@ static void stage_slots(rank_state *rs)
     put_double(rs->extra + SLOT_LOSS, rs->step_loss_sum);
     rs->extra[SLOT_OOM] = rs->step_oom ? 1.0f : 0.0f;
     rs->extra[SLOT_STOP] = atomic_load(&rs->t->stop_asked) ? 1.0f : 0.0f;
-    rs->dev->ops->upload(rs->dev, m->grads + m->ngrad, rs->extra, sizeof rs->extra);
+    rs->dev->ops->upload(rs->dev, m->gtail, rs->extra, sizeof rs->extra);
 }
 
 static void start_bucket(rank_state *rs, const grad_bucket *b)
@@ -1162,6 +1198,18 @@ static void grads_done(void *ctx, int layer)
         start_bucket(rs, &rs->buckets[rs->next_bucket++]);
 }
 
+/* Whether any rank ran out of memory (ZeRO-3, before each micro-step): a
+ * one-float all-reduce through the out-of-memory slot, zero again after. */
+static int any_rank_oom(rank_state *rs, int hit)
+{
+    float *slot = rs->model->gtail + SLOT_OOM, f = hit ? 1.0f : 0.0f;
+    rs->dev->ops->upload(rs->dev, slot, &f, sizeof f);
+    int rc = kern_comm_allreduce(rs->t->comm, rs->rank, slot, 1);
+    rs->dev->ops->download(rs->dev, &f, slot, sizeof f);
+    rs->dev->ops->zero(rs->dev, slot, sizeof f);
+    return rc != 0 || f != 0.0f; /* cancelled: stop too, the reduction reports it */
+}
+
 /* The a micro-steps of this rank: forward, backward into grads (+=); the
  * last one's backward starts the buckets. An out-of-memory inside stops
  * them and is recorded in `rec`. */
@@ -1173,10 +1221,11 @@ static int run_micro_steps(rank_state *rs, int step, oom_record *rec, acc_err *e
     for (int micro = 0; micro < rs->split.a; micro++) {
         if (check_cancel(rs->t) != 0)
             return acc_err_set(err, ACC_ECANCELLED, "", "cancelled");
-        if (injected_oom(rs, step, micro)) {
+        if (!rec->hit && injected_oom(rs, step, micro))
             oom_record_hit(rec, rs->dev, m->act_bytes);
-            return 0;
-        }
+        /* ZeRO-3: the forward's gathers need every rank, so all skip together */
+        if (rs->t->zero->params_sharded ? any_rank_oom(rs, rec->hit) : rec->hit)
+            return 0; /* the step's reduction tells every rank */
         load_micro(rs, step, micro, n_total);
         double part;
         model_forward(m, rs->inputs, rs->targets, rs->weights, rs->split.m, 1, &part);
@@ -1225,7 +1274,7 @@ static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
     rs->next_bucket = 0;
     rs->bucket_rc = 0;
     int rc = ensure_acts(rs, &rec, err);
-    if (rc == 0 && !rec.hit)
+    if (rc == 0 && (!rec.hit || t->zero->params_sharded)) /* ZeRO-3: to agree on it */
         rc = run_micro_steps(rs, step, &rec, err);
     if (rc != 0)
         return rc;
@@ -1236,7 +1285,7 @@ static int attempt_step(rank_state *rs, int step, int *oom, acc_err *err)
     kern_device *dev = rs->dev;
     if ((rc = dev->ops->last_error(dev, err)) != 0) /* a GPU kernel that failed this step */
         return rc;
-    dev->ops->download(dev, rs->extra, m->grads + m->ngrad, sizeof rs->extra);
+    dev->ops->download(dev, rs->extra, m->gtail, sizeof rs->extra);
     *oom = rs->extra[SLOT_OOM] != 0.0f;
     return *oom ? 0 : finish_step(rs, step, t0, err);
 }
@@ -1275,7 +1324,7 @@ static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
     model_zero_grad(m);
     model_acts_free(m);
     if (!t->own_comm) {
-        int src = oom_share(t->comm, rs->rank, t->nranks, rs->dev, m->grads, m->ngrad, t->oom);
+        int src = oom_share(t->comm, rs->rank, t->nranks, rs->dev, m->grads, m->nheld, t->oom);
         model_zero_grad(m);
         if (src == ACC_ENOMEM)
             return acc_err_set(err, src, "", "out of host memory");
@@ -1535,6 +1584,9 @@ static int rank_run(rank_state *rs, acc_err *err)
         }
     }
     train_hooks *h = t->hooks;
+    /* ZeRO-3: the weights gathered for rank 0's copy (every rank calls) */
+    if (h != NULL && h->final_params != NULL && (rc = model_params_gather(rs->model, rs->rank == 0)) != 0)
+        return acc_err_set(err, rc, "", "gathering the final weights failed");
     if (rs->rank == 0 && h != NULL) {
         h->final_micro = rs->split.m;
         h->final_accum = rs->split.a;
@@ -1544,6 +1596,7 @@ static int rank_run(rank_state *rs, acc_err *err)
         if (h->final_params != NULL && h->final_params_cap >= rs->model->nparams)
             model_params_download(rs->model, h->final_params);
     }
+    model_params_release(rs->model);
     return 0;
 }
 

@@ -10,8 +10,12 @@
  *  - how the parameters are made whole after the rank updated its range:
  *    nothing (stage 0), an all-gather (stages 1 and 2).
  * The trainer calls through the row of its job's stage and never asks for
- * the stage number. A later stage is a new row: stage 3 (parameters
- * sharded too) adds the per-layer gather and release of the parameters.
+ * the stage number. Stage 3 shards the parameters too: the model's store
+ * is partitioned (model_shard.h: each block gathered before its forward
+ * and its backward, its gradients reduce-scattered into the rank's
+ * partition as the backward finishes it), so its row keeps all of the
+ * partition, reduces only the trainer's tail in the step's reduction and
+ * has nothing to gather after the update.
  *
  * Shards are the collectives' (kern_shard_lo, adamw_shard), so a rank's
  * range is the one its reduce-scatter and all-gather use.
@@ -23,6 +27,7 @@
 #include <stddef.h>
 
 #include "kern_comm.h"
+#include "model.h"
 
 typedef struct zero_ops {
     int stage;
@@ -45,10 +50,21 @@ typedef struct zero_ops {
     /* after each rank updated its range of params[0, n): every rank's
      * params whole again */
     int (*gather_params)(kern_comm *c, int rank, float *params, size_t n);
+    /* the parameters are partitioned (stage 3): the model is created
+     * sharded over the job's ranks, and every rank must run the same
+     * forwards and backwards (the blocks' gathers are collectives) */
+    bool params_sharded;
+    /* Every rank calls: the moment vector `shard` (host memory, the rank's
+     * range [lo, hi) of the model's held floats, adamw_moment_get) made
+     * whole in layout order into host[ngrad] on the ranks that pass one
+     * (NULL: only helps). The model's gradient buffer serves as scratch
+     * (zeroed after). */
+    int (*state_to_host)(kern_comm *c, int rank, model *m, const float *shard, size_t lo, size_t hi,
+                         float *host);
 } zero_ops;
 
 /* Highest stage with a row. */
-#define ZERO_MAX_STAGE 2
+#define ZERO_MAX_STAGE 3
 
 /* The row of `stage`, or NULL when there is none. */
 const zero_ops *zero_ops_of(int stage);

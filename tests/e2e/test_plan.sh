@@ -4,7 +4,8 @@
 #   - LLaMA-2-7B's config.json (published values, written here; no weights)
 #     on one 24 GiB CUDA device: no full fine-tune fits, and the answer says
 #     why with the numbers (16 bytes a parameter before activations);
-#   - on four 24 GiB devices: still none (without ZeRO each holds it all);
+#   - on four 24 GiB devices: still none (without ZeRO each holds it all;
+#     ZeRO-3 rows partition weights and gradients too, still too big);
 #   - LoRA rows with r 16, alpha 32, all-linear (39,976,960 adapter
 #     parameters) and the adapters' AdamW state only;
 #   - on 80 GiB: no full fine-tune, a LoRA one fits and is suggested;
@@ -86,11 +87,20 @@ echo "$a" | jq -e '[.rows[] | select(.mode == "full" and .zero_stage == 0)] | al
 # floor or ceil), the gradients whole (docs/engine.md "ZeRO")
 echo "$a" | jq -e '
     ([.rows[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false)][0]) as $z0 |
-    [.rows[] | select(.mode == "full" and .zero_stage >= 1)] as $z |
+    [.rows[] | select(.mode == "full" and .zero_stage >= 1 and .zero_stage <= 2)] as $z |
     ($z | length) > 0 and
     ($z | all(.optimizer_bytes * 4 >= $z0.optimizer_bytes - 32 and .optimizer_bytes * 4 <= $z0.optimizer_bytes + 32
               and .gradients_bytes == $z0.gradients_bytes and .weights_bytes == $z0.weights_bytes))' >/dev/null ||
     fail "4 x 24 GiB: ZeRO rows: $(echo "$a" | jq -c '[.rows[] | select(.zero_stage >= 1)][0]')"
+# ZeRO-3 rows: the parameters and gradients partitioned too (a quarter,
+# plus the gather slots), still over 24 GiB without offload
+echo "$a" | jq -e '
+    ([.rows[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false)][0]) as $z0 |
+    [.rows[] | select(.mode == "full" and .zero_stage == 3)] as $z |
+    ($z | length) > 0 and
+    ($z | all(.weights_bytes * 2 < $z0.weights_bytes and .gradients_bytes * 2 < $z0.gradients_bytes
+              and .optimizer_bytes * 4 <= $z0.optimizer_bytes + 64 and .fits == false))' >/dev/null ||
+    fail "4 x 24 GiB: ZeRO-3 rows: $(echo "$a" | jq -c '[.rows[] | select(.zero_stage == 3)][0]')"
 ok "4 x 24 GiB: $(echo "$a" | jq -r .summary.message)"
 
 # ---- 80 GiB: no full fine-tune; LoRA fits, and the summary suggests it -------

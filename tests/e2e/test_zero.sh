@@ -9,7 +9,9 @@
 #  - a stage-2 job on 4 devices checkpoints the whole state: resumed on 2
 #    devices at stage 2 and at stage 0 it continues with the same losses;
 #  - SIGTERM checkpoints a running ZeRO-2 job (its ranks stop together) and
-#    the restarted daemon resumes it with the losses of a run never stopped.
+#    the restarted daemon resumes it with the losses of a run never stopped;
+#  - stage 3 (top level, and a DeepSpeed section with stage3_* keys) gives
+#    stage 0's losses at one micro-step per device without clipping.
 . "$(dirname "$0")/lib.sh"
 
 ARGS=(--set cpu_devices=4 --set cpu_device_memory=256M --set cpu_threads_per_device=1)
@@ -90,6 +92,27 @@ at=$(acc_events_text "$zs" | grep -o 'resumed from [^ ]* at step [0-9]*' | head 
 [ -n "$at" ] && [ "$at" -ge 3 ] && [ "$at" -lt 150 ] || fail "the ZeRO job did not resume mid-run from its shutdown checkpoint ('$at')"
 expect_eq "history of the stopped and resumed job" "$(history "$zs")" "$(history "$ref")"
 ok "SIGTERM: the ZeRO-2 job checkpointed after step $at, resumed, with the losses of a run never stopped"
+
+# ---- ZeRO-3 (stage 3 at the top level, and from "deepspeed" with its
+# stage3_* tuning keys): one micro-step per device and no clipping, so the
+# losses are stage 0's bit for bit; the tuning keys are listed as ignored
+job3() { # NAME STEPS EXTRA
+    printf '{"name":"%s","model":{"n_layer":2,"n_head":2,"n_embd":32,"seq_len":32,"vocab_size":256},"data":{"train":"gpl.txt"},"train_batch_size":8,"train_micro_batch_size_per_gpu":4,"devices":2,"max_steps":%s,"optimizer":{"grad_clip":0}%s}' \
+        "$1" "$2" "${3:+,$3}"
+}
+losses() { acc_curl "$BASE/v1/jobs/$1/metrics" | jq -c '[.steps[] | [.step, .loss]]'; }
+b0=$(acc_submit "$(job3 b0 4)") || exit 1
+b3=$(acc_submit "$(job3 b3 4 '"zero_optimization":{"stage":3}')") || exit 1
+d3=$(acc_submit "$(job3 d3 4 '"deepspeed":{"zero_optimization":{"stage":3,"stage3_prefetch_bucket_size":"auto","stage3_gather_16bit_weights_on_model_save":true}}')") || exit 1
+for j in "$b0" "$b3" "$d3"; do acc_wait_state "$j" succeeded 120; done
+l0=$(losses "$b0")
+expect_eq "4 steps" "$(echo "$l0" | jq length)" 4
+expect_eq "stage 3 losses" "$(losses "$b3")" "$l0"
+expect_eq "stage 3 (deepspeed) losses" "$(losses "$d3")" "$l0"
+acc_events_text "$d3" | grep -q 'ignored (no meaning in accumd): .*stage3_prefetch_bucket_size' ||
+    fail "the stage3_* keys are not listed as ignored"
+acc_events_text "$b3" | grep -q 'ZeRO stage 3' || fail "the start log does not name ZeRO stage 3"
+ok "stage 3 on 2 devices: stage 0's losses ($(echo "$l0" | jq -c '[.[][1]]')), stage3_* keys ignored"
 
 acc_stop
 acc_check_log

@@ -10,9 +10,10 @@
  *   - the same in bf16, where the GPU also holds the bf16 operand buffers
  *     (sized with the activations, so their out-of-memory adapts too): the
  *     caps differ by plan_cuda_bf16_bytes, the outcome does not;
- *   - with two GPUs or more, ZeRO stage 1 and 2 over 2 GPUs (NCCL
- *     reduce-scatter and all-gather) against stage 0 over 2 CPU devices:
- *     losses within 1e-4, each GPU rank's AdamW bytes its shard's;
+ *   - with two GPUs or more, ZeRO stage 1, 2 and 3 over 2 GPUs (NCCL
+ *     reduce-scatter and all-gather; stage 3 per block) against stage 0
+ *     over 2 CPU devices: losses within 1e-4, each GPU rank's AdamW bytes
+ *     its shard's (stage 3: its partition's).
  *   - optimizer offload (pinned and not) on the GPU against the CPU run:
  *     losses and weights within 1e-4 (GPU runs are not bitwise
  *     reproducible: atomics), the GPU peak lower by the moments, the host
@@ -30,6 +31,7 @@
 #include "kern_cpu.h"
 #include "kern_device.h"
 #include "mem_plan.h"
+#include "model_shard.h"
 #include "model_gpt2.h"
 #include "trainer_run.h"
 
@@ -248,7 +250,7 @@ int main(void)
     }
     /* ZeRO over 2 GPUs */
     if (n >= 2) {
-        for (int zero = 1; zero <= 2; zero++) {
+        for (int zero = 1; zero <= 3; zero++) {
             train_cfg s;
             spec_for(&s, text, 0);
             s.train_batch_size = BATCH;
@@ -261,10 +263,19 @@ int main(void)
             train(&s, cpus, 0, &rc);
             s.zero_stage = zero;
             train(&s, gpus, 1, &rg);
-            compare(zero == 1 ? "zero1" : "zero2", &rc, &rg, 1e-4);
+            compare(zero == 1 ? "zero1" : zero == 2 ? "zero2" : "zero3", &rc, &rg, 1e-4);
             for (int r = 0; r < 2; r++) {
                 size_t lo, hi;
                 adamw_shard(rg.h.nparams, r, 2, &lo, &hi);
+                if (zero == 3) { /* the rank's partition (model_shard.h) */
+                    model_config cfg;
+                    model_shard_sizes z;
+                    acc_err e = {0};
+                    if (plan_model_config(&s, &cfg, &e) == 0 && model_shard_sizes_of(&cfg, r, 2, &z, &e) == 0) {
+                        lo = 0;
+                        hi = z.pn;
+                    }
+                }
                 check(rg.h.mem_optim[r] == (hi - lo) * 2 * sizeof(float), "gpu AdamW bytes %g, want %g",
                       (double)rg.h.mem_optim[r], (double)((hi - lo) * 2 * sizeof(float)));
             }

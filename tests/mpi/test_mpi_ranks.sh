@@ -7,7 +7,8 @@
 # threads, and within 1e-6 of a run started at the adapted split); a rank
 # that cannot read the data fails the job with its rank and the path. ZeRO
 # stages 1 and 2 as processes give stage 0's losses bit for bit, and a
-# ZeRO-2 checkpoint (moments gathered over MPI) is stage 0's file.
+# ZeRO-2 checkpoint (moments gathered over MPI) is stage 0's file; ZeRO
+# stage 3 as processes gives the threads' stage-3 losses bit for bit.
 # Usage: test_mpi_ranks.sh ACCUMD_RANK_BINARY
 RANK_BIN=$1
 TEST=mpi_ranks
@@ -48,6 +49,23 @@ for Z in 1 2; do
     done
     ok "ZeRO stage $Z as 2 and 4 rank processes: stage 0's losses bit for bit, one reduction per step"
 done
+# ZeRO stage 3 as rank processes: the blocks' gathers and reduce-scatters
+# over MPI give the threads' stage-3 losses bit for bit, and stage 0's
+# within 1e-6 (accumulation steps and clipping: another order of fp32 sums)
+sed 's|"max_steps"|"devices":2,"zero_optimization":{"stage":3},"max_steps"|' "$S1" >"$TMP/z3.json"
+for W in 2 4; do
+    "${MPIRUN[@]}" -np "$W" "$RANK_BIN" --bucket-bytes 4k --events "$TMP/z3-$W.jsonl" "$TMP/z3.json" ||
+        fail "ZeRO 3: mpirun -np $W exited $?"
+    "$RANK_BIN" --local "$W" --bucket-bytes 4k --events "$TMP/z3t-$W.jsonl" "$TMP/z3.json" || fail "ZeRO 3: threads $W"
+    losses "$TMP/z3-$W.jsonl" >"$TMP/z3-$W.loss"
+    losses "$TMP/z3t-$W.jsonl" >"$TMP/z3t-$W.loss"
+    [ "$(wc -l <"$TMP/z3-$W.loss")" = 4 ] || fail "ZeRO 3, $W processes: $(wc -l <"$TMP/z3-$W.loss") steps"
+    cmp -s "$TMP/z3t-$W.loss" "$TMP/z3-$W.loss" || fail "ZeRO 3, $W processes: losses differ from threads"
+    within "$TMP/t$W.loss" "$TMP/z3-$W.loss" 1e-6 ||
+        fail "ZeRO 3, $W processes: beyond 1e-6 of stage 0: $(paste -d' ' "$TMP/t$W.loss" "$TMP/z3-$W.loss" | tr '\n' ';')"
+done
+ok "ZeRO stage 3 as 2 and 4 rank processes: the threads' losses bit for bit, stage 0's within 1e-6"
+
 # a ZeRO-2 checkpoint of rank processes holds the whole state (the moments
 # gathered over MPI): the file a stage-0 run of threads writes, byte for byte
 "${MPIRUN[@]}" -np 2 "$RANK_BIN" --output "$TMP/zck" "$TMP/z2.json" || fail "ZeRO 2 checkpoint run exited $?"

@@ -376,8 +376,8 @@ static void test_deepspeed(void **state)
                     "\"gradient_accumulation_steps\":16},\"devices\":4", "train_batch_size");
 }
 
-/* zero_optimization: top level or in deepspeed, stages 0..2; stage 3,
- * offload and other DeepSpeed ZeRO keys "not supported yet"; sharding
+/* zero_optimization: top level or in deepspeed, stages 0..3; offload and
+ * other DeepSpeed ZeRO keys "not supported yet"; sharding
  * needs two devices. Each error names its key path. */
 /* zero_optimization.offload_optimizer: "cpu" at stages 0, 1, 2 (top level
  * or in deepspeed), "none" or absent is off, pin_memory read; DeepSpeed's
@@ -484,13 +484,38 @@ static void test_zero(void **state)
     assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"zero_optimization\":{}", &s, &err), 0);
     assert_int_equal(s.zero_stage, 0);
 
-    expect_field(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":3}",
+    /* stage 3: at the top level, in deepspeed, and the native zero_stage;
+     * DeepSpeed's stage3_* tuning keys accepted and listed as ignored */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":3}",
+                                &s, &err), 0);
+    assert_int_equal(s.zero_stage, 3);
+    assert_int_equal(parse_with(f, "\"devices\":4,\"deepspeed\":{\"train_batch_size\":8,"
+                                   "\"zero_optimization\":{\"stage\":3,\"stage3_prefetch_bucket_size\":\"auto\","
+                                   "\"stage3_param_persistence_threshold\":100000,"
+                                   "\"stage3_max_live_parameters\":1000000000,\"stage3_max_reuse_distance\":1000000000,"
+                                   "\"stage3_gather_16bit_weights_on_model_save\":true,"
+                                   "\"stage3_gather_fp16_weights_on_model_save\":false}}", &s, &err), 0);
+    assert_int_equal(s.zero_stage, 3);
+    assert_string_equal(s.ignored, "deepspeed.zero_optimization.stage3_prefetch_bucket_size, "
+                                   "deepspeed.zero_optimization.stage3_param_persistence_threshold, "
+                                   "deepspeed.zero_optimization.stage3_max_live_parameters, "
+                                   "deepspeed.zero_optimization.stage3_max_reuse_distance, "
+                                   "deepspeed.zero_optimization.stage3_gather_16bit_weights_on_model_save, "
+                                   "deepspeed.zero_optimization.stage3_gather_fp16_weights_on_model_save");
+    /* stage 3 on one device, with LoRA, with eval_prompts: 400s naming the key */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"zero_optimization\":{\"stage\":3}", &s, &err),
+                     ACC_EINVAL);
+    assert_string_equal(err.field, "zero_optimization.stage");
+    assert_non_null(strstr(err.msg, "devices >= 2"));
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":3},"
+                                   "\"lora\":{\"r\":4}", &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "zero_optimization.stage");
+    assert_non_null(strstr(err.msg, "LoRA"));
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":3},"
+                                   "\"eval_prompts\":[\"hi\"]", &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "eval_prompts");
+    expect_field(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":4}",
                  "zero_optimization.stage");
-    assert_int_equal(parse_with(f, "\"devices\":2,\"deepspeed\":{\"train_batch_size\":8,"
-                                   "\"zero_optimization\":{\"stage\":3}}", &s, &err), ACC_EINVAL);
-    assert_string_equal(err.field, "deepspeed.zero_optimization.stage");
-    assert_non_null(strstr(err.msg, "not supported yet"));
-    /* optimizer offload to the host: taken (test_offload_optimizer) */
     assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":2,"
                                    "\"offload_optimizer\":{\"device\":\"nvme\"}}", &s, &err), ACC_EINVAL);
     assert_string_equal(err.field, "zero_optimization.offload_optimizer.device");
@@ -735,11 +760,18 @@ static void test_deepspeed_file(void **state)
     write_file(path, "{\"bf16\":{\"enabled\":true},\"train_batch_size\":16}");
     expect_field(f, "\"deepspeed\":\"ds_zero2.json\",\"precision\":\"fp32\"", "deepspeed.bf16.enabled");
     expect_field(f, "\"deepspeed\":\"ds_zero2.json\",\"train_batch_size\":8", "deepspeed.train_batch_size");
-    /* ZeRO-3 with offload: refused for its stage, not yet supported */
+    /* ZeRO-3 from a file: its stage taken, its tuning keys ignored; with
+     * offload: refused for the offload, not yet supported */
+    write_file(path, "{\"train_batch_size\":8,\"zero_optimization\":{\"stage\":3,"
+                     "\"stage3_prefetch_bucket_size\":\"auto\",\"stage3_gather_16bit_weights_on_model_save\":true}}");
+    if (parse_with(f, "\"deepspeed\":\"ds_zero2.json\",\"devices\":2", &s, &err) != 0)
+        fail_msg("%s: %s", err.field, err.msg);
+    assert_int_equal(s.zero_stage, 3);
+    assert_non_null(strstr(s.ignored, "deepspeed.zero_optimization.stage3_prefetch_bucket_size"));
     write_file(path, "{\"train_batch_size\":8,\"zero_optimization\":{\"stage\":3,\"offload_optimizer\":"
                      "{\"device\":\"cpu\"},\"offload_param\":{\"device\":\"cpu\"},\"stage3_prefetch_bucket_size\":\"auto\"}}");
     assert_int_equal(parse_with(f, "\"deepspeed\":\"ds_zero2.json\",\"devices\":2", &s, &err), ACC_EINVAL);
-    assert_string_equal(err.field, "deepspeed.zero_optimization.stage");
+    assert_string_equal(err.field, "deepspeed.zero_optimization.offload_optimizer");
     assert_non_null(strstr(err.msg, "not supported yet"));
     write_file(path, "{\"train_batch_size\":8,\"zero_optimization\":{\"stage\":2,\"offload_optimizer\":"
                      "{\"device\":\"nvme\",\"nvme_path\":\"/local_nvme\"}}}");

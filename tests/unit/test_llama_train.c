@@ -3,6 +3,7 @@
  *     the same per-step losses and final weights within 1e-5; with
  *     lean_activations too (issue 20), and the lean run is the default one
  *     within 1e-5; the planner's exactness holds in lean mode as well;
+ *     under ZeRO stage 3 too ((2,2,2), (4,1,2), (1,2,4) against (8,1,1));
  *   - bf16 (activations stored in bf16): the splits agree within
  *     BF16_SPLIT_TOL, plain and lean; the planner is exact there too;
  *   - the planner predicts a rank's peak to the byte (stored and recompute,
@@ -166,6 +167,33 @@ static void test_split_invariance_lean(void **state)
 {
     (void)state;
     split_invariance(true);
+}
+
+/* ZeRO stage 3: the splits over several devices with the parameters
+ * partitioned, (2,2,2), (4,1,2), (1,2,4), give (8,1,1)'s losses and
+ * weights within 1e-5, with and without lean activations. */
+static void test_split_invariance_zero3(void **state)
+{
+    (void)state;
+    static const int splits[3][3] = {{2, 2, 2}, {4, 1, 2}, {1, 2, 4}};
+    for (int lean = 0; lean < 2; lean++) {
+        run_out base, r;
+        train_cfg s;
+        llama_spec(&s, BATCH, 8, 1, 1);
+        s.lean_activations = lean;
+        run(&s, &base);
+        for (int i = 0; i < 3; i++) {
+            llama_spec(&s, BATCH, splits[i][0], splits[i][1], splits[i][2]);
+            s.lean_activations = lean;
+            s.zero_stage = 3;
+            run(&s, &r);
+            assert_same(&r, &base, 0, STEPS, 1e-5);
+            free(r.params);
+        }
+        print_message("ZeRO-3%s: losses %.6f -> %.6f, (2,2,2) (4,1,2) (1,2,4) as (8,1,1)\n", lean ? " lean" : "",
+                      base.loss[0], base.loss[STEPS - 1]);
+        free(base.params);
+    }
 }
 
 static void planner_exact_in(bool lean, bool bf16)
@@ -348,6 +376,7 @@ int main(void)
         cmocka_unit_test(test_from_hf_dir),
         cmocka_unit_test(test_split_invariance_lean), cmocka_unit_test(test_planner_exact_lean),
         cmocka_unit_test(test_split_invariance_bf16), cmocka_unit_test(test_planner_exact_bf16),
+        cmocka_unit_test(test_split_invariance_zero3),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -44,6 +44,8 @@
 #include "kern_cuda.h"
 #include "model.h"
 #include "plan_table.h"
+#include "model_shard.h"
+#include "trainer.h"
 #include "trainer_run.h"
 
 #define LLAMA2_7B_PARAMS 6738415616ull /* Llama-2-7b-hf's parameter count */
@@ -120,8 +122,22 @@ static void test_enumeration(void **state)
     /* per device 6: m = 1, 2, 3, 6; full and LoRA, ZeRO 0, 1, 2 (two
      * devices), recompute off and on: least change first */
     static const int ms[4] = {1, 2, 3, 6};
-    assert_int_equal(t.ngroups, 18); /* and QLoRA */
-    for (int g = 0; g < t.ngroups; g++) {
+    assert_int_equal(t.ngroups, 20); /* and QLoRA, then ZeRO-3 */
+    for (int g = 18; g < 20; g++) { /* full fine-tune, parameters partitioned (model_shard.h) */
+        assert_int_equal(t.groups[g].v.zero_stage, 3);
+        assert_false(t.groups[g].v.lora);
+        assert_int_equal(t.groups[g].v.recompute, g % 2);
+        const plan_row *z3 = &t.rows[t.groups[g].first];
+        uint64_t wb, gb;
+        model_shard_sizes z;
+        assert_int_equal(model_shard_state_bytes(&cfg, TRAIN_SLOTS, 0, 2, &wb, &gb, &err), 0);
+        assert_int_equal(model_shard_sizes_of(&cfg, 0, 2, &z, &err), 0);
+        assert_int_equal(z3->parts.weights, wb);
+        assert_int_equal(z3->parts.gradients, gb);
+        assert_int_equal(z3->parts.optimizer, z.pn * 2 * sizeof(float));
+        assert_true(2 * z.pn >= model_num_params(&cfg) && 2 * z.pn <= model_num_params(&cfg) + 2 * 8);
+    }
+    for (int g = 0; g < 18; g++) {
         assert_int_equal(t.groups[g].v.lora, g >= 6);
         assert_int_equal(t.groups[g].v.qlora, g >= 12);
         assert_int_equal(t.groups[g].v.zero_stage, g / 2 % 3);

@@ -1,4 +1,4 @@
-/* ZeRO stages 1 and 2 through the trainer, on CPU devices:
+/* ZeRO stages 1, 2 and 3 through the trainer, on CPU devices:
  *   - stage 1 and 2 over 2, 3 and 4 ranks give bit-identical losses, grad
  *     norms and final weights to stage 0 (gradient clipping active, small
  *     buckets so spans cross the shards), GPT-2 and LLaMA;
@@ -12,7 +12,15 @@
  *   - checkpoints hold the whole state: a stage-2 checkpoint at w = 4 is
  *     byte for byte stage 0's, and resumed at w = 2 it continues with the
  *     losses of an uninterrupted w = 2 run (and of stage 0) from it;
- *   - a shutdown checkpoints a ZeRO job too (the ranks stop together).
+ *   - a shutdown checkpoints a ZeRO job too (the ranks stop together);
+ *   - stage 3 (model_shard.h): the store alone gives the whole model's loss
+ *     and gradients and gathers each block once per pass; through the
+ *     trainer at w = 2, 3, 4 it is stage 0 bit for bit at a = 1 without
+ *     clipping (GPT-2, LLaMA, lean; bf16, recomputation, evals over uneven
+ *     ranks, checkpoints), within 1e-6 otherwise; each rank's peak is the
+ *     planner's to the byte and holds no whole-model buffer; its
+ *     checkpoints are stage 0's files and resume at w = 4 and w = 1; an
+ *     out-of-memory on one rank adapts all.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,6 +38,7 @@
 #include "engine_fixture.h"
 #include "fsutil.h"
 #include "mem_plan.h"
+#include "model_shard.h"
 #include "trainer_run.h"
 #include "zero.h"
 
@@ -209,6 +218,117 @@ static void check_stages_lean(const char *arch, int w, int m, int a, bool lean)
     free(r0.params);
     free(r1.params);
     free(r2.params);
+}
+
+/* max |a - b| over max |a| of n floats (0 when both are 0) */
+static double rel_diff_f(const float *a, const float *b, size_t n)
+{
+    double big = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        big = fabs((double)a[i]) > big ? fabs((double)a[i]) : big;
+        d = fabs((double)a[i] - (double)b[i]) > d ? fabs((double)a[i] - (double)b[i]) : d;
+    }
+    return big > 0 ? d / big : d;
+}
+
+static double rel_diff(double a, double b)
+{
+    return fabs(a - b) / (fabs(a) > 0 ? fabs(a) : 1.0);
+}
+
+/* ZeRO-3's measured bytes: AdamW moments of its partition, gradients of
+ * its partition (+ the slots' tail), the peak the planner's to the byte,
+ * and below stage 0's. */
+static void assert_memory3(const train_cfg *s, const run_out *r, const run_out *r0)
+{
+    model_config cfg;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(s, &cfg, &err), 0);
+    int w = s->devices;
+    uint64_t sum = 0;
+    for (int k = 0; k < w; k++) {
+        model_shard_sizes z;
+        assert_int_equal(model_shard_sizes_of(&cfg, k, w, &z, &err), 0);
+        assert_int_equal(r->h.mem_optim[k], z.pn * 2 * sizeof(float));
+        assert_int_equal(r->h.mem_optim[k], plan_optim_bytes(&cfg, 3, w, k));
+        model_shard_sizes z0; /* the tail sits past rank 0's partition on every rank */
+        assert_int_equal(model_shard_sizes_of(&cfg, 0, w, &z0, &err), 0);
+        assert_int_equal(r->h.mem_grads[k], (z0.pn + TRAIN_SLOTS) * sizeof(float));
+        sum += z.pn;
+        uint64_t want = plan_rank_state_bytes(&cfg, 3, w, k) +
+                        plan_act_bytes(&cfg, KERN_DEV_CPU, s->precision, s->micro_batch, s->model.seq_len,
+                                       s->activation_checkpointing);
+        if (r->h.mem_peak[k] != want)
+            print_error("rank %d: peak %llu, predicted %llu\n", k, (unsigned long long)r->h.mem_peak[k],
+                        (unsigned long long)want);
+        assert_int_equal(r->h.mem_peak[k], want);
+        assert_true(r->h.mem_peak[k] < r0->h.mem_peak[k]);
+    }
+    assert_int_equal(sum, model_num_params(&cfg)); /* the partitions cover the model once */
+    uint64_t dev0;
+    assert_int_equal(plan_device_bytes(s, s->micro_batch, s->activation_checkpointing, &dev0, &err), 0);
+    assert_int_equal(r->h.mem_peak[0], dev0);
+}
+
+/* ZeRO-3 against stage 0 on the same split. exact: one micro-step per rank
+ * and no clipping, so the same bits: the blocks' reduce-scatter sums in
+ * rank order as stage 0's all-reduce does, into a zeroed partition, and
+ * AdamW is elementwise; only the norm's partial sums are over other
+ * pieces (reported, not used: within 1e-12). Otherwise within 1e-6
+ * relative: with a > 1 the ranks' sums are added per micro-step (stage 0
+ * adds a rank's micro-steps first), and the clip scale comes from that
+ * norm summed in another order. */
+static void check_stage3(const char *arch, int w, int m, int a, bool exact, bool lean)
+{
+    train_cfg s;
+    run_out r0, r3;
+    spec_of(&s, arch, m, a, w, 0);
+    s.lean_activations = lean;
+    if (exact)
+        s.optim.grad_clip = 0;
+    run(&s, &r0, NULL);
+    spec_of(&s, arch, m, a, w, 3);
+    s.lean_activations = lean;
+    if (exact)
+        s.optim.grad_clip = 0;
+    run(&s, &r3, NULL);
+    double worst = 0;
+    for (int k = 0; k < s.max_steps; k++) {
+        assert_true(isfinite(r3.loss[k]));
+        if (exact)
+            assert_memory_equal(&r0.loss[k], &r3.loss[k], sizeof(double));
+        worst = rel_diff(r0.loss[k], r3.loss[k]) > worst ? rel_diff(r0.loss[k], r3.loss[k]) : worst;
+        assert_true(rel_diff(r0.norm[k], r3.norm[k]) <= (exact ? 1e-12 : 1e-6));
+    }
+    assert_true(worst <= 1e-6);
+    assert_int_equal(r0.h.nparams, r3.h.nparams);
+    double pd = rel_diff_f(r0.params, r3.params, r0.h.nparams);
+    if (exact)
+        assert_memory_equal(r0.params, r3.params, r0.h.nparams * sizeof(float));
+    assert_true(pd <= 1e-6);
+    assert_memory3(&s, &r3, &r0);
+    print_message("%s ZeRO-3 w=%d m=%d a=%d%s: losses %.6f .. %.6f, %s (loss rel %.2g, weights rel %.2g); "
+                  "peak per rank %llu (stage 0: %llu)\n",
+                  arch, w, m, a, lean ? " lean" : "", r0.loss[0], r0.loss[s.max_steps - 1],
+                  exact ? "bit-identical" : "within 1e-6", worst, pd, (unsigned long long)r3.h.mem_peak[0],
+                  (unsigned long long)r0.h.mem_peak[0]);
+    free(r0.params);
+    free(r3.params);
+}
+
+/* ZeRO-3 over 2 and 4 ranks: bit-identical to stage 0 at a = 1 without
+ * clipping; within 1e-6 with accumulation and clipping; GPT-2's
+ * tensor-major layout (a block's tensors apart) and LLaMA's. */
+static void test_stage3(void **state)
+{
+    (void)state;
+    check_stage3("gpt2", 2, 4, 1, true, false);
+    check_stage3("gpt2", 4, 2, 1, true, false);
+    check_stage3("llama", 2, 4, 1, true, false);
+    check_stage3("llama", 4, 2, 1, true, true);
+    check_stage3("gpt2", 2, 2, 2, false, false);
+    check_stage3("llama", 4, 1, 2, false, false);
+    check_stage3("gpt2", 3, 1, 2, false, true); /* uneven slices */
 }
 
 static void check_stages(const char *arch, int w, int m, int a)
@@ -395,6 +515,221 @@ static void test_checkpoint_across_worlds(void **state)
         free(all[i]->params);
 }
 
+/* Stage 3 against stage 0 at a = 1 without clipping: the losses and the
+ * weights bit for bit; the norm (reported only) within 1e-12, its
+ * partial sums being over other pieces. */
+static void assert_bits_z3(const run_out *a, const run_out *b, int from, int to)
+{
+    for (int k = from; k < to; k++) {
+        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
+        assert_true(isfinite(a->loss[k]) && rel_diff(a->norm[k], b->norm[k]) <= 1e-12);
+    }
+    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
+    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+}
+
+/* ZeRO-3 with the other modes: bf16 operands, recomputation, evals (every
+ * rank runs as many forwards: w = 3 leaves the validation samples uneven)
+ * and checkpoints mid-run; at a = 1 without clipping the losses, the
+ * validation losses and the weights are stage 0's bits. */
+static void test_modes_zero3(void **state)
+{
+    (void)state;
+    for (int w = 2; w <= 3; w++) {
+        train_cfg s;
+        run_out r[2];
+        double val[2][CAP_STEPS];
+        for (int i = 0; i < 2; i++) {
+            spec_of(&s, "gpt2", 2, 1, w, i == 0 ? 0 : 3);
+            s.optim.grad_clip = 0;
+            s.precision = SPEC_BF16;
+            s.activation_checkpointing = true;
+            snprintf(s.data.val, sizeof s.data.val, "%s", text_path);
+            s.eval_interval = 2;
+            s.eval_batches = 3; /* 3 x B samples: 18 over w = 3 is 6 each, 24 over 2 */
+            if (w == 3)
+                s.eval_batches = 0; /* the whole set: uneven over 3 ranks */
+            s.checkpoint_interval = 2;
+            snprintf(s.output_dir, sizeof s.output_dir, "%s/modes3-%d-%d", root, w, i);
+            for (int k = 0; k < CAP_STEPS; k++)
+                val[i][k] = NAN;
+            kern_device_info devs[4];
+            fx_devices(devs, w, 1ull << 30);
+            run_out *o = &r[i];
+            memset(o, 0, sizeof *o);
+            o->params = calloc(1 << 20, sizeof(float));
+            assert_non_null(o->params);
+            o->h.steps_cap = CAP_STEPS;
+            o->h.step_loss = o->loss;
+            o->h.step_grad_norm = o->norm;
+            o->h.step_val_loss = val[i];
+            o->h.final_params = o->params;
+            o->h.final_params_cap = 1 << 20;
+            trainer_opts opts = {.spec = &s, .devices = devs, .threads_per_device = 1};
+            acc_err err = {0};
+            if (trainer_run_sync(&opts, &o->h, &err) != 0)
+                fail_msg("w=%d stage %d: %s", w, i ? 3 : 0, err.msg);
+        }
+        assert_bits_z3(&r[0], &r[1], 0, s.max_steps);
+        assert_true(isfinite(val[0][1]) && isfinite(val[0][3]));
+        assert_memory_equal(val[0], val[1], sizeof val[0]);
+        print_message("ZeRO-3 w=%d bf16 + recompute + evals + checkpoints: val loss %.9f at step 4, stage 0's bits\n",
+                      w, val[1][3]);
+        free(r[0].params);
+        free(r[1].params);
+    }
+}
+
+/* One rank runs out of memory under ZeRO-3: the ranks agree before each
+ * micro-step (the forward's gathers need them all), every rank moves to
+ * the smaller split, and the run matches stage 0 with the same fault
+ * within 1e-6 (a = 2 after the adaptation: other fp32 sum order). */
+static void test_oom_adapts_zero3(void **state)
+{
+    (void)state;
+    train_cfg s;
+    run_out r0, r3;
+    inject in0 = {.rank = 1, .step = 1, .m = 4}, in3 = in0;
+    spec_of(&s, "gpt2", 4, 1, 2, 0);
+    run(&s, &r0, &in0);
+    spec_of(&s, "gpt2", 4, 1, 2, 3);
+    run(&s, &r3, &in3);
+    assert_true(in0.fired && in3.fired);
+    assert_int_equal(r3.h.oom_adjusts, 1);
+    assert_int_equal(r3.h.final_micro, 2);
+    assert_int_equal(r3.h.final_accum, 2);
+    for (int k = 0; k < s.max_steps; k++)
+        assert_true(rel_diff(r0.loss[k], r3.loss[k]) <= 1e-6);
+    assert_true(rel_diff_f(r0.params, r3.params, r0.h.nparams) <= 1e-6);
+    free(r0.params);
+    free(r3.params);
+}
+
+/* The store itself (model_shard.h) on one rank (w = 1: a gather is a
+ * copy): GPT-2's tensor-major layout packed per block gives the whole
+ * model's loss and gradients bit for bit; each block is gathered once per
+ * pass (the forward's L, then the backward's L again, prefetch included);
+ * the partition is the whole model here and the weights come back whole. */
+static void test_shard_store(void **state)
+{
+    (void)state;
+    train_cfg s;
+    acc_err err = {0};
+    fx_tiny_spec(&s, text_path, 2, 2, 1, 1);
+    model_config cfg;
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    kern_device_info di[1];
+    fx_devices(di, 1, 1ull << 30);
+    kern_device *dev;
+    kern_comm *c;
+    assert_int_equal(kern_device_open(&di[0], 1, &dev, &err), 0);
+    assert_int_equal(kern_comm_create(1, &c, &err), 0);
+    int B = 2, T = s.model.seq_len, L = cfg.n_layer;
+    model_opts oa = {.B = B, .T = T, .grad_tail = 4}, ob = oa;
+    ob.comm = c;
+    ob.world = 1;
+    model *a, *b;
+    assert_int_equal(model_create_ex(dev, &cfg, &oa, &a, &err), 0);
+    assert_int_equal(model_create_ex(dev, &cfg, &ob, &b, &err), 0);
+    assert_int_equal(model_init_seed(a, 7, &err), 0);
+    assert_int_equal(model_init_seed(b, 7, &err), 0);
+    assert_int_equal(b->nheld, b->nparams);
+    int tok[64], tgt[64];
+    float w[64];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 37 + 11) % cfg.vocab_size;
+        tgt[i] = (i * 53 + 5) % cfg.vocab_size;
+        w[i] = 1.0f / (float)(B * T);
+    }
+    double la, lb;
+    model_forward(a, tok, tgt, w, B, 1, &la);
+    model_backward(a, B);
+    uint64_t g0 = model_shard_gathers(b);
+    model_forward(b, tok, tgt, w, B, 1, &lb);
+    assert_int_equal(model_shard_gathers(b) - g0, (uint64_t)L);
+    model_backward(b, B);
+    assert_int_equal(model_shard_gathers(b) - g0, 2 * (uint64_t)L);
+    assert_int_equal(model_shard_error(b), 0);
+    assert_memory_equal(&la, &lb, sizeof la);
+    size_t n = a->nparams;
+    float *ga = malloc(n * sizeof *ga), *gb = malloc(n * sizeof *gb);
+    assert_true(ga != NULL && gb != NULL);
+    dev->ops->download(dev, ga, a->grads, n * sizeof *ga);
+    assert_int_equal(model_shard_gather_host(b, b->grads, gb), 0);
+    assert_memory_equal(ga, gb, n * sizeof *ga);
+    model_params_download(a, ga);
+    assert_int_equal(model_params_gather(b, true), 0);
+    model_params_download(b, gb);
+    model_params_release(b);
+    assert_memory_equal(ga, gb, n * sizeof *ga);
+    free(ga);
+    free(gb);
+    model_free(a);
+    model_free(b);
+    kern_comm_destroy(c);
+    kern_device_close(dev);
+}
+
+/* B = 8 as m = 8 / w, a = 1, no clipping: stage 3 is stage 0's bits. */
+static void z3_spec(train_cfg *s, int w, int zero, const char *from, const char *out, int steps)
+{
+    spec_of(s, "gpt2", BATCH / w, 1, w, zero);
+    s->optim.grad_clip = 0;
+    s->max_steps = steps;
+    s->checkpoint_interval = 2;
+    snprintf(s->resume_from, sizeof s->resume_from, "%s", from);
+    snprintf(s->output_dir, sizeof s->output_dir, "%s/%s", root, out);
+}
+
+/* ZeRO-3 checkpoints are gathered whole: at w = 2 its files are stage
+ * 0's byte for byte; resumed at w = 4 (stage 3: the moments scattered into
+ * other partitions) and at w = 1 (stage 0) they continue as stage 0's
+ * checkpoint does; and a stage-3 run interrupted at step 2 and resumed
+ * ends with the uninterrupted run's bits. */
+static void test_checkpoint_zero3_worlds(void **state)
+{
+    (void)state;
+    train_cfg s;
+    run_out z3, z0, r4, b4, r1, b1, full;
+    char ck3[256], ck0[256], f1[320], f2[320];
+    z3_spec(&s, 2, 3, "", "z3w2", 2);
+    run(&s, &z3, NULL);
+    z3_spec(&s, 2, 0, "", "z0w2", 2);
+    run(&s, &z0, NULL);
+    assert_bits_z3(&z3, &z0, 0, 2);
+    snprintf(ck3, sizeof ck3, "%s/z3w2/ckpt-00000002", root);
+    snprintf(ck0, sizeof ck0, "%s/z0w2/ckpt-00000002", root);
+    const char *files[] = {"state.safetensors", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(f1, sizeof f1, "%s/%s", ck3, files[i]);
+        snprintf(f2, sizeof f2, "%s/%s", ck0, files[i]);
+        assert_same_file(f1, f2);
+    }
+    z3_spec(&s, 4, 3, ck3, "z3r4", 5);
+    run(&s, &r4, NULL);
+    z3_spec(&s, 4, 0, ck0, "z0r4", 5);
+    run(&s, &b4, NULL);
+    assert_bits_z3(&r4, &b4, 2, 5);
+    z3_spec(&s, 1, 0, ck3, "z3r1", 5);
+    run(&s, &r1, NULL);
+    z3_spec(&s, 1, 0, ck0, "z0r1", 5);
+    run(&s, &b1, NULL);
+    assert_bits(&r1, &b1, 2, 5);
+    /* invariant 5 within stage 3: 2 steps + resumed = 5 uninterrupted */
+    z3_spec(&s, 2, 3, "", "z3full", 5);
+    run(&s, &full, NULL);
+    run_out rest;
+    z3_spec(&s, 2, 3, ck3, "z3rest", 5);
+    run(&s, &rest, NULL);
+    assert_bits(&full, &rest, 2, 5);
+    assert_true(isnan(rest.loss[0]));
+    print_message("ZeRO-3 checkpoint at w=2 = stage 0's files; resumed at w=4: %.9f .. %.9f, at w=1: %.9f .. %.9f\n",
+                  r4.loss[2], r4.loss[4], r1.loss[2], r1.loss[4]);
+    run_out *all[] = {&z3, &z0, &r4, &b4, &r1, &b1, &full, &rest};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        free(all[i]->params);
+}
+
 /* A shutdown (trainer_preempt) of a ZeRO-2 job: the ranks stop together
  * after the step in progress and checkpoint it (the moments gathered), so
  * resuming from it continues with the losses of an uninterrupted run. */
@@ -518,14 +853,15 @@ static void test_table(void **state)
         assert_non_null(z);
         assert_int_equal(z->stage, stage);
         assert_int_equal(z->state_sharded, stage >= 1);
-        assert_int_equal(z->grads_sharded, stage == 2);
+        assert_int_equal(z->grads_sharded, stage >= 2);
+        assert_int_equal(z->params_sharded, stage == 3);
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
             for (int w = 1; w <= 5; w++) {
                 size_t next = 0, small = (size_t)-1, big = 0;
                 for (int r = 0; r < w; r++) {
                     size_t lo, hi;
                     z->keep(ns[i], r, w, &lo, &hi);
-                    if (stage == 0) {
+                    if (stage == 0 || stage == 3) { /* stage 3: all of its partition */
                         assert_true(lo == 0 && hi == ns[i]);
                         continue;
                     }
@@ -534,7 +870,7 @@ static void test_table(void **state)
                     small = hi - lo < small ? hi - lo : small;
                     big = hi - lo > big ? hi - lo : big;
                 }
-                if (stage >= 1)
+                if (stage == 1 || stage == 2)
                     assert_true(next == ns[i] && big - small <= 1);
             }
         }
@@ -554,6 +890,11 @@ int main(void)
         cmocka_unit_test(test_shutdown_checkpoint),
         cmocka_unit_test(test_cancel_checkpoint),
         cmocka_unit_test(test_lean_stages),
+        cmocka_unit_test(test_shard_store),
+        cmocka_unit_test(test_stage3),
+        cmocka_unit_test(test_checkpoint_zero3_worlds),
+        cmocka_unit_test(test_modes_zero3),
+        cmocka_unit_test(test_oom_adapts_zero3),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

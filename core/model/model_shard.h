@@ -1,0 +1,133 @@
+/* model_shard: the ZeRO stage 3 weight store (docs/engine.md "ZeRO").
+ *
+ * A sharded model keeps, on each of the job's w ranks, only its partition
+ * of the fp32 parameters, of their gradient accumulation (and the trainer
+ * keeps only that partition's AdamW moments). The partition is cut per
+ * group so that one group is one all-gather:
+ *  - group l < L is block l's tensors, group L ("the ends") every tensor
+ *    outside the blocks (embeddings, final norm, LM head);
+ *  - a group's tensors, in layout order, packed one after the other, are
+ *    the group's vector of n_g floats (a tensor-major layout such as
+ *    GPT-2's has a block's tensors apart in the buffer: packing makes them
+ *    one range);
+ *  - rank r holds [kern_shard_lo(n_g, r, w), kern_shard_lo(n_g, r + 1, w))
+ *    of each group's vector: the collectives' shards, so the all-gather of
+ *    a group and the reduce-scatter of its gradients need no copies.
+ *    The rank's partition is those slices, group after group (blocks 0..L-1,
+ *    then the ends): m->params [pn], m->grads [pn0 + the caller's tail],
+ *    pn0 rank 0's partition (the largest): the tail starts at the same
+ *    offset on every rank, as the collectives' spans need.
+ *
+ * Gathers. Before block l's forward and again before its backward
+ * (model_layer_begin) the block's vector is all-gathered into one of two
+ * parameter slots, and the next block's (l + 1 forward, l - 1 backward)
+ * into the other: a prefetch. kern_comm_allgather is synchronous on every
+ * backend (CPU: shared memory; NCCL: queued on the communication stream,
+ * then the host waits for it), so the prefetch is only the call order:
+ * nothing overlaps yet. An asynchronous gather start (as
+ * kern_comm_reduce_start is for the buckets) is where it would. model_layer_end
+ * releases the block's slot. The ends are gathered once at the start of
+ * each forward (model_shard_pass_begin) and stay in their slot until the
+ * next forward: the embedding, the final norm and the (tied) head are used
+ * at both ends of a micro-step. Every rank makes the same calls, so every
+ * rank's forward and backward must run alike (the trainer's eval runs the
+ * same number of forwards on every rank).
+ *
+ * Gradients. A block's backward writes its gradients into the gradient
+ * slot (zeroed at model_layer_begin(l, backward)); model_layer_end
+ * reduce-scatters the slot and ADDS the rank's slice into its partition
+ * of the gradients, so the micro-steps accumulate there in fp32. The ends'
+ * gradients (the head's may be written in a lean forward) go to their own
+ * slot, zeroed at each forward with want_grad, reduce-scattered when the
+ * backward is done (before the caller's done(-1)). No rank ever holds the
+ * whole model's parameters or gradients on the device.
+ *
+ * Exactness. The collectives sum in rank order (kern_comm.h), so with one
+ * micro-step per rank (a = 1) the partition holds the bits stage 0's
+ * all-reduce gives; with a > 1 the ranks' sums are added per micro-step
+ * (stage 0 adds a rank's micro-steps first), which differs in the order
+ * of the fp32 sums only.
+ *
+ * Device bytes (model_shard_state_bytes, exact): params pn + 2 parameter
+ * slots of the largest block + the ends' slot; gradients pn0 + tail + one
+ * gradient slot of the largest block + the ends' gradient slot.
+ *
+ * Host copies. model_weights_upload writes the rank's pieces of any range
+ * (no collective: every rank uploads the same host values). Host reads of
+ * the whole model on one rank (a checkpoint, the test hooks) come after
+ * model_params_gather (model.h), a collective that leaves the full
+ * parameters in host memory on the ranks that keep them.
+ *
+ * Not supported with a sharded store (the spec refuses them): LoRA, a
+ * 16-bit or 4-bit frozen base (the weight store's narrow tensors).
+ */
+#ifndef ACC_MODEL_SHARD_H
+#define ACC_MODEL_SHARD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "kern_comm.h"
+#include "model.h"
+
+typedef struct model_shard model_shard;
+
+/* The partition of rank `rank` of `world` for cfg: floats it holds (pn),
+ * the largest block's floats (slot) and the ends' (ends). */
+typedef struct model_shard_sizes {
+    size_t pn, slot, ends;
+} model_shard_sizes;
+int model_shard_sizes_of(const model_config *cfg, int rank, int world, model_shard_sizes *out,
+                         acc_err *err);
+
+/* Device bytes of a sharded model's parameters (partition + slots) and of
+ * its gradients (partition + grad_tail + slots); overflow-checked. */
+int model_shard_state_bytes(const model_config *cfg, size_t grad_tail, int rank, int world,
+                            uint64_t *weights, uint64_t *grads, acc_err *err);
+
+/* Build the partition of m (layout built, m->grad_tail set) and allocate
+ * params, grads and the slots through the device's budget (zeroed). */
+int model_shard_create(model *m, kern_comm *c, int rank, int world, acc_err *err);
+void model_shard_free(model *m);
+
+/* The weights / gradient slot of the tensor starting at layout offset off
+ * (its group gathered). */
+const float *model_shard_weight(model *m, size_t off);
+float *model_shard_grad(model *m, size_t off);
+
+void model_shard_layer_begin(model *m, int layer, bool backward);
+void model_shard_layer_end(model *m, int layer, bool backward);
+/* A forward starts: the ends gathered; with want_grad their gradient slot zeroed. */
+void model_shard_pass_begin(model *m, bool want_grad);
+/* The backward is done: the ends' gradients reduce-scattered into the partition. */
+void model_shard_backward_done(model *m);
+
+/* Host floats [off, off + n) of the layout: uploaded into the rank's
+ * pieces (up), or downloaded from the gathered host copy (down; zeros
+ * without one). */
+void model_shard_copy(model *m, float *down, const float *up, size_t off, size_t n);
+
+/* Collective: part [pn] (a partition-ordered device vector: params,
+ * moments) gathered group by group through the slots into host[nparams]
+ * in layout order; host NULL: this rank only helps. */
+int model_shard_gather_host(model *m, const float *part, float *host);
+/* The rank's pieces of the layout-ordered host vector into part [pn]. */
+void model_shard_scatter_host(model *m, const float *host, float *part);
+
+/* Collective (every rank): the full parameters gathered; ranks with
+ * `keep` hold them in host memory for model_shard_copy's reads until
+ * model_shard_release. */
+int model_shard_snapshot(model *m, bool keep);
+void model_shard_release(model *m);
+
+/* The partition as a layout (partition offsets, each piece keeping its
+ * tensor's name and flags): what AdamW walks. */
+const model_layout *model_shard_layout(const model *m);
+/* Block gathers so far (tests: once per block per pass). */
+uint64_t model_shard_gathers(const model *m);
+/* The first collective failure (0: none). */
+int model_shard_error(const model *m);
+
+#endif
