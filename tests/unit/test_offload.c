@@ -1,14 +1,16 @@
 /* Optimizer offload (zero_optimization.offload_optimizer "cpu") through the
  * trainer, on CPU devices:
  *   - offloaded and not, the per-step losses, grad norms and final weights
- *     are the same bits (memcmp), at ZeRO stages 0, 1, 2 over 1 and 2 ranks,
- *     GPT-2 and LLaMA (and LLaMA LoRA at stage 2), the host AdamW on
- *     several threads;
+ *     are the same bits (memcmp), at ZeRO stages 0, 1, 2, 3 over 1 and 2
+ *     ranks (and stage 3 over 4), GPT-2 and LLaMA (and LLaMA LoRA at stage
+ *     2), the host AdamW on several threads;
  *   - the device peak is the planner's prediction to the byte and lower by
  *     exactly the moments; each rank's host bytes and the job's host_mem
  *     peak are the planner's host.optimizer to the byte;
  *   - a LLaMA-shaped job whose stage-0 state exceeds its device budget fails
- *     without offload and runs to the end with it on the same budget;
+ *     without offload and runs to the end with it on the same budget; on
+ *     four devices whose budget neither stage 0 nor its offload fits,
+ *     ZeRO-3 + offload runs it to the end (stage 0's losses within 1e-6);
  *   - a host budget one byte short fails with ACC_ENOMEM naming host memory;
  *   - checkpoints: written with offload (stage 2, the moments gathered from
  *     the host copies) they are byte for byte those written without, and
@@ -237,10 +239,11 @@ static void test_bits_one_rank(void **state)
 static void test_bits_two_ranks(void **state)
 {
     (void)state;
-    for (int z = 0; z <= 2; z++) {
+    for (int z = 0; z <= 3; z++) { /* stage 3: the range is the rank's partition */
         check("gpt2", 2, z);
         check("llama", 2, z);
     }
+    check("llama", 4, 3);
     check("llama-lora", 2, 2); /* the shards cut the adapters' range */
 }
 
@@ -302,6 +305,56 @@ static void test_llama_fits_with_offload(void **state)
                   "(host %llu bytes), bit-identical to a big device\n",
                   (unsigned long long)state0, (unsigned long long)budget, no.err.msg, (unsigned long long)host);
     free(no.params);
+    free(yes.params);
+    free(big.params);
+}
+
+/* The same LLaMA-shaped job on four devices, each with a budget below
+ * the stage-0 state (parameters, gradients and moments) even with the
+ * moments offloaded: ZeRO-3 + optimizer offload runs it to the end on that
+ * budget, its peak the prediction, its losses those of stage 0 on big
+ * devices within 1e-6 (ZeRO-3 sums the ranks per micro-step). */
+static void test_llama_fits_with_zero3_offload(void **state)
+{
+    (void)state;
+    train_cfg s;
+    llama_spec(&s, true);
+    s.model.n_layer = 16; /* stage 3's gather slots are 3 blocks: a deeper model saves */
+    s.devices = 4;
+    s.train_batch_size = 16; /* m 2, a 2, w 4 */
+    s.zero_stage = 3;
+    uint64_t budget, host;
+    acc_err err = {0};
+    assert_int_equal(plan_device_bytes(&s, s.micro_batch, false, &budget, &err), 0);
+    assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
+    model_config cfg;
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    uint64_t state0 = plan_rank_state_bytes(&cfg, 0, 4, 0);
+    uint64_t off0 = plan_rank_device_state_bytes(&cfg, 0, true, 4, 0);
+    if (!(state0 > budget && off0 > budget))
+        print_error("stage 0 %llu, offloaded %llu, ZeRO-3 + offload %llu\n", (unsigned long long)state0,
+                    (unsigned long long)off0, (unsigned long long)budget);
+    assert_true(state0 > budget && off0 > budget); /* neither stage 0 nor its offload fits */
+    run_out yes, big;
+    run_budget(&s, budget, host, NULL, &yes);
+    if (yes.status != 0)
+        print_error("ZeRO-3 offloaded run failed: %s\n", yes.err.msg);
+    assert_int_equal(yes.status, 0);
+    assert_int_equal(yes.h.steps_done, s.max_steps);
+    assert_int_equal(yes.h.mem_peak[0], budget);
+    assert_int_equal(yes.h.host_peak, host);
+    s.zero_stage = 0;
+    s.offload_optimizer = false;
+    s.model.n_layer = 16;
+    run(&s, &big);
+    for (int k = 0; k < s.max_steps; k++)
+        assert_true(fabs(yes.loss[k] - big.loss[k]) <= 1e-6 * fabs(big.loss[k]));
+    for (size_t i = 0; i < big.h.nparams; i++)
+        assert_true(fabsf(yes.params[i] - big.params[i]) <= 1e-6f * (1.0f + fabsf(big.params[i])));
+    print_message("llama w=4: stage-0 state %llu (offloaded %llu) > device budget %llu; ZeRO-3 + offload "
+                  "runs (host %llu bytes), stage 0's losses within 1e-6\n",
+                  (unsigned long long)state0, (unsigned long long)off0, (unsigned long long)budget,
+                  (unsigned long long)host);
     free(yes.params);
     free(big.params);
 }
@@ -537,6 +590,7 @@ int main(void)
         cmocka_unit_test(test_bits_one_rank),
         cmocka_unit_test(test_bits_two_ranks),
         cmocka_unit_test(test_llama_fits_with_offload),
+        cmocka_unit_test(test_llama_fits_with_zero3_offload),
         cmocka_unit_test(test_host_budget),
         cmocka_unit_test(test_resume_across),
         cmocka_unit_test(test_pin_memory),
