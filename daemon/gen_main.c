@@ -1,6 +1,7 @@
 /* gen_main: a generate request's worker process (gen_proto.h): the model
  * loaded on the lent device, the engine (core/model/generate.h) run on the
  * request, each token written up as it comes. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -198,7 +200,8 @@ static int generate(gworker *w, const gw_init *in, json_t *req, acc_err *err)
 
 static int check_init(const gw_init *in)
 {
-    return in->magic == GW_MAGIC && in->size == sizeof *in && in->threads >= 1 && in->heartbeat_ms >= 10 &&
+    return in->magic == GW_MAGIC && in->size == sizeof *in && in->threads >= 1 && in->nice >= 0 && in->nice <= 19 &&
+                   in->heartbeat_ms >= 10 &&
                    in->request_len > 0 && in->request_len <= GW_MAX_REQUEST
                ? 0
                : -1;
@@ -213,6 +216,28 @@ static int tie_to_daemon(const char *pid_arg)
     if (*end != '\0' || dpid <= 1 || prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
         return -1;
     return getppid() == (pid_t)dpid ? 0 : -1;
+}
+
+/* `by` below the daemon's priority (inherited). Nice is per thread on
+ * Linux: every thread there is now (a library's made at load, e.g. a BLAS
+ * pool) is lowered, and the ones made after inherit it from this one. */
+static void lower_priority(const char *id, int by)
+{
+    errno = 0;
+    int now = getpriority(PRIO_PROCESS, 0);
+    int want = errno == 0 && now + by < 19 ? now + by : 19;
+    DIR *d = by > 0 ? opendir("/proc/self/task") : NULL;
+    if (by > 0 && d == NULL)
+        fprintf(stderr, "accumd --generate %s: /proc/self/task: %s\n", id, strerror(errno));
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) {
+        char *end;
+        long tid = strtol(e->d_name, &end, 10);
+        if (e->d_name[0] != '.' && *end == '\0' && setpriority(PRIO_PROCESS, (id_t)tid, want) != 0 && errno != ESRCH)
+            fprintf(stderr, "accumd --generate %s: cannot set thread %ld's nice to %d: %s\n", id, tid, want,
+                    strerror(errno));
+    }
+    if (d != NULL)
+        closedir(d);
 }
 
 int gen_worker_main(int argc, char **argv)
@@ -234,6 +259,7 @@ int gen_worker_main(int argc, char **argv)
         free(text);
         return GW_EXIT_SETUP;
     }
+    lower_priority(argv[2], in.nice);
     pthread_mutex_init(&w.wmu, NULL);
     w.heartbeat_ms = in.heartbeat_ms;
     pthread_t th;

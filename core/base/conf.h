@@ -85,6 +85,12 @@ typedef struct acc_conf {
     int rank_watchdog_factor;
     int rank_watchdog_min;
     char mpi_interface[256];
+    /* generate requests' workers (POST /v1/generate): how many nice steps
+     * below the daemon they run (the loop thread keeps its core) and kernel threads on a
+     * CPU device (0: cpu_threads_per_device, less one core kept for the
+     * daemon when that is every core; see conf_generate_threads) */
+    int generate_nice;
+    int generate_threads;
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;
@@ -133,6 +139,11 @@ int conf_set_pair(acc_conf *c, const char *pair, acc_err *err);
 
 /* Derive the dependent defaults and check cross-key rules. */
 int conf_finalize(acc_conf *c, acc_err *err);
+
+/* The kernel threads of a generate request's worker on a CPU device:
+ * generate_threads when set, else cpu_threads_per_device, one fewer when
+ * those are all of the machine's `cores` (at least 1). */
+int conf_generate_threads(const acc_conf *c, long cores);
 
 /* Parse a byte size with an optional K/M/G/T suffix (powers of 1024). */
 int conf_parse_bytes(const char *s, uint64_t *out);

@@ -44,7 +44,7 @@ EOF
 cp "$ACC_TMP/tok/"* "$D/tiny/" && cp "$ACC_TMP/tok/"* "$D/slow/" || fail "copying the tokenizer"
 echo '{"bos_token_id": 0}' >"$D/slow/generation_config.json" # no eos: it runs to max_new_tokens
 
-acc_start --set cpu_devices=1 --set cpu_device_memory=2G --set cpu_threads_per_device=1
+acc_start --set cpu_devices=1 --set cpu_device_memory=2G --set cpu_threads_per_device=1 --set generate_nice=7
 
 gen() { acc_curl -X POST --data-binary "$1" "$BASE/v1/generate"; }
 
@@ -212,6 +212,18 @@ cpid=$!
 for i in $(seq 1 300); do grep -q '^event: token' "$ACC_TMP/slow.txt" && break; sleep 0.1; done
 grep -q '^event: token' "$ACC_TMP/slow.txt" || fail "the slow model sent no token"
 [ "$(acc_curl "$BASE/v1/devices" | jq -r '.devices[0].generate')" != null ] || fail "the device is not lent"
+# its worker: this daemon's executable (argv[0], as ps shows it), every thread generate_nice below the daemon
+wpid=$(pgrep -P "$ACC_PID" -f -- '--generate gen-' | head -1)
+[ -n "$wpid" ] || fail "no generate worker under the daemon"
+expect_eq "worker argv[0]" "$(tr '\0' '\n' <"/proc/$wpid/cmdline" | head -1)" "$(readlink -f "$ACCUMD")"
+dnice=$(sed 's/.*) //' "/proc/$ACC_PID/stat" | awk '{print $17}')
+wnice=$((dnice + 7 < 19 ? dnice + 7 : 19))
+nthreads=0
+for t in /proc/"$wpid"/task/*; do
+    expect_eq "nice of worker thread ${t##*/}" "$(sed 's/.*) //' "$t/stat" | awk '{print $17}')" "$wnice"
+    nthreads=$((nthreads + 1))
+done
+[ "$nthreads" -ge 2 ] || fail "worker $wpid has $nthreads threads: the heartbeat thread is missing"
 kill "$cpid"; wait "$cpid" 2>/dev/null
 for i in $(seq 1 100); do
     [ "$(acc_curl "$BASE/v1/devices" | jq -r '.devices[0].generate')" = null ] && break
@@ -235,6 +247,6 @@ acc_curl -X DELETE "$BASE/v1/jobs/$id" >/dev/null
 acc_wait_state "$id" cancelled
 out=$(gen '{"model":"tiny","prompt":"after","max_new_tokens":3}')
 echo "$out" | jq -e '.completion_tokens >= 1' >/dev/null || fail "no answer after the disconnects: $out"
-ok "a client that leaves frees its device (running: worker killed; queued: dropped)"
+ok "a client that leaves frees its device (running: worker killed; queued: dropped); the worker ran generate_nice below the daemon"
 
 acc_stop
