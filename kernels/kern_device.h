@@ -395,6 +395,11 @@ typedef struct kern_ops {
                                 int ldq, const float *kc, const float *vc,
                                 const kern_att_opts *opts, int p0, int n, int NH, int NKV,
                                 int hs);
+    /* out[i] = in[i] rounded to bf16 (to nearest, ties to even: kern_bf16_round
+     * is the reference), as bf16 bit patterns; widen16 (f16 = 0) is its
+     * inverse on them. The key/value cache of a 16-bit model is stored
+     * through it (generate.h). */
+    void (*narrow_bf16)(kern_device *d, uint16_t *out, const float *in, size_t n);
 } kern_ops;
 
 struct kern_device {

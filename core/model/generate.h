@@ -5,9 +5,12 @@
  * shared linear block, never merged) and an optional tokenizer (tok.h: for
  * the text pieces handed to the callback and for stop strings). It owns the
  * key/value cache: per block [positions, n_kv_head * head_dim] keys and as
- * many values, fp32 like every activation (the model computes in fp32
- * whatever its weights' storage dtype), allocated through the device budget
- * (ACC_EOOM, never an abort), plus one chunk of inference scratch.
+ * many values, in the model's storage dtype: fp32, or bf16 for a model
+ * whose weights are 16-bit (config.json's torch_dtype bfloat16 or float16;
+ * keys and values rounded to nearest bf16 as they are stored, widened to
+ * fp32 one block at a time where attention reads them; the model computes
+ * in fp32), allocated through the device budget (ACC_EOOM, never an abort),
+ * plus one chunk of inference scratch.
  *
  * gen_run: the prompt is run through the model in chunks (prefill), filling
  * the cache; then one token at a time (decode) each new token attends to

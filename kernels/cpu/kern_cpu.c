@@ -651,6 +651,17 @@ static void cpu_widen16(kern_device *d, float *out, const uint16_t *in, size_t n
         out[i] = f16 ? kern_f16_to_f32(in[i]) : kern_bf16_to_f32(in[i]);
 }
 
+static void cpu_narrow_bf16(kern_device *d, uint16_t *out, const float *in, size_t n)
+{
+#pragma omp parallel for num_threads(d->threads)
+    for (size_t i = 0; i < n; i++) {
+        float r = kern_bf16_round(in[i]);
+        uint32_t u;
+        memcpy(&u, &r, sizeof u);
+        out[i] = (uint16_t)(u >> 16);
+    }
+}
+
 /* NF4 codes times their block's absmax (kern_device.h). The
  * absmax of a block is rebuilt per value: two fp32 operations, cheaper
  * than a scratch buffer and the same bits. */
@@ -883,6 +894,7 @@ static const kern_ops cpu_ops = {
     .dequant_nf4 = cpu_dequant_nf4,
     /* generation: kern_cpu_llama.c */
     .attention_cache_fwd = kern_cpu_attention_cache_fwd,
+    .narrow_bf16 = cpu_narrow_bf16,
 };
 
 const kern_ops *kern_cpu_ops(void)

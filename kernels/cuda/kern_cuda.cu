@@ -288,6 +288,7 @@ static const kern_ops cuda_ops = {
     /* .dequant_nf4 = */ cu_dequant_nf4,
     /* generation: kern_cuda_llama.cu */
     /* .attention_cache_fwd = */ kern_cuda_attention_cache_fwd,
+    /* .narrow_bf16 = */ cu_narrow_bf16,
 };
 
 /* the op files' hooks into the device state (kern_cuda_llama.h) */

@@ -343,6 +343,7 @@ void cu_softcap_fwd(kern_device *d, float *out, const float *inp, float cap, siz
 void cu_softcap_bwd(kern_device *d, float *dinp, const float *dout, const float *inp,
                     float cap, size_t n);
 void cu_widen16(kern_device *d, float *out, const uint16_t *in, size_t n, int f16);
+void cu_narrow_bf16(kern_device *d, uint16_t *out, const float *in, size_t n);
 void cu_dequant_nf4(kern_device *d, float *out, const kern_nf4 *q, size_t n);
 void cu_xent(kern_device *d, float *logits, float *losses, double *loss_sum,
                     const int *targets, const float *weights, int N, int V, int Vp,

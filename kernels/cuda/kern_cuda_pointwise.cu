@@ -2,6 +2,7 @@
  * add, for the CUDA backend (kern_cuda_impl.cuh). */
 #include "kern_cuda_impl.cuh"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 /* -------------------------------------------------------------- pointwise */
@@ -180,6 +181,24 @@ void cu_widen16(kern_device *d, float *out, const uint16_t *in, size_t n, int f1
         return;
     k_widen16<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, in, n, f16);
     CU_LAUNCHED(d, "widen16");
+}
+
+/* fp32 to bf16 bit patterns, to nearest, ties to even (kern_bf16_round) */
+__global__ void k_narrow_bf16(uint16_t *out, const float *in, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(in[i]));
+}
+
+void cu_narrow_bf16(kern_device *d, uint16_t *out, const float *in, size_t n)
+{
+    CU_LIVE(d);
+    PROF(d, KP_ADD);
+    if (n == 0)
+        return;
+    k_narrow_bf16<<<grid_for(n, 256), 256, 0, IM(d)->stream>>>(out, in, n);
+    CU_LAUNCHED(d, "narrow_bf16");
 }
 
 /* NF4 codes times their block's absmax, rebuilt from
