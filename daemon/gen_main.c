@@ -130,15 +130,18 @@ static json_t *ids_array(const int32_t *v, size_t n)
     return a;
 }
 
-/* The answer: its text and ids, why it stopped, the prompt's ids. */
-static void send_done(gworker *w, const gen_result *res, const tok_ids *prompt)
+/* The answer: its text and ids, why it stopped, the prompt's ids, the
+ * device bytes it held at most (the daemon's reservation is predicted to
+ * equal them on a CPU device). */
+static void send_done(gworker *w, const gen_result *res, const tok_ids *prompt, uint64_t device_peak)
 {
-    send_json(w, json_pack("{s:s, s:s%, s:o*, s:o*, s:s, s:i, s:i, s:f, s:f}", "event", "done", "text",
+    send_json(w, json_pack("{s:s, s:s%, s:o*, s:o*, s:s, s:i, s:i, s:f, s:f, s:I}", "event", "done", "text",
                            res->text ? res->text : "", res->text ? res->text_len : 0, "tokens",
                            ids_array(res->tokens, (size_t)res->n_tokens), "prompt_ids",
                            ids_array(prompt->v, prompt->n), "finish_reason", gen_stop_name(res->reason),
                            "prompt_tokens", res->n_prompt, "completion_tokens", res->n_tokens, "prefill_s",
-                           res->prefill_s, "decode_s", res->decode_s));
+                           res->prefill_s, "decode_s", res->decode_s, "device_peak_bytes",
+                           (json_int_t)device_peak));
 }
 
 /* Load, generate, report. Every failure is an "error" line. */
@@ -187,7 +190,7 @@ static int generate(gworker *w, const gw_init *in, json_t *req, acc_err *err)
     if (rc == 0)
         rc = gen_run(c, prompt.v, (int)prompt.n, &p, token_cb, w, &res, err);
     if (rc == 0)
-        send_done(w, &res, &prompt);
+        send_done(w, &res, &prompt, dev->peak); /* all it held on the device: weights, cache, scratch */
     gen_result_free(&res);
     gen_ctx_free(c);
     tok_free(tok);

@@ -119,6 +119,13 @@ int gen_ctx_positions(const gen_ctx *c);
  * "max_new_tokens" on overflow. */
 int gen_ctx_bytes(const model_config *cfg, int positions, uint64_t *bytes, acc_err *err);
 
+/* The key/value cache alone within gen_ctx_bytes: n_layer x 2 (keys and
+ * values) x n_kv_head x head_dim x positions x the cache's bytes per value
+ * (4, or 2 for a 16-bit model); saturated (ACC_SIZE_OVERFLOW). */
+uint64_t gen_kv_bytes(const model_config *cfg, int positions);
+/* Those bytes per value: 4 (fp32), or 2 (bf16) for a 16-bit model. */
+int gen_kv_value_bytes(const model_config *cfg);
+
 /* Defaults: max_new_tokens 128, temperature 0 (greedy), top_k 0, top_p 1,
  * repetition_penalty 1, seed 0, no stop strings, no eos. */
 void gen_params_default(gen_params *p);
