@@ -93,8 +93,8 @@ void wp_kill(wp_proc *p, const char *why)
 /* Killed for a reason of its own making: said in the log. */
 static void kill_for(wp_proc *p, const char *why)
 {
-    if (!p->exited && !p->end.killed)
-        acc_log(ACC_LOG_ERROR, p->tag, "%s: killing worker %d: %s", p->id, p->pid, why);
+    if (!p->exited && !p->end.killed) /* the pid is the spawning thread's until spawn_done */
+        acc_log(ACC_LOG_ERROR, p->tag, "%s: killing worker %d: %s", p->id, p->spawning ? -1 : p->pid, why);
     wp_kill(p, why);
 }
 
