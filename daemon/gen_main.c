@@ -23,6 +23,7 @@
 #include "model.h"
 #include "model_hf.h"
 #include "tok.h"
+#include "wproc.h"
 
 typedef struct gworker {
     pthread_mutex_t wmu;    /* one line at a time on the channel */
@@ -210,17 +211,6 @@ static int check_init(const gw_init *in)
                : -1;
 }
 
-/* Dies with the daemon; a daemon gone before that was set shows as a
- * changed parent. */
-static int tie_to_daemon(const char *pid_arg)
-{
-    char *end;
-    long dpid = strtol(pid_arg, &end, 10);
-    if (*end != '\0' || dpid <= 1 || prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
-        return -1;
-    return getppid() == (pid_t)dpid ? 0 : -1;
-}
-
 /* `by` below the daemon's priority (inherited). Nice is per thread on
  * Linux: every thread there is now (a library's made at load, e.g. a BLAS
  * pool) is lowered, and the ones made after inherit it from this one. */
@@ -246,17 +236,14 @@ static void lower_priority(const char *id, int by)
 int gen_worker_main(int argc, char **argv)
 {
     static gworker w; /* its detached heartbeat thread outlives this frame */
-    if (argc != 4 || tie_to_daemon(argv[3]) != 0) {
-        fprintf(stderr, "accumd --generate: not started by a live accumd\n");
+    acc_err aerr = {0};
+    if (argc != 4 || wp_child_attach(argv[3], &aerr) != 0) {
+        fprintf(stderr, "accumd --generate: %s\n", argc != 4 ? "usage: accumd --generate ID DAEMON_PID" : aerr.msg);
         return GW_EXIT_SETUP;
     }
-    signal(SIGPIPE, SIG_IGN);
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
-    signal(SIGHUP, SIG_IGN);
     gw_init in;
     char *text = NULL;
-    if (fcntl(GW_FD, F_SETFD, FD_CLOEXEC) != 0 || fsu_read_exact(GW_FD, &in, sizeof in, NULL) != 0 ||
+    if (fsu_read_exact(GW_FD, &in, sizeof in, NULL) != 0 ||
         check_init(&in) != 0 || (text = malloc(in.request_len)) == NULL || fsu_read_exact(GW_FD, text, in.request_len, NULL) != 0) {
         fprintf(stderr, "accumd --generate %s: no valid start message from the daemon\n", argv[2]);
         free(text);

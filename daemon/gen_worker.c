@@ -14,6 +14,8 @@
 #include "log.h"
 #include "wproc.h"
 
+_Static_assert(GW_FD == WP_CHILD_FD, "the generate worker reads its channel where wproc puts it");
+
 typedef struct gw_proc {
     gw_runner *r;
     genq_req *req;

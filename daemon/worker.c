@@ -20,6 +20,8 @@
 #include "worker_proto.h"
 #include "wproc.h"
 
+_Static_assert(WK_FD == WP_CHILD_FD, "the job worker reads its channel where wproc puts it");
+
 typedef struct wk_proc {
     wk_runner *r;
     job *j;

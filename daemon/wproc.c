@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -436,4 +437,20 @@ void wp_release(wp_proc *p)
     if (!p->ended)
         wp_kill(p, "let go by its owner");
     maybe_free(p);
+}
+
+/* ---- the worker's side */
+
+int wp_child_attach(const char *pid_arg, acc_err *err)
+{
+    char *end;
+    long dpid = strtol(pid_arg, &end, 10);
+    if (*end != '\0' || dpid <= 1 || prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != (pid_t)dpid)
+        return acc_err_set(err, ACC_EINVAL, NULL, "not started by a live accumd");
+    int ignored[] = {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGXFSZ};
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
+        signal(ignored[i], SIG_IGN);
+    if (fcntl(WP_CHILD_FD, F_SETFD, FD_CLOEXEC) != 0)
+        return acc_err_set(err, ACC_EINVAL, NULL, "no channel on descriptor %d: %s", WP_CHILD_FD, strerror(errno));
+    return 0;
 }

@@ -100,4 +100,14 @@ bool wp_exited(const wp_proc *p);
  * unseen); freed once its handles are closed. */
 void wp_release(wp_proc *p);
 
+/* ---- the worker's side (in the spawned process) */
+
+/* The worker attaches to the daemon whose pid is `pid_arg`: it dies with
+ * it (PR_SET_PDEATHSIG; a daemon already gone shows as a changed parent),
+ * ignores SIGPIPE, SIGTERM, SIGINT, SIGHUP and SIGXFSZ (the daemon alone
+ * tells it to stop; a full disk is an error, not a death), and keeps the
+ * channel WP_CHILD_FD from whatever it starts (close-on-exec). ACC_EINVAL
+ * with the reason otherwise. */
+int wp_child_attach(const char *pid_arg, acc_err *err);
+
 #endif
