@@ -19,8 +19,12 @@
  *     conversation through its chat template with the generation prompt), a
  *     prompt that leaves no position a 400 naming "prompt" (or
  *     "messages"), the eos ids of generation_config.json, the device bytes
- *     predicted (weights + the key/value cache), and the worker's request
- *     written (daemon/gen_proto.h).
+ *     predicted (weights + the key/value cache + scratch: what the worker
+ *     allocates, to the byte on a CPU device; the answer's
+ *     device_planned_bytes next to the worker's device_peak_bytes), a
+ *     request the largest device cannot hold a 400 naming max_new_tokens
+ *     (with how many fit) or the prompt, with the numbers, and the
+ *     worker's request written (daemon/gen_proto.h).
  *  3. loop thread: queued (core/jobs/genq.h) for a device and answered 200
  *     with a body written as the worker's lines come: a suspended MHD
  *     connection resumed by each event, no thread held while it waits.
@@ -70,6 +74,7 @@ typedef struct gen_check {
     acc_err err;
     char *request;                /* the worker's request */
     uint64_t mem_bytes;
+    uint64_t largest_dev;         /* the largest device's memory (set on the loop thread) */
     char model_name[PATH_MAX];    /* as the answer names it */
     int n_prompt;
 } gen_check;
@@ -237,6 +242,52 @@ static int ids_json(const tok_ids *ids, json_t **out)
     return a ? 0 : -1;
 }
 
+/* Weights + cache + scratch for P positions (saturated). */
+static uint64_t bytes_for(const model_config *cfg, uint64_t state, int P)
+{
+    uint64_t rest = 0;
+    if (gen_ctx_bytes(cfg, P, &rest, NULL) != 0 || state + rest < state)
+        return UINT64_MAX;
+    return state + rest;
+}
+
+/* The request's device bytes against the largest device: a 400 naming
+ * what to change (max_new_tokens, and how many fit; the prompt; the
+ * model), with the numbers. */
+static int check_fit(const gen_check *c, const model_config *cfg, uint64_t state, int positions,
+                     const char *field, acc_err *err)
+{
+    uint64_t dev = c->largest_dev, need = c->mem_bytes;
+    if (need <= dev)
+        return 0;
+    if (state > dev)
+        return acc_err_set(err, ACC_EINVAL, "model",
+                           "the model's weights take %llu bytes, more than the largest device's %llu",
+                           (unsigned long long)state, (unsigned long long)dev);
+    uint64_t kv = gen_kv_bytes(cfg, positions);
+    int n = c->n_prompt, lo = n, hi = positions; /* the most positions that fit: in [lo, hi) */
+    while (hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        if (bytes_for(cfg, state, mid) <= dev)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    int hs = cfg->head_dim > 0 ? cfg->head_dim : cfg->channels / cfg->n_head;
+    char why[400];
+    snprintf(why, sizeof why,
+             "the key/value cache for %d positions is %llu bytes (%d layers x 2 x %d key/value heads x head_dim %d "
+             "x %d positions x %d bytes); with the weights' %llu bytes and %llu of scratch that is %llu bytes, more "
+             "than the largest device's %llu", positions, (unsigned long long)kv, cfg->n_layer,
+             cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head, hs, positions, gen_kv_value_bytes(cfg),
+             (unsigned long long)state, (unsigned long long)(need - state - kv), (unsigned long long)need,
+             (unsigned long long)dev);
+    if (lo > n && bytes_for(cfg, state, lo) <= dev)
+        return acc_err_set(err, ACC_EINVAL, "max_new_tokens", "max_new_tokens %d with a prompt of %d tokens: %s; "
+                           "at most %d new tokens fit", positions - n, n, why, lo - n);
+    return acc_err_set(err, ACC_EINVAL, field, "the %s is %d tokens: %s", field, n, why);
+}
+
 /* The prompt's positions, the device bytes, the eos ids. */
 static int size_request(gen_check *c, const model_config *cfg, const tok_ids *ids, const char *roots,
                         const char *dir, json_t *w, acc_err *err)
@@ -256,6 +307,8 @@ static int size_request(gen_check *c, const model_config *cfg, const tok_ids *id
         return rc;
     c->mem_bytes = state + cache < state ? UINT64_MAX : state + cache;
     c->n_prompt = (int)ids->n;
+    if ((rc = check_fit(c, cfg, state, positions, field, err)) != 0)
+        return rc;
     int32_t eos[GEN_MAX_EOS];
     int neos = 0;
     if ((rc = gen_eos_from_dir(roots, dir, eos, GEN_MAX_EOS, &neos, err)) != 0)
@@ -342,6 +395,7 @@ typedef struct gen_call {
     bool suspended, ping, ending, http_gone, answered;
     char model[PATH_MAX];
     int n_prompt;
+    uint64_t mem_bytes;       /* the device bytes reserved for it */
     double queued_at, started_at;
     char *out;                /* what is still to be sent */
     size_t len, off, cap;
@@ -390,6 +444,7 @@ static char *done_json(gen_call *g, const char *json, size_t len)
         return NULL;
     json_object_set_new(o, "model", json_string(g->model));
     json_object_set_new(o, "queue_s", json_real(g->started_at > 0 ? g->started_at - g->queued_at : 0));
+    json_object_set_new(o, "device_planned_bytes", json_integer((json_int_t)g->mem_bytes));
     char *text = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return text;
@@ -505,7 +560,8 @@ static void check_done(void *ctx, api_response *resp, bool orphaned)
         api_resp_error(resp, 500, "internal", NULL, "out of memory");
         goto out;
     }
-    *g = (gen_call){.srv = c->srv, .conn = c->conn, .q = m->gen, .stream = c->stream, .n_prompt = c->n_prompt};
+    *g = (gen_call){.srv = c->srv, .conn = c->conn, .q = m->gen, .stream = c->stream, .n_prompt = c->n_prompt,
+                     .mem_bytes = c->mem_bytes};
     snprintf(g->model, sizeof g->model, "%s", c->model_name);
     g->req = genq_req_new(m->gen, c->who.name, c->request, c->mem_bytes, on_gen_event, g);
     struct MHD_Response *mr = g->req ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, call_reader,
@@ -623,6 +679,9 @@ void api_generate(api_server *s, const api_request *req, api_response *resp)
     }
     *c = (gen_check){.conf = api_server_conf(s), .body = body, .srv = s, .conn = req->conn, .who = *req->who,
                      .stream = json_is_true(json_object_get(body, "stream"))};
+    for (int i = 0; i < m->ndev; i++)
+        if (m->devs[i].mem_total > c->largest_dev)
+            c->largest_dev = m->devs[i].mem_total;
     const char *mname = json_string_value(json_object_get(body, "model"));
     if (mname != NULL && !strncmp(mname, "job:", 4) && job_dirs(s, req, mname + 4, c, resp) != 0) {
         json_decref(body);

@@ -17,6 +17,11 @@ BUILD=${1:-build}
 ACCUMD=$BUILD/accumd
 LOAD=$BUILD/bench/http_load
 DUR=${DUR:-10}
+ROUNDS=${ROUNDS:-1}        # loaded runs, each between two idle ones
+TOKENS=${TOKENS:-64}       # max_new_tokens of each generate request
+read -r -a EXTRA <<<"${EXTRA_SET:-}" # more key=value settings for the daemon
+sets=()
+for kv in ${EXTRA[@]+"${EXTRA[@]}"}; do sets+=(--set "$kv"); done
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d /tmp/accumd-bench-gen.XXXXXX)
 pid=
@@ -44,7 +49,7 @@ PYEOF
 /usr/bin/python3 "$SRC/tests/support/byte_tokenizer.py" "$tmp/tok"
 cp "$tmp/tok/"* "$tmp/data/tiny/"
 "$ACCUMD" --set listen=127.0.0.1:0 --set state_dir="$tmp" --set devices=cpu --set cpu_devices=1 \
-    --set cpu_device_memory=1G --set cpu_threads_per_device=1 --set log_level=warn >"$tmp/log" 2>&1 &
+    --set cpu_device_memory=1G --set cpu_threads_per_device=1 --set log_level=warn ${sets[@]+"${sets[@]}"} >"$tmp/log" 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do [ -s "$tmp/accumd.addr" ] && break; sleep 0.1; done
 addr=$(cat "$tmp/accumd.addr")
@@ -57,26 +62,59 @@ sleep 3
 
 load() { "$LOAD" "${addr%:*}" "${addr##*:}" 8 "$DUR" /v1/jobs; }
 field() { echo "$1" | tr ' ' '\n' | grep -A1 "^$2\$" | tail -1; }
+# The loop thread's CPU ticks (utime + stime) and its involuntary context
+# switches (preemptions: another task took its core), the daemon's other
+# threads' ticks, and the reaped workers' ticks (cutime + cstime).
+ticks() { awk '{print $14 + $15}' "/proc/$pid/task/$pid/stat"; }
+preempt() { sed -n 's/^nonvoluntary_ctxt_switches:[[:space:]]*//p' "/proc/$pid/task/$pid/status"; }
+children() { awk '{print $16 + $17}' "/proc/$pid/stat"; }
+others() {
+    local t s=0
+    for t in /proc/$pid/task/*; do
+        [ "${t##*/}" = "$pid" ] || s=$((s + $(awk '{print $14 + $15}' "$t/stat")))
+    done
+    echo $s
+}
+# measure NAME: one http_load run, with the counters' deltas.
+rows=()
+measure() {
+    local t0 p0 o0 c0 r
+    t0=$(ticks) p0=$(preempt) o0=$(others) c0=$(children)
+    r=$(load)
+    rows+=("$1|$r|$(( $(ticks) - t0 ))|$(( $(preempt) - p0 ))|$(( $(others) - o0 ))|$(( $(children) - c0 ))")
+}
+generate_all() {
+    local i
+    for i in $(seq 1 50); do
+        curl -sN -X POST "$B/v1/generate" --data-binary \
+            "{\"model\":\"tiny\",\"prompt\":\"request $i\",\"max_new_tokens\":${TOKENS},\"stream\":true}" \
+            -o "$tmp/g$1-$i.txt" &
+        clients+=($!)
+    done
+}
 
-idle1=$(load)
-for i in $(seq 1 50); do
-    curl -sN -X POST "$B/v1/generate" --data-binary "{\"model\":\"tiny\",\"prompt\":\"request $i\",\"max_new_tokens\":64,\"stream\":true}" \
-        -o "$tmp/g$i.txt" &
-    clients+=($!)
+answered=0
+measure idle
+for round in $(seq 1 "$ROUNDS"); do
+    generate_all "$round"
+    sleep 1
+    measure "under 50 generate requests"
+    queued=$(curl -s "$B/metrics" | sed -n 's/^accumd_generate_queued //p')
+    rows[${#rows[@]}-1]="${rows[${#rows[@]}-1]/under 50 generate requests/under 50 generate requests ($queued queued at its end)}"
+    wait "${clients[@]}"
+    clients=()
+    answered=$((answered + $(grep -l '^event: done' "$tmp"/g"$round"-*.txt | wc -l)))
+    measure idle
 done
-sleep 1
-busy=$(load)
-queued=$(curl -s "$B/metrics" | sed -n 's/^accumd_generate_queued //p')
-wait "${clients[@]}"
-clients=()
-answered=$(grep -l '^event: done' "$tmp"/g*.txt | wc -l)
-idle2=$(load)
 
-echo "| GET /v1/jobs (8 connections, ${DUR} s) | requests/s | p50 ms | p99 ms | max ms | errors |"
-echo "|---|---|---|---|---|---|"
-for row in "idle:$idle1" "under 50 generate requests ($queued still queued at its end):$busy" "idle again:$idle2"; do
-    name=${row%%:*} r=${row#*:}
-    echo "| $name | $(field "$r" requests/s) | $(field "$r" p50_ms) | $(field "$r" p99_ms) | $(field "$r" max_ms) | $(field "$r" errors) |"
+hz=$(getconf CLK_TCK)
+echo "| GET /v1/jobs (8 connections, ${DUR} s) | requests/s | p50 ms | p99 ms | max ms | errors | loop thread CPU s | loop thread preempted | other daemon threads CPU s | workers CPU s |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+for row in "${rows[@]}"; do
+    IFS='|' read -r name r lt lp ot wc <<<"$row"
+    echo "| $name | $(field "$r" requests/s) | $(field "$r" p50_ms) | $(field "$r" p99_ms) | $(field "$r" max_ms) |" \
+        "$(field "$r" errors) | $(awk "BEGIN{printf \"%.2f\", $lt/$hz}") | $lp | $(awk "BEGIN{printf \"%.2f\", $ot/$hz}") |" \
+        "$(awk "BEGIN{printf \"%.2f\", $wc/$hz}") |"
 done
 echo
-echo "generate requests answered: $answered of 50"
+echo "generate requests answered: $answered of $((50 * ROUNDS))"

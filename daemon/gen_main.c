@@ -1,6 +1,7 @@
 /* gen_main: a generate request's worker process (gen_proto.h): the model
  * loaded on the lent device, the engine (core/model/generate.h) run on the
  * request, each token written up as it comes. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include "model.h"
 #include "model_hf.h"
 #include "tok.h"
+#include "wproc.h"
 
 typedef struct gworker {
     pthread_mutex_t wmu;    /* one line at a time on the channel */
@@ -128,15 +131,18 @@ static json_t *ids_array(const int32_t *v, size_t n)
     return a;
 }
 
-/* The answer: its text and ids, why it stopped, the prompt's ids. */
-static void send_done(gworker *w, const gen_result *res, const tok_ids *prompt)
+/* The answer: its text and ids, why it stopped, the prompt's ids, the
+ * device bytes it held at most (the daemon's reservation is predicted to
+ * equal them on a CPU device). */
+static void send_done(gworker *w, const gen_result *res, const tok_ids *prompt, uint64_t device_peak)
 {
-    send_json(w, json_pack("{s:s, s:s%, s:o*, s:o*, s:s, s:i, s:i, s:f, s:f}", "event", "done", "text",
+    send_json(w, json_pack("{s:s, s:s%, s:o*, s:o*, s:s, s:i, s:i, s:f, s:f, s:I}", "event", "done", "text",
                            res->text ? res->text : "", res->text ? res->text_len : 0, "tokens",
                            ids_array(res->tokens, (size_t)res->n_tokens), "prompt_ids",
                            ids_array(prompt->v, prompt->n), "finish_reason", gen_stop_name(res->reason),
                            "prompt_tokens", res->n_prompt, "completion_tokens", res->n_tokens, "prefill_s",
-                           res->prefill_s, "decode_s", res->decode_s));
+                           res->prefill_s, "decode_s", res->decode_s, "device_peak_bytes",
+                           (json_int_t)device_peak));
 }
 
 /* Load, generate, report. Every failure is an "error" line. */
@@ -185,7 +191,7 @@ static int generate(gworker *w, const gw_init *in, json_t *req, acc_err *err)
     if (rc == 0)
         rc = gen_run(c, prompt.v, (int)prompt.n, &p, token_cb, w, &res, err);
     if (rc == 0)
-        send_done(w, &res, &prompt);
+        send_done(w, &res, &prompt, dev->peak); /* all it held on the device: weights, cache, scratch */
     gen_result_free(&res);
     gen_ctx_free(c);
     tok_free(tok);
@@ -198,42 +204,52 @@ static int generate(gworker *w, const gw_init *in, json_t *req, acc_err *err)
 
 static int check_init(const gw_init *in)
 {
-    return in->magic == GW_MAGIC && in->size == sizeof *in && in->threads >= 1 && in->heartbeat_ms >= 10 &&
+    return in->magic == GW_MAGIC && in->size == sizeof *in && in->threads >= 1 && in->nice >= 0 && in->nice <= 19 &&
+                   in->heartbeat_ms >= 10 &&
                    in->request_len > 0 && in->request_len <= GW_MAX_REQUEST
                ? 0
                : -1;
 }
 
-/* Dies with the daemon; a daemon gone before that was set shows as a
- * changed parent. */
-static int tie_to_daemon(const char *pid_arg)
+/* `by` below the daemon's priority (inherited). Nice is per thread on
+ * Linux: every thread there is now (a library's made at load, e.g. a BLAS
+ * pool) is lowered, and the ones made after inherit it from this one. */
+static void lower_priority(const char *id, int by)
 {
-    char *end;
-    long dpid = strtol(pid_arg, &end, 10);
-    if (*end != '\0' || dpid <= 1 || prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
-        return -1;
-    return getppid() == (pid_t)dpid ? 0 : -1;
+    errno = 0;
+    int now = getpriority(PRIO_PROCESS, 0);
+    int want = errno == 0 && now + by < 19 ? now + by : 19;
+    DIR *d = by > 0 ? opendir("/proc/self/task") : NULL;
+    if (by > 0 && d == NULL)
+        fprintf(stderr, "accumd --generate %s: /proc/self/task: %s\n", id, strerror(errno));
+    for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) {
+        char *end;
+        long tid = strtol(e->d_name, &end, 10);
+        if (e->d_name[0] != '.' && *end == '\0' && setpriority(PRIO_PROCESS, (id_t)tid, want) != 0 && errno != ESRCH)
+            fprintf(stderr, "accumd --generate %s: cannot set thread %ld's nice to %d: %s\n", id, tid, want,
+                    strerror(errno));
+    }
+    if (d != NULL)
+        closedir(d);
 }
 
 int gen_worker_main(int argc, char **argv)
 {
     static gworker w; /* its detached heartbeat thread outlives this frame */
-    if (argc != 4 || tie_to_daemon(argv[3]) != 0) {
-        fprintf(stderr, "accumd --generate: not started by a live accumd\n");
+    acc_err aerr = {0};
+    if (argc != 4 || wp_child_attach(argv[3], &aerr) != 0) {
+        fprintf(stderr, "accumd --generate: %s\n", argc != 4 ? "usage: accumd --generate ID DAEMON_PID" : aerr.msg);
         return GW_EXIT_SETUP;
     }
-    signal(SIGPIPE, SIG_IGN);
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
-    signal(SIGHUP, SIG_IGN);
     gw_init in;
     char *text = NULL;
-    if (fcntl(GW_FD, F_SETFD, FD_CLOEXEC) != 0 || fsu_read_exact(GW_FD, &in, sizeof in, NULL) != 0 ||
+    if (fsu_read_exact(GW_FD, &in, sizeof in, NULL) != 0 ||
         check_init(&in) != 0 || (text = malloc(in.request_len)) == NULL || fsu_read_exact(GW_FD, text, in.request_len, NULL) != 0) {
         fprintf(stderr, "accumd --generate %s: no valid start message from the daemon\n", argv[2]);
         free(text);
         return GW_EXIT_SETUP;
     }
+    lower_priority(argv[2], in.nice);
     pthread_mutex_init(&w.wmu, NULL);
     w.heartbeat_ms = in.heartbeat_ms;
     pthread_t th;

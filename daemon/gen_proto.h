@@ -5,7 +5,7 @@
  *
  *   accumd --generate REQUEST_ID DAEMON_PID
  *
- * started by the daemon through uv_spawn (daemon/gen_worker.c) with one end
+ * started by the daemon (daemon/gen_worker.c, daemon/wproc.h) with one end
  * of a socketpair as descriptor GW_FD. Down it the daemon writes one
  * gw_init (binary: both ends are the same build; `magic` and `size` check
  * it) followed by `request_len` bytes: the request as the API resolved it,
@@ -26,7 +26,9 @@
  * crashed or was killed (the daemon says so to the client). Nothing goes
  * down after the request: a cancel (the client went away) is SIGKILL,
  * since a generation has nothing to save. The worker dies with the daemon
- * (PR_SET_PDEATHSIG).
+ * (PR_SET_PDEATHSIG). It lowers its own priority by `nice` (the config's
+ * generate_nice; nice 19 at most) below the daemon's before anything
+ * else, so the daemon's loop thread keeps its core while generations run.
  */
 #ifndef ACC_GEN_PROTO_H
 #define ACC_GEN_PROTO_H
@@ -46,6 +48,7 @@ typedef struct gw_init {
     uint32_t size;            /* sizeof(gw_init) */
     kern_device_info device;
     int threads;              /* kernel threads (CPU devices) */
+    int nice;                 /* added to the worker's nice value before it starts a thread */
     int heartbeat_ms;
     uint32_t request_len;     /* then this many bytes: the request JSON */
 } gw_init;

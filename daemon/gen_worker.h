@@ -1,8 +1,9 @@
 /* gen_worker: the daemon's side of generate requests' worker processes
  * (gen_proto.h has the protocol), installed as the generate queue's runner
- * (core/jobs/genq.h). One process per started request through uv_spawn, a
- * socketpair (uv_pipe) read only with libuv's non-blocking I/O on the loop
- * thread: "token", "done" and "error" lines go to the queue as they come;
+ * (core/jobs/genq.h). One process per started request (wproc.h: spawned,
+ * its channel read only with libuv's non-blocking I/O on the loop thread,
+ * heartbeats watched): "token", "done" and "error" lines go to the queue as
+ * they come;
  * when the process exited and its channel closed the request ends
  * (genq_ended), with an "error" first when it sent neither "done" nor
  * "error" (a crash, a kill, no heartbeat for worker_heartbeat_timeout

@@ -18,36 +18,19 @@
 #include "log.h"
 #include "tev_json.h"
 #include "worker_proto.h"
+#include "wproc.h"
 
-#define WK_EOF_WAIT_MS 2000 /* after the exit: the channel's end, at the latest */
+_Static_assert(WK_FD == WP_CHILD_FD, "the job worker reads its channel where wproc puts it");
 
 typedef struct wk_proc {
     wk_runner *r;
     job *j;
     char job_id[32];
-    uv_process_t proc;
-    uv_pipe_t pipe;
-    uv_timer_t timer;
-    int open_handles;
-    bool proc_on, pipe_on, timer_on; /* initialised: to be closed */
-    bool exited, eof, ended, released;
-    bool heartbeat_lost, bad_line, no_channel;
-    int64_t exit_status;
-    int term_signal;
-    uint64_t last_heard, last_check, exit_at; /* uv_now, ms */
-    char *buf;                 /* what came in, not yet a whole line */
-    size_t len, cap;
-    wk_init *init;             /* the start message, kept until freed */
-    uv_write_t init_req;
+    int pid;
+    wp_proc *proc;
+    bool bad_line;             /* killed for a line that is not an event */
     jobs_wend end;
 } wk_proc;
-
-typedef struct wk_ctl {
-    uv_write_t req;
-    char text[16];
-} wk_ctl;
-
-static uint64_t timeout_ms(const wk_proc *p) { return (uint64_t)p->r->conf->worker_heartbeat_timeout * 1000; }
 
 /* ---- pid files */
 
@@ -60,7 +43,7 @@ static void pid_write(const wk_proc *p)
 {
     char path[PATH_MAX + 64], line[32];
     pid_path(p->r, p->job_id, path, sizeof path);
-    int n = snprintf(line, sizeof line, "%d\n", p->proc.pid);
+    int n = snprintf(line, sizeof line, "%d\n", p->pid);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     /* no fsync: after a power loss no worker is left to find */
     if (fd < 0 || write(fd, line, (size_t)n) != n)
@@ -80,107 +63,81 @@ static void pid_remove(const wk_proc *p)
 
 /* ---- the end */
 
-static void maybe_free(wk_proc *p)
-{
-    if (p->open_handles > 0 || !p->released)
-        return;
-    free(p->buf);
-    free(p->init);
-    free(p);
-}
-
-static void on_closed(uv_handle_t *h)
-{
-    wk_proc *p = h->data;
-    p->open_handles--;
-    maybe_free(p);
-}
-
-static void close_handles(wk_proc *p)
-{
-    uv_handle_t *hs[] = {(uv_handle_t *)&p->proc, (uv_handle_t *)&p->pipe, (uv_handle_t *)&p->timer};
-    bool on[] = {p->proc_on, p->pipe_on, p->timer_on};
-    for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
-        if (on[i] && !uv_is_closing(hs[i]))
-            uv_close(hs[i], on_closed);
-}
-
 static void kill_worker(wk_proc *p, const char *why)
 {
-    if (p->exited)
+    if (wp_exited(p->proc))
         return;
-    acc_log(ACC_LOG_ERROR, "worker", "job %s: killing worker %d: %s", p->job_id, p->proc.pid, why);
-    int rc = uv_process_kill(&p->proc, SIGKILL);
-    if (rc != 0 && rc != UV_ESRCH)
-        acc_log(ACC_LOG_ERROR, "worker", "job %s: kill %d: %s", p->job_id, p->proc.pid, uv_strerror(rc));
+    acc_log(ACC_LOG_ERROR, "worker", "job %s: killing worker %d: %s", p->job_id, p->pid, why);
+    wp_kill(p->proc, why);
 }
 
 /* Why it ended without a report: the cause and its words. */
-static void describe_loss(wk_proc *p)
+static void describe_loss(wk_proc *p, const wp_end *w)
 {
     jobs_wend *e = &p->end;
-    if (p->no_channel) {
+    if (w->not_started) {
+        e->cause = JOBS_WFAIL_START;
+        e->deterministic = true;
+        snprintf(e->what, sizeof e->what, "could not be started (%.200s)", w->why);
+    } else if (w->no_channel) {
         e->cause = JOBS_WFAIL_START;
         e->deterministic = true;
         snprintf(e->what, sizeof e->what, "could not be given its job (its channel failed) and was killed");
-    } else if (p->bad_line) {
+    } else if (p->bad_line || w->line_too_long) {
         e->cause = JOBS_WFAIL_PROTOCOL;
         snprintf(e->what, sizeof e->what, "wrote a line that is not an event and was killed");
-    } else if (p->heartbeat_lost) {
+    } else if (w->heartbeat_lost) {
         e->cause = JOBS_WFAIL_HEARTBEAT;
         snprintf(e->what, sizeof e->what, "sent no heartbeat for %d s and was killed",
                  p->r->conf->worker_heartbeat_timeout);
-    } else if (p->term_signal != 0) {
+    } else if (w->term_signal != 0) {
         e->cause = JOBS_WFAIL_SIGNAL;
-        snprintf(e->what, sizeof e->what, "killed by signal %d (%s)", p->term_signal, strsignal(p->term_signal));
-    } else if (p->exit_status == WK_EXIT_WATCHDOG) {
+        snprintf(e->what, sizeof e->what, "killed by signal %d (%s)", w->term_signal, strsignal(w->term_signal));
+    } else if (w->exit_status == WK_EXIT_WATCHDOG) {
         e->cause = JOBS_WFAIL_EXIT;
         snprintf(e->what, sizeof e->what, "ended its rank processes: rank 0 reported no progress within the "
                  "watchdog's bound (a rank stopped or hung; rank_watchdog_min / rank_watchdog_factor)");
-    } else if (p->exit_status == WK_EXIT_RANKS) {
+    } else if (w->exit_status == WK_EXIT_RANKS) {
         e->cause = JOBS_WFAIL_EXIT;
         snprintf(e->what, sizeof e->what, "lost its rank processes (the MPI launcher ended without rank 0's report)");
-    } else if (p->exit_status == WK_EXIT_SETUP) {
+    } else if (w->exit_status == WK_EXIT_SETUP) {
         e->cause = JOBS_WFAIL_START;
         e->deterministic = true;
         snprintf(e->what, sizeof e->what, "could not start (exit status %d)", WK_EXIT_SETUP);
     } else {
         e->cause = JOBS_WFAIL_EXIT;
-        snprintf(e->what, sizeof e->what, "exited with status %lld without reporting", (long long)p->exit_status);
+        snprintf(e->what, sizeof e->what, "exited with status %lld without reporting", (long long)w->exit_status);
     }
 }
 
-/* Both the process and its channel are gone: report, then let go. */
-static void maybe_end(wk_proc *p)
+static void on_spawned(void *ctx, int pid)
 {
-    if (!p->exited || !p->eof || p->ended)
-        return;
-    p->ended = true;
-    uv_timer_stop(&p->timer);
-    if (p->end.reported && (p->term_signal != 0 || p->exit_status != 0))
-        acc_log(ACC_LOG_WARN, "worker", "job %s: worker %d ended abnormally (status %lld, signal %d) after "
-                "reporting its run's end", p->job_id, p->proc.pid, (long long)p->exit_status, p->term_signal);
-    if (!p->end.reported)
-        describe_loss(p);
-    pid_remove(p);
-    jobs_worker_ended(p->r->jobs, p->j, &p->end);
-    close_handles(p);
+    wk_proc *p = ctx;
+    p->pid = pid;
+    pid_write(p);
+    acc_log(ACC_LOG_INFO, "worker", "job %s: worker pid %d started", p->job_id, pid);
 }
 
-static void on_exit_cb(uv_process_t *proc, int64_t status, int term_signal)
+/* Both the process and its channel are gone: report; the jobs manager
+ * lets go of it later (release). */
+static void on_ended(void *ctx, const wp_end *w)
 {
-    wk_proc *p = proc->data;
-    p->exited = true;
-    p->exit_status = status;
-    p->term_signal = term_signal;
-    p->exit_at = uv_now(p->r->loop);
-    maybe_end(p);
+    wk_proc *p = ctx;
+    if (p->end.reported && (w->term_signal != 0 || w->exit_status != 0))
+        acc_log(ACC_LOG_WARN, "worker", "job %s: worker %d ended abnormally (status %lld, signal %d) after "
+                "reporting its run's end", p->job_id, p->pid, (long long)w->exit_status, w->term_signal);
+    if (!p->end.reported)
+        describe_loss(p, w);
+    if (p->pid > 0)
+        pid_remove(p);
+    jobs_worker_ended(p->r->jobs, p->j, &p->end);
 }
 
 /* ---- the channel */
 
-static void on_line(wk_proc *p, const char *line, size_t n)
+static void on_line(void *ctx, const char *line, size_t n)
 {
+    wk_proc *p = ctx;
     json_error_t je;
     json_t *o = json_loadb(line, n, 0, &je);
     const char *kind = json_string_value(json_object_get(o, "event"));
@@ -210,115 +167,21 @@ static void on_line(wk_proc *p, const char *line, size_t n)
     free(ev);
 }
 
-static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
-{
-    wk_proc *p = h->data;
-    (void)hint;
-    size_t want = 64 << 10;
-    if (p->cap - p->len < want) {
-        size_t cap = p->len + want;
-        char *nb = cap <= WK_MAX_LINE + want ? realloc(p->buf, cap) : NULL;
-        if (nb == NULL) { /* libuv reports UV_ENOBUFS */
-            *buf = uv_buf_init(NULL, 0);
-            return;
-        }
-        p->buf = nb;
-        p->cap = cap;
-    }
-    *buf = uv_buf_init(p->buf + p->len, (unsigned)(p->cap - p->len));
-}
-
-static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
-{
-    wk_proc *p = s->data;
-    (void)buf;
-    if (nread < 0) {
-        if (nread != UV_EOF && !p->bad_line) {
-            char why[200];
-            snprintf(why, sizeof why, "reading its channel: %s", uv_strerror((int)nread));
-            p->bad_line = nread == UV_ENOBUFS; /* a line past WK_MAX_LINE */
-            kill_worker(p, why);
-        }
-        uv_read_stop(s);
-        p->eof = true;
-        maybe_end(p);
-        return;
-    }
-    p->last_heard = uv_now(p->r->loop);
-    p->len += (size_t)nread;
-    size_t start = 0;
-    for (size_t i = p->len - (size_t)nread; i < p->len; i++)
-        if (p->buf[i] == '\n') {
-            on_line(p, p->buf + start, i - start);
-            start = i + 1;
-        }
-    memmove(p->buf, p->buf + start, p->len - start);
-    p->len -= start;
-}
-
-static void on_ctl_written(uv_write_t *req, int status)
-{
-    (void)status; /* a worker that is gone is seen through its exit */
-    free(req->data);
-}
-
 static void control(void *ctx, job *j, const char *what)
 {
     wk_proc *p = j->worker;
     (void)ctx;
-    if (p == NULL || p->ended || p->exited)
+    if (p == NULL || wp_exited(p->proc))
         return;
     if (!strcmp(what, "kill")) { /* a cancel not honoured in time (jobs_enforce_cancels) */
         kill_worker(p, "cancelled, and not stopped within cancel_grace");
         return;
     }
-    wk_ctl *c = malloc(sizeof *c);
-    if (c == NULL) {
-        acc_log(ACC_LOG_ERROR, "worker", "job %s: out of memory sending %s", p->job_id, what);
-        return;
-    }
-    int n = snprintf(c->text, sizeof c->text, "%s\n", what);
-    c->req.data = c;
-    uv_buf_t b = uv_buf_init(c->text, (unsigned)n);
-    int rc = uv_write(&c->req, (uv_stream_t *)&p->pipe, &b, 1, on_ctl_written);
-    if (rc != 0) {
-        acc_log(ACC_LOG_WARN, "worker", "job %s: cannot send %s: %s", p->job_id, what, uv_strerror(rc));
-        free(c);
-    }
-}
-
-static void on_init_written(uv_write_t *req, int status)
-{
-    wk_proc *p = req->data;
-    /* EPIPE: it is gone already, its exit says why */
-    if (status != 0 && status != UV_ECANCELED && status != UV_EPIPE && !p->exited) {
-        p->no_channel = true;
-        kill_worker(p, "its start message could not be written");
-    }
-}
-
-/* ---- heartbeats */
-
-static void on_timer(uv_timer_t *t)
-{
-    wk_proc *p = t->data;
-    uint64_t now = uv_now(p->r->loop), limit = timeout_ms(p);
-    if (p->exited) {
-        if (!p->eof && now - p->exit_at >= WK_EOF_WAIT_MS) { /* a descendant holds the channel */
-            uv_read_stop((uv_stream_t *)&p->pipe);
-            p->eof = true;
-            maybe_end(p);
-        }
-        return;
-    }
-    /* the loop itself was away (a late timer): the worker had no chance to be heard */
-    if (now - p->last_check > limit / 2 + (uint64_t)p->init->heartbeat_ms)
-        p->last_heard = now;
-    p->last_check = now;
-    if (!p->heartbeat_lost && now - p->last_heard >= limit) {
-        p->heartbeat_lost = true;
-        kill_worker(p, "no heartbeat");
-    }
+    char line[32];
+    snprintf(line, sizeof line, "%s\n", what);
+    acc_err err = {0};
+    if (wp_send(p->proc, line, &err) != 0)
+        acc_log(ACC_LOG_WARN, "worker", "job %s: cannot send %s: %s", p->job_id, what, err.msg);
 }
 
 /* ---- start */
@@ -345,10 +208,10 @@ static wk_init *make_init(const wk_runner *r, const job *j, const kern_device_in
     wk_init *in = calloc(1, sizeof *in + text);
     if (in == NULL)
         return NULL;
-    int hb = r->conf->worker_heartbeat_timeout * 1000 / 4;
+    int hb = wp_heartbeat_ms(r->conf->worker_heartbeat_timeout);
     *in = (wk_init){.magic = WK_MAGIC, .size = sizeof *in, .ndev = ndev,
                     .threads_per_device = r->conf->cpu_threads_per_device,
-                    .checkpoint_keep = r->conf->checkpoint_keep, .heartbeat_ms = hb < 1000 ? hb : 1000,
+                    .checkpoint_keep = r->conf->checkpoint_keep, .heartbeat_ms = hb,
                     .attempt = j->worker_restarts, .spec = j->spec, .rank_mode = ranks,
                     .world = j->spec.devices * j->spec.nodes, .spec_json_len = (uint32_t)text,
                     .watchdog_factor = r->conf->rank_watchdog_factor, .watchdog_min_s = r->conf->rank_watchdog_min};
@@ -364,83 +227,28 @@ static wk_init *make_init(const wk_runner *r, const job *j, const kern_device_in
     return in;
 }
 
-static int spawn(wk_proc *p, acc_err *err)
-{
-    wk_runner *r = p->r;
-    char dpid[24];
-    snprintf(dpid, sizeof dpid, "%d", (int)uv_os_getpid());
-    char *args[] = {r->exe, "--worker", p->job_id, dpid, NULL};
-    uv_stdio_container_t io[4] = {
-        {.flags = UV_IGNORE},
-        {.flags = UV_INHERIT_FD, .data.fd = 1},
-        {.flags = UV_INHERIT_FD, .data.fd = 2},
-        {.flags = UV_CREATE_PIPE | UV_READABLE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&p->pipe},
-    };
-    /* this very program, even when its file was replaced since (an upgrade):
-     * the start message's layout is this build's; its own session: a
-     * terminal's ^C is the daemon's to handle */
-    uv_process_options_t o = {.exit_cb = on_exit_cb, .file = "/proc/self/exe", .args = args, .stdio = io, .stdio_count = 4,
-                              .flags = UV_PROCESS_DETACHED};
-    int rc = uv_spawn(r->loop, &p->proc, &o);
-    p->proc_on = true; /* initialised even when it failed */
-    p->open_handles++;
-    if (rc != 0)
-        return acc_err_set(err, ACC_EINTERNAL, NULL, "cannot start a worker process (%s): %s", r->exe,
-                           uv_strerror(rc));
-    p->init_req.data = p;
-    uv_buf_t b = uv_buf_init((char *)p->init, (unsigned)(sizeof *p->init + p->init->spec_json_len));
-    if ((rc = uv_write(&p->init_req, (uv_stream_t *)&p->pipe, &b, 1, on_init_written)) != 0 ||
-        (rc = uv_read_start((uv_stream_t *)&p->pipe, on_alloc, on_read)) != 0) {
-        /* it runs: it ends as any worker does (reaped, reported), killed now */
-        p->no_channel = true;
-        p->eof = true;
-        kill_worker(p, uv_strerror(rc));
-    }
-    return 0;
-}
-
 static int start(void *ctx, job *j, const kern_device_info *devs, int ndev, acc_err *err)
 {
     wk_runner *r = ctx;
     wk_proc *p = calloc(1, sizeof *p);
-    if (p == NULL)
+    wk_init *in = make_init(r, j, devs, ndev);
+    if (p == NULL || in == NULL) {
+        free(p);
+        free(in);
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for a worker");
-    p->r = r;
-    p->j = j;
+    }
+    *p = (wk_proc){.r = r, .j = j, .pid = -1};
     snprintf(p->job_id, sizeof p->job_id, "%s", j->id);
-    p->init = make_init(r, j, devs, ndev);
-    p->proc.data = p;
-    int rc = p->init == NULL ? acc_err_set(err, ACC_ENOMEM, NULL, "out of memory for a worker") : 0, uvrc = 0;
-    if (rc == 0 && (uvrc = uv_pipe_init(r->loop, &p->pipe, 0)) == 0) {
-        p->pipe_on = true;
-        p->open_handles++;
-        p->pipe.data = p;
-    }
-    if (rc == 0 && uvrc == 0 && (uvrc = uv_timer_init(r->loop, &p->timer)) == 0) {
-        p->timer_on = true;
-        p->open_handles++;
-        p->timer.data = p;
-    }
-    if (rc == 0 && uvrc != 0)
-        rc = acc_err_set(err, ACC_EINTERNAL, NULL, "worker handles: %s", uv_strerror(uvrc));
-    if (rc == 0)
-        rc = spawn(p, err);
+    wp_opts o = {.mode = "--worker", .id = j->id, .log_tag = "worker", .init = in,
+                 .init_len = sizeof *in + in->spec_json_len, .heartbeat_ms = in->heartbeat_ms,
+                 .heartbeat_timeout_s = r->conf->worker_heartbeat_timeout, .max_line = WK_MAX_LINE};
+    int rc = wp_start(r->loop, &o, &(wp_hooks){.line = on_line, .spawned = on_spawned, .ended = on_ended, .ctx = p}, &p->proc, err);
+    free(in);
     if (rc != 0) {
-        p->released = true;
-        p->ended = true;
-        if (p->open_handles == 0)
-            maybe_free(p);
-        else
-            close_handles(p);
+        free(p);
         return rc;
     }
-    uint64_t now = uv_now(r->loop);
-    p->last_heard = p->last_check = now;
-    uint64_t every = (uint64_t)p->init->heartbeat_ms;
-    uv_timer_start(&p->timer, on_timer, every, every);
-    pid_write(p);
     j->worker = p;
-    acc_log(ACC_LOG_INFO, "worker", "job %s: worker pid %d started", j->id, p->proc.pid);
     return 0;
 }
 
@@ -448,8 +256,8 @@ static void release(void *ctx, job *j)
 {
     wk_proc *p = j->worker;
     (void)ctx;
-    p->released = true;
-    maybe_free(p);
+    wp_release(p->proc);
+    free(p);
 }
 
 int wk_runner_init(wk_runner *r, uv_loop_t *loop, const acc_conf *conf, jobs_mgr *jobs, acc_err *err)

@@ -1,8 +1,8 @@
 /* worker: the daemon's side of the jobs' worker processes (worker_proto.h
  * has the protocol). Installed as the jobs manager's runner (jobs.h), it
- * starts one process per started job through uv_spawn, with a socketpair
- * (uv_pipe) as the channel, and only ever reads it with libuv's
- * non-blocking I/O on the loop thread: event lines go to the jobs manager
+ * starts one process per started job (wproc.h: spawned, a socketpair as
+ * the channel, only ever read with libuv's non-blocking I/O on the loop
+ * thread, heartbeats watched): event lines go to the jobs manager
  * as they come; the end (the process exited and its channel closed) goes
  * after them, with the run's "done" event or the reason there was none.
  *

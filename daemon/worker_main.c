@@ -28,6 +28,7 @@
 #include "tev_json.h"
 #include "job_train_cfg.h"
 #include "worker_proto.h"
+#include "wproc.h"
 
 enum wk_fault_kind { FAULT_NONE, FAULT_SEGV, FAULT_ABORT, FAULT_EXIT, FAULT_HANG };
 
@@ -642,19 +643,6 @@ static int check_init(const wk_init *in)
                : -1;
 }
 
-/* Dies with the daemon; a daemon already gone before that was set is
- * seen as a changed parent. */
-static int tie_to_daemon(const char *pid_arg)
-{
-    char *end;
-    long dpid = strtol(pid_arg, &end, 10);
-    if (*end != '\0' || dpid <= 1)
-        return -1;
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
-        return -1;
-    return getppid() == (pid_t)dpid ? 0 : -1;
-}
-
 static int run(worker *w)
 {
     pthread_t th;
@@ -704,18 +692,9 @@ int worker_main(int argc, char **argv)
 {
     static worker w; /* the process's one: its detached threads outlive this frame at exit */
     w.job_id = argc >= 3 ? argv[2] : "?";
-    if (argc != 4 || tie_to_daemon(argv[3]) != 0) {
-        say(&w, "not started by a live accumd (usage: accumd --worker JOB_ID DAEMON_PID)%s", "");
-        return WK_EXIT_SETUP;
-    }
-    signal(SIGPIPE, SIG_IGN);
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
-    signal(SIGHUP, SIG_IGN);
-    signal(SIGXFSZ, SIG_IGN);
-    /* kept from anything a trainer might start */
-    if (fcntl(WK_FD, F_SETFD, FD_CLOEXEC) != 0) {
-        say(&w, "no channel on descriptor 3: %s", strerror(errno));
+    acc_err aerr = {0};
+    if (argc != 4 || wp_child_attach(argv[3], &aerr) != 0) { /* the channel kept from anything a trainer starts */
+        say(&w, "%s", argc != 4 ? "usage: accumd --worker JOB_ID DAEMON_PID" : aerr.msg);
         return WK_EXIT_SETUP;
     }
     w.init = malloc(sizeof *w.init);

@@ -4,7 +4,7 @@
  *
  *   accumd --worker JOB_ID DAEMON_PID
  *
- * started by the daemon through uv_spawn (daemon/worker.c) with one end of a
+ * started by the daemon (daemon/worker.c, daemon/wproc.h) with one end of a
  * socketpair as its descriptor WK_FD. Down that channel the daemon first
  * writes one wk_init (binary: both ends are the same build, which `size`
  * and `magic` check), then control lines: "cancel\n", "preempt\n". Up it,

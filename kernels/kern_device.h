@@ -400,7 +400,9 @@ typedef struct kern_ops {
      * past bf16's largest: +-Inf, subnormals kept). The inverse of widen16
      * (f16 = 0) on bf16 values, so narrow then widen is kern_bf16_round.
      * bf16 activation storage (model_config.act_bf16, blocks.h) keeps a
-     * block's activations through it between the forward and the backward. */
+     * block's activations through it between the forward and the backward;
+     * the key/value cache of a 16-bit model is stored through it
+     * (generate.h). */
     void (*narrow_bf16)(kern_device *d, uint16_t *out, const float *in, size_t n);
     /* ---- Host memory (the optimizer offload, core/train/adamw.c). OPTIONAL
      * (NULL: nothing to do, as on CPU devices): page-lock the `bytes` of

@@ -374,6 +374,16 @@ static void test_llama_norm_mlp(st_ctx *c)
         st_cmp(c, f16 ? "widen16 (f16)" : "widen16 (bf16)", &h);
         st_free(c, &w16);
     }
+    if (c->dev->ops->narrow_bf16 != NULL) { /* rounded to bf16 and widened back: the same bits */
+        st_buf h16 = st_new(c, (n + 1) / 2, 0, 0), back = st_new(c, n, 0, 0);
+        BOTH(c, D->ops->narrow_bf16(D, (uint16_t *)F(h16, d), F(gate, d), n),
+             D->ops->narrow_bf16(D, (uint16_t *)F(h16, r), F(gate, r), n));
+        BOTH(c, D->ops->widen16(D, F(back, d), (const uint16_t *)F(h16, d), n, 0),
+             D->ops->widen16(D, F(back, r), (const uint16_t *)F(h16, r), n, 0));
+        st_cmp(c, "narrow_bf16", &back);
+        st_free(c, &h16);
+        st_free(c, &back);
+    }
     st_buf *all[] = {&tok, &wte, &x, &dx, &out, &rstd, &w, &dw, &dout,
                      &gate, &up, &h, &dh, &dgate, &dup};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)

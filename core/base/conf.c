@@ -340,8 +340,20 @@ const conf_row conf_table[] = {
     {.name = "host_memory", .type = CONF_BYTES, .def = "auto", .off = OFF(host_memory), .size = SZ(host_memory),
      .lo = 0, .hi = UINT64_MAX, .set_flag = NOFLAG, .set = set_host_memory,
      .doc = "host memory jobs may hold at once, reserved per job; auto = MemTotal less 10% (1 GiB to half); 0 = no limit"},
+    INT(generate_nice, "10", 0, 19, "how much lower generate requests' workers run than the daemon (nice increment; the loop keeps its core)"),
+    INT(generate_threads, "0", 0, 1024, "threads of a generate worker on a CPU device; 0 = cpu_threads_per_device, less a core left to the daemon"),
 };
 const size_t conf_table_len = sizeof conf_table / sizeof conf_table[0];
+
+int conf_generate_threads(const acc_conf *c, long cores)
+{
+    if (c->generate_threads > 0)
+        return c->generate_threads;
+    int t = c->cpu_threads_per_device;
+    if (cores > 1 && t >= cores)
+        t = (int)cores - 1;
+    return t < 1 ? 1 : t;
+}
 
 const conf_row *conf_key_find(const char *key)
 {

@@ -92,6 +92,12 @@ typedef struct acc_conf {
      * (at least 1 GiB, at most half), set by conf_finalize; 0 = no limit */
     uint64_t host_memory;
     bool host_memory_auto;
+    /* generate requests' workers (POST /v1/generate): how many nice steps
+     * below the daemon they run (the loop thread keeps its core) and kernel threads on a
+     * CPU device (0: cpu_threads_per_device, less one core kept for the
+     * daemon when that is every core; see conf_generate_threads) */
+    int generate_nice;
+    int generate_threads;
     /* which keys were set explicitly, so derived defaults don't override them */
     bool set_data_roots, set_output_root, set_token_file, set_threads, set_pending;
 } acc_conf;
@@ -144,6 +150,10 @@ int conf_finalize(acc_conf *c, acc_err *err);
 /* host_memory "auto" for a host of `total` bytes: total less 10% (at
  * least 1 GiB, at most half of it). */
 uint64_t conf_host_memory_auto(uint64_t total);
+/* The kernel threads of a generate request's worker on a CPU device:
+ * generate_threads when set, else cpu_threads_per_device, one fewer when
+ * those are all of the machine's `cores` (at least 1). */
+int conf_generate_threads(const acc_conf *c, long cores);
 
 /* Parse a byte size with an optional K/M/G/T suffix (powers of 1024). */
 int conf_parse_bytes(const char *s, uint64_t *out);

@@ -668,8 +668,13 @@ void blk_acts_free(model *m, void **mem, float **ptr, int n)
 
 enum {
     I_KC, I_VC, I_X, I_X2, I_H, I_TMP, I_Q, I_ATT, I_K, I_V, I_QKV, I_F1, I_F2, I_F3, I_ST1,
-    I_ST2, I_SCORES, I_COS, I_SIN, I_LOGITS, I_RAW, I_LORA_U, I_LORA_TMP, I_TOK, I_POS, I_COUNT
+    I_ST2, I_SCORES, I_COS, I_SIN, I_LOGITS, I_RAW, I_LORA_U, I_LORA_TMP, I_TOK, I_POS, I_KW, I_VW, I_COUNT
 };
+
+bool blk_infer_cache16(const model_config *cfg)
+{
+    return cfg->weights_dtype == ST_BF16 || cfg->weights_dtype == ST_F16;
+}
 
 static int infer_hs(const model_config *c)
 {
@@ -685,8 +690,13 @@ static uint64_t infer_counts(const model_config *c, int chunk, int P, uint64_t *
     uint64_t wide = C > QD ? C : QD, R = (uint64_t)c->lora.r, Vp = (uint64_t)c->padded_vocab_size;
     uint64_t out = QD + 2 * KD > I ? QD + 2 * KD : I;
     out = out > wide ? out : wide;
+    /* the cache: L x P x KD values, 4 bytes each, or 2 (and one block widened) */
+    bool c16 = blk_infer_cache16(c);
+    uint64_t cache = acc_sat_mul3_u64(L, (uint64_t)P, KD), widened = c16 ? (uint64_t)P * KD : 0;
+    if (c16)
+        cache = cache / 2 + cache % 2; /* in floats' room */
     uint64_t per[I_COUNT] = {
-        [I_KC] = acc_sat_mul3_u64(L, (uint64_t)P, KD), [I_VC] = acc_sat_mul3_u64(L, (uint64_t)P, KD),
+        [I_KC] = cache, [I_VC] = cache, [I_KW] = widened, [I_VW] = widened,
         [I_X] = n * wide, [I_X2] = n * wide, [I_H] = n * wide, [I_TMP] = n * wide,
         [I_Q] = n * QD, [I_ATT] = n * QD, [I_K] = n * KD, [I_V] = n * KD,
         [I_QKV] = n * (QD + 2 * KD), [I_F1] = n * I, [I_F2] = n * I, [I_F3] = n * I,
@@ -737,7 +747,14 @@ int blk_infer_alloc(model *m, int chunk, int P, blk_infer *s, acc_err *err)
     s->cos = a[I_COS], s->sin = a[I_SIN], s->logits = a[I_LOGITS], s->raw = a[I_RAW];
     s->lora_u = a[I_LORA_U], s->lora_tmp = a[I_LORA_TMP];
     s->tok = (int *)a[I_TOK], s->pos = (int *)a[I_POS];
-    if (hs % 2 == 0) { /* the rotary tables (decoders; GPT-2, learned positions, never reads them) */
+    if (blk_infer_cache16(c)) {
+        s->kc16 = (uint16_t *)a[I_KC], s->vc16 = (uint16_t *)a[I_VC], s->kc = s->vc = NULL;
+        s->kw = a[I_KW], s->vw = a[I_VW];
+        if (m->dev->ops->narrow_bf16 == NULL)
+            rc = acc_err_set(err, ACC_EDEVICE, "device", "the %s backend has no narrow_bf16 (a 16-bit model's cache)",
+                             m->dev->ops->backend);
+    }
+    if (rc == 0 && hs % 2 == 0) { /* the rotary tables (decoders; GPT-2, learned positions, never reads them) */
         size_t n = KERN_ROPE_TABLE(P, hs);
         float *cs = malloc(2 * n * sizeof *cs + 1);
         kern_rope_cfg rcfg;
@@ -777,9 +794,28 @@ blk_run blk_infer_run(model *m, blk_infer *s, const int *tokens, int n, int p0)
                      .lora = {s->lora_u, s->lora_tmp, NULL, blk_lora_per_layer(&m->cfg)}};
 }
 
+/* bf16: each row rounded into the 16-bit cache */
+static void store16(blk_run *r, blk_infer *s, int layer, const float *k, const float *v, int ld, int p0)
+{
+    size_t KD = (size_t)s->KD, row0 = (size_t)layer * s->P + (size_t)p0;
+    if ((size_t)ld == KD) {
+        r->k->narrow_bf16(r->d, s->kc16 + row0 * KD, k, (size_t)r->N * KD);
+        r->k->narrow_bf16(r->d, s->vc16 + row0 * KD, v, (size_t)r->N * KD);
+        return;
+    }
+    for (int i = 0; i < r->N; i++) {
+        r->k->narrow_bf16(r->d, s->kc16 + (row0 + (size_t)i) * KD, k + (size_t)i * ld, KD);
+        r->k->narrow_bf16(r->d, s->vc16 + (row0 + (size_t)i) * KD, v + (size_t)i * ld, KD);
+    }
+}
+
 void blk_infer_store(blk_run *r, blk_infer *s, int layer, const float *k, const float *v,
                      int ld, int p0)
 {
+    if (s->kc16 != NULL) {
+        store16(r, s, layer, k, v, ld, p0);
+        return;
+    }
     size_t KD = (size_t)s->KD, f = sizeof(float);
     float *kc = s->kc + ((size_t)layer * s->P + (size_t)p0) * KD;
     float *vc = s->vc + ((size_t)layer * s->P + (size_t)p0) * KD;
@@ -800,7 +836,16 @@ void blk_infer_attn(blk_run *r, blk_infer *s, const blk_attn *a, int layer, floa
     kern_att_opts o;
     bool opt = attn_variant(a, &o);
     size_t off = (size_t)layer * s->P * (size_t)s->KD;
-    r->k->attention_cache_fwd(r->d, out, s->scores, q, ldq, s->kc + off, s->vc + off,
+    const float *kc, *vc;
+    if (s->kc16 != NULL) { /* the rows up to the last new one, widened */
+        size_t n = ((size_t)p0 + (size_t)r->N) * (size_t)s->KD;
+        r->k->widen16(r->d, s->kw, s->kc16 + off, n, 0);
+        r->k->widen16(r->d, s->vw, s->vc16 + off, n, 0);
+        kc = s->kw, vc = s->vw;
+    } else {
+        kc = s->kc + off, vc = s->vc + off;
+    }
+    r->k->attention_cache_fwd(r->d, out, s->scores, q, ldq, kc, vc,
                               opt ? &o : NULL, p0, r->N, a->NH, a->NKV, a->hs);
 }
 

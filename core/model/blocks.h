@@ -402,7 +402,10 @@ void blk_keep_init(blk_keep *k, const model *m, float *const *a, const uint64_t 
  * every cached row up to their own (kern_ops.attention_cache_fwd); then the
  * final norm and the head on the LAST row only, into `logits` [Vp]. The
  * arrays are sized from the config alone, so every family shares them:
- * QD = n_head * head_dim, KD = n_kv_head * head_dim, I the MLP width. */
+ * QD = n_head * head_dim, KD = n_kv_head * head_dim, I the MLP width.
+ * The cache is fp32, or bf16 for a model whose weights are 16-bit: keys
+ * and values rounded to bf16 as they are stored (after RoPE), the
+ * queries attending to the rounded ones. */
 typedef struct blk_infer {
     int chunk, P;          /* rows one call runs; positions the cache holds */
     int KD;                /* floats of one position's keys in one block */
@@ -419,7 +422,16 @@ typedef struct blk_infer {
     float *lora_u, *lora_tmp; /* [per_layer, chunk, r], [chunk, widest output] */
     int *tok, *pos;        /* [chunk] */
     void *mem;             /* the one allocation */
+    /* A 16-bit model (blk_infer_cache16): the cache in bf16, kc16 / vc16
+     * [L][P, KD] (kc, vc NULL), stored through narrow_bf16 and widened
+     * into kw / vw [P, KD], one block at a time, where attention reads it. */
+    uint16_t *kc16, *vc16;
+    float *kw, *vw;
 } blk_infer;
+
+/* Whether cfg's cache is kept in bf16: its weights are 16-bit
+ * (weights_dtype bf16 or f16). */
+bool blk_infer_cache16(const model_config *cfg);
 
 /* Device bytes of blk_infer_alloc's arrays (saturated: ACC_SIZE_OVERFLOW). */
 uint64_t blk_infer_bytes(const model_config *cfg, int chunk, int P);

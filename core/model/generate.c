@@ -68,6 +68,16 @@ int gen_ctx_bytes(const model_config *cfg, int positions, uint64_t *bytes, acc_e
     return 0;
 }
 
+int gen_kv_value_bytes(const model_config *cfg) { return blk_infer_cache16(cfg) ? 2 : 4; }
+
+uint64_t gen_kv_bytes(const model_config *cfg, int positions)
+{
+    uint64_t hs = (uint64_t)(cfg->head_dim > 0 ? cfg->head_dim : cfg->channels / cfg->n_head);
+    uint64_t kv = (uint64_t)(cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head);
+    uint64_t per = 2 * (uint64_t)cfg->n_layer * kv * hs * (uint64_t)gen_kv_value_bytes(cfg);
+    return acc_sat_mul3_u64(per, (uint64_t)positions_of(cfg, positions), 1);
+}
+
 int gen_ctx_new(model *m, const tok_tokenizer *tok, int max_positions, gen_ctx **out,
                 acc_err *err)
 {

@@ -5,9 +5,12 @@
  * shared linear block, never merged) and an optional tokenizer (tok.h: for
  * the text pieces handed to the callback and for stop strings). It owns the
  * key/value cache: per block [positions, n_kv_head * head_dim] keys and as
- * many values, fp32 like every activation (the model computes in fp32
- * whatever its weights' storage dtype), allocated through the device budget
- * (ACC_EOOM, never an abort), plus one chunk of inference scratch.
+ * many values, in the model's storage dtype: fp32, or bf16 for a model
+ * whose weights are 16-bit (config.json's torch_dtype bfloat16 or float16;
+ * keys and values rounded to nearest bf16 as they are stored, widened to
+ * fp32 one block at a time where attention reads them; the model computes
+ * in fp32), allocated through the device budget (ACC_EOOM, never an abort),
+ * plus one chunk of inference scratch.
  *
  * gen_run: the prompt is run through the model in chunks (prefill), filling
  * the cache; then one token at a time (decode) each new token attends to
@@ -115,6 +118,13 @@ int gen_ctx_positions(const gen_ctx *c);
  * the scratch; the planner adds them to the model's). ACC_EINVAL naming
  * "max_new_tokens" on overflow. */
 int gen_ctx_bytes(const model_config *cfg, int positions, uint64_t *bytes, acc_err *err);
+
+/* The key/value cache alone within gen_ctx_bytes: n_layer x 2 (keys and
+ * values) x n_kv_head x head_dim x positions x the cache's bytes per value
+ * (4, or 2 for a 16-bit model); saturated (ACC_SIZE_OVERFLOW). */
+uint64_t gen_kv_bytes(const model_config *cfg, int positions);
+/* Those bytes per value: 4 (fp32), or 2 (bf16) for a 16-bit model. */
+int gen_kv_value_bytes(const model_config *cfg);
 
 /* Defaults: max_new_tokens 128, temperature 0 (greedy), top_k 0, top_p 1,
  * repetition_penalty 1, seed 0, no stop strings, no eos. */

@@ -2,6 +2,7 @@
  * add, for the CUDA backend (kern_cuda_impl.cuh). */
 #include "kern_cuda_impl.cuh"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 /* -------------------------------------------------------------- pointwise */

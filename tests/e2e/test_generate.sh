@@ -31,20 +31,23 @@ printf '%s' "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor
 # the tiny model (2 layers of 64 channels, 64 positions) with the byte
 # tokenizer's vocabulary, and a larger one whose long answer takes seconds
 # (the disconnect test)
-"$PY" - "$D/tiny" "$D/slow" <<EOF || fail "make_tiny_llama"
+"$PY" - "$D/tiny" "$D/slow" "$D/tiny16" <<EOF || fail "make_tiny_llama"
 import sys
 sys.path.insert(0, "$SUP")
 import make_tiny_llama as m
 c = m.make_config(["big"])
 c.update(vocab_size=258)
 m.save(sys.argv[1], c, m.make_params(c, 3), 1, m.torch.float32)
-c.update(hidden_size=768, intermediate_size=1536, num_hidden_layers=8, max_position_embeddings=4096)
+c16 = dict(c, torch_dtype="bfloat16")  # bf16 weights: a bf16 key/value cache
+m.save(sys.argv[3], c16, m.make_params(c16, 3), 1, m.torch.bfloat16)
+# positions enough for a cache larger than the device (the 400 below)
+c.update(hidden_size=768, intermediate_size=1536, num_hidden_layers=8, max_position_embeddings=70000)
 m.save(sys.argv[2], c, m.make_params(c, 7), 1, m.torch.float32)
 EOF
-cp "$ACC_TMP/tok/"* "$D/tiny/" && cp "$ACC_TMP/tok/"* "$D/slow/" || fail "copying the tokenizer"
+for d in tiny slow tiny16; do cp "$ACC_TMP/tok/"* "$D/$d/" || fail "copying the tokenizer"; done
 echo '{"bos_token_id": 0}' >"$D/slow/generation_config.json" # no eos: it runs to max_new_tokens
 
-acc_start --set cpu_devices=1 --set cpu_device_memory=2G --set cpu_threads_per_device=1
+acc_start --set cpu_devices=1 --set cpu_device_memory=2G --set cpu_threads_per_device=1 --set generate_nice=7
 
 gen() { acc_curl -X POST --data-binary "$1" "$BASE/v1/generate"; }
 
@@ -132,7 +135,29 @@ expect_error POST /v1/generate '{"model":"tiny","prompt":"x","stop":[1]}' 400 st
 expect_error POST /v1/generate '{"model":"tiny","prompt":"x","stream":"yes"}' 400 stream
 expect_error POST /v1/generate '{"model":"tiny","prompt":' 400 ""
 expect_error GET /v1/generate '' 405 ""
-ok "bad input: 400s naming the field"
+# a cache larger than the device (2G): max_new_tokens named, with the numbers and what fits
+# ("go" is 2 tokens: 65538 positions; 8 layers x 2 x 4 heads x 192 x 4 bytes each)
+body=$(acc_curl -X POST --data-binary '{"model":"slow","prompt":"go","max_new_tokens":65536}' "$BASE/v1/generate")
+expect_eq "a cache past the device: field" "$(echo "$body" | jq -r .error.field)" max_new_tokens
+msg=$(echo "$body" | jq -r .error.message)
+echo "$msg" | grep -Fq "key/value cache for 65538 positions is $((8 * 2 * 4 * 192 * 65538 * 4)) bytes (8 layers x 2 x 4 key/value heads x head_dim 192 x 65538 positions x 4 bytes)" ||
+    fail "the 400 does not give the cache's numbers: $msg"
+echo "$msg" | grep -Fq "largest device's $((2 << 30))" || fail "the 400 does not give the device's bytes: $msg"
+fit=$(echo "$msg" | sed -n 's/.*at most \([0-9]*\) new tokens fit.*/\1/p')
+[ -n "$fit" ] && [ "$fit" -gt 3000 ] && [ "$fit" -lt 65536 ] || fail "no sensible count of the tokens that fit: $msg"
+expect_error POST /v1/generate "{\"model\":\"slow\",\"prompt\":\"go\",\"max_new_tokens\":$((fit + 1))}" 400 max_new_tokens
+ok "bad input: 400s naming the field; a cache past the device names max_new_tokens and how many fit"
+
+# ---- device bytes: the reservation is what the worker held, to the byte (CPU) -----------------
+for m in tiny tiny16; do
+    for n in 3 40; do
+        out=$(gen "{\"model\":\"$m\",\"prompt\":\"Hello, world\",\"max_new_tokens\":$n}")
+        p=$(echo "$out" | jq .device_planned_bytes) h=$(echo "$out" | jq .device_peak_bytes)
+        [ "$p" -gt 0 ] 2>/dev/null || fail "$m: no device_planned_bytes: $out"
+        expect_eq "$m, $n new tokens: device bytes held (planned $p)" "$h" "$p"
+    done
+done
+ok "a generation's device bytes: weights + key/value cache (fp32, bf16) + scratch, measured = planned"
 
 # ---- a job's model: job:<id> (its export), and its sample answers ----------------------------
 cp -r "$ACC_TMP/tok" "$D/tok"
@@ -212,6 +237,18 @@ cpid=$!
 for i in $(seq 1 300); do grep -q '^event: token' "$ACC_TMP/slow.txt" && break; sleep 0.1; done
 grep -q '^event: token' "$ACC_TMP/slow.txt" || fail "the slow model sent no token"
 [ "$(acc_curl "$BASE/v1/devices" | jq -r '.devices[0].generate')" != null ] || fail "the device is not lent"
+# its worker: this daemon's executable (argv[0], as ps shows it), every thread generate_nice below the daemon
+wpid=$(pgrep -P "$ACC_PID" -f -- '--generate gen-' | head -1)
+[ -n "$wpid" ] || fail "no generate worker under the daemon"
+expect_eq "worker argv[0]" "$(tr '\0' '\n' <"/proc/$wpid/cmdline" | head -1)" "$(readlink -f "$ACCUMD")"
+dnice=$(sed 's/.*) //' "/proc/$ACC_PID/stat" | awk '{print $17}')
+wnice=$((dnice + 7 < 19 ? dnice + 7 : 19))
+nthreads=0
+for t in /proc/"$wpid"/task/*; do
+    expect_eq "nice of worker thread ${t##*/}" "$(sed 's/.*) //' "$t/stat" | awk '{print $17}')" "$wnice"
+    nthreads=$((nthreads + 1))
+done
+[ "$nthreads" -ge 2 ] || fail "worker $wpid has $nthreads threads: the heartbeat thread is missing"
 kill "$cpid"; wait "$cpid" 2>/dev/null
 for i in $(seq 1 100); do
     [ "$(acc_curl "$BASE/v1/devices" | jq -r '.devices[0].generate')" = null ] && break
@@ -235,6 +272,6 @@ acc_curl -X DELETE "$BASE/v1/jobs/$id" >/dev/null
 acc_wait_state "$id" cancelled
 out=$(gen '{"model":"tiny","prompt":"after","max_new_tokens":3}')
 echo "$out" | jq -e '.completion_tokens >= 1' >/dev/null || fail "no answer after the disconnects: $out"
-ok "a client that leaves frees its device (running: worker killed; queued: dropped)"
+ok "a client that leaves frees its device (running: worker killed; queued: dropped); the worker ran generate_nice below the daemon"
 
 acc_stop

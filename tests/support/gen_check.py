@@ -17,7 +17,11 @@ Qwen2 with its q/k/v biases, GPT-2 with a byte-level tokenizer):
     not what the base model does), also read back from their PEFT directory;
   - max_new_tokens, an eos id (given and from generation_config.json) and
     stop strings end the generation; the streamed pieces make up the text;
-  - a conversation is rendered with the generation prompt.
+  - a conversation is rendered with the generation prompt;
+  - a model with bf16 weights keeps its key/value cache in bf16: its greedy
+    tokens equal the reference's with the keys (after RoPE) and values
+    rounded to bf16 where they are cached, and differ from the reference's
+    with an fp32 cache.
 """
 import json
 import math
@@ -64,8 +68,10 @@ def check(what, ok, detail):
 
 # ---- checkpoints
 
-def make_decoder(d, qwen2, seed):
-    """A LLaMA (or Qwen2) directory: 4 query heads, 2 key/value heads."""
+def make_decoder(d, qwen2, seed, dtype="float32", qk_scale=1.0):
+    """A LLaMA (or Qwen2) directory: 4 query heads, 2 key/value heads; its
+    weights stored in `dtype` (float32 or bfloat16); q and k weights
+    qk_scale times larger (sharper attention)."""
     V, C, L, NH, NKV, I = 96, 32, 2, 4, 2, 48
     g = torch.Generator().manual_seed(seed)
     c = {"architectures": ["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"],
@@ -73,7 +79,7 @@ def make_decoder(d, qwen2, seed):
          "intermediate_size": I, "num_hidden_layers": L, "num_attention_heads": NH,
          "num_key_value_heads": NKV, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
          "max_position_embeddings": 64, "tie_word_embeddings": False, "hidden_act": "silu",
-         "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2}
+         "torch_dtype": dtype, "bos_token_id": 1, "eos_token_id": 2}
     hs = C // NH
 
     def rnd(*shape, s=1.0):
@@ -86,14 +92,14 @@ def make_decoder(d, qwen2, seed):
         P[p + "input_layernorm.weight"] = 1 + rnd(C, s=0.1)
         P[p + "post_attention_layernorm.weight"] = 1 + rnd(C, s=0.1)
         for m, rows in (("q", NH * hs), ("k", NKV * hs), ("v", NKV * hs)):
-            P[p + f"self_attn.{m}_proj.weight"] = rnd(rows, C, s=C ** -0.5)
+            P[p + f"self_attn.{m}_proj.weight"] = rnd(rows, C, s=C ** -0.5 * (qk_scale if m != "v" else 1.0))
             if qwen2:
                 P[p + f"self_attn.{m}_proj.bias"] = rnd(rows, s=0.2)
         P[p + "self_attn.o_proj.weight"] = rnd(C, NH * hs, s=(NH * hs) ** -0.5)
         P[p + "mlp.gate_proj.weight"] = rnd(I, C, s=C ** -0.5)
         P[p + "mlp.up_proj.weight"] = rnd(I, C, s=C ** -0.5)
         P[p + "mlp.down_proj.weight"] = rnd(C, I, s=I ** -0.5)
-    save(d, c, P)
+    save(d, c, P, torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     return c
 
 
@@ -125,13 +131,13 @@ def make_gpt2(d, seed):
     return c
 
 
-def save(d, c, P):
+def save(d, c, P, dtype=torch.float32):
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(c, f)
     with open(os.path.join(d, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": c["eos_token_id"]}, f)
-    st_write(os.path.join(d, "model.safetensors"), {n: t.float() for n, t in P.items()},
+    st_write(os.path.join(d, "model.safetensors"), {n: t.to(dtype) for n, t in P.items()},
              {"format": "pt"})
 
 
@@ -141,7 +147,12 @@ def rmsnorm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def decoder_logits(c, P, ids):
+def bf16(t):
+    """t rounded to bf16 through fp32 (as the engine's fp32 values are)."""
+    return t.float().bfloat16().double()
+
+
+def decoder_logits(c, P, ids, kv16=False):
     T, C, NH, NKV = len(ids), c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
     hs, eps, qwen2 = C // NH, c["rms_norm_eps"], c["model_type"] == "qwen2"
     inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
@@ -165,6 +176,8 @@ def decoder_logits(c, P, ids):
             return y.view(T, H, hs).transpose(0, 1)
 
         q, k, v = rot(proj("q", NH)), rot(proj("k", NKV)), proj("v", NKV)
+        if kv16:  # a 16-bit model's cache: keys (after RoPE) and values stored as bf16
+            k, v = bf16(k), bf16(v)
         k, v = k.repeat_interleave(NH // NKV, 0), v.repeat_interleave(NH // NKV, 0)
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hs) + mask, -1)
         y = (att @ v).transpose(0, 1).reshape(T, C)
@@ -198,12 +211,11 @@ def gpt2_logits(c, P, ids):
     return x[-1] @ P["wte.weight"].t()
 
 
-def ref_greedy(d, c, prompt, n):
+def ref_greedy(d, c, prompt, n, kv16=False):
     P = {k: t.double() for k, t in st_read(os.path.join(d, "model.safetensors")).items()}
-    fwd = gpt2_logits if c["model_type"] == "gpt2" else decoder_logits
     ids, out, gaps = list(prompt), [], []
     for _ in range(n):
-        lg = fwd(c, P, ids)
+        lg = gpt2_logits(c, P, ids) if c["model_type"] == "gpt2" else decoder_logits(c, P, ids, kv16)
         top = torch.topk(lg, 2).values
         gaps.append((top[0] - top[1]).item())
         ids.append(int(torch.argmax(lg)))
@@ -268,6 +280,21 @@ def main():
         check(f"{name} LoRA from its PEFT directory = merged", ad["tokens"] == mg["tokens"],
               str(ad["tokens"]))
         check(f"{name} LoRA changes the output", lo["tokens"] != got["tokens"], "")
+
+    # a 16-bit model: its key/value cache in bf16, against the reference with
+    # the keys and values rounded to bf16 where they are cached; the rounding
+    # must show (another answer than the unrounded reference's) for the
+    # check to mean something
+    d = os.path.join(tmp, "llama-bf16")
+    c16 = make_decoder(d, False, 21, "bfloat16", qk_scale=4.0)
+    print("llama bf16:")
+    want16, gap16 = ref_greedy(d, c16, prompt, 20, kv16=True)
+    want32, _ = ref_greedy(d, c16, prompt, 20)
+    got16, _ = gen(d, "--prompt", pstr, "--max", 20)
+    check("bf16 cache greedy = reference with a bf16 cache", got16["tokens"] == want16,
+          f"{got16['tokens']} vs {want16} (smallest top-2 gap {gap16:.2e})")
+    check("the bf16 rounding changes the answer (the check above discriminates)", want16 != want32,
+          f"fp32-cache reference {want32}")
 
     # text: stop strings, streaming, chat rendering (GPT-2 over the byte tokenizer)
     d = models["gpt2"]

@@ -193,9 +193,31 @@ static void test_overrides_and_derived(void **state)
     assert_string_equal(c.output_root, "/big/out");
 }
 
+/* A generate worker's threads leave a core to the daemon unless set. */
+static void test_generate_threads(void **state)
+{
+    (void)state;
+    acc_conf c;
+    acc_err err = {0};
+    conf_defaults(&c);
+    assert_int_equal(c.generate_threads, 0);
+    c.cpu_threads_per_device = 2;
+    assert_int_equal(conf_generate_threads(&c, 2), 1);  /* every core: one left */
+    assert_int_equal(conf_generate_threads(&c, 8), 2);  /* cores to spare: the device's */
+    c.cpu_threads_per_device = 1;
+    assert_int_equal(conf_generate_threads(&c, 1), 1);  /* one core: still one thread */
+    c.cpu_threads_per_device = 16;
+    assert_int_equal(conf_generate_threads(&c, 4), 3);
+    assert_int_equal(conf_set_pair(&c, "generate_threads=5", &err), 0);
+    assert_int_equal(conf_generate_threads(&c, 4), 5);  /* set: as given */
+    assert_int_not_equal(conf_set_pair(&c, "generate_nice=20", &err), 0);
+    assert_string_equal(err.field, "generate_nice");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_generate_threads),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_bytes),
         cmocka_unit_test(test_listen),

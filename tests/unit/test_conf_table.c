@@ -51,6 +51,7 @@ static void old_defaults(acc_conf *c)
     c->tokenizer_match_limit = 1000000;
     c->heavy_requests_max = 2;
     c->heavy_requests_per_user = 1;
+    c->generate_nice = 10; /* keys added since: their defaults */
 }
 
 static char *dump(const acc_conf *c)
