@@ -14,6 +14,17 @@ blk_run blk_run_of(model *m, int nseq)
                      .N = nseq * m->T};
 }
 
+blk_run blk_rows(const blk_run *r, int n0, int n)
+{
+    blk_run c = *r;
+    c.B = 1;
+    c.T = c.N = n;
+    c.pos = r->pos != NULL ? r->pos + n0 : NULL;
+    if (c.lora.u != NULL && !r->infer)
+        c.lora.u += (size_t)n0 * (size_t)r->m->cfg.lora.r;
+    return c;
+}
+
 /* ---- weights */
 
 size_t blk_off(const model *m, const char *fmt, int layer)
@@ -475,6 +486,78 @@ void blk_layers_backward(blk_run *r, int L, blk_layer_fn fwd, blk_layer_fn bwd,
     }
 }
 
+/* ---- activation checkpoints in host memory (blk_stack.ck_host) */
+
+static size_t ck_bytes(const blk_run *r, const blk_stack *s)
+{
+    return (size_t)r->N * (size_t)s->ck_C * sizeof(float);
+}
+
+float *blk_ck_at(const model *m, float *enc, float *outs, int l)
+{
+    size_t btc = (size_t)m->B * m->T * (size_t)m->cfg.channels;
+    if (model_act_offload(&m->cfg, m->recompute))
+        return outs + (size_t)(l % 2) * btc;
+    return l == 0 ? enc : outs + (size_t)(l - 1) * btc;
+}
+
+void blk_stack_ck(const model *m, float *outs, blk_stack *s)
+{
+    if (!model_act_offload(&m->cfg, m->recompute))
+        return;
+    s->ck_slot[0] = blk_ck_at(m, NULL, outs, 0);
+    s->ck_slot[1] = blk_ck_at(m, NULL, outs, 1);
+    s->ck_host = m->ck_host;
+    s->ck_stride = (size_t)m->B * m->T * (size_t)m->cfg.channels;
+    s->ck_C = m->cfg.channels;
+}
+
+/* The copies are the device's download / upload, in the compute order:
+ * on CPU devices memcpy between the device budget and host memory. */
+static void layers_forward_offload(blk_run *r, const blk_stack *s, int want_grad)
+{
+    for (int l = 0; l < s->L; l++) {
+        model_layer_begin(r->m, l, false);
+        s->fwd(r, l);
+        model_layer_end(r->m, l, false);
+        if (want_grad) /* block l's input, before block l + 1 writes over its slot */
+            r->k->download(r->d, s->ck_host + (size_t)l * s->ck_stride, s->ck_slot[l % 2],
+                           ck_bytes(r, s));
+    }
+}
+
+static void layers_backward_offload(blk_run *r, const blk_stack *s, blk_layer_fn refwd,
+                                    void (*done)(void *ctx, int layer), void *ctx)
+{
+    for (int l = s->L - 1; l >= 0; l--) {
+        model_layer_begin(r->m, l, true);
+        if (l < s->L - 1) /* block L-1's input is still in its slot */
+            r->k->upload(r->d, s->ck_slot[l % 2], s->ck_host + (size_t)l * s->ck_stride,
+                         ck_bytes(r, s));
+        refwd(r, l);
+        s->bwd(r, l);
+        model_layer_end(r->m, l, true);
+        if (done != NULL)
+            done(ctx, l);
+    }
+}
+
+/* The final norm's backward from the head's dx (parked in dresid) with
+ * dln one chunk of rows: per chunk, as the whole-N path does per row. */
+static void final_norm_bwd_chunked(blk_run *r, const blk_stack *s)
+{
+    size_t C = (size_t)s->norm->C;
+    for (int n0 = 0; n0 < r->N; n0 += s->tok_chunk) {
+        int nc = r->N - n0 < s->tok_chunk ? r->N - n0 : s->tok_chunk;
+        blk_run c = blk_rows(r, n0, nc);
+        float *dres = s->dresid + (size_t)n0 * C;
+        r->k->copy(r->d, s->dln, dres, (size_t)nc * C * sizeof(float));
+        r->k->zero(r->d, dres, (size_t)nc * C * sizeof(float));
+        blk_norm_bwd(&c, s->norm, dres, s->dln, s->xL + (size_t)n0 * C,
+                     s->lnf_mean != NULL ? s->lnf_mean + n0 : NULL, s->lnf_rstd + n0);
+    }
+}
+
 /* ---- the whole stack */
 
 void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, const int *tokens,
@@ -483,7 +566,10 @@ void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, con
 {
     blk_inputs_upload(r, in, tokens, targets, weights);
     blk_embed_fwd(r, s->emb, s->x0, in->tokens);
-    blk_layers_forward(r, s->L, s->fwd);
+    if (s->ck_host != NULL)
+        layers_forward_offload(r, s, want_grad);
+    else
+        blk_layers_forward(r, s->L, s->fwd);
     blk_norm_fwd(r, s->norm, s->lnf, s->lnf_mean, s->lnf_rstd, s->xL);
     if (lean(r)) { /* the head's dx parked in dresid until the backward */
         if (want_grad)
@@ -496,10 +582,15 @@ void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, con
     }
 }
 
-void blk_stack_backward(blk_run *r, const blk_stack *s, const int *tokens,
-                        void (*done)(void *ctx, int layer), void *ctx)
+/* d(loss)/d(xL) into dresid: the head's backward (lean: done in the
+ * forward, its dx parked in dresid) and the final norm's. */
+static void head_norm_bwd(blk_run *r, const blk_stack *s)
 {
     size_t nc = (size_t)r->N * (size_t)s->norm->C * sizeof(float);
+    if (lean(r) && s->tok_chunk > 0) {
+        final_norm_bwd_chunked(r, s);
+        return;
+    }
     if (lean(r)) { /* the chunked head ran in the forward: its dx is in dresid */
         r->k->copy(r->d, s->dln, s->dresid, nc);
         r->k->zero(r->d, s->dresid, nc);
@@ -510,7 +601,17 @@ void blk_stack_backward(blk_run *r, const blk_stack *s, const int *tokens,
         blk_head_bwd(r, s->head, s->dln, s->logits, s->lnf);
     }
     blk_norm_bwd(r, s->norm, s->dresid, s->dln, s->xL, s->lnf_mean, s->lnf_rstd);
-    blk_layers_backward(r, s->L, s->fwd, s->bwd, done, ctx);
+}
+
+void blk_stack_backward(blk_run *r, const blk_stack *s, const int *tokens,
+                        void (*done)(void *ctx, int layer), void *ctx)
+{
+    blk_layer_fn refwd = s->refwd != NULL ? s->refwd : s->fwd;
+    head_norm_bwd(r, s);
+    if (s->ck_host != NULL)
+        layers_backward_offload(r, s, refwd, done, ctx);
+    else
+        blk_layers_backward(r, s->L, refwd, s->bwd, done, ctx);
     blk_embed_bwd(r, s->emb, s->dresid, tokens);
     if (done != NULL)
         done(ctx, -1);

@@ -183,13 +183,14 @@ static uint64_t act_counts(const model_config *c, int B, int T, int recompute, u
     uint64_t btc = acc_sat_mul_u64(BT, C), lbtc = acc_sat_mul_u64(Ls, btc);
     uint64_t lbt = acc_sat_mul_u64(Ls, BT), R = (uint64_t)c->lora.r;
     uint64_t btr = acc_sat_mul_u64(BT, R);
+    bool off = model_act_offload(c, recompute); /* the blocks' inputs: two device slots */
     uint64_t per[A_COUNT] = {
-        [A_ENCODED] = btc, [A_LN1] = lbtc, [A_LN1_MEAN] = lbt,
+        [A_ENCODED] = off ? 0 : btc, [A_LN1] = lbtc, [A_LN1_MEAN] = lbt,
         [A_LN1_RSTD] = lbt, [A_QKV] = acc_sat_mul_u64(lbtc, 3), [A_ATTY] = lbtc,
         [A_LSE] = acc_sat_mul3_u64(Ls, BT, NH), [A_ATTPROJ] = lbtc, [A_RESID2] = lbtc,
         [A_LN2] = lbtc, [A_LN2_MEAN] = lbt, [A_LN2_RSTD] = lbt,
         [A_FCH] = acc_sat_mul_u64(lbtc, 4), [A_FCH_GELU] = acc_sat_mul_u64(lbtc, 4),
-        [A_FCPROJ] = lbtc, [A_RESID3] = acc_sat_mul_u64(L, btc), [A_LNF] = btc,
+        [A_FCPROJ] = lbtc, [A_RESID3] = acc_sat_mul_u64(off ? 2 : L, btc), [A_LNF] = btc,
         [A_LNF_MEAN] = BT, [A_LNF_RSTD] = BT,
         [A_LOGITS] = acc_sat_mul_u64(blk_head_rows(BT, c),
                                      (uint64_t)c->padded_vocab_size),
@@ -345,14 +346,14 @@ static block_acts block_at(const model *m, int l)
     size_t C = (size_t)m->cfg.channels, bt = (size_t)m->B * m->T; /* sized for m->B */
     size_t s = m->recompute ? 0 : (size_t)l;
     return (block_acts){
-        .x = l == 0 ? a[A_ENCODED] : a[A_RESID3] + (size_t)(l - 1) * bt * C,
+        .x = blk_ck_at(m, a[A_ENCODED], a[A_RESID3], l),
         .ln1 = a[A_LN1] + s * bt * C, .ln1_mean = a[A_LN1_MEAN] + s * bt,
         .ln1_rstd = a[A_LN1_RSTD] + s * bt, .qkv = a[A_QKV] + s * bt * 3 * C,
         .atty = a[A_ATTY] + s * bt * C, .lse = a[A_LSE] + s * bt * (size_t)m->cfg.n_head,
         .attproj = a[A_ATTPROJ] + s * bt * C, .resid2 = a[A_RESID2] + s * bt * C,
         .ln2 = a[A_LN2] + s * bt * C, .ln2_mean = a[A_LN2_MEAN] + s * bt,
         .ln2_rstd = a[A_LN2_RSTD] + s * bt, .fcproj = a[A_FCPROJ] + s * bt * C,
-        .out = a[A_RESID3] + (size_t)l * bt * C,
+        .out = blk_ck_at(m, a[A_ENCODED], a[A_RESID3], l + 1),
         .ffn = {a[A_FCH] + s * bt * 4 * C, NULL, a[A_FCH_GELU] + s * bt * 4 * C},
     };
 }
@@ -401,12 +402,14 @@ static blk_stack stack_of(const model *m)
 {
     gpt2_state *s = G(m);
     float *const *a = s->a;
-    return (blk_stack){.emb = &s->emb, .norm = &s->lnf, .head = &s->head, .L = m->cfg.n_layer,
-                       .fwd = block_forward, .bwd = block_backward, .x0 = a[A_ENCODED],
-                       .xL = block_at(m, m->cfg.n_layer).x, .lnf = a[A_LNF],
-                       .lnf_mean = a[A_LNF_MEAN], .lnf_rstd = a[A_LNF_RSTD],
-                       .logits = a[A_LOGITS], .losses = a[A_LOSSES], .dresid = a[A_DRESID],
-                       .dln = a[A_DLN]};
+    blk_stack st = {.emb = &s->emb, .norm = &s->lnf, .head = &s->head, .L = m->cfg.n_layer,
+                    .fwd = block_forward, .bwd = block_backward, .x0 = block_at(m, 0).x,
+                    .xL = block_at(m, m->cfg.n_layer).x, .lnf = a[A_LNF],
+                    .lnf_mean = a[A_LNF_MEAN], .lnf_rstd = a[A_LNF_RSTD],
+                    .logits = a[A_LOGITS], .losses = a[A_LOSSES], .dresid = a[A_DRESID],
+                    .dln = a[A_DLN]};
+    blk_stack_ck(m, a[A_RESID3], &st);
+    return st;
 }
 
 static void gpt2_forward(model *m, const int *tokens, const int *targets, const float *weights,

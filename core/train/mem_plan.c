@@ -52,8 +52,11 @@ int plan_model_config(const train_cfg *spec, model_config *cfg, acc_err *err)
     int rc = base_config(spec, cfg, err);
     if (rc == 0)
         rc = quantize_config(spec, cfg, err);
-    if (rc == 0)
+    if (rc == 0) {
         cfg->lean_acts = spec->lean_activations;
+        cfg->lean_tokens = spec->lean_activations; /* in recompute mode: model.h */
+        cfg->act_offload = spec->activation_offload;
+    }
     if (rc == 0) /* the lora section against the model's modules */
         rc = model_lora_apply(&spec->lora, spec->merge_lora, cfg, err);
     return rc;
@@ -199,8 +202,15 @@ int plan_check_sizes(const train_cfg *spec, acc_err *err)
 void plan_workspace(const model_config *cfg, const kern_ops *ops, spec_precision precision,
                     int micro_batch, int seq_len, kern_workspace *out)
 {
+    plan_workspace_mode(cfg, ops, precision, micro_batch, seq_len, false, out);
+}
+
+void plan_workspace_mode(const model_config *cfg, const kern_ops *ops, spec_precision precision,
+                         int micro_batch, int seq_len, bool recompute, kern_workspace *out)
+{
     model_gemm_extent e;
-    model_gemm_extent_of(cfg, acc_sat_mul_u64((uint64_t)micro_batch, (uint64_t)seq_len), &e);
+    uint64_t n = acc_sat_mul_u64((uint64_t)micro_batch, (uint64_t)seq_len);
+    model_gemm_extent_of(cfg, model_linear_rows(cfg, n, recompute), &e);
     kern_workspace_size(ops, &e, precision == SPEC_BF16, out);
 }
 
@@ -227,7 +237,7 @@ uint64_t plan_act_bytes(const model_config *cfg, kern_dev_kind kind, spec_precis
     if (model_act_bytes(cfg, micro_batch, seq_len, recompute, &acts, NULL) != 0)
         return ACC_SIZE_OVERFLOW;
     kern_workspace ws;
-    plan_workspace(cfg, kern_backend_ops(kind), precision, micro_batch, seq_len, &ws);
+    plan_workspace_mode(cfg, kern_backend_ops(kind), precision, micro_batch, seq_len, recompute, &ws);
     return acc_sat_add_u64(acts, acc_sat_add_u64(ws.a_bytes, ws.b_bytes));
 }
 
@@ -258,7 +268,7 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
     if (state_parts(cfg, spec->zero_stage, spec->devices, 0, p, NULL) != 0)
         memset(p, 0, sizeof *p);
     kern_workspace ws;
-    plan_workspace(cfg, ops, precision, m, seq_len, &ws);
+    plan_workspace_mode(cfg, ops, precision, m, seq_len, r->recompute, &ws);
     p->workspace = acc_sat_add_u64(ws.a_bytes, ws.b_bytes);
     p->workspace = p->workspace <= r->act_bytes ? p->workspace : r->act_bytes;
     p->activations = r->act_bytes - p->workspace;
@@ -275,6 +285,24 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
     r->device_bytes = acc_sat_add_u64(r->peak_bytes, acc_sat_add_u64(p->rounding, p->runtime));
 }
 
+void plan_host_of(const model_config *cfg, int micro_batch, int seq_len, bool recompute,
+                  plan_host_parts *out)
+{
+    memset(out, 0, sizeof *out);
+    out->activations = model_act_host_bytes(cfg, micro_batch, seq_len, recompute);
+}
+
+/* The row's host bytes by part: the activation checkpoints here (the other
+ * parts are their modes' own). */
+static void plan_row_host(const model_config *cfg, const train_cfg *spec, plan_row *r)
+{
+    plan_host_parts h;
+    plan_host_of(cfg, r->micro_batch, spec->model.seq_len, r->recompute, &h);
+    r->host.activations = h.activations;
+    r->host_bytes = acc_sat_add_u64(acc_sat_add_u64(r->host.batch, r->host.optimizer),
+                                    acc_sat_add_u64(r->host.params, r->host.activations));
+}
+
 static plan_row make_row(const model_config *cfg, const train_cfg *spec, const batch_split *split,
                          bool recompute, uint64_t usable, kern_dev_kind kind)
 {
@@ -286,6 +314,7 @@ static plan_row make_row(const model_config *cfg, const train_cfg *spec, const b
     r.peak_bytes = acc_sat_add_u64(r.state_bytes, r.act_bytes); /* UINT64_MAX never fits */
     row_parts(cfg, spec, kern_backend_ops(kind), m, &r);
     r.fits = r.device_bytes <= usable;
+    plan_row_host(cfg, spec, &r);
     return r;
 }
 

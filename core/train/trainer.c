@@ -61,6 +61,7 @@
 #include "adamw.h"
 #include "batch_split.h"
 #include "checked.h"
+#include "host_mem.h"
 #include "mem_plan.h"
 #include "model_lora.h"
 #include "model.h"
@@ -161,6 +162,7 @@ struct trainer {
      * evaluation (samples_off: they could not be) */
     tsamp *samples;
     int samples_off;
+    host_mem host;             /* what the job keeps in host memory by choice (its ranks') */
 };
 
 /* Per-rank loop state. */
@@ -494,6 +496,7 @@ static int rank_setup(rank_state *rs, acc_err *err)
     if (rc == 0 && (rc = model_create_ex(rs->dev, &t->cfg, &mo, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0) {
+        rs->model->host = &t->host; /* activation checkpoints in host memory */
         t->zero->keep(rs->model->ngrad, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
     }
     uint64_t before = rs->dev != NULL ? rs->dev->in_use : 0;
@@ -1054,7 +1057,8 @@ static int alloc_acts(rank_state *rs, acc_err *err)
 {
     model *m = rs->model;
     kern_workspace ws;
-    plan_workspace(&rs->t->cfg, rs->dev->ops, rs->t->spec.precision, rs->split.m, m->T, &ws);
+    plan_workspace_mode(&rs->t->cfg, rs->dev->ops, rs->t->spec.precision, rs->split.m, m->T, rs->recompute,
+                        &ws);
     int rc = model_acts_alloc(m, rs->split.m, rs->recompute, err);
     if (rc == 0 && (rc = kern_device_workspace_reserve(rs->dev, &ws, err)) != 0)
         model_acts_free(m);
@@ -1560,6 +1564,8 @@ static void *rank_main(void *arg)
     }
     if (t->hooks != NULL && rs.dev != NULL)
         t->hooks->mem_peak[rs.rank] = rs.dev->peak;
+    if (t->hooks != NULL && rs.rank == 0) /* one writer; every rank allocated at its setup */
+        t->hooks->host_peak = host_mem_peak(&t->host);
     rank_teardown(&rs);
     if (atomic_fetch_sub(&t->live, 1) == 1)
         finish_run(t);
@@ -1578,6 +1584,7 @@ static void trainer_destroy(trainer *t)
     if (t->own_comm)
         kern_comm_destroy(t->comm);
     pthread_mutex_destroy(&t->mu);
+    host_mem_destroy(&t->host);
     free(t);
 }
 
@@ -1807,6 +1814,7 @@ int trainer_start_hooked(const trainer_opts *o, train_hooks *h, trainer **out, a
         free(t);
         return acc_err_set(err, ACC_ENOMEM, "", "pthread_mutex_init failed");
     }
+    host_mem_init(&t->host, o->host_memory);
     if (o->async_start) {
         if (pthread_create(&t->launcher, NULL, launcher_main, t) != 0) {
             trainer_destroy(t);

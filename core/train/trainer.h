@@ -132,6 +132,10 @@ typedef struct trainer_opts {
      * running out of memory down to it. The daemon sets it; engine tests of
      * the out-of-memory path leave it off. */
     bool start_where_fits;
+    /* bytes of host memory the job may keep by choice (host_mem.h: the
+     * activation checkpoints of activation_checkpointing.offload); past it
+     * the job fails with ACC_ENOMEM naming host memory. 0 = unlimited. */
+    uint64_t host_memory;
 } trainer_opts;
 
 typedef struct trainer trainer;

@@ -52,6 +52,7 @@ typedef struct train_hooks {
     int final_micro, final_accum;
     bool final_recompute;
     int oom_adjusts;             /* TEV_OOM_ADJUST events emitted */
+    uint64_t host_peak;          /* the job's host_mem peak (trainer_opts.host_memory's budget) */
 } train_hooks;
 
 /* Device bytes one rank of this job allocates (parameters, gradients, AdamW
