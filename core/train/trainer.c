@@ -1457,7 +1457,10 @@ static int rank_run(rank_state *rs, acc_err *err)
                  "(%.1f state + %.1f activations), %d threads, %s%s%s%s",
                  rs->model->family->name, (double)rs->model->nparams / 1e6,
                  (unsigned long long)data_num_samples(t->train), rs->split.m, rs->split.a, t->nranks,
-                 rs->recompute ? ", activation recomputation" : "",
+                 !rs->recompute ? ""
+                 : model_act_offload(&t->cfg, rs->recompute)
+                     ? ", activation recomputation from checkpoints in host memory"
+                     : ", activation recomputation",
                  (double)(job_state_bytes(t) + rank_act_bytes(rs, rs->split.m)) /
                      (1024.0 * 1024.0),
                  rs->dev->ops->backend, (double)job_state_bytes(t) / (1024.0 * 1024.0),
