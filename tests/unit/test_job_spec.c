@@ -414,6 +414,8 @@ static void test_lean_activations(void **state)
 /* activation_checkpointing: a boolean as before, or an object whose
  * offload (cpu_checkpointing its alias) implies the recomputation; a
  * DeepSpeed section's cpu_checkpointing when the spec has none of its own */
+static void write_file(const char *path, const char *text);
+
 static void test_activation_offload(void **state)
 {
     fixture *f = *state;
@@ -453,6 +455,14 @@ static void test_activation_offload(void **state)
                  "deepspeed.activation_checkpointing.cpu_checkpointing");
     expect_field(f, "\"train_batch_size\":8,\"deepspeed\":{\"activation_checkpointing\":{\"bogus\":1}}",
                  "deepspeed.activation_checkpointing.bogus");
+    /* a DeepSpeed config file's section likewise */
+    char path[600];
+    snprintf(path, sizeof path, "%s/data/ds_ckpt.json", f->dir);
+    write_file(path, "{\"train_batch_size\": 8, \"activation_checkpointing\": {\"partition_activations\": false,"
+                     " \"cpu_checkpointing\": true, \"contiguous_memory_optimization\": false}}");
+    assert_int_equal(parse_with(f, "\"deepspeed\":\"ds_ckpt.json\"", &s, &err), 0);
+    assert_true(s.activation_checkpointing && s.activation_offload);
+    assert_non_null(strstr(s.ignored, "deepspeed.activation_checkpointing.contiguous_memory_optimization"));
 }
 
 static void test_zero(void **state)
