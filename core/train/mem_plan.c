@@ -190,6 +190,11 @@ int plan_check_sizes(const train_cfg *spec, acc_err *err)
     if (acc_add_u64(state, acts, &state))
         return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
                            "a device's bytes overflow 64-bit sizes");
+    /* the checkpoints in host memory of the largest split */
+    uint64_t ck = model_act_host_bytes(&cfg, mmax, T, 1);
+    if (ck == ACC_SIZE_OVERFLOW || ck > SIZE_MAX)
+        return acc_err_set(err, ACC_EINVAL, "activation_checkpointing.offload",
+                           "the activation checkpoints of %d x %d tokens overflow host sizes", mmax, T);
     /* the trainer's host batch buffers: inputs, targets, weights of the
      * largest split (mmax x T, 4 bytes each) */
     if (acc_mul_u64(acc_sat_mul_u64((uint64_t)mmax, (uint64_t)T), 3 * sizeof(int), &host) ||

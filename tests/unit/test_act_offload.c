@@ -480,6 +480,23 @@ static void test_trainer_host_budget(void **state)
         fail_msg("the failure does not name host memory: %s: %s", err.field, err.msg);
 }
 
+/* checkpoints whose host size overflows: refused at submit, naming the key */
+static void test_host_sizes_checked(void **state)
+{
+    (void)state;
+    train_cfg s;
+    llama_spec(&s, 1 << 24, 1, 1 << 24, 1);
+    s.model.n_layer = 256;
+    s.model.n_embd = 4096;
+    s.model.n_head = 32;
+    s.model.seq_len = 1 << 20;
+    acc_err err = {0};
+    assert_int_equal(plan_check_sizes(&s, &err), 0); /* on the device: fine (it fits nothing) */
+    s.activation_offload = true;
+    assert_int_equal(plan_check_sizes(&s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "activation_checkpointing.offload");
+}
+
 /* ---- the planner's targets (issues 20 and 21), from the configs */
 
 static const char llama2_7b[] =
@@ -581,6 +598,7 @@ int main(void)
         cmocka_unit_test(test_split_invariance_offload),
         cmocka_unit_test(test_trainer_host_budget),
         cmocka_unit_test(test_planner_targets),
+        cmocka_unit_test(test_host_sizes_checked),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
