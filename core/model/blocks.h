@@ -76,6 +76,10 @@ typedef struct blk_run {
 
 /* A run over nseq sequences of m->T tokens. */
 blk_run blk_run_of(model *m, int nseq);
+/* Rows [n0, n0 + n) of r as a run of their own, for per-token ops (norms,
+ * linears, activations, residuals; not rotary or attention): N = n, LoRA's
+ * kept u at those rows of each adapter's [B*T, r]. */
+blk_run blk_rows(const blk_run *r, int n0, int n);
 
 /* ---- weights (layout offsets) */
 
@@ -289,8 +293,28 @@ typedef struct blk_stack {
     float *x0, *xL;             /* the embedding's output (block 0's input), block L-1's output */
     float *lnf, *lnf_mean, *lnf_rstd; /* the final norm's output and statistics */
     float *logits, *losses;
-    float *dresid, *dln;        /* [N, C] backward scratch */
+    float *dresid, *dln;        /* [N, C] backward scratch (dln: one token chunk with tok_chunk) */
+    /* recompute mode, optional (zero: none) */
+    blk_layer_fn refwd;         /* the backward's recomputation of a block (NULL: fwd) */
+    int tok_chunk;              /* > 0: the final norm's backward in chunks of this many rows */
+    /* act_offload: block l's input lives in device slot ck_slot[l % 2] (x0
+     * is ck_slot[0], xL ck_slot[L % 2]); after block l's forward it is
+     * downloaded to ck_host + l * ck_stride, and uploaded back before block
+     * l's recomputation (block L-1's never left its slot) */
+    float *ck_slot[2];
+    float *ck_host;             /* [L][ck_stride] host floats, or NULL: no offload */
+    size_t ck_stride;           /* floats per checkpoint (m->B * T * C) */
+    int ck_C;                   /* floats per row of a checkpoint */
 } blk_stack;
+
+/* Block l's input (l = L: the last block's output) where the embedding's
+ * output is at enc and block l's output at outs + l B T C (stored or
+ * recomputed); with act_offload (model_act_offload) device slot l % 2 of
+ * outs (two of B T C floats; enc unused). */
+float *blk_ck_at(const model *m, float *enc, float *outs, int l);
+/* With act_offload in m's mode, s's ck_* fields over those slots and
+ * m->ck_host; nothing otherwise. */
+void blk_stack_ck(const model *m, float *outs, blk_stack *s);
 
 /* Upload the inputs, embed, the blocks (blk_layers_forward), final norm,
  * head and loss. With lean_acts and want_grad the head's backward runs here
@@ -383,6 +407,13 @@ size_t blk_inner_slot(const model *m, int l);
 uint64_t blk_resid_rows(const model_config *c);
 /* The row block l's output goes to: l, or 0. */
 size_t blk_resid_row(const model *m, int l);
+/* Rows of B*T*C floats a family allocates for the blocks' inputs and
+ * outputs (past the embedding's output): 2 with act_offload in this mode
+ * (model_act_offload: the device slots), blk_resid_rows otherwise. */
+uint64_t blk_ck_rows(const model_config *c, int recompute);
+/* The bf16 store in use (act_bf16 without act_offload in this mode); with
+ * act_offload the host checkpoints take its place (blk_stack.ck_host). */
+bool blk_keep_on(const model_config *c, int recompute);
 /* Floats of the bf16 store (0 without act_bf16): L-1 blocks' outputs of
  * row_vals values each and, without recompute, L-1 blocks' kept arrays
  * (cnt[kept[i]], the slot's counts), at 2 bytes a value (saturated). */

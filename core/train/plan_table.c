@@ -17,7 +17,8 @@ static plan_variant own_variant(const train_cfg *spec)
 {
     return (plan_variant){.lora = spec->lora.r > 0, .zero_stage = spec->zero_stage,
                           .recompute = spec->activation_checkpointing,
-                          .qlora = spec->lora.r > 0 && spec->model.quantize_nf4};
+                          .qlora = spec->lora.r > 0 && spec->model.quantize_nf4,
+                          .act_offload = spec->activation_checkpointing && spec->activation_offload};
 }
 
 int plan_spec_at_world(train_cfg *spec, int w, acc_err *err)
@@ -53,6 +54,7 @@ int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_varia
     *out = *spec;
     out->devices = hw->devices;
     out->activation_checkpointing = v->recompute;
+    out->activation_offload = v->recompute && v->act_offload;
     out->micro_auto = true; /* every m is a row */
     out->micro_batch = 0;
     out->accum_steps = 0;
@@ -71,7 +73,7 @@ int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_varia
 static int same_variant(const plan_variant *a, const plan_variant *b)
 {
     return a->lora == b->lora && a->zero_stage == b->zero_stage && a->recompute == b->recompute &&
-           a->qlora == b->qlora;
+           a->qlora == b->qlora && a->act_offload == b->act_offload;
 }
 
 /* The row of variant v with micro batch m, or -1. */
@@ -153,6 +155,7 @@ static int recommend(const train_cfg *spec, plan_table *t, acc_err *err)
     }
     if (start >= 0) {
         v.recompute = rows[start].recompute;
+        v.act_offload = v.recompute && spec->activation_offload;
         t->recommended = find_row(t, &v, rows[start].micro_batch, &t->recommended_group);
     }
     free(own);
@@ -177,6 +180,14 @@ int plan_table_build(const train_cfg *spec, const plan_hw *hw, plan_table *t, ac
                 if (plan_variant_available(spec, hw, &v))
                     rc = add_group(spec, t, &v, err);
             }
+    /* then each recomputing mode with its checkpoints in host memory */
+    for (int lora = 0; rc == 0 && lora < 3; lora++)
+        for (int z = 0; rc == 0 && z < 3; z++) {
+            plan_variant v = {.lora = lora > 0, .zero_stage = z, .recompute = true, .qlora = lora == 2,
+                              .act_offload = true};
+            if (plan_variant_available(spec, hw, &v))
+                rc = add_group(spec, t, &v, err);
+        }
     if (rc == 0)
         rc = recommend(spec, t, err);
     for (int g = 0; rc == 0 && g < t->ngroups && t->suggested < 0; g++)
@@ -283,7 +294,8 @@ json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *h
     char why[512];
     plan_row_why(r, hw, why, sizeof why);
     const plan_parts *p = &r->parts;
-    json_t *o = json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}", "mode",
+    json_t *o = json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o, s:b}",
+                          "mode",
                      plan_mode_name(v), "zero_stage", v != NULL ? v->zero_stage : 0,
                      "recompute", r->recompute, "micro_batch", r->micro_batch, "accum_steps", r->accum_steps,
                      "weights_bytes", plan_bytes_json(p->weights), "gradients_bytes", plan_bytes_json(p->gradients),
@@ -291,7 +303,8 @@ json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *h
                      plan_bytes_json(p->activations), "workspace_bytes", plan_bytes_json(p->workspace),
                      "rounding_bytes", plan_bytes_json(p->rounding), "runtime_bytes", plan_bytes_json(p->runtime),
                      "peak_bytes", plan_bytes_json(r->peak_bytes), "device_bytes", plan_bytes_json(r->device_bytes),
-                     "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null());
+                     "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null(), "act_offload",
+                     v != NULL && v->act_offload && r->recompute);
     json_t *host = row_host_json(r, hw);
     if (o != NULL && host != NULL)
         json_object_update(o, host);
