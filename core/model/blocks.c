@@ -478,9 +478,17 @@ uint64_t blk_resid_rows(const model_config *c)
     return c->act_bf16 ? 1 : (uint64_t)c->n_layer;
 }
 
-uint64_t blk_ck_rows(const model_config *c, int recompute)
+/* bf16 with host checkpoints: one fp32 row and its bf16 staging */
+static bool ck_bf16(const model_config *c, int recompute)
 {
-    return model_act_offload(c, recompute) ? 2 : blk_resid_rows(c);
+    return c->act_bf16 && model_act_offload(c, recompute);
+}
+
+uint64_t blk_ck_floats(const model_config *c, int recompute, uint64_t btc)
+{
+    if (ck_bf16(c, recompute))
+        return acc_sat_add_u64(btc, btc / 2 + btc % 2);
+    return acc_sat_mul_u64(model_act_offload(c, recompute) ? 2 : blk_resid_rows(c), btc);
 }
 
 bool blk_keep_on(const model_config *c, int recompute)
@@ -603,12 +611,14 @@ void blk_layers_backward(blk_run *r, int L, blk_layer_fn fwd, blk_layer_fn bwd,
 /* ---- activation checkpoints in host memory (blk_stack.ck_host)
  *
  * fp32: checkpoint l (block l's input) is B T C floats at ck_host + l
- * ck_stride. bf16 (act_bf16, blocks.h "bf16 activation storage" with
- * act_offload): checkpoint 0 (the embedding's output, never rounded) is
- * those floats, checkpoints 1 .. L-1 (blocks 0 .. L-2's outputs, rounded to
- * bf16 in place after their forward as without offload) are B T C bf16
- * values each after it; the narrowing and widening go through the other
- * device slot, free at that point. */
+ * ck_stride, and block l's input lives in device slot l % 2.
+ * bf16 (act_bf16; blocks.h "bf16 activation storage" with act_offload):
+ * the device has one fp32 row, which every block reads and writes its
+ * output over (as without offload), and a bf16 staging area after it.
+ * Checkpoint 0 (the embedding's output, never rounded) is B T C floats,
+ * checkpoints 1 .. L-1 (blocks 0 .. L-2's outputs, rounded to bf16 in
+ * place after their forward as without offload) B T C bf16 values each
+ * after it. */
 
 static size_t ck_bytes(const blk_run *r, const blk_stack *s)
 {
@@ -627,6 +637,8 @@ static void *ck_host_at(const blk_run *r, const blk_stack *s, int l)
 float *blk_ck_at(const model *m, float *enc, float *outs, int l)
 {
     size_t btc = (size_t)m->B * m->T * (size_t)m->cfg.channels;
+    if (ck_bf16(&m->cfg, m->recompute))
+        return outs;
     if (model_act_offload(&m->cfg, m->recompute))
         return outs + (size_t)(l % 2) * btc;
     return l == 0 ? enc : outs + blk_resid_row(m, l - 1) * btc;
@@ -636,39 +648,39 @@ void blk_stack_ck(const model *m, float *outs, blk_stack *s)
 {
     if (!model_act_offload(&m->cfg, m->recompute))
         return;
-    s->ck_slot[0] = blk_ck_at(m, NULL, outs, 0);
-    s->ck_slot[1] = blk_ck_at(m, NULL, outs, 1);
-    s->ck_host = m->ck_host;
     s->ck_stride = (size_t)m->B * m->T * (size_t)m->cfg.channels;
+    s->ck_slot[0] = blk_ck_at(m, NULL, outs, 0);
+    s->ck_slot[1] = ck_bf16(&m->cfg, m->recompute) ? outs + s->ck_stride /* the staging */
+                                                   : blk_ck_at(m, NULL, outs, 1);
+    s->ck_host = m->ck_host;
     s->ck_C = m->cfg.channels;
 }
 
-/* bf16, after block l's forward (l < L-1): its output (slot (l+1) % 2)
- * rounded in place through its input's slot, which then holds the bf16
- * values: with want_grad they are checkpoint l + 1. */
+/* bf16, after block l's forward (l < L-1): its output (the row) rounded in
+ * place through the staging, which then holds checkpoint l + 1. */
 static void ck_round_output(blk_run *r, const blk_stack *s, int l, int want_grad)
 {
     size_t n = (size_t)r->N * (size_t)s->ck_C;
-    uint16_t *bf = (uint16_t *)s->ck_slot[l % 2];
-    float *out = s->ck_slot[(l + 1) % 2];
-    r->k->narrow_bf16(r->d, bf, out, n);
-    r->k->widen16(r->d, out, bf, n, 0);
+    uint16_t *bf = (uint16_t *)s->ck_slot[1];
+    r->k->narrow_bf16(r->d, bf, s->ck_slot[0], n);
+    r->k->widen16(r->d, s->ck_slot[0], bf, n, 0);
     if (want_grad)
         r->k->download(r->d, ck_host_at(r, s, l + 1), bf, n * sizeof(uint16_t));
 }
 
-/* Checkpoint l (l < L-1) back into slot l % 2; bf16 l >= 1 through slot
- * (l+1) % 2 (block l+1's input, its backward done). */
-static void ck_restore(blk_run *r, const blk_stack *s, int l)
+/* bf16: checkpoint l back into the row (l >= 1 through the staging;
+ * again: only widened, the staging still holds it) */
+static void ck_restore_bf16(blk_run *r, const blk_stack *s, int l, bool again)
 {
-    if (!r->m->cfg.act_bf16 || l == 0) {
-        r->k->upload(r->d, s->ck_slot[l % 2], ck_host_at(r, s, l), ck_bytes(r, s));
+    if (l == 0) {
+        r->k->upload(r->d, s->ck_slot[0], ck_host_at(r, s, 0), ck_bytes(r, s));
         return;
     }
     size_t n = (size_t)r->N * (size_t)s->ck_C;
-    uint16_t *bf = (uint16_t *)s->ck_slot[(l + 1) % 2];
-    r->k->upload(r->d, bf, ck_host_at(r, s, l), n * sizeof(uint16_t));
-    r->k->widen16(r->d, s->ck_slot[l % 2], bf, n, 0);
+    uint16_t *bf = (uint16_t *)s->ck_slot[1];
+    if (!again)
+        r->k->upload(r->d, bf, ck_host_at(r, s, l), n * sizeof(uint16_t));
+    r->k->widen16(r->d, s->ck_slot[0], bf, n, 0);
 }
 
 /* The copies are the device's download / upload, in the compute order:
@@ -676,11 +688,13 @@ static void ck_restore(blk_run *r, const blk_stack *s, int l)
 static void layers_forward_offload(blk_run *r, const blk_stack *s, int want_grad)
 {
     bool bf16 = r->m->cfg.act_bf16;
+    if (bf16 && want_grad) /* block 0's input, before block 0 writes over it */
+        r->k->download(r->d, ck_host_at(r, s, 0), s->ck_slot[0], ck_bytes(r, s));
     for (int l = 0; l < s->L; l++) {
         model_layer_begin(r->m, l, false);
         s->fwd(r, l);
         model_layer_end(r->m, l, false);
-        if (want_grad && (!bf16 || l == 0)) /* block l's input, before block l + 1 writes over its slot */
+        if (want_grad && !bf16) /* block l's input, before block l + 1 writes over its slot */
             r->k->download(r->d, ck_host_at(r, s, l), s->ck_slot[l % 2], ck_bytes(r, s));
         if (bf16 && l < s->L - 1)
             ck_round_output(r, s, l, want_grad);
@@ -690,11 +704,16 @@ static void layers_forward_offload(blk_run *r, const blk_stack *s, int want_grad
 static void layers_backward_offload(blk_run *r, const blk_stack *s, blk_layer_fn refwd,
                                     void (*done)(void *ctx, int layer), void *ctx)
 {
+    bool bf16 = r->m->cfg.act_bf16;
     for (int l = s->L - 1; l >= 0; l--) {
         model_layer_begin(r->m, l, true);
-        if (l < s->L - 1) /* block L-1's input is still in its slot */
-            ck_restore(r, s, l);
+        if (bf16) /* the row holds the next block's input (l = L-1: the output) */
+            ck_restore_bf16(r, s, l, false);
+        else if (l < s->L - 1) /* block L-1's input is still in its slot */
+            r->k->upload(r->d, s->ck_slot[l % 2], ck_host_at(r, s, l), ck_bytes(r, s));
         refwd(r, l);
+        if (bf16) /* the recomputed output went over the input: the input again */
+            ck_restore_bf16(r, s, l, true);
         s->bwd(r, l);
         model_layer_end(r->m, l, true);
         if (done != NULL)

@@ -300,7 +300,10 @@ typedef struct blk_stack {
     /* act_offload: block l's input lives in device slot ck_slot[l % 2] (x0
      * is ck_slot[0], xL ck_slot[L % 2]); after block l's forward it is
      * downloaded to ck_host + l * ck_stride, and uploaded back before block
-     * l's recomputation (block L-1's never left its slot) */
+     * l's recomputation (block L-1's never left its slot). With act_bf16
+     * ck_slot[0] is the one fp32 row every block reads and overwrites,
+     * ck_slot[1] its bf16 staging, and the host checkpoints after the first
+     * are bf16 (blocks.c "activation checkpoints in host memory") */
     float *ck_slot[2];
     float *ck_host;             /* [L][ck_stride] host floats, or NULL: no offload */
     size_t ck_stride;           /* floats per checkpoint (m->B * T * C) */
@@ -407,10 +410,12 @@ size_t blk_inner_slot(const model *m, int l);
 uint64_t blk_resid_rows(const model_config *c);
 /* The row block l's output goes to: l, or 0. */
 size_t blk_resid_row(const model *m, int l);
-/* Rows of B*T*C floats a family allocates for the blocks' inputs and
- * outputs (past the embedding's output): 2 with act_offload in this mode
- * (model_act_offload: the device slots), blk_resid_rows otherwise. */
-uint64_t blk_ck_rows(const model_config *c, int recompute);
+/* Floats a family allocates for the blocks' inputs and outputs (past the
+ * embedding's output), btc = B*T*C: with act_offload in this mode
+ * (model_act_offload) two rows (the device slots), or with act_bf16 one
+ * row and a bf16 staging row (btc / 2 floats, rounded up); otherwise
+ * blk_resid_rows rows. */
+uint64_t blk_ck_floats(const model_config *c, int recompute, uint64_t btc);
 /* The bf16 store in use (act_bf16 without act_offload in this mode); with
  * act_offload the host checkpoints take its place (blk_stack.ck_host). */
 bool blk_keep_on(const model_config *c, int recompute);

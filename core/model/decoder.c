@@ -270,7 +270,7 @@ static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int 
     uint64_t rows = tok_mode(c, recompute) ? model_linear_rows(c, BT, recompute) : BT;
     uint64_t rc_ = acc_sat_mul_u64(rows, C), ri = acc_sat_mul_u64(rows, I);
     uint64_t per[A_COUNT] = {
-        [A_ENC] = off ? 0 : btc, [A_RESID] = acc_sat_mul_u64(blk_ck_rows(c, recompute), btc),
+        [A_ENC] = off ? 0 : btc, [A_RESID] = blk_ck_floats(c, recompute, btc),
         [A_LN1] = acc_sat_mul_u64(Lk, rc_), [A_RSTD1] = acc_sat_mul_u64(Ls, rows),
         [A_Q] = acc_sat_mul_u64(Lk, btq), [A_K] = acc_sat_mul_u64(Lk, btk),
         [A_V] = acc_sat_mul_u64(Lk, btk), [A_ATTY] = acc_sat_mul_u64(Lk, btq),

@@ -201,7 +201,7 @@ static uint64_t act_counts(const model_config *c, int B, int T, int recompute, u
         [A_LSE] = acc_sat_mul3_u64(Ls, BT, NH), [A_ATTPROJ] = lbtc, [A_RESID2] = lbtc,
         [A_LN2] = lbtc, [A_LN2_MEAN] = lbt, [A_LN2_RSTD] = lbt,
         [A_FCH] = acc_sat_mul_u64(lbtc, 4), [A_FCH_GELU] = acc_sat_mul_u64(lbtc, 4),
-        [A_FCPROJ] = lbtc, [A_RESID3] = acc_sat_mul_u64(blk_ck_rows(c, recompute), btc), [A_LNF] = btc,
+        [A_FCPROJ] = lbtc, [A_RESID3] = blk_ck_floats(c, recompute, btc), [A_LNF] = btc,
         [A_LNF_MEAN] = BT, [A_LNF_RSTD] = BT,
         [A_LOGITS] = acc_sat_mul_u64(blk_head_rows(BT, c),
                                      (uint64_t)c->padded_vocab_size),

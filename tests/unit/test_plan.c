@@ -503,10 +503,13 @@ static int bf16_below_fp32(const train_cfg *spec, kern_dev_kind kind, bool whole
             (a->host.activations > 0 && !(b->host.activations < a->host.activations)))
             fail_msg("row %d (m %d): bf16 host checkpoints %llu, fp32 %llu", i, a->micro_batch,
                      (unsigned long long)b->host.activations, (unsigned long long)a->host.activations);
-        bool on_host = a->host.activations > 0; /* the device slots: the same in both */
-        if (!(on_host ? b->parts.activations <= a->parts.activations : b->parts.activations < a->parts.activations) ||
-            (kind == KERN_DEV_CPU && !(on_host ? b->peak_bytes <= a->peak_bytes : b->peak_bytes < a->peak_bytes)) ||
-            (kind != KERN_DEV_CPU && whole && !on_host && !(b->peak_bytes < a->peak_bytes)))
+        /* on+host rows: bf16 saves half a row of N x C on the device (one
+         * fp32 row + its bf16 staging vs two fp32 slots), less than CUDA's
+         * bf16 operand buffers add for LLaMA-2-7B: there only the
+         * activations (and on CPU the peak) are compared */
+        bool on_host = a->host.activations > 0;
+        if (!(b->parts.activations < a->parts.activations) ||
+            ((kind == KERN_DEV_CPU || (whole && !on_host)) && !(b->peak_bytes < a->peak_bytes)))
             fail_msg("row %d (m %d, recompute %d, host checkpoints %llu): bf16 activations %llu, peak %llu; "
                      "fp32 %llu, %llu",
                      i, a->micro_batch, a->recompute, (unsigned long long)a->host.activations,
@@ -520,11 +523,13 @@ static int bf16_below_fp32(const train_cfg *spec, kern_dev_kind kind, bool whole
 }
 
 /* bf16 stores activations in bf16 (blocks.h): for every LLaMA config of
- * these tests, every row of the table (full, LoRA, QLoRA; ZeRO; stored and
- * recompute; every m), plain and lean, bf16's peak is below fp32's on CPU
- * devices. On CUDA devices the activations are below too, and for
- * LLaMA-2-7B the whole peak, bf16 operand buffers included (for the tiny
- * model those buffers, sized by its weights, outweigh what it saves). */
+ * these tests, every row of the table (full, LoRA, QLoRA; ZeRO; stored,
+ * recompute and recompute with host checkpoints; every m), plain and lean,
+ * bf16's peak is below fp32's on CPU devices, and its host checkpoints
+ * below fp32's. On CUDA devices the activations are below too, and for
+ * LLaMA-2-7B the whole peak, bf16 operand buffers included, but in the
+ * on+host rows (for the tiny model those buffers, sized by its weights,
+ * outweigh what it saves). */
 static void test_bf16_below_fp32(void **state)
 {
     (void)state;
