@@ -387,7 +387,18 @@ void blk_acts_free(model *m, void **mem, float **ptr, int n);
  * norm, the logits, the statistics and every gradient stay fp32. Bytes:
  * 2 per stored value, the store one more array of the family's
  * allocation (rounded up as blk_acts_bytes rounds floats); for L >= 2 a
- * bf16 job's activations are smaller than fp32's (L = 1: equal). */
+ * bf16 job's activations are smaller than fp32's (L = 1: equal).
+ *
+ * With act_offload in recompute mode (model_act_offload: host
+ * checkpoints) the store is not allocated (blk_keep_on is false): the
+ * same rounding points hold, the host keeps the checkpoints instead
+ * (the embedding's output in fp32, blocks 0 .. L-2's rounded outputs in
+ * bf16: model_act_host_bytes), and the device one fp32 row plus a bf16
+ * staging (blk_ck_floats); blk_stack_forward / _backward move them
+ * (blocks.c "activation checkpoints in host memory"). The results are
+ * the bits of bf16 recompute without offload. Token chunks (lean_tokens)
+ * read the same row: a chunk reads its input rows before it writes its
+ * output rows. */
 
 typedef struct blk_keep {
     int n;                         /* the family's kept arrays (stored mode; 0 with recompute) */

@@ -504,7 +504,9 @@ struct model {
     size_t wstore_bytes;  /* bytes of wstore (0 without one) */
     /* act_offload (model_act_offload): the job's host-memory budget the
      * checkpoints are allocated from (the caller's; required then), and
-     * the checkpoints themselves, [L][B*T, C] floats (model_act_host_bytes) */
+     * the checkpoints themselves, [L][B*T, C] floats, with act_bf16 one
+     * [B*T, C] of floats then [L-1][B*T, C] bf16 values
+     * (model_act_host_bytes) */
     struct host_mem *host;
     float *ck_host;
     size_t ck_host_bytes;
