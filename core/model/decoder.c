@@ -264,8 +264,9 @@ static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int 
     uint64_t qk = d->qk_norm ? 1 : 0, sw = d->sandwich ? 1 : 0;
     wide = I > wide ? I : wide;
     /* the per-token arrays hold one token chunk in tok_mode (Ls is 1 then),
-     * all B x T rows otherwise; the blocks' inputs L arrays (stored,
-     * recomputed) or two device slots (act_offload: the rest on the host) */
+     * all B x T rows otherwise; the blocks' outputs blk_ck_floats: L rows,
+     * or one (act_bf16: the others in A_KEEP), or with act_offload the
+     * device slots (the checkpoints on the host; no A_ENC then) */
     bool off = model_act_offload(c, recompute);
     uint64_t rows = tok_mode(c, recompute) ? model_linear_rows(c, BT, recompute) : BT;
     uint64_t rc_ = acc_sat_mul_u64(rows, C), ri = acc_sat_mul_u64(rows, I);

@@ -296,15 +296,15 @@ json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *h
     const plan_parts *p = &r->parts;
     json_t *o = json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o, s:b}",
                           "mode",
-                     plan_mode_name(v), "zero_stage", v != NULL ? v->zero_stage : 0,
-                     "recompute", r->recompute, "micro_batch", r->micro_batch, "accum_steps", r->accum_steps,
-                     "weights_bytes", plan_bytes_json(p->weights), "gradients_bytes", plan_bytes_json(p->gradients),
-                     "optimizer_bytes", plan_bytes_json(p->optimizer), "activations_bytes",
-                     plan_bytes_json(p->activations), "workspace_bytes", plan_bytes_json(p->workspace),
-                     "rounding_bytes", plan_bytes_json(p->rounding), "runtime_bytes", plan_bytes_json(p->runtime),
-                     "peak_bytes", plan_bytes_json(r->peak_bytes), "device_bytes", plan_bytes_json(r->device_bytes),
-                     "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null(), "act_offload",
-                     v != NULL && v->act_offload && r->recompute);
+                          plan_mode_name(v), "zero_stage", v != NULL ? v->zero_stage : 0,
+                          "recompute", r->recompute, "micro_batch", r->micro_batch, "accum_steps", r->accum_steps,
+                          "weights_bytes", plan_bytes_json(p->weights), "gradients_bytes", plan_bytes_json(p->gradients),
+                          "optimizer_bytes", plan_bytes_json(p->optimizer), "activations_bytes",
+                          plan_bytes_json(p->activations), "workspace_bytes", plan_bytes_json(p->workspace),
+                          "rounding_bytes", plan_bytes_json(p->rounding), "runtime_bytes", plan_bytes_json(p->runtime),
+                          "peak_bytes", plan_bytes_json(r->peak_bytes), "device_bytes", plan_bytes_json(r->device_bytes),
+                          "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null(), "act_offload",
+                          v != NULL && v->act_offload && r->recompute);
     json_t *host = row_host_json(r, hw);
     if (o != NULL && host != NULL)
         json_object_update(o, host);
