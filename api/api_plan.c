@@ -139,8 +139,9 @@ static json_t *group_json(const plan_table *t, const plan_group *g)
     if (g->best < 0 && g->n > 0) /* the smallest row says why none fits */
         plan_row_why(&t->rows[g->first], &t->hw, why, sizeof why);
     const plan_row *best = g->best >= 0 ? &t->rows[g->best] : NULL;
-    return json_pack("{s:s, s:i, s:b, s:i, s:o, s:o, s:o, s:o}", "mode", plan_mode_name(&g->v), "zero_stage",
-                     g->v.zero_stage, "recompute", g->v.recompute, "rows", g->n, "largest_fitting_micro_batch",
+    return json_pack("{s:s, s:i, s:b, s:b, s:i, s:o, s:o, s:o, s:o}", "mode", plan_mode_name(&g->v), "zero_stage",
+                     g->v.zero_stage, "recompute", g->v.recompute, "act_offload", g->v.act_offload, "rows", g->n,
+                     "largest_fitting_micro_batch",
                      best ? json_integer(best->micro_batch) : json_null(), "accum_steps",
                      best ? json_integer(best->accum_steps) : json_null(), "device_bytes",
                      best ? json_integer(plan_bytes_json(best->device_bytes)) : json_null(), "why_not",

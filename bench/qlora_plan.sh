@@ -5,12 +5,18 @@
 # POST /v1/plan answers them on one CUDA card of 24 GiB, bf16: each row with
 # its breakdown, next to the LoRA row on the bf16 base.
 #
-#   bench/qlora_plan.sh BUILD_DIR [SEQ_LEN [llama31-8b]]      (default 4096, LLaMA-2-7B)
+#   bench/qlora_plan.sh BUILD_DIR [SEQ_LEN [llama31-8b|llama2-7b [lean]]]      (default 4096, LLaMA-2-7B)
 # With llama31-8b: LLaMA-3.1-8B's config.json (published values) instead.
+# With lean: the spec has "lean_activations": true and the rows recomputing
+# from checkpoints in host memory are shown too (recompute "on+host", with
+# their host bytes); bench/bench_long_ctx bisects the longest seq_len.
 set -eu
 BUILD=${1:?usage: bench/qlora_plan.sh BUILD_DIR [SEQ_LEN [llama31-8b]]}
 T=${2:-4096}
 WHICH=${3:-llama2-7b}
+LEAN=${4:-}
+EXTRA=
+[ "$LEAN" = lean ] && EXTRA='"lean_activations": true,'
 TMP=$(mktemp -d /tmp/accumd-qlora-plan.XXXXXX)
 PID=
 trap '[ -n "$PID" ] && kill $PID 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
@@ -38,18 +44,18 @@ PID=$!
 for _ in $(seq 100); do [ -s "$TMP/accumd.addr" ] && break; sleep 0.1; done
 BASE="http://$(cat "$TMP/accumd.addr")"
 for _ in $(seq 100); do curl -sf -o /dev/null "$BASE/healthz" && break; sleep 0.1; done
-body="{\"model\": {\"from\": \"Llama-2-7b-hf\", \"seq_len\": $T, \"quantize\": \"nf4\"}, \"train_batch_size\": 16,
+body="{\"model\": {\"from\": \"Llama-2-7b-hf\", \"seq_len\": $T, \"quantize\": \"nf4\"}, \"train_batch_size\": 16, $EXTRA
        \"lora\": {\"r\": 16, \"lora_alpha\": 32, \"target_modules\": \"all-linear\"},
        \"train_micro_batch_size_per_gpu\": \"auto\", \"precision\": \"bf16\",
        \"hardware\": {\"device_memory\": \"24GiB\", \"devices\": 1, \"kind\": \"cuda\"}}"
-printf '| mode | recompute | m | weights | gradients | optimizer | activations | workspace | runtime | device bytes | fits 24 GiB |\n'
-printf '|---|---|---|---|---|---|---|---|---|---|---|\n'
+printf '| mode | recompute | m | weights | gradients | optimizer | activations | workspace | runtime | device bytes | host | fits 24 GiB |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|---|---|\n'
 curl -s -X POST --data-binary "$body" "$BASE/v1/plan" >"$TMP/plan.json"
 jq -e .rows "$TMP/plan.json" >/dev/null || { jq -c . "$TMP/plan.json" >&2; exit 1; }
 jq -r '
     def g: . / 1073741824 * 100 | round / 100 | tostring + " GiB";
     .rows[] | select(.zero_stage == 0 and (.mode == "qlora" or .mode == "lora") and .micro_batch <= 2)
-    | "| \(.mode) | \(if .recompute then "on" else "off" end) | \(.micro_batch) | \(.weights_bytes | g) | "
+    | "| \(.mode) | \(if .recompute then (if .act_offload then "on+host" else "on" end) else "off" end) | \(.micro_batch) | \(.weights_bytes | g) | "
       + "\(.gradients_bytes | g) | \(.optimizer_bytes | g) | \(.activations_bytes | g) | \(.workspace_bytes | g) | "
-      + "\(.runtime_bytes | g) | \(.device_bytes | g) (\(.device_bytes)) | \(.fits) |"'  "$TMP/plan.json"
+      + "\(.runtime_bytes | g) | \(.device_bytes | g) (\(.device_bytes)) | \(.host_bytes | g) | \(.fits) |"'  "$TMP/plan.json"
 

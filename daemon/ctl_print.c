@@ -349,6 +349,15 @@ static void fmt_host(const json_t *r, char *out, size_t n)
 
 /* POST /v1/plan's answer: the hardware, the summary, each variant's
  * largest fitting micro batch, then every row with its parts. */
+/* A plan row's or group's recomputation: off, on, or on from checkpoints in
+ * host memory (act_offload). */
+static const char *recompute_word(const json_t *v)
+{
+    if (!json_is_true(json_object_get(v, "recompute")))
+        return "off";
+    return json_is_true(json_object_get(v, "act_offload")) ? "on+host" : "on";
+}
+
 static void print_planner(const json_t *plan)
 {
     const json_t *md = json_object_get(plan, "model"), *hw = json_object_get(plan, "hardware"),
@@ -405,7 +414,7 @@ static void print_planner(const json_t *plan)
         else
             snprintf(b, sizeof b, "-");
         printf("%-5s %-5d %-10s %-18s %-12s %s\n", str(v, "mode", "?"), (int)num(v, "zero_stage", 0),
-               json_is_true(json_object_get(v, "recompute")) ? "on" : "off", mm, b, str(v, "why_not", ""));
+               recompute_word(v), mm, b, str(v, "why_not", ""));
     }
     printf("\n%-5s %-5s %-10s %6s %6s %10s %10s %10s %10s %10s %10s %10s %s %s\n", "MODE", "ZERO", "RECOMPUTE", "M",
            "A", "WEIGHTS", "GRADS", "OPTIMIZER", "ACTS", "WORKSPACE", "PEAK", "DEVICE", "FITS",
@@ -422,7 +431,7 @@ static void print_planner(const json_t *plan)
         char host[256];
         fmt_host(v, host, sizeof host);
         printf("%-5s %-5d %-10s %6d %6d %10s %10s %10s %10s %10s %10s %10s %-4s %s\n", str(v, "mode", "?"),
-               (int)num(v, "zero_stage", 0), json_is_true(json_object_get(v, "recompute")) ? "on" : "off",
+               (int)num(v, "zero_stage", 0), recompute_word(v),
                (int)num(v, "micro_batch", 0), (int)num(v, "accum_steps", 0), a, b, c, d, e, f, g,
                json_is_true(json_object_get(v, "fits")) ? "yes" : "no", host);
     }

@@ -694,14 +694,14 @@ static int set_betas(const json_t *obj, const char *prefix, const spec_row *r, v
  * is unknown (with a did-you-mean). */
 static const char *const ds_keys[] = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16", "fp16", "amp",
-    "gradient_clipping", "optimizer", "scheduler", "zero_optimization",
+    "gradient_clipping", "optimizer", "scheduler", "zero_optimization", "activation_checkpointing",
     /* ignored from here (DS_FIRST_IGNORED) */
     "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "prescale_gradients",
     "gradient_predivide_factor", "communication_data_type", "seq_parallel_communication_data_type",
     "sparse_gradients", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "flops_profiler",
-    "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "activation_checkpointing", "aio",
+    "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "aio",
     "checkpoint", "data_types", "timers", "disable_allgather", NULL};
-#define DS_FIRST_IGNORED 10
+#define DS_FIRST_IGNORED 11
 
 /* The index of key in a NULL-terminated list, -1 when absent. */
 static int key_index(const char *key, const char *const *list)
@@ -1126,6 +1126,34 @@ static int ds_agrees(const json_t *root, const json_t *ds, const json_t *origin,
     return 0;
 }
 
+/* DeepSpeed's "activation_checkpointing" section: cpu_checkpointing true
+ * keeps the checkpoints in host memory (the spec's activation_checkpointing
+ * {"offload": true}, recomputation on), unless the spec's own
+ * activation_checkpointing says otherwise; its other keys tune DeepSpeed's
+ * own checkpointing and are listed as ignored. */
+static const char *const ds_act_keys[] = {"cpu_checkpointing", "partition_activations",
+                                          "contiguous_memory_optimization", "number_checkpoints",
+                                          "synchronize_checkpoint_boundary", "profile", NULL};
+
+static int ds_act_ckpt(const json_t *ds, const json_t *root, job_spec *out, acc_err *err)
+{
+    json_t *sect;
+    const char *p = "deepspeed.activation_checkpointing";
+    int rc = get_object(ds, "deepspeed", "activation_checkpointing", &sect, err);
+    if (rc != 0 || sect == NULL)
+        return rc;
+    if ((rc = classify_keys(sect, p, ds_act_keys, 1, "unknown DeepSpeed activation_checkpointing key", out, err)))
+        return rc;
+    bool cpu = false;
+    if ((rc = get_bool(sect, p, "cpu_checkpointing", &cpu, err)) != 0)
+        return rc;
+    if (cpu && json_object_get(root, "activation_checkpointing") == NULL) {
+        out->activation_checkpointing = true;
+        out->activation_offload = true;
+    }
+    return 0;
+}
+
 static int parse_deepspeed(const json_t *ds, const json_t *root, const json_t *origin, job_spec *out, batch_in *b,
                            acc_err *err)
 {
@@ -1136,7 +1164,8 @@ static int parse_deepspeed(const json_t *ds, const json_t *root, const json_t *o
         (rc = get_batch(ds, "deepspeed", "train_batch_size", &d.B, err)) ||
         (rc = get_batch(ds, "deepspeed", "train_micro_batch_size_per_gpu", &d.m, err)) ||
         (rc = get_batch(ds, "deepspeed", "gradient_accumulation_steps", &d.a, err)) ||
-        (rc = ds_precision(ds, out, err)) || (rc = ds_optimizer(ds, out, err)) || (rc = ds_scheduler(ds, out, err)))
+        (rc = ds_precision(ds, out, err)) || (rc = ds_optimizer(ds, out, err)) || (rc = ds_scheduler(ds, out, err)) ||
+        (rc = ds_act_ckpt(ds, root, out, err)))
         return rc;
     merge_batch(&b->B, &d.B);
     merge_batch(&b->m, &d.m);
@@ -1364,6 +1393,41 @@ static int set_output_dir(const json_t *obj, const char *prefix, const spec_row 
     return get_output_name(obj, base, err);
 }
 
+/* "activation_checkpointing": true / false (recompute each block in the
+ * backward), or {"enabled": bool (default true), "offload": bool} where
+ * offload (DeepSpeed's "cpu_checkpointing" as its alias) keeps the blocks'
+ * inputs in host memory and implies the recomputation. */
+static const char *const act_ckpt_keys[] = {"enabled", "offload", "cpu_checkpointing", NULL};
+
+static int get_act_ckpt(const json_t *root, job_spec *out, acc_err *err)
+{
+    const char *f = "activation_checkpointing";
+    json_t *v = json_object_get(root, f);
+    if (v == NULL || json_is_boolean(v))
+        return get_bool(root, NULL, f, &out->activation_checkpointing, err);
+    if (!json_is_object(v))
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be true, false or an object, got %s", f, json_kind(v));
+    const char *key;
+    json_t *x;
+    json_object_foreach(v, key, x) {
+        if (key_index(key, act_ckpt_keys) < 0)
+            return unknown_key(f, key, act_ckpt_keys, "unknown activation_checkpointing key", err);
+    }
+    bool on = true, offload = false, cpu = false;
+    int rc;
+    if ((rc = get_bool(v, f, "enabled", &on, err)) || (rc = get_bool(v, f, "offload", &offload, err)) ||
+        (rc = get_bool(v, f, "cpu_checkpointing", &cpu, err)))
+        return rc;
+    offload = offload || cpu;
+    if (offload && !on)
+        return acc_err_set(err, ACC_EINVAL, "activation_checkpointing.offload",
+                           "activation_checkpointing.offload keeps the checkpoints of the recomputation in "
+                           "host memory: it needs enabled true");
+    out->activation_checkpointing = on;
+    out->activation_offload = offload;
+    return 0;
+}
+
 /* The top level's rows (unknown keys first), then the rules across them. */
 static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out, acc_err *err)
 {
@@ -1374,6 +1438,8 @@ static int parse_scalars(const json_t *root, const acc_conf *conf, job_spec *out
         return acc_err_set(err, ACC_EINVAL, "nodes", "nodes %d x devices %d is %d ranks, over %d", out->nodes,
                            out->devices, out->nodes * out->devices, SPEC_MAX_WORLD);
     out->max_steps_given = json_object_get(root, "max_steps") != NULL;
+    if ((rc = get_act_ckpt(root, out, err)) != 0)
+        return rc;
     if (json_is_string(json_object_get(root, "resume_from")))
         return check_path(out->resume_from, sizeof out->resume_from, conf->output_root, "resume_from", err);
     return 0;
@@ -1443,7 +1509,7 @@ static const spec_row root_rows[] = {
     ROW(job_spec, name, SPEC_T_STR, "\"job\""),
     ROW(job_spec, devices, SPEC_T_INT, "1", .lo = 1, .hi = SPEC_MAX_DEVICES),
     ROW(job_spec, precision, SPEC_T_CHOICE, "\"fp32\"", .choices = precisions),
-    ROW(job_spec, activation_checkpointing, SPEC_T_BOOL, "false"),
+    CODE("activation_checkpointing"),
     ROW(job_spec, lean_activations, SPEC_T_BOOL, "false"),
     ROW(job_spec, max_steps, SPEC_T_INT, "100", .lo = 1, .hi = 100000000),
     ROW(job_spec, num_train_epochs, SPEC_T_NUM, NULL, .lo = 0, .open_lo = true, .hi = 1e6),

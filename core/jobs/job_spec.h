@@ -98,6 +98,10 @@ typedef struct job_spec {
     /* "lean_activations": attention without a T x T
      * buffer and the LM head + loss in chunks (model_config.lean_acts) */
     bool lean_activations;
+    /* "activation_checkpointing": {"offload": true} (or DeepSpeed's
+     * cpu_checkpointing): the recomputation's checkpoints in host memory
+     * (activation_checkpointing is then true) */
+    bool activation_offload;
     /* "eval_prompts": at most SPEC_EVAL_PROMPTS prompts (a
      * string) or conversations (an array of {"role", "content"}) answered at
      * each evaluation (train_samples.h); kept as their compact JSON array

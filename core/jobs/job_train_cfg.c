@@ -28,6 +28,7 @@ void job_spec_train_cfg(const job_spec *s, train_cfg *out)
     out->precision = s->precision;
     out->activation_checkpointing = s->activation_checkpointing;
     out->lean_activations = s->lean_activations;
+    out->activation_offload = s->activation_offload;
     out->zero_stage = s->zero_stage;
     out->optim = s->optim;
     out->lr = s->lr;

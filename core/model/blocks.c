@@ -14,6 +14,17 @@ blk_run blk_run_of(model *m, int nseq)
                      .N = nseq * m->T};
 }
 
+blk_run blk_rows(const blk_run *r, int n0, int n)
+{
+    blk_run c = *r;
+    c.B = 1;
+    c.T = c.N = n;
+    c.pos = r->pos != NULL ? r->pos + n0 : NULL;
+    if (c.lora.u != NULL && !r->infer)
+        c.lora.u += (size_t)n0 * (size_t)r->m->cfg.lora.r;
+    return c;
+}
+
 /* ---- weights */
 
 size_t blk_off(const model *m, const char *fmt, int layer)
@@ -467,6 +478,24 @@ uint64_t blk_resid_rows(const model_config *c)
     return c->act_bf16 ? 1 : (uint64_t)c->n_layer;
 }
 
+/* bf16 with host checkpoints: one fp32 row and its bf16 staging */
+static bool ck_bf16(const model_config *c, int recompute)
+{
+    return c->act_bf16 && model_act_offload(c, recompute);
+}
+
+uint64_t blk_ck_floats(const model_config *c, int recompute, uint64_t btc)
+{
+    if (ck_bf16(c, recompute))
+        return acc_sat_add_u64(btc, btc / 2 + btc % 2);
+    return acc_sat_mul_u64(model_act_offload(c, recompute) ? 2 : blk_resid_rows(c), btc);
+}
+
+bool blk_keep_on(const model_config *c, int recompute)
+{
+    return c->act_bf16 && !model_act_offload(c, recompute);
+}
+
 size_t blk_resid_row(const model *m, int l)
 {
     return m->cfg.act_bf16 ? 0 : (size_t)l;
@@ -484,7 +513,7 @@ static uint64_t keep_layer_vals(const uint64_t *cnt, const int *kept, int nkept)
 uint64_t blk_keep_floats(const model_config *c, int recompute, const uint64_t *cnt,
                          const int *kept, int nkept, uint64_t row_vals)
 {
-    if (!c->act_bf16)
+    if (!blk_keep_on(c, recompute))
         return 0;
     uint64_t stored = (uint64_t)c->n_layer - 1; /* every block but the last */
     uint64_t per = recompute ? row_vals : acc_sat_add_u64(row_vals, keep_layer_vals(cnt, kept, nkept));
@@ -579,6 +608,135 @@ void blk_layers_backward(blk_run *r, int L, blk_layer_fn fwd, blk_layer_fn bwd,
     }
 }
 
+/* ---- activation checkpoints in host memory (blk_stack.ck_host)
+ *
+ * fp32: checkpoint l (block l's input) is B T C floats at ck_host + l
+ * ck_stride, and block l's input lives in device slot l % 2.
+ * bf16 (act_bf16; blocks.h "bf16 activation storage" with act_offload):
+ * the device has one fp32 row, which every block reads and writes its
+ * output over (as without offload), and a bf16 staging area after it.
+ * Checkpoint 0 (the embedding's output, never rounded) is B T C floats,
+ * checkpoints 1 .. L-1 (blocks 0 .. L-2's outputs, rounded to bf16 in
+ * place after their forward as without offload) B T C bf16 values each
+ * after it. */
+
+static size_t ck_bytes(const blk_run *r, const blk_stack *s)
+{
+    return (size_t)r->N * (size_t)s->ck_C * sizeof(float);
+}
+
+/* Checkpoint l's host copy (bf16: l >= 1 are uint16 values). */
+static void *ck_host_at(const blk_run *r, const blk_stack *s, int l)
+{
+    if (!r->m->cfg.act_bf16 || l == 0)
+        return s->ck_host + (size_t)l * s->ck_stride;
+    uint16_t *rounded = (uint16_t *)(s->ck_host + s->ck_stride); /* after checkpoint 0 */
+    return rounded + (size_t)(l - 1) * s->ck_stride;
+}
+
+float *blk_ck_at(const model *m, float *enc, float *outs, int l)
+{
+    size_t btc = (size_t)m->B * m->T * (size_t)m->cfg.channels;
+    if (ck_bf16(&m->cfg, m->recompute))
+        return outs;
+    if (model_act_offload(&m->cfg, m->recompute))
+        return outs + (size_t)(l % 2) * btc;
+    return l == 0 ? enc : outs + blk_resid_row(m, l - 1) * btc;
+}
+
+void blk_stack_ck(const model *m, float *outs, blk_stack *s)
+{
+    if (!model_act_offload(&m->cfg, m->recompute))
+        return;
+    s->ck_stride = (size_t)m->B * m->T * (size_t)m->cfg.channels;
+    s->ck_slot[0] = blk_ck_at(m, NULL, outs, 0);
+    s->ck_slot[1] = ck_bf16(&m->cfg, m->recompute) ? outs + s->ck_stride /* the staging */
+                                                   : blk_ck_at(m, NULL, outs, 1);
+    s->ck_host = m->ck_host;
+    s->ck_C = m->cfg.channels;
+}
+
+/* bf16, after block l's forward (l < L-1): its output (the row) rounded in
+ * place through the staging, which then holds checkpoint l + 1. */
+static void ck_round_output(blk_run *r, const blk_stack *s, int l, int want_grad)
+{
+    size_t n = (size_t)r->N * (size_t)s->ck_C;
+    uint16_t *bf = (uint16_t *)s->ck_slot[1];
+    r->k->narrow_bf16(r->d, bf, s->ck_slot[0], n);
+    r->k->widen16(r->d, s->ck_slot[0], bf, n, 0);
+    if (want_grad)
+        r->k->download(r->d, ck_host_at(r, s, l + 1), bf, n * sizeof(uint16_t));
+}
+
+/* bf16: checkpoint l back into the row (l >= 1 through the staging;
+ * again: only widened, the staging still holds it) */
+static void ck_restore_bf16(blk_run *r, const blk_stack *s, int l, bool again)
+{
+    if (l == 0) {
+        r->k->upload(r->d, s->ck_slot[0], ck_host_at(r, s, 0), ck_bytes(r, s));
+        return;
+    }
+    size_t n = (size_t)r->N * (size_t)s->ck_C;
+    uint16_t *bf = (uint16_t *)s->ck_slot[1];
+    if (!again)
+        r->k->upload(r->d, bf, ck_host_at(r, s, l), n * sizeof(uint16_t));
+    r->k->widen16(r->d, s->ck_slot[0], bf, n, 0);
+}
+
+/* The copies are the device's download / upload, in the compute order:
+ * on CPU devices memcpy between the device budget and host memory. */
+static void layers_forward_offload(blk_run *r, const blk_stack *s, int want_grad)
+{
+    bool bf16 = r->m->cfg.act_bf16;
+    if (bf16 && want_grad) /* block 0's input, before block 0 writes over it */
+        r->k->download(r->d, ck_host_at(r, s, 0), s->ck_slot[0], ck_bytes(r, s));
+    for (int l = 0; l < s->L; l++) {
+        model_layer_begin(r->m, l, false);
+        s->fwd(r, l);
+        model_layer_end(r->m, l, false);
+        if (want_grad && !bf16) /* block l's input, before block l + 1 writes over its slot */
+            r->k->download(r->d, ck_host_at(r, s, l), s->ck_slot[l % 2], ck_bytes(r, s));
+        if (bf16 && l < s->L - 1)
+            ck_round_output(r, s, l, want_grad);
+    }
+}
+
+static void layers_backward_offload(blk_run *r, const blk_stack *s, blk_layer_fn refwd,
+                                    void (*done)(void *ctx, int layer), void *ctx)
+{
+    bool bf16 = r->m->cfg.act_bf16;
+    for (int l = s->L - 1; l >= 0; l--) {
+        model_layer_begin(r->m, l, true);
+        if (bf16) /* the row holds the next block's input (l = L-1: the output) */
+            ck_restore_bf16(r, s, l, false);
+        else if (l < s->L - 1) /* block L-1's input is still in its slot */
+            r->k->upload(r->d, s->ck_slot[l % 2], ck_host_at(r, s, l), ck_bytes(r, s));
+        refwd(r, l);
+        if (bf16) /* the recomputed output went over the input: the input again */
+            ck_restore_bf16(r, s, l, true);
+        s->bwd(r, l);
+        model_layer_end(r->m, l, true);
+        if (done != NULL)
+            done(ctx, l);
+    }
+}
+
+/* The final norm's backward from the head's dx (parked in dresid) with
+ * dln one chunk of rows: per chunk, as the whole-N path does per row. */
+static void final_norm_bwd_chunked(blk_run *r, const blk_stack *s)
+{
+    size_t C = (size_t)s->norm->C;
+    for (int n0 = 0; n0 < r->N; n0 += s->tok_chunk) {
+        int nc = r->N - n0 < s->tok_chunk ? r->N - n0 : s->tok_chunk;
+        blk_run c = blk_rows(r, n0, nc);
+        float *dres = s->dresid + (size_t)n0 * C;
+        r->k->copy(r->d, s->dln, dres, (size_t)nc * C * sizeof(float));
+        r->k->zero(r->d, dres, (size_t)nc * C * sizeof(float));
+        blk_norm_bwd(&c, s->norm, dres, s->dln, s->xL + (size_t)n0 * C,
+                     s->lnf_mean != NULL ? s->lnf_mean + n0 : NULL, s->lnf_rstd + n0);
+    }
+}
+
 /* ---- the whole stack */
 
 void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, const int *tokens,
@@ -587,7 +745,10 @@ void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, con
 {
     blk_inputs_upload(r, in, tokens, targets, weights);
     blk_embed_fwd(r, s->emb, s->x0, in->tokens);
-    blk_layers_forward(r, s->L, s->fwd);
+    if (s->ck_host != NULL)
+        layers_forward_offload(r, s, want_grad);
+    else
+        blk_layers_forward(r, s->L, s->fwd);
     blk_norm_fwd(r, s->norm, s->lnf, s->lnf_mean, s->lnf_rstd, s->xL);
     if (lean(r)) { /* the head's dx parked in dresid until the backward */
         if (want_grad)
@@ -600,10 +761,15 @@ void blk_stack_forward(blk_run *r, const blk_stack *s, const blk_inputs *in, con
     }
 }
 
-void blk_stack_backward(blk_run *r, const blk_stack *s, const int *tokens,
-                        void (*done)(void *ctx, int layer), void *ctx)
+/* d(loss)/d(xL) into dresid: the head's backward (lean: done in the
+ * forward, its dx parked in dresid) and the final norm's. */
+static void head_norm_bwd(blk_run *r, const blk_stack *s)
 {
     size_t nc = (size_t)r->N * (size_t)s->norm->C * sizeof(float);
+    if (lean(r) && s->tok_chunk > 0) {
+        final_norm_bwd_chunked(r, s);
+        return;
+    }
     if (lean(r)) { /* the chunked head ran in the forward: its dx is in dresid */
         r->k->copy(r->d, s->dln, s->dresid, nc);
         r->k->zero(r->d, s->dresid, nc);
@@ -614,7 +780,17 @@ void blk_stack_backward(blk_run *r, const blk_stack *s, const int *tokens,
         blk_head_bwd(r, s->head, s->dln, s->logits, s->lnf);
     }
     blk_norm_bwd(r, s->norm, s->dresid, s->dln, s->xL, s->lnf_mean, s->lnf_rstd);
-    blk_layers_backward(r, s->L, s->fwd, s->bwd, done, ctx);
+}
+
+void blk_stack_backward(blk_run *r, const blk_stack *s, const int *tokens,
+                        void (*done)(void *ctx, int layer), void *ctx)
+{
+    blk_layer_fn refwd = s->refwd != NULL ? s->refwd : s->fwd;
+    head_norm_bwd(r, s);
+    if (s->ck_host != NULL)
+        layers_backward_offload(r, s, refwd, done, ctx);
+    else
+        blk_layers_backward(r, s->L, refwd, s->bwd, done, ctx);
     blk_embed_bwd(r, s->emb, s->dresid, tokens);
     if (done != NULL)
         done(ctx, -1);

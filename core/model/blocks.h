@@ -76,6 +76,10 @@ typedef struct blk_run {
 
 /* A run over nseq sequences of m->T tokens. */
 blk_run blk_run_of(model *m, int nseq);
+/* Rows [n0, n0 + n) of r as a run of their own, for per-token ops (norms,
+ * linears, activations, residuals; not rotary or attention): N = n, LoRA's
+ * kept u at those rows of each adapter's [B*T, r]. */
+blk_run blk_rows(const blk_run *r, int n0, int n);
 
 /* ---- weights (layout offsets) */
 
@@ -289,8 +293,31 @@ typedef struct blk_stack {
     float *x0, *xL;             /* the embedding's output (block 0's input), block L-1's output */
     float *lnf, *lnf_mean, *lnf_rstd; /* the final norm's output and statistics */
     float *logits, *losses;
-    float *dresid, *dln;        /* [N, C] backward scratch */
+    float *dresid, *dln;        /* [N, C] backward scratch (dln: one token chunk with tok_chunk) */
+    /* recompute mode, optional (zero: none) */
+    blk_layer_fn refwd;         /* the backward's recomputation of a block (NULL: fwd) */
+    int tok_chunk;              /* > 0: the final norm's backward in chunks of this many rows */
+    /* act_offload: block l's input lives in device slot ck_slot[l % 2] (x0
+     * is ck_slot[0], xL ck_slot[L % 2]); after block l's forward it is
+     * downloaded to ck_host + l * ck_stride, and uploaded back before block
+     * l's recomputation (block L-1's never left its slot). With act_bf16
+     * ck_slot[0] is the one fp32 row every block reads and overwrites,
+     * ck_slot[1] its bf16 staging, and the host checkpoints after the first
+     * are bf16 (blocks.c "activation checkpoints in host memory") */
+    float *ck_slot[2];
+    float *ck_host;             /* [L][ck_stride] host floats, or NULL: no offload */
+    size_t ck_stride;           /* floats per checkpoint (m->B * T * C) */
+    int ck_C;                   /* floats per row of a checkpoint */
 } blk_stack;
+
+/* Block l's input (l = L: the last block's output) where the embedding's
+ * output is at enc and block l's output at outs + l B T C (stored or
+ * recomputed); with act_offload (model_act_offload) device slot l % 2 of
+ * outs (two of B T C floats; enc unused). */
+float *blk_ck_at(const model *m, float *enc, float *outs, int l);
+/* With act_offload in m's mode, s's ck_* fields over those slots and
+ * m->ck_host; nothing otherwise. */
+void blk_stack_ck(const model *m, float *outs, blk_stack *s);
 
 /* Upload the inputs, embed, the blocks (blk_layers_forward), final norm,
  * head and loss. With lean_acts and want_grad the head's backward runs here
@@ -360,7 +387,18 @@ void blk_acts_free(model *m, void **mem, float **ptr, int n);
  * norm, the logits, the statistics and every gradient stay fp32. Bytes:
  * 2 per stored value, the store one more array of the family's
  * allocation (rounded up as blk_acts_bytes rounds floats); for L >= 2 a
- * bf16 job's activations are smaller than fp32's (L = 1: equal). */
+ * bf16 job's activations are smaller than fp32's (L = 1: equal).
+ *
+ * With act_offload in recompute mode (model_act_offload: host
+ * checkpoints) the store is not allocated (blk_keep_on is false): the
+ * same rounding points hold, the host keeps the checkpoints instead
+ * (the embedding's output in fp32, blocks 0 .. L-2's rounded outputs in
+ * bf16: model_act_host_bytes), and the device one fp32 row plus a bf16
+ * staging (blk_ck_floats); blk_stack_forward / _backward move them
+ * (blocks.c "activation checkpoints in host memory"). The results are
+ * the bits of bf16 recompute without offload. Token chunks (lean_tokens)
+ * read the same row: a chunk reads its input rows before it writes its
+ * output rows. */
 
 typedef struct blk_keep {
     int n;                         /* the family's kept arrays (stored mode; 0 with recompute) */
@@ -383,6 +421,15 @@ size_t blk_inner_slot(const model *m, int l);
 uint64_t blk_resid_rows(const model_config *c);
 /* The row block l's output goes to: l, or 0. */
 size_t blk_resid_row(const model *m, int l);
+/* Floats a family allocates for the blocks' inputs and outputs (past the
+ * embedding's output), btc = B*T*C: with act_offload in this mode
+ * (model_act_offload) two rows (the device slots), or with act_bf16 one
+ * row and a bf16 staging row (btc / 2 floats, rounded up); otherwise
+ * blk_resid_rows rows. */
+uint64_t blk_ck_floats(const model_config *c, int recompute, uint64_t btc);
+/* The bf16 store in use (act_bf16 without act_offload in this mode); with
+ * act_offload the host checkpoints take its place (blk_stack.ck_host). */
+bool blk_keep_on(const model_config *c, int recompute);
 /* Floats of the bf16 store (0 without act_bf16): L-1 blocks' outputs of
  * row_vals values each and, without recompute, L-1 blocks' kept arrays
  * (cnt[kept[i]], the slot's counts), at 2 bytes a value (saturated). */

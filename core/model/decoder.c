@@ -242,6 +242,12 @@ static const int kept[] = {A_LN1, A_Q, A_K, A_V, A_ATTY, A_RESID2, A_LN2, A_GATE
 #define NKEPT ((int)(sizeof kept / sizeof kept[0]))
 _Static_assert(sizeof kept / sizeof kept[0] <= BLK_KEEP_MAX, "blk_keep holds BLK_KEEP_MAX arrays");
 
+/* lean_tokens in effect: a recomputed block's per-token parts in chunks */
+static bool tok_mode(const model_config *c, int recompute)
+{
+    return c->lean_acts && c->lean_tokens && recompute;
+}
+
 static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int T, int recompute,
                            uint64_t *cnt)
 {
@@ -251,36 +257,43 @@ static uint64_t act_counts(const dec_desc *d, const model_config *c, int B, int 
     uint64_t Lk = blk_inner_layers(c, recompute); /* the other inner arrays */
     uint64_t QD = NH * hs, KD = NKV * hs, I = (uint64_t)c->intermediate_size;
     uint64_t btc = acc_sat_mul_u64(BT, C), btq = acc_sat_mul_u64(BT, QD);
-    uint64_t btk = acc_sat_mul_u64(BT, KD), bti = acc_sat_mul_u64(BT, I);
+    uint64_t btk = acc_sat_mul_u64(BT, KD);
     uint64_t R = (uint64_t)c->lora.r, wide = C > QD ? C : QD, btr = acc_sat_mul_u64(BT, R);
     uint64_t logits = acc_sat_mul_u64(blk_head_rows(BT, c),
                                       (uint64_t)c->padded_vocab_size);
     uint64_t qk = d->qk_norm ? 1 : 0, sw = d->sandwich ? 1 : 0;
     wide = I > wide ? I : wide;
+    /* the per-token arrays hold one token chunk in tok_mode (Ls is 1 then),
+     * all B x T rows otherwise; the blocks' outputs blk_ck_floats: L rows,
+     * or one (act_bf16: the others in A_KEEP), or with act_offload the
+     * device slots (the checkpoints on the host; no A_ENC then) */
+    bool off = model_act_offload(c, recompute);
+    uint64_t rows = tok_mode(c, recompute) ? model_linear_rows(c, BT, recompute) : BT;
+    uint64_t rc_ = acc_sat_mul_u64(rows, C), ri = acc_sat_mul_u64(rows, I);
     uint64_t per[A_COUNT] = {
-        [A_ENC] = btc, [A_RESID] = acc_sat_mul_u64(blk_resid_rows(c), btc),
-        [A_LN1] = acc_sat_mul_u64(Lk, btc), [A_RSTD1] = acc_sat_mul_u64(Ls, BT),
+        [A_ENC] = off ? 0 : btc, [A_RESID] = blk_ck_floats(c, recompute, btc),
+        [A_LN1] = acc_sat_mul_u64(Lk, rc_), [A_RSTD1] = acc_sat_mul_u64(Ls, rows),
         [A_Q] = acc_sat_mul_u64(Lk, btq), [A_K] = acc_sat_mul_u64(Lk, btk),
         [A_V] = acc_sat_mul_u64(Lk, btk), [A_ATTY] = acc_sat_mul_u64(Lk, btq),
-        [A_LSE] = acc_sat_mul3_u64(Ls, BT, NH), [A_RESID2] = acc_sat_mul_u64(Lk, btc),
-        [A_LN2] = acc_sat_mul_u64(Lk, btc), [A_RSTD2] = acc_sat_mul_u64(Ls, BT),
-        [A_GATE] = acc_sat_mul_u64(Lk, bti), [A_UP] = acc_sat_mul_u64(Lk, bti),
-        [A_H] = acc_sat_mul_u64(Lk, bti), [A_LNF] = btc, [A_RSTDF] = BT,
+        [A_LSE] = acc_sat_mul3_u64(Ls, BT, NH), [A_RESID2] = acc_sat_mul_u64(Lk, rc_),
+        [A_LN2] = acc_sat_mul_u64(Lk, rc_), [A_RSTD2] = acc_sat_mul_u64(Ls, rows),
+        [A_GATE] = acc_sat_mul_u64(Lk, ri), [A_UP] = acc_sat_mul_u64(Lk, ri),
+        [A_H] = acc_sat_mul_u64(Lk, ri), [A_LNF] = btc, [A_RSTDF] = BT,
         [A_LOGITS] = logits, [A_LOSSES] = BT,
-        [A_DRESID] = btc, [A_DLN] = btc, [A_DATTY] = btq, [A_DQ] = btq, [A_DK] = btk,
-        [A_DV] = btk, [A_DH] = bti, [A_DGATE] = bti, [A_DUP] = bti,
+        [A_DRESID] = btc, [A_DLN] = rc_, [A_DATTY] = btq, [A_DQ] = btq, [A_DK] = btk,
+        [A_DV] = btk, [A_DH] = ri, [A_DGATE] = ri, [A_DUP] = ri,
         [A_ATT_SCRATCH] = c->lean_acts ? KERN_ATT_LEAN_SCRATCH(T, NH)
                                        : acc_sat_mul3_u64(2 * NH, (uint64_t)T, (uint64_t)T),
         [A_COS] = blk_rope_floats(T, (int)hs), [A_SIN] = blk_rope_floats(T, (int)hs),
         [A_TOKENS] = BT, [A_TARGETS] = BT, [A_WEIGHTS] = BT, [A_POS] = BT,
         [A_LORA_U] = acc_sat_mul3_u64(Lk, (uint64_t)blk_lora_per_layer(c), btr),
-        [A_LORA_TMP] = R > 0 ? acc_sat_mul_u64(BT, wide) : 0, [A_LORA_DU] = btr,
+        [A_LORA_TMP] = R > 0 ? acc_sat_mul_u64(rows, wide) : 0, [A_LORA_DU] = acc_sat_mul_u64(rows, R),
         [A_QRAW] = acc_sat_mul3_u64(qk, Lk, btq), [A_KRAW] = acc_sat_mul3_u64(qk, Lk, btk),
         [A_QRSTD] = acc_sat_mul3_u64(qk, Ls, BT * NH), [A_KRSTD] = acc_sat_mul3_u64(qk, Ls, BT * NKV),
         [A_DQRAW] = qk * btq, [A_DKRAW] = qk * btk,
-        [A_AO] = acc_sat_mul3_u64(sw, Lk, btc), [A_RSTDAO] = acc_sat_mul3_u64(sw, Ls, BT),
-        [A_FO] = acc_sat_mul3_u64(sw, Lk, btc), [A_RSTDFO] = acc_sat_mul3_u64(sw, Ls, BT),
-        [A_DBR] = sw * btc,
+        [A_AO] = acc_sat_mul3_u64(sw, Lk, rc_), [A_RSTDAO] = acc_sat_mul3_u64(sw, Ls, rows),
+        [A_FO] = acc_sat_mul3_u64(sw, Lk, rc_), [A_RSTDFO] = acc_sat_mul3_u64(sw, Ls, rows),
+        [A_DBR] = sw * rc_,
         [A_RAWLOGITS] = c->final_logit_softcapping > 0 ? logits : 0,
     };
     per[A_KEEP] = blk_keep_floats(c, recompute, per, kept, NKEPT, btc);
@@ -442,7 +455,7 @@ int dec_acts_alloc(model *m, acc_err *err)
         rc = blk_acts_alloc(m, cnt, A_COUNT, &s->mem, s->a, err);
     if (rc != 0)
         return rc;
-    if (m->cfg.act_bf16)
+    if (blk_keep_on(&m->cfg, m->recompute))
         blk_keep_init(&s->keep, m, s->a, cnt, kept, NKEPT, s->a[A_RESID], s->a[A_KEEP]);
     s->rope.cos = s->a[A_COS];
     s->rope.sin = s->a[A_SIN];
@@ -457,7 +470,7 @@ static blk_run run_of(model *m, int nseq)
     dec_state *s = S(m);
     blk_run r = blk_run_of(m, nseq);
     r.pos = s->packed ? (const int *)s->a[A_POS] : NULL;
-    r.keep = m->cfg.act_bf16 ? &s->keep : NULL;
+    r.keep = blk_keep_on(&m->cfg, m->recompute) ? &s->keep : NULL;
     r.lora = (blk_lora_acts){s->a[A_LORA_U], s->a[A_LORA_TMP], s->a[A_LORA_DU],
                              s->lora_per_layer};
     return r;
@@ -470,6 +483,13 @@ typedef struct block_acts {
     blk_ffn_acts ffn;
 } block_acts;
 
+/* Block l's input (l = L: the last block's output): the embedding's output
+ * and the blocks' outputs, or with act_offload device slot l % 2. */
+static float *ck_at(const model *m, int l)
+{
+    return blk_ck_at(m, S(m)->a[A_ENC], S(m)->a[A_RESID], l);
+}
+
 static block_acts block_at(const model *m, int l)
 {
     float *const *a = S(m)->a;
@@ -480,12 +500,12 @@ static block_acts block_at(const model *m, int l)
     size_t k = blk_inner_slot(m, l); /* the other inner arrays */
     bool qk = S(m)->desc.qk_norm, sw = S(m)->desc.sandwich;
     return (block_acts){
-        .x = l == 0 ? a[A_ENC] : a[A_RESID] + blk_resid_row(m, l - 1) * bt * C,
+        .x = ck_at(m, l),
         .ln1 = a[A_LN1] + k * bt * C, .rstd1 = a[A_RSTD1] + s * bt,
         .q = a[A_Q] + k * bt * QD, .k = a[A_K] + k * bt * KD, .v = a[A_V] + k * bt * KD,
         .atty = a[A_ATTY] + k * bt * QD, .lse = a[A_LSE] + s * bt * NH,
         .resid2 = a[A_RESID2] + k * bt * C, .ln2 = a[A_LN2] + k * bt * C,
-        .rstd2 = a[A_RSTD2] + s * bt, .out = a[A_RESID] + blk_resid_row(m, l) * bt * C,
+        .rstd2 = a[A_RSTD2] + s * bt, .out = ck_at(m, l + 1),
         .qraw = qk ? a[A_QRAW] + k * bt * QD : NULL, .kraw = qk ? a[A_KRAW] + k * bt * KD : NULL,
         .qrstd = qk ? a[A_QRSTD] + s * bt * NH : NULL, .krstd = qk ? a[A_KRSTD] + s * bt * NKV : NULL,
         .ao = sw ? a[A_AO] + k * bt * C : NULL, .rstdao = sw ? a[A_RSTDAO] + s * bt : NULL,
@@ -592,16 +612,189 @@ static void block_backward(blk_run *r, int l)
     blk_norm_bwd(r, &b->ln1, a[A_DRESID], a[A_DLN], x.x, NULL, x.rstd1);
 }
 
+/* ---- a recomputed block in token chunks (model_config.lean_tokens)
+ *
+ * The per-token parts (norms, projections, residuals, the FFN) run on
+ * chunks of blk_head_chunk rows through blk_rows, with the same kernel
+ * calls per chunk as block_forward / block_backward make on all rows; only
+ * attention and rotary run on the whole sequence. So the arrays of those
+ * parts hold one chunk (act_counts), and q, k, v, the attention's output
+ * and lse are the whole-sequence ones. Row results are the same bits; the
+ * weight gradients are summed chunk by chunk (fp32 summation order). */
+
+static int tok_chunk(const model *m)
+{
+    return blk_head_chunk(&m->cfg);
+}
+
+/* Rows [n0, n0 + *nc) of r's chunk at n0. */
+static blk_run chunk_at(const blk_run *r, int n0, int *nc)
+{
+    int ch = tok_chunk(r->m);
+    *nc = r->N - n0 < ch ? r->N - n0 : ch;
+    return blk_rows(r, n0, *nc);
+}
+
+/* ln1 -> q, k, v chunk by chunk (q / k normed per head), then rotary and
+ * attention over the whole sequence: x->atty, x->lse. */
+static void attn_whole_tok(blk_run *r, int l, const block_acts *x)
+{
+    dec_state *s = S(r->m);
+    const dec_block *b = &s->blk[l];
+    bool qk = s->desc.qk_norm;
+    size_t C = (size_t)b->ln1.C, QD = (size_t)b->q.out, KD = (size_t)b->k.out;
+    int NH = b->attn.NH, NKV = b->attn.NKV, nc;
+    for (int n0 = 0; n0 < r->N; n0 += nc) {
+        blk_run c = chunk_at(r, n0, &nc);
+        size_t o = (size_t)n0;
+        blk_norm_fwd(&c, &b->ln1, x->ln1, NULL, x->rstd1, x->x + o * C);
+        blk_linear_fwd(&c, l, &b->q, (qk ? x->qraw : x->q) + o * QD, x->ln1);
+        blk_linear_fwd(&c, l, &b->k, (qk ? x->kraw : x->k) + o * KD, x->ln1);
+        blk_linear_fwd(&c, l, &b->v, x->v + o * KD, x->ln1);
+        if (qk) {
+            blk_run rq = heads_of(&c, NH), rk = heads_of(&c, NKV);
+            blk_norm_fwd(&rq, &b->qn, x->q + o * QD, NULL, x->qrstd + o * (size_t)NH,
+                         x->qraw + o * QD);
+            blk_norm_fwd(&rk, &b->kn, x->k + o * KD, NULL, x->krstd + o * (size_t)NKV,
+                         x->kraw + o * KD);
+        }
+    }
+    blk_rope_fwd(r, &s->rope, x->q, NH);
+    blk_rope_fwd(r, &s->rope, x->k, NKV);
+    blk_attn_fwd(r, &b->attn, x->atty, x->lse, s->a[A_ATT_SCRATCH], x->q, x->k, x->v);
+}
+
+/* The chunk c at row n0 after attention: output projection, residual,
+ * ln2, FFN, and the block's output rows into out (NULL: not needed; the
+ * sandwich norm's rstd still is). Leaves the chunk's activations. */
+static void tail_fwd_tok(blk_run *c, int l, const block_acts *x, size_t n0, float *out)
+{
+    dec_state *s = S(c->m);
+    const dec_block *b = &s->blk[l];
+    bool sw = s->desc.sandwich;
+    size_t C = (size_t)b->ln1.C, QD = (size_t)b->q.out;
+    float *tmp = s->a[A_DLN];
+    float *ao = sw ? x->ao : tmp;
+    blk_linear_fwd(c, l, &b->o, ao, x->atty + n0 * QD);
+    residual_fwd(c, &b->pa, sw, x->resid2, x->x + n0 * C, ao, x->rstdao, tmp);
+    blk_norm_fwd(c, &b->ln2, x->ln2, NULL, x->rstd2, x->resid2);
+    float *fo = sw ? x->fo : tmp;
+    blk_ffn_fwd(c, l, &b->ffn, &x->ffn, fo, x->ln2);
+    if (out != NULL)
+        residual_fwd(c, &b->pf, sw, out + n0 * C, x->resid2, fo, x->rstdfo, tmp);
+    else if (sw)
+        blk_norm_fwd(c, &b->pf, tmp, NULL, x->rstdfo, fo);
+}
+
+static void block_forward_tok(blk_run *r, int l)
+{
+    block_acts x = block_at(r->m, l);
+    attn_whole_tok(r, l, &x);
+    int nc;
+    for (int n0 = 0; n0 < r->N; n0 += nc) {
+        blk_run c = chunk_at(r, n0, &nc);
+        tail_fwd_tok(&c, l, &x, (size_t)n0, x.out);
+    }
+}
+
+/* The backward's recomputation: what outlives a chunk (attention's). */
+static void block_refwd_tok(blk_run *r, int l)
+{
+    block_acts x = block_at(r->m, l);
+    attn_whole_tok(r, l, &x);
+}
+
+/* The FFN half and the output projection's backward, chunk by chunk (each
+ * chunk's tail recomputed first): dresid becomes d(resid2), DATTY d(atty). */
+static void tail_bwd_tok(blk_run *r, int l, const block_acts *x)
+{
+    dec_state *s = S(r->m);
+    float *const *a = s->a;
+    const dec_block *b = &s->blk[l];
+    bool sw = s->desc.sandwich;
+    size_t C = (size_t)b->ln1.C, QD = (size_t)b->q.out;
+    blk_ffn_grads fg = {a[A_DH], a[A_DGATE], a[A_DUP]};
+    r->k->zero(r->d, a[A_DATTY], (size_t)r->N * QD * sizeof(float));
+    int nc;
+    for (int n0 = 0; n0 < r->N; n0 += nc) {
+        blk_run c = chunk_at(r, n0, &nc);
+        size_t o = (size_t)n0;
+        float *dres = a[A_DRESID] + o * C;
+        tail_fwd_tok(&c, l, x, o, NULL);
+        const float *dy = branch_bwd(&c, &b->pf, sw, a[A_DBR], dres, x->fo, x->rstdfo);
+        blk_ffn_bwd(&c, l, &b->ffn, &x->ffn, &fg, a[A_DLN], dy, x->ln2);
+        blk_norm_bwd(&c, &b->ln2, dres, a[A_DLN], x->resid2, NULL, x->rstd2);
+        dy = branch_bwd(&c, &b->pa, sw, a[A_DBR], dres, x->ao, x->rstdao);
+        blk_linear_bwd(&c, l, &b->o, a[A_DATTY] + o * QD, dy, x->atty + o * QD);
+    }
+}
+
+/* The q, k, v projections' and ln1's backward chunk by chunk (ln1
+ * recomputed per chunk) from dq, dk, dv: dresid becomes d(block input). */
+static void qkv_bwd_tok(blk_run *r, int l, const block_acts *x, const float *dq,
+                        const float *dk)
+{
+    dec_state *s = S(r->m);
+    float *const *a = s->a;
+    const dec_block *b = &s->blk[l];
+    size_t C = (size_t)b->ln1.C, QD = (size_t)b->q.out, KD = (size_t)b->k.out;
+    int nc;
+    for (int n0 = 0; n0 < r->N; n0 += nc) {
+        blk_run c = chunk_at(r, n0, &nc);
+        size_t o = (size_t)n0;
+        blk_norm_fwd(&c, &b->ln1, x->ln1, NULL, x->rstd1, x->x + o * C);
+        r->k->zero(r->d, a[A_DLN], (size_t)nc * C * sizeof(float));
+        blk_linear_bwd(&c, l, &b->q, a[A_DLN], dq + o * QD, x->ln1);
+        blk_linear_bwd(&c, l, &b->k, a[A_DLN], dk + o * KD, x->ln1);
+        blk_linear_bwd(&c, l, &b->v, a[A_DLN], a[A_DV] + o * KD, x->ln1);
+        blk_norm_bwd(&c, &b->ln1, a[A_DRESID] + o * C, a[A_DLN], x->x + o * C, NULL, x->rstd1);
+    }
+}
+
+/* block_backward's order, the per-token parts in chunks (after
+ * block_refwd_tok). */
+static void block_backward_tok(blk_run *r, int l)
+{
+    dec_state *s = S(r->m);
+    float *const *a = s->a;
+    const dec_block *b = &s->blk[l];
+    block_acts x = block_at(r->m, l);
+    size_t N = (size_t)r->N, f = sizeof(float);
+    tail_bwd_tok(r, l, &x);
+    r->k->zero(r->d, a[A_DQ], N * (size_t)b->q.out * f);
+    r->k->zero(r->d, a[A_DK], N * (size_t)b->k.out * f);
+    r->k->zero(r->d, a[A_DV], N * (size_t)b->v.out * f);
+    blk_attn_bwd(r, &b->attn, a[A_DQ], a[A_DK], a[A_DV], a[A_ATT_SCRATCH], a[A_DATTY], x.q, x.k,
+                 x.v, x.lse, x.atty);
+    blk_rope_bwd(r, &s->rope, a[A_DQ], b->attn.NH);
+    blk_rope_bwd(r, &s->rope, a[A_DK], b->attn.NKV);
+    float *dq = a[A_DQ], *dk = a[A_DK];
+    if (s->desc.qk_norm) {
+        blk_run rq = heads_of(r, b->attn.NH), rk = heads_of(r, b->attn.NKV);
+        dq = a[A_DQRAW], dk = a[A_DKRAW];
+        r->k->zero(r->d, dq, N * (size_t)b->q.out * f);
+        r->k->zero(r->d, dk, N * (size_t)b->k.out * f);
+        blk_norm_bwd(&rq, &b->qn, dq, a[A_DQ], x.qraw, NULL, x.qrstd);
+        blk_norm_bwd(&rk, &b->kn, dk, a[A_DK], x.kraw, NULL, x.krstd);
+    }
+    qkv_bwd_tok(r, l, &x, dq, dk);
+}
+
 /* the stack around the blocks (blocks.h's skeleton) */
 static blk_stack stack_of(model *m)
 {
     dec_state *s = S(m);
     float *const *a = s->a;
-    return (blk_stack){.emb = &s->emb, .norm = &s->norm, .head = &s->head, .L = m->cfg.n_layer,
-                       .fwd = block_forward, .bwd = block_backward, .x0 = a[A_ENC],
-                       .xL = block_at(m, m->cfg.n_layer).x, .lnf = a[A_LNF],
-                       .lnf_rstd = a[A_RSTDF], .logits = a[A_LOGITS], .losses = a[A_LOSSES],
-                       .dresid = a[A_DRESID], .dln = a[A_DLN]};
+    bool tok = tok_mode(&m->cfg, m->recompute);
+    blk_stack st = {.emb = &s->emb, .norm = &s->norm, .head = &s->head, .L = m->cfg.n_layer,
+                    .fwd = tok ? block_forward_tok : block_forward,
+                    .bwd = tok ? block_backward_tok : block_backward,
+                    .refwd = tok ? block_refwd_tok : NULL, .tok_chunk = tok ? tok_chunk(m) : 0,
+                    .x0 = ck_at(m, 0), .xL = ck_at(m, m->cfg.n_layer), .lnf = a[A_LNF],
+                    .lnf_rstd = a[A_RSTDF], .logits = a[A_LOGITS], .losses = a[A_LOSSES],
+                    .dresid = a[A_DRESID], .dln = a[A_DLN]};
+    blk_stack_ck(m, a[A_RESID], &st);
+    return st;
 }
 
 void dec_forward(model *m, const int *tokens, const int *targets, const float *weights, int nseq,

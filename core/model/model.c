@@ -10,7 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "blocks.h"
 #include "checked.h"
+#include "host_mem.h"
 #include "nf4.h"
 #include "safepath.h"
 
@@ -632,7 +634,59 @@ void model_gemm_extent_of(const model_config *cfg, uint64_t n_tokens, model_gemm
     model_family_of(cfg)->gemm_extent(cfg, n_tokens, out);
 }
 
+bool model_act_offload(const model_config *cfg, int recompute)
+{
+    return cfg->act_offload && recompute;
+}
+
+uint64_t model_act_host_bytes(const model_config *cfg, int B, int T, int recompute)
+{
+    if (!model_act_offload(cfg, recompute) || B <= 0 || T <= 0)
+        return 0;
+    uint64_t btc = acc_sat_mul3_u64((uint64_t)B, (uint64_t)T, (uint64_t)cfg->channels);
+    uint64_t L = (uint64_t)cfg->n_layer;
+    if (cfg->act_bf16) /* checkpoint 0 in fp32, 1 .. L-1 in bf16 (blocks.c) */
+        return acc_sat_mul_u64(btc, acc_sat_add_u64(sizeof(float), acc_sat_mul_u64(L - 1, sizeof(uint16_t))));
+    return acc_sat_mul3_u64(L, btc, sizeof(float));
+}
+
+uint64_t model_linear_rows(const model_config *cfg, uint64_t n_tokens, int recompute)
+{
+    uint64_t ch = (uint64_t)blk_head_chunk(cfg);
+    bool chunked = model_family_of(cfg)->token_chunks && cfg->lean_acts && cfg->lean_tokens && recompute;
+    return chunked && n_tokens > ch ? ch : n_tokens;
+}
+
 /* ---- the handle */
+
+/* The host checkpoints of an offloading mode, from the caller's budget. */
+static int ck_host_alloc(model *m, acc_err *err)
+{
+    uint64_t bytes = model_act_host_bytes(&m->cfg, m->B, m->T, m->recompute);
+    if (bytes == 0)
+        return 0;
+    if (m->host == NULL)
+        return acc_err_set(err, ACC_EINVAL, "activation_checkpointing.offload",
+                           "activation checkpoints in host memory need the job's host-memory budget");
+    if (bytes > SIZE_MAX)
+        return acc_err_set(err, ACC_ENOMEM, "host memory",
+                           "the activation checkpoints (%llu bytes) exceed host memory",
+                           (unsigned long long)bytes);
+    int rc = host_mem_alloc(m->host, (size_t)bytes, (void **)&m->ck_host, err);
+    if (rc == 0)
+        m->ck_host_bytes = (size_t)bytes;
+    else
+        acc_err_prefix(err, "activation checkpoints in host memory");
+    return rc;
+}
+
+static void ck_host_free(model *m)
+{
+    if (m->ck_host != NULL)
+        host_mem_free(m->host, m->ck_host, m->ck_host_bytes);
+    m->ck_host = NULL;
+    m->ck_host_bytes = 0;
+}
 
 int model_acts_alloc(model *m, int B, int recompute, acc_err *err)
 {
@@ -658,7 +712,10 @@ int model_acts_alloc(model *m, int B, int recompute, acc_err *err)
     m->B = B;
     m->recompute = recompute;
     m->act_bytes = bytes;
-    if ((rc = m->family->acts_alloc(m, err)) != 0) {
+    rc = ck_host_alloc(m, err);
+    if (rc == 0 && (rc = m->family->acts_alloc(m, err)) != 0)
+        ck_host_free(m);
+    if (rc != 0) {
         m->B = 0;
         m->act_bytes = 0;
     }
@@ -667,6 +724,7 @@ int model_acts_alloc(model *m, int B, int recompute, acc_err *err)
 
 void model_acts_free(model *m)
 {
+    ck_host_free(m);
     m->family->acts_free(m);
     m->B = 0;
     m->act_bytes = 0;

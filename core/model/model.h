@@ -170,6 +170,19 @@ typedef struct model_config {
      * block computes in fp32 at a time (blocks.h "bf16 activation
      * storage"); false: every activation fp32, as it always was. */
     bool act_bf16;
+    /* Activations in recompute mode (the trainer's recomputation), both
+     * off by default (the spec's lean_activations and
+     * activation_checkpointing.offload set them; docs/engine.md):
+     * lean_tokens, with lean_acts: a decoder block's per-token parts (norms,
+     * projections, MLP, residuals) run in chunks of blk_head_chunk tokens,
+     * only attention's q, k, v, output and lse are kept for the whole
+     * sequence (fp32 results within summation order of the unchunked path);
+     * act_offload: each block's input (the checkpoint the recomputation
+     * starts from) lives in host memory (model.host), copied out after the
+     * block's forward and back into one of two device slots before its
+     * recomputation (bit-identical results). */
+    bool lean_tokens;
+    bool act_offload;
 } model_config;
 
 #define MODEL_QUANT_NONE 0
@@ -307,6 +320,10 @@ struct model_family {
     /* OPTIONAL: true when the forward honours model.positions (packed
      * documents: data.packing); false refuses packing at submit. */
     bool packing;
+    /* OPTIONAL: true when the family honours model_config.lean_tokens (its
+     * linear layers then run on at most blk_head_chunk rows in recompute
+     * mode: model_linear_rows); false: lean_tokens changes nothing. */
+    bool token_chunks;
     /* OPTIONAL (generate.h): run n <= s->chunk tokens (host ids) at
      * positions p0 .. p0+n-1 with the key/value cache `s` (blocks.h's
      * blk_infer: its contract), the last row's logits into s->logits.
@@ -444,6 +461,18 @@ int model_act_bytes(const model_config *cfg, int B, int T, int recompute, uint64
                     acc_err *err);
 /* The linear layers' largest operands for n_tokens (saturated). */
 void model_gemm_extent_of(const model_config *cfg, uint64_t n_tokens, model_gemm_extent *out);
+/* Activation checkpoints in host memory in this mode (cfg->act_offload and
+ * recompute). */
+bool model_act_offload(const model_config *cfg, int recompute);
+/* Host bytes of those checkpoints for B x T: n_layer x B x T x channels
+ * floats; with act_bf16 one B x T x channels of floats (the embedding's
+ * output) and n_layer - 1 of bf16 values (the rounded block outputs,
+ * blocks.h); 0 when not offloading (saturated). */
+uint64_t model_act_host_bytes(const model_config *cfg, int B, int T, int recompute);
+/* Rows the linear layers run on for n_tokens tokens in this mode: n_tokens,
+ * or at most one token chunk (blk_head_chunk) when the family chunks the
+ * recomputed blocks (token_chunks, lean_acts, lean_tokens, recompute). */
+uint64_t model_linear_rows(const model_config *cfg, uint64_t n_tokens, int recompute);
 
 /* ---- the handle */
 
@@ -481,6 +510,14 @@ struct model {
     size_t nheld;         /* floats of params and grads this rank holds: ngrad, or its partition's */
     float *gtail;         /* the caller's tail: grads + ngrad, or (ZeRO-3) past rank 0's
                            * partition, at the same offset on every rank */
+    /* act_offload (model_act_offload): the job's host-memory budget the
+     * checkpoints are allocated from (the caller's; required then), and
+     * the checkpoints themselves, [L][B*T, C] floats, with act_bf16 one
+     * [B*T, C] of floats then [L-1][B*T, C] bf16 values
+     * (model_act_host_bytes) */
+    struct host_mem *host;
+    float *ck_host;
+    size_t ck_host_bytes;
 };
 
 /* Floats past the gradients model_create reserves for its caller. */

@@ -194,13 +194,14 @@ static uint64_t act_counts(const model_config *c, int B, int T, int recompute, u
     uint64_t btc = acc_sat_mul_u64(BT, C), lbtc = acc_sat_mul_u64(Lk, btc);
     uint64_t lbt = acc_sat_mul_u64(Ls, BT), R = (uint64_t)c->lora.r;
     uint64_t btr = acc_sat_mul_u64(BT, R);
+    bool off = model_act_offload(c, recompute); /* the blocks' inputs: two device slots */
     uint64_t per[A_COUNT] = {
-        [A_ENCODED] = btc, [A_LN1] = lbtc, [A_LN1_MEAN] = lbt,
+        [A_ENCODED] = off ? 0 : btc, [A_LN1] = lbtc, [A_LN1_MEAN] = lbt,
         [A_LN1_RSTD] = lbt, [A_QKV] = acc_sat_mul_u64(lbtc, 3), [A_ATTY] = lbtc,
         [A_LSE] = acc_sat_mul3_u64(Ls, BT, NH), [A_ATTPROJ] = lbtc, [A_RESID2] = lbtc,
         [A_LN2] = lbtc, [A_LN2_MEAN] = lbt, [A_LN2_RSTD] = lbt,
         [A_FCH] = acc_sat_mul_u64(lbtc, 4), [A_FCH_GELU] = acc_sat_mul_u64(lbtc, 4),
-        [A_FCPROJ] = lbtc, [A_RESID3] = acc_sat_mul_u64(blk_resid_rows(c), btc), [A_LNF] = btc,
+        [A_FCPROJ] = lbtc, [A_RESID3] = blk_ck_floats(c, recompute, btc), [A_LNF] = btc,
         [A_LNF_MEAN] = BT, [A_LNF_RSTD] = BT,
         [A_LOGITS] = acc_sat_mul_u64(blk_head_rows(BT, c),
                                      (uint64_t)c->padded_vocab_size),
@@ -335,7 +336,7 @@ static int gpt2_acts_alloc(model *m, acc_err *err)
     act_counts(&m->cfg, m->B, m->T, m->recompute, cnt);
     gpt2_state *s = G(m);
     int rc = blk_acts_alloc(m, cnt, A_COUNT, &s->mem, s->a, err);
-    if (rc == 0 && m->cfg.act_bf16)
+    if (rc == 0 && blk_keep_on(&m->cfg, m->recompute))
         blk_keep_init(&s->keep, m, s->a, cnt, kept, NKEPT, s->a[A_RESID3], s->a[A_KEEP]);
     return rc;
 }
@@ -345,7 +346,7 @@ static blk_run run_of(model *m, int nseq)
     float *const *a = G(m)->a;
     blk_run r = blk_run_of(m, nseq);
     r.lora = (blk_lora_acts){a[A_LORA_U], a[A_LORA_TMP], a[A_LORA_DU], G(m)->lora_per_layer};
-    r.keep = m->cfg.act_bf16 ? &G(m)->keep : NULL;
+    r.keep = blk_keep_on(&m->cfg, m->recompute) ? &G(m)->keep : NULL;
     return r;
 }
 
@@ -364,14 +365,14 @@ static block_acts block_at(const model *m, int l)
     size_t s = m->recompute ? 0 : (size_t)l; /* statistics */
     size_t k = blk_inner_slot(m, l);          /* the other inner arrays */
     return (block_acts){
-        .x = l == 0 ? a[A_ENCODED] : a[A_RESID3] + blk_resid_row(m, l - 1) * bt * C,
+        .x = blk_ck_at(m, a[A_ENCODED], a[A_RESID3], l),
         .ln1 = a[A_LN1] + k * bt * C, .ln1_mean = a[A_LN1_MEAN] + s * bt,
         .ln1_rstd = a[A_LN1_RSTD] + s * bt, .qkv = a[A_QKV] + k * bt * 3 * C,
         .atty = a[A_ATTY] + k * bt * C, .lse = a[A_LSE] + s * bt * (size_t)m->cfg.n_head,
         .attproj = a[A_ATTPROJ] + k * bt * C, .resid2 = a[A_RESID2] + k * bt * C,
         .ln2 = a[A_LN2] + k * bt * C, .ln2_mean = a[A_LN2_MEAN] + s * bt,
         .ln2_rstd = a[A_LN2_RSTD] + s * bt, .fcproj = a[A_FCPROJ] + k * bt * C,
-        .out = a[A_RESID3] + blk_resid_row(m, l) * bt * C,
+        .out = blk_ck_at(m, a[A_ENCODED], a[A_RESID3], l + 1),
         .ffn = {a[A_FCH] + k * bt * 4 * C, NULL, a[A_FCH_GELU] + k * bt * 4 * C},
     };
 }
@@ -420,12 +421,14 @@ static blk_stack stack_of(const model *m)
 {
     gpt2_state *s = G(m);
     float *const *a = s->a;
-    return (blk_stack){.emb = &s->emb, .norm = &s->lnf, .head = &s->head, .L = m->cfg.n_layer,
-                       .fwd = block_forward, .bwd = block_backward, .x0 = a[A_ENCODED],
-                       .xL = block_at(m, m->cfg.n_layer).x, .lnf = a[A_LNF],
-                       .lnf_mean = a[A_LNF_MEAN], .lnf_rstd = a[A_LNF_RSTD],
-                       .logits = a[A_LOGITS], .losses = a[A_LOSSES], .dresid = a[A_DRESID],
-                       .dln = a[A_DLN]};
+    blk_stack st = {.emb = &s->emb, .norm = &s->lnf, .head = &s->head, .L = m->cfg.n_layer,
+                    .fwd = block_forward, .bwd = block_backward, .x0 = block_at(m, 0).x,
+                    .xL = block_at(m, m->cfg.n_layer).x, .lnf = a[A_LNF],
+                    .lnf_mean = a[A_LNF_MEAN], .lnf_rstd = a[A_LNF_RSTD],
+                    .logits = a[A_LOGITS], .losses = a[A_LOSSES], .dresid = a[A_DRESID],
+                    .dln = a[A_DLN]};
+    blk_stack_ck(m, a[A_RESID3], &st);
+    return st;
 }
 
 static void gpt2_forward(model *m, const int *tokens, const int *targets, const float *weights,

@@ -191,6 +191,7 @@ const model_family model_family_llama = {
     .layout = llama_layout,
     .act_bytes = llama_act_bytes,
     .gemm_extent = dec_gemm_extent,
+    .token_chunks = true,
     .acts_alloc = dec_acts_alloc,
     .acts_free = dec_acts_free,
     .forward = dec_forward,

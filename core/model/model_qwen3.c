@@ -72,6 +72,7 @@ const model_family model_family_qwen3 = {
     .layout = qwen3_layout,
     .act_bytes = qwen3_act_bytes,
     .gemm_extent = dec_gemm_extent,
+    .token_chunks = true,
     .acts_alloc = dec_acts_alloc,
     .acts_free = dec_acts_free,
     .forward = dec_forward,

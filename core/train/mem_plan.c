@@ -54,10 +54,12 @@ int plan_model_config(const train_cfg *spec, model_config *cfg, acc_err *err)
     int rc = base_config(spec, cfg, err);
     if (rc == 0)
         rc = quantize_config(spec, cfg, err);
-    if (rc == 0)
+    if (rc == 0) {
         cfg->lean_acts = spec->lean_activations;
-    if (rc == 0) /* bf16: the activations stored in bf16 too (blocks.h) */
-        cfg->act_bf16 = spec->precision == SPEC_BF16;
+        cfg->act_bf16 = spec->precision == SPEC_BF16; /* bf16: the activations stored in bf16 too (blocks.h) */
+        cfg->lean_tokens = spec->lean_activations; /* in recompute mode: model.h */
+        cfg->act_offload = spec->activation_offload;
+    }
     if (rc == 0) /* the lora section against the model's modules */
         rc = model_lora_apply(&spec->lora, spec->merge_lora, cfg, err);
     return rc;
@@ -259,6 +261,11 @@ int plan_check_sizes(const train_cfg *spec, acc_err *err)
     if (acc_add_u64(state, acts, &state))
         return acc_err_set(err, ACC_EINVAL, "train_micro_batch_size_per_gpu",
                            "a device's bytes overflow 64-bit sizes");
+    /* the checkpoints in host memory of the largest split */
+    uint64_t ck = model_act_host_bytes(&cfg, mmax, T, 1);
+    if (ck == ACC_SIZE_OVERFLOW || ck > SIZE_MAX)
+        return acc_err_set(err, ACC_EINVAL, "activation_checkpointing.offload",
+                           "the activation checkpoints of %d x %d tokens overflow host sizes", mmax, T);
     /* the trainer's host batch buffers of the largest split (mmax x T) */
     host = plan_host_batch_bytes(spec);
     if (host == ACC_SIZE_OVERFLOW || host > SIZE_MAX)
@@ -270,8 +277,15 @@ int plan_check_sizes(const train_cfg *spec, acc_err *err)
 void plan_workspace(const model_config *cfg, const kern_ops *ops, spec_precision precision,
                     int micro_batch, int seq_len, kern_workspace *out)
 {
+    plan_workspace_mode(cfg, ops, precision, micro_batch, seq_len, false, out);
+}
+
+void plan_workspace_mode(const model_config *cfg, const kern_ops *ops, spec_precision precision,
+                         int micro_batch, int seq_len, bool recompute, kern_workspace *out)
+{
     model_gemm_extent e;
-    model_gemm_extent_of(cfg, acc_sat_mul_u64((uint64_t)micro_batch, (uint64_t)seq_len), &e);
+    uint64_t n = acc_sat_mul_u64((uint64_t)micro_batch, (uint64_t)seq_len);
+    model_gemm_extent_of(cfg, model_linear_rows(cfg, n, recompute), &e);
     kern_workspace_size(ops, &e, precision == SPEC_BF16, out);
 }
 
@@ -298,7 +312,7 @@ uint64_t plan_act_bytes(const model_config *cfg, kern_dev_kind kind, spec_precis
     if (model_act_bytes(cfg, micro_batch, seq_len, recompute, &acts, NULL) != 0)
         return ACC_SIZE_OVERFLOW;
     kern_workspace ws;
-    plan_workspace(cfg, kern_backend_ops(kind), precision, micro_batch, seq_len, &ws);
+    plan_workspace_mode(cfg, kern_backend_ops(kind), precision, micro_batch, seq_len, recompute, &ws);
     return acc_sat_add_u64(acts, acc_sat_add_u64(ws.a_bytes, ws.b_bytes));
 }
 
@@ -344,7 +358,7 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
     if (device_state_parts(cfg, spec->zero_stage, spec->offload_optimizer, spec->devices, 0, p, NULL) != 0)
         memset(p, 0, sizeof *p);
     kern_workspace ws;
-    plan_workspace(cfg, ops, precision, m, seq_len, &ws);
+    plan_workspace_mode(cfg, ops, precision, m, seq_len, r->recompute, &ws);
     p->workspace = acc_sat_add_u64(ws.a_bytes, ws.b_bytes);
     p->workspace = p->workspace <= r->act_bytes ? p->workspace : r->act_bytes;
     p->activations = r->act_bytes - p->workspace;
@@ -392,13 +406,22 @@ uint64_t plan_row_job_host_bytes(const plan_row *r, int ranks_here)
     return acc_sat_mul_u64(r->host_bytes, (uint64_t)(ranks_here > 0 ? ranks_here : 1));
 }
 
-/* The row's host parts this file knows (the batch buffers; the offload
- * modes' parts are set by their own row functions before it), then
+/* The row's host parts this file knows (the batch buffers, the host
+ * activation checkpoints; the optimizer's and the parameters' parts are
+ * set by their modes' own row functions before it), then
  * host_bytes, the sum: call it last. */
-static void row_host(const train_cfg *spec, plan_row *r)
+static void row_host(const model_config *cfg, const train_cfg *spec, plan_row *r)
 {
     r->host.batch = plan_host_batch_bytes(spec);
+    r->host.activations = model_act_host_bytes(cfg, r->micro_batch, spec->model.seq_len, r->recompute);
     r->host_bytes = plan_host_sum(&r->host);
+}
+
+void plan_host_of(const model_config *cfg, int micro_batch, int seq_len, bool recompute,
+                  plan_host_parts *out)
+{
+    memset(out, 0, sizeof *out);
+    out->activations = model_act_host_bytes(cfg, micro_batch, seq_len, recompute);
 }
 
 static plan_row make_row(const model_config *cfg, const train_cfg *spec, const batch_split *split,
@@ -412,7 +435,7 @@ static plan_row make_row(const model_config *cfg, const train_cfg *spec, const b
     r.act_bytes = plan_act_bytes(cfg, kind, spec->precision, m, spec->model.seq_len, recompute);
     r.peak_bytes = acc_sat_add_u64(r.state_bytes, r.act_bytes); /* UINT64_MAX never fits */
     row_parts(cfg, spec, kern_backend_ops(kind), m, &r);
-    row_host(spec, &r);
+    row_host(cfg, spec, &r);
     r.fits = r.device_bytes <= usable;
     /* offload_optimizer: moments, master copy and gradients' copy of rank 0's range */
     r.host.optimizer = plan_host_optim_bytes(cfg, spec->zero_stage, off, spec->devices, 0);

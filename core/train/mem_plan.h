@@ -169,6 +169,18 @@ int plan_check_sizes(const train_cfg *spec, acc_err *err);
 void plan_workspace(const model_config *cfg, const kern_ops *ops, spec_precision precision,
                     int micro_batch, int seq_len, kern_workspace *out);
 
+/* plan_workspace for the linear layers' rows in recompute mode or not
+ * (model_linear_rows: one token chunk with lean_tokens). */
+void plan_workspace_mode(const model_config *cfg, const kern_ops *ops, spec_precision precision,
+                         int micro_batch, int seq_len, bool recompute, kern_workspace *out);
+
+/* The host bytes of a rank that depend on the model's activation mode:
+ * out->activations = the activation checkpoints in host memory
+ * (model_act_host_bytes: act_offload with recompute; what model_acts_alloc
+ * takes from the job's host_mem); the other parts 0. */
+void plan_host_of(const model_config *cfg, int micro_batch, int seq_len, bool recompute,
+                  plan_host_parts *out);
+
 /* Predicted per-device peak for (spec, micro_batch, recompute). */
 int plan_device_bytes(const train_cfg *spec, int micro_batch, bool recompute, uint64_t *bytes,
                       acc_err *err);

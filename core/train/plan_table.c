@@ -17,7 +17,8 @@ static plan_variant own_variant(const train_cfg *spec)
 {
     return (plan_variant){.lora = spec->lora.r > 0, .zero_stage = spec->zero_stage,
                           .recompute = spec->activation_checkpointing,
-                          .qlora = spec->lora.r > 0 && spec->model.quantize_nf4};
+                          .qlora = spec->lora.r > 0 && spec->model.quantize_nf4,
+                          .act_offload = spec->activation_checkpointing && spec->activation_offload};
 }
 
 int plan_spec_at_world(train_cfg *spec, int w, acc_err *err)
@@ -55,6 +56,7 @@ int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_varia
     *out = *spec;
     out->devices = hw->devices;
     out->activation_checkpointing = v->recompute;
+    out->activation_offload = v->recompute && v->act_offload;
     out->micro_auto = true; /* every m is a row */
     out->micro_batch = 0;
     out->accum_steps = 0;
@@ -73,7 +75,7 @@ int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_varia
 static int same_variant(const plan_variant *a, const plan_variant *b)
 {
     return a->lora == b->lora && a->zero_stage == b->zero_stage && a->recompute == b->recompute &&
-           a->qlora == b->qlora;
+           a->qlora == b->qlora && a->act_offload == b->act_offload;
 }
 
 /* The row of variant v with micro batch m, or -1. */
@@ -155,6 +157,7 @@ static int recommend(const train_cfg *spec, plan_table *t, acc_err *err)
     }
     if (start >= 0) {
         v.recompute = rows[start].recompute;
+        v.act_offload = v.recompute && spec->activation_offload;
         t->recommended = find_row(t, &v, rows[start].micro_batch, &t->recommended_group);
     }
     free(own);
@@ -179,9 +182,17 @@ int plan_table_build(const train_cfg *spec, const plan_hw *hw, plan_table *t, ac
                 if (plan_variant_available(spec, hw, &v))
                     rc = add_group(spec, t, &v, err);
             }
+    /* then each recomputing mode with its checkpoints in host memory */
+    for (int lora = 0; rc == 0 && lora < 3; lora++)
+        for (int z = 0; rc == 0 && z < 3; z++) {
+            plan_variant v = {.lora = lora > 0, .zero_stage = z, .recompute = true, .qlora = lora == 2,
+                              .act_offload = true};
+            if (plan_variant_available(spec, hw, &v))
+                rc = add_group(spec, t, &v, err);
+        }
     /* then ZeRO-3 (a full fine-tune's parameters partitioned), the most change */
-    for (int rec = 0; rc == 0 && rec < 2; rec++) {
-        plan_variant v = {.zero_stage = 3, .recompute = rec};
+    for (int rec = 0; rc == 0 && rec < 3; rec++) {
+        plan_variant v = {.zero_stage = 3, .recompute = rec > 0, .act_offload = rec == 2};
         if (plan_variant_available(spec, hw, &v))
             rc = add_group(spec, t, &v, err);
     }
@@ -291,15 +302,17 @@ json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *h
     char why[512];
     plan_row_why(r, hw, why, sizeof why);
     const plan_parts *p = &r->parts;
-    json_t *o = json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}", "mode",
-                     plan_mode_name(v), "zero_stage", v != NULL ? v->zero_stage : 0,
-                     "recompute", r->recompute, "micro_batch", r->micro_batch, "accum_steps", r->accum_steps,
-                     "weights_bytes", plan_bytes_json(p->weights), "gradients_bytes", plan_bytes_json(p->gradients),
-                     "optimizer_bytes", plan_bytes_json(p->optimizer), "activations_bytes",
-                     plan_bytes_json(p->activations), "workspace_bytes", plan_bytes_json(p->workspace),
-                     "rounding_bytes", plan_bytes_json(p->rounding), "runtime_bytes", plan_bytes_json(p->runtime),
-                     "peak_bytes", plan_bytes_json(r->peak_bytes), "device_bytes", plan_bytes_json(r->device_bytes),
-                     "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null());
+    json_t *o = json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o, s:b}",
+                          "mode",
+                          plan_mode_name(v), "zero_stage", v != NULL ? v->zero_stage : 0,
+                          "recompute", r->recompute, "micro_batch", r->micro_batch, "accum_steps", r->accum_steps,
+                          "weights_bytes", plan_bytes_json(p->weights), "gradients_bytes", plan_bytes_json(p->gradients),
+                          "optimizer_bytes", plan_bytes_json(p->optimizer), "activations_bytes",
+                          plan_bytes_json(p->activations), "workspace_bytes", plan_bytes_json(p->workspace),
+                          "rounding_bytes", plan_bytes_json(p->rounding), "runtime_bytes", plan_bytes_json(p->runtime),
+                          "peak_bytes", plan_bytes_json(r->peak_bytes), "device_bytes", plan_bytes_json(r->device_bytes),
+                          "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null(), "act_offload",
+                          v != NULL && v->act_offload && r->recompute);
     json_t *host = row_host_json(r, hw);
     if (o != NULL && host != NULL)
         json_object_update(o, host);

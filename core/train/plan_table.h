@@ -13,7 +13,10 @@
  * B / w, ascending, and names the largest m that fits.
  *
  * Groups are built in the order of least change to a full fine-tune:
- * full before LoRA, ZeRO 0, 1, 2, recomputation off before on. LoRA rows
+ * full before LoRA, ZeRO 0, 1, 2, recomputation off before on; then the
+ * same modes recomputing from checkpoints in host memory
+ * (activation_checkpointing.offload: fewer device bytes, the rows' host
+ * bytes), in that order after all of them. LoRA rows
  * use the spec's lora section; a spec without one gets LoRA rows with
  * PEFT-style settings {r 16, alpha 32, target_modules "all-linear"} when
  * its family takes LoRA (model_lora_apply accepts them), none otherwise.
@@ -56,6 +59,8 @@ typedef struct plan_variant {
     bool recompute;    /* activation recomputation */
     bool qlora;        /* LoRA on a 4-bit NF4 base (model.quantize "nf4";
                         * lora is then true too): mode "qlora" */
+    bool act_offload;  /* with recompute: the checkpoints in host memory
+                        * (activation_checkpointing.offload); the rows' host bytes */
 } plan_variant;
 
 typedef struct plan_group {
@@ -64,7 +69,8 @@ typedef struct plan_group {
     int best;          /* index (in rows) of the largest fitting m; -1: none fits */
 } plan_group;
 
-#define PLAN_MAX_GROUPS 20 /* 3 (full / LoRA / QLoRA) x 3 (ZeRO 0-2) x 2 (recompute), ZeRO-3 x 2 */
+#define PLAN_MAX_GROUPS 30 /* 3 (full / LoRA / QLoRA) x 3 (ZeRO 0-2) x 3 (recompute off, on, on with
+                            * host checkpoints), ZeRO-3 x 3 */
 
 typedef struct plan_table {
     plan_hw hw;

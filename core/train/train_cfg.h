@@ -88,6 +88,8 @@ typedef struct train_cfg {
     spec_precision precision;
     bool activation_checkpointing;
     bool lean_activations;      /* attention without T x T, chunked head + loss */
+    bool activation_offload;    /* the recomputation's checkpoints (each block's input) in host
+                                 * memory (host_mem.h); implies activation_checkpointing */
     int zero_stage;        /* 0 (replicas), 1 (AdamW moments sharded), 2 (and the reduced gradients),
                             * 3 (and the parameters: model_shard.h) */
     spec_optim optim;

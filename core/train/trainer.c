@@ -536,6 +536,7 @@ static int rank_setup(rank_state *rs, acc_err *err)
     if (rc == 0 && (rc = model_create_ex(rs->dev, &t->cfg, &mo, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);
     if (rc == 0) {
+        rs->model->host = &t->host; /* activation checkpoints in host memory */
         t->zero->keep(rs->model->nheld, rs->rank, t->nranks, &rs->zlo, &rs->zhi);
     }
     uint64_t before = rs->dev != NULL ? rs->dev->in_use : 0;
@@ -1134,7 +1135,8 @@ static int alloc_acts(rank_state *rs, acc_err *err)
 {
     model *m = rs->model;
     kern_workspace ws;
-    plan_workspace(&rs->t->cfg, rs->dev->ops, rs->t->spec.precision, rs->split.m, m->T, &ws);
+    plan_workspace_mode(&rs->t->cfg, rs->dev->ops, rs->t->spec.precision, rs->split.m, m->T, rs->recompute,
+                        &ws);
     int rc = model_acts_alloc(m, rs->split.m, rs->recompute, err);
     if (rc == 0 && (rc = kern_device_workspace_reserve(rs->dev, &ws, err)) != 0)
         model_acts_free(m);
@@ -1546,7 +1548,10 @@ static int rank_run(rank_state *rs, acc_err *err)
                  "(%.1f state + %.1f activations), %d threads, %s%s%s%s%s",
                  rs->model->family->name, (double)rs->model->nparams / 1e6,
                  (unsigned long long)data_num_samples(t->train), rs->split.m, rs->split.a, t->nranks,
-                 rs->recompute ? ", activation recomputation" : "",
+                 !rs->recompute ? ""
+                 : model_act_offload(&t->cfg, rs->recompute)
+                     ? ", activation recomputation from checkpoints in host memory"
+                     : ", activation recomputation",
                  (double)(job_state_bytes(t) + rank_act_bytes(rs, rs->split.m)) /
                      (1024.0 * 1024.0),
                  rs->dev->ops->backend, (double)job_state_bytes(t) / (1024.0 * 1024.0),

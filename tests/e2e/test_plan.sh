@@ -68,12 +68,20 @@ expect_eq "24 GiB: largest m" "$(echo "$a" | jq '[.groups[] | select(.mode == "f
 # every micro batch dividing B / w = 8: 1, 2, 4, 8, recompute off and on
 expect_eq "rows per group" "$(echo "$a" | jq -c '[.rows[] | select(.mode == "full" and .recompute == false) | .micro_batch]')" \
     '[1,2,4,8]'
-expect_eq "recompute rows" "$(echo "$a" | jq -c '[.rows[] | select(.mode == "full" and .recompute) | .accum_steps]')" \
+expect_eq "recompute rows" "$(echo "$a" | jq -c '[.rows[] | select(.mode == "full" and .recompute and (.act_offload | not)) | .accum_steps]')" \
     '[8,4,2,1]'
+# recomputing from checkpoints in host memory: L x m x T x C fp32 floats on
+# the host, the same rows with fewer device bytes
+echo "$a" | jq -e '[.rows[] | select(.mode == "full" and .zero_stage == 0 and .recompute)] as $r |
+    ($r | length) == 8 and ([range(4)] | all(. as $i | $r[$i + 4].act_offload and ($r[$i].act_offload | not)
+        and $r[$i + 4].host_activations_bytes == 32 * $r[$i + 4].micro_batch * 4096 * 4096 * 4
+        and $r[$i + 4].host_bytes >= $r[$i + 4].host_activations_bytes and $r[$i].host_activations_bytes == 0
+        and $r[$i + 4].device_bytes < $r[$i].device_bytes))' >/dev/null ||
+    fail "offload rows: $(echo "$a" | jq -c '[.rows[] | select(.act_offload)][0]')"
 # LoRA rows (no lora section: r 16, alpha 32, all-linear): the adapters' AdamW state only
 expect_eq "LoRA settings" "$(echo "$a" | jq -c '[.lora.r, .lora.alpha, (.lora.target_modules | length), .lora.trainable_params, .lora.from_spec]')" \
     '[16,32,7,39976960,false]'
-echo "$a" | jq -e '[.rows[] | select(.mode == "lora")] | length == 8 and all(.optimizer_bytes == 8 * 39976960
+echo "$a" | jq -e '[.rows[] | select(.mode == "lora")] | length == 12 and all(.optimizer_bytes == 8 * 39976960
     and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes + .workspace_bytes == .peak_bytes)' \
     >/dev/null || fail "LoRA rows: $(echo "$a" | jq -c '[.rows[] | select(.mode == "lora")][0]')"
 ok "24 GiB: $why"

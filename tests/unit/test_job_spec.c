@@ -355,11 +355,12 @@ static void test_deepspeed(void **state)
     assert_int_equal(s.lr.type, SPEC_LR_WARMUP_COSINE);
     assert_true(s.lr.cos_min_ratio == 0.1);
 
-    /* DeepSpeed's own activation_checkpointing section means nothing here;
-     * amp enabled is not supported; a misspelt key gets its suggestion */
-    assert_int_equal(parse_with(f, "\"deepspeed\":{\"train_batch_size\":8,\"activation_checkpointing\":{},"
-                                   "\"amp\":{\"enabled\":false}}", &s, &err), 0);
-    assert_non_null(strstr(s.ignored, "deepspeed.activation_checkpointing"));
+    /* DeepSpeed's own activation_checkpointing tuning means nothing here
+     * (cpu_checkpointing does: test_activation_offload); amp enabled is not
+     * supported; a misspelt key gets its suggestion */
+    assert_int_equal(parse_with(f, "\"deepspeed\":{\"train_batch_size\":8,\"activation_checkpointing\":"
+                                   "{\"partition_activations\":true},\"amp\":{\"enabled\":false}}", &s, &err), 0);
+    assert_non_null(strstr(s.ignored, "deepspeed.activation_checkpointing.partition_activations"));
     expect_field(f, "\"deepspeed\":{\"train_batch_size\":8,\"amp\":{\"enabled\":true}}", "deepspeed.amp.enabled");
     assert_int_equal(parse_with(f, "\"deepspeed\":{\"train_batch_size\":8,\"zero_optimisation\":{}}", &s, &err),
                      ACC_EINVAL);
@@ -461,6 +462,60 @@ static void test_lean_activations(void **state)
     assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"lean_activations\":true", &s, &err), 0);
     assert_true(s.lean_activations);
     expect_field(f, "\"train_batch_size\":8,\"lean_activations\":\"yes\"", "lean_activations");
+}
+
+/* activation_checkpointing: a boolean as before, or an object whose
+ * offload (cpu_checkpointing its alias) implies the recomputation; a
+ * DeepSpeed section's cpu_checkpointing when the spec has none of its own */
+static void write_file(const char *path, const char *text);
+
+static void test_activation_offload(void **state)
+{
+    fixture *f = *state;
+    job_spec s;
+    acc_err err = {0};
+    struct { const char *extra; bool rec, off; } ok[] = {
+        {"\"activation_checkpointing\":true", true, false},
+        {"\"activation_checkpointing\":false", false, false},
+        {"\"activation_checkpointing\":{}", true, false},
+        {"\"activation_checkpointing\":{\"enabled\":false}", false, false},
+        {"\"activation_checkpointing\":{\"offload\":true}", true, true},
+        {"\"activation_checkpointing\":{\"enabled\":true,\"offload\":false}", true, false},
+        {"\"activation_checkpointing\":{\"cpu_checkpointing\":true}", true, true},
+        {"\"deepspeed\":{\"activation_checkpointing\":{\"cpu_checkpointing\":true,\"number_checkpoints\":4}}", true, true},
+        {"\"deepspeed\":{\"activation_checkpointing\":{\"partition_activations\":true}}", false, false},
+        {"\"activation_checkpointing\":false,\"deepspeed\":{\"activation_checkpointing\":{\"cpu_checkpointing\":true}}",
+         false, false},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char extra[512];
+        snprintf(extra, sizeof extra, "\"train_batch_size\":8,%s", ok[i].extra);
+        if (parse_with(f, extra, &s, &err) != 0)
+            fail_msg("{%s}: %s: %s", ok[i].extra, err.field, err.msg);
+        if (s.activation_checkpointing != ok[i].rec || s.activation_offload != ok[i].off)
+            fail_msg("{%s}: recompute %d offload %d", ok[i].extra, s.activation_checkpointing, s.activation_offload);
+    }
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8", &s, &err), 0);
+    assert_false(s.activation_checkpointing || s.activation_offload);
+    expect_field(f, "\"train_batch_size\":8,\"activation_checkpointing\":{\"enabled\":false,\"offload\":true}",
+                 "activation_checkpointing.offload");
+    expect_field(f, "\"train_batch_size\":8,\"activation_checkpointing\":{\"offload\":1}",
+                 "activation_checkpointing.offload");
+    expect_field(f, "\"train_batch_size\":8,\"activation_checkpointing\":{\"ofload\":true}",
+                 "activation_checkpointing.ofload");
+    expect_field(f, "\"train_batch_size\":8,\"activation_checkpointing\":\"yes\"", "activation_checkpointing");
+    expect_field(f, "\"train_batch_size\":8,\"deepspeed\":{\"activation_checkpointing\":{\"cpu_checkpointing\":1}}",
+                 "deepspeed.activation_checkpointing.cpu_checkpointing");
+    expect_field(f, "\"train_batch_size\":8,\"deepspeed\":{\"activation_checkpointing\":{\"bogus\":1}}",
+                 "deepspeed.activation_checkpointing.bogus");
+    /* a DeepSpeed config file's section likewise */
+    char path[600];
+    snprintf(path, sizeof path, "%s/data/ds_ckpt.json", f->dir);
+    write_file(path, "{\"train_batch_size\": 8, \"activation_checkpointing\": {\"partition_activations\": false,"
+                     " \"cpu_checkpointing\": true, \"contiguous_memory_optimization\": false}}");
+    assert_int_equal(parse_with(f, "\"deepspeed\":\"ds_ckpt.json\"", &s, &err), 0);
+    assert_true(s.activation_checkpointing && s.activation_offload);
+    assert_non_null(strstr(s.ignored, "deepspeed.activation_checkpointing.contiguous_memory_optimization"));
 }
 
 static void test_zero(void **state)
@@ -895,6 +950,7 @@ int main(void)
         cmocka_unit_test(test_hub_names),
         cmocka_unit_test(test_lean_activations),
         cmocka_unit_test(test_offload_optimizer),
+        cmocka_unit_test(test_activation_offload),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

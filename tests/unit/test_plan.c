@@ -122,11 +122,12 @@ static void test_enumeration(void **state)
     /* per device 6: m = 1, 2, 3, 6; full and LoRA, ZeRO 0, 1, 2 (two
      * devices), recompute off and on: least change first */
     static const int ms[4] = {1, 2, 3, 6};
-    assert_int_equal(t.ngroups, 20); /* and QLoRA, then ZeRO-3 */
-    for (int g = 18; g < 20; g++) { /* full fine-tune, parameters partitioned (model_shard.h) */
+    assert_int_equal(t.ngroups, 30); /* and QLoRA; the 9 with host checkpoints; then ZeRO-3 */
+    for (int g = 27; g < 30; g++) { /* full fine-tune, parameters partitioned (model_shard.h) */
         assert_int_equal(t.groups[g].v.zero_stage, 3);
         assert_false(t.groups[g].v.lora);
-        assert_int_equal(t.groups[g].v.recompute, g % 2);
+        assert_int_equal(t.groups[g].v.recompute, g > 27);
+        assert_int_equal(t.groups[g].v.act_offload, g == 29);
         const plan_row *z3 = &t.rows[t.groups[g].first];
         uint64_t wb, gb;
         model_shard_sizes z;
@@ -142,6 +143,18 @@ static void test_enumeration(void **state)
         assert_int_equal(t.groups[g].v.qlora, g >= 12);
         assert_int_equal(t.groups[g].v.zero_stage, g / 2 % 3);
         assert_int_equal(t.groups[g].v.recompute, g % 2);
+        assert_false(t.groups[g].v.act_offload);
+    }
+    for (int g = 18; g < 27; g++) {
+        const plan_variant *v = &t.groups[g].v;
+        assert_true(v->recompute && v->act_offload);
+        assert_int_equal(v->lora, g >= 21);
+        assert_int_equal(v->qlora, g >= 24);
+        assert_int_equal(v->zero_stage, (g - 18) % 3);
+        /* against the same mode on device checkpoints: fewer device bytes, the rest on the host */
+        const plan_row *on = &t.rows[t.groups[g].first], *dev = &t.rows[t.groups[(g - 18) * 2 + 1].first];
+        assert_true(on->peak_bytes < dev->peak_bytes && on->host.activations > 0 && dev->host.activations == 0);
+        assert_true(on->host_bytes == on->host.batch + on->host.activations);
     }
     /* ZeRO: each rank's moments a shard of stage 0's (rank 0: the ceiling
      * half), gradients and weights whole (docs/engine.md "ZeRO") */
@@ -298,6 +311,7 @@ static void test_measured(void **state)
             train_cfg run;
             llama_spec(&run, 4, r->micro_batch, r->accum_steps, 1);
             run.activation_checkpointing = r->recompute;
+            run.activation_offload = t.groups[g].v.act_offload;
             if (t.groups[g].v.lora) /* the table's default LoRA, as a spec section */
                 run.lora = (spec_lora){.r = 16, .alpha = 32, .all_linear = true};
             run.model.quantize_nf4 = t.groups[g].v.qlora; /* the 4-bit base */
@@ -312,10 +326,11 @@ static void test_measured(void **state)
                           (unsigned long long)r->peak_bytes, (unsigned long long)h.mem_peak[0]);
             assert_true(h.mem_peak[0] == r->peak_bytes);
             assert_true(parts_sum(&r->parts) == h.mem_peak[0]);
+            assert_true(h.host_peak == r->host.activations); /* the checkpoints in host memory */
             checked++;
         }
     }
-    assert_int_equal(checked, 18); /* full, LoRA and QLoRA, m = 1, 2, 4, recompute off and on */
+    assert_int_equal(checked, 27); /* full, LoRA and QLoRA, m = 1, 2, 4, recompute off, on, on offloaded */
     plan_table_free(&t);
 }
 
@@ -347,7 +362,7 @@ static void test_lora_rows(void **state)
             assert_true(parts_sum(p) == t.rows[i].peak_bytes);
         }
     }
-    assert_int_equal(lora_groups, 4); /* LoRA and QLoRA */
+    assert_int_equal(lora_groups, 6); /* LoRA and QLoRA, recompute off, on, on offloaded */
     plan_table_free(&t);
 
     /* the spec's own section: its r; and its full rows drop it */
@@ -378,8 +393,8 @@ static void test_lora_rows(void **state)
         lora_groups++;
         assert_true(t.rows[t.groups[g].first].parts.optimizer == 8ull * 512 * 16 * 2);
     }
-    assert_int_equal(lora_groups, 2);
-    assert_int_equal(t.ngroups, 4);
+    assert_int_equal(lora_groups, 3);
+    assert_int_equal(t.ngroups, 6);
     plan_table_free(&t);
 }
 
@@ -499,12 +514,24 @@ static int bf16_below_fp32(const train_cfg *spec, kern_dev_kind kind, bool whole
         const plan_row *a = &t32.rows[i], *b = &t16.rows[i];
         assert_int_equal(a->micro_batch, b->micro_batch);
         assert_int_equal(a->recompute, b->recompute);
+        /* host checkpoints (on+host rows): bf16 keeps them in bf16 but the
+         * embedding's output (docs/engine.md), below fp32's for L >= 2 */
+        if (!(b->host.activations <= a->host.activations) ||
+            (a->host.activations > 0 && !(b->host.activations < a->host.activations)))
+            fail_msg("row %d (m %d): bf16 host checkpoints %llu, fp32 %llu", i, a->micro_batch,
+                     (unsigned long long)b->host.activations, (unsigned long long)a->host.activations);
+        /* on+host rows: bf16 saves half a row of N x C on the device (one
+         * fp32 row + its bf16 staging vs two fp32 slots), less than CUDA's
+         * bf16 operand buffers add for LLaMA-2-7B: there only the
+         * activations (and on CPU the peak) are compared */
+        bool on_host = a->host.activations > 0;
         if (!(b->parts.activations < a->parts.activations) ||
-            ((kind == KERN_DEV_CPU || whole) && !(b->peak_bytes < a->peak_bytes)))
-            fail_msg("row %d (m %d, recompute %d): bf16 activations %llu, peak %llu; fp32 %llu, %llu",
-                     i, a->micro_batch, a->recompute, (unsigned long long)b->parts.activations,
-                     (unsigned long long)b->peak_bytes, (unsigned long long)a->parts.activations,
-                     (unsigned long long)a->peak_bytes);
+            ((kind == KERN_DEV_CPU || (whole && !on_host)) && !(b->peak_bytes < a->peak_bytes)))
+            fail_msg("row %d (m %d, recompute %d, host checkpoints %llu): bf16 activations %llu, peak %llu; "
+                     "fp32 %llu, %llu",
+                     i, a->micro_batch, a->recompute, (unsigned long long)a->host.activations,
+                     (unsigned long long)b->parts.activations, (unsigned long long)b->peak_bytes,
+                     (unsigned long long)a->parts.activations, (unsigned long long)a->peak_bytes);
     }
     int n = t32.nrows;
     plan_table_free(&t32);
@@ -513,11 +540,13 @@ static int bf16_below_fp32(const train_cfg *spec, kern_dev_kind kind, bool whole
 }
 
 /* bf16 stores activations in bf16 (blocks.h): for every LLaMA config of
- * these tests, every row of the table (full, LoRA, QLoRA; ZeRO; stored and
- * recompute; every m), plain and lean, bf16's peak is below fp32's on CPU
- * devices. On CUDA devices the activations are below too, and for
- * LLaMA-2-7B the whole peak, bf16 operand buffers included (for the tiny
- * model those buffers, sized by its weights, outweigh what it saves). */
+ * these tests, every row of the table (full, LoRA, QLoRA; ZeRO; stored,
+ * recompute and recompute with host checkpoints; every m), plain and lean,
+ * bf16's peak is below fp32's on CPU devices, and its host checkpoints
+ * below fp32's. On CUDA devices the activations are below too, and for
+ * LLaMA-2-7B the whole peak, bf16 operand buffers included, but in the
+ * on+host rows (for the tiny model those buffers, sized by its weights,
+ * outweigh what it saves). */
 static void test_bf16_below_fp32(void **state)
 {
     (void)state;

@@ -46,6 +46,7 @@ static void full_spec(job_spec *s)
     s->precision = SPEC_BF16;
     s->activation_checkpointing = true;
     s->lean_activations = true;
+    s->activation_offload = true;
     s->zero_stage = 2;
     s->optim = (spec_optim){.lr = 3e-4, .beta1 = 0.8, .beta2 = 0.9, .eps = 1e-7, .weight_decay = 0.05, .grad_clip = 2};
     s->lr = (spec_lr){.type = SPEC_LR_WARMUP_COSINE, .warmup_steps = 4, .min_lr = 1e-5, .warmup_min_lr = 1e-6,
@@ -105,6 +106,7 @@ static void test_every_engine_field(void **state)
     assert_int_equal(c->precision, SPEC_BF16);
     assert_true(c->activation_checkpointing);
     assert_true(c->lean_activations);
+    assert_true(c->activation_offload);
     assert_int_equal(c->zero_stage, 2);
     assert_memory_equal(&c->optim, &s->optim, sizeof c->optim);
     assert_memory_equal(&c->lr, &s->lr, sizeof c->lr);
