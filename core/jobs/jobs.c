@@ -1840,6 +1840,10 @@ static void reload_one(void *ctx, const store_job_row *r)
         spec_rc = still_fits(m, j, &err);
     if (!job_state_final(j->state) && spec_rc == 0)
         spec_rc = host_need_reload(m, j, &err);
+    else if (job_state_final(j->state)) { /* shown as before the restart; nothing to refuse */
+        acc_err ignored = {0};
+        (void)host_need_reload(m, j, &ignored);
+    }
     if (!job_state_final(j->state) && spec_rc != 0) {
         char msg[700];
         snprintf(msg, sizeof msg, "spec no longer valid at restart: %s: %s", err.field, err.msg);
