@@ -4,6 +4,7 @@
  *     lean_activations too (issue 20), and the lean run is the default one
  *     within 1e-5; the planner's exactness holds in lean mode as well;
  *     under ZeRO stage 3 too ((2,2,2), (4,1,2), (1,2,4) against (8,1,1));
+ *     with the optimizer offloaded (and ZeRO-3 on several devices);
  *   - bf16 (activations stored in bf16): the splits agree within
  *     BF16_SPLIT_TOL, plain and lean; the planner is exact there too;
  *   - the planner predicts a rank's peak to the byte (stored and recompute,
@@ -196,6 +197,29 @@ static void test_split_invariance_zero3(void **state)
     }
 }
 
+/* Optimizer offload (alone, and with ZeRO-3 where the split has several
+ * devices): every split of the batch gives (8,1,1)'s losses and weights
+ * without offload within 1e-5. */
+static void test_split_invariance_offload(void **state)
+{
+    (void)state;
+    static const int splits[4][3] = {{8, 1, 1}, {1, 8, 1}, {2, 2, 2}, {1, 2, 4}};
+    run_out base, r;
+    train_cfg s;
+    llama_spec(&s, BATCH, 8, 1, 1);
+    run(&s, &base);
+    for (int i = 0; i < 4; i++) {
+        llama_spec(&s, BATCH, splits[i][0], splits[i][1], splits[i][2]);
+        s.offload_optimizer = true;
+        s.zero_stage = splits[i][2] > 1 ? 3 : 0;
+        run(&s, &r);
+        assert_same(&r, &base, 0, STEPS, 1e-5);
+        free(r.params);
+    }
+    print_message("optimizer offload: (8,1,1) (1,8,1) (2,2,2 ZeRO-3) (1,2,4 ZeRO-3) as (8,1,1) without offload\n");
+    free(base.params);
+}
+
 static void planner_exact_in(bool lean, bool bf16)
 {
     static const int ms[3] = {1, 2, 4};
@@ -377,6 +401,7 @@ int main(void)
         cmocka_unit_test(test_split_invariance_lean), cmocka_unit_test(test_planner_exact_lean),
         cmocka_unit_test(test_split_invariance_bf16), cmocka_unit_test(test_planner_exact_bf16),
         cmocka_unit_test(test_split_invariance_zero3),
+        cmocka_unit_test(test_split_invariance_offload),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
