@@ -8,11 +8,12 @@
 # smallest row's bytes and why not. For bench/RESULTS.md and the README,
 # next to published measurements.
 #
-#   [BATCH=16] [LEAN=false] [HW="24GiB 1;24GiB 4;80GiB 1;141GiB 1"] \
+#   [BATCH=16] [LEAN=false] [HW="24GiB 1;24GiB 4;80GiB 1;141GiB 1"] [HOST=256GiB] \
 #   bench/plan.sh BUILD_DIR [SEQ_LEN ...]      (default seq_len: 4096 512)
 #
 # BATCH: train_batch_size; LEAN: the spec's lean_activations; HW: the
-# hardware, "device_memory devices" pairs separated by ";".
+# hardware, "device_memory devices" pairs separated by ";"; HOST:
+# hardware.host_memory (unset: the daemon's, this machine's).
 set -eu
 BUILD=${1:?usage: bench/plan.sh BUILD_DIR [SEQ_LEN ...]}
 shift
@@ -20,6 +21,7 @@ SEQS=${*:-4096 512}
 BATCH=${BATCH:-16}
 LEAN=${LEAN:-false}
 HW=${HW:-24GiB 1;24GiB 4;80GiB 1;141GiB 1}
+HOSTKEY=${HOST:+, \"host_memory\": \"$HOST\"}
 TMP=$(mktemp -d /tmp/accumd-plan-bench.XXXXXX)
 PID=
 trap '[ -n "$PID" ] && kill $PID 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
@@ -45,9 +47,10 @@ for T in $SEQS; do
         set -- $hw
         body="{\"model\": {\"from\": \"Llama-2-7b-hf\", \"seq_len\": $T}, \"train_batch_size\": $BATCH,
                \"train_micro_batch_size_per_gpu\": \"auto\", \"precision\": \"bf16\", \"lean_activations\": $LEAN,
-               \"hardware\": {\"device_memory\": \"$1\", \"devices\": $2, \"kind\": \"cuda\"}}"
+               \"hardware\": {\"device_memory\": \"$1\", \"devices\": $2, \"kind\": \"cuda\"$HOSTKEY}}"
         curl -s -X POST --data-binary "$body" "$BASE/v1/plan" | jq -r --arg T "$T" --arg hw "$2 x $1" --argjson w "$2" '
-            def gib: . / 1073741824 * 100 | round / 100 | tostring + " GiB";
+            def gib: if . >= 10737418 then (. / 1073741824 * 100 | round / 100 | tostring + " GiB")
+                     else (. / 1048576 * 10 | round / 10 | tostring + " MiB") end;
             . as $p | .groups[] | . as $g
             | ([$p.rows[] | select(.mode == $g.mode and .zero_stage == $g.zero_stage and .recompute == $g.recompute
                 and .act_offload == $g.act_offload and .offload_optimizer == $g.offload_optimizer)]) as $rs
