@@ -664,17 +664,18 @@ static void test_bad_input(void **state)
 /* LLaMA-2-7B's config.json at seq 4096, B 32, bf16, as issue 20 asks the
  * planner: the table on `devices` CUDA cards of 24 GiB (host memory
  * unlimited: each row states its own). */
-static void plan_7b(bool lean, int devices, plan_table *t)
+static void plan_7b(bool lean, int devices, const char *extra, plan_table *t)
 {
-    char spec[512];
+    char spec[768];
     snprintf(spec, sizeof spec,
              "{\"model\": {\"from\": \"llama2-7b\", \"seq_len\": 4096}, \"train_batch_size\": 32, "
-             "\"train_micro_batch_size_per_gpu\": \"auto\", \"precision\": \"bf16\", \"lean_activations\": %s}",
-             lean ? "true" : "false");
+             "\"train_micro_batch_size_per_gpu\": \"auto\", \"precision\": \"bf16\", \"lean_activations\": %s%s}",
+             lean ? "true" : "false", extra);
     job_spec *js = malloc(sizeof *js);
     train_cfg *s = malloc(sizeof *s);
     acc_err err = {0};
-    assert_int_equal(job_spec_parse_plan(spec, strlen(spec), &conf, js, &err), 0);
+    if (job_spec_parse_plan(spec, strlen(spec), &conf, js, &err) != 0)
+        fail_msg("%s: %s (%s)", spec, err.msg, err.field);
     job_spec_train_cfg(js, s);
     assert_true(s->precision == SPEC_BF16 && s->lean_activations == lean && s->train_batch_size == 32);
     plan_hw hw = {.kind = KERN_DEV_CUDA, .device_memory = 24ull << 30, .devices = devices};
@@ -718,7 +719,7 @@ static void test_llama2_7b_24gib(void **state)
     plan_table t;
 
     /* (a) LoRA, m 1, no optimizer offload, lean activations */
-    plan_7b(true, 1, &t);
+    plan_7b(true, 1, "", &t);
     static const struct { bool rec, host; } modes[] = {{false, false}, {true, false}, {true, true}};
     uint64_t best = UINT64_MAX;
     for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
@@ -770,7 +771,7 @@ static void test_llama2_7b_24gib(void **state)
     plan_table_free(&t);
 
     /* (c) four cards: ZeRO-3 with the optimizer offloaded fits a full fine-tune */
-    plan_7b(true, 4, &t);
+    plan_7b(true, 4, "", &t);
     int first_full = -1;
     for (int g = 0; g < t.ngroups && first_full < 0; g++)
         if (!t.groups[g].v.lora && t.groups[g].best >= 0)
@@ -791,6 +792,17 @@ static void test_llama2_7b_24gib(void **state)
                   gib_of(c->device_bytes), (unsigned long long)c->device_bytes, gib_of(c->host_bytes),
                   gib_of(c->host.optimizer), gib_of(c->host.activations), (unsigned long long)c->host.batch,
                   gib_of(plan_row_job_host_bytes(c, 4)));
+    uint64_t c_device = c->device_bytes;
+    int c_group = first_full;
+    plan_table_free(&t);
+
+    /* the spec asking for it: the dry run starts in that group, where it fits */
+    plan_7b(true, 4,
+            ", \"devices\": 4, \"activation_checkpointing\": true, \"zero_optimization\": {\"stage\": 3, "
+            "\"offload_optimizer\": {\"device\": \"cpu\"}}",
+            &t);
+    assert_int_equal(t.recommended_group, c_group);
+    assert_true(t.rows[t.recommended].fits && t.rows[t.recommended].device_bytes == c_device);
     plan_table_free(&t);
 }
 
