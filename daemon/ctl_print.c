@@ -320,7 +320,6 @@ static void fmt_count(double n, char *out, size_t len)
         snprintf(out, len, "%.0f", n);
 }
 
-/* One way to run it, in a line (the planner's row). */
 /* A plan row's or group's mode, "+opt-offload" added when its optimizer
  * state is in host memory (offload_optimizer). */
 static void fmt_mode(const json_t *v, char *out, size_t n)
@@ -331,6 +330,7 @@ static void fmt_mode(const json_t *v, char *out, size_t n)
 
 static const char *recompute_word(const json_t *v);
 
+/* One way to run it, in a line (the planner's row). */
 static void fmt_way(const json_t *r, char *out, size_t n)
 {
     char mode[48];

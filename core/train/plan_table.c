@@ -168,7 +168,8 @@ static int recommend(const train_cfg *spec, plan_table *t, acc_err *err)
     return rc;
 }
 
-/* Every variant with offload_optimizer = off, least change first: full,
+/* Every variant with the optimizer offloaded (off) or on the device (!off),
+ * least change first: full,
  * LoRA, QLoRA; ZeRO 0..2, recompute off then on; then each recomputing
  * mode with its checkpoints in host memory; then ZeRO-3 (a full
  * fine-tune's parameters partitioned). */

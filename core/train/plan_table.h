@@ -141,7 +141,8 @@ const char *plan_mode_name(const plan_variant *v);
 /* Row r of variant v (NULL: a full fine-tune, ZeRO 0) on hw, the one JSON
  * view of a row (POST /v1/plan's rows, the dry run's candidates): mode,
  * zero_stage, the split, the bytes by part, peak_bytes, device_bytes,
- * fits and why_not, act_offload and offload_optimizer (the variant's); the host bytes of one rank by part (host_batch_bytes,
+ * fits and why_not, act_offload and offload_optimizer (the variant's);
+ * the host bytes of one rank by part (host_batch_bytes,
  * host_optimizer_bytes, host_params_bytes, host_activations_bytes) and
  * their sum host_bytes, job_host_bytes (hw.devices ranks), host_fits, and
  * limit: null when the row fits, else "device_memory" or "host_memory"
