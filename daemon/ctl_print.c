@@ -320,12 +320,24 @@ static void fmt_count(double n, char *out, size_t len)
         snprintf(out, len, "%.0f", n);
 }
 
+/* A plan row's or group's mode, "+opt-offload" added when its optimizer
+ * state is in host memory (offload_optimizer). */
+static void fmt_mode(const json_t *v, char *out, size_t n)
+{
+    snprintf(out, n, "%s%s", str(v, "mode", "?"),
+             json_is_true(json_object_get(v, "offload_optimizer")) ? "+opt-offload" : "");
+}
+
+static const char *recompute_word(const json_t *v);
+
 /* One way to run it, in a line (the planner's row). */
 static void fmt_way(const json_t *r, char *out, size_t n)
 {
-    snprintf(out, n, "%s, ZeRO %d, recompute %s, micro batch %d x %d accumulation steps", str(r, "mode", "?"),
-             (int)num(r, "zero_stage", 0), json_is_true(json_object_get(r, "recompute")) ? "on" : "off",
-             (int)num(r, "micro_batch", 0), (int)num(r, "accum_steps", 0));
+    char mode[48];
+    fmt_mode(r, mode, sizeof mode);
+    snprintf(out, n, "%s, ZeRO %d, recompute %s, micro batch %d x %d accumulation steps", mode,
+             (int)num(r, "zero_stage", 0), recompute_word(r), (int)num(r, "micro_batch", 0),
+             (int)num(r, "accum_steps", 0));
 }
 
 /* A row's host bytes per rank and by part ("-" from a daemon without
@@ -400,8 +412,8 @@ static void print_planner(const json_t *plan)
                json_is_true(json_object_get(r, "fits")) ? ", fits" : ", does not fit: ",
                json_is_true(json_object_get(r, "fits")) ? "" : str(r, "why_not", "?"));
     }
-    printf("\n%-5s %-5s %-10s %-18s %-12s %s\n", "MODE", "ZERO", "RECOMPUTE", "LARGEST FITTING M", "PER DEVICE",
-           "WHY NOT");
+    printf("\n%-17s %-5s %-10s %-18s %-12s %-12s %s\n", "MODE", "ZERO", "RECOMPUTE", "LARGEST FITTING M",
+           "PER DEVICE", "HOST/RANK", "WHY NOT");
     size_t i;
     json_array_foreach(json_object_get(plan, "groups"), i, v)
     {
@@ -413,10 +425,14 @@ static void print_planner(const json_t *plan)
             ctl_fmt_bytes(num(v, "device_bytes", 0), b, sizeof b);
         else
             snprintf(b, sizeof b, "-");
-        printf("%-5s %-5d %-10s %-18s %-12s %s\n", str(v, "mode", "?"), (int)num(v, "zero_stage", 0),
-               recompute_word(v), mm, b, str(v, "why_not", ""));
+        char mode[48], hb[32] = "-";
+        fmt_mode(v, mode, sizeof mode);
+        if (json_is_number(json_object_get(v, "host_bytes"))) /* the largest fitting row's */
+            ctl_fmt_bytes(num(v, "host_bytes", 0), hb, sizeof hb);
+        printf("%-17s %-5d %-10s %-18s %-12s %-12s %s\n", mode, (int)num(v, "zero_stage", 0), recompute_word(v), mm,
+               b, hb, str(v, "why_not", ""));
     }
-    printf("\n%-5s %-5s %-10s %6s %6s %10s %10s %10s %10s %10s %10s %10s %s %s\n", "MODE", "ZERO", "RECOMPUTE", "M",
+    printf("\n%-17s %-5s %-10s %6s %6s %10s %10s %10s %10s %10s %10s %10s %s %s\n", "MODE", "ZERO", "RECOMPUTE", "M",
            "A", "WEIGHTS", "GRADS", "OPTIMIZER", "ACTS", "WORKSPACE", "PEAK", "DEVICE", "FITS",
            "HOST/RANK (batch+optimizer+params+acts)");
     json_array_foreach(json_object_get(plan, "rows"), i, v)
@@ -428,9 +444,10 @@ static void print_planner(const json_t *plan)
         ctl_fmt_bytes(num(v, "workspace_bytes", 0), e, sizeof e);
         ctl_fmt_bytes(num(v, "peak_bytes", 0), f, sizeof f);
         ctl_fmt_bytes(num(v, "device_bytes", 0), g, sizeof g);
-        char host[256];
+        char host[256], mode[48];
         fmt_host(v, host, sizeof host);
-        printf("%-5s %-5d %-10s %6d %6d %10s %10s %10s %10s %10s %10s %10s %-4s %s\n", str(v, "mode", "?"),
+        fmt_mode(v, mode, sizeof mode);
+        printf("%-17s %-5d %-10s %6d %6d %10s %10s %10s %10s %10s %10s %10s %-4s %s\n", mode,
                (int)num(v, "zero_stage", 0), recompute_word(v),
                (int)num(v, "micro_batch", 0), (int)num(v, "accum_steps", 0), a, b, c, d, e, f, g,
                json_is_true(json_object_get(v, "fits")) ? "yes" : "no", host);

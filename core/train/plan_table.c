@@ -18,7 +18,8 @@ static plan_variant own_variant(const train_cfg *spec)
     return (plan_variant){.lora = spec->lora.r > 0, .zero_stage = spec->zero_stage,
                           .recompute = spec->activation_checkpointing,
                           .qlora = spec->lora.r > 0 && spec->model.quantize_nf4,
-                          .act_offload = spec->activation_checkpointing && spec->activation_offload};
+                          .act_offload = spec->activation_checkpointing && spec->activation_offload,
+                          .offload_optimizer = spec->offload_optimizer};
 }
 
 int plan_spec_at_world(train_cfg *spec, int w, acc_err *err)
@@ -69,13 +70,15 @@ int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_varia
         out->lora = default_lora;
     }
     out->model.quantize_nf4 = v->qlora;
+    out->offload_optimizer = v->offload_optimizer;
+    out->offload_pin_memory = v->offload_optimizer && spec->offload_pin_memory;
     return 0;
 }
 
 static int same_variant(const plan_variant *a, const plan_variant *b)
 {
     return a->lora == b->lora && a->zero_stage == b->zero_stage && a->recompute == b->recompute &&
-           a->qlora == b->qlora && a->act_offload == b->act_offload;
+           a->qlora == b->qlora && a->act_offload == b->act_offload && a->offload_optimizer == b->offload_optimizer;
 }
 
 /* The row of variant v with micro batch m, or -1. */
@@ -165,6 +168,37 @@ static int recommend(const train_cfg *spec, plan_table *t, acc_err *err)
     return rc;
 }
 
+/* Every variant with the optimizer offloaded (off) or on the device (!off),
+ * least change first: full,
+ * LoRA, QLoRA; ZeRO 0..2, recompute off then on; then each recomputing
+ * mode with its checkpoints in host memory; then ZeRO-3 (a full
+ * fine-tune's parameters partitioned). */
+static int add_groups(const train_cfg *spec, const plan_hw *hw, plan_table *t, bool off, acc_err *err)
+{
+    int rc = 0;
+    for (int lora = 0; rc == 0 && lora < 3; lora++)
+        for (int z = 0; rc == 0 && z < 3; z++)
+            for (int rec = 0; rc == 0 && rec < 2; rec++) {
+                plan_variant v = {.lora = lora > 0, .zero_stage = z, .recompute = rec, .qlora = lora == 2,
+                                  .offload_optimizer = off};
+                if (plan_variant_available(spec, hw, &v))
+                    rc = add_group(spec, t, &v, err);
+            }
+    for (int lora = 0; rc == 0 && lora < 3; lora++)
+        for (int z = 0; rc == 0 && z < 3; z++) {
+            plan_variant v = {.lora = lora > 0, .zero_stage = z, .recompute = true, .qlora = lora == 2,
+                              .act_offload = true, .offload_optimizer = off};
+            if (plan_variant_available(spec, hw, &v))
+                rc = add_group(spec, t, &v, err);
+        }
+    for (int rec = 0; rc == 0 && rec < 3; rec++) {
+        plan_variant v = {.zero_stage = 3, .recompute = rec > 0, .act_offload = rec == 2, .offload_optimizer = off};
+        if (plan_variant_available(spec, hw, &v))
+            rc = add_group(spec, t, &v, err);
+    }
+    return rc;
+}
+
 int plan_table_build(const train_cfg *spec, const plan_hw *hw, plan_table *t, acc_err *err)
 {
     memset(t, 0, sizeof *t);
@@ -174,28 +208,10 @@ int plan_table_build(const train_cfg *spec, const plan_hw *hw, plan_table *t, ac
     if (t->rows == NULL)
         return acc_err_set(err, ACC_ENOMEM, NULL, "out of memory");
     int rc = 0;
-    /* least change first: full, LoRA, QLoRA; ZeRO 0..2, recompute off then on */
-    for (int lora = 0; rc == 0 && lora < 3; lora++)
-        for (int z = 0; rc == 0 && z < 3; z++)
-            for (int rec = 0; rc == 0 && rec < 2; rec++) {
-                plan_variant v = {.lora = lora > 0, .zero_stage = z, .recompute = rec, .qlora = lora == 2};
-                if (plan_variant_available(spec, hw, &v))
-                    rc = add_group(spec, t, &v, err);
-            }
-    /* then each recomputing mode with its checkpoints in host memory */
-    for (int lora = 0; rc == 0 && lora < 3; lora++)
-        for (int z = 0; rc == 0 && z < 3; z++) {
-            plan_variant v = {.lora = lora > 0, .zero_stage = z, .recompute = true, .qlora = lora == 2,
-                              .act_offload = true};
-            if (plan_variant_available(spec, hw, &v))
-                rc = add_group(spec, t, &v, err);
-        }
-    /* then ZeRO-3 (a full fine-tune's parameters partitioned), the most change */
-    for (int rec = 0; rc == 0 && rec < 3; rec++) {
-        plan_variant v = {.zero_stage = 3, .recompute = rec > 0, .act_offload = rec == 2};
-        if (plan_variant_available(spec, hw, &v))
-            rc = add_group(spec, t, &v, err);
-    }
+    /* least change first: every mode with the optimizer on the device,
+     * then the same modes with it offloaded to host memory */
+    for (int off = 0; rc == 0 && off < 2; off++)
+        rc = add_groups(spec, hw, t, off, err);
     if (rc == 0)
         rc = recommend(spec, t, err);
     for (int g = 0; rc == 0 && g < t->ngroups && t->suggested < 0; g++)
@@ -313,6 +329,8 @@ json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *h
                           "peak_bytes", plan_bytes_json(r->peak_bytes), "device_bytes", plan_bytes_json(r->device_bytes),
                           "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null(), "act_offload",
                           v != NULL && v->act_offload && r->recompute);
+    if (o != NULL) /* the optimizer state in host memory (the row's host_optimizer_bytes) */
+        json_object_set_new(o, "offload_optimizer", json_boolean(v != NULL && v->offload_optimizer));
     json_t *host = row_host_json(r, hw);
     if (o != NULL && host != NULL)
         json_object_update(o, host);

@@ -2,7 +2,8 @@
  * POST /v1/plan (the planner's question "does it fit on my card?").
  *
  * A way to run it is a variant: full fine-tune or LoRA, ZeRO stage 0, 1
- * or 2, activation recomputation off or on. Each variant is a modified
+ * or 2, activation recomputation off or on, the optimizer on the device
+ * or offloaded to host memory. Each variant is a modified
  * copy of the spec (plan_variant_spec: lora on or off, zero stage,
  * recompute, devices = the hardware's, micro batch "auto", no OOM
  * fallback row) handed to the planner's own entry point,
@@ -16,7 +17,13 @@
  * full before LoRA, ZeRO 0, 1, 2, recomputation off before on; then the
  * same modes recomputing from checkpoints in host memory
  * (activation_checkpointing.offload: fewer device bytes, the rows' host
- * bytes), in that order after all of them. LoRA rows
+ * bytes), in that order after all of them; then ZeRO-3 (a full
+ * fine-tune's parameters partitioned) recompute off, on, on with host
+ * checkpoints. Then all of that again with the optimizer offloaded
+ * (zero_optimization.offload_optimizer "cpu": the AdamW moments, the fp32
+ * master copy and the gradients' copy in host memory, the rows' host
+ * optimizer bytes), the most change of all: a setting without offload is
+ * always suggested before one with it. LoRA rows
  * use the spec's lora section; a spec without one gets LoRA rows with
  * PEFT-style settings {r 16, alpha 32, target_modules "all-linear"} when
  * its family takes LoRA (model_lora_apply accepts them), none otherwise.
@@ -61,6 +68,8 @@ typedef struct plan_variant {
                         * lora is then true too): mode "qlora" */
     bool act_offload;  /* with recompute: the checkpoints in host memory
                         * (activation_checkpointing.offload); the rows' host bytes */
+    bool offload_optimizer; /* the optimizer state in host memory
+                             * (zero_optimization.offload_optimizer "cpu"); the rows' host bytes */
 } plan_variant;
 
 typedef struct plan_group {
@@ -69,8 +78,8 @@ typedef struct plan_group {
     int best;          /* index (in rows) of the largest fitting m; -1: none fits */
 } plan_group;
 
-#define PLAN_MAX_GROUPS 30 /* 3 (full / LoRA / QLoRA) x 3 (ZeRO 0-2) x 3 (recompute off, on, on with
-                            * host checkpoints), ZeRO-3 x 3 */
+#define PLAN_MAX_GROUPS 60 /* (3 (full / LoRA / QLoRA) x 3 (ZeRO 0-2) x 3 (recompute off, on, on with
+                            * host checkpoints), ZeRO-3 x 3) x 2 (optimizer offload off, on) */
 
 typedef struct plan_table {
     plan_hw hw;
@@ -104,7 +113,7 @@ bool plan_variant_available(const train_cfg *spec, const plan_hw *hw, const plan
 
 /* The spec as variant v runs on hw: *out = *spec with devices = hw's,
  * activation_checkpointing = v's, micro batch "auto", no OOM fallback,
- * LoRA and the ZeRO stage set as v says. ACC_EINVAL naming
+ * LoRA, the ZeRO stage and offload_optimizer set as v says. ACC_EINVAL naming
  * "hardware.devices" when train_batch_size is not a multiple of it. */
 int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_variant *v, train_cfg *out,
                       acc_err *err);
@@ -124,13 +133,16 @@ void plan_row_why(const plan_row *r, const plan_hw *hw, char *buf, size_t n);
  * (saturated) size shows as the largest value, never a negative one. */
 json_int_t plan_bytes_json(uint64_t b);
 
-/* The mode a row's variant is listed under: "full", "lora" or "qlora" (NULL: "full"). */
+/* The mode a row's variant is listed under: "full", "lora" or "qlora" (NULL: "full");
+ * whether the optimizer is offloaded is the rows' and groups' own field
+ * (offload_optimizer), not part of the mode. */
 const char *plan_mode_name(const plan_variant *v);
 
 /* Row r of variant v (NULL: a full fine-tune, ZeRO 0) on hw, the one JSON
  * view of a row (POST /v1/plan's rows, the dry run's candidates): mode,
  * zero_stage, the split, the bytes by part, peak_bytes, device_bytes,
- * fits and why_not; the host bytes of one rank by part (host_batch_bytes,
+ * fits and why_not, act_offload and offload_optimizer (the variant's);
+ * the host bytes of one rank by part (host_batch_bytes,
  * host_optimizer_bytes, host_params_bytes, host_activations_bytes) and
  * their sum host_bytes, job_host_bytes (hw.devices ranks), host_fits, and
  * limit: null when the row fits, else "device_memory" or "host_memory"

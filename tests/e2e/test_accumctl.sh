@@ -88,6 +88,9 @@ run_ctl 0 plan "$ACC_TMP/ok.json" --device-memory 24GiB --devices 4
 grep -q 'no POST /v1/plan' "$ERR" && fail "plan fell back to the dry run: $(cat "$ERR")"
 grep -q '^hardware: *4 x cpu of 24.0 GiB' "$OUT" || fail "plan header: $(cat "$OUT")"
 grep -Eq '^full +0 +off +2 \(a = 1\)' "$OUT" || fail "plan table: $(cat "$OUT")"
+# the same modes with the optimizer in host memory: the mode's suffix, the host bytes per rank
+grep -Eq '^full\+opt-offload +0 +off +2 \(a = 1\) +[0-9.]+ (B|[KMGT]iB) +[0-9.]+ (B|[KMGT]iB)' "$OUT" ||
+    fail "plan table, optimizer offload: $(cat "$OUT")"
 run_ctl 64 plan "$ACC_TMP/ok.json" --device-memory lots
 run_ctl 64 plan "$ACC_TMP/ok.json" --kind tpu
 ok "dry run and plan (POST /v1/plan with the hardware)"

@@ -87,7 +87,9 @@ out=$(post_plan '{"devices": 1, "device_memory": "8G"}')
 expect_eq "plan" "${out##*$'\n'}" 200
 ans=${out%$'\n'*}
 expect_eq "default host memory: the daemon's" "$(echo "$ans" | jq .hardware.host_memory_bytes)" "$LIMIT"
-expect_eq "rows' host bytes" "$(echo "$ans" | jq -c '[.rows[] | .host_bytes - .host_activations_bytes] | unique')" "$(jq -nc "[$BIG]")"
+expect_eq "rows' host bytes" "$(echo "$ans" | jq -c '[.rows[] | .host_bytes - .host_activations_bytes - .host_optimizer_bytes] | unique')" "$(jq -nc "[$BIG]")"
+expect_eq "optimizer state only in optimizer-offload rows" \
+    "$(echo "$ans" | jq -c '[.rows[] | (.host_optimizer_bytes > 0) == .offload_optimizer] | unique')" "[true]"
 expect_eq "host checkpoints only in on+host rows" \
     "$(echo "$ans" | jq -c '[.rows[] | (.host_activations_bytes > 0) == .act_offload] | unique')" "[true]"
 expect_eq "rows' batch part" "$(echo "$ans" | jq -c '[.rows[].host_batch_bytes] | unique')" "$(jq -nc "[$BIG]")"
@@ -100,8 +102,8 @@ expect_eq "with 2M of host memory rows fit" "$(echo "$ans" | jq '[.rows[] | sele
 expect_eq "fitting rows have no limit" "$(echo "$ans" | jq -c '[.rows[] | select(.fits) | .limit] | unique')" '[null]'
 out=$(post_plan '{"devices": 2, "device_memory": "8G", "host_memory": "1M"}')
 ans=${out%$'\n'*}
-expect_eq "two ranks: per rank half" "$(echo "$ans" | jq -c '[.rows[] | .host_bytes - .host_activations_bytes] | unique')" "$(jq -nc "[$(per_rank 192)]")"
-expect_eq "two ranks: the job's" "$(echo "$ans" | jq -c '[.rows[] | .job_host_bytes - 2 * .host_activations_bytes] | unique')" "$(jq -nc "[$((2 * SMALL))]")"
+expect_eq "two ranks: per rank half" "$(echo "$ans" | jq -c '[.rows[] | .host_bytes - .host_activations_bytes - .host_optimizer_bytes] | unique')" "$(jq -nc "[$(per_rank 192)]")"
+expect_eq "two ranks: the job's" "$(echo "$ans" | jq -c '[.rows[] | .job_host_bytes - 2 * (.host_activations_bytes + .host_optimizer_bytes)] | unique')" "$(jq -nc "[$((2 * SMALL))]")"
 out=$(post_plan '{"host_memory": "lots"}')
 expect_eq "bad host_memory" "${out##*$'\n'}" 400
 expect_eq "its field" "$(echo "${out%$'\n'*}" | jq -r .error.field)" hardware.host_memory
@@ -110,7 +112,7 @@ echo "$spec" >"$ACC_TMP/big.json"
 grep -q '^host: *1.0 MiB of host memory' "$ACC_TMP/ctl.out" || fail "accumctl plan host line: $(cat "$ACC_TMP/ctl.out")"
 grep -q 'exceeds host memory' "$ACC_TMP/ctl.out" || fail "accumctl plan host column: $(cat "$ACC_TMP/ctl.out")"
 "$ACCUMCTL" --url "$BASE" plan "$ACC_TMP/big.json" --devices 1 --host-memory 2M >"$ACC_TMP/ctl.out" 2>&1
-grep -v 'on+host' "$ACC_TMP/ctl.out" | grep -q 'exceeds host memory' && fail "2M: $(cat "$ACC_TMP/ctl.out")"
+grep -v 'on+host' "$ACC_TMP/ctl.out" | grep -v 'opt-offload' | grep -q 'exceeds host memory' && fail "2M: $(cat "$ACC_TMP/ctl.out")"
 ok "POST /v1/plan and accumctl plan: host bytes by part, rows past hardware.host_memory"
 
 curl -sf "$BASE/healthz" >/dev/null || fail "daemon down"

@@ -53,11 +53,13 @@ expect_eq "24 GiB: fits" "$(echo "$a" | jq .summary.fits)" false
 # every full row: no fit, 16 bytes a parameter before activations, the parts sum to the peak
 echo "$a" | jq -e '[.rows[] | select(.mode == "full")] | length > 0 and all(.fits == false)' >/dev/null ||
     fail "a full row fits 24 GiB: $a"
-echo "$a" | jq -e '[.rows[] | select(.mode == "full")] | all(.weights_bytes == 4 * 6738415616 and .optimizer_bytes == 8 * 6738415616
+echo "$a" | jq -e '[.rows[] | select(.mode == "full")] | all(.weights_bytes == 4 * 6738415616
+    and .optimizer_bytes == (if .offload_optimizer then 0 else 8 * 6738415616 end)
+    and .host_optimizer_bytes == (if .offload_optimizer then 16 * 6738415616 else 0 end)
     and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes + .workspace_bytes == .peak_bytes
     and .peak_bytes + .rounding_bytes + .runtime_bytes == .device_bytes and .runtime_bytes == 536870912)' \
     >/dev/null || fail "breakdown: $(echo "$a" | jq -c '.rows[0]')"
-why=$(echo "$a" | jq -r '.groups[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false) | .why_not')
+why=$(echo "$a" | jq -r '.groups[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false and (.offload_optimizer | not)) | .why_not')
 echo "$why" | grep -q 'model state 100.4 GiB alone (weights 25.1 + gradients 25.1 + optimizer 50.2)' ||
     fail "24 GiB why: $why"
 echo "$why" | grep -q 'exceeds the 24.0 GiB device' || fail "24 GiB why: $why"
@@ -66,13 +68,13 @@ expect_eq "24 GiB: largest m" "$(echo "$a" | jq '[.groups[] | select(.mode == "f
   null
 ]"
 # every micro batch dividing B / w = 8: 1, 2, 4, 8, recompute off and on
-expect_eq "rows per group" "$(echo "$a" | jq -c '[.rows[] | select(.mode == "full" and .recompute == false) | .micro_batch]')" \
+expect_eq "rows per group" "$(echo "$a" | jq -c '[.rows[] | select(.mode == "full" and .recompute == false and (.offload_optimizer | not)) | .micro_batch]')" \
     '[1,2,4,8]'
-expect_eq "recompute rows" "$(echo "$a" | jq -c '[.rows[] | select(.mode == "full" and .recompute and (.act_offload | not)) | .accum_steps]')" \
+expect_eq "recompute rows" "$(echo "$a" | jq -c '[.rows[] | select(.mode == "full" and .recompute and (.act_offload | not) and (.offload_optimizer | not)) | .accum_steps]')" \
     '[8,4,2,1]'
 # recomputing from checkpoints in host memory: L x m x T x C fp32 floats on
 # the host, the same rows with fewer device bytes
-echo "$a" | jq -e '[.rows[] | select(.mode == "full" and .zero_stage == 0 and .recompute)] as $r |
+echo "$a" | jq -e '[.rows[] | select(.mode == "full" and .zero_stage == 0 and .recompute and (.offload_optimizer | not))] as $r |
     ($r | length) == 8 and ([range(4)] | all(. as $i | $r[$i + 4].act_offload and ($r[$i].act_offload | not)
         and $r[$i + 4].host_activations_bytes == 32 * $r[$i + 4].micro_batch * 4096 * 4096 * 4
         and $r[$i + 4].host_bytes >= $r[$i + 4].host_activations_bytes and $r[$i].host_activations_bytes == 0
@@ -81,7 +83,8 @@ echo "$a" | jq -e '[.rows[] | select(.mode == "full" and .zero_stage == 0 and .r
 # LoRA rows (no lora section: r 16, alpha 32, all-linear): the adapters' AdamW state only
 expect_eq "LoRA settings" "$(echo "$a" | jq -c '[.lora.r, .lora.alpha, (.lora.target_modules | length), .lora.trainable_params, .lora.from_spec]')" \
     '[16,32,7,39976960,false]'
-echo "$a" | jq -e '[.rows[] | select(.mode == "lora")] | length == 12 and all(.optimizer_bytes == 8 * 39976960
+echo "$a" | jq -e '[.rows[] | select(.mode == "lora")] | length == 24
+    and all(.optimizer_bytes == (if .offload_optimizer then 0 else 8 * 39976960 end)
     and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes + .workspace_bytes == .peak_bytes)' \
     >/dev/null || fail "LoRA rows: $(echo "$a" | jq -c '[.rows[] | select(.mode == "lora")][0]')"
 ok "24 GiB: $why"
@@ -95,7 +98,7 @@ echo "$a" | jq -e '[.rows[] | select(.mode == "full" and .zero_stage == 0)] | al
 # floor or ceil), the gradients whole (docs/engine.md "ZeRO")
 echo "$a" | jq -e '
     ([.rows[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false)][0]) as $z0 |
-    [.rows[] | select(.mode == "full" and .zero_stage >= 1 and .zero_stage <= 2)] as $z |
+    [.rows[] | select(.mode == "full" and .zero_stage >= 1 and .zero_stage <= 2 and (.offload_optimizer | not))] as $z |
     ($z | length) > 0 and
     ($z | all(.optimizer_bytes * 4 >= $z0.optimizer_bytes - 32 and .optimizer_bytes * 4 <= $z0.optimizer_bytes + 32
               and .gradients_bytes == $z0.gradients_bytes and .weights_bytes == $z0.weights_bytes))' >/dev/null ||
@@ -104,17 +107,40 @@ echo "$a" | jq -e '
 # plus the gather slots), still over 24 GiB without offload
 echo "$a" | jq -e '
     ([.rows[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false)][0]) as $z0 |
-    [.rows[] | select(.mode == "full" and .zero_stage == 3)] as $z |
+    [.rows[] | select(.mode == "full" and .zero_stage == 3 and (.offload_optimizer | not))] as $z |
     ($z | length) > 0 and
     ($z | all(.weights_bytes * 2 < $z0.weights_bytes and .gradients_bytes * 2 < $z0.gradients_bytes
               and .optimizer_bytes * 4 <= $z0.optimizer_bytes + 64 and .fits == false))' >/dev/null ||
     fail "4 x 24 GiB: ZeRO-3 rows: $(echo "$a" | jq -c '[.rows[] | select(.zero_stage == 3)][0]')"
+# ZeRO-3 with the optimizer offloaded: the moments, master copy and
+# gradients' copy of a rank's quarter in host memory (16 bytes a parameter)
+echo "$a" | jq -e '
+    [.rows[] | select(.mode == "full" and .zero_stage == 3 and .offload_optimizer)] as $z |
+    ($z | length) > 0 and ($z | all(.optimizer_bytes == 0 and .host_optimizer_bytes * 4 >= 16 * 6738415616
+        and .host_optimizer_bytes * 4 <= 16 * 6738415616 + 256 and .job_host_bytes == 4 * .host_bytes))' >/dev/null ||
+    fail "4 x 24 GiB: ZeRO-3 + optimizer offload: $(echo "$a" | jq -c '[.rows[] | select(.zero_stage == 3 and .offload_optimizer)][0]')"
 ok "4 x 24 GiB: $(echo "$a" | jq -r .summary.message)"
 
-# ---- 80 GiB: no full fine-tune; LoRA fits, and the summary suggests it -------
+# ---- issue 20's spec (B 32, bf16, lean activations) on four 24 GiB cards and a
+# host of 512 GiB: a full fine-tune fits with ZeRO-3 and the optimizer offloaded,
+# the first full variant that does (least change), stating its host bytes ----
+S20='"model": {"from": "llama2-7b", "seq_len": 4096}, "train_batch_size": 32, "train_micro_batch_size_per_gpu": "auto", "precision": "bf16", "lean_activations": true'
+a=$(plan "$S20" '{"device_memory": "24GiB", "devices": 4, "kind": "cuda", "host_memory": "512GiB"}')
+echo "$a" | jq -e '
+    ([.groups[] | select(.mode == "full" and .largest_fitting_micro_batch != null)][0]) as $g |
+    $g.zero_stage == 3 and $g.offload_optimizer and $g.device_bytes <= 0.95 * 24 * 1073741824
+    and $g.host_bytes * 4 >= 16 * 6738415616
+    and ([.groups[] | select(.mode == "full" and (.offload_optimizer | not))] | all(.largest_fitting_micro_batch == null))' \
+    >/dev/null || fail "4 x 24 GiB, issue 20: $(echo "$a" | jq -c '[.groups[] | select(.mode == "full")]')"
+ok "4 x 24 GiB, B 32 bf16 lean: $(echo "$a" | jq -r '[.groups[] | select(.mode == "full" and .largest_fitting_micro_batch != null)][0]
+    | "full ZeRO-3 + optimizer offload m \(.largest_fitting_micro_batch): \(.device_bytes) device bytes, \(.host_bytes) host bytes a rank"')"
+
+# ---- 80 GiB: no full fine-tune with the optimizer on the card; LoRA fits, and
+# the summary suggests it (least change: before any optimizer offload) ----
 a=$(plan "$SPEC" '{"device_memory": "80GiB", "devices": 1, "kind": "cuda"}')
 echo "$a" | jq -e '.summary.fits == false and .summary.suggested.mode == "lora" and .summary.suggested.fits
-    and ([.groups[] | select(.mode == "full") | .largest_fitting_micro_batch] | all(. == null))' >/dev/null ||
+    and ([.groups[] | select(.mode == "full" and (.offload_optimizer | not)) | .largest_fitting_micro_batch]
+         | all(. == null))' >/dev/null ||
     fail "80 GiB: $(echo "$a" | jq -c '.summary, .groups')"
 ok "80 GiB: $(echo "$a" | jq -r .summary.message)"
 
@@ -123,7 +149,7 @@ a=$(plan "$SPEC" '{"device_memory": "141GiB", "devices": 1, "kind": "cuda"}')
 echo "$a" | jq -e '.summary.fits == true and .summary.recommended.mode == "full" and .summary.recommended.fits' \
     >/dev/null || fail "141 GiB: $(echo "$a" | jq -c .summary)"
 # the dry run's start: the largest fitting m of the spec's mode, else m = 1 recomputing (oom.adapt)
-m=$(echo "$a" | jq '.groups[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false) | .largest_fitting_micro_batch')
+m=$(echo "$a" | jq '.groups[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false and (.offload_optimizer | not)) | .largest_fitting_micro_batch')
 if [ "$m" = null ]; then
     expect_eq "141 GiB: the recompute fallback" "$(echo "$a" | jq -c '.summary.recommended | [.micro_batch, .recompute]')" '[1,true]'
 else

@@ -122,7 +122,7 @@ static void test_enumeration(void **state)
     /* per device 6: m = 1, 2, 3, 6; full and LoRA, ZeRO 0, 1, 2 (two
      * devices), recompute off and on: least change first */
     static const int ms[4] = {1, 2, 3, 6};
-    assert_int_equal(t.ngroups, 30); /* and QLoRA; the 9 with host checkpoints; then ZeRO-3 */
+    assert_int_equal(t.ngroups, 60); /* and QLoRA; the 9 with host checkpoints; then ZeRO-3; all again offloaded */
     for (int g = 27; g < 30; g++) { /* full fine-tune, parameters partitioned (model_shard.h) */
         assert_int_equal(t.groups[g].v.zero_stage, 3);
         assert_false(t.groups[g].v.lora);
@@ -137,6 +137,36 @@ static void test_enumeration(void **state)
         assert_int_equal(z3->parts.gradients, gb);
         assert_int_equal(z3->parts.optimizer, z.pn * 2 * sizeof(float));
         assert_true(2 * z.pn >= model_num_params(&cfg) && 2 * z.pn <= model_num_params(&cfg) + 2 * 8);
+    }
+    /* the optimizer offloaded: the same 30 variants in the same order after
+     * all of those; the moments leave the device (their bytes exactly),
+     * the host holds 4 floats an element of the rank's AdamW range: twice
+     * the device moments it replaces (adamw.h) */
+    for (int g = 30; g < 60; g++) {
+        plan_variant v = t.groups[g].v, on_dev = t.groups[g - 30].v;
+        assert_true(v.offload_optimizer && !on_dev.offload_optimizer);
+        assert_true(v.lora == on_dev.lora && v.qlora == on_dev.qlora && v.zero_stage == on_dev.zero_stage &&
+                    v.recompute == on_dev.recompute && v.act_offload == on_dev.act_offload);
+        assert_int_equal(t.groups[g].n, t.groups[g - 30].n);
+        for (int i = 0; i < t.groups[g].n; i++) {
+            const plan_row *off = &t.rows[t.groups[g].first + i], *dev = &t.rows[t.groups[g - 30].first + i];
+            assert_int_equal(off->parts.optimizer, 0);
+            assert_true(dev->parts.optimizer > 0);
+            assert_int_equal(off->peak_bytes, dev->peak_bytes - dev->parts.optimizer);
+            assert_true(off->parts.weights == dev->parts.weights && off->parts.gradients == dev->parts.gradients &&
+                        off->parts.activations == dev->parts.activations);
+            assert_int_equal(off->host.optimizer, 2 * dev->parts.optimizer);
+            assert_int_equal(dev->host.optimizer, 0);
+            assert_int_equal(off->host_bytes, dev->host_bytes + off->host.optimizer);
+        }
+        json_t *j = plan_row_json(&t.rows[t.groups[g].first], &t.groups[g].v, &hw);
+        assert_true(json_is_true(json_object_get(j, "offload_optimizer")));
+        assert_int_equal(json_integer_value(json_object_get(j, "host_optimizer_bytes")),
+                         t.rows[t.groups[g].first].host.optimizer);
+        json_decref(j);
+        j = plan_row_json(&t.rows[t.groups[g - 30].first], &t.groups[g - 30].v, &hw);
+        assert_true(json_is_false(json_object_get(j, "offload_optimizer")));
+        json_decref(j);
     }
     for (int g = 0; g < 18; g++) {
         assert_int_equal(t.groups[g].v.lora, g >= 6);
@@ -277,8 +307,8 @@ static void test_cuda_parts(void **state)
         plan_cuda_bf16_split(&cfg, r->micro_batch, s.model.seq_len, &wa, &wb);
         assert_true(p->workspace == wa + wb && wa > 0);
         uint64_t n = model_num_params(&cfg);
-        if (!t.groups[g].v.lora)
-            assert_true(p->weights == 4 * n && p->optimizer == 8 * n);
+        if (!t.groups[g].v.lora) /* offloaded: the moments on the host */
+            assert_true(p->weights == 4 * n && p->optimizer == (t.groups[g].v.offload_optimizer ? 0 : 8 * n));
         const uint64_t allocs[7] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer / 2, p->activations,
                                     wa, wb};
         uint64_t round = 0;
@@ -315,6 +345,7 @@ static void test_measured(void **state)
             if (t.groups[g].v.lora) /* the table's default LoRA, as a spec section */
                 run.lora = (spec_lora){.r = 16, .alpha = 32, .all_linear = true};
             run.model.quantize_nf4 = t.groups[g].v.qlora; /* the 4-bit base */
+            run.offload_optimizer = t.groups[g].v.offload_optimizer; /* AdamW on the host */
             kern_device_info devs[1];
             fx_devices(devs, 1, hw.device_memory);
             train_hooks h = {0};
@@ -326,11 +357,14 @@ static void test_measured(void **state)
                           (unsigned long long)r->peak_bytes, (unsigned long long)h.mem_peak[0]);
             assert_true(h.mem_peak[0] == r->peak_bytes);
             assert_true(parts_sum(&r->parts) == h.mem_peak[0]);
-            assert_true(h.host_peak == r->host.activations); /* the checkpoints in host memory */
+            /* the checkpoints and the offloaded optimizer in host memory */
+            assert_true(h.host_peak == r->host.activations + r->host.optimizer);
+            assert_true(h.host_optim[0] == r->host.optimizer);
             checked++;
         }
     }
-    assert_int_equal(checked, 27); /* full, LoRA and QLoRA, m = 1, 2, 4, recompute off, on, on offloaded */
+    /* full, LoRA and QLoRA, m = 1, 2, 4, recompute off, on, on offloaded; optimizer offloaded or not */
+    assert_int_equal(checked, 54);
     plan_table_free(&t);
 }
 
@@ -356,13 +390,15 @@ static void test_lora_rows(void **state)
         lora_groups++;
         for (int i = t.groups[g].first; i < t.groups[g].first + t.groups[g].n; i++) {
             const plan_parts *p = &t.rows[i].parts;
-            assert_true(p->optimizer == 8 * trainable);
+            /* the adapters' moments, on the device or (offloaded) twice that on the host */
+            assert_true(p->optimizer == (t.groups[g].v.offload_optimizer ? 0 : 8 * trainable));
+            assert_true(t.rows[i].host.optimizer == (t.groups[g].v.offload_optimizer ? 16 * trainable : 0));
             assert_true(p->gradients >= 4 * trainable && p->gradients < 4 * trainable + 4096); /* + slots */
             assert_true(p->weights > 4 * trainable); /* the frozen base is there */
             assert_true(parts_sum(p) == t.rows[i].peak_bytes);
         }
     }
-    assert_int_equal(lora_groups, 6); /* LoRA and QLoRA, recompute off, on, on offloaded */
+    assert_int_equal(lora_groups, 12); /* LoRA and QLoRA, recompute off, on, on offloaded; x optimizer offload */
     plan_table_free(&t);
 
     /* the spec's own section: its r; and its full rows drop it */
@@ -371,6 +407,8 @@ static void test_lora_rows(void **state)
     assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
     for (int g = 0; g < t.ngroups; g++) {
         uint64_t opt = t.rows[t.groups[g].first].parts.optimizer;
+        if (t.groups[g].v.offload_optimizer) /* on the host, twice the moments (adamw.h) */
+            opt = t.rows[t.groups[g].first].host.optimizer / 2;
         if (t.groups[g].v.lora)
             assert_true(opt == 8ull * 4 * (32 + 32) * 2); /* q_proj only, r 4 */
         else
@@ -391,10 +429,12 @@ static void test_lora_rows(void **state)
         if (!t.groups[g].v.lora)
             continue;
         lora_groups++;
-        assert_true(t.rows[t.groups[g].first].parts.optimizer == 8ull * 512 * 16 * 2);
+        const plan_row *r0 = &t.rows[t.groups[g].first];
+        assert_true((t.groups[g].v.offload_optimizer ? r0->host.optimizer / 2 : r0->parts.optimizer) ==
+                    8ull * 512 * 16 * 2);
     }
-    assert_int_equal(lora_groups, 3);
-    assert_int_equal(t.ngroups, 6);
+    assert_int_equal(lora_groups, 6);
+    assert_int_equal(t.ngroups, 12);
     plan_table_free(&t);
 }
 
@@ -473,7 +513,10 @@ static void test_config_only(void **state)
         assert_true(json_is_null(json_object_get(g, "largest_fitting_micro_batch")));
         const char *why = json_string_value(json_object_get(g, "why_not"));
         assert_non_null(why);
-        assert_non_null(strstr(why, "model state 100.4 GiB alone"));
+        /* the optimizer offloaded: the fp32 weights and gradients stay, 8 bytes a parameter */
+        assert_non_null(strstr(why, json_is_true(json_object_get(g, "offload_optimizer"))
+                                        ? "model state 50.2 GiB alone (weights 25.1 + gradients 25.1 + optimizer 0.0)"
+                                        : "model state 100.4 GiB alone"));
     }
     json_t *r0 = json_array_get(json_object_get(out, "rows"), 0);
     /* 16 bytes a parameter before activations: fp32 weights, gradients, two moments */
@@ -618,13 +661,158 @@ static void test_bad_input(void **state)
     json_decref(out);
 }
 
+/* LLaMA-2-7B's config.json at seq 4096, B 32, bf16, as issue 20 asks the
+ * planner: the table on `devices` CUDA cards of 24 GiB (host memory
+ * unlimited: each row states its own). */
+static void plan_7b(bool lean, int devices, const char *extra, plan_table *t)
+{
+    char spec[768];
+    snprintf(spec, sizeof spec,
+             "{\"model\": {\"from\": \"llama2-7b\", \"seq_len\": 4096}, \"train_batch_size\": 32, "
+             "\"train_micro_batch_size_per_gpu\": \"auto\", \"precision\": \"bf16\", \"lean_activations\": %s%s}",
+             lean ? "true" : "false", extra);
+    job_spec *js = malloc(sizeof *js);
+    train_cfg *s = malloc(sizeof *s);
+    acc_err err = {0};
+    if (job_spec_parse_plan(spec, strlen(spec), &conf, js, &err) != 0)
+        fail_msg("%s: %s (%s)", spec, err.msg, err.field);
+    job_spec_train_cfg(js, s);
+    assert_true(s->precision == SPEC_BF16 && s->lean_activations == lean && s->train_batch_size == 32);
+    plan_hw hw = {.kind = KERN_DEV_CUDA, .device_memory = 24ull << 30, .devices = devices};
+    assert_int_equal(plan_table_build(s, &hw, t, &err), 0);
+    free(js);
+    free(s);
+}
+
+/* The group of variant v in t (-1: none). */
+static int group_of(const plan_table *t, plan_variant v)
+{
+    for (int g = 0; g < t->ngroups; g++) {
+        const plan_variant *w = &t->groups[g].v;
+        if (w->lora == v.lora && w->qlora == v.qlora && w->zero_stage == v.zero_stage &&
+            w->recompute == v.recompute && w->act_offload == v.act_offload &&
+            w->offload_optimizer == v.offload_optimizer)
+            return g;
+    }
+    return -1;
+}
+
+static double gib_of(uint64_t b) { return (double)b / (double)(1ull << 30); }
+
+#define GIB(x) ((uint64_t)((x) * (double)(1ull << 30)))
+
+/* Issue 20's planner acceptance, the figures the planner now answers:
+ *   (a) one 24 GiB card: LoRA fits at m 1 without optimizer offload in at
+ *       most 17 GiB (lean activations, recomputation from checkpoints in
+ *       host memory);
+ *   (b) one 24 GiB card, full fine-tune with the optimizer offloaded: the
+ *       fp32 weights and gradients stay on the card (no ZeRO-3 on one
+ *       device, no parameter offload yet), so it does not fit;
+ *   (c) four 24 GiB cards: a full fine-tune fits with ZeRO-3 and the
+ *       optimizer offloaded, and the suggestion is the first such row in
+ *       the order of least change.
+ * Each bound is compared with the planner's computed bytes. */
+static void test_llama2_7b_24gib(void **state)
+{
+    (void)state;
+    const uint64_t usable = plan_usable_bytes(24ull << 30);
+    plan_table t;
+
+    /* (a) LoRA, m 1, no optimizer offload, lean activations */
+    plan_7b(true, 1, "", &t);
+    static const struct { bool rec, host; } modes[] = {{false, false}, {true, false}, {true, true}};
+    uint64_t best = UINT64_MAX;
+    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
+        int g = group_of(&t, (plan_variant){.lora = true, .recompute = modes[k].rec, .act_offload = modes[k].host});
+        assert_true(g >= 0);
+        const plan_row *r = &t.rows[t.groups[g].first];
+        assert_int_equal(r->micro_batch, 1);
+        assert_int_equal(r->accum_steps, 32);
+        print_message("(a) lora m 1 recompute %s: device %.2f GiB (%llu), fits %d, host %.2f GiB\n",
+                      modes[k].host ? "on+host" : modes[k].rec ? "on" : "off", gib_of(r->device_bytes),
+                      (unsigned long long)r->device_bytes, r->fits, gib_of(r->host_bytes));
+        if (r->fits && r->device_bytes < best)
+            best = r->device_bytes;
+    }
+    /* recomputing with the checkpoints on the card: no offload of any kind */
+    int gon = group_of(&t, (plan_variant){.lora = true, .recompute = true});
+    const plan_row *a = &t.rows[t.groups[gon].first];
+    assert_true(a->fits && a->device_bytes <= GIB(17)); /* the issue's bound */
+    assert_true(a->host.activations == 0 && a->host.optimizer == 0);
+    /* from checkpoints in host memory: the leanest way, under the bound too */
+    int ga = group_of(&t, (plan_variant){.lora = true, .recompute = true, .act_offload = true});
+    const plan_row *ah = &t.rows[t.groups[ga].first];
+    assert_true(ah->fits && ah->device_bytes < a->device_bytes && ah->device_bytes == best);
+    assert_true(ah->host.activations > 0 && ah->host.optimizer == 0);
+    /* stored activations (no recomputation) at m 1: over the card */
+    int goff = group_of(&t, (plan_variant){.lora = true});
+    assert_false(t.rows[t.groups[goff].first].fits);
+
+    /* (b) one card, full fine-tune, the optimizer offloaded: the smallest
+     * row (m 1, recompute from host checkpoints) still does not fit */
+    int gb = group_of(&t, (plan_variant){.recompute = true, .act_offload = true, .offload_optimizer = true});
+    assert_true(gb >= 0);
+    const plan_row *b = &t.rows[t.groups[gb].first];
+    assert_int_equal(b->micro_batch, 1);
+    for (int g = 0; g < t.ngroups; g++) /* no full fine-tune fits, offloaded or not */
+        if (!t.groups[g].v.lora)
+            assert_int_equal(t.groups[g].best, -1);
+    assert_false(b->fits);
+    assert_true(b->device_bytes > GIB(20) && b->device_bytes > usable);
+    assert_int_equal(b->parts.optimizer, 0);
+    assert_true(b->parts.weights == 4 * LLAMA2_7B_PARAMS); /* the fp32 parameters stay */
+    assert_true(b->host.optimizer == 16 * LLAMA2_7B_PARAMS); /* moments, master copy, gradients' copy */
+    print_message("(b) full+offload 1 card m 1 on+host: device %.2f GiB (%llu), %.2f GiB over the 20 GiB target, "
+                  "%.2f GiB over the %.2f GiB usable; host %.2f GiB\n",
+                  gib_of(b->device_bytes), (unsigned long long)b->device_bytes, gib_of(b->device_bytes - GIB(20)),
+                  gib_of(b->device_bytes - usable), gib_of(usable), gib_of(b->host_bytes));
+    /* the suggestion stays the least change: LoRA recomputing on the card */
+    assert_true(t.suggested_group == gon);
+    plan_table_free(&t);
+
+    /* (c) four cards: ZeRO-3 with the optimizer offloaded fits a full fine-tune */
+    plan_7b(true, 4, "", &t);
+    int first_full = -1;
+    for (int g = 0; g < t.ngroups && first_full < 0; g++)
+        if (!t.groups[g].v.lora && t.groups[g].best >= 0)
+            first_full = g;
+    assert_true(first_full >= 0);
+    const plan_variant *v = &t.groups[first_full].v;
+    assert_true(v->zero_stage == 3 && v->offload_optimizer);
+    for (int g = 0; g < t.ngroups; g++) /* and nothing short of it does */
+        if (!t.groups[g].v.lora && !(t.groups[g].v.zero_stage == 3 && t.groups[g].v.offload_optimizer))
+            assert_int_equal(t.groups[g].best, -1);
+    const plan_row *c = &t.rows[t.groups[first_full].best];
+    assert_true(c->fits && c->device_bytes <= usable);
+    /* per rank: a quarter of the moments, master copy and gradients' copy */
+    assert_true(c->host.optimizer * 4 >= 16 * LLAMA2_7B_PARAMS && c->host.optimizer * 4 <= 16 * LLAMA2_7B_PARAMS + 256);
+    print_message("(c) 4 cards full ZeRO-3+offload recompute %s: m %d x a %d, device %.2f GiB (%llu); host per rank "
+                  "%.2f GiB (optimizer %.2f, activations %.2f, batch %llu B), job %.2f GiB\n",
+                  v->act_offload ? "on+host" : v->recompute ? "on" : "off", c->micro_batch, c->accum_steps,
+                  gib_of(c->device_bytes), (unsigned long long)c->device_bytes, gib_of(c->host_bytes),
+                  gib_of(c->host.optimizer), gib_of(c->host.activations), (unsigned long long)c->host.batch,
+                  gib_of(plan_row_job_host_bytes(c, 4)));
+    uint64_t c_device = c->device_bytes;
+    int c_group = first_full;
+    plan_table_free(&t);
+
+    /* the spec asking for it: the dry run starts in that group, where it fits */
+    plan_7b(true, 4,
+            ", \"devices\": 4, \"activation_checkpointing\": true, \"zero_optimization\": {\"stage\": 3, "
+            "\"offload_optimizer\": {\"device\": \"cpu\"}}",
+            &t);
+    assert_int_equal(t.recommended_group, c_group);
+    assert_true(t.rows[t.recommended].fits && t.rows[t.recommended].device_bytes == c_device);
+    plan_table_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_enumeration), cmocka_unit_test(test_cuda_parts), cmocka_unit_test(test_measured),
         cmocka_unit_test(test_lora_rows),
         cmocka_unit_test(test_config_only), cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_bf16_below_fp32),
+        cmocka_unit_test(test_bf16_below_fp32), cmocka_unit_test(test_llama2_7b_24gib),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
