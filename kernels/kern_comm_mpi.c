@@ -44,19 +44,25 @@ static void chunk_of(size_t n, int w, int r, size_t *lo, size_t *hi)
     *hi = n * (size_t)(r + 1) / (size_t)w;
 }
 
+/* Room for `n` packed floats, and for what reduce_scatter receives: every
+ * rank's copy of this rank's chunk, w x the largest chunk, which is more
+ * than n when w does not divide it (n = 1 over 2 ranks: 2). */
 static int reserve(comm_mpi *c, size_t n)
 {
-    if (n <= c->cap)
+    size_t w = (size_t)c->world, need = w * ((n + w - 1) / w);
+    if (need < n)
+        need = n;
+    if (need <= c->cap)
         return 0;
-    float *p = realloc(c->pack, n * sizeof *p);
+    float *p = realloc(c->pack, need * sizeof *p);
     if (p == NULL)
         return ACC_ENOMEM;
     c->pack = p;
-    p = realloc(c->recv, n * sizeof *p);
+    p = realloc(c->recv, need * sizeof *p);
     if (p == NULL)
         return ACC_ENOMEM;
     c->recv = p;
-    c->cap = n;
+    c->cap = need;
     return 0;
 }
 
