@@ -51,7 +51,10 @@ static void sizes_of_groups(const size_t *gn, int L, int rank, int world, model_
 {
     memset(s, 0, sizeof *s);
     for (int g = 0; g <= L; g++) {
-        s->pn += slice_lo(gn[g], rank + 1, world) - slice_lo(gn[g], rank, world);
+        size_t own = slice_lo(gn[g], rank + 1, world) - slice_lo(gn[g], rank, world);
+        s->pn += own;
+        if (own > s->slice)
+            s->slice = own;
         if (g < L && gn[g] > s->slot)
             s->slot = gn[g];
     }

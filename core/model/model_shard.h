@@ -75,9 +75,11 @@
 typedef struct model_shard model_shard;
 
 /* The partition of rank `rank` of `world` for cfg: floats it holds (pn),
- * the largest block's floats (slot) and the ends' (ends). */
+ * the largest block's floats (slot) and the ends' (ends); slice: the
+ * largest of the rank's slices of one group (a block or the ends). */
 typedef struct model_shard_sizes {
     size_t pn, slot, ends;
+    size_t slice;
 } model_shard_sizes;
 int model_shard_sizes_of(const model_config *cfg, int rank, int world, model_shard_sizes *out,
                          acc_err *err);
