@@ -216,6 +216,19 @@ static void test_llama7b_figures(void **state)
         assert_true(r.parts.weights == 4 * (2 * slot + ends) && r.parts.optimizer == 0);
         assert_true(r.parts.gradients > 4 * (slot + ends) && r.parts.gradients < 4 * (slot + ends) + 4096);
         assert_true(r.fits);
+        { /* every candidate m: the planner's pick is the largest that fits */
+            plan_row rows[PLAN_MAX_ROWS];
+            int n = 0, chosen = -1;
+            acc_err e2 = {0};
+            assert_int_equal(plan_candidates_on(s, KERN_DEV_CUDA, 24ull << 30, rows, PLAN_MAX_ROWS, &n, &chosen,
+                                                &e2), 0);
+            for (int i = 0; i < n; i++)
+                print_message("  m %d%s: device %llu B = %.2f GiB, fits %d, host %llu B%s\n", rows[i].micro_batch,
+                              rows[i].recompute ? " (recompute)" : "", (unsigned long long)rows[i].device_bytes,
+                              rows[i].device_bytes / gib, rows[i].fits, (unsigned long long)rows[i].host_bytes,
+                              i == chosen ? "  <- chosen" : "");
+            assert_true(chosen >= 0 && rows[chosen].fits);
+        }
         s->offload_param = false; /* the partition on the device: 27 GB alone */
         assert_false(row_of(s, KERN_DEV_CUDA, 24ull << 30).fits);
         free(s);
