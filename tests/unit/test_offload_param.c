@@ -1,22 +1,30 @@
 /* Parameter offload (zero_optimization.offload_param, ZeRO stage 3): the
  * planner's device and host bytes (mem_plan.h plan_host_params_bytes),
  * checked against the partition computed here from the layout alone, and
- * LLaMA-2-7B's figures on one 24 GiB CUDA card. */
+ * LLaMA-2-7B's figures on one 24 GiB CUDA card; then the engine through the
+ * trainer on CPU devices: losses, norms and weights bit-identical to stage
+ * 3 without it, measured device and host peaks equal to the prediction, a
+ * host budget one byte short, a job past its one device's budget at stage
+ * 0 run on it, and a resume from its checkpoint without it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine_fixture.h"
+#include "fsutil.h"
 #include "kern_device.h"
 #include "mem_plan.h"
 #include "model.h"
 #include "train_cfg.h"
+#include "trainer_run.h"
 
 static const char llama2_7b[] =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
@@ -237,11 +245,270 @@ static void test_llama7b_figures(void **state)
     rmdir(root);
 }
 
+/* ---- the engine, through the trainer on CPU devices */
+
+#define CAP_STEPS 16
+static char text_path[64];
+static char ck_root[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    fx_write_text(text_path, sizeof text_path, 20000);
+    snprintf(ck_root, sizeof ck_root, "/tmp/accumd-offparam-XXXXXX");
+    return mkdtemp(ck_root) == NULL ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    unlink(text_path);
+    fsu_rm_rf(ck_root, NULL);
+    return 0;
+}
+
+typedef struct run_out {
+    double loss[CAP_STEPS], norm[CAP_STEPS];
+    float *params;
+    train_hooks h;
+    int status;
+    acc_err err;
+} run_out;
+
+/* A tiny job of w ranks (B 4w, m 2, a 2), every step clipped. */
+static void job_of(train_cfg *s, const char *arch, int w, int zero, bool offopt, bool offparam)
+{
+    fx_tiny_spec(s, text_path, 4 * w, 2, 2, w);
+    if (!strcmp(arch, "llama")) {
+        snprintf(s->model.arch, sizeof s->model.arch, "llama");
+        s->model.n_kv_head = 1;
+        s->model.intermediate_size = 48;
+    }
+    s->optim.grad_clip = 0.05;
+    s->zero_stage = zero;
+    s->offload_optimizer = offopt;
+    s->offload_param = offparam;
+}
+
+/* Runs s on CPU devices of `budget` bytes, the host state limited to
+ * `host` bytes (0: unlimited) besides the batch buffers. */
+static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, run_out *r)
+{
+    kern_device_info devs[4];
+    fx_devices(devs, s->devices, budget);
+    memset(r, 0, sizeof *r);
+    size_t cap = 1 << 20;
+    r->params = calloc(cap, sizeof(float));
+    assert_non_null(r->params);
+    for (int k = 0; k < CAP_STEPS; k++)
+        r->loss[k] = r->norm[k] = NAN;
+    r->h.steps_cap = CAP_STEPS;
+    r->h.step_loss = r->loss;
+    r->h.step_grad_norm = r->norm;
+    r->h.final_params = r->params;
+    r->h.final_params_cap = cap;
+    uint64_t reserved = host == 0 ? 0 : host + (uint64_t)s->devices * plan_host_batch_bytes(s);
+    trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = 3, .host_budget = reserved};
+    r->status = trainer_run_sync(&o, &r->h, &r->err);
+}
+
+static void run(const train_cfg *s, run_out *r)
+{
+    run_budget(s, 1ull << 30, 0, r);
+    if (r->status != 0)
+        print_error("run failed: %s\n", r->err.msg);
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->h.steps_done, s->max_steps);
+}
+
+static void assert_bits(const run_out *a, const run_out *b, int from, int to)
+{
+    for (int k = from; k < to; k++) {
+        if (memcmp(&a->loss[k], &b->loss[k], sizeof(double)) != 0 ||
+            memcmp(&a->norm[k], &b->norm[k], sizeof(double)) != 0)
+            print_error("step %d: loss %.17g vs %.17g, norm %.17g vs %.17g\n", k, a->loss[k], b->loss[k],
+                        a->norm[k], b->norm[k]);
+        assert_true(isfinite(a->loss[k]));
+        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
+        assert_memory_equal(&a->norm[k], &b->norm[k], sizeof(double));
+    }
+    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
+    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+}
+
+/* Measured = predicted: each rank's device peak, the job's host peak. */
+static void assert_memory(const train_cfg *s, const run_out *r)
+{
+    model_config cfg;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(s, &cfg, &err), 0);
+    int w = s->devices;
+    uint64_t host = 0;
+    for (int k = 0; k < w; k++) {
+        uint64_t want = plan_rank_device_state_bytes_op(&cfg, 3, true, true, w, k) +
+                        plan_act_bytes(&cfg, KERN_DEV_CPU, SPEC_FP32, s->micro_batch, s->model.seq_len, 0);
+        if (r->h.mem_peak[k] != want)
+            print_error("rank %d: device peak %llu, predicted %llu\n", k, (unsigned long long)r->h.mem_peak[k],
+                        (unsigned long long)want);
+        assert_int_equal(r->h.mem_peak[k], want);
+        host += plan_host_params_bytes(&cfg, 3, true, w, k) + plan_host_optim_bytes_op(&cfg, 3, true, true, w, k);
+    }
+    if (r->h.host_peak != host)
+        print_error("host peak %llu, predicted %llu\n", (unsigned long long)r->h.host_peak,
+                    (unsigned long long)host);
+    assert_int_equal(r->h.host_peak, host);
+    uint64_t job_host, dev0;
+    assert_int_equal(plan_host_bytes(s, &job_host, &err), 0);
+    assert_int_equal(job_host, host);
+    assert_int_equal(plan_device_bytes(s, s->micro_batch, false, &dev0, &err), 0);
+    assert_int_equal(dev0, r->h.mem_peak[0]);
+}
+
+static void check_bits(const char *arch, int w)
+{
+    train_cfg s;
+    run_out base, op;
+    job_of(&s, arch, w, 3, true, false);
+    run(&s, &base);
+    job_of(&s, arch, w, 3, true, true);
+    run(&s, &op);
+    assert_bits(&base, &op, 0, s.max_steps);
+    assert_memory(&s, &op);
+    print_message("%s w=%d stage 3 + offload_optimizer: offload_param bit-identical (losses %.6f .. %.6f); "
+                  "device peak %llu -> %llu, host peak %llu -> %llu\n",
+                  arch, w, base.loss[0], base.loss[s.max_steps - 1], (unsigned long long)base.h.mem_peak[0],
+                  (unsigned long long)op.h.mem_peak[0], (unsigned long long)base.h.host_peak,
+                  (unsigned long long)op.h.host_peak);
+    free(base.params);
+    free(op.params);
+}
+
+static void test_bits(void **state)
+{
+    (void)state;
+    check_bits("gpt2", 1);
+    check_bits("llama", 1);
+    check_bits("gpt2", 2);
+    check_bits("llama", 2);
+}
+
+/* At w = 1 against stage 0 (the optimizer offloaded in both): stage 3
+ * adds each micro-step's block gradients into the partition, stage 0's
+ * kernels accumulate into the whole buffer: the fp32 sums may differ in
+ * order, so within 1e-6 (the same bits where they do not). */
+static void test_stage0_one_rank(void **state)
+{
+    (void)state;
+    train_cfg s;
+    run_out z0, op;
+    job_of(&s, "llama", 1, 0, true, false);
+    run(&s, &z0);
+    job_of(&s, "llama", 1, 3, true, true);
+    run(&s, &op);
+    int same = memcmp(z0.params, op.params, z0.h.nparams * sizeof(float)) == 0;
+    for (int k = 0; k < s.max_steps; k++)
+        assert_true(fabs(op.loss[k] - z0.loss[k]) <= 1e-6 * fabs(z0.loss[k]));
+    for (size_t i = 0; i < z0.h.nparams; i++)
+        assert_true(fabsf(op.params[i] - z0.params[i]) <= 1e-6f * (1.0f + fabsf(z0.params[i])));
+    print_message("llama w=1: stage 3 + offload_param vs stage 0: weights %s\n",
+                  same ? "bit-identical" : "within 1e-6");
+    free(z0.params);
+    free(op.params);
+}
+
+/* A LLaMA-shaped job whose stage-0 state is past its one CPU device's
+ * budget runs to the end on that device with stage 3 + offload_param +
+ * offload_optimizer, its peaks the predictions; one byte less of host
+ * memory is ACC_ENOMEM naming host memory. */
+static void test_llama_one_device(void **state)
+{
+    (void)state;
+    train_cfg s;
+    job_of(&s, "llama", 1, 3, true, true);
+    s.model.n_layer = 8;
+    s.model.n_embd = 64;
+    s.model.n_head = 4;
+    s.model.n_kv_head = 2;
+    s.model.intermediate_size = 172;
+    uint64_t budget, host;
+    acc_err err = {0};
+    assert_int_equal(plan_device_bytes(&s, s.micro_batch, false, &budget, &err), 0);
+    assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
+    model_config cfg;
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    uint64_t state0 = plan_rank_state_bytes(&cfg, 0, 1, 0);
+    assert_true(state0 > budget);
+    run_out yes, short_host, big;
+    run_budget(&s, budget, host, &yes);
+    if (yes.status != 0)
+        print_error("run failed: %s\n", yes.err.msg);
+    assert_int_equal(yes.status, 0);
+    assert_int_equal(yes.h.steps_done, s.max_steps);
+    assert_int_equal(yes.h.mem_peak[0], budget);
+    assert_int_equal(yes.h.host_peak, host);
+    run_budget(&s, budget, host - 1, &short_host);
+    assert_int_equal(short_host.status, ACC_ENOMEM);
+    assert_non_null(strstr(short_host.err.msg, "host memory"));
+    s.zero_stage = 0;
+    s.offload_optimizer = s.offload_param = false;
+    run(&s, &big);
+    for (int k = 0; k < s.max_steps; k++)
+        assert_true(fabs(yes.loss[k] - big.loss[k]) <= 1e-6 * fabs(big.loss[k]));
+    print_message("llama one device: stage-0 state %llu > budget %llu; stage 3 + offload_param + "
+                  "offload_optimizer runs (host %llu bytes); one byte less host: \"%s\"\n",
+                  (unsigned long long)state0, (unsigned long long)budget, (unsigned long long)host,
+                  short_host.err.msg);
+    free(yes.params);
+    free(short_host.params);
+    free(big.params);
+}
+
+/* A checkpoint written with offload_param resumes without it (and the
+ * reverse), continuing the uninterrupted run's losses bit for bit. */
+static void ck_job(train_cfg *s, bool offparam, const char *from, const char *out, int steps)
+{
+    job_of(s, "gpt2", 2, 3, true, offparam);
+    s->max_steps = steps;
+    snprintf(s->resume_from, sizeof s->resume_from, "%s", from);
+    snprintf(s->output_dir, sizeof s->output_dir, "%s/%s", ck_root, out);
+}
+
+static void test_resume(void **state)
+{
+    (void)state;
+    train_cfg s;
+    run_out a, b, ra, rb, ref;
+    char ck_a[256], ck_b[256];
+    ck_job(&s, true, "", "op", 2);
+    run(&s, &a);
+    snprintf(ck_a, sizeof ck_a, "%s/op/ckpt-00000002", ck_root);
+    ck_job(&s, false, "", "dev", 2);
+    run(&s, &b);
+    snprintf(ck_b, sizeof ck_b, "%s/dev/ckpt-00000002", ck_root);
+    assert_bits(&a, &b, 0, 2);
+    ck_job(&s, false, ck_a, "op-dev", 4);
+    run(&s, &ra);
+    ck_job(&s, true, ck_b, "dev-op", 4);
+    run(&s, &rb);
+    ck_job(&s, false, "", "ref", 4);
+    run(&s, &ref);
+    assert_bits(&ref, &ra, 2, 4);
+    assert_bits(&ref, &rb, 2, 4);
+    print_message("w=2 stage 3: resumed across offload_param: losses %.9f %.9f\n", ref.loss[2], ref.loss[3]);
+    run_out *all[] = {&a, &b, &ra, &rb, &ref};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        free(all[i]->params);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_bytes),
         cmocka_unit_test(test_llama7b_figures),
+        cmocka_unit_test(test_bits),
+        cmocka_unit_test(test_stage0_one_rank),
+        cmocka_unit_test(test_llama_one_device),
+        cmocka_unit_test(test_resume),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, setup, teardown);
 }
