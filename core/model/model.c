@@ -790,7 +790,8 @@ int model_create_ex(kern_device *dev, const model_config *cfg, const model_opts 
         m->nparams = m->layout.nparams;
         m->ngrad = m->layout.ntrain;
         rc = o->comm == NULL         ? alloc_buffers(m, err)
-             : o->host_params != NULL ? model_shard_create_host(m, o->comm, o->rank, o->world, o->host_params, err)
+             : o->host_params != NULL ? model_shard_create_host(m, o->comm, o->rank, o->world, o->host_params,
+                                                                o->host_params_pin, err)
                                       : model_shard_create(m, o->comm, o->rank, o->world, err);
     }
     if (rc == 0 && m->family->create != NULL)

@@ -30,6 +30,7 @@ struct model_shard {
     host_mem *host;
     float *hgrads, *hstage;
     size_t slice_n;
+    int npinned;         /* of m->params, hstage: registered with the device, in that order */
     uint64_t gathers;
     int rc;
 };
@@ -192,6 +193,28 @@ static int alloc_host(model_shard *s, size_t floats, float **p, acc_err *err)
     return host_mem_alloc(s->host, floats * sizeof(float), (void **)p, err);
 }
 
+/* offload_param.pin_memory: the parameters (uploaded for each gather) and
+ * the staging (downloaded into for each reduce-scatter), both or neither. */
+static int pin_partition(model *m, model_shard *s, acc_err *err)
+{
+    const kern_ops *k = m->dev->ops;
+    float *bufs[2] = {m->params, s->hstage};
+    size_t n[2] = {s->pn, s->slice_n};
+    if (k->host_register == NULL)
+        return 0;
+    for (int i = 0; i < 2; i++) {
+        acc_err e = {0};
+        if (n[i] == 0)
+            break;
+        int rc = k->host_register(m->dev, bufs[i], n[i] * sizeof(float), &e);
+        if (rc != 0)
+            return acc_err_set(err, rc, "zero_optimization.offload_param.pin_memory",
+                               "pin_memory: the device cannot page-lock the parameter partition: %s", e.msg);
+        s->npinned = i + 1;
+    }
+    return 0;
+}
+
 /* offload_param: the partition's parameters, gradients and the staging
  * in host memory; the device keeps the caller's tail, then the slots. */
 static int alloc_partition(model *m, model_shard *s, acc_err *err)
@@ -209,6 +232,8 @@ static int alloc_partition(model *m, model_shard *s, acc_err *err)
         rc = alloc_host(s, s->pn, &s->hgrads, err);
     if (rc == 0)
         rc = alloc_host(s, s->slice_n, &s->hstage, err);
+    if (rc == 0 && m->shard_pin)
+        rc = pin_partition(m, s, err);
     if (rc == 0)
         rc = alloc_zeroed(m, m->grad_tail, &m->grads, err);
     if (rc == 0)
@@ -216,9 +241,10 @@ static int alloc_partition(model *m, model_shard *s, acc_err *err)
     return rc;
 }
 
-int model_shard_create_host(model *m, kern_comm *c, int rank, int world, host_mem *host, acc_err *err)
+int model_shard_create_host(model *m, kern_comm *c, int rank, int world, host_mem *host, bool pin, acc_err *err)
 {
     m->shard_host = host;
+    m->shard_pin = pin;
     return model_shard_create(m, c, rank, world, err);
 }
 
@@ -273,6 +299,9 @@ void model_shard_free(model *m)
     free(s->tpos);
     free(s->play.t);
     free(s->snap);
+    float *pinned[2] = {m->params, s->hstage};
+    for (int i = s->npinned - 1; i >= 0; i--)
+        d->ops->host_unregister(d, pinned[i]);
     if (s->host != NULL) { /* m->params too: model_free leaves it to us */
         host_mem_free(s->host, m->params, s->pn * sizeof(float));
         host_mem_free(s->host, s->hgrads, s->pn * sizeof(float));

@@ -105,7 +105,12 @@ void model_shard_free(model *m);
  * device. A gather uploads the rank's slice into the slot, a reduce-
  * scatter's slice is downloaded and added on the host (fp32, the device
  * add's bits). */
-int model_shard_create_host(model *m, kern_comm *c, int rank, int world, struct host_mem *host, acc_err *err);
+/* With `pin`, the buffers that cross the bus (the parameters, the
+ * staging) are page-locked through the device's host_register where it
+ * has one (CUDA; CPU devices: nothing to do); a refusal is ACC_EDEVICE
+ * naming zero_optimization.offload_param.pin_memory. */
+int model_shard_create_host(model *m, kern_comm *c, int rank, int world, struct host_mem *host, bool pin,
+                            acc_err *err);
 bool model_shard_on_host(const model *m);
 float *model_shard_host_grads(model *m);          /* NULL unless on the host */
 void model_shard_zero_host_grads(model *m);

@@ -540,6 +540,7 @@ static int rank_setup(rank_state *rs, acc_err *err)
         mo.rank = rs->rank;
         mo.world = t->nranks;
         mo.host_params = s->offload_param ? &t->host : NULL; /* offload_param: the partition on the host */
+        mo.host_params_pin = s->offload_param_pin;
     }
     if (rc == 0 && (rc = model_create_ex(rs->dev, &t->cfg, &mo, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);

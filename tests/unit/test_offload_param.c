@@ -20,6 +20,8 @@
 
 #include "engine_fixture.h"
 #include "fsutil.h"
+#include "host_mem.h"
+#include "kern_comm.h"
 #include "kern_device.h"
 #include "mem_plan.h"
 #include "model.h"
@@ -500,6 +502,89 @@ static void test_resume(void **state)
         free(all[i]->params);
 }
 
+/* pin_memory: a CPU device copy whose host_register is a test double
+ * (records, refuses the call numbered `refuse`, 1-based). */
+typedef struct pin_dev {
+    kern_device dev; /* first: the ops get &dev */
+    void *reg[4];
+    int nreg, nunreg, refuse;
+} pin_dev;
+
+static int pin_register(kern_device *d, void *p, size_t bytes, acc_err *err)
+{
+    pin_dev *pd = (pin_dev *)d;
+    assert_true(bytes > 0);
+    if (pd->nreg + 1 == pd->refuse)
+        return acc_err_set(err, ACC_EDEVICE, "devices", "refused by the test");
+    pd->reg[pd->nreg++] = p;
+    return 0;
+}
+
+static void pin_unregister(kern_device *d, void *p)
+{
+    pin_dev *pd = (pin_dev *)d;
+    bool known = false;
+    for (int i = 0; i < pd->nreg; i++)
+        known = known || pd->reg[i] == p;
+    assert_true(known);
+    pd->nunreg++;
+}
+
+static void test_pin_memory(void **state)
+{
+    (void)state;
+    train_cfg s;
+    job_of(&s, "gpt2", 1, 3, true, true);
+    model_config cfg;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    kern_device_info info;
+    fx_devices(&info, 1, 0);
+    kern_device *d;
+    assert_int_equal(kern_device_open(&info, 1, &d, &err), 0);
+    kern_ops ops = *d->ops;
+    ops.host_register = pin_register;
+    ops.host_unregister = pin_unregister;
+    for (int refuse = 0; refuse <= 2; refuse++) {
+        pin_dev pd = {.dev = *d, .refuse = refuse};
+        pd.dev.ops = &ops;
+        kern_comm *c;
+        assert_int_equal(kern_comm_create(1, &c, &err), 0);
+        assert_int_equal(kern_comm_bind(c, 0, &pd.dev, &err), 0);
+        host_mem hm;
+        host_mem_init(&hm, 0);
+        model_opts mo = {.T = s.model.seq_len, .grad_tail = 8, .comm = c, .rank = 0, .world = 1,
+                         .host_params = &hm, .host_params_pin = true};
+        model *m = NULL;
+        int rc = model_create_ex(&pd.dev, &cfg, &mo, &m, &err);
+        if (refuse == 0) { /* the parameters and the staging, undone at free */
+            assert_int_equal(rc, 0);
+            assert_int_equal(pd.nreg, 2);
+            assert_true(pd.reg[0] == m->params);
+            model_free(m);
+            assert_int_equal(pd.nunreg, 2);
+        } else { /* refused: what was registered undone, nothing left */
+            assert_int_equal(rc, ACC_EDEVICE);
+            assert_string_equal(err.field, "zero_optimization.offload_param.pin_memory");
+            assert_non_null(strstr(err.msg, "refused by the test"));
+            assert_int_equal(pd.nunreg, refuse - 1);
+        }
+        assert_int_equal(host_mem_in_use(&hm), 0);
+        host_mem_destroy(&hm);
+        kern_comm_destroy(c);
+    }
+    kern_device_close(d);
+    /* a pinned job on CPU devices (nothing to pin): the same bits */
+    run_out a, b;
+    job_of(&s, "gpt2", 2, 3, true, true);
+    run(&s, &a);
+    s.offload_param_pin = true;
+    run(&s, &b);
+    assert_bits(&a, &b, 0, s.max_steps);
+    free(a.params);
+    free(b.params);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -509,6 +594,7 @@ int main(void)
         cmocka_unit_test(test_stage0_one_rank),
         cmocka_unit_test(test_llama_one_device),
         cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_pin_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
