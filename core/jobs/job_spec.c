@@ -912,21 +912,6 @@ static int zero_not_yet(const char *f, acc_err *err)
                        "offload)", f);
 }
 
-/* offload_optimizer / offload_param: {"device": "none"} means no offload. */
-static int zero_offload(const json_t *z, const char *prefix, const char *key, job_spec *out, acc_err *err)
-{
-    char f[160];
-    const json_t *o = json_object_get(z, key);
-    if (o == NULL || json_is_null(o))
-        return 0;
-    field(f, sizeof f, prefix, key);
-    const char *dev = json_is_object(o) ? json_string_value(json_object_get(o, "device")) : NULL;
-    if (dev == NULL || strcmp(dev, "none") != 0)
-        return zero_not_yet(f, err);
-    note_ignored(out, prefix, key);
-    return 0;
-}
-
 /* offload_optimizer: {"device": "cpu" | "none" (DeepSpeed's default),
  * "pin_memory": bool}; DeepSpeed's other keys mean nothing here and are
  * listed as ignored, and so is the whole key with "none" (no effect);
@@ -936,6 +921,43 @@ static const char *const offload_opt_keys[] = {
     /* ignored from here (OFFLOAD_FIRST_IGNORED) */
     "buffer_count", "fast_init", "ratio", "nvme_path", "pipeline", "pipeline_read", "pipeline_write", NULL};
 #define OFFLOAD_FIRST_IGNORED 2
+
+/* offload_param: {"device": "cpu" | "none", "pin_memory": bool}; DeepSpeed's
+ * buffer and NVMe keys mean nothing here and are listed as ignored;
+ * "nvme" is refused as not supported yet. Needs stage 3 and
+ * offload_optimizer (check_offload_param). */
+static const char *const offload_param_keys[] = {
+    "device", "pin_memory",
+    /* ignored from here (OFFLOAD_FIRST_IGNORED) */
+    "buffer_count", "buffer_size", "max_in_cpu", "nvme_path", NULL};
+
+static int zero_offload_param(const json_t *z, const char *prefix, job_spec *out, acc_err *err)
+{
+    char f[160], fd[176];
+    const json_t *o = json_object_get(z, "offload_param");
+    if (o == NULL || json_is_null(o))
+        return 0;
+    field(f, sizeof f, prefix, "offload_param");
+    if (!json_is_object(o))
+        return acc_err_set(err, ACC_EINVAL, f, "%s must be an object, got %s", f, json_kind(o));
+    char dev[16] = "none";
+    bool pin = false;
+    int rc;
+    if ((rc = classify_keys(o, f, offload_param_keys, OFFLOAD_FIRST_IGNORED, "unknown key", out, err)) ||
+        (rc = get_str(o, f, "device", true, dev, sizeof dev, NULL, err)) ||
+        (rc = get_bool(o, f, "pin_memory", &pin, err)))
+        return rc;
+    field(fd, sizeof fd, f, "device");
+    if (!strcmp(dev, "nvme"))
+        return acc_err_set(err, ACC_EINVAL, fd, "%s \"nvme\" is not supported yet (use \"cpu\" or \"none\")", fd);
+    if (strcmp(dev, "cpu") != 0 && strcmp(dev, "none") != 0)
+        return acc_err_set(err, ACC_EINVAL, fd, "%s must be \"cpu\" or \"none\", got \"%s\"", fd, dev);
+    out->offload_param = !strcmp(dev, "cpu");
+    out->offload_param_pin = out->offload_param && pin;
+    if (!out->offload_param) /* "none": the partition stays on the device */
+        note_ignored(out, prefix, "offload_param");
+    return 0;
+}
 
 static int zero_offload_optimizer(const json_t *z, const char *prefix, job_spec *out, acc_err *err)
 {
@@ -988,7 +1010,7 @@ static int parse_zero(const json_t *z, const char *prefix, job_spec *out, int *s
         return rc;
     if ((rc = classify_keys(z, prefix, zero_keys, ZERO_FIRST_IGNORED, "unknown key", out, err)) ||
         (rc = zero_offload_optimizer(z, prefix, out, err)) ||
-        (rc = zero_offload(z, prefix, "offload_param", out, err)))
+        (rc = zero_offload_param(z, prefix, out, err)))
         return rc;
     for (int i = 3; i < ZERO_FIRST_IGNORED; i++)
         if ((rc = zero_default_only(z, prefix, zero_keys[i], out, err)))
@@ -1463,6 +1485,34 @@ static int check_zero3(const job_spec *out, const char *zero_field, acc_err *err
     return 0;
 }
 
+/* The offload_param key's field: where it was given (the deepspeed
+ * section or its file first, as get_zero reads them). */
+static const char *offload_param_field(const json_t *ds)
+{
+    const json_t *z = ds != NULL ? json_object_get(ds, "zero_optimization") : NULL;
+    if (z != NULL && json_object_get(z, "offload_param") != NULL)
+        return "deepspeed.zero_optimization.offload_param";
+    return "zero_optimization.offload_param";
+}
+
+/* Parameter offload partitions the parameters (stage 3 only) and keeps
+ * them on the host next to the optimizer state, which AdamW then updates
+ * there in place (as DeepSpeed's ZeRO-Infinity configs pair them). */
+static int check_offload_param(const job_spec *out, const char *f, acc_err *err)
+{
+    if (!out->offload_param)
+        return 0;
+    if (out->zero_stage != 3)
+        return acc_err_set(err, ACC_EINVAL, f,
+                           "%s needs zero_optimization.stage 3 (the parameters partitioned), got stage %d", f,
+                           out->zero_stage);
+    if (!out->offload_optimizer)
+        return acc_err_set(err, ACC_EINVAL, f,
+                           "%s needs offload_optimizer {\"device\": \"cpu\"} too (AdamW then updates the host "
+                           "partition in place)", f);
+    return 0;
+}
+
 static int check_cross(job_spec *out, acc_err *err)
 {
     if (out->model.padded_vocab_size == 0)
@@ -1657,7 +1707,10 @@ static int parse_root(const json_t *root, const json_t *origin, const acc_conf *
     if ((rc = parse_sections(root, conf, out, err)) || (rc = resolve_batch(&b, out, err)) ||
         (rc = get_eval_prompts(root, out, err)))
         return rc;
-    if (out->zero_stage >= 1 && out->devices < 2)
+    if ((rc = check_offload_param(out, offload_param_field(ds), err)))
+        return rc;
+    /* stage 3 with parameter offload runs on one device: the point of it */
+    if (out->zero_stage >= 1 && out->devices < 2 && !(out->zero_stage == 3 && out->offload_param))
         return acc_err_set(err, ACC_EINVAL, zero_field,
                            "%s %d shards the optimizer state over the job's devices: it needs devices >= 2 "
                            "(devices is %d)", zero_field, out->zero_stage, out->devices);

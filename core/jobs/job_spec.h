@@ -113,6 +113,12 @@ typedef struct job_spec {
      * CUDA devices */
     bool offload_optimizer;
     bool offload_pin_memory;
+    /* zero_optimization.offload_param: {"device": "cpu"} (stage 3 with
+     * offload_optimizer only) keeps each rank's parameter partition and
+     * its gradient partition in host memory (mem_plan.h
+     * plan_host_params_bytes); pin_memory as offload_optimizer's */
+    bool offload_param;
+    bool offload_param_pin;
 } job_spec;
 
 /* Parse and validate a JSON document (text of `len` bytes) against the

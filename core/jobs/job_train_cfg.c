@@ -56,4 +56,6 @@ void job_spec_train_cfg(const job_spec *s, train_cfg *out)
     out->plan_only = s->plan_only;
     out->offload_optimizer = s->offload_optimizer;
     out->offload_pin_memory = s->offload_pin_memory;
+    out->offload_param = s->offload_param;
+    out->offload_param_pin = s->offload_param_pin;
 }

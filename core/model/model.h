@@ -507,6 +507,8 @@ struct model {
     /* ZeRO stage 3 (model_shard.h): params and grads hold this rank's
      * partition only, the blocks are gathered into slots; NULL: whole */
     struct model_shard *shard;
+    struct host_mem *shard_host; /* offload_param: where the partition lives (NULL: the device) */
+    bool shard_pin;              /* and its buffers that cross the bus page-locked */
     size_t nheld;         /* floats of params and grads this rank holds: ngrad, or its partition's */
     float *gtail;         /* the caller's tail: grads + ngrad, or (ZeRO-3) past rank 0's
                            * partition, at the same offset on every rank */
@@ -530,6 +532,10 @@ typedef struct model_opts {
      * `comm` (model_shard.h), this one `rank`; NULL: a whole model */
     struct kern_comm *comm;
     int rank, world;
+    /* with comm: the partition in this host memory (offload_param,
+     * model_shard_create_host); NULL: on the device */
+    struct host_mem *host_params;
+    bool host_params_pin; /* and page-locked where the device can (offload_param.pin_memory) */
 } model_opts;
 
 /* Allocate parameters and gradients (zeroed), then activations for B x T

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "checked.h"
+#include "host_mem.h"
 #include "kern_span.h"
 
 struct model_shard {
@@ -23,6 +24,13 @@ struct model_shard {
     float *eslot, *egslot; /* the ends' parameters and gradients */
     model_layout play;   /* the partition as a layout */
     float *snap;         /* the gathered parameters (host), or NULL */
+    /* offload_param: m->params and hgrads (pn each) and the staging of one
+     * slice (slice_n) in host memory through `host`; m->grads is then the
+     * device tail alone */
+    host_mem *host;
+    float *hgrads, *hstage;
+    size_t slice_n;
+    int npinned;         /* of m->params, hstage: registered with the device, in that order */
     uint64_t gathers;
     int rc;
 };
@@ -51,7 +59,10 @@ static void sizes_of_groups(const size_t *gn, int L, int rank, int world, model_
 {
     memset(s, 0, sizeof *s);
     for (int g = 0; g <= L; g++) {
-        s->pn += slice_lo(gn[g], rank + 1, world) - slice_lo(gn[g], rank, world);
+        size_t own = slice_lo(gn[g], rank + 1, world) - slice_lo(gn[g], rank, world);
+        s->pn += own;
+        if (own > s->slice)
+            s->slice = own;
         if (g < L && gn[g] > s->slot)
             s->slot = gn[g];
     }
@@ -160,6 +171,7 @@ static int build_plan(model *m, model_shard *s, acc_err *err)
     sizes_of_groups(s->gn, L, s->rank, s->world, &z);
     s->pn = z.pn;
     s->slot_n = z.slot;
+    s->slice_n = z.slice;
     sizes_of_groups(s->gn, L, 0, s->world, &z);
     s->pn0 = z.pn;
     return build_play(m, s, err);
@@ -176,6 +188,66 @@ static int alloc_zeroed(model *m, size_t floats, float **p, acc_err *err)
     return rc;
 }
 
+static int alloc_host(model_shard *s, size_t floats, float **p, acc_err *err)
+{
+    return host_mem_alloc(s->host, floats * sizeof(float), (void **)p, err);
+}
+
+/* offload_param.pin_memory: the parameters (uploaded for each gather) and
+ * the staging (downloaded into for each reduce-scatter), both or neither. */
+static int pin_partition(model *m, model_shard *s, acc_err *err)
+{
+    const kern_ops *k = m->dev->ops;
+    float *bufs[2] = {m->params, s->hstage};
+    size_t n[2] = {s->pn, s->slice_n};
+    if (k->host_register == NULL)
+        return 0;
+    for (int i = 0; i < 2; i++) {
+        acc_err e = {0};
+        if (n[i] == 0)
+            break;
+        int rc = k->host_register(m->dev, bufs[i], n[i] * sizeof(float), &e);
+        if (rc != 0)
+            return acc_err_set(err, rc, "zero_optimization.offload_param.pin_memory",
+                               "pin_memory: the device cannot page-lock the parameter partition: %s", e.msg);
+        s->npinned = i + 1;
+    }
+    return 0;
+}
+
+/* offload_param: the partition's parameters, gradients and the staging
+ * in host memory; the device keeps the caller's tail, then the slots. */
+static int alloc_partition(model *m, model_shard *s, acc_err *err)
+{
+    if (s->host == NULL) { /* the order model_shard_state_bytes counts: params, grads */
+        int rc = alloc_zeroed(m, s->pn, &m->params, err);
+        if (rc == 0)
+            rc = alloc_zeroed(m, s->pn0 + m->grad_tail, &m->grads, err);
+        if (rc == 0)
+            m->gtail = m->grads + s->pn0;
+        return rc;
+    }
+    int rc = alloc_host(s, s->pn, &m->params, err);
+    if (rc == 0)
+        rc = alloc_host(s, s->pn, &s->hgrads, err);
+    if (rc == 0)
+        rc = alloc_host(s, s->slice_n, &s->hstage, err);
+    if (rc == 0 && m->shard_pin)
+        rc = pin_partition(m, s, err);
+    if (rc == 0)
+        rc = alloc_zeroed(m, m->grad_tail, &m->grads, err);
+    if (rc == 0)
+        m->gtail = m->grads;
+    return rc;
+}
+
+int model_shard_create_host(model *m, kern_comm *c, int rank, int world, host_mem *host, bool pin, acc_err *err)
+{
+    m->shard_host = host;
+    m->shard_pin = pin;
+    return model_shard_create(m, c, rank, world, err);
+}
+
 int model_shard_create(model *m, kern_comm *c, int rank, int world, acc_err *err)
 {
     if (m->cfg.lora.r > 0 || m->layout.ntrain != m->layout.nparams)
@@ -189,13 +261,11 @@ int model_shard_create(model *m, kern_comm *c, int rank, int world, acc_err *err
     s->rank = rank;
     s->world = world;
     s->holds[0] = s->holds[1] = -1;
+    s->host = m->shard_host;
     int rc = build_plan(m, s, err);
     size_t ends = s->gn[s->ng - 1];
-    /* the order model_shard_state_bytes counts: params, grads, then the slots */
     if (rc == 0)
-        rc = alloc_zeroed(m, s->pn, &m->params, err);
-    if (rc == 0)
-        rc = alloc_zeroed(m, s->pn0 + m->grad_tail, &m->grads, err);
+        rc = alloc_partition(m, s, err);
     if (rc == 0)
         rc = alloc_zeroed(m, s->slot_n, &s->pslot[0], err);
     if (rc == 0)
@@ -210,7 +280,6 @@ int model_shard_create(model *m, kern_comm *c, int rank, int world, acc_err *err
         return rc; /* model_free frees what was made */
     m->nf32 = m->nparams;
     m->nheld = s->pn;
-    m->gtail = m->grads + s->pn0;
     return 0;
 }
 
@@ -230,6 +299,15 @@ void model_shard_free(model *m)
     free(s->tpos);
     free(s->play.t);
     free(s->snap);
+    float *pinned[2] = {m->params, s->hstage};
+    for (int i = s->npinned - 1; i >= 0; i--)
+        d->ops->host_unregister(d, pinned[i]);
+    if (s->host != NULL) { /* m->params too: model_free leaves it to us */
+        host_mem_free(s->host, m->params, s->pn * sizeof(float));
+        host_mem_free(s->host, s->hgrads, s->pn * sizeof(float));
+        host_mem_free(s->host, s->hstage, s->slice_n * sizeof(float));
+        m->params = NULL;
+    }
     free(s);
     m->shard = NULL;
 }
@@ -291,7 +369,9 @@ static int gather_group(model *m, const float *part, int g, float *slot)
 {
     model_shard *s = m->shard;
     size_t n = s->gn[g], lo = slice_lo(n, s->rank, s->world), hi = slice_lo(n, s->rank + 1, s->world);
-    if (hi > lo)
+    if (hi > lo && s->host != NULL) /* offload_param: partitions are host vectors */
+        m->dev->ops->upload(m->dev, slot + lo, part + s->gpoff[g], (hi - lo) * sizeof(float));
+    else if (hi > lo)
         m->dev->ops->copy(m->dev, slot + lo, part + s->gpoff[g], (hi - lo) * sizeof(float));
     return n > 0 ? kern_comm_allgather(s->comm, s->rank, slot, n) : 0;
 }
@@ -309,7 +389,12 @@ static int scatter_group(model *m, int g, float *slot)
     int fin = kern_comm_reduce_finish(s->comm, s->rank);
     if (rc == 0)
         rc = fin;
-    if (rc == 0 && hi > lo) {
+    if (rc == 0 && hi > lo && s->host != NULL) { /* down, then added in fp32 as the device adds */
+        float *acc = s->hgrads + s->gpoff[g];
+        m->dev->ops->download(m->dev, s->hstage, slot + lo, (hi - lo) * sizeof(float));
+        for (size_t i = 0; i < hi - lo; i++)
+            acc[i] = acc[i] + s->hstage[i];
+    } else if (rc == 0 && hi > lo) {
         float *acc = m->grads + s->gpoff[g];
         m->dev->ops->add(m->dev, acc, acc, slot + lo, hi - lo);
     }
@@ -397,7 +482,10 @@ typedef struct copy_ctx {
 static void upload_piece(model *m, size_t poff, size_t k0, size_t len, void *ctx)
 {
     copy_ctx *c = ctx;
-    m->dev->ops->upload(m->dev, c->part + poff, c->host + k0, len * sizeof(float));
+    if (m->shard->host != NULL) /* offload_param: the partition is in host memory */
+        memcpy(c->part + poff, c->host + k0, len * sizeof(float));
+    else
+        m->dev->ops->upload(m->dev, c->part + poff, c->host + k0, len * sizeof(float));
 }
 
 void model_shard_copy(model *m, float *down, const float *up, size_t off, size_t n)
@@ -479,4 +567,44 @@ uint64_t model_shard_gathers(const model *m)
 int model_shard_error(const model *m)
 {
     return m->shard != NULL ? m->shard->rc : 0;
+}
+
+bool model_shard_on_host(const model *m)
+{
+    return m->shard != NULL && m->shard->host != NULL;
+}
+
+float *model_shard_host_grads(model *m)
+{
+    return model_shard_on_host(m) ? m->shard->hgrads : NULL;
+}
+
+void model_shard_zero_host_grads(model *m)
+{
+    if (model_shard_on_host(m))
+        memset(m->shard->hgrads, 0, m->shard->pn * sizeof(float));
+}
+
+/* The CPU kernel's sum (kern_cpu.c cpu_sumsq): 64 fixed chunks of double
+ * sums, added in order; independent of threads, so the same bits. */
+double model_shard_host_sumsq(const model *m, size_t lo, size_t hi)
+{
+    enum { CHUNKS = 64 };
+    const float *x = m->shard->hgrads + lo;
+    size_t n = hi - lo;
+    double total = 0.0;
+    for (size_t k = 0; k < CHUNKS; k++) {
+        size_t a = n * k / CHUNKS, b = n * (k + 1) / CHUNKS;
+        double part = 0.0;
+        for (size_t i = a; i < b; i++)
+            part += (double)x[i] * x[i];
+        total += part;
+    }
+    return total;
+}
+
+float *model_shard_device_scratch(model *m, size_t *n)
+{
+    *n = m->shard->slot_n;
+    return m->shard->gslot;
 }

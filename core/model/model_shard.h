@@ -52,6 +52,12 @@
  * slots of the largest block + the ends' slot; gradients pn0 + tail + one
  * gradient slot of the largest block + the ends' gradient slot.
  *
+ * offload_param (model_shard_create_host): params and the gradient
+ * partition (pn each) and one slice's staging in host memory; a gather
+ * uploads the rank's slice into the slot, a reduce-scatter's slice is
+ * downloaded and added on the host; the device keeps the slots and the
+ * caller's tail (m->grads, m->gtail == m->grads).
+ *
  * Host copies. model_weights_upload writes the rank's pieces of any range
  * (no collective: every rank uploads the same host values). Host reads of
  * the whole model on one rank (a checkpoint, the test hooks) come after
@@ -75,9 +81,11 @@
 typedef struct model_shard model_shard;
 
 /* The partition of rank `rank` of `world` for cfg: floats it holds (pn),
- * the largest block's floats (slot) and the ends' (ends). */
+ * the largest block's floats (slot) and the ends' (ends); slice: the
+ * largest of the rank's slices of one group (a block or the ends). */
 typedef struct model_shard_sizes {
     size_t pn, slot, ends;
+    size_t slice;
 } model_shard_sizes;
 int model_shard_sizes_of(const model_config *cfg, int rank, int world, model_shard_sizes *out,
                          acc_err *err);
@@ -91,6 +99,25 @@ int model_shard_state_bytes(const model_config *cfg, size_t grad_tail, int rank,
  * params, grads and the slots through the device's budget (zeroed). */
 int model_shard_create(model *m, kern_comm *c, int rank, int world, acc_err *err);
 void model_shard_free(model *m);
+/* offload_param: the same with the partition's parameters (m->params),
+ * its gradients (model_shard_host_grads) and a staging slice in host
+ * memory through `host`; m->grads is then the caller's tail alone, on the
+ * device. A gather uploads the rank's slice into the slot, a reduce-
+ * scatter's slice is downloaded and added on the host (fp32, the device
+ * add's bits). */
+/* With `pin`, the buffers that cross the bus (the parameters, the
+ * staging) are page-locked through the device's host_register where it
+ * has one (CUDA; CPU devices: nothing to do); a refusal is ACC_EDEVICE
+ * naming zero_optimization.offload_param.pin_memory. */
+int model_shard_create_host(model *m, kern_comm *c, int rank, int world, struct host_mem *host, bool pin,
+                            acc_err *err);
+bool model_shard_on_host(const model *m);
+float *model_shard_host_grads(model *m);          /* NULL unless on the host */
+void model_shard_zero_host_grads(model *m);
+/* Sum of squares of host gradients [lo, hi), the CPU device's bits. */
+double model_shard_host_sumsq(const model *m, size_t lo, size_t hi);
+/* A device buffer free between passes (the gradient slot) and its floats. */
+float *model_shard_device_scratch(model *m, size_t *n);
 
 /* The weights / gradient slot of the tensor starting at layout offset off
  * (its group gathered). */

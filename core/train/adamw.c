@@ -99,8 +99,34 @@ int adamw_create_host(kern_device *dev, host_mem *host, int threads, bool pin, s
     return 0;
 }
 
+int adamw_create_host_on(kern_device *dev, host_mem *host, int threads, size_t lo, size_t hi, float *params_host,
+                         float *grads_host, adamw **out, acc_err *err)
+{
+    *out = NULL;
+    uint64_t bytes;
+    int rc = adamw_state_bytes(lo, hi, &bytes, err);
+    if (rc != 0)
+        return rc;
+    adamw *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
+    *a = (adamw){.dev = dev, .lo = lo, .hi = hi, .host = host, .threads = threads >= 1 ? threads : 1,
+                 .master = params_host, .g = grads_host, .aliased = true};
+    size_t each = (hi - lo) * sizeof(float);
+    if ((rc = host_mem_alloc(host, each, (void **)&a->m, err)) == 0)
+        rc = host_mem_alloc(host, each, (void **)&a->v, err);
+    if (rc != 0) {
+        adamw_free(a);
+        return rc;
+    }
+    *out = a;
+    return 0;
+}
+
 void adamw_load_master(adamw *a, const float *params)
 {
+    if (a->aliased) /* the master copy is the parameters themselves */
+        return;
     if (a->host != NULL && a->hi > a->lo)
         a->dev->ops->download(a->dev, a->master, params + a->lo, (a->hi - a->lo) * sizeof(float));
 }
@@ -139,8 +165,10 @@ void adamw_free(adamw *a)
             a->dev->ops->host_unregister(a->dev, a->g);
             a->dev->ops->host_unregister(a->dev, a->master);
         }
-        host_mem_free(a->host, a->g, each);
-        host_mem_free(a->host, a->master, each);
+        if (!a->aliased) {
+            host_mem_free(a->host, a->g, each);
+            host_mem_free(a->host, a->master, each);
+        }
         host_mem_free(a->host, a->v, each);
         host_mem_free(a->host, a->m, each);
         free(a);
@@ -234,7 +262,8 @@ static void host_step(step_args *base)
     size_t bytes = (a->hi - a->lo) * sizeof(float);
     if (bytes == 0)
         return;
-    a->dev->ops->download(a->dev, a->g, base->grads + a->lo, bytes);
+    if (!a->aliased)
+        a->dev->ops->download(a->dev, a->g, base->grads + a->lo, bytes);
     int nt = a->threads;
     step_args args[HOST_MAX_THREADS];
     pthread_t th[HOST_MAX_THREADS];
@@ -255,7 +284,8 @@ static void host_step(step_args *base)
         else
             host_thread(&args[i]);
     }
-    a->dev->ops->upload(a->dev, base->params + a->lo, a->master, bytes);
+    if (!a->aliased)
+        a->dev->ops->upload(a->dev, base->params + a->lo, a->master, bytes);
 }
 
 void adamw_step(adamw *a, const model_layout *l, float *params, const float *grads, float lr,

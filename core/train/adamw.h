@@ -52,6 +52,7 @@ typedef struct adamw {
     float *master, *g;
     int threads;
     bool pinned;        /* master and g are registered with the device (host_register) */
+    bool aliased;       /* adamw_create_host_on: master and g are the caller's (not freed) */
 } adamw;
 
 /* ---- shard arithmetic (pure)
@@ -90,6 +91,12 @@ int adamw_create(kern_device *dev, size_t lo, size_t hi, adamw **out, acc_err *e
  * host_register where it has one (CUDA; CPU devices: nothing to do); a
  * refusal is ACC_EDEVICE naming zero_optimization.offload_optimizer.pin_memory.
  * The master copy is zero until adamw_load_master. */
+/* offload_param: the parameters and gradients of [lo, hi) already in host
+ * memory (params_host, grads_host: [hi - lo] each, the model's host
+ * partition): only the moments are allocated in `host`; the step updates
+ * params_host in place from grads_host, nothing crosses the bus. */
+int adamw_create_host_on(kern_device *dev, host_mem *host, int threads, size_t lo, size_t hi, float *params_host,
+                         float *grads_host, adamw **out, acc_err *err);
 int adamw_create_host(kern_device *dev, host_mem *host, int threads, bool pin, size_t lo, size_t hi,
                       adamw **out, acc_err *err);
 void adamw_free(adamw *a);

@@ -157,11 +157,39 @@ static int device_state_parts(const model_config *cfg, int zero, bool offload, i
     return rc;
 }
 
+/* offload_param (stage 3): the partition's parameters (pn floats) and
+ * gradients (rank 0's pn0, where the trainer's slots start) leave the
+ * device; the gather slots and the trainer's slots stay. What leaves, in
+ * bytes, by part. */
+static int offload_param_moved(const model_config *cfg, int world, int rank, uint64_t *weights, uint64_t *grads)
+{
+    model_shard_sizes z, z0;
+    if (model_shard_sizes_of(cfg, rank, world, &z, NULL) != 0 || model_shard_sizes_of(cfg, 0, world, &z0, NULL) != 0)
+        return ACC_EINVAL;
+    *weights = (uint64_t)z.pn * sizeof(float); /* at most nparams: 4 bytes each fit */
+    *grads = (uint64_t)z0.pn * sizeof(float);
+    return 0;
+}
+
+/* device_state_parts less what offload_param keeps on the host. */
+static void offload_param_parts(const model_config *cfg, int world, int rank, plan_parts *p)
+{
+    uint64_t w, g;
+    if (offload_param_moved(cfg, world, rank, &w, &g) != 0)
+        return;
+    p->weights = p->weights >= w ? p->weights - w : 0;
+    p->gradients = p->gradients >= g ? p->gradients - g : 0;
+}
+
 static int state_bytes(const train_cfg *spec, const model_config *cfg, uint64_t *bytes, acc_err *err)
 {
     int rc = state_bytes_z(cfg, spec->zero_stage, spec->devices, 0, bytes, err);
     if (rc == 0 && spec->offload_optimizer)
         *bytes -= plan_optim_bytes(cfg, spec->zero_stage, spec->devices, 0);
+    uint64_t w, g;
+    if (rc == 0 && spec->offload_param && spec->zero_stage >= 3 &&
+        offload_param_moved(cfg, spec->devices, 0, &w, &g) == 0)
+        *bytes -= w + g;
     return rc;
 }
 
@@ -169,6 +197,17 @@ uint64_t plan_rank_device_state_bytes(const model_config *cfg, int zero, bool of
 {
     uint64_t b = plan_rank_state_bytes(cfg, zero, world, rank);
     return offload && b != ACC_SIZE_OVERFLOW ? b - plan_optim_bytes(cfg, zero, world, rank) : b;
+}
+
+uint64_t plan_rank_device_state_bytes_op(const model_config *cfg, int zero, bool offload, bool offload_param,
+                                         int world, int rank)
+{
+    uint64_t b = plan_rank_device_state_bytes(cfg, zero, offload, world, rank), w, g;
+    if (!offload_param || zero < 3 || b == ACC_SIZE_OVERFLOW)
+        return b;
+    if (offload_param_moved(cfg, world, rank, &w, &g) != 0)
+        return ACC_SIZE_OVERFLOW;
+    return b - w - g;
 }
 
 uint64_t plan_host_optim_bytes(const model_config *cfg, int zero, bool offload, int world, int rank)
@@ -181,13 +220,39 @@ uint64_t plan_host_optim_bytes(const model_config *cfg, int zero, bool offload, 
     return adamw_host_bytes(lo, hi, &b, NULL) == 0 ? b : ACC_SIZE_OVERFLOW;
 }
 
+uint64_t plan_host_optim_bytes_op(const model_config *cfg, int zero, bool offload, bool offload_param, int world,
+                                  int rank)
+{
+    size_t lo, hi;
+    uint64_t b;
+    if (!offload || !offload_param || zero < 3)
+        return plan_host_optim_bytes(cfg, zero, offload, world, rank);
+    /* the master copy and the gradients' copy are the host partitions */
+    optim_range(cfg, zero, world, rank, &lo, &hi);
+    return adamw_state_bytes(lo, hi, &b, NULL) == 0 ? b : ACC_SIZE_OVERFLOW;
+}
+
+uint64_t plan_host_params_bytes(const model_config *cfg, int zero, bool offload_param, int world, int rank)
+{
+    model_shard_sizes z;
+    if (!offload_param || zero < 3)
+        return 0;
+    if (model_shard_sizes_of(cfg, rank, world, &z, NULL) != 0)
+        return ACC_SIZE_OVERFLOW;
+    /* parameters, gradients, the staging of one slice (each at most nparams floats) */
+    return ((uint64_t)z.pn * 2 + z.slice) * sizeof(float);
+}
+
 /* plan_host_bytes for the spec's resolved config. */
 static int host_bytes(const train_cfg *spec, const model_config *cfg, uint64_t *bytes, acc_err *err)
 {
     int w = spec->devices > 0 ? spec->devices : 1;
     *bytes = 0;
     for (int r = 0; r < w; r++)
-        *bytes = acc_sat_add_u64(*bytes, plan_host_optim_bytes(cfg, spec->zero_stage, spec->offload_optimizer, w, r));
+        *bytes = acc_sat_add_u64(acc_sat_add_u64(*bytes, plan_host_optim_bytes_op(cfg, spec->zero_stage,
+                                                                                spec->offload_optimizer,
+                                                                                spec->offload_param, w, r)),
+                                 plan_host_params_bytes(cfg, spec->zero_stage, spec->offload_param, w, r));
     if (*bytes == ACC_SIZE_OVERFLOW)
         return acc_err_set(err, ACC_EINVAL, "zero_optimization.offload_optimizer",
                            "the offloaded optimizer state overflows 64-bit sizes");
@@ -332,7 +397,7 @@ int plan_next_smaller_micro(int per_rank, int m)
 /* ZeRO-3's state as model_shard_create allocates it, into allocs[0, 1]
  * (the partition's parameters, its gradients + the trainer's slots) and
  * allocs[7..11] (two parameter slots, the gradient slot, the ends' two). */
-static void z3_allocs(const model_config *cfg, int world, uint64_t *allocs)
+static void z3_allocs(const model_config *cfg, int world, bool offload_param, uint64_t *allocs)
 {
     model_shard_sizes z; /* rank 0's: the planner's row is rank 0's */
     if (model_shard_sizes_of(cfg, 0, world, &z, NULL) != 0)
@@ -340,6 +405,10 @@ static void z3_allocs(const model_config *cfg, int world, uint64_t *allocs)
     uint64_t f = sizeof(float);
     allocs[0] = z.pn * f;
     allocs[1] = (z.pn + TRAIN_SLOTS) * f;
+    if (offload_param) { /* on the host: the device keeps the trainer's slots */
+        allocs[0] = 0;
+        allocs[1] = TRAIN_SLOTS * f;
+    }
     allocs[7] = allocs[8] = allocs[9] = z.slot * f;
     allocs[10] = allocs[11] = z.ends * f;
 }
@@ -357,6 +426,8 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
     int seq_len = spec->model.seq_len;
     if (device_state_parts(cfg, spec->zero_stage, spec->offload_optimizer, spec->devices, 0, p, NULL) != 0)
         memset(p, 0, sizeof *p);
+    else if (spec->offload_param && spec->zero_stage >= 3)
+        offload_param_parts(cfg, spec->devices, 0, p);
     kern_workspace ws;
     plan_workspace_mode(cfg, ops, precision, m, seq_len, r->recompute, &ws);
     p->workspace = acc_sat_add_u64(ws.a_bytes, ws.b_bytes);
@@ -365,7 +436,7 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
     uint64_t allocs[] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer - p->optimizer / 2,
                          p->activations, ws.a_bytes, ws.b_bytes, 0, 0, 0, 0, 0};
     if (spec->zero_stage >= 3) /* the partition's buffers and the slots, one allocation each */
-        z3_allocs(cfg, spec->devices, allocs);
+        z3_allocs(cfg, spec->devices, spec->offload_param, allocs);
     p->rounding = 0;
     for (size_t i = 0; i < sizeof allocs / sizeof allocs[0]; i++)
         if (allocs[i] != 0 && allocs[i] != ACC_SIZE_OVERFLOW) {
@@ -429,8 +500,8 @@ static plan_row make_row(const model_config *cfg, const train_cfg *spec, const b
 {
     int m = split->m;
     plan_row r = {.micro_batch = m, .accum_steps = split->a, .recompute = recompute};
-    bool off = spec->offload_optimizer;
-    r.state_bytes = plan_rank_device_state_bytes(cfg, spec->zero_stage, off, spec->devices, 0);
+    bool off = spec->offload_optimizer, offp = spec->offload_param;
+    r.state_bytes = plan_rank_device_state_bytes_op(cfg, spec->zero_stage, off, offp, spec->devices, 0);
     r.optim_bytes = off ? 0 : plan_optim_bytes(cfg, spec->zero_stage, spec->devices, 0);
     r.act_bytes = plan_act_bytes(cfg, kind, spec->precision, m, spec->model.seq_len, recompute);
     r.peak_bytes = acc_sat_add_u64(r.state_bytes, r.act_bytes); /* UINT64_MAX never fits */
@@ -438,7 +509,9 @@ static plan_row make_row(const model_config *cfg, const train_cfg *spec, const b
     row_host(cfg, spec, &r);
     r.fits = r.device_bytes <= usable;
     /* offload_optimizer: moments, master copy and gradients' copy of rank 0's range */
-    r.host.optimizer = plan_host_optim_bytes(cfg, spec->zero_stage, off, spec->devices, 0);
+    r.host.optimizer = plan_host_optim_bytes_op(cfg, spec->zero_stage, off, offp, spec->devices, 0);
+    /* offload_param: the partition's parameters and gradients, one slice's staging */
+    r.host.params = plan_host_params_bytes(cfg, spec->zero_stage, offp, spec->devices, 0);
     r.host_bytes = acc_sat_add_u64(acc_sat_add_u64(r.host.batch, r.host.optimizer),
                                    acc_sat_add_u64(r.host.params, r.host.activations));
     return r;

@@ -148,6 +148,21 @@ uint64_t plan_optim_bytes(const model_config *cfg, int zero, int world, int rank
  * range; 0 without offload). UINT64_MAX on overflow. */
 uint64_t plan_rank_device_state_bytes(const model_config *cfg, int zero, bool offload, int world, int rank);
 uint64_t plan_host_optim_bytes(const model_config *cfg, int zero, bool offload, int world, int rank);
+/* The same with offload_param (train_cfg; stage 3 only, else no effect):
+ * the device no longer holds the partition's parameters (pn floats) nor
+ * its gradient partition (rank 0's pn0 floats, model_shard.h): it keeps
+ * the gather slots and the trainer's slots. The host holds the parameter
+ * and gradient partitions (pn floats each) and a staging buffer of the
+ * rank's largest slice (the reduce-scatter's download, added there):
+ * plan_host_params_bytes, (2 pn + slice) 4 bytes; with offload_optimizer,
+ * AdamW's master and gradients' copies are those partitions, so
+ * plan_host_optim_bytes_op is the two moments only. UINT64_MAX on
+ * overflow. */
+uint64_t plan_rank_device_state_bytes_op(const model_config *cfg, int zero, bool offload, bool offload_param,
+                                         int world, int rank);
+uint64_t plan_host_optim_bytes_op(const model_config *cfg, int zero, bool offload, bool offload_param, int world,
+                                  int rank);
+uint64_t plan_host_params_bytes(const model_config *cfg, int zero, bool offload_param, int world, int rank);
 /* A job's host bytes over all its ranks, as its host_mem budget counts
  * them (host_mem.h): the offloaded optimizer state of every rank. 0
  * without offload. ACC_EINVAL naming the field on overflow. */

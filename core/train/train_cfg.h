@@ -127,6 +127,12 @@ typedef struct train_cfg {
      * page-locked where the device can (CUDA) */
     bool offload_optimizer;
     bool offload_pin_memory;
+    /* zero_optimization.offload_param "cpu" (stage 3, with
+     * offload_optimizer): the rank's parameter partition and gradient
+     * partition in host memory, the device holding the gather slots only
+     * (mem_plan.h plan_host_params_bytes); offload_param_pin: page-locked */
+    bool offload_param;
+    bool offload_param_pin;
 } train_cfg;
 
 /* The data layer's part of `c` (data_cfg.h), copied into `out`. */

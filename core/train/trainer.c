@@ -65,6 +65,7 @@
 #include "mem_plan.h"
 #include "model_lora.h"
 #include "model.h"
+#include "model_shard.h"
 #include "model_hf.h"
 #include "oom.h"
 #include "optim.h"
@@ -396,14 +397,16 @@ int trainer_device_bytes(const train_cfg *spec, uint64_t *bytes, acc_err *err)
  * largest): the same number on every rank, so that decisions from it agree. */
 static uint64_t job_state_bytes(const trainer *t)
 {
-    return plan_rank_device_state_bytes(&t->cfg, t->zero->stage, t->spec.offload_optimizer, t->nranks, 0);
+    return plan_rank_device_state_bytes_op(&t->cfg, t->zero->stage, t->spec.offload_optimizer,
+                                           t->spec.offload_param, t->nranks, 0);
 }
 
 /* The state alone does not fit: no split can help. */
 static int state_oom(rank_state *rs, acc_err *err)
 {
-    uint64_t need = plan_rank_device_state_bytes(&rs->t->cfg, rs->t->zero->stage, rs->t->spec.offload_optimizer,
-                                                 rs->t->nranks, rs->rank);
+    uint64_t need = plan_rank_device_state_bytes_op(&rs->t->cfg, rs->t->zero->stage,
+                                                    rs->t->spec.offload_optimizer, rs->t->spec.offload_param,
+                                                    rs->t->nranks, rs->rank);
     return acc_err_set(err, ACC_EOOM, "",
                        "out of memory: %s need %llu bytes "
                        "per device, device %s has a budget of %llu bytes",
@@ -504,6 +507,10 @@ static int create_optimizer(rank_state *rs, acc_err *err)
     trainer *t = rs->t;
     if (!t->spec.offload_optimizer)
         return adamw_create(rs->dev, rs->zlo, rs->zhi, &rs->opt, err);
+    model *m = rs->model;
+    if (model_shard_on_host(m)) /* offload_param: AdamW on the host partitions themselves */
+        return adamw_create_host_on(rs->dev, &t->host, t->threads, rs->zlo, rs->zhi, m->params + rs->zlo,
+                                    model_shard_host_grads(m) + rs->zlo, &rs->opt, err);
     int rc = adamw_create_host(rs->dev, &t->host, t->threads, t->spec.offload_pin_memory, rs->zlo, rs->zhi,
                                &rs->opt, err);
     if (rc == 0 && t->hooks != NULL)
@@ -532,6 +539,8 @@ static int rank_setup(rank_state *rs, acc_err *err)
         mo.comm = t->comm;
         mo.rank = rs->rank;
         mo.world = t->nranks;
+        mo.host_params = s->offload_param ? &t->host : NULL; /* offload_param: the partition on the host */
+        mo.host_params_pin = s->offload_param_pin;
     }
     if (rc == 0 && (rc = model_create_ex(rs->dev, &t->cfg, &mo, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);
@@ -1040,6 +1049,8 @@ static double shard_sumsq(rank_state *rs, int r)
     size_t lo = rs->zlo, hi = rs->zhi; /* this rank's when it holds only its own */
     if (!rs->t->zero->grads_sharded)
         adamw_shard(m->ngrad, r, rs->t->nranks, &lo, &hi);
+    if (hi > lo && model_shard_on_host(m)) /* offload_param: the partition's gradients on the host */
+        return model_shard_host_sumsq(m, lo, hi);
     return hi > lo ? rs->dev->ops->sumsq(rs->dev, m->grads + lo, hi - lo) : 0.0;
 }
 
@@ -1326,7 +1337,9 @@ static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
     model_zero_grad(m);
     model_acts_free(m);
     if (!t->own_comm) {
-        int src = oom_share(t->comm, rs->rank, t->nranks, rs->dev, m->grads, m->nheld, t->oom);
+        size_t n = m->nheld; /* offload_param: the device's gradient slot instead */
+        float *buf = model_shard_on_host(m) ? model_shard_device_scratch(m, &n) : m->grads;
+        int src = oom_share(t->comm, rs->rank, t->nranks, rs->dev, buf, n, t->oom);
         model_zero_grad(m);
         if (src == ACC_ENOMEM)
             return acc_err_set(err, src, "", "out of host memory");

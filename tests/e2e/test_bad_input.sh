@@ -36,6 +36,7 @@ expect_error POST /v1/jobs '{"data":{"train":"gpl.txt"},"deepspeed":{"train_batc
 expect_error POST /v1/jobs '{"data":{"train":"gpl.txt"},"train_batch_size":8,"devices":2,"zero_optimization":{"stage":3},"lora":{"r":4}}' 400 zero_optimization.stage
 expect_error POST /v1/jobs '{"data":{"train":"gpl.txt"},"train_batch_size":8,"devices":2,"zero_optimization":{"stage":2,"offload_optimizer":{"device":"nvme"}}}' 400 zero_optimization.offload_optimizer.device
 expect_error POST /v1/jobs '{"data":{"train":"gpl.txt"},"deepspeed":{"train_batch_size":8,"zero_optimization":{"stage":1,"offload_param":{"device":"cpu"}}},"devices":2}' 400 deepspeed.zero_optimization.offload_param
+expect_error POST /v1/jobs '{"data":{"train":"gpl.txt"},"train_batch_size":8,"zero_optimization":{"stage":3,"offload_param":{"device":"nvme"}}}' 400 zero_optimization.offload_param.device
 expect_error POST /v1/jobs '{"data":{"train":"gpl.txt"},"train_batch_size":8,"zero_optimization":{"stage":1}}' 400 zero_optimization.stage
 out=$(curl -s -X POST --data-binary '{"data":{"train":"gpl.txt"},"train_batch_size":8,"devices":2,"zero_optimization":{"stage":3},"lora":{"r":4}}' "$BASE/v1/jobs")
 echo "$out" | jq -r .error.message | grep -q "not supported yet" || fail "stage 3 with LoRA message: $out"

@@ -93,6 +93,7 @@ echo "$out" | jq -r .error.message | grep -qF "huggingface-cli download meta-lla
 echo "$out" | jq -r .error.message | grep -qF "$ACC_TMP/hub/models--meta-llama--Llama-2-7b-hf" || fail "hub miss: where: $out"
 out=$(acc_curl -X POST --data-binary "{$model,\"train_batch_size\":8,\"devices\":2,\"deepspeed\":{\"zero_optimization\":{\"stage\":3,\"offload_param\":{\"device\":\"cpu\"}}}}" "$BASE/v1/jobs")
 expect_eq "ZeRO-3 parameter offload: field" "$(echo "$out" | jq -r .error.field)" deepspeed.zero_optimization.offload_param
+echo "$out" | jq -r .error.message | grep -qF "offload_optimizer" || fail "ZeRO-3 parameter offload without optimizer offload: $out"
 ok "file vs spec and alias vs key: 400s showing both; did-you-mean; hub miss names the download; ZeRO-3 parameter offload names its key"
 
 acc_stop

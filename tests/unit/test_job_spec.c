@@ -577,8 +577,42 @@ static void test_zero(void **state)
     assert_non_null(strstr(err.msg, "not supported yet"));
     assert_int_equal(parse_with(f, "\"devices\":2,\"deepspeed\":{\"train_batch_size\":8,\"zero_optimization\":{"
                                    "\"stage\":1,\"offload_param\":{\"device\":\"nvme\"}}}", &s, &err), ACC_EINVAL);
-    assert_string_equal(err.field, "deepspeed.zero_optimization.offload_param");
+    assert_string_equal(err.field, "deepspeed.zero_optimization.offload_param.device");
     assert_non_null(strstr(err.msg, "not supported yet"));
+    /* offload_param "cpu": stage 3 only, with offload_optimizer; then taken,
+     * on one device too */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":2,"
+                                   "\"offload_optimizer\":{\"device\":\"cpu\"},\"offload_param\":{\"device\":\"cpu\"}}",
+                                &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "zero_optimization.offload_param");
+    assert_non_null(strstr(err.msg, "stage 3"));
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":3,"
+                                   "\"offload_param\":{\"device\":\"cpu\"}}", &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "zero_optimization.offload_param");
+    assert_non_null(strstr(err.msg, "offload_optimizer"));
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"deepspeed\":{\"zero_optimization\":{\"stage\":3,"
+                                   "\"offload_optimizer\":{\"device\":\"cpu\"},\"offload_param\":{\"device\":\"cpu\","
+                                   "\"pin_memory\":true,\"buffer_count\":5,\"buffer_size\":1e8,\"max_in_cpu\":1e9}}}",
+                                &s, &err), 0);
+    assert_true(s.offload_param && s.offload_param_pin && s.zero_stage == 3 && s.devices == 1);
+    assert_non_null(strstr(s.ignored, "deepspeed.zero_optimization.offload_param.max_in_cpu"));
+    /* stage 3 on one device without it: still the 400 */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"zero_optimization\":{\"stage\":3,"
+                                   "\"offload_optimizer\":{\"device\":\"cpu\"}}", &s, &err), ACC_EINVAL);
+    assert_string_equal(err.field, "zero_optimization.stage");
+    expect_field(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":3,"
+                    "\"offload_param\":{\"device\":\"gpu\"}}", "zero_optimization.offload_param.device");
+    expect_field(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":3,"
+                    "\"offload_param\":{\"device\":\"cpu\",\"bufer_count\":2}}",
+                 "zero_optimization.offload_param.bufer_count");
+    expect_field(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":3,"
+                    "\"offload_param\":\"cpu\"}", "zero_optimization.offload_param");
+    /* "none": no effect, listed as ignored with DeepSpeed's tuning keys */
+    assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":2,"
+                                   "\"offload_param\":{\"device\":\"none\",\"buffer_size\":1000}}", &s, &err), 0);
+    assert_false(s.offload_param);
+    assert_non_null(strstr(s.ignored, "zero_optimization.offload_param.buffer_size"));
+    assert_non_null(strstr(s.ignored, "zero_optimization.offload_param"));
     /* tuning keys: accepted, listed as ignored */
     assert_int_equal(parse_with(f, "\"train_batch_size\":8,\"devices\":2,\"zero_optimization\":{\"stage\":2,"
                                    "\"overlap_comm\":true,\"reduce_bucket_size\":\"auto\"}", &s, &err), 0);
@@ -816,8 +850,7 @@ static void test_deepspeed_file(void **state)
     expect_field(f, "\"deepspeed\":\"ds_zero2.json\",\"precision\":\"fp32\"", "deepspeed.bf16.enabled");
     expect_field(f, "\"deepspeed\":\"ds_zero2.json\",\"train_batch_size\":8", "deepspeed.train_batch_size");
     /* ZeRO-3 from a file: its stage taken, its tuning keys ignored; with
-     * parameter offload: refused for it, not yet supported (its optimizer
-     * offload is taken) */
+     * parameter and optimizer offload: both taken */
     write_file(path, "{\"train_batch_size\":8,\"zero_optimization\":{\"stage\":3,"
                      "\"stage3_prefetch_bucket_size\":\"auto\",\"stage3_gather_16bit_weights_on_model_save\":true}}");
     if (parse_with(f, "\"deepspeed\":\"ds_zero2.json\",\"devices\":2", &s, &err) != 0)
@@ -826,9 +859,9 @@ static void test_deepspeed_file(void **state)
     assert_non_null(strstr(s.ignored, "deepspeed.zero_optimization.stage3_prefetch_bucket_size"));
     write_file(path, "{\"train_batch_size\":8,\"zero_optimization\":{\"stage\":3,\"offload_optimizer\":"
                      "{\"device\":\"cpu\"},\"offload_param\":{\"device\":\"cpu\"},\"stage3_prefetch_bucket_size\":\"auto\"}}");
-    assert_int_equal(parse_with(f, "\"deepspeed\":\"ds_zero2.json\",\"devices\":2", &s, &err), ACC_EINVAL);
-    assert_string_equal(err.field, "deepspeed.zero_optimization.offload_param");
-    assert_non_null(strstr(err.msg, "not supported yet"));
+    if (parse_with(f, "\"deepspeed\":\"ds_zero2.json\",\"devices\":2", &s, &err) != 0)
+        fail_msg("%s: %s", err.field, err.msg);
+    assert_true(s.zero_stage == 3 && s.offload_optimizer && s.offload_param);
     write_file(path, "{\"train_batch_size\":8,\"zero_optimization\":{\"stage\":3,\"offload_optimizer\":"
                      "{\"device\":\"cpu\"},\"stage3_prefetch_bucket_size\":\"auto\"}}");
     if (parse_with(f, "\"deepspeed\":\"ds_zero2.json\",\"devices\":2", &s, &err) != 0)

@@ -79,6 +79,8 @@ static void full_spec(job_spec *s)
     s->plan_only = true;
     s->offload_optimizer = true;
     s->offload_pin_memory = false; /* apart from offload_optimizer: a swap shows */
+    s->offload_param = true;
+    s->offload_param_pin = false; /* apart from offload_param: a swap shows */
 }
 
 static void test_every_engine_field(void **state)
@@ -137,6 +139,12 @@ static void test_every_engine_field(void **state)
     s->offload_pin_memory = true;
     job_spec_train_cfg(s, c);
     assert_true(c->offload_optimizer && c->offload_pin_memory);
+    assert_true(c->offload_param);
+    assert_false(c->offload_param_pin);
+    s->offload_param_pin = true;
+    s->offload_param = false;
+    job_spec_train_cfg(s, c);
+    assert_true(!c->offload_param && c->offload_param_pin);
     free(s);
     free(c);
 }
