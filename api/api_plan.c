@@ -139,9 +139,10 @@ static json_t *group_json(const plan_table *t, const plan_group *g)
     if (g->best < 0 && g->n > 0) /* the smallest row says why none fits */
         plan_row_why(&t->rows[g->first], &t->hw, why, sizeof why);
     const plan_row *best = g->best >= 0 ? &t->rows[g->best] : NULL;
-    return json_pack("{s:s, s:i, s:b, s:b, s:b, s:i, s:o, s:o, s:o, s:o, s:o}", "mode", plan_mode_name(&g->v),
-                     "zero_stage", g->v.zero_stage, "recompute", g->v.recompute, "act_offload", g->v.act_offload,
-                     "offload_optimizer", g->v.offload_optimizer, "rows", g->n,
+    return json_pack("{s:s, s:i, s:b, s:b, s:b, s:b, s:i, s:o, s:o, s:o, s:o, s:o}", "mode",
+                     plan_mode_name(&g->v), "zero_stage", g->v.zero_stage, "recompute", g->v.recompute,
+                     "act_offload", g->v.act_offload, "offload_optimizer", g->v.offload_optimizer,
+                     "offload_param", g->v.offload_param, "rows", g->n,
                      "largest_fitting_micro_batch",
                      best ? json_integer(best->micro_batch) : json_null(), "accum_steps",
                      best ? json_integer(best->accum_steps) : json_null(), "device_bytes",
@@ -182,7 +183,10 @@ static json_t *summary_json(const plan_table *t, bool spec_recompute)
                  v->qlora ? "a QLoRA" : v->lora ? "a LoRA" : "a full", zero_words[v->zero_stage & 3],
                  v->recompute ? " and recomputation" : "",
                  v->recompute && v->act_offload ? " from checkpoints in host memory" : "",
-                 v->offload_optimizer ? " and the optimizer offloaded to host memory" : "", s->micro_batch,
+                 v->offload_param       ? " and the parameters and optimizer offloaded to host memory"
+                 : v->offload_optimizer ? " and the optimizer offloaded to host memory"
+                                        : "",
+                 s->micro_batch,
                  s->accum_steps);
     } else if (t->hw.host_memory != 0)
         snprintf(msg, sizeof msg, "no way to run this spec fits %d device(s) of %.1f GiB with %.1f GiB of host memory",

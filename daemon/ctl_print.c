@@ -321,11 +321,14 @@ static void fmt_count(double n, char *out, size_t len)
 }
 
 /* A plan row's or group's mode, "+opt-offload" added when its optimizer
- * state is in host memory (offload_optimizer). */
+ * state is in host memory (offload_optimizer), "+param-offload" when the
+ * parameters are too (offload_param). */
 static void fmt_mode(const json_t *v, char *out, size_t n)
 {
     snprintf(out, n, "%s%s", str(v, "mode", "?"),
-             json_is_true(json_object_get(v, "offload_optimizer")) ? "+opt-offload" : "");
+             json_is_true(json_object_get(v, "offload_param"))       ? "+param-offload"
+             : json_is_true(json_object_get(v, "offload_optimizer")) ? "+opt-offload"
+                                                                     : "");
 }
 
 static const char *recompute_word(const json_t *v);

@@ -426,7 +426,7 @@ static json_t *plan_json(const train_cfg *s, kern_dev_kind kind, uint64_t budget
         /* the plan's row view, and its peak under the dry run's older name */
         plan_variant v = {.lora = s->lora.r > 0, .zero_stage = s->zero_stage, .recompute = r->recompute,
                           .act_offload = r->recompute && s->activation_offload,
-                          .offload_optimizer = s->offload_optimizer};
+                          .offload_optimizer = s->offload_optimizer, .offload_param = s->offload_param};
         json_t *row = plan_row_json(r, &v, &hw);
         if (row != NULL)
             json_object_set_new(row, "predicted_peak_bytes", json_integer(plan_bytes_json(r->peak_bytes)));

@@ -19,7 +19,8 @@ static plan_variant own_variant(const train_cfg *spec)
                           .recompute = spec->activation_checkpointing,
                           .qlora = spec->lora.r > 0 && spec->model.quantize_nf4,
                           .act_offload = spec->activation_checkpointing && spec->activation_offload,
-                          .offload_optimizer = spec->offload_optimizer};
+                          .offload_optimizer = spec->offload_optimizer,
+                          .offload_param = spec->offload_param};
 }
 
 int plan_spec_at_world(train_cfg *spec, int w, acc_err *err)
@@ -43,6 +44,10 @@ bool plan_variant_available(const train_cfg *spec, const plan_hw *hw, const plan
     (void)spec;
     /* ZeRO shards over the ranks: none with one device (a 400 at submit);
      * stage 3 partitions a full fine-tune's parameters (no LoRA yet) */
+    /* parameter offload is ZeRO-3's, with the optimizer offloaded, and
+     * runs on one device too */
+    if (v->offload_param)
+        return v->zero_stage == 3 && v->offload_optimizer && !v->lora;
     return v->zero_stage >= 0 && v->zero_stage <= 3 && (v->zero_stage == 0 || hw->devices >= 2) &&
            !(v->zero_stage == 3 && v->lora);
 }
@@ -70,15 +75,18 @@ int plan_variant_spec(const train_cfg *spec, const plan_hw *hw, const plan_varia
         out->lora = default_lora;
     }
     out->model.quantize_nf4 = v->qlora;
-    out->offload_optimizer = v->offload_optimizer;
-    out->offload_pin_memory = v->offload_optimizer && spec->offload_pin_memory;
+    out->offload_optimizer = v->offload_optimizer || v->offload_param;
+    out->offload_pin_memory = out->offload_optimizer && spec->offload_pin_memory;
+    out->offload_param = v->offload_param;
+    out->offload_param_pin = v->offload_param && spec->offload_param_pin;
     return 0;
 }
 
 static int same_variant(const plan_variant *a, const plan_variant *b)
 {
     return a->lora == b->lora && a->zero_stage == b->zero_stage && a->recompute == b->recompute &&
-           a->qlora == b->qlora && a->act_offload == b->act_offload && a->offload_optimizer == b->offload_optimizer;
+           a->qlora == b->qlora && a->act_offload == b->act_offload && a->offload_optimizer == b->offload_optimizer &&
+           a->offload_param == b->offload_param;
 }
 
 /* The row of variant v with micro batch m, or -1. */
@@ -212,6 +220,13 @@ int plan_table_build(const train_cfg *spec, const plan_hw *hw, plan_table *t, ac
      * then the same modes with it offloaded to host memory */
     for (int off = 0; rc == 0 && off < 2; off++)
         rc = add_groups(spec, hw, t, off, err);
+    /* then ZeRO-3 with the parameters offloaded too: the most change */
+    for (int rec = 0; rc == 0 && rec < 3; rec++) {
+        plan_variant v = {.zero_stage = 3, .recompute = rec > 0, .act_offload = rec == 2, .offload_optimizer = true,
+                          .offload_param = true};
+        if (plan_variant_available(spec, hw, &v))
+            rc = add_group(spec, t, &v, err);
+    }
     if (rc == 0)
         rc = recommend(spec, t, err);
     for (int g = 0; rc == 0 && g < t->ngroups && t->suggested < 0; g++)
@@ -331,6 +346,8 @@ json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *h
                           v != NULL && v->act_offload && r->recompute);
     if (o != NULL) /* the optimizer state in host memory (the row's host_optimizer_bytes) */
         json_object_set_new(o, "offload_optimizer", json_boolean(v != NULL && v->offload_optimizer));
+    if (o != NULL) /* the parameter partitions in host memory (host_params_bytes) */
+        json_object_set_new(o, "offload_param", json_boolean(v != NULL && v->offload_param));
     json_t *host = row_host_json(r, hw);
     if (o != NULL && host != NULL)
         json_object_update(o, host);

@@ -70,6 +70,9 @@ typedef struct plan_variant {
                         * (activation_checkpointing.offload); the rows' host bytes */
     bool offload_optimizer; /* the optimizer state in host memory
                              * (zero_optimization.offload_optimizer "cpu"); the rows' host bytes */
+    bool offload_param;     /* ZeRO-3's parameter and gradient partitions in host memory
+                             * (zero_optimization.offload_param "cpu"; with offload_optimizer,
+                             * and on one device too) */
 } plan_variant;
 
 typedef struct plan_group {
@@ -78,8 +81,8 @@ typedef struct plan_group {
     int best;          /* index (in rows) of the largest fitting m; -1: none fits */
 } plan_group;
 
-#define PLAN_MAX_GROUPS 60 /* (3 (full / LoRA / QLoRA) x 3 (ZeRO 0-2) x 3 (recompute off, on, on with
-                            * host checkpoints), ZeRO-3 x 3) x 2 (optimizer offload off, on) */
+#define PLAN_MAX_GROUPS 63 /* 30 variants on the device, the same 30 with the optimizer offloaded, ZeRO-3 with
+                            * the parameters offloaded too (recompute off / on / on+host) */
 
 typedef struct plan_table {
     plan_hw hw;

@@ -122,7 +122,10 @@ static void test_enumeration(void **state)
     /* per device 6: m = 1, 2, 3, 6; full and LoRA, ZeRO 0, 1, 2 (two
      * devices), recompute off and on: least change first */
     static const int ms[4] = {1, 2, 3, 6};
-    assert_int_equal(t.ngroups, 60); /* and QLoRA; the 9 with host checkpoints; then ZeRO-3; all again offloaded */
+    assert_int_equal(t.ngroups, 63); /* and QLoRA; the 9 with host checkpoints; then ZeRO-3; all again with the
+                                      * optimizer offloaded; then ZeRO-3 with the parameters offloaded too */
+    for (int g = 60; g < 63; g++)
+        assert_true(t.groups[g].v.offload_param && t.groups[g].v.offload_optimizer && t.groups[g].v.zero_stage == 3);
     for (int g = 27; g < 30; g++) { /* full fine-tune, parameters partitioned (model_shard.h) */
         assert_int_equal(t.groups[g].v.zero_stage, 3);
         assert_false(t.groups[g].v.lora);
@@ -303,6 +306,8 @@ static void test_cuda_parts(void **state)
         const plan_row *r = &t.rows[i];
         const plan_parts *p = &r->parts;
         assert_true(parts_sum(p) == r->peak_bytes);
+        if (t.groups[g].v.offload_param) /* slots, not the whole model (test_offload_param measures them) */
+            continue;
         uint64_t wa, wb;
         plan_cuda_bf16_split(&cfg, r->micro_batch, s.model.seq_len, &wa, &wb);
         assert_true(p->workspace == wa + wb && wa > 0);
@@ -406,6 +411,8 @@ static void test_lora_rows(void **state)
     snprintf(s.lora.targets[0], sizeof s.lora.targets[0], "q_proj");
     assert_int_equal(plan_table_build(&s, &hw, &t, &err), 0);
     for (int g = 0; g < t.ngroups; g++) {
+        if (t.groups[g].v.offload_param) /* the parameters on the host too: test_offload_param */
+            continue;
         uint64_t opt = t.rows[t.groups[g].first].parts.optimizer;
         if (t.groups[g].v.offload_optimizer) /* on the host, twice the moments (adamw.h) */
             opt = t.rows[t.groups[g].first].host.optimizer / 2;
@@ -434,7 +441,7 @@ static void test_lora_rows(void **state)
                     8ull * 512 * 16 * 2);
     }
     assert_int_equal(lora_groups, 6);
-    assert_int_equal(t.ngroups, 12);
+    assert_int_equal(t.ngroups, 15); /* and the full fine-tune's three with the parameters offloaded */
     plan_table_free(&t);
 }
 
@@ -508,7 +515,8 @@ static void test_config_only(void **state)
     size_t i;
     json_t *g;
     json_array_foreach(json_object_get(out, "groups"), i, g) {
-        if (strcmp(json_string_value(json_object_get(g, "mode")), "full") != 0)
+        if (strcmp(json_string_value(json_object_get(g, "mode")), "full") != 0 ||
+            json_is_true(json_object_get(g, "offload_param"))) /* the slots alone on the card */
             continue;
         assert_true(json_is_null(json_object_get(g, "largest_fitting_micro_batch")));
         const char *why = json_string_value(json_object_get(g, "why_not"));
@@ -691,7 +699,7 @@ static int group_of(const plan_table *t, plan_variant v)
         const plan_variant *w = &t->groups[g].v;
         if (w->lora == v.lora && w->qlora == v.qlora && w->zero_stage == v.zero_stage &&
             w->recompute == v.recompute && w->act_offload == v.act_offload &&
-            w->offload_optimizer == v.offload_optimizer)
+            w->offload_optimizer == v.offload_optimizer && w->offload_param == v.offload_param)
             return g;
     }
     return -1;
@@ -754,8 +762,8 @@ static void test_llama2_7b_24gib(void **state)
     assert_true(gb >= 0);
     const plan_row *b = &t.rows[t.groups[gb].first];
     assert_int_equal(b->micro_batch, 1);
-    for (int g = 0; g < t.ngroups; g++) /* no full fine-tune fits, offloaded or not */
-        if (!t.groups[g].v.lora)
+    for (int g = 0; g < t.ngroups; g++) /* no full fine-tune fits short of offloading the parameters */
+        if (!t.groups[g].v.lora && !t.groups[g].v.offload_param)
             assert_int_equal(t.groups[g].best, -1);
     assert_false(b->fits);
     assert_true(b->device_bytes > GIB(20) && b->device_bytes > usable);
@@ -768,6 +776,19 @@ static void test_llama2_7b_24gib(void **state)
                   gib_of(b->device_bytes - usable), gib_of(usable), gib_of(b->host_bytes));
     /* the suggestion stays the least change: LoRA recomputing on the card */
     assert_true(t.suggested_group == gon);
+    /* (b') one card, full fine-tune: ZeRO-3 with the parameters and the
+     * optimizer in host memory fits, within the 20 GiB target */
+    int gp = group_of(&t, (plan_variant){.zero_stage = 3, .recompute = true, .offload_optimizer = true,
+                                         .offload_param = true});
+    assert_true(gp >= 0 && t.groups[gp].best >= 0);
+    const plan_row *bp = &t.rows[t.groups[gp].best], *bp1 = &t.rows[t.groups[gp].first];
+    assert_true(bp->fits && bp->device_bytes <= GIB(20) && bp1->device_bytes <= GIB(8));
+    assert_true(bp->host.params >= 8 * LLAMA2_7B_PARAMS); /* the fp32 parameter and gradient partitions */
+    print_message("(b') full ZeRO-3 + parameter and optimizer offload, 1 card, recompute: m 1 %.2f GiB (%llu); "
+                  "largest fitting m %d x a %d: %.2f GiB (%llu); host %.2f GiB (params %.2f, optimizer %.2f)\n",
+                  gib_of(bp1->device_bytes), (unsigned long long)bp1->device_bytes, bp->micro_batch, bp->accum_steps,
+                  gib_of(bp->device_bytes), (unsigned long long)bp->device_bytes, gib_of(bp->host_bytes),
+                  gib_of(bp->host.params), gib_of(bp->host.optimizer));
     plan_table_free(&t);
 
     /* (c) four cards: ZeRO-3 with the optimizer offloaded fits a full fine-tune */
@@ -782,6 +803,7 @@ static void test_llama2_7b_24gib(void **state)
     for (int g = 0; g < t.ngroups; g++) /* and nothing short of it does */
         if (!t.groups[g].v.lora && !(t.groups[g].v.zero_stage == 3 && t.groups[g].v.offload_optimizer))
             assert_int_equal(t.groups[g].best, -1);
+    assert_false(v->offload_param); /* four cards need not offload the parameters */
     const plan_row *c = &t.rows[t.groups[first_full].best];
     assert_true(c->fits && c->device_bytes <= usable);
     /* per rank: a quarter of the moments, master copy and gradients' copy */

@@ -167,7 +167,7 @@ static void test_rows_past_host_memory(void **state)
     /* the batch part does not depend on m; host checkpoints and the offloaded optimizer add */
     for (int i = 0; i < t.nrows; i++)
         assert_true(plan_row_job_host_bytes(&t.rows[i], 2) ==
-                    job + 2 * (t.rows[i].host.activations + t.rows[i].host.optimizer));
+                    job + 2 * (t.rows[i].host.activations + t.rows[i].host.optimizer + t.rows[i].host.params));
     assert_true(t.suggested >= 0);
     plan_table_free(&t);
 
