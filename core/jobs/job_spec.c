@@ -931,60 +931,50 @@ static const char *const offload_param_keys[] = {
     /* ignored from here (OFFLOAD_FIRST_IGNORED) */
     "buffer_count", "buffer_size", "max_in_cpu", "nvme_path", NULL};
 
-static int zero_offload_param(const json_t *z, const char *prefix, job_spec *out, acc_err *err)
+/* One offload section of zero_optimization, `name` ("offload_optimizer",
+ * "offload_param"): {"device": "cpu" | "none", "pin_memory": bool} with
+ * the section's ignored keys from OFFLOAD_FIRST_IGNORED on; "nvme" is
+ * refused as not supported yet, "none" (as without the section) is listed
+ * as ignored. *on and *pin are set from it; absent: left as they are. */
+static int zero_offload(const json_t *z, const char *prefix, const char *name, const char *const *keys, bool *on,
+                        bool *pin, job_spec *out, acc_err *err)
 {
     char f[160], fd[176];
-    const json_t *o = json_object_get(z, "offload_param");
+    const json_t *o = json_object_get(z, name);
     if (o == NULL || json_is_null(o))
         return 0;
-    field(f, sizeof f, prefix, "offload_param");
+    field(f, sizeof f, prefix, name);
     if (!json_is_object(o))
         return acc_err_set(err, ACC_EINVAL, f, "%s must be an object, got %s", f, json_kind(o));
     char dev[16] = "none";
-    bool pin = false;
+    bool pinned = false;
     int rc;
-    if ((rc = classify_keys(o, f, offload_param_keys, OFFLOAD_FIRST_IGNORED, "unknown key", out, err)) ||
+    if ((rc = classify_keys(o, f, keys, OFFLOAD_FIRST_IGNORED, "unknown key", out, err)) ||
         (rc = get_str(o, f, "device", true, dev, sizeof dev, NULL, err)) ||
-        (rc = get_bool(o, f, "pin_memory", &pin, err)))
+        (rc = get_bool(o, f, "pin_memory", &pinned, err)))
         return rc;
     field(fd, sizeof fd, f, "device");
     if (!strcmp(dev, "nvme"))
         return acc_err_set(err, ACC_EINVAL, fd, "%s \"nvme\" is not supported yet (use \"cpu\" or \"none\")", fd);
     if (strcmp(dev, "cpu") != 0 && strcmp(dev, "none") != 0)
         return acc_err_set(err, ACC_EINVAL, fd, "%s must be \"cpu\" or \"none\", got \"%s\"", fd, dev);
-    out->offload_param = !strcmp(dev, "cpu");
-    out->offload_param_pin = out->offload_param && pin;
-    if (!out->offload_param) /* "none": the partition stays on the device */
-        note_ignored(out, prefix, "offload_param");
+    *on = !strcmp(dev, "cpu");
+    *pin = *on && pinned;
+    if (!*on) /* "none": as without the section */
+        note_ignored(out, prefix, name);
     return 0;
+}
+
+static int zero_offload_param(const json_t *z, const char *prefix, job_spec *out, acc_err *err)
+{
+    return zero_offload(z, prefix, "offload_param", offload_param_keys, &out->offload_param,
+                        &out->offload_param_pin, out, err);
 }
 
 static int zero_offload_optimizer(const json_t *z, const char *prefix, job_spec *out, acc_err *err)
 {
-    char f[160], fd[176];
-    const json_t *o = json_object_get(z, "offload_optimizer");
-    if (o == NULL || json_is_null(o))
-        return 0;
-    field(f, sizeof f, prefix, "offload_optimizer");
-    if (!json_is_object(o))
-        return acc_err_set(err, ACC_EINVAL, f, "%s must be an object, got %s", f, json_kind(o));
-    char dev[16] = "none";
-    bool pin = false;
-    int rc;
-    if ((rc = classify_keys(o, f, offload_opt_keys, OFFLOAD_FIRST_IGNORED, "unknown key", out, err)) ||
-        (rc = get_str(o, f, "device", true, dev, sizeof dev, NULL, err)) ||
-        (rc = get_bool(o, f, "pin_memory", &pin, err)))
-        return rc;
-    field(fd, sizeof fd, f, "device");
-    if (!strcmp(dev, "nvme"))
-        return acc_err_set(err, ACC_EINVAL, fd, "%s \"nvme\" is not supported yet (use \"cpu\" or \"none\")", fd);
-    if (strcmp(dev, "cpu") != 0 && strcmp(dev, "none") != 0)
-        return acc_err_set(err, ACC_EINVAL, fd, "%s must be \"cpu\" or \"none\", got \"%s\"", fd, dev);
-    out->offload_optimizer = !strcmp(dev, "cpu");
-    out->offload_pin_memory = out->offload_optimizer && pin;
-    if (!out->offload_optimizer) /* "none": the state stays on the device, as without the key */
-        note_ignored(out, prefix, "offload_optimizer");
-    return 0;
+    return zero_offload(z, prefix, "offload_optimizer", offload_opt_keys, &out->offload_optimizer,
+                        &out->offload_pin_memory, out, err);
 }
 
 /* A switch or size whose non-default value asks for something not here. */
