@@ -87,7 +87,7 @@ out=$(post_plan '{"devices": 1, "device_memory": "8G"}')
 expect_eq "plan" "${out##*$'\n'}" 200
 ans=${out%$'\n'*}
 expect_eq "default host memory: the daemon's" "$(echo "$ans" | jq .hardware.host_memory_bytes)" "$LIMIT"
-expect_eq "rows' host bytes" "$(echo "$ans" | jq -c '[.rows[] | .host_bytes - .host_activations_bytes - .host_optimizer_bytes] | unique')" "$(jq -nc "[$BIG]")"
+expect_eq "rows' host bytes" "$(echo "$ans" | jq -c '[.rows[] | .host_bytes - .host_activations_bytes - .host_optimizer_bytes - .host_params_bytes] | unique')" "$(jq -nc "[$BIG]")"
 expect_eq "optimizer state only in optimizer-offload rows" \
     "$(echo "$ans" | jq -c '[.rows[] | (.host_optimizer_bytes > 0) == .offload_optimizer] | unique')" "[true]"
 expect_eq "host checkpoints only in on+host rows" \
@@ -102,8 +102,8 @@ expect_eq "with 2M of host memory rows fit" "$(echo "$ans" | jq '[.rows[] | sele
 expect_eq "fitting rows have no limit" "$(echo "$ans" | jq -c '[.rows[] | select(.fits) | .limit] | unique')" '[null]'
 out=$(post_plan '{"devices": 2, "device_memory": "8G", "host_memory": "1M"}')
 ans=${out%$'\n'*}
-expect_eq "two ranks: per rank half" "$(echo "$ans" | jq -c '[.rows[] | .host_bytes - .host_activations_bytes - .host_optimizer_bytes] | unique')" "$(jq -nc "[$(per_rank 192)]")"
-expect_eq "two ranks: the job's" "$(echo "$ans" | jq -c '[.rows[] | .job_host_bytes - 2 * (.host_activations_bytes + .host_optimizer_bytes)] | unique')" "$(jq -nc "[$((2 * SMALL))]")"
+expect_eq "two ranks: per rank half" "$(echo "$ans" | jq -c '[.rows[] | .host_bytes - .host_activations_bytes - .host_optimizer_bytes - .host_params_bytes] | unique')" "$(jq -nc "[$(per_rank 192)]")"
+expect_eq "two ranks: the job's" "$(echo "$ans" | jq -c '[.rows[] | .job_host_bytes - 2 * (.host_activations_bytes + .host_optimizer_bytes + .host_params_bytes)] | unique')" "$(jq -nc "[$((2 * SMALL))]")"
 out=$(post_plan '{"host_memory": "lots"}')
 expect_eq "bad host_memory" "${out##*$'\n'}" 400
 expect_eq "its field" "$(echo "${out%$'\n'*}" | jq -r .error.field)" hardware.host_memory
