@@ -23,6 +23,15 @@ int adamw_host_bytes(size_t lo, size_t hi, uint64_t *bytes, acc_err *err)
     return 0;
 }
 
+/* A heap copy of `init` (every constructor's first step), or NULL. */
+static adamw *adamw_new(adamw init)
+{
+    adamw *a = malloc(sizeof *a);
+    if (a != NULL)
+        *a = init;
+    return a;
+}
+
 int adamw_create(kern_device *dev, size_t lo, size_t hi, adamw **out, acc_err *err)
 {
     *out = NULL;
@@ -30,12 +39,9 @@ int adamw_create(kern_device *dev, size_t lo, size_t hi, adamw **out, acc_err *e
     int rc = adamw_state_bytes(lo, hi, &bytes, err);
     if (rc != 0)
         return rc;
-    adamw *a = calloc(1, sizeof *a);
+    adamw *a = adamw_new((adamw){.dev = dev, .lo = lo, .hi = hi});
     if (a == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
-    a->dev = dev;
-    a->lo = lo;
-    a->hi = hi;
     size_t each = (hi - lo) * sizeof(float);
     const kern_ops *k = dev->ops;
     rc = k->alloc(dev, each, (void **)&a->m, err);
@@ -77,14 +83,9 @@ int adamw_create_host(kern_device *dev, host_mem *host, int threads, bool pin, s
     int rc = adamw_host_bytes(lo, hi, &bytes, err);
     if (rc != 0)
         return rc;
-    adamw *a = calloc(1, sizeof *a);
+    adamw *a = adamw_new((adamw){.dev = dev, .lo = lo, .hi = hi, .host = host, .threads = threads >= 1 ? threads : 1});
     if (a == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
-    a->dev = dev;
-    a->lo = lo;
-    a->hi = hi;
-    a->host = host;
-    a->threads = threads >= 1 ? threads : 1;
     size_t each = (hi - lo) * sizeof(float);
     float **bufs[] = {&a->m, &a->v, &a->master, &a->g}; /* host_mem zeroes them */
     for (size_t i = 0; rc == 0 && i < sizeof bufs / sizeof bufs[0]; i++)
@@ -107,11 +108,10 @@ int adamw_create_host_on(kern_device *dev, host_mem *host, int threads, size_t l
     int rc = adamw_state_bytes(lo, hi, &bytes, err);
     if (rc != 0)
         return rc;
-    adamw *a = calloc(1, sizeof *a);
+    adamw *a = adamw_new((adamw){.dev = dev, .lo = lo, .hi = hi, .host = host, .threads = threads >= 1 ? threads : 1,
+                                 .master = params_host, .g = grads_host, .aliased = true});
     if (a == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
-    *a = (adamw){.dev = dev, .lo = lo, .hi = hi, .host = host, .threads = threads >= 1 ? threads : 1,
-                 .master = params_host, .g = grads_host, .aliased = true};
     size_t each = (hi - lo) * sizeof(float);
     if ((rc = host_mem_alloc(host, each, (void **)&a->m, err)) == 0)
         rc = host_mem_alloc(host, each, (void **)&a->v, err);
