@@ -194,8 +194,7 @@ static int print_profile(const kern_device_info *gi, const model_config *cfg, in
         if (p.prof_calls[k] == 0)
             continue;
         double per = p.prof_ms[k] / steps;
-        if (strcmp(p.prof_name[k], "to_bf16") != 0) /* inside the matmuls */
-            sum += per;
+        sum += per;
         printf("RESULT prof_%s_ms %.2f (%.1f%%, %d calls/step)\n", p.prof_name[k], per,
                100.0 * per / p.step_ms, p.prof_calls[k] / steps);
     }

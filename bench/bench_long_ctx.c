@@ -98,10 +98,10 @@ static int row_at(const char *root, const char *dir, int T, const mode *md, plan
 static void print_row(const char *what, int T, const plan_row *r)
 {
     const plan_parts *p = &r->parts;
-    printf("| %s | %d | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | "
+    printf("| %s | %d | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | "
            "**%.2f GiB** (%llu) | %.2f GiB | %s |\n",
            what, T, p->weights / GIB, p->gradients / GIB, p->optimizer / GIB, p->activations / GIB,
-           p->workspace / GIB, (p->runtime + p->rounding) / GIB, r->peak_bytes / GIB, r->device_bytes / GIB,
+           (p->runtime + p->rounding) / GIB, r->peak_bytes / GIB, r->device_bytes / GIB,
            (unsigned long long)r->device_bytes, r->host.activations / GIB, r->fits ? "yes" : "no");
 }
 
@@ -136,9 +136,9 @@ int main(void)
                                  {"recompute + lean", true, false},
                                  {"recompute + lean + host checkpoints", true, true}};
     printf("QLoRA (NF4 base, LoRA r 16 all-linear), m 1, bf16, one 24 GiB CUDA card (22.8 GiB usable)\n\n");
-    printf("| model, mode | seq_len | weights | gradients | optimizer | activations | workspace | runtime + "
+    printf("| model, mode | seq_len | weights | gradients | optimizer | activations | runtime + "
            "rounding | peak (accounted) | device bytes | host checkpoints | fits |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "|---|---|---|---|---|---|---|---|---|---|---|\n");
     int rc = 0;
     for (size_t i = 0; i < sizeof modes / sizeof *modes && rc == 0; i++) {
         plan_row r;

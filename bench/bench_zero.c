@@ -123,7 +123,7 @@ int main(int argc, char **argv)
                        "| gradients (MiB) | peak rank w-1 (MiB) | s / step |\n");
                 printf("|---|---|---|---|---|---|---|---|---|\n");
             }
-            uint64_t acts = plan_act_bytes(&cfg, KERN_DEV_CPU, SPEC_FP32, s.micro_batch, s.model.seq_len, 0);
+            uint64_t acts = plan_act_bytes(&cfg, s.micro_batch, s.model.seq_len, 0);
             uint64_t pred0 = plan_rank_state_bytes(&cfg, zero, w, 0) + acts;
             uint64_t predl = plan_rank_state_bytes(&cfg, zero, w, w - 1) + acts;
             printf("| %d | %d | %.3f | %.3f | %s | %.3f / %.3f | %.3f | %.3f%s | %.3f |\n", w, zero, mib(h.mem_peak[0]),

@@ -48,14 +48,14 @@ body="{\"model\": {\"from\": \"Llama-2-7b-hf\", \"seq_len\": $T, \"quantize\": \
        \"lora\": {\"r\": 16, \"lora_alpha\": 32, \"target_modules\": \"all-linear\"},
        \"train_micro_batch_size_per_gpu\": \"auto\", \"precision\": \"bf16\",
        \"hardware\": {\"device_memory\": \"24GiB\", \"devices\": 1, \"kind\": \"cuda\"}}"
-printf '| mode | recompute | m | weights | gradients | optimizer | activations | workspace | runtime | device bytes | host | fits 24 GiB |\n'
-printf '|---|---|---|---|---|---|---|---|---|---|---|---|\n'
+printf '| mode | recompute | m | weights | gradients | optimizer | activations | runtime | device bytes | host | fits 24 GiB |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|---|\n'
 curl -s -X POST --data-binary "$body" "$BASE/v1/plan" >"$TMP/plan.json"
 jq -e .rows "$TMP/plan.json" >/dev/null || { jq -c . "$TMP/plan.json" >&2; exit 1; }
 jq -r '
     def g: . / 1073741824 * 100 | round / 100 | tostring + " GiB";
     .rows[] | select(.zero_stage == 0 and (.mode == "qlora" or .mode == "lora") and .micro_batch <= 2)
     | "| \(.mode) | \(if .recompute then (if .act_offload then "on+host" else "on" end) else "off" end) | \(.micro_batch) | \(.weights_bytes | g) | "
-      + "\(.gradients_bytes | g) | \(.optimizer_bytes | g) | \(.activations_bytes | g) | \(.workspace_bytes | g) | "
+      + "\(.gradients_bytes | g) | \(.optimizer_bytes | g) | \(.activations_bytes | g) | "
       + "\(.runtime_bytes | g) | \(.device_bytes | g) (\(.device_bytes)) | \(.host_bytes | g) | \(.fits) |"'  "$TMP/plan.json"
 

@@ -377,7 +377,7 @@ static void print_planner(const json_t *plan)
 {
     const json_t *md = json_object_get(plan, "model"), *hw = json_object_get(plan, "hardware"),
                  *sm = json_object_get(plan, "summary"), *v;
-    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], way[160];
+    char a[32], b[32], c[32], d[32], e[32], f[32], way[160];
     ctl_fmt_bytes(num(hw, "device_memory_bytes", 0), a, sizeof a);
     char cnt[32];
     fmt_count(num(md, "params", 0), cnt, sizeof cnt);
@@ -435,8 +435,8 @@ static void print_planner(const json_t *plan)
         printf("%-17s %-5d %-10s %-18s %-12s %-12s %s\n", mode, (int)num(v, "zero_stage", 0), recompute_word(v), mm,
                b, hb, str(v, "why_not", ""));
     }
-    printf("\n%-17s %-5s %-10s %6s %6s %10s %10s %10s %10s %10s %10s %10s %s %s\n", "MODE", "ZERO", "RECOMPUTE", "M",
-           "A", "WEIGHTS", "GRADS", "OPTIMIZER", "ACTS", "WORKSPACE", "PEAK", "DEVICE", "FITS",
+    printf("\n%-17s %-5s %-10s %6s %6s %10s %10s %10s %10s %10s %10s %s %s\n", "MODE", "ZERO", "RECOMPUTE", "M",
+           "A", "WEIGHTS", "GRADS", "OPTIMIZER", "ACTS", "PEAK", "DEVICE", "FITS",
            "HOST/RANK (batch+optimizer+params+acts)");
     json_array_foreach(json_object_get(plan, "rows"), i, v)
     {
@@ -444,15 +444,14 @@ static void print_planner(const json_t *plan)
         ctl_fmt_bytes(num(v, "gradients_bytes", 0), b, sizeof b);
         ctl_fmt_bytes(num(v, "optimizer_bytes", 0), c, sizeof c);
         ctl_fmt_bytes(num(v, "activations_bytes", 0), d, sizeof d);
-        ctl_fmt_bytes(num(v, "workspace_bytes", 0), e, sizeof e);
-        ctl_fmt_bytes(num(v, "peak_bytes", 0), f, sizeof f);
-        ctl_fmt_bytes(num(v, "device_bytes", 0), g, sizeof g);
+        ctl_fmt_bytes(num(v, "peak_bytes", 0), e, sizeof e);
+        ctl_fmt_bytes(num(v, "device_bytes", 0), f, sizeof f);
         char host[256], mode[48];
         fmt_host(v, host, sizeof host);
         fmt_mode(v, mode, sizeof mode);
-        printf("%-17s %-5d %-10s %6d %6d %10s %10s %10s %10s %10s %10s %10s %-4s %s\n", mode,
+        printf("%-17s %-5d %-10s %6d %6d %10s %10s %10s %10s %10s %10s %-4s %s\n", mode,
                (int)num(v, "zero_stage", 0), recompute_word(v),
-               (int)num(v, "micro_batch", 0), (int)num(v, "accum_steps", 0), a, b, c, d, e, f, g,
+               (int)num(v, "micro_batch", 0), (int)num(v, "accum_steps", 0), a, b, c, d, e, f,
                json_is_true(json_object_get(v, "fits")) ? "yes" : "no", host);
     }
 }

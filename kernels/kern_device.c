@@ -45,19 +45,6 @@ void kern_device_mem_info(kern_device *d, kern_mem_info *out)
     out->free_bytes = d->budget > d->in_use ? d->budget - d->in_use : 0;
 }
 
-void kern_workspace_size(const kern_ops *ops, const kern_gemm_extent *e, int bf16,
-                         kern_workspace *out)
-{
-    out->a_bytes = out->b_bytes = 0;
-    if (ops != NULL && ops->workspace_size != NULL)
-        ops->workspace_size(e, bf16, out);
-}
-
-int kern_device_workspace_reserve(kern_device *d, const kern_workspace *w, acc_err *err)
-{
-    return d->ops->workspace_reserve != NULL ? d->ops->workspace_reserve(d, w, err) : 0;
-}
-
 uint64_t kern_alloc_size(const kern_ops *ops, uint64_t bytes)
 {
     return ops != NULL && ops->alloc_size != NULL ? ops->alloc_size(bytes) : bytes;

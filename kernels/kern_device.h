@@ -36,20 +36,6 @@ typedef struct kern_mem_info {
     uint64_t reserved, free_bytes;
 } kern_mem_info;
 
-/* A model's linear-layer products for some number of tokens, as a backend
- * sizes its workspace from them: the most elements of any A-side operand
- * (activations, output gradients: rows x inner) and of any B-side operand
- * (weights, the weight gradient's input), over forward and backward.
- * Saturated at UINT64_MAX (checked.h). */
-typedef struct kern_gemm_extent {
-    uint64_t a_elems, b_elems;
-} kern_gemm_extent;
-
-/* A backend's per-micro-batch workspace: two buffers (bytes). */
-typedef struct kern_workspace {
-    uint64_t a_bytes, b_bytes;
-} kern_workspace;
-
 /* Attention options (gqa_attention_opt_fwd / _bwd). Zero means "off" in
  * each field: scale 0 is 1 / sqrt(hs) (Gemma 2 passes
  * query_pre_attn_scalar^-1/2), softcap 0 leaves the scores uncapped (Gemma
@@ -161,17 +147,6 @@ typedef struct kern_ops {
     /* What the device holds beyond the accounting (kern_device_mem_info).
      * NULL: reserved = in use, free = the budget left. */
     void (*mem_info)(kern_device *d, kern_mem_info *out);
-    /* The backend's per-micro-batch workspace, beyond the model's own
-     * allocations: for the linear layers' largest operands `e` in bf16 mode
-     * or not, the bytes it will allocate (two buffers, A and B side). A pure
-     * function of its arguments, callable without a device (the planner
-     * reaches it through kern_backend_ops). NULL: no workspace (0, 0). */
-    void (*workspace_size)(const kern_gemm_extent *e, int bf16, kern_workspace *out);
-    /* Allocate that workspace now, exactly (0, 0 frees it), so that an
-     * out-of-memory there is the recoverable kind (ACC_EOOM returned) and it
-     * is accounted before the step runs. NULL: nothing to allocate (0). */
-    int (*workspace_reserve)(kern_device *d, const kern_workspace *w, acc_err *err);
-
     /* Precision of the linear layers: bf16 = 0 (the default after open) is
      * fp32 throughout; bf16 = 1 makes matmul_fwd and matmul_bwd round BOTH
      * operands of each of their products to bf16 (kern_bf16_round:
@@ -182,15 +157,19 @@ typedef struct kern_ops {
      * stay fp32, so bf16 = 1 is the same function on every backend and the
      * CPU is the reference -- except attention's internal products, fp32 on
      * the CPU, which the CUDA backend runs on TF32 tensor cores in bf16 mode
-     * (finer than bf16; within the bf16 tolerance of the GPU tests).
+     * (finer than bf16; within the bf16 tolerance of the GPU tests). The
+     * CUDA backend's operand rounding is cuBLAS's own down-conversion
+     * (CUBLAS_COMPUTE_32F_FAST_16BF), which the start-up self-test checks
+     * against the CPU's kern_bf16_round within that tolerance.
      * Called once after open, before any kernel (tests may switch it again
      * between kernels). 0, or an error (ACC_ENOMEM / ACC_EDEVICE) in err.
-     * Memory: the CPU backend rounds operand panels into a fixed-size host
-     * scratch (KERN_CPU_BF16_SCRATCH, kern_cpu.h, bytes per kernel thread) allocated
-     * here and freed at close -- outside the device budget, like CUDA's
-     * cuBLASLt workspace, so the planner's prediction stays exact. The
-     * CUDA backend's bf16 operand copies are accounted device allocations
-     * grown on first use (kern_cuda.h, docs/cuda.md). */
+     * Memory: bf16 mode takes no device memory, so no kernel needs more
+     * device bytes in bf16 than in fp32. The CPU backend rounds operand
+     * panels into a fixed-size host scratch (KERN_CPU_BF16_SCRATCH,
+     * kern_cpu.h, bytes per kernel thread) allocated here and freed at
+     * close, outside the device budget; the CUDA backend makes no copies:
+     * cuBLAS reads the fp32 operands in place and rounds them on the way
+     * to the tensor cores (kern_cuda.h, docs/cuda.md). */
     int (*set_precision)(kern_device *d, int bf16, acc_err *err);
 
     /* ---- The LLaMA family's ops (kernels/cpu/kern_cpu_llama.c,
@@ -441,21 +420,13 @@ void kern_device_reset_peak(kern_device *d);
  * the device's own thread. */
 void kern_device_mem_info(kern_device *d, kern_mem_info *out);
 
-/* The backend's per-micro-batch workspace (kern_ops.workspace_size /
- * workspace_reserve; both no-ops where the table leaves them NULL): on CUDA
- * devices in bf16 the two operand buffers, elsewhere none (the CPU's bf16
- * scratch is fixed and outside the budget). */
-void kern_workspace_size(const kern_ops *ops, const kern_gemm_extent *e, int bf16,
-                         kern_workspace *out);
-int kern_device_workspace_reserve(kern_device *d, const kern_workspace *w, acc_err *err);
-
 /* The planning extras of a table (kern_ops.alloc_size / runtime_bytes):
  * `bytes` itself and 0 where the table leaves them NULL (or ops is NULL). */
 uint64_t kern_alloc_size(const kern_ops *ops, uint64_t bytes);
 uint64_t kern_runtime_bytes(const kern_ops *ops);
 
 /* A backend's ops table without opening a device, for pure queries
- * (workspace_size): CPU devices get the CPU table; CUDA devices get the
+ * (alloc_size, runtime_bytes): CPU devices get the CPU table; CUDA devices get the
  * CUDA backend's planning table (kernels/cuda/kern_cuda_plan.c, plain C, in
  * every build, so a build without CUDA plans for CUDA devices the same
  * way), whose kernels are NULL. NULL for an unknown kind. */

@@ -310,27 +310,6 @@ int dec_act_bytes(const dec_desc *d, const model_config *cfg, int B, int T, int 
                           T, err);
 }
 
-void dec_gemm_extent(const model_config *c, uint64_t n, model_gemm_extent *out)
-{
-    uint64_t C = (uint64_t)c->channels, vp = (uint64_t)c->padded_vocab_size;
-    uint64_t QD = (uint64_t)c->n_head * (uint64_t)dec_head_dim(c);
-    uint64_t I = (uint64_t)c->intermediate_size, in = C > I ? C : I;
-    in = QD > in ? QD : in;
-    uint64_t wide = vp > in ? vp : in;
-    uint64_t b = acc_sat_mul_u64(vp, C), w = acc_sat_mul_u64(I, C), q = acc_sat_mul_u64(QD, C);
-    uint64_t x = acc_sat_mul_u64(n, in), R = (uint64_t)c->lora.r, ra = acc_sat_mul_u64(R, wide);
-    b = w > b ? w : b;
-    b = q > b ? q : b;
-    b = x > b ? x : b;
-    b = ra > b ? ra : b;
-    /* A side: n x max(in, R) in the blocks, the head's rows x Vp (the
-     * logits' gradient: all n rows, or one chunk with lean_acts) */
-    uint64_t body = acc_sat_mul_u64(n, R > in ? R : in);
-    uint64_t head = acc_sat_mul_u64(blk_head_rows(n, c), vp);
-    out->a_elems = body > head ? body : head;
-    out->b_elems = b;
-}
-
 /* ---- the composition */
 
 typedef struct dec_block {

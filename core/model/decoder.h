@@ -64,7 +64,6 @@ int dec_check(const model_config *c, acc_err *err);
 int dec_layout(const dec_desc *d, const model_config *c, model_layout *out, acc_err *err);
 int dec_act_bytes(const dec_desc *d, const model_config *cfg, int B, int T, int recompute,
                   uint64_t *bytes, acc_err *err);
-void dec_gemm_extent(const model_config *c, uint64_t n, model_gemm_extent *out);
 
 /* create keeps *d in the family's state; the rest read it from there */
 int dec_create(model *m, const dec_desc *d, acc_err *err);

@@ -629,11 +629,6 @@ int model_act_bytes(const model_config *cfg, int B, int T, int recompute, uint64
     return rc;
 }
 
-void model_gemm_extent_of(const model_config *cfg, uint64_t n_tokens, model_gemm_extent *out)
-{
-    model_family_of(cfg)->gemm_extent(cfg, n_tokens, out);
-}
-
 bool model_act_offload(const model_config *cfg, int recompute)
 {
     return cfg->act_offload && recompute;

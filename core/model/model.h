@@ -227,11 +227,6 @@ typedef struct model_layout {
 
 /* ---- the family table */
 
-/* The largest operand of each side of the family's linear-layer products
- * (forward and backward) for n_tokens tokens, in elements: what a backend's
- * per-micro-batch workspace is sized from (kern_ops.workspace_size). */
-typedef kern_gemm_extent model_gemm_extent;
-
 /* The Hugging Face names a family reads: one row per architecture, with
  * the model_type that goes with it and what that type implies (flags). */
 #define MODEL_HF_QKV_BIAS 1u /* q/k/v biases always, no output bias (Qwen2) */
@@ -262,9 +257,6 @@ struct model_family {
      * ACC_EINVAL naming the field. */
     int (*act_bytes)(const model_config *cfg, int B, int T, int recompute, uint64_t *bytes,
                      acc_err *err);
-    /* REQUIRED: the linear layers' largest operands for n_tokens (saturated
-     * at UINT64_MAX on overflow). */
-    void (*gemm_extent)(const model_config *cfg, uint64_t n_tokens, model_gemm_extent *out);
     /* REQUIRED: allocate the activations for m->B x m->T in m->recompute mode
      * (m->B, m->T, m->recompute and m->act_bytes = act_bytes(...) are set by
      * the caller, model_acts_alloc) and keep them in the family's state;
@@ -459,8 +451,6 @@ int model_state_bytes(const model_config *cfg, size_t grad_tail, uint64_t *bytes
 /* Activations for B x T (0 when B = 0). */
 int model_act_bytes(const model_config *cfg, int B, int T, int recompute, uint64_t *bytes,
                     acc_err *err);
-/* The linear layers' largest operands for n_tokens (saturated). */
-void model_gemm_extent_of(const model_config *cfg, uint64_t n_tokens, model_gemm_extent *out);
 /* Activation checkpoints in host memory in this mode (cfg->act_offload and
  * recompute). */
 bool model_act_offload(const model_config *cfg, int recompute);

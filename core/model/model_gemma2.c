@@ -136,7 +136,6 @@ const model_family model_family_gemma2 = {
     .config_check = dec_check,
     .layout = gemma2_layout,
     .act_bytes = gemma2_act_bytes,
-    .gemm_extent = dec_gemm_extent,
     .token_chunks = true,
     .acts_alloc = dec_acts_alloc,
     .acts_free = dec_acts_free,

@@ -228,26 +228,6 @@ static int gpt2_act_bytes(const model_config *cfg, int B, int T, int recompute, 
                           T, err);
 }
 
-static void gpt2_gemm_extent(const model_config *c, uint64_t n, model_gemm_extent *out)
-{
-    uint64_t C = (uint64_t)c->channels, vp = (uint64_t)c->padded_vocab_size;
-    uint64_t c4 = acc_sat_mul_u64(4, C);
-    uint64_t wide = c4 > vp ? c4 : vp;
-    /* A side: N x max(4C, Vp) (fc / fc-proj activations, the logits' gradient);
-     * B side: max(Vp C, 4C C, N 4C) (wte, the MLP weights, fc-proj's input) */
-    uint64_t b = acc_sat_mul_u64(vp, C), w = acc_sat_mul_u64(c4, C), x = acc_sat_mul_u64(n, c4);
-    b = w > b ? w : b;
-    b = x > b ? x : b;
-    uint64_t R = (uint64_t)c->lora.r; /* the adapters: A [r, in], B [out, r], u [n, r] */
-    uint64_t ra = acc_sat_mul_u64(R, wide);
-    b = ra > b ? ra : b;
-    /* the logits' gradient: all n rows, or one chunk with lean_acts */
-    uint64_t body = acc_sat_mul_u64(n, R > c4 ? R : c4);
-    uint64_t head = acc_sat_mul_u64(blk_head_rows(n, c), vp);
-    out->a_elems = body > head ? body : head;
-    out->b_elems = b;
-}
-
 /* ---- the composition */
 
 typedef struct gpt2_block {
@@ -530,7 +510,6 @@ const model_family model_family_gpt2 = {
     .config_check = gpt2_check,
     .layout = gpt2_layout,
     .act_bytes = gpt2_act_bytes,
-    .gemm_extent = gpt2_gemm_extent,
     .acts_alloc = gpt2_acts_alloc,
     .acts_free = gpt2_acts_free,
     .forward = gpt2_forward,

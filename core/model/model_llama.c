@@ -190,7 +190,6 @@ const model_family model_family_llama = {
     .config_check = dec_check,
     .layout = llama_layout,
     .act_bytes = llama_act_bytes,
-    .gemm_extent = dec_gemm_extent,
     .token_chunks = true,
     .acts_alloc = dec_acts_alloc,
     .acts_free = dec_acts_free,

@@ -71,7 +71,6 @@ const model_family model_family_qwen3 = {
     .config_check = dec_check,
     .layout = qwen3_layout,
     .act_bytes = qwen3_act_bytes,
-    .gemm_extent = dec_gemm_extent,
     .token_chunks = true,
     .acts_alloc = dec_acts_alloc,
     .acts_free = dec_acts_free,

@@ -281,8 +281,7 @@ uint64_t plan_rank_state_bytes(const model_config *cfg, int zero, int world, int
 
 uint64_t plan_peak_bytes(const model_config *cfg, int micro_batch, int seq_len, bool recompute)
 {
-    return acc_sat_add_u64(plan_state_bytes(cfg), plan_act_bytes(cfg, KERN_DEV_CPU, SPEC_FP32,
-                                                                 micro_batch, seq_len, recompute));
+    return acc_sat_add_u64(plan_state_bytes(cfg), plan_act_bytes(cfg, micro_batch, seq_len, recompute));
 }
 
 int plan_device_bytes(const train_cfg *spec, int micro_batch, bool recompute, uint64_t *bytes,
@@ -339,46 +338,12 @@ int plan_check_sizes(const train_cfg *spec, acc_err *err)
     return 0;
 }
 
-void plan_workspace(const model_config *cfg, const kern_ops *ops, spec_precision precision,
-                    int micro_batch, int seq_len, kern_workspace *out)
-{
-    plan_workspace_mode(cfg, ops, precision, micro_batch, seq_len, false, out);
-}
-
-void plan_workspace_mode(const model_config *cfg, const kern_ops *ops, spec_precision precision,
-                         int micro_batch, int seq_len, bool recompute, kern_workspace *out)
-{
-    model_gemm_extent e;
-    uint64_t n = acc_sat_mul_u64((uint64_t)micro_batch, (uint64_t)seq_len);
-    model_gemm_extent_of(cfg, model_linear_rows(cfg, n, recompute), &e);
-    kern_workspace_size(ops, &e, precision == SPEC_BF16, out);
-}
-
-void plan_cuda_bf16_split(const model_config *cfg, int micro_batch, int seq_len, uint64_t *a,
-                          uint64_t *b)
-{
-    kern_workspace ws;
-    plan_workspace(cfg, kern_backend_ops(KERN_DEV_CUDA), SPEC_BF16, micro_batch, seq_len, &ws);
-    *a = ws.a_bytes;
-    *b = ws.b_bytes;
-}
-
-uint64_t plan_cuda_bf16_bytes(const model_config *cfg, int micro_batch, int seq_len)
-{
-    uint64_t a, b;
-    plan_cuda_bf16_split(cfg, micro_batch, seq_len, &a, &b);
-    return acc_sat_add_u64(a, b);
-}
-
-uint64_t plan_act_bytes(const model_config *cfg, kern_dev_kind kind, spec_precision precision,
-                        int micro_batch, int seq_len, bool recompute)
+uint64_t plan_act_bytes(const model_config *cfg, int micro_batch, int seq_len, bool recompute)
 {
     uint64_t acts;
     if (model_act_bytes(cfg, micro_batch, seq_len, recompute, &acts, NULL) != 0)
         return ACC_SIZE_OVERFLOW;
-    kern_workspace ws;
-    plan_workspace_mode(cfg, kern_backend_ops(kind), precision, micro_batch, seq_len, recompute, &ws);
-    return acc_sat_add_u64(acts, acc_sat_add_u64(ws.a_bytes, ws.b_bytes));
+    return acts;
 }
 
 uint64_t plan_usable_bytes(uint64_t budget)
@@ -396,7 +361,7 @@ int plan_next_smaller_micro(int per_rank, int m)
 
 /* ZeRO-3's state as model_shard_create allocates it, into allocs[0, 1]
  * (the partition's parameters, its gradients + the trainer's slots) and
- * allocs[7..11] (two parameter slots, the gradient slot, the ends' two). */
+ * allocs[5..9] (two parameter slots, the gradient slot, the ends' two). */
 static void z3_allocs(const model_config *cfg, int world, bool offload_param, uint64_t *allocs)
 {
     model_shard_sizes z; /* rank 0's: the planner's row is rank 0's */
@@ -409,32 +374,24 @@ static void z3_allocs(const model_config *cfg, int world, bool offload_param, ui
         allocs[0] = 0;
         allocs[1] = TRAIN_SLOTS * f;
     }
-    allocs[7] = allocs[8] = allocs[9] = z.slot * f;
-    allocs[10] = allocs[11] = z.ends * f;
+    allocs[5] = allocs[6] = allocs[7] = z.slot * f;
+    allocs[8] = allocs[9] = z.ends * f;
 }
 
-/* The row's peak by part: the state's parts (state_parts), the per-m part
- * as plan_act_bytes counts it (activations + the backend's workspace);
- * then what the backend holds beyond: its allocator's rounding of each
- * allocation (parameters, gradients, each moment, the activations, each
- * workspace buffer) and its runtime's memory. */
-static void row_parts(const model_config *cfg, const train_cfg *spec, const kern_ops *ops, int m,
-                      plan_row *r)
+/* The row's peak by part: the state's parts (state_parts), the
+ * activations (plan_act_bytes); then what the backend holds beyond: its
+ * allocator's rounding of each allocation (parameters, gradients, each
+ * moment, the activations) and its runtime's memory. */
+static void row_parts(const model_config *cfg, const train_cfg *spec, const kern_ops *ops, plan_row *r)
 {
     plan_parts *p = &r->parts;
-    spec_precision precision = spec->precision;
-    int seq_len = spec->model.seq_len;
     if (device_state_parts(cfg, spec->zero_stage, spec->offload_optimizer, spec->devices, 0, p, NULL) != 0)
         memset(p, 0, sizeof *p);
     else if (spec->offload_param && spec->zero_stage >= 3)
         offload_param_parts(cfg, spec->devices, 0, p);
-    kern_workspace ws;
-    plan_workspace_mode(cfg, ops, precision, m, seq_len, r->recompute, &ws);
-    p->workspace = acc_sat_add_u64(ws.a_bytes, ws.b_bytes);
-    p->workspace = p->workspace <= r->act_bytes ? p->workspace : r->act_bytes;
-    p->activations = r->act_bytes - p->workspace;
+    p->activations = r->act_bytes;
     uint64_t allocs[] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer - p->optimizer / 2,
-                         p->activations, ws.a_bytes, ws.b_bytes, 0, 0, 0, 0, 0};
+                         p->activations, 0, 0, 0, 0, 0};
     if (spec->zero_stage >= 3) /* the partition's buffers and the slots, one allocation each */
         z3_allocs(cfg, spec->devices, spec->offload_param, allocs);
     p->rounding = 0;
@@ -503,9 +460,9 @@ static plan_row make_row(const model_config *cfg, const train_cfg *spec, const b
     bool off = spec->offload_optimizer, offp = spec->offload_param;
     r.state_bytes = plan_rank_device_state_bytes_op(cfg, spec->zero_stage, off, offp, spec->devices, 0);
     r.optim_bytes = off ? 0 : plan_optim_bytes(cfg, spec->zero_stage, spec->devices, 0);
-    r.act_bytes = plan_act_bytes(cfg, kind, spec->precision, m, spec->model.seq_len, recompute);
+    r.act_bytes = plan_act_bytes(cfg, m, spec->model.seq_len, recompute);
     r.peak_bytes = acc_sat_add_u64(r.state_bytes, r.act_bytes); /* UINT64_MAX never fits */
-    row_parts(cfg, spec, kern_backend_ops(kind), m, &r);
+    row_parts(cfg, spec, kern_backend_ops(kind), &r);
     row_host(cfg, spec, &r);
     r.fits = r.device_bytes <= usable;
     /* offload_optimizer: moments, master copy and gradients' copy of rank 0's range */

@@ -5,11 +5,11 @@
  * parameters + gradients + the trainer's slots, model_state_bytes;
  * activations for micro_batch x seq_len tokens, model_act_bytes, all
  * layers stored or recomputed, in bf16 with precision bf16:
- * plan_model_config sets model_config.act_bf16), the optimizer's (adamw.h: two moments),
- * and the backend's per-micro-batch workspace, which the backend itself
- * sizes from the family's largest linear-layer operands (kern_ops
- * workspace_size: none on CPU devices, the bf16 operand buffers on CUDA in
- * bf16). Nothing else is allocated while a job trains, so on CPU devices
+ * plan_model_config sets model_config.act_bf16) and the optimizer's
+ * (adamw.h: two moments). No backend allocates a per-micro-batch workspace
+ * (bf16 linear layers take no device memory on any backend, kern_device.h
+ * set_precision), so a bf16 row never needs more than its fp32 twin.
+ * Nothing else is allocated while a job trains, so on CPU devices
  * the prediction is the measured peak to the byte; it does not depend on
  * gradient_accumulation_steps.
  *
@@ -66,7 +66,6 @@ typedef struct plan_parts {
     uint64_t gradients;     /* their gradients + the trainer's slots */
     uint64_t optimizer;     /* AdamW's two moments */
     uint64_t activations;   /* model_act_bytes for m x seq_len */
-    uint64_t workspace;     /* the backend's per-m workspace (CUDA bf16 operand buffers) */
     uint64_t rounding;      /* allocator rounding of the above (CUDA: 512 B / 2 MiB blocks) */
     uint64_t runtime;       /* outside the accounting (CUDA: context, cuBLASLt, NCCL) */
 } plan_parts;
@@ -88,12 +87,11 @@ typedef struct plan_row {
     uint64_t state_bytes;   /* parameters, gradients, AdamW moments (rank 0's shard;
                                none on the device when offloaded) */
     uint64_t optim_bytes;   /* of which the AdamW moments (0 when offloaded) */
-    uint64_t act_bytes;     /* activations for m x seq_len (+ the backend's
-                               per-m workspace: CUDA bf16 operand buffers) */
+    uint64_t act_bytes;     /* activations for m x seq_len */
     uint64_t peak_bytes;    /* predicted per-device peak: state + activations
                                (the accounted bytes the device's budget limits) */
     plan_parts parts;       /* the same by part: weights + gradients + optimizer
-                               + activations + workspace == peak_bytes */
+                               + activations == peak_bytes */
     uint64_t device_bytes;  /* what a device of the kind must hold: peak_bytes
                                + parts.rounding + parts.runtime (CPU: peak_bytes) */
     bool fits;              /* device_bytes <= budget * (100 - PLAN_MARGIN_PCT) / 100 */
@@ -167,8 +165,7 @@ uint64_t plan_host_params_bytes(const model_config *cfg, int zero, bool offload_
  * them (host_mem.h): the offloaded optimizer state of every rank. 0
  * without offload. ACC_EINVAL naming the field on overflow. */
 int plan_host_bytes(const train_cfg *spec, uint64_t *bytes, acc_err *err);
-/* State + activations for micro batch m on a CPU device (no workspace):
- * the rank's whole peak there. UINT64_MAX on overflow. */
+/* State + activations for micro batch m: the rank's whole accounted peak. UINT64_MAX on overflow. */
 uint64_t plan_peak_bytes(const model_config *cfg, int micro_batch, int seq_len, bool recompute);
 
 /* The sizes a job of this spec computes from user numbers, checked: the
@@ -177,17 +174,6 @@ uint64_t plan_peak_bytes(const model_config *cfg, int micro_batch, int seq_len, 
  * batch buffers. ACC_EINVAL naming the field when one overflows 64 bits
  * (or the host's size_t). trainer_check_spec (submit) calls it. */
 int plan_check_sizes(const train_cfg *spec, acc_err *err);
-
-/* The backend's per-micro-batch workspace for micro_batch x seq_len
- * tokens on a backend with ops table `ops` (kern_ops.workspace_size over
- * the family's gemm extent); 0, 0 when ops is NULL. */
-void plan_workspace(const model_config *cfg, const kern_ops *ops, spec_precision precision,
-                    int micro_batch, int seq_len, kern_workspace *out);
-
-/* plan_workspace for the linear layers' rows in recompute mode or not
- * (model_linear_rows: one token chunk with lean_tokens). */
-void plan_workspace_mode(const model_config *cfg, const kern_ops *ops, spec_precision precision,
-                         int micro_batch, int seq_len, bool recompute, kern_workspace *out);
 
 /* The host bytes of a rank that depend on the model's activation mode:
  * out->activations = the activation checkpoints in host memory
@@ -200,32 +186,11 @@ void plan_host_of(const model_config *cfg, int micro_batch, int seq_len, bool re
 int plan_device_bytes(const train_cfg *spec, int micro_batch, bool recompute, uint64_t *bytes,
                       acc_err *err);
 
-/* CUDA devices with precision bf16 only: the device bytes of the CUDA
- * backend's two bf16 operand buffers (kern_cuda.cu lin_gemm), which are
- * accounted allocations that the model's bytes do not count (the CUDA
- * table's workspace_size, computed here without a GPU). Each holds
- * the largest bf16 copy of one operand side over the linear layers'
- * products for micro_batch x seq_len tokens (N = m T):
- *   A side: N x max(4C, Vp)  (fc / fc-proj activations, the logits' gradient)
- *   B side: max(Vp C, 4C C, N 4C)  (wte, the MLP weights, fc-proj's input)
- * times 2 bytes. They grow on first use and are kept, so after the first
- * step a CUDA bf16 rank's peak is plan_peak_bytes + this. 0 on CPU
- * devices (their rounding scratch is fixed and outside the budget) and in
- * fp32. The trainer sizes them exactly, up front, when it allocates the
- * activations (kern_device_workspace_reserve), so that an out-of-memory there is
- * the recoverable kind; plan_act_bytes() counts them for CUDA devices. It is
- * checked against the GPU's accounting in tests/gpu/test_cuda_model.c. */
-uint64_t plan_cuda_bf16_bytes(const model_config *cfg, int micro_batch, int seq_len);
-/* The same, as the two buffers' sizes (bytes): A side, B side. */
-void plan_cuda_bf16_split(const model_config *cfg, int micro_batch, int seq_len, uint64_t *a,
-                          uint64_t *b);
-
-/* Bytes a device of `kind` allocates for micro_batch x seq_len beyond the
- * state: the activations (model_act_bytes) plus the backend's workspace
- * (on CUDA in bf16, the operand buffers). The whole per-m part of the
- * peak. UINT64_MAX on overflow. */
-uint64_t plan_act_bytes(const model_config *cfg, kern_dev_kind kind, spec_precision precision,
-                        int micro_batch, int seq_len, bool recompute);
+/* Bytes a device allocates for micro_batch x seq_len beyond the state:
+ * the activations (model_act_bytes), on every kind and in either
+ * precision (no backend has a per-micro-batch workspace). The whole per-m
+ * part of the peak. UINT64_MAX on overflow. */
+uint64_t plan_act_bytes(const model_config *cfg, int micro_batch, int seq_len, bool recompute);
 
 /* Bytes of a budget the planner lets a job use (0 = unlimited: UINT64_MAX). */
 uint64_t plan_usable_bytes(uint64_t budget);

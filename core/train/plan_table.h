@@ -9,7 +9,7 @@
  * fallback row) handed to the planner's own entry point,
  * plan_candidates_on(): so whatever the planner counts for a spec (the
  * model family's bytes, LoRA's frozen weights, ZeRO's shards, the
- * backend's workspace and rounding) the table counts, with no formula of
+ * backend's rounding and runtime) the table counts, with no formula of
  * its own. A variant group holds one row per micro batch m dividing
  * B / w, ascending, and names the largest m that fits.
  *

@@ -1132,26 +1132,11 @@ static int injected_oom(rank_state *rs, int step, int micro)
 }
 
 /* The per-micro-batch part of this rank's device bytes at micro batch m:
- * activations, plus the CUDA bf16 operand buffers (mem_plan.h). */
+ * the activations (mem_plan.h). */
 static uint64_t rank_act_bytes(const rank_state *rs, int m)
 {
     const trainer *t = rs->t;
-    return plan_act_bytes(&t->cfg, t->devs[rs->rank].kind, t->spec.precision, m,
-                          t->spec.model.seq_len, rs->recompute);
-}
-
-/* Activations for m, then the backend's workspace sized for m (the
- * planner's own function, so prediction and allocation agree). */
-static int alloc_acts(rank_state *rs, acc_err *err)
-{
-    model *m = rs->model;
-    kern_workspace ws;
-    plan_workspace_mode(&rs->t->cfg, rs->dev->ops, rs->t->spec.precision, rs->split.m, m->T, rs->recompute,
-                        &ws);
-    int rc = model_acts_alloc(m, rs->split.m, rs->recompute, err);
-    if (rc == 0 && (rc = kern_device_workspace_reserve(rs->dev, &ws, err)) != 0)
-        model_acts_free(m);
-    return rc;
+    return plan_act_bytes(&t->cfg, m, t->spec.model.seq_len, rs->recompute);
 }
 
 /* Allocate the activations of the split now unless they are there. An
@@ -1165,10 +1150,7 @@ static int ensure_acts(rank_state *rs, oom_record *rec, acc_err *err)
     /* the old ones go first, so "free" below is measured without them */
     model_acts_free(m);
     acc_err e = {0};
-    const kern_workspace none = {0, 0};
-    int rc = kern_device_workspace_reserve(d, &none, &e);
-    if (rc == 0)
-        rc = alloc_acts(rs, &e);
+    int rc = model_acts_alloc(m, rs->split.m, rs->recompute, &e);
     if (rc == ACC_EOOM) {
         oom_record_hit(rec, rs->dev, rank_act_bytes(rs, rs->split.m));
         return 0;

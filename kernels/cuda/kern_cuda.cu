@@ -4,8 +4,9 @@
  * is queued on that stream in call order. The linear layers' products go
  * through cublasLtMatmul (fp32 compute, bias epilogue, algorithm chosen per
  * shape and operand alignment and cached; cublasSgemm when cuBLASLt offers
- * none; bf16 operands with fp32 accumulation when kern_cuda_set_bf16 is
- * on). The four products of attention are cublasSgemmStridedBatched over
+ * none; in bf16 mode, kern_cuda_set_bf16, the same fp32 operands with
+ * CUBLAS_COMPUTE_32F_FAST_16BF: rounded to bf16 by the library, fp32
+ * accumulation, no copies). The four products of attention are cublasSgemmStridedBatched over
  * heads on the strided q/k/v views of qkv, so attention needs no memory
  * beyond the att buffer of the interface (scores above the diagonal are
  * computed, then masked to 0, as on CPU). The rest are kernels written here: one warp per
@@ -239,15 +240,6 @@ static void cu_mem_info(kern_device *d, kern_mem_info *out)
     out->free_bytes = kern_cuda_free_bytes(d);
 }
 
-static int cu_workspace_reserve(kern_device *d, const kern_workspace *w, acc_err *err)
-{
-    if (w->a_bytes > SIZE_MAX || w->b_bytes > SIZE_MAX)
-        return acc_err_set(err, ACC_EOOM, "", "device %s: workspace of %llu + %llu bytes",
-                           d->info.name, (unsigned long long)w->a_bytes,
-                           (unsigned long long)w->b_bytes);
-    return kern_cuda_bf16_reserve(d, (size_t)w->a_bytes, (size_t)w->b_bytes, err);
-}
-
 static const kern_ops cuda_ops = {
     /* .backend = */ "cuda",
     /* .alloc = */ cu_alloc,
@@ -273,8 +265,6 @@ static const kern_ops cuda_ops = {
     /* .close = */ cu_close,
     /* .last_error = */ kern_cuda_last_error,
     /* .mem_info = */ cu_mem_info,
-    /* .workspace_size = */ kern_cuda_workspace_size,
-    /* .workspace_reserve = */ cu_workspace_reserve,
     /* .set_precision = */ cu_set_precision,
     /* the LLaMA family's ops: kern_cuda_llama.cu */
     /* .embed_fwd = */ kern_cuda_embed_fwd,
@@ -399,14 +389,7 @@ extern "C" int kern_cuda_set_tf32(kern_device *d, int on, acc_err *err)
 
 extern "C" int kern_cuda_set_bf16(kern_device *d, int on, acc_err *err)
 {
-    cu_impl *im = IM(d);
-    if (!on && cu_enter(d)) { /* give the operand copies back */
-        cu_free(d, im->bf_a);
-        cu_free(d, im->bf_b);
-        im->bf_a = im->bf_b = NULL;
-        im->bf_a_bytes = im->bf_b_bytes = 0;
-    }
-    im->bf16 = on != 0;
+    IM(d)->bf16 = on != 0;
     return kern_cuda_last_error(d, err);
 }
 
@@ -421,33 +404,6 @@ extern "C" unsigned long long kern_cuda_free_bytes(kern_device *d)
     if (!cu_enter(d) || !CU_OK(d, cudaMemGetInfo(&free_b, &total)))
         return 0;
     return free_b;
-}
-
-extern "C" int kern_cuda_bf16_reserve(kern_device *d, size_t a_bytes, size_t b_bytes,
-                                      acc_err *err)
-{
-    cu_impl *im = IM(d);
-    if (!cu_enter(d))
-        return kern_cuda_last_error(d, err);
-    /* both go back first, so that a smaller size never waits on a larger */
-    cu_free(d, im->bf_a);
-    cu_free(d, im->bf_b);
-    im->bf_a = im->bf_b = NULL;
-    im->bf_a_bytes = im->bf_b_bytes = 0;
-    if (!im->bf16)
-        return kern_cuda_last_error(d, err);
-    int rc = 0;
-    if (a_bytes > 0 && (rc = cu_alloc(d, a_bytes, &im->bf_a, err)) == 0)
-        im->bf_a_bytes = a_bytes;
-    if (rc == 0 && b_bytes > 0 && (rc = cu_alloc(d, b_bytes, &im->bf_b, err)) == 0)
-        im->bf_b_bytes = b_bytes;
-    if (rc != 0) { /* not sticky: the caller adapts (ACC_EOOM) or fails */
-        cu_free(d, im->bf_a);
-        im->bf_a = NULL;
-        im->bf_a_bytes = 0;
-        return rc;
-    }
-    return kern_cuda_last_error(d, err);
 }
 
 extern "C" int kern_cuda_set_profile(kern_device *d, int on, acc_err *err)

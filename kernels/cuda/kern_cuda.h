@@ -51,20 +51,17 @@ int kern_cuda_set_tf32(kern_device *d, int on, acc_err *err);
 /* bf16 compute for the linear layers (matmul_fwd / matmul_bwd): operands
  * rounded to bf16, products accumulated in fp32 into the fp32 outputs and
  * gradients; weights, optimizer state and every other kernel stay fp32.
- * The bf16 operand copies are device allocations counted in in_use / peak
- * (up to m*T*Vp*2 bytes for the output layer's gradient), grown on first
- * use; failing to grow them is a sticky ACC_EOOM (plan_cuda_bf16_bytes in
- * core/train/mem_plan.h predicts them). Off by default. It is the device's
- * ops->set_precision, which a job's "precision": "bf16" calls. */
+ * The products read the fp32 operands in place with
+ * CUBLAS_COMPUTE_32F_FAST_16BF (cuBLASLt, else cublasGemmEx): cuBLAS
+ * rounds them to bf16 for the tensor cores, so bf16 mode allocates
+ * nothing and a bf16 job never holds more device memory than in fp32. The
+ * start-up self-test checks that rounding against the CPU reference
+ * (docs/cuda.md). Off by default. It is the device's ops->set_precision,
+ * which a job's "precision": "bf16" calls. */
 int kern_cuda_set_bf16(kern_device *d, int on, acc_err *err);
 
 /* Bytes held by the caching allocator (in use + cached), for /v1/devices. */
 unsigned long long kern_cuda_reserved(kern_device *d);
-/* Size the bf16 operand buffers exactly (both freed first; 0 = none;
- * nothing is allocated while bf16 is off): an out-of-memory here is
- * returned (ACC_EOOM), not sticky, so the trainer can adapt. Buffers that
- * a later product finds too small still grow (sticky on failure). */
-int kern_cuda_bf16_reserve(kern_device *d, size_t a_bytes, size_t b_bytes, acc_err *err);
 /* EXPERIMENTAL (not yet run on a GPU): in bf16 mode, attention through the
  * tiled tensor-core kernels of kern_cuda_flash.h (head size 64) instead of
  * cuBLAS on one sequence's T x T scores. Off by default; also on at open
@@ -73,20 +70,14 @@ int kern_cuda_set_flash(kern_device *d, int on, acc_err *err);
 
 /* Per-op GPU time, for benchmarks: on = 1 records a pair of CUDA events
  * around every op on the device's stream (off: nothing is recorded). */
-#define KERN_CUDA_PROF_OPS 18
+#define KERN_CUDA_PROF_OPS 17
 int kern_cuda_set_profile(kern_device *d, int on, acc_err *err);
 /* Waits for the stream, then fills ms[k], calls[k], names[k] (static
  * strings) for the KERN_CUDA_PROF_OPS ops over what was recorded since the
  * last read (or set_profile), and forgets it. Returns KERN_CUDA_PROF_OPS,
- * or -1 with err. "to_bf16" (the bf16 operand conversions) runs inside
- * matmul_fwd / matmul_bwd: its time is part of theirs, shown apart. */
+ * or -1 with err. */
 int kern_cuda_profile_read(kern_device *d, double *ms, int *calls, const char **names,
                            acc_err *err);
-/* The backend's workspace for linear-layer operands `e` (kern_ops
- * workspace_size): in bf16 the two operand buffers, 2 bytes per element of
- * each side's largest operand (lin_gemm), saturated; 0, 0 in fp32. Plain C
- * (kern_cuda_plan.c), in every build. */
-void kern_cuda_workspace_size(const kern_gemm_extent *e, int bf16, kern_workspace *out);
 #define KERN_CUDA_MARGIN (512ull << 20) /* left free on the GPU at open */
 #define KERN_CUDA_SMALL (1ull << 20)    /* blocks below round to 512 B, others to 2 MiB */
 
@@ -101,7 +92,7 @@ uint64_t kern_cuda_alloc_size(uint64_t bytes);
  * 16-byte scratch, NCCL's buffers). */
 uint64_t kern_cuda_runtime_bytes(void);
 /* A table holding only backend "cuda" and the planning queries
- * (workspace_size, alloc_size, runtime_bytes), for planning without a
+ * (alloc_size, runtime_bytes), for planning without a
  * GPU (kern_backend_ops). */
 extern const kern_ops kern_cuda_plan_ops;
 

@@ -72,8 +72,6 @@ typedef struct cu_impl {
     int tf32;
     int bf16;                /* linear-layer products in bf16 (kern_cuda_set_bf16) */
     int flash;               /* bf16 mode: tiled tensor-core attention (kern_cuda_set_flash) */
-    void *bf_a, *bf_b;       /* their bf16 operand copies, accounted, grown on demand */
-    size_t bf_a_bytes, bf_b_bytes;
     cu_block *blocks;
     int nblocks, cap;
     unsigned long long reserved;
@@ -160,12 +158,12 @@ static inline bool cu_enter(kern_device *d)
 enum {
     KP_ZERO, KP_COPY, KP_UPLOAD, KP_ENC_FWD, KP_ENC_BWD, KP_LN_FWD, KP_LN_BWD, KP_MM_FWD,
     KP_MM_BWD, KP_ATT_FWD, KP_ATT_BWD, KP_GELU_FWD, KP_GELU_BWD, KP_ADD, KP_XENT, KP_ADAMW,
-    KP_SUMSQ, KP_TO_BF16, KP_N
+    KP_SUMSQ, KP_N
 };
 static const char *const kp_name[KP_N] = {
     "zero", "copy", "upload", "encoder_fwd", "encoder_bwd", "layernorm_fwd", "layernorm_bwd",
     "matmul_fwd", "matmul_bwd", "attention_fwd", "attention_bwd", "gelu_fwd", "gelu_bwd", "add",
-    "xent", "adamw", "sumsq", "to_bf16"};
+    "xent", "adamw", "sumsq"};
 
 static_assert(KP_N == KERN_CUDA_PROF_OPS, "kern_cuda.h's op count");
 

@@ -1,4 +1,4 @@
-/* kern_cuda_matmul: the linear layers: cuBLASLt / cuBLAS products, bias epilogue, bf16 operands, for the CUDA backend (kern_cuda_impl.cuh). */
+/* kern_cuda_matmul: the linear layers: cuBLASLt / cuBLAS products, bias epilogue, bf16 mode, for the CUDA backend (kern_cuda_impl.cuh). */
 #include "kern_cuda_impl.cuh"
 
 /* ---------------------------------------------------------------- matmul */
@@ -38,12 +38,14 @@ static bool key_eq(const lt_key *a, const lt_key *b)
 }
 
 /* Row-major C[M,N] = op(A) op(B) + beta C (+ bias[N] per row when bias is
- * given) through cublasLtMatmul, fp32 compute (TF32 when allowed). Same
- * column-major swap as rm_gemm. Returns 1 done, 0 no cuBLASLt algorithm
- * (the caller uses cublasSgemm), -1 failed (sticky error set). */
-static int lt_gemm(kern_device *d, bool ta, bool tb, int M, int N, int K, const void *A, int lda,
-                   const void *B, int ldb, float beta, float *C, int ldc, const float *bias,
-                   bool bf16)
+ * given) through cublasLtMatmul on fp32 operands: fp32 compute (TF32 when
+ * allowed), or in bf16 mode CUBLAS_COMPUTE_32F_FAST_16BF (the library
+ * rounds each operand to bf16 for the tensor-core products and accumulates
+ * in fp32, so no bf16 copy is ever made). Same column-major swap as
+ * rm_gemm. Returns 1 done, 0 no cuBLASLt algorithm (the caller uses
+ * cuBLAS), -1 failed (sticky error set). */
+static int lt_gemm(kern_device *d, bool ta, bool tb, int M, int N, int K, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc, const float *bias)
 {
     cu_impl *im = IM(d);
     if (im->err_code != 0) /* an earlier product of the same op failed */
@@ -51,7 +53,9 @@ static int lt_gemm(kern_device *d, bool ta, bool tb, int M, int N, int K, const 
     if (im->lt == NULL)
         return 0;
     cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasComputeType_t ct = im->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasComputeType_t ct = im->bf16   ? CUBLAS_COMPUTE_32F_FAST_16BF
+                             : im->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                        : CUBLAS_COMPUTE_32F;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
@@ -65,11 +69,9 @@ static int lt_gemm(kern_device *d, bool ta, bool tb, int M, int N, int K, const 
     lt_key key;
     memset(&key, 0, sizeof key);
     key.M = M, key.N = N, key.K = K, key.ta = ta, key.tb = tb, key.bias = bias != NULL;
-    key.tf32 = im->tf32, key.beta1 = beta != 0.0f, key.bf16 = bf16;
+    /* the compute type is part of the algorithm: bf16 and tf32 key it */
+    key.tf32 = im->tf32, key.beta1 = beta != 0.0f, key.bf16 = im->bf16;
     key.lda = lda, key.ldb = ldb, key.ldc = ldc;
-    cudaDataType_t ab = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    if (bf16)
-        ct = CUBLAS_COMPUTE_32F; /* bf16 products, fp32 accumulation */
     key.al_a = align_of(B), key.al_b = align_of(A), key.al_c = align_of(C);
     memset(&res, 0, sizeof res);
 #define LT_OK(call)              \
@@ -86,8 +88,8 @@ static int lt_gemm(kern_device *d, bool ta, bool tb, int M, int N, int K, const 
         LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                              sizeof bias));
     }
-    LT_OK(cublasLtMatrixLayoutCreate(&la, ab, tb ? K : N, tb ? N : K, ldb));
-    LT_OK(cublasLtMatrixLayoutCreate(&lb, ab, ta ? M : K, ta ? K : M, lda));
+    LT_OK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, tb ? K : N, tb ? N : K, ldb));
+    LT_OK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, ta ? M : K, ta ? K : M, lda));
     LT_OK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, ldc));
     for (int i = 0; i < im->lt_n; i++)
         if (key_eq(&im->lt_cache[i].key, &key))
@@ -137,81 +139,27 @@ out:
     return im->err_code != 0 ? -1 : rc;
 }
 
-/* fp32 [rows, cols] with leading dimension ld -> dense bf16 [rows, cols] */
-__global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int cols, int ld, size_t total)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / cols;
-        int c = (int)(i % cols);
-        dst[i] = __float2bfloat16_rn(src[r * ld + c]);
-    }
-}
-
-/* grow one of the two bf16 operand buffers; an allocation failure is a
- * sticky ACC_EOOM, so the trainer's OOM path sees it */
-static void *bf_scratch(kern_device *d, int which, size_t bytes)
-{
-    cu_impl *im = IM(d);
-    void **p = which ? &im->bf_b : &im->bf_a;
-    size_t *have = which ? &im->bf_b_bytes : &im->bf_a_bytes;
-    if (*p != NULL && *have >= bytes)
-        return *p;
-    cu_free(d, *p);
-    *p = NULL;
-    *have = 0;
-    acc_err e = {0};
-    if (cu_alloc(d, bytes, p, &e) != 0) {
-        cu_sticky_code(d, e.code == ACC_EOOM ? ACC_EOOM : ACC_EDEVICE, "bf16 operand buffer", e.msg,
-                       __FILE__, __LINE__);
-        return NULL;
-    }
-    *have = bytes;
-    return *p;
-}
-
-/* copy a row-major fp32 operand [rows, cols] (leading dimension ld) to bf16 */
-static const void *to_bf16(kern_device *d, int which, const float *src, int rows, int cols, int ld)
-{
-    PROF(d, KP_TO_BF16);
-    size_t total = (size_t)rows * cols;
-    __nv_bfloat16 *dst = (__nv_bfloat16 *)bf_scratch(d, which, total * sizeof *dst);
-    if (dst == NULL)
-        return NULL;
-    k_to_bf16<<<grid_for(total, 256), 256, 0, IM(d)->stream>>>(dst, src, cols, ld, total);
-    return CU_LAUNCHED(d, "to_bf16") ? dst : NULL;
-}
-
-/* A product of the linear layers: cuBLASLt, else cublasSgemm (fp32); in
- * bf16 mode both operands are first rounded to bf16 (dense copies), then
- * cuBLASLt or cublasGemmEx multiply them with fp32 accumulation into the
- * fp32 C. Returns whether cuBLASLt did it (with the bias, if given). */
+/* A product of the linear layers: cuBLASLt, else cuBLAS. fp32 mode:
+ * cublasSgemm. bf16 mode: cublasGemmEx on the same fp32 operands with
+ * CUBLAS_COMPUTE_32F_FAST_16BF, the rounding and accumulation lt_gemm
+ * asks for, so either path computes the same function. Returns whether
+ * cuBLASLt did it (with the bias, if given). */
 static bool lin_gemm(kern_device *d, bool ta, bool tb, int M, int N, int K, const float *A,
                      int lda, const float *B, int ldb, float beta, float *C, int ldc,
-                     const float *bias, const void *a16_done)
+                     const float *bias)
 {
     cu_impl *im = IM(d);
-    if (!im->bf16) {
-        int r = lt_gemm(d, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias, false);
-        if (r < 0)
-            return false;
-        if (r == 0)
-            rm_gemm(d, ta, tb, M, N, K, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
-        return r == 1;
-    }
-    int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-    /* a16_done: A's dense bf16 copy already made (matmul_bwd's dout) */
-    const void *a16 = a16_done != NULL ? a16_done : to_bf16(d, 0, A, ar, ac, lda);
-    const void *b16 = a16 != NULL ? to_bf16(d, 1, B, br, bc, ldb) : NULL;
-    if (b16 == NULL)
-        return false;
-    int r = lt_gemm(d, ta, tb, M, N, K, a16, ac, b16, bc, beta, C, ldc, bias, true);
+    int r = lt_gemm(d, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
     if (r != 0)
         return r == 1;
+    if (!im->bf16) {
+        rm_gemm(d, ta, tb, M, N, K, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+        return false;
+    }
     const float one = 1.0f;
     cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    BL_OK(d, cublasGemmEx(im->blas, ob, oa, N, M, K, &one, b16, CUDA_R_16BF, bc, a16,
-                          CUDA_R_16BF, ac, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+    BL_OK(d, cublasGemmEx(im->blas, ob, oa, N, M, K, &one, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda,
+                          &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF,
                           CUBLAS_GEMM_DEFAULT));
     return false;
 }
@@ -232,7 +180,7 @@ void cu_matmul_fwd(kern_device *d, float *out, const float *inp, const float *w,
         return;
     /* the bias epilogue wants a 16-byte aligned bias; else a separate pass */
     const float *ep = bias != NULL && (uintptr_t)bias % 16 == 0 ? bias : NULL;
-    bool fused = lin_gemm(d, false, true, N, OC, C, inp, C, w, C, 0.0f, out, OC, ep, NULL);
+    bool fused = lin_gemm(d, false, true, N, OC, C, inp, C, w, C, 0.0f, out, OC, ep);
     if (IM(d)->err_code != 0)
         return;
     if (bias != NULL && !(fused && ep != NULL)) {
@@ -250,15 +198,10 @@ void cu_matmul_bwd(kern_device *d, float *dinp, float *dw, float *dbias,
     PROF(d, KP_MM_BWD);
     if (N <= 0)
         return;
-    /* bf16: both products read the same dense [N, OC] copy of dout, made
-     * once (the output layer's is m T Vp elements) */
-    const void *dout16 = IM(d)->bf16 ? to_bf16(d, 0, dout, N, OC, OC) : NULL;
-    if (IM(d)->bf16 && dout16 == NULL)
-        return;
     if (dinp != NULL) /* dinp[N,C] += dout[N,OC] w[OC,C] */
-        lin_gemm(d, false, false, N, C, OC, dout, OC, w, C, 1.0f, dinp, C, NULL, dout16);
+        lin_gemm(d, false, false, N, C, OC, dout, OC, w, C, 1.0f, dinp, C, NULL);
     if (dw != NULL) /* dw[OC,C] += dout^T inp (NULL: a frozen weight) */
-        lin_gemm(d, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dw, C, NULL, dout16);
+        lin_gemm(d, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dw, C, NULL);
     if (IM(d)->err_code != 0)
         return;
     if (dbias != NULL)

@@ -3,16 +3,6 @@
  * bytes the same way (kern_cuda.h). */
 #include "kern_cuda.h"
 
-#include "checked.h"
-
-void kern_cuda_workspace_size(const kern_gemm_extent *e, int bf16, kern_workspace *out)
-{
-    /* lin_gemm's bf16 copies: one buffer per operand side, grown to the
-     * largest operand of that side and kept */
-    out->a_bytes = bf16 ? acc_sat_mul_u64(2, e->a_elems) : 0;
-    out->b_bytes = bf16 ? acc_sat_mul_u64(2, e->b_elems) : 0;
-}
-
 uint64_t kern_cuda_alloc_size(uint64_t bytes)
 {
     uint64_t step = bytes < KERN_CUDA_SMALL ? 512 : 2ull << 20;
@@ -27,7 +17,6 @@ uint64_t kern_cuda_runtime_bytes(void) { return KERN_CUDA_MARGIN; }
 
 const kern_ops kern_cuda_plan_ops = {
     .backend = "cuda",
-    .workspace_size = kern_cuda_workspace_size,
     .alloc_size = kern_cuda_alloc_size,
     .runtime_bytes = kern_cuda_runtime_bytes,
 };

@@ -64,7 +64,7 @@ echo "$a" | jq -e '[.rows[] | select(.mode == "full" and .offload_param)] | leng
 echo "$a" | jq -e '[.rows[] | select(.mode == "full" and (.offload_param | not))] | all(.weights_bytes == 4 * 6738415616
     and .optimizer_bytes == (if .offload_optimizer then 0 else 8 * 6738415616 end)
     and .host_optimizer_bytes == (if .offload_optimizer then 16 * 6738415616 else 0 end)
-    and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes + .workspace_bytes == .peak_bytes
+    and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes == .peak_bytes
     and .peak_bytes + .rounding_bytes + .runtime_bytes == .device_bytes and .runtime_bytes == 536870912)' \
     >/dev/null || fail "breakdown: $(echo "$a" | jq -c '.rows[0]')"
 why=$(echo "$a" | jq -r '.groups[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false and (.offload_optimizer | not)) | .why_not')
@@ -93,7 +93,7 @@ expect_eq "LoRA settings" "$(echo "$a" | jq -c '[.lora.r, .lora.alpha, (.lora.ta
     '[16,32,7,39976960,false]'
 echo "$a" | jq -e '[.rows[] | select(.mode == "lora")] | length == 24
     and all(.optimizer_bytes == (if .offload_optimizer then 0 else 8 * 39976960 end)
-    and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes + .workspace_bytes == .peak_bytes)' \
+    and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes == .peak_bytes)' \
     >/dev/null || fail "LoRA rows: $(echo "$a" | jq -c '[.rows[] | select(.mode == "lora")][0]')"
 ok "24 GiB: $why"
 

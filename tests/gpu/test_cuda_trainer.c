@@ -7,9 +7,8 @@
  *   - a budget cap that does not fit the asked micro batch: the run adapts
  *     at the same step to the same split on both, with the same losses
  *     (1e-4), because the GPU accounting is the CPU's to the byte;
- *   - the same in bf16, where the GPU also holds the bf16 operand buffers
- *     (sized with the activations, so their out-of-memory adapts too): the
- *     caps differ by plan_cuda_bf16_bytes, the outcome does not;
+ *   - the same in bf16, with the same cap on both: the GPU's bf16 linear
+ *     layers hold no operand buffers, so its peak is the CPU's prediction;
  *   - with two GPUs or more, ZeRO stage 1, 2 and 3 over 2 GPUs (NCCL
  *     reduce-scatter and all-gather; stage 3 per block) against stage 0
  *     over 2 CPU devices: losses within 1e-4, each GPU rank's AdamW bytes
@@ -204,8 +203,8 @@ int main(void)
             return 1;
         }
         uint64_t state = plan_state_bytes(&cfg);
-        cpu.mem_total = state + plan_act_bytes(&cfg, KERN_DEV_CPU, s.precision, 2, s.model.seq_len, 0);
-        gpu.mem_total = state + plan_act_bytes(&cfg, KERN_DEV_CUDA, s.precision, 2, s.model.seq_len, 0);
+        /* one cap for both: bf16 takes no device memory beyond the activations */
+        cpu.mem_total = gpu.mem_total = state + plan_act_bytes(&cfg, 2, s.model.seq_len, 0);
         run rc, rg;
         train(&s, &cpu, 0, &rc);
         train(&s, &gpu, 0, &rg);

@@ -581,10 +581,10 @@ static void test_planner_targets(void **state)
     const double gib = 1024.0 * 1024.0 * 1024.0;
     /* LLaMA-2-7B at seq 4096: <= 8 GiB on the device */
     plan_row r = qlora_row(root, "Llama-2-7b-hf", 4096, true);
-    print_message("LLaMA-2-7B QLoRA seq 4096 m 1: device %.2f GiB (weights %.2f, activations %.2f, workspace "
-                  "%.2f), host checkpoints %.2f GiB\n",
+    print_message("LLaMA-2-7B QLoRA seq 4096 m 1: device %.2f GiB (weights %.2f, activations %.2f), "
+                  "host checkpoints %.2f GiB\n",
                   r.device_bytes / gib, r.parts.weights / gib, r.parts.activations / gib,
-                  r.parts.workspace / gib, r.host.activations / gib);
+                  r.host.activations / gib);
     assert_true(r.fits);
     assert_true(r.device_bytes <= 8ull << 30);
     /* bf16: the embedding's output in fp32, the 31 rounded block outputs in bf16 */
@@ -592,10 +592,10 @@ static void test_planner_targets(void **state)
     /* LLaMA-3.1-8B: 80,000 tokens fit one 24 GiB card, and not without the
      * host checkpoints */
     r = qlora_row(root, "Llama-3.1-8B", 80000, true);
-    print_message("LLaMA-3.1-8B QLoRA seq 80000 m 1: device %.2f GiB (weights %.2f, activations %.2f, "
-                  "workspace %.2f), host checkpoints %.2f GiB\n",
+    print_message("LLaMA-3.1-8B QLoRA seq 80000 m 1: device %.2f GiB (weights %.2f, activations %.2f), "
+                  "host checkpoints %.2f GiB\n",
                   r.device_bytes / gib, r.parts.weights / gib, r.parts.activations / gib,
-                  r.parts.workspace / gib, r.host.activations / gib);
+                  r.host.activations / gib);
     assert_true(r.fits);
     assert_false(qlora_row(root, "Llama-3.1-8B", 80000, false).fits);
     char cmd[600];

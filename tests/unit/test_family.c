@@ -34,7 +34,7 @@ static void test_registry(void **state)
         const model_family *f = model_family_at(n);
         /* every required entry is there */
         assert_true(f->name && f->config_from_spec && f->config_check && f->layout &&
-                    f->act_bytes && f->gemm_extent && f->acts_alloc && f->acts_free &&
+                    f->act_bytes && f->acts_alloc && f->acts_free &&
                     f->forward && f->backward && f->init_host);
         assert_ptr_equal(model_family_by_arch(f->name), f);
         n++;

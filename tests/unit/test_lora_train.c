@@ -669,7 +669,7 @@ static void test_7b_plan(void **state)
     uint64_t fetch = ((uint64_t)32000 * 4096 + 4096) * 4; /* embedding + a norm */
     assert_true(st == (uint64_t)nt * 16 + (uint64_t)(n - nt) * 2 + fetch + TRAIN_SLOTS * 4);
     uint64_t usable = plan_usable_bytes(24ull << 30);
-    uint64_t acts = plan_act_bytes(&cfg, KERN_DEV_CUDA, SPEC_BF16, 1, 2048, true);
+    uint64_t acts = plan_act_bytes(&cfg, 1, 2048, true);
     print_message("LLaMA-2-7B LoRA q,v r=8: state %.2f GiB (fp32 base %.2f), + recompute acts at "
                   "1 x 2048 (bf16, CUDA) %.2f GiB; usable of 24 GiB %.2f\n", st / 1073741824.0,
                   st32 / 1073741824.0, acts / 1073741824.0, usable / 1073741824.0);
@@ -785,7 +785,7 @@ static void test_7b_qlora_plan(void **state)
                   (unsigned long long)other);
     assert_true(nlin == 32 * 7);
     assert_true(st == want);
-    uint64_t acts = plan_act_bytes(&cfg, KERN_DEV_CUDA, SPEC_BF16, 1, 4096, true);
+    uint64_t acts = plan_act_bytes(&cfg, 1, 4096, true);
     double G = 1073741824.0;
     print_message("LLaMA-2-7B QLoRA q,v r=8, seq 4096, m 1, recompute, bf16 (CUDA): state %.2f GiB "
                   "(bf16 base %.2f) + activations %.2f GiB = %.2f GiB\n", st / G, st16 / G, acts / G,

@@ -176,7 +176,7 @@ static void assert_memory(const train_cfg *s, const run_out *off, const run_out 
     for (int k = 0; k < w; k++) {
         assert_int_equal(off->h.mem_optim[k], 0); /* no moments on the device */
         uint64_t want = plan_rank_device_state_bytes(&cfg, s->zero_stage, true, w, k) +
-                        plan_act_bytes(&cfg, KERN_DEV_CPU, SPEC_FP32, s->micro_batch, s->model.seq_len, 0);
+                        plan_act_bytes(&cfg, s->micro_batch, s->model.seq_len, 0);
         if (off->h.mem_peak[k] != want)
             print_error("rank %d: peak %llu, predicted %llu\n", k, (unsigned long long)off->h.mem_peak[k],
                         (unsigned long long)want);

@@ -202,12 +202,12 @@ static void test_llama7b_figures(void **state)
         plan_row r = row_of(s, KERN_DEV_CUDA, 24ull << 30);
         print_message("LLaMA-2-7B seq 4096 B 32 m %d a %d, stage 3 + offload_param + offload_optimizer%s, "
                       "CUDA 24 GiB: device %llu B = %.2f GiB (weights %.2f, gradients %.2f, optimizer %.2f, "
-                      "activations %.2f, workspace %.2f, rounding %.2f, runtime %.2f), fits %d; host %llu B "
+                      "activations %.2f, rounding %.2f, runtime %.2f), fits %d; host %llu B "
                       "= %.2f GiB (params %.2f, optimizer %.2f, activations %.2f, batch %.4f)\n",
                       r.micro_batch, r.accum_steps, ao ? " + host checkpoints" : "",
                       (unsigned long long)r.device_bytes, r.device_bytes / gib, r.parts.weights / gib,
                       r.parts.gradients / gib, r.parts.optimizer / gib, r.parts.activations / gib,
-                      r.parts.workspace / gib, r.parts.rounding / gib, r.parts.runtime / gib, r.fits,
+                      r.parts.rounding / gib, r.parts.runtime / gib, r.fits,
                       (unsigned long long)r.host_bytes, r.host_bytes / gib, r.host.params / gib,
                       r.host.optimizer / gib, r.host.activations / gib, r.host.batch / gib);
         /* 6.74e9 parameters: 4 + 4 bytes each for the host partitions, 8
@@ -348,7 +348,7 @@ static void assert_memory(const train_cfg *s, const run_out *r)
     uint64_t host = 0;
     for (int k = 0; k < w; k++) {
         uint64_t want = plan_rank_device_state_bytes_op(&cfg, 3, true, true, w, k) +
-                        plan_act_bytes(&cfg, KERN_DEV_CPU, SPEC_FP32, s->micro_batch, s->model.seq_len, 0);
+                        plan_act_bytes(&cfg, s->micro_batch, s->model.seq_len, 0);
         if (r->h.mem_peak[k] != want)
             print_error("rank %d: device peak %llu, predicted %llu\n", k, (unsigned long long)r->h.mem_peak[k],
                         (unsigned long long)want);

@@ -86,8 +86,7 @@ static void test_planner_huge_spec(void **state)
     /* the truth is far past 2^64 ... */
     assert_true(ref_act_bytes(&cfg, 65536, 1 << 20) > 18446744073709551616.0L);
     /* ... and so is every prediction: saturated, never wrapped small */
-    assert_true(plan_act_bytes(&cfg, KERN_DEV_CPU, SPEC_FP32, 65536, 1 << 20, false) == UINT64_MAX);
-    assert_true(plan_act_bytes(&cfg, KERN_DEV_CUDA, SPEC_BF16, 65536, 1 << 20, false) == UINT64_MAX);
+    assert_true(plan_act_bytes(&cfg, 65536, 1 << 20, false) == UINT64_MAX);
     assert_true(plan_peak_bytes(&cfg, 65536, 1 << 20, false) == UINT64_MAX);
     uint64_t b = 0;
     assert_int_equal(model_act_bytes(&cfg, 65536, 1 << 20, 0, &b, &err), ACC_EINVAL);

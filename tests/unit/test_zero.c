@@ -173,7 +173,7 @@ static void assert_memory(const train_cfg *s, const run_out *r, const run_out *r
         sum += r->h.mem_optim[k];
         assert_int_equal(r->h.mem_grads[k], r0->h.mem_grads[k]);
         uint64_t want = plan_rank_state_bytes(&cfg, s->zero_stage, w, k) +
-                        plan_act_bytes(&cfg, KERN_DEV_CPU, SPEC_FP32, s->micro_batch, s->model.seq_len, 0);
+                        plan_act_bytes(&cfg, s->micro_batch, s->model.seq_len, 0);
         if (r->h.mem_peak[k] != want)
             print_error("rank %d: peak %llu, predicted %llu\n", k, (unsigned long long)r->h.mem_peak[k],
                         (unsigned long long)want);
@@ -256,7 +256,7 @@ static void assert_memory3(const train_cfg *s, const run_out *r, const run_out *
         assert_int_equal(r->h.mem_grads[k], (z0.pn + TRAIN_SLOTS) * sizeof(float));
         sum += z.pn;
         uint64_t want = plan_rank_state_bytes(&cfg, 3, w, k) +
-                        plan_act_bytes(&cfg, KERN_DEV_CPU, s->precision, s->micro_batch, s->model.seq_len,
+                        plan_act_bytes(&cfg, s->micro_batch, s->model.seq_len,
                                        s->activation_checkpointing);
         if (r->h.mem_peak[k] != want)
             print_error("rank %d: peak %llu, predicted %llu\n", k, (unsigned long long)r->h.mem_peak[k],
