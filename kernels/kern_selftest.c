@@ -209,23 +209,71 @@ static void test_encoder_layernorm(st_ctx *c)
         st_free(c, all[i]);
 }
 
-static void test_matmul(st_ctx *c)
+/* matmul_fwd (with bias) and matmul_bwd for n x k -> n x oc; `mode`
+ * names the precision in the messages */
+static void matmul_shape(st_ctx *c, const char *mode, int n, int k, int oc)
 {
-    st_buf inp = st_new(c, (size_t)N * C, -1, 1), w = st_new(c, (size_t)OC * C, -1, 1);
-    st_buf bias = st_new(c, OC, -1, 1), out = st_new(c, (size_t)N * OC, 0, 0);
-    BOTH(c, D->ops->matmul_fwd(D, F(out, d), F(inp, d), F(w, d), F(bias, d), N, C, OC),
-         D->ops->matmul_fwd(D, F(out, r), F(inp, r), F(w, r), F(bias, r), N, C, OC));
-    st_cmp(c, "matmul_fwd", &out);
-    st_buf dinp = st_new(c, (size_t)N * C, -1, 1), dw = st_new(c, (size_t)OC * C, -1, 1);
-    st_buf db = st_new(c, OC, -1, 1);
-    BOTH(c, D->ops->matmul_bwd(D, F(dinp, d), F(dw, d), F(db, d), F(out, d), F(inp, d), F(w, d), N, C, OC),
-         D->ops->matmul_bwd(D, F(dinp, r), F(dw, r), F(db, r), F(out, r), F(inp, r), F(w, r), N, C, OC));
-    st_cmp(c, "matmul_bwd dinp", &dinp);
-    st_cmp(c, "matmul_bwd dw", &dw);
-    st_cmp(c, "matmul_bwd dbias", &db);
+    char name[4][64];
+    snprintf(name[0], sizeof name[0], "matmul_fwd%s", mode);
+    snprintf(name[1], sizeof name[1], "matmul_bwd dinp%s", mode);
+    snprintf(name[2], sizeof name[2], "matmul_bwd dw%s", mode);
+    snprintf(name[3], sizeof name[3], "matmul_bwd dbias%s", mode);
+    st_buf inp = st_new(c, (size_t)n * k, -1, 1), w = st_new(c, (size_t)oc * k, -1, 1);
+    st_buf bias = st_new(c, oc, -1, 1), out = st_new(c, (size_t)n * oc, 0, 0);
+    BOTH(c, D->ops->matmul_fwd(D, F(out, d), F(inp, d), F(w, d), F(bias, d), n, k, oc),
+         D->ops->matmul_fwd(D, F(out, r), F(inp, r), F(w, r), F(bias, r), n, k, oc));
+    st_cmp(c, name[0], &out);
+    st_buf dinp = st_new(c, (size_t)n * k, -1, 1), dw = st_new(c, (size_t)oc * k, -1, 1);
+    st_buf db = st_new(c, oc, -1, 1);
+    BOTH(c, D->ops->matmul_bwd(D, F(dinp, d), F(dw, d), F(db, d), F(out, d), F(inp, d), F(w, d), n, k, oc),
+         D->ops->matmul_bwd(D, F(dinp, r), F(dw, r), F(db, r), F(out, r), F(inp, r), F(w, r), n, k, oc));
+    st_cmp(c, name[1], &dinp);
+    st_cmp(c, name[2], &dw);
+    st_cmp(c, name[3], &db);
     st_buf *all[] = {&inp, &w, &bias, &out, &dinp, &dw, &db};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         st_free(c, all[i]);
+}
+
+static void test_matmul(st_ctx *c)
+{
+    matmul_shape(c, "", N, C, OC);
+}
+
+/* set_precision on both devices; an error is the self-test's failure */
+static void st_precision(st_ctx *c, int bf16)
+{
+    acc_err e = {0};
+    int rc = c->dev->ops->set_precision(c->dev, bf16, &e);
+    if (rc == 0)
+        rc = c->ref->ops->set_precision(c->ref, bf16, &e);
+    if (rc != 0)
+        fail_alloc(c, rc, &e);
+}
+
+/* bf16 mode, as a job's "precision": "bf16" runs the linear layers: the
+ * device's products (on CUDA: cuBLAS's own down-conversion of the fp32
+ * operands) against the CPU's (operands rounded to bf16, fp32
+ * accumulation), within KERN_SELFTEST_BF16_TOL; the usual shapes and an
+ * odd one (no dimension a multiple of 2, so no operand row is aligned
+ * past 4 bytes). Both devices are back in fp32 after. */
+static void test_matmul_bf16(st_ctx *c)
+{
+    if (c->rc != 0)
+        return;
+    double tol = c->tol;
+    c->tol = fmax(tol, KERN_SELFTEST_BF16_TOL);
+    st_precision(c, 1);
+    matmul_shape(c, " (bf16)", N, C, OC);
+    matmul_shape(c, " (bf16, odd shape)", 37, 45, 101);
+    c->tol = tol;
+    if (c->rc == 0)
+        st_precision(c, 0);
+    else { /* keep the first failure; still leave both in fp32 */
+        acc_err e = {0};
+        (void)c->dev->ops->set_precision(c->dev, 0, &e);
+        (void)c->ref->ops->set_precision(c->ref, 0, &e);
+    }
 }
 
 static void test_attention(st_ctx *c)
@@ -785,6 +833,7 @@ int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err)
     st_ctx c = {.dev = dev, .ref = ref, .tol = tol, .rng = 20261202, .err = err};
     test_encoder_layernorm(&c);
     test_matmul(&c);
+    test_matmul_bf16(&c);
     test_attention(&c);
     test_pointwise(&c);
     test_xent(&c);

@@ -6,10 +6,12 @@
  * family's embedding, RMSNorm, RoPE, SwiGLU and grouped-query attention,
  * and Qwen3's / Gemma 2's soft-capping, tanh-GELU gate, RMSNorm with an
  * offset and attention with options, where the device's backend has
- * them) on the same small
+ * them; matmul once more in bf16 mode, set_precision, on both devices,
+ * also on an odd shape) on the same small
  * random inputs on `dev` and on `ref` (a CPU device), and compares the
  * results: the largest difference over the largest reference value must be
- * under `tol` (1e-4 is fp32's margin for a different summation order). It
+ * under `tol` (1e-4 is fp32's margin for a different summation order;
+ * bf16 mode's products under KERN_SELFTEST_BF16_TOL, or `tol` if larger). It
  * touches nothing but the two devices' memory (a few hundred KiB, freed) and
  * takes milliseconds once the device is up.
  *
@@ -28,6 +30,12 @@
 #include "kern_device.h"
 
 #define KERN_SELFTEST_TOL 1e-4
+/* bf16 mode against the CPU's bf16: the GPU tests' bf16 tolerance
+ * (tests/gpu). Loose enough for a library that rounds the operands its own
+ * way (the CUDA backend's is cuBLAS's, docs/cuda.md), tight enough that a
+ * wrong product (a transpose, a stride, garbage) fails: those differ by
+ * order 1. */
+#define KERN_SELFTEST_BF16_TOL 1e-2
 
 int kern_selftest(kern_device *dev, kern_device *ref, double tol, acc_err *err);
 

@@ -1,6 +1,9 @@
 /* GPU: every kernel of the CUDA backend against the CPU backend on random
  * inputs (fp32: max |gpu - cpu| / max |cpu| under 1e-5 per output tensor,
- * backwards accumulating into non-zero gradients), copies, and the CUDA
+ * backwards accumulating into non-zero gradients); bf16 linear layers
+ * against the CPU's bf16 (1e-4: the same rounded operands) on the test's
+ * shapes and on LLaMA-2-7B's, an odd one included, taking no device
+ * memory; copies, and the CUDA
  * allocator's accounting, cache and out-of-memory behaviour under a budget
  * cap. Exits 77 (skipped) with a message where no GPU is present. */
 #include <math.h>
@@ -210,6 +213,49 @@ static void test_matmul(double tol)
     gpu->ops->matmul_bwd(gpu, NULL, dw.g, NULL, dout.g, inp.g, w.g, N, C, OC);
     cmp("matmul_bwd dw (no dinp/dbias)", &dw, tol);
     drop(&inp), drop(&w), drop(&bias), drop(&out), drop(&dout), drop(&dinp), drop(&dw), drop(&db);
+}
+
+/* One linear layer's products at n x k -> n x oc (matmul_fwd with bias,
+ * matmul_bwd into all three gradients), GPU against CPU within tol; the
+ * GPU allocates nothing while they run (its peak stays at the test's own
+ * buffers: in bf16 no operand copies, no workspace). */
+static void matmul_at(const char *what, int n, int k, int oc, double tol)
+{
+    char name[96];
+    buf2 inp = rnd((size_t)n * k, -1, 1), w = rnd((size_t)oc * k, -0.05f, 0.05f);
+    buf2 bias = rnd(oc, -1, 1), out = rnd((size_t)n * oc, -1, 1);
+    buf2 dout = rnd((size_t)n * oc, -1, 1), dinp = rnd((size_t)n * k, -1, 1);
+    buf2 dw = rnd((size_t)oc * k, -1, 1), db = rnd(oc, -1, 1);
+    kern_device_reset_peak(gpu);
+    cpu->ops->matmul_fwd(cpu, out.c, inp.c, w.c, bias.c, n, k, oc);
+    gpu->ops->matmul_fwd(gpu, out.g, inp.g, w.g, bias.g, n, k, oc);
+    snprintf(name, sizeof name, "%s fwd", what);
+    cmp(name, &out, tol);
+    cpu->ops->matmul_bwd(cpu, dinp.c, dw.c, db.c, dout.c, inp.c, w.c, n, k, oc);
+    gpu->ops->matmul_bwd(gpu, dinp.g, dw.g, db.g, dout.g, inp.g, w.g, n, k, oc);
+    snprintf(name, sizeof name, "%s dinp", what);
+    cmp(name, &dinp, tol);
+    snprintf(name, sizeof name, "%s dw", what);
+    cmp(name, &dw, tol);
+    snprintf(name, sizeof name, "%s dbias", what);
+    cmp(name, &db, tol);
+    expect(gpu->peak == gpu->in_use, "no device memory taken by the products:", what);
+    drop(&inp), drop(&w), drop(&bias), drop(&out), drop(&dout), drop(&dinp), drop(&dw), drop(&db);
+}
+
+/* LLaMA-2-7B's linear layers (C 4096, MLP 11008, vocabulary 32000) on a
+ * few hundred rows, and an odd shape whose every dimension is odd (rows
+ * off every alignment past 4 bytes), then the same off the 16-byte grid */
+static void test_matmul_llama(double tol)
+{
+    matmul_at("llama q/o proj 256x4096x4096", 256, 4096, 4096, tol);
+    matmul_at("llama mlp up 128x4096x11008", 128, 4096, 11008, tol);
+    matmul_at("llama mlp down 128x11008x4096", 128, 11008, 4096, tol);
+    matmul_at("llama lm head 64x4096x32000", 64, 4096, 32000, tol);
+    matmul_at("odd 77x4097x1001", 77, 4097, 1001, tol);
+    g_off = 1;
+    matmul_at("odd 77x4097x1001 (offset)", 77, 4097, 1001, tol);
+    g_off = 0;
 }
 
 /* matmuls with aligned operands, then with operands off the 16-byte grid */
@@ -478,11 +524,15 @@ int main(void)
         } else {
             printf("-- bf16 matmuls vs the CPU's bf16 (tolerance 1e-4)\n");
             test_matmul_offsets(1e-4);
+            /* cuBLAS's own rounding of the fp32 operands (FAST_16BF) is
+             * the CPU's round-to-nearest-even: the same products */
+            printf("-- bf16 matmuls, LLaMA-like shapes, vs the CPU's bf16 (tolerance 1e-4)\n");
+            test_matmul_llama(1e-4);
             check_dev("bf16 vs CPU bf16");
             expect(cpu->ops->set_precision(cpu, 0, &err) == 0, "CPU bf16 off", err.msg);
         }
         expect(kern_cuda_set_bf16(gpu, 0, &err) == 0, "bf16 off", err.msg);
-        expect(gpu->in_use == 0, "bf16 operand buffers given back", "");
+        expect(gpu->in_use == 0, "every bf16 test buffer freed on the GPU", "");
     }
     kern_device_close(gpu);
     /* the cublasSgemm path alone (cuBLASLt off) */

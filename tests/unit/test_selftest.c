@@ -1,7 +1,7 @@
 /* kern_selftest: a device that computes what the CPU computes passes; one
  * that gets a single op wrong (a forward off by 0.1%, a backward that
- * forgets an output) fails, naming that op; a device fault wins over the
- * numbers. The same check the daemon runs on a GPU before `devices = auto`
+ * forgets an output, a product wrong in bf16 mode only) fails, naming that
+ * op; a device fault wins over the numbers. The same check the daemon runs on a GPU before `devices = auto`
  * uses it, here with CPU devices and a deliberately broken copy of the CPU
  * ops table. */
 #include <setjmp.h>
@@ -74,6 +74,26 @@ static void dequant_nf4_without_offset(kern_device *d, float *out, const kern_nf
     kern_nf4 o = *q;
     o.offset = 0.0f;
     cpu_ops->dequant_nf4(d, out, &o, n);
+}
+
+/* bf16 mode that gets matmul_fwd 5% wrong (past the bf16 tolerance):
+ * set_precision swaps the device between two copies of the CPU table,
+ * bf16_side's matmul_fwd scaled */
+static kern_ops fp32_side, bf16_side;
+
+static void matmul_fwd_off_by_5pct(kern_device *d, float *out, const float *inp, const float *w,
+                                   const float *bias, int N, int C, int OC)
+{
+    cpu_ops->matmul_fwd(d, out, inp, w, bias, N, C, OC);
+    for (size_t i = 0; i < (size_t)N * OC; i++) /* CPU device memory is host memory */
+        out[i] *= 1.05f;
+}
+
+static int precision_swaps_table(kern_device *d, int bf16, acc_err *err)
+{
+    int rc = cpu_ops->set_precision(d, bf16, err);
+    d->ops = bf16 ? &bf16_side : &fp32_side;
+    return rc;
 }
 
 static int always_faulted(kern_device *d, acc_err *err)
@@ -186,6 +206,20 @@ static void test_without_llama_ops_passes(void **state)
     kern_device_close(d);
 }
 
+/* the same product right in fp32 and wrong in bf16 mode: found in the
+ * bf16 pass, named as such */
+static void test_wrong_bf16_matmul_fails(void **state)
+{
+    fp32_side = cpu_table();
+    fp32_side.set_precision = precision_swaps_table;
+    bf16_side = fp32_side;
+    bf16_side.matmul_fwd = matmul_fwd_off_by_5pct;
+    acc_err err = {0};
+    assert_int_equal(run_broken(&fp32_side, &err), ACC_EDEVICE);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "matmul_fwd (bf16) differs"));
+}
+
 static void test_wrong_nf4_op_fails(void **state)
 {
     kern_ops broken = cpu_table();
@@ -207,6 +241,7 @@ int main(void)
         cmocka_unit_test(test_wrong_llama_op_fails),
         cmocka_unit_test(test_without_llama_ops_passes),
         cmocka_unit_test(test_wrong_nf4_op_fails),
+        cmocka_unit_test(test_wrong_bf16_matmul_fails),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
