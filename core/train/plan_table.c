@@ -333,13 +333,15 @@ json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *h
     char why[512];
     plan_row_why(r, hw, why, sizeof why);
     const plan_parts *p = &r->parts;
-    json_t *o = json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o, s:b}",
+    /* workspace_bytes: 0 on every backend since bf16 copies no operands;
+     * kept in the answer so that clients reading it go on working */
+    json_t *o = json_pack("{s:s, s:i, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o, s:b}",
                           "mode",
                           plan_mode_name(v), "zero_stage", v != NULL ? v->zero_stage : 0,
                           "recompute", r->recompute, "micro_batch", r->micro_batch, "accum_steps", r->accum_steps,
                           "weights_bytes", plan_bytes_json(p->weights), "gradients_bytes", plan_bytes_json(p->gradients),
                           "optimizer_bytes", plan_bytes_json(p->optimizer), "activations_bytes",
-                          plan_bytes_json(p->activations),
+                          plan_bytes_json(p->activations), "workspace_bytes", (json_int_t)0,
                           "rounding_bytes", plan_bytes_json(p->rounding), "runtime_bytes", plan_bytes_json(p->runtime),
                           "peak_bytes", plan_bytes_json(r->peak_bytes), "device_bytes", plan_bytes_json(r->device_bytes),
                           "fits", r->fits, "why_not", why[0] ? json_string(why) : json_null(), "act_offload",

@@ -65,7 +65,8 @@ echo "$a" | jq -e '[.rows[] | select(.mode == "full" and (.offload_param | not))
     and .optimizer_bytes == (if .offload_optimizer then 0 else 8 * 6738415616 end)
     and .host_optimizer_bytes == (if .offload_optimizer then 16 * 6738415616 else 0 end)
     and .weights_bytes + .gradients_bytes + .optimizer_bytes + .activations_bytes == .peak_bytes
-    and .peak_bytes + .rounding_bytes + .runtime_bytes == .device_bytes and .runtime_bytes == 536870912)' \
+    and .peak_bytes + .rounding_bytes + .runtime_bytes == .device_bytes and .runtime_bytes == 536870912
+    and .workspace_bytes == 0)' \
     >/dev/null || fail "breakdown: $(echo "$a" | jq -c '.rows[0]')"
 why=$(echo "$a" | jq -r '.groups[] | select(.mode == "full" and .zero_stage == 0 and .recompute == false and (.offload_optimizer | not)) | .why_not')
 echo "$why" | grep -q 'model state 100.4 GiB alone (weights 25.1 + gradients 25.1 + optimizer 50.2)' ||
