@@ -1,0 +1,55 @@
+/* hf_configs: the published config.json of the LLaMA models the planner's
+ * figures are about, and a writer of a model directory holding one
+ * (header-only, static). The planner reads such a directory as POST
+ * /v1/plan does (plan_only: config.json alone). Shared by the tests and
+ * bench/bench_long_ctx.c, so that the figures of both come from the same
+ * values; no cmocka here (the bench includes it).
+ */
+#ifndef ACC_HF_CONFIGS_H
+#define ACC_HF_CONFIGS_H
+
+#include <stdio.h>
+#include <sys/stat.h>
+
+/* functions, not static arrays: a file using one alone would warn of the
+ * other unused (-Wunused-const-variable) */
+static inline const char *fx_llama2_7b_config(void)
+{
+    return "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
+           " \"intermediate_size\": 11008, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
+           " \"num_key_value_heads\": 32, \"vocab_size\": 32000, \"max_position_embeddings\": 4096,"
+           " \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false,"
+           " \"torch_dtype\": \"float16\", \"hidden_act\": \"silu\"}";
+}
+
+static inline const char *fx_llama31_8b_config(void)
+{
+    return "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
+           " \"intermediate_size\": 14336, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
+           " \"num_key_value_heads\": 8, \"vocab_size\": 128256, \"max_position_embeddings\": 131072,"
+           " \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, \"tie_word_embeddings\": false,"
+           " \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+           " \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"},"
+           " \"torch_dtype\": \"bfloat16\", \"hidden_act\": \"silu\"}";
+}
+
+/* root/name/config.json holding `json` (root/name must not exist yet).
+ * 0, or -1 with errno where a step failed. */
+static inline int fx_write_config(const char *root, const char *name, const char *json)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", root, name);
+    if (mkdir(path, 0700) != 0)
+        return -1;
+    snprintf(path, sizeof path, "%s/%s/config.json", root, name);
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return -1;
+    if (fputs(json, f) == EOF) {
+        fclose(f);
+        return -1;
+    }
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+#endif
