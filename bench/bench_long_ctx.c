@@ -38,19 +38,8 @@ static int row_at(const char *root, const char *dir, int T, const mode *md, plan
     train_cfg *s = calloc(1, sizeof *s);
     if (s == NULL)
         return -1;
+    fx_qlora_plan_spec(s, root, dir, T);
     snprintf(s->name, sizeof s->name, "bench");
-    snprintf(s->model.from, sizeof s->model.from, "%s/%s", root, dir);
-    snprintf(s->data_roots, sizeof s->data_roots, "%s", root);
-    s->plan_only = true;
-    s->model.seq_len = T;
-    s->model.quantize_nf4 = true;
-    s->lora = (spec_lora){.r = 16, .alpha = 32, .all_linear = true};
-    s->precision = SPEC_BF16;
-    s->train_batch_size = 1;
-    s->micro_batch = 1;
-    s->accum_steps = 1;
-    s->devices = 1;
-    s->activation_checkpointing = true;
     s->lean_activations = md->lean;
     s->activation_offload = md->offload;
     plan_row rows[4];

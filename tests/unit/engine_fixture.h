@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "kern_device.h"
 #include "kern_discover.h"
 #include "mem_plan.h"
 #include "train_cfg.h"
@@ -158,10 +159,13 @@ typedef struct fx_run_opts {
     fx_oom_at *oom;         /* NULL: none */
 } fx_run_opts;
 
-/* Runs s to its end on s->devices CPU devices. */
+/* Runs s on s->devices CPU devices (at most TRAIN_MAX_RANKS); how it
+ * ended is in r->status and r->err. */
 static inline void fx_train(const train_cfg *s, const fx_run_opts *o, fx_run *r)
 {
     kern_device_info devs[TRAIN_MAX_RANKS];
+    if (s->devices < 1 || s->devices > TRAIN_MAX_RANKS)
+        abort(); /* a test's own mistake */
     fx_devices(devs, s->devices, o->device_budget);
     memset(r, 0, sizeof *r);
     r->params = calloc(FX_PARAMS_CAP, sizeof(float));
@@ -189,6 +193,25 @@ static inline void fx_train(const train_cfg *s, const fx_run_opts *o, fx_run *r)
 
 #ifdef cmocka_unit_test /* the unit tests; the GPU tests include this header without cmocka */
 
+/* r ran to its end; else `what` and its message on stderr. */
+static inline void fx_assert_ran(const fx_run *r, const train_cfg *s, const char *what)
+{
+    if (r->status != 0)
+        print_error("%s failed: %s\n", what, r->err.msg);
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->h.steps_done, s->max_steps);
+}
+
+/* The planner's figures of s: a rank's device bytes at s's micro batch
+ * (no recomputation), the job's host bytes, and the model. */
+static inline void fx_plan_figures(const train_cfg *s, uint64_t *device, uint64_t *host, model_config *cfg)
+{
+    acc_err err = {0};
+    assert_int_equal(plan_device_bytes(s, s->micro_batch, false, device, &err), 0);
+    assert_int_equal(plan_host_bytes(s, host, &err), 0);
+    assert_int_equal(plan_model_config(s, cfg, &err), 0);
+}
+
 /* Steps [from, to) (losses and norms) and the final weights: the same bits. */
 static inline void fx_assert_same_bits(const fx_run *a, const fx_run *b, int from, int to)
 {
@@ -203,6 +226,46 @@ static inline void fx_assert_same_bits(const fx_run *a, const fx_run *b, int fro
     }
     assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
     assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+}
+
+/* pin_memory's test double: a copy of a CPU device (same backend state)
+ * under fx_pin_ops, whose host_register records what it registers and
+ * refuses the call numbered `refuse` (1-based; 0: none), and whose
+ * host_unregister checks it was registered. */
+typedef struct fx_pin_dev {
+    kern_device dev; /* first: the ops get &dev */
+    void *reg[8];
+    int nreg, nunreg, refuse;
+} fx_pin_dev;
+
+static inline int fx_pin_register(kern_device *d, void *p, size_t bytes, acc_err *err)
+{
+    fx_pin_dev *pd = (fx_pin_dev *)d;
+    assert_true(bytes > 0);
+    if (pd->nreg + 1 == pd->refuse)
+        return acc_err_set(err, ACC_EDEVICE, "devices", "refused by the test");
+    assert_true(pd->nreg < (int)(sizeof pd->reg / sizeof *pd->reg));
+    pd->reg[pd->nreg++] = p;
+    return 0;
+}
+
+static inline void fx_pin_unregister(kern_device *d, void *p)
+{
+    fx_pin_dev *pd = (fx_pin_dev *)d;
+    bool known = false;
+    for (int i = 0; i < pd->nreg; i++)
+        known = known || pd->reg[i] == p;
+    assert_true(known);
+    pd->nunreg++;
+}
+
+/* d's ops with the double's host_register and host_unregister. */
+static inline kern_ops fx_pin_ops(const kern_device *d)
+{
+    kern_ops ops = *d->ops;
+    ops.host_register = fx_pin_register;
+    ops.host_unregister = fx_pin_unregister;
+    return ops;
 }
 
 static inline void fx_read_file(const char *path, char **data, size_t *n)
@@ -229,6 +292,19 @@ static inline void fx_assert_same_file(const char *a, const char *b)
     assert_memory_equal(da, db, na);
     free(da);
     free(db);
+}
+
+/* Two checkpoint directories hold the same state and model files, byte
+ * for byte. */
+static inline void fx_assert_same_checkpoint(const char *dir_a, const char *dir_b)
+{
+    static const char *files[] = {"state.safetensors", "model.safetensors"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/%s", dir_a, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir_b, files[i]);
+        fx_assert_same_file(a, b);
+    }
 }
 
 #endif

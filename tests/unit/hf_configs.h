@@ -1,15 +1,18 @@
 /* hf_configs: the published config.json of the LLaMA models the planner's
- * figures are about, and a writer of a model directory holding one
- * (header-only, static). The planner reads such a directory as POST
- * /v1/plan does (plan_only: config.json alone). Shared by the tests and
- * bench/bench_long_ctx.c, so that the figures of both come from the same
- * values; no cmocka here (the bench includes it).
+ * figures are about, a writer of a model directory holding one, and the
+ * dry-run specs over such a directory (header-only, static). The planner
+ * reads it as POST /v1/plan does (plan_only: config.json alone). Shared by
+ * the tests and bench/bench_long_ctx.c, so that the figures of both come
+ * from the same values and spec; no cmocka here (the bench includes it).
  */
 #ifndef ACC_HF_CONFIGS_H
 #define ACC_HF_CONFIGS_H
 
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
+
+#include "train_cfg.h"
 
 /* functions, not static arrays: a file using one alone would warn of the
  * other unused (-Wunused-const-variable) */
@@ -50,6 +53,31 @@ static inline int fx_write_config(const char *root, const char *name, const char
         return -1;
     }
     return fclose(f) == 0 ? 0 : -1;
+}
+
+/* A dry run's spec (plan_only) of the model directory root/dir at seq T,
+ * the data under root; the rest (batch, devices, modes) is the caller's. */
+static inline void fx_plan_spec(train_cfg *s, const char *root, const char *dir, int T)
+{
+    memset(s, 0, sizeof *s);
+    snprintf(s->model.from, sizeof s->model.from, "%s/%s", root, dir);
+    snprintf(s->data_roots, sizeof s->data_roots, "%s", root);
+    s->plan_only = true;
+    s->model.seq_len = T;
+}
+
+/* The QLoRA dry run of the long-context figures: the base quantized at
+ * load to NF4, LoRA r 16 all-linear, bf16, one sequence on one device,
+ * with recomputation (lean activations and host checkpoints: the
+ * caller's). */
+static inline void fx_qlora_plan_spec(train_cfg *s, const char *root, const char *dir, int T)
+{
+    fx_plan_spec(s, root, dir, T);
+    s->model.quantize_nf4 = true;
+    s->lora = (spec_lora){.r = 16, .alpha = 32, .all_linear = true};
+    s->precision = SPEC_BF16;
+    s->train_batch_size = s->micro_batch = s->accum_steps = s->devices = 1;
+    s->activation_checkpointing = true;
 }
 
 #endif

@@ -522,15 +522,7 @@ static plan_row qlora_row(const char *root, const char *dir, int T, bool offload
 {
     train_cfg *s = calloc(1, sizeof *s);
     assert_non_null(s);
-    snprintf(s->model.from, sizeof s->model.from, "%s/%s", root, dir);
-    snprintf(s->data_roots, sizeof s->data_roots, "%s", root);
-    s->plan_only = true;
-    s->model.seq_len = T;
-    s->model.quantize_nf4 = true;
-    s->lora = (spec_lora){.r = 16, .alpha = 32, .all_linear = true};
-    s->precision = SPEC_BF16;
-    s->train_batch_size = s->micro_batch = s->accum_steps = s->devices = 1;
-    s->activation_checkpointing = true;
+    fx_qlora_plan_spec(s, root, dir, T);
     s->lean_activations = true;
     s->activation_offload = offload;
     plan_row rows[2];

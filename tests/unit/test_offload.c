@@ -80,10 +80,7 @@ static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, fx_oo
 static void run_in(const train_cfg *s, fx_run *r, fx_oom_at *in)
 {
     run_budget(s, 1ull << 30, 0, in, r);
-    if (r->status != 0)
-        print_error("run failed: %s\n", r->err.msg);
-    assert_int_equal(r->status, 0);
-    assert_int_equal(r->h.steps_done, s->max_steps);
+    fx_assert_ran(r, s, "run");
 }
 
 static void run(const train_cfg *s, fx_run *r)
@@ -195,11 +192,8 @@ static void test_llama_fits_with_offload(void **state)
     train_cfg s;
     llama_spec(&s, true);
     uint64_t budget, host;
-    acc_err err = {0};
-    assert_int_equal(plan_device_bytes(&s, s.micro_batch, false, &budget, &err), 0);
-    assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
     model_config cfg;
-    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    fx_plan_figures(&s, &budget, &host, &cfg);
     uint64_t state0 = plan_rank_state_bytes(&cfg, 0, 1, 0); /* stage 0, moments on the device */
     assert_true(state0 > budget);                          /* the state alone does not fit */
     fx_run no, yes, big;
@@ -210,10 +204,7 @@ static void test_llama_fits_with_offload(void **state)
     assert_int_equal(no.h.steps_done, 0);
     llama_spec(&s, true);
     run_budget(&s, budget, host, NULL, &yes); /* the device and the host exactly as predicted */
-    if (yes.status != 0)
-        print_error("offloaded run failed: %s\n", yes.err.msg);
-    assert_int_equal(yes.status, 0);
-    assert_int_equal(yes.h.steps_done, s.max_steps);
+    fx_assert_ran(&yes, &s, "offloaded run");
     assert_int_equal(yes.h.mem_peak[0], budget);
     assert_int_equal(yes.h.host_peak, host);
     llama_spec(&s, false);
@@ -251,11 +242,8 @@ static void test_llama_fits_with_zero3_offload(void **state)
     s.train_batch_size = 16; /* m 2, a 2, w 4 */
     s.zero_stage = 3;
     uint64_t budget, host;
-    acc_err err = {0};
-    assert_int_equal(plan_device_bytes(&s, s.micro_batch, false, &budget, &err), 0);
-    assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
     model_config cfg;
-    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    fx_plan_figures(&s, &budget, &host, &cfg);
     uint64_t state0 = plan_rank_state_bytes(&cfg, 0, 4, 0);
     uint64_t off0 = plan_rank_device_state_bytes(&cfg, 0, true, 4, 0);
     if (!(state0 > budget && off0 > budget))
@@ -264,10 +252,7 @@ static void test_llama_fits_with_zero3_offload(void **state)
     assert_true(state0 > budget && off0 > budget); /* neither stage 0 nor its offload fits */
     fx_run yes, big;
     run_budget(&s, budget, host, NULL, &yes);
-    if (yes.status != 0)
-        print_error("ZeRO-3 offloaded run failed: %s\n", yes.err.msg);
-    assert_int_equal(yes.status, 0);
-    assert_int_equal(yes.h.steps_done, s.max_steps);
+    fx_assert_ran(&yes, &s, "ZeRO-3 offloaded run");
     assert_int_equal(yes.h.mem_peak[0], budget);
     assert_int_equal(yes.h.host_peak, host);
     s.zero_stage = 0;
@@ -308,14 +293,6 @@ static void test_host_budget(void **state)
     free(r.params);
 }
 
-static void assert_same_file(const char *dir_a, const char *dir_b, const char *name)
-{
-    char a[320], b[320];
-    snprintf(a, sizeof a, "%s/%s", dir_a, name);
-    snprintf(b, sizeof b, "%s/%s", dir_b, name);
-    fx_assert_same_file(a, b);
-}
-
 static void ckpt_spec(train_cfg *s, int w, int zero, bool offload, const char *from, const char *out, int steps)
 {
     spec_of(s, "gpt2", w, zero, offload);
@@ -343,8 +320,7 @@ static void check_resume(int w, int zero)
     run(&s, &b);
     snprintf(ck_b, sizeof ck_b, "%s/%s/ckpt-00000002", root, out);
     fx_assert_same_bits(&a, &b, 0, 2);
-    assert_same_file(ck_a, ck_b, "state.safetensors");
-    assert_same_file(ck_a, ck_b, "model.safetensors");
+    fx_assert_same_checkpoint(ck_a, ck_b);
     /* written with offload, resumed without; written without, resumed with */
     snprintf(out, sizeof out, "%s-off-on", tag);
     ckpt_spec(&s, w, zero, false, ck_a, out, 4);
@@ -373,40 +349,6 @@ static void test_resume_across(void **state)
     check_resume(2, 2); /* the sharded moments gathered from the host copies */
 }
 
-/* A device whose host_register is a test double: a copy of a CPU device
- * (same backend state) with the double's log around it; the double records
- * what it registers and refuses the call numbered `refuse` (1-based; 0:
- * none). */
-typedef struct pin_log {
-    void *reg[8];
-    int nreg, nunreg, refuse;
-} pin_log;
-
-typedef struct fake_dev {
-    kern_device dev; /* first: the ops get &dev */
-    pin_log log;
-} fake_dev;
-
-static int fake_register(kern_device *d, void *p, size_t bytes, acc_err *err)
-{
-    pin_log *log = &((fake_dev *)d)->log;
-    assert_true(bytes > 0);
-    if (log->nreg + 1 == log->refuse)
-        return acc_err_set(err, ACC_EDEVICE, "devices", "refused by the test");
-    log->reg[log->nreg++] = p;
-    return 0;
-}
-
-static void fake_unregister(kern_device *d, void *p)
-{
-    pin_log *log = &((fake_dev *)d)->log;
-    bool known = false;
-    for (int i = 0; i < log->nreg; i++)
-        known = known || log->reg[i] == p;
-    assert_true(known);
-    log->nunreg++;
-}
-
 static void test_pin_memory(void **state)
 {
     (void)state;
@@ -416,34 +358,31 @@ static void test_pin_memory(void **state)
     acc_err err = {0};
     assert_int_equal(kern_device_open(&info, 1, &d, &err), 0);
     assert_null(d->ops->host_register); /* CPU devices: nothing to pin */
-    kern_ops ops = *d->ops;
-    ops.host_register = fake_register;
-    ops.host_unregister = fake_unregister;
-    fake_dev fd = {.dev = *d};
+    kern_ops ops = fx_pin_ops(d); /* host_register a test double (fx_pin_dev) */
+    fx_pin_dev fd = {.dev = *d};
     fd.dev.ops = &ops;
     kern_device *pd = &fd.dev;
-    pin_log *log = &fd.log;
     host_mem hm;
     host_mem_init(&hm, 0);
     adamw *a;
     assert_int_equal(adamw_create_host(pd, &hm, 2, true, 10, 1010, &a, &err), 0);
-    assert_int_equal(log->nreg, 2);
-    assert_true((log->reg[0] == a->master && log->reg[1] == a->g) || (log->reg[0] == a->g && log->reg[1] == a->master));
+    assert_int_equal(fd.nreg, 2);
+    assert_true((fd.reg[0] == a->master && fd.reg[1] == a->g) || (fd.reg[0] == a->g && fd.reg[1] == a->master));
     adamw_free(a);
-    assert_int_equal(log->nunreg, 2);
+    assert_int_equal(fd.nunreg, 2);
     /* not asked: nothing registered */
-    *log = (pin_log){0};
+    fd = (fx_pin_dev){.dev = fd.dev};
     assert_int_equal(adamw_create_host(pd, &hm, 2, false, 10, 1010, &a, &err), 0);
     adamw_free(a);
-    assert_int_equal(log->nreg, 0);
+    assert_int_equal(fd.nreg, 0);
     /* the second refused: the first undone, nothing allocated, the key named */
-    *log = (pin_log){.refuse = 2};
+    fd = (fx_pin_dev){.dev = fd.dev, .refuse = 2};
     assert_int_equal(adamw_create_host(pd, &hm, 2, true, 10, 1010, &a, &err), ACC_EDEVICE);
     assert_null(a);
     assert_string_equal(err.field, "zero_optimization.offload_optimizer.pin_memory");
     assert_non_null(strstr(err.msg, "refused by the test"));
-    assert_int_equal(log->nreg, 1);
-    assert_int_equal(log->nunreg, 1);
+    assert_int_equal(fd.nreg, 1);
+    assert_int_equal(fd.nunreg, 1);
     assert_int_equal(host_mem_in_use(&hm), 0);
     host_mem_destroy(&hm);
     kern_device_close(d);

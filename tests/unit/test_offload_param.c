@@ -48,10 +48,7 @@ static train_cfg *plan_spec(const char *root, const char *dir, int T, int B, int
 {
     train_cfg *s = calloc(1, sizeof *s);
     assert_non_null(s);
-    snprintf(s->model.from, sizeof s->model.from, "%s/%s", root, dir);
-    snprintf(s->data_roots, sizeof s->data_roots, "%s", root);
-    s->plan_only = true;
-    s->model.seq_len = T;
+    fx_plan_spec(s, root, dir, T);
     s->train_batch_size = B;
     s->micro_batch = 1;
     s->accum_steps = B / w;
@@ -266,10 +263,7 @@ static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, fx_ru
 static void run(const train_cfg *s, fx_run *r)
 {
     run_budget(s, 1ull << 30, 0, r);
-    if (r->status != 0)
-        print_error("run failed: %s\n", r->err.msg);
-    assert_int_equal(r->status, 0);
-    assert_int_equal(r->h.steps_done, s->max_steps);
+    fx_assert_ran(r, s, "run");
 }
 
 /* Measured = predicted: each rank's device peak, the job's host peak. */
@@ -367,19 +361,13 @@ static void test_llama_one_device(void **state)
     s.model.n_kv_head = 2;
     s.model.intermediate_size = 172;
     uint64_t budget, host;
-    acc_err err = {0};
-    assert_int_equal(plan_device_bytes(&s, s.micro_batch, false, &budget, &err), 0);
-    assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
     model_config cfg;
-    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    fx_plan_figures(&s, &budget, &host, &cfg);
     uint64_t state0 = plan_rank_state_bytes(&cfg, 0, 1, 0);
     assert_true(state0 > budget);
     fx_run yes, short_host, big;
     run_budget(&s, budget, host, &yes);
-    if (yes.status != 0)
-        print_error("run failed: %s\n", yes.err.msg);
-    assert_int_equal(yes.status, 0);
-    assert_int_equal(yes.h.steps_done, s.max_steps);
+    fx_assert_ran(&yes, &s, "run");
     assert_int_equal(yes.h.mem_peak[0], budget);
     assert_int_equal(yes.h.host_peak, host);
     run_budget(&s, budget, host - 1, &short_host);
@@ -437,33 +425,7 @@ static void test_resume(void **state)
 }
 
 /* pin_memory: a CPU device copy whose host_register is a test double
- * (records, refuses the call numbered `refuse`, 1-based). */
-typedef struct pin_dev {
-    kern_device dev; /* first: the ops get &dev */
-    void *reg[4];
-    int nreg, nunreg, refuse;
-} pin_dev;
-
-static int pin_register(kern_device *d, void *p, size_t bytes, acc_err *err)
-{
-    pin_dev *pd = (pin_dev *)d;
-    assert_true(bytes > 0);
-    if (pd->nreg + 1 == pd->refuse)
-        return acc_err_set(err, ACC_EDEVICE, "devices", "refused by the test");
-    pd->reg[pd->nreg++] = p;
-    return 0;
-}
-
-static void pin_unregister(kern_device *d, void *p)
-{
-    pin_dev *pd = (pin_dev *)d;
-    bool known = false;
-    for (int i = 0; i < pd->nreg; i++)
-        known = known || pd->reg[i] == p;
-    assert_true(known);
-    pd->nunreg++;
-}
-
+ * (fx_pin_dev: records, refuses the call numbered `refuse`, 1-based). */
 static void test_pin_memory(void **state)
 {
     (void)state;
@@ -476,11 +438,9 @@ static void test_pin_memory(void **state)
     fx_devices(&info, 1, 0);
     kern_device *d;
     assert_int_equal(kern_device_open(&info, 1, &d, &err), 0);
-    kern_ops ops = *d->ops;
-    ops.host_register = pin_register;
-    ops.host_unregister = pin_unregister;
+    kern_ops ops = fx_pin_ops(d);
     for (int refuse = 0; refuse <= 2; refuse++) {
-        pin_dev pd = {.dev = *d, .refuse = refuse};
+        fx_pin_dev pd = {.dev = *d, .refuse = refuse};
         pd.dev.ops = &ops;
         kern_comm *c;
         assert_int_equal(kern_comm_create(1, &c, &err), 0);

@@ -78,10 +78,7 @@ static void run(const train_cfg *s, fx_run *r, fx_oom_at *in)
 {
     fx_run_opts o = opts_of(8192, in); /* several buckets, spans across the shards */
     fx_train(s, &o, r);
-    if (r->status != 0)
-        print_error("run failed: %s\n", r->err.msg);
-    assert_int_equal(r->status, 0);
-    assert_int_equal(r->h.steps_done, s->max_steps);
+    fx_assert_ran(r, s, "run");
 }
 
 /* Rank r's measured bytes: its AdamW moments are those of its shard, as
@@ -302,6 +299,22 @@ static void test_llama_stages(void **state)
     check_stages("llama-lora", 3, 1, 2);
 }
 
+/* The same out-of-memory (rank 1, step 1, at m 4) in a w = 2, m = 4, a = 1
+ * job at stage 0 (r0) and at stage `zero` (rz): both fire, and stage
+ * `zero` adapts every rank once, to m 2 a 2. */
+static void run_oom_pair(int zero, train_cfg *s, fx_run *r0, fx_run *rz)
+{
+    fx_oom_at in0 = {.rank = 1, .step = 1, .m = 4}, inz = in0;
+    spec_of(s, "gpt2", 4, 1, 2, 0);
+    run(s, r0, &in0);
+    spec_of(s, "gpt2", 4, 1, 2, zero);
+    run(s, rz, &inz);
+    assert_true(in0.fired && inz.fired);
+    assert_int_equal(rz->h.oom_adjusts, 1);
+    assert_int_equal(rz->h.final_micro, 2); /* rank 0 reports it: it adapted too */
+    assert_int_equal(rz->h.final_accum, 2);
+}
+
 /* One rank runs out of memory under ZeRO-2: every rank moves to the
  * smaller split, and the run matches stage 0 with the same fault. */
 static void test_oom_adapts_all_ranks(void **state)
@@ -309,15 +322,7 @@ static void test_oom_adapts_all_ranks(void **state)
     (void)state;
     train_cfg s;
     fx_run r0, r2;
-    fx_oom_at in0 = {.rank = 1, .step = 1, .m = 4}, in2 = in0;
-    spec_of(&s, "gpt2", 4, 1, 2, 0);
-    run(&s, &r0, &in0);
-    spec_of(&s, "gpt2", 4, 1, 2, 2);
-    run(&s, &r2, &in2);
-    assert_true(in0.fired && in2.fired);
-    assert_int_equal(r2.h.oom_adjusts, 1);
-    assert_int_equal(r2.h.final_micro, 2); /* rank 0 reports it: it adapted too */
-    assert_int_equal(r2.h.final_accum, 2);
+    run_oom_pair(2, &s, &r0, &r2);
     fx_assert_same_bits(&r0, &r2, 0, s.max_steps);
     free(r0.params);
     free(r2.params);
@@ -367,7 +372,7 @@ static void test_checkpoint_across_worlds(void **state)
     (void)state;
     train_cfg s;
     fx_run a4, b4, full, part, rest, base;
-    char ck[256], ck0[256], f1[320], f2[320];
+    char ck[256], ck0[256], f1[320];
     /* a stage-2 checkpoint at w = 4, and stage 0's */
     resume_spec(&s, 4, 2, "", "w4z2", 2);
     run(&s, &a4, NULL);
@@ -377,12 +382,7 @@ static void test_checkpoint_across_worlds(void **state)
     snprintf(ck, sizeof ck, "%s/w4z2/ckpt-00000002", root);
     snprintf(ck0, sizeof ck0, "%s/w4z0/ckpt-00000002", root);
     /* the gathered state is the whole state: the same files */
-    snprintf(f1, sizeof f1, "%s/state.safetensors", ck);
-    snprintf(f2, sizeof f2, "%s/state.safetensors", ck0);
-    fx_assert_same_file(f1, f2);
-    snprintf(f1, sizeof f1, "%s/model.safetensors", ck);
-    snprintf(f2, sizeof f2, "%s/model.safetensors", ck0);
-    fx_assert_same_file(f1, f2);
+    fx_assert_same_checkpoint(ck, ck0);
     /* resumed at w = 2, stage 2, uninterrupted to step 6 */
     resume_spec(&s, 2, 2, ck, "full", 6);
     run(&s, &full, NULL);
@@ -469,15 +469,7 @@ static void test_oom_adapts_zero3(void **state)
     (void)state;
     train_cfg s;
     fx_run r0, r3;
-    fx_oom_at in0 = {.rank = 1, .step = 1, .m = 4}, in3 = in0;
-    spec_of(&s, "gpt2", 4, 1, 2, 0);
-    run(&s, &r0, &in0);
-    spec_of(&s, "gpt2", 4, 1, 2, 3);
-    run(&s, &r3, &in3);
-    assert_true(in0.fired && in3.fired);
-    assert_int_equal(r3.h.oom_adjusts, 1);
-    assert_int_equal(r3.h.final_micro, 2);
-    assert_int_equal(r3.h.final_accum, 2);
+    run_oom_pair(3, &s, &r0, &r3);
     for (int k = 0; k < s.max_steps; k++)
         assert_true(rel_diff(r0.loss[k], r3.loss[k]) <= 1e-6);
     assert_true(rel_diff_f(r0.params, r3.params, r0.h.nparams) <= 1e-6);
@@ -571,7 +563,7 @@ static void test_checkpoint_zero3_worlds(void **state)
     (void)state;
     train_cfg s;
     fx_run z3, z0, r4, b4, r1, b1, full;
-    char ck3[256], ck0[256], f1[320], f2[320];
+    char ck3[256], ck0[256];
     z3_spec(&s, 2, 3, "", "z3w2", 2);
     run(&s, &z3, NULL);
     z3_spec(&s, 2, 0, "", "z0w2", 2);
@@ -579,12 +571,7 @@ static void test_checkpoint_zero3_worlds(void **state)
     assert_bits_z3(&z3, &z0, 0, 2);
     snprintf(ck3, sizeof ck3, "%s/z3w2/ckpt-00000002", root);
     snprintf(ck0, sizeof ck0, "%s/z0w2/ckpt-00000002", root);
-    const char *files[] = {"state.safetensors", "model.safetensors"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(f1, sizeof f1, "%s/%s", ck3, files[i]);
-        snprintf(f2, sizeof f2, "%s/%s", ck0, files[i]);
-        fx_assert_same_file(f1, f2);
-    }
+    fx_assert_same_checkpoint(ck3, ck0);
     z3_spec(&s, 4, 3, ck3, "z3r4", 5);
     run(&s, &r4, NULL);
     z3_spec(&s, 4, 0, ck0, "z0r4", 5);
