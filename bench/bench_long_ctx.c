@@ -10,7 +10,8 @@
  *      64 tokens), with its breakdown, and the same without the host
  *      checkpoints.
  *
- * The config.json files are written here from the published values; the
+ * The config.json files are written here from the published values (in
+ * tests/unit/hf_configs.h, the ones test_act_offload.c checks); the
  * planner reads them as POST /v1/plan does (plan_only: config.json alone)
  * and answers through plan_candidates_on, the dry run's own entry point.
  *
@@ -19,42 +20,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "mem_plan.h"
-
-static const char llama2_7b[] =
-    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
-    " \"intermediate_size\": 11008, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
-    " \"num_key_value_heads\": 32, \"vocab_size\": 32000, \"max_position_embeddings\": 4096,"
-    " \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false,"
-    " \"torch_dtype\": \"float16\", \"hidden_act\": \"silu\"}";
-
-static const char llama31_8b[] =
-    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
-    " \"intermediate_size\": 14336, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
-    " \"num_key_value_heads\": 8, \"vocab_size\": 128256, \"max_position_embeddings\": 131072,"
-    " \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, \"tie_word_embeddings\": false,"
-    " \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
-    " \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"},"
-    " \"torch_dtype\": \"bfloat16\", \"hidden_act\": \"silu\"}";
+#include "../tests/unit/hf_configs.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
-
-static int write_config(const char *root, const char *name, const char *json)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", root, name);
-    if (mkdir(path, 0700) != 0)
-        return -1;
-    snprintf(path, sizeof path, "%s/%s/config.json", root, name);
-    FILE *f = fopen(path, "w");
-    if (f == NULL)
-        return -1;
-    fputs(json, f);
-    return fclose(f);
-}
 
 typedef struct mode {
     const char *name;
@@ -67,19 +38,8 @@ static int row_at(const char *root, const char *dir, int T, const mode *md, plan
     train_cfg *s = calloc(1, sizeof *s);
     if (s == NULL)
         return -1;
+    fx_qlora_plan_spec(s, root, dir, T);
     snprintf(s->name, sizeof s->name, "bench");
-    snprintf(s->model.from, sizeof s->model.from, "%s/%s", root, dir);
-    snprintf(s->data_roots, sizeof s->data_roots, "%s", root);
-    s->plan_only = true;
-    s->model.seq_len = T;
-    s->model.quantize_nf4 = true;
-    s->lora = (spec_lora){.r = 16, .alpha = 32, .all_linear = true};
-    s->precision = SPEC_BF16;
-    s->train_batch_size = 1;
-    s->micro_batch = 1;
-    s->accum_steps = 1;
-    s->devices = 1;
-    s->activation_checkpointing = true;
     s->lean_activations = md->lean;
     s->activation_offload = md->offload;
     plan_row rows[4];
@@ -127,8 +87,8 @@ static int longest(const char *root, const char *dir, const mode *md, int max, p
 int main(void)
 {
     char root[] = "/tmp/accumd-longctx-XXXXXX";
-    if (mkdtemp(root) == NULL || write_config(root, "Llama-2-7b-hf", llama2_7b) != 0 ||
-        write_config(root, "Llama-3.1-8B", llama31_8b) != 0) {
+    if (mkdtemp(root) == NULL || fx_write_config(root, "Llama-2-7b-hf", fx_llama2_7b_config()) != 0 ||
+        fx_write_config(root, "Llama-3.1-8B", fx_llama31_8b_config()) != 0) {
         perror("bench_long_ctx");
         return 1;
     }

@@ -91,32 +91,12 @@ static int train(kern_device *d, int recompute, int act_bf16, run *r)
         failures++;
         return -1;
     }
-    spec_optim o = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-5, .weight_decay = 0.1};
-    int *tok = malloc(sizeof(int) * B * T), *tgt = malloc(sizeof(int) * B * T);
-    float *w = malloc(sizeof(float) * B * T);
-    uint64_t s = 3;
-    for (int step = 0; step < STEPS; step++) {
-        model_zero_grad(m);
-        for (int i = 0; i < B * T; i++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            tok[i] = (int)((s >> 33) % V);
-            tgt[i] = (tok[i] * 3 + 2) % V;
-            w[i] = 1.0f / (float)(B * T);
-        }
-        model_forward(m, tok, tgt, w, B, 1, &r->loss[step]);
-        model_backward(m, B);
-        r->gnorm[step] = sqrt(model_grad_sumsq(m));
-        adamw_step(opt, &m->layout, m->params, m->grads, 1e-3f, &o, 1.0f);
-    }
+    int rc = gpu_train_steps(m, opt, B, T, 1, STEPS, 3, 3, 2, r->loss, r->gnorm);
     r->act_bytes = m->act_bytes;
-    if (strcmp(d->ops->backend, "cuda") == 0 && kern_cuda_last_error(d, &err) != 0) {
-        fprintf(stderr, "FAIL: CUDA error: %s\n", err.msg);
-        failures++;
-    }
+    failures += (rc != 0) + gpu_cuda_failed(d);
     adamw_free(opt);
     model_free(m);
-    free(tok), free(tgt), free(w);
-    return 0;
+    return rc;
 }
 
 static void compare(kern_device *cpu, kern_device *gpu, int recompute)
@@ -143,13 +123,10 @@ static void compare(kern_device *cpu, kern_device *gpu, int recompute)
 int main(void)
 {
     kern_device_info g[KERN_MAX_DEVICES];
-    int n = 0;
-    int skip = gpu_list_or_skip(g, &n);
-    if (skip != 0)
-        return skip;
     kern_device *cpu = NULL, *gpu = NULL;
-    if (gpu_open_pair(g, &cpu, &gpu) != 0)
-        return 1;
+    int rc = gpu_start_pair(g, &cpu, &gpu);
+    if (rc != 0)
+        return rc;
     acc_err err = {0};
     if (gpu->ops->narrow_bf16 == NULL || kern_llama_ops_check(gpu, &err) != 0) {
         fprintf(stderr, "FAIL: the CUDA backend lacks narrow_bf16 or a LLaMA op %s\n", err.msg);
@@ -164,10 +141,5 @@ int main(void)
     compare(cpu, gpu, 1);
     kern_device_close(gpu);
     kern_device_close(cpu);
-    if (failures) {
-        printf("%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("bf16 activation storage on the GPU matches the CPU backend\n");
-    return 0;
+    return gpu_verdict(failures, "bf16 activation storage on the GPU matches the CPU backend");
 }

@@ -451,13 +451,10 @@ static void test_alloc(const kern_device_info *gi)
 int main(void)
 {
     kern_device_info g[KERN_MAX_DEVICES];
-    int n = 0;
     acc_err err = {0};
-    int skip = gpu_list_or_skip(g, &n);
-    if (skip != 0)
-        return skip;
-    if (gpu_open_pair(g, &cpu, &gpu) != 0)
-        return 1;
+    int rc = gpu_start_pair(g, &cpu, &gpu);
+    if (rc != 0)
+        return rc;
     printf("GPU %s (sm_%d%d), budget %llu bytes\n", g[0].name, g[0].cc_major, g[0].cc_minor,
            (unsigned long long)gpu->budget);
 #ifdef GPU_TEST_FLASH_ONLY
@@ -548,10 +545,5 @@ int main(void)
     kern_device_close(gpu);
     kern_device_close(cpu);
     test_alloc(&g[0]);
-    if (failures) {
-        printf("%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("all CUDA kernel checks passed\n");
-    return 0;
+    return gpu_verdict(failures, "all CUDA kernel checks passed");
 }

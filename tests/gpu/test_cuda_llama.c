@@ -253,13 +253,10 @@ static void test_all(void)
 int main(void)
 {
     kern_device_info g[KERN_MAX_DEVICES];
-    int n = 0;
     acc_err err = {0};
-    int skip = gpu_list_or_skip(g, &n);
-    if (skip != 0)
-        return skip;
-    if (gpu_open_pair(g, &cpu, &gpu) != 0)
-        return 1;
+    int rc = gpu_start_pair(g, &cpu, &gpu);
+    if (rc != 0)
+        return rc;
     printf("GPU %s (sm_%d%d)\n", g[0].name, g[0].cc_major, g[0].cc_minor);
     if (kern_llama_ops_check(gpu, &err) != 0) {
         fprintf(stderr, "FAIL: %s\n", err.msg);
@@ -291,10 +288,5 @@ int main(void)
     } else {
         printf("ok   start-up self-test (with the LLaMA ops)\n");
     }
-    if (failures) {
-        printf("%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("all CUDA LLaMA-op checks passed\n");
-    return 0;
+    return gpu_verdict(failures, "all CUDA LLaMA-op checks passed");
 }

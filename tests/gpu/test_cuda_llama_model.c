@@ -67,43 +67,17 @@ static int train(kern_device *d, int recompute, int lora, run *r)
         failures++;
         return -1;
     }
-    /* eps 1e-5 (see test_cuda_model.c): rounding noise on exactly-zero
-     * gradients must not turn into full AdamW steps */
-    spec_optim o = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-5, .weight_decay = 0.1};
-    int *tok = malloc(sizeof(int) * B * T), *tgt = malloc(sizeof(int) * B * T);
-    float *w = malloc(sizeof(float) * B * T);
-    uint64_t s = 7;
-    for (int step = 0; step < STEPS; step++) {
-        model_zero_grad(m);
-        double sum = 0.0;
-        for (int micro = 0; micro < 2; micro++) {
-            for (int i = 0; i < B * T; i++) {
-                s = s * 6364136223846793005ull + 1442695040888963407ull;
-                tok[i] = (int)((s >> 33) % V);
-                tgt[i] = (tok[i] * 5 + 1) % V;
-                w[i] = 1.0f / (2.0f * B * T);
-            }
-            double l = 0.0;
-            model_forward(m, tok, tgt, w, B, 1, &l);
-            model_backward(m, B);
-            sum += l;
-        }
-        r->loss[step] = sum;
-        r->gnorm[step] = sqrt(model_grad_sumsq(m));
-        adamw_step(opt, &m->layout, m->params, m->grads, 1e-3f, &o, 1.0f);
+    int rc = gpu_train_steps(m, opt, B, T, 2, STEPS, 7, 5, 1, r->loss, r->gnorm);
+    if (rc == 0) {
+        r->n = m->nparams;
+        r->params = malloc(m->nparams * sizeof(float));
+        d->ops->download(d, r->params, m->params, m->nparams * sizeof(float));
+        r->peak = d->peak;
     }
-    r->n = m->nparams;
-    r->params = malloc(m->nparams * sizeof(float));
-    d->ops->download(d, r->params, m->params, m->nparams * sizeof(float));
-    r->peak = d->peak;
-    if (strcmp(d->ops->backend, "cuda") == 0 && kern_cuda_last_error(d, &err) != 0) {
-        fprintf(stderr, "FAIL: CUDA error: %s\n", err.msg);
-        failures++;
-    }
+    failures += (rc != 0) + gpu_cuda_failed(d);
     adamw_free(opt);
     model_free(m);
-    free(tok), free(tgt), free(w);
-    return 0;
+    return rc;
 }
 
 static void compare(kern_device *cpu, kern_device *gpu, int recompute, int bf16, int lora)
@@ -150,13 +124,10 @@ static void compare(kern_device *cpu, kern_device *gpu, int recompute, int bf16,
 int main(void)
 {
     kern_device_info g[KERN_MAX_DEVICES];
-    int n = 0;
-    int skip = gpu_list_or_skip(g, &n);
-    if (skip != 0)
-        return skip;
     kern_device *cpu = NULL, *gpu = NULL;
-    if (gpu_open_pair(g, &cpu, &gpu) != 0)
-        return 1;
+    int rc = gpu_start_pair(g, &cpu, &gpu);
+    if (rc != 0)
+        return rc;
     acc_err err = {0};
     if (kern_llama_ops_check(gpu, &err) != 0) {
         fprintf(stderr, "FAIL: %s\n", err.msg);
@@ -170,10 +141,5 @@ int main(void)
     compare(cpu, gpu, 0, 1, 1);
     kern_device_close(gpu);
     kern_device_close(cpu);
-    if (failures) {
-        printf("%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("GPU LLaMA training matches the CPU backend\n");
-    return 0;
+    return gpu_verdict(failures, "GPU LLaMA training matches the CPU backend");
 }

@@ -54,45 +54,16 @@ static int train(kern_device *d, int recompute, double *losses, double *gnorm, f
         failures++;
         return -1;
     }
-    /* eps 1e-5, not 1e-8: some gradients are exactly zero in exact
-     * arithmetic (the key bias: softmax ignores a constant added to a row
-     * of scores) and rounding noise on both backends (~1e-10, of different
-     * sign) would otherwise be normalised by AdamW into full +-lr steps
-     * that differ between CPU and GPU without changing any loss */
-    spec_optim o = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-5, .weight_decay = 0.1};
-    int *tok = malloc(sizeof(int) * B * T), *tgt = malloc(sizeof(int) * B * T);
-    float *w = malloc(sizeof(float) * B * T);
-    uint64_t s = 42;
-    for (int step = 0; step < STEPS; step++) {
-        model_zero_grad(m);
-        double sum = 0.0;
-        for (int micro = 0; micro < 2; micro++) {
-            for (int i = 0; i < B * T; i++) {
-                s = s * 6364136223846793005ull + 1442695040888963407ull;
-                tok[i] = (int)((s >> 33) % V);
-                tgt[i] = (tok[i] * 7 + 3) % V; /* learnable */
-                w[i] = 1.0f / (2.0f * B * T);
-            }
-            double l = 0.0;
-            model_forward(m, tok, tgt, w, B, 1, &l);
-            model_backward(m, B);
-            sum += l;
-        }
-        losses[step] = sum;
-        gnorm[step] = sqrt(model_grad_sumsq(m));
-        adamw_step(opt, &m->layout, m->params, m->grads, 1e-3f, &o, 1.0f);
+    int rc = gpu_train_steps(m, opt, B, T, 2, STEPS, 42, 7, 3, losses, gnorm);
+    if (rc == 0) {
+        *np = m->nparams;
+        *params = malloc(m->nparams * sizeof(float));
+        d->ops->download(d, *params, m->params, m->nparams * sizeof(float));
     }
-    *np = m->nparams;
-    *params = malloc(m->nparams * sizeof(float));
-    d->ops->download(d, *params, m->params, m->nparams * sizeof(float));
-    if (strcmp(d->ops->backend, "cuda") == 0 && kern_cuda_last_error(d, &err) != 0) {
-        fprintf(stderr, "FAIL: CUDA error: %s\n", err.msg);
-        failures++;
-    }
+    failures += (rc != 0) + gpu_cuda_failed(d);
     adamw_free(opt);
     model_free(m);
-    free(tok), free(tgt), free(w);
-    return 0;
+    return rc;
 }
 
 static void compare_runs(kern_device *cpu, kern_device *gpu, int recompute)
@@ -222,23 +193,15 @@ static void compare_bf16(kern_device *cpu, kern_device *gpu)
 int main(void)
 {
     kern_device_info g[KERN_MAX_DEVICES];
-    int n = 0;
-    int skip = gpu_list_or_skip(g, &n);
-    if (skip != 0)
-        return skip;
     kern_device *cpu = NULL, *gpu = NULL;
-    if (gpu_open_pair(g, &cpu, &gpu) != 0)
-        return 1;
+    int rc = gpu_start_pair(g, &cpu, &gpu);
+    if (rc != 0)
+        return rc;
     compare_runs(cpu, gpu, 0);
     compare_runs(cpu, gpu, 1);
     compare_bf16(cpu, gpu);
     kern_device_close(gpu);
     kern_device_close(cpu);
     compare_oom(&g[0]);
-    if (failures) {
-        printf("%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("GPU training matches the CPU backend\n");
-    return 0;
+    return gpu_verdict(failures, "GPU training matches the CPU backend");
 }

@@ -199,10 +199,5 @@ int main(void)
         failures++;
     }
     kern_comm_destroy(c);
-    if (failures) {
-        printf("%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("NCCL all-reduce, reduce-scatter and all-gather ok\n");
-    return 0;
+    return gpu_verdict(failures, "NCCL all-reduce, reduce-scatter and all-gather ok");
 }

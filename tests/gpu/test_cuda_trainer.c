@@ -285,10 +285,5 @@ int main(void)
         printf("ZeRO over GPUs: needs 2 GPUs, %d here: not run\n", n);
     }
     unlink(text);
-    if (failures) {
-        printf("%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("trainer on GPU matches the CPU reference\n");
-    return 0;
+    return gpu_verdict(failures, "trainer on GPU matches the CPU reference");
 }

@@ -32,9 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "engine_fixture.h"
+#include "hf_configs.h"
 #include "host_mem.h"
 #include "kern_device.h"
 #include "mem_plan.h"
@@ -514,34 +514,6 @@ static void test_host_sizes_checked(void **state)
 
 /* ---- the planner's targets (issues 20 and 21), from the configs */
 
-static const char llama2_7b[] =
-    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
-    " \"intermediate_size\": 11008, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
-    " \"num_key_value_heads\": 32, \"vocab_size\": 32000, \"max_position_embeddings\": 4096,"
-    " \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false,"
-    " \"torch_dtype\": \"float16\", \"hidden_act\": \"silu\"}";
-
-static const char llama31_8b[] =
-    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
-    " \"intermediate_size\": 14336, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
-    " \"num_key_value_heads\": 8, \"vocab_size\": 128256, \"max_position_embeddings\": 131072,"
-    " \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, \"tie_word_embeddings\": false,"
-    " \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
-    " \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"},"
-    " \"torch_dtype\": \"bfloat16\", \"hidden_act\": \"silu\"}";
-
-static void write_config(const char *root, const char *name, const char *json)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", root, name);
-    assert_int_equal(mkdir(path, 0700), 0);
-    snprintf(path, sizeof path, "%s/%s/config.json", root, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(json, f);
-    assert_int_equal(fclose(f), 0);
-}
-
 /* QLoRA (quantized at load, LoRA r 16 all-linear), bf16, m 1 with
  * recomputation, lean activations and host checkpoints, on one 24 GiB CUDA
  * card: the planner's m = 1 row at seq T (POST /v1/plan's reading:
@@ -550,15 +522,7 @@ static plan_row qlora_row(const char *root, const char *dir, int T, bool offload
 {
     train_cfg *s = calloc(1, sizeof *s);
     assert_non_null(s);
-    snprintf(s->model.from, sizeof s->model.from, "%s/%s", root, dir);
-    snprintf(s->data_roots, sizeof s->data_roots, "%s", root);
-    s->plan_only = true;
-    s->model.seq_len = T;
-    s->model.quantize_nf4 = true;
-    s->lora = (spec_lora){.r = 16, .alpha = 32, .all_linear = true};
-    s->precision = SPEC_BF16;
-    s->train_batch_size = s->micro_batch = s->accum_steps = s->devices = 1;
-    s->activation_checkpointing = true;
+    fx_qlora_plan_spec(s, root, dir, T);
     s->lean_activations = true;
     s->activation_offload = offload;
     plan_row rows[2];
@@ -576,8 +540,8 @@ static void test_planner_targets(void **state)
     (void)state;
     char root[] = "/tmp/accumd-targets-XXXXXX";
     assert_non_null(mkdtemp(root));
-    write_config(root, "Llama-2-7b-hf", llama2_7b);
-    write_config(root, "Llama-3.1-8B", llama31_8b);
+    assert_int_equal(fx_write_config(root, "Llama-2-7b-hf", fx_llama2_7b_config()), 0);
+    assert_int_equal(fx_write_config(root, "Llama-3.1-8B", fx_llama31_8b_config()), 0);
     const double gib = 1024.0 * 1024.0 * 1024.0;
     /* LLaMA-2-7B at seq 4096: <= 8 GiB on the device */
     plan_row r = qlora_row(root, "Llama-2-7b-hf", 4096, true);

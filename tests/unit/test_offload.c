@@ -36,14 +36,10 @@
 
 #include "adamw.h"
 #include "engine_fixture.h"
-#include "fsutil.h"
 #include "host_mem.h"
 #include "kern_device.h"
 #include "mem_plan.h"
 #include "trainer_run.h"
-
-#define CAP_STEPS 64
-#define THREADS 3 /* the host AdamW's chunks: uneven, 4-aligned */
 
 static char text_path[64];
 static char root[64];
@@ -51,122 +47,50 @@ static char root[64];
 static int setup(void **state)
 {
     (void)state;
-    fx_write_text(text_path, sizeof text_path, 20000);
-    snprintf(root, sizeof root, "/tmp/accumd-offload-XXXXXX");
-    return mkdtemp(root) == NULL ? -1 : 0;
+    return fx_workdir_make(text_path, sizeof text_path, 20000, root, sizeof root, "offload");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    unlink(text_path);
-    fsu_rm_rf(root, NULL);
+    fx_workdir_remove(text_path, root);
     return 0;
 }
 
-typedef struct inject {
-    int rank, step, m;
-    int fired;
-} inject;
-
-typedef struct run_out {
-    double loss[CAP_STEPS], norm[CAP_STEPS], val[CAP_STEPS];
-    float *params;
-    train_hooks h;
-    int status;
-    acc_err err;
-} run_out;
-
-static int inject_oom(void *ctx, int rank, int step, int micro, int m)
-{
-    inject *in = ctx;
-    if (in->fired || rank != in->rank || step != in->step || micro != 0 || m != in->m)
-        return 0;
-    in->fired = 1;
-    return 1;
-}
-
+/* every step clips: the scale reaches the host AdamW */
 static void spec_of(train_cfg *s, const char *arch, int w, int zero, bool offload)
 {
-    fx_tiny_spec(s, text_path, 4 * w, 2, 2, w);
-    if (!strcmp(arch, "llama-lora")) { /* AdamW's range is the adapters */
-        arch = "llama";
-        s->lora = (spec_lora){.r = 4, .alpha = 8, .all_linear = true};
-    }
-    if (!strcmp(arch, "llama")) {
-        snprintf(s->model.arch, sizeof s->model.arch, "llama");
-        s->model.n_kv_head = 1;
-        s->model.intermediate_size = 48;
-    }
-    s->optim.grad_clip = 0.05; /* every step clips: the scale reaches the host AdamW */
+    fx_clipped_spec(s, text_path, arch, 2, 2, w);
     s->zero_stage = zero;
     s->offload_optimizer = offload;
 }
 
-/* Runs s on CPU devices of `budget` bytes with a host budget and an
- * out-of-memory to inject (or NULL); the status and message are kept (no
- * assertion on them). */
-static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, inject *in, run_out *r)
+/* Runs s on CPU devices of `budget` bytes with `host` bytes for the
+ * offloaded state (0: unlimited) and an out-of-memory to inject (or NULL);
+ * the status and message are kept (no assertion on them). */
+static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, fx_oom_at *in, fx_run *r)
 {
-    kern_device_info devs[4];
-    fx_devices(devs, s->devices, budget);
-    memset(r, 0, sizeof *r);
-    if (in != NULL) {
-        r->h.inject_oom = inject_oom;
-        r->h.oom_ctx = in;
-    }
-    size_t cap = 1 << 20;
-    r->params = calloc(cap, sizeof(float));
-    assert_non_null(r->params);
-    for (int k = 0; k < CAP_STEPS; k++)
-        r->loss[k] = r->norm[k] = r->val[k] = NAN;
-    r->h.steps_cap = CAP_STEPS;
-    r->h.step_val_loss = r->val;
-    r->h.step_loss = r->loss;
-    r->h.step_grad_norm = r->norm;
-    r->h.final_params = r->params;
-    r->h.final_params_cap = cap;
-    r->h.bucket_bytes = 8192; /* several buckets, spans across the shards */
-    /* `host`: what the offloaded state may take; the reservation also holds
-     * every rank's batch buffers (trainer.h, init_host) */
-    uint64_t reserved = host == 0 ? 0 : host + (uint64_t)s->devices * plan_host_batch_bytes(s);
-    trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = THREADS, .host_budget = reserved};
-    r->status = trainer_run_sync(&o, &r->h, &r->err);
+    fx_run_opts o = {.device_budget = budget, .host_budget = host,
+                     .threads = 3,          /* the host AdamW's chunks: uneven, 4-aligned */
+                     .bucket_bytes = 8192,  /* several buckets, spans across the shards */
+                     .oom = in};
+    fx_train(s, &o, r);
 }
 
-static void run_in(const train_cfg *s, run_out *r, inject *in)
+static void run_in(const train_cfg *s, fx_run *r, fx_oom_at *in)
 {
     run_budget(s, 1ull << 30, 0, in, r);
-    if (r->status != 0)
-        print_error("run failed: %s\n", r->err.msg);
-    assert_int_equal(r->status, 0);
-    assert_int_equal(r->h.steps_done, s->max_steps);
+    fx_assert_ran(r, s, "run");
 }
 
-static void run(const train_cfg *s, run_out *r)
+static void run(const train_cfg *s, fx_run *r)
 {
     run_in(s, r, NULL);
 }
 
-/* Steps [from, to) and the final weights: the same bits. */
-static void assert_bits(const run_out *a, const run_out *b, int from, int to)
-{
-    for (int k = from; k < to; k++) {
-        if (memcmp(&a->loss[k], &b->loss[k], sizeof(double)) != 0 ||
-            memcmp(&a->norm[k], &b->norm[k], sizeof(double)) != 0)
-            print_error("step %d: loss %.17g vs %.17g, norm %.17g vs %.17g\n", k, a->loss[k], b->loss[k],
-                        a->norm[k], b->norm[k]);
-        assert_true(isfinite(a->loss[k]));
-        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
-        assert_memory_equal(&a->norm[k], &b->norm[k], sizeof(double));
-    }
-    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
-    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
-}
-
 /* The offloaded run's memory: device peak = prediction, lower than the
  * run without by exactly its moments; host bytes = host.optimizer. */
-static void assert_memory(const train_cfg *s, const run_out *off, const run_out *on)
+static void assert_memory(const train_cfg *s, const fx_run *off, const fx_run *on)
 {
     model_config cfg;
     acc_err err = {0};
@@ -214,12 +138,12 @@ static void assert_memory(const train_cfg *s, const run_out *off, const run_out 
 static void check(const char *arch, int w, int zero)
 {
     train_cfg s;
-    run_out on, off;
+    fx_run on, off;
     spec_of(&s, arch, w, zero, false);
     run(&s, &on);
     spec_of(&s, arch, w, zero, true);
     run(&s, &off);
-    assert_bits(&on, &off, 0, s.max_steps);
+    fx_assert_same_bits(&on, &off, 0, s.max_steps);
     assert_memory(&s, &off, &on);
     print_message("%s w=%d stage %d: offloaded bit-identical (losses %.6f .. %.6f); device peak %llu -> %llu, "
                   "host %llu\n",
@@ -268,14 +192,11 @@ static void test_llama_fits_with_offload(void **state)
     train_cfg s;
     llama_spec(&s, true);
     uint64_t budget, host;
-    acc_err err = {0};
-    assert_int_equal(plan_device_bytes(&s, s.micro_batch, false, &budget, &err), 0);
-    assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
     model_config cfg;
-    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    fx_plan_figures(&s, &budget, &host, &cfg);
     uint64_t state0 = plan_rank_state_bytes(&cfg, 0, 1, 0); /* stage 0, moments on the device */
     assert_true(state0 > budget);                          /* the state alone does not fit */
-    run_out no, yes, big;
+    fx_run no, yes, big;
     llama_spec(&s, false);
     run_budget(&s, budget, 0, NULL, &no);
     assert_int_equal(no.status, ACC_EOOM);
@@ -283,17 +204,14 @@ static void test_llama_fits_with_offload(void **state)
     assert_int_equal(no.h.steps_done, 0);
     llama_spec(&s, true);
     run_budget(&s, budget, host, NULL, &yes); /* the device and the host exactly as predicted */
-    if (yes.status != 0)
-        print_error("offloaded run failed: %s\n", yes.err.msg);
-    assert_int_equal(yes.status, 0);
-    assert_int_equal(yes.h.steps_done, s.max_steps);
+    fx_assert_ran(&yes, &s, "offloaded run");
     assert_int_equal(yes.h.mem_peak[0], budget);
     assert_int_equal(yes.h.host_peak, host);
     llama_spec(&s, false);
     run(&s, &big);
-    assert_bits(&big, &yes, 0, s.max_steps);
+    fx_assert_same_bits(&big, &yes, 0, s.max_steps);
     /* offloaded, a device one byte short of the parameters and gradients */
-    run_out tight;
+    fx_run tight;
     llama_spec(&s, true);
     uint64_t dev_state = plan_rank_device_state_bytes(&cfg, 0, true, 1, 0);
     assert_int_equal(dev_state, state0 - plan_optim_bytes(&cfg, 0, 1, 0));
@@ -324,23 +242,17 @@ static void test_llama_fits_with_zero3_offload(void **state)
     s.train_batch_size = 16; /* m 2, a 2, w 4 */
     s.zero_stage = 3;
     uint64_t budget, host;
-    acc_err err = {0};
-    assert_int_equal(plan_device_bytes(&s, s.micro_batch, false, &budget, &err), 0);
-    assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
     model_config cfg;
-    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    fx_plan_figures(&s, &budget, &host, &cfg);
     uint64_t state0 = plan_rank_state_bytes(&cfg, 0, 4, 0);
     uint64_t off0 = plan_rank_device_state_bytes(&cfg, 0, true, 4, 0);
     if (!(state0 > budget && off0 > budget))
         print_error("stage 0 %llu, offloaded %llu, ZeRO-3 + offload %llu\n", (unsigned long long)state0,
                     (unsigned long long)off0, (unsigned long long)budget);
     assert_true(state0 > budget && off0 > budget); /* neither stage 0 nor its offload fits */
-    run_out yes, big;
+    fx_run yes, big;
     run_budget(&s, budget, host, NULL, &yes);
-    if (yes.status != 0)
-        print_error("ZeRO-3 offloaded run failed: %s\n", yes.err.msg);
-    assert_int_equal(yes.status, 0);
-    assert_int_equal(yes.h.steps_done, s.max_steps);
+    fx_assert_ran(&yes, &s, "ZeRO-3 offloaded run");
     assert_int_equal(yes.h.mem_peak[0], budget);
     assert_int_equal(yes.h.host_peak, host);
     s.zero_stage = 0;
@@ -370,7 +282,7 @@ static void test_host_budget(void **state)
     acc_err err = {0};
     assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
     assert_true(host > 0);
-    run_out r;
+    fx_run r;
     run_budget(&s, 1ull << 30, host - 1, NULL, &r);
     assert_int_equal(r.status, ACC_ENOMEM);
     assert_non_null(strstr(r.err.msg, "host memory"));
@@ -379,34 +291,6 @@ static void test_host_budget(void **state)
     assert_int_equal(r.status, 0);
     assert_int_equal(r.h.host_peak, host);
     free(r.params);
-}
-
-static void read_file(const char *path, char **data, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *data = malloc(*n);
-    assert_non_null(*data);
-    assert_int_equal(fread(*data, 1, *n, f), *n);
-    fclose(f);
-}
-
-static void assert_same_file(const char *dir_a, const char *dir_b, const char *name)
-{
-    char a[320], b[320];
-    snprintf(a, sizeof a, "%s/%s", dir_a, name);
-    snprintf(b, sizeof b, "%s/%s", dir_b, name);
-    char *da, *db;
-    size_t na, nb;
-    read_file(a, &da, &na);
-    read_file(b, &db, &nb);
-    assert_int_equal(na, nb);
-    assert_memory_equal(da, db, na);
-    free(da);
-    free(db);
 }
 
 static void ckpt_spec(train_cfg *s, int w, int zero, bool offload, const char *from, const char *out, int steps)
@@ -423,7 +307,7 @@ static void ckpt_spec(train_cfg *s, int w, int zero, bool offload, const char *f
 static void check_resume(int w, int zero)
 {
     train_cfg s;
-    run_out a, b, ra, rb, ref;
+    fx_run a, b, ra, rb, ref;
     char tag[32], ck_a[256], ck_b[256];
     snprintf(tag, sizeof tag, "w%dz%d", w, zero);
     char out[64];
@@ -435,9 +319,8 @@ static void check_resume(int w, int zero)
     ckpt_spec(&s, w, zero, false, "", out, 2);
     run(&s, &b);
     snprintf(ck_b, sizeof ck_b, "%s/%s/ckpt-00000002", root, out);
-    assert_bits(&a, &b, 0, 2);
-    assert_same_file(ck_a, ck_b, "state.safetensors");
-    assert_same_file(ck_a, ck_b, "model.safetensors");
+    fx_assert_same_bits(&a, &b, 0, 2);
+    fx_assert_same_checkpoint(ck_a, ck_b);
     /* written with offload, resumed without; written without, resumed with */
     snprintf(out, sizeof out, "%s-off-on", tag);
     ckpt_spec(&s, w, zero, false, ck_a, out, 4);
@@ -448,13 +331,13 @@ static void check_resume(int w, int zero)
     snprintf(out, sizeof out, "%s-ref", tag);
     ckpt_spec(&s, w, zero, false, "", out, 4);
     run(&s, &ref);
-    assert_bits(&ref, &ra, 2, 4);
-    assert_bits(&ref, &rb, 2, 4);
+    fx_assert_same_bits(&ref, &ra, 2, 4);
+    fx_assert_same_bits(&ref, &rb, 2, 4);
     for (int k = 0; k < 2; k++)
         assert_true(isnan(ra.loss[k]) && isnan(rb.loss[k])); /* resumed at step 2 */
     print_message("w=%d stage %d: offloaded checkpoint = the device's; resumed across: losses %.9f %.9f\n", w, zero,
                   ref.loss[2], ref.loss[3]);
-    run_out *all[] = {&a, &b, &ra, &rb, &ref};
+    fx_run *all[] = {&a, &b, &ra, &rb, &ref};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         free(all[i]->params);
 }
@@ -466,40 +349,6 @@ static void test_resume_across(void **state)
     check_resume(2, 2); /* the sharded moments gathered from the host copies */
 }
 
-/* A device whose host_register is a test double: a copy of a CPU device
- * (same backend state) with the double's log around it; the double records
- * what it registers and refuses the call numbered `refuse` (1-based; 0:
- * none). */
-typedef struct pin_log {
-    void *reg[8];
-    int nreg, nunreg, refuse;
-} pin_log;
-
-typedef struct fake_dev {
-    kern_device dev; /* first: the ops get &dev */
-    pin_log log;
-} fake_dev;
-
-static int fake_register(kern_device *d, void *p, size_t bytes, acc_err *err)
-{
-    pin_log *log = &((fake_dev *)d)->log;
-    assert_true(bytes > 0);
-    if (log->nreg + 1 == log->refuse)
-        return acc_err_set(err, ACC_EDEVICE, "devices", "refused by the test");
-    log->reg[log->nreg++] = p;
-    return 0;
-}
-
-static void fake_unregister(kern_device *d, void *p)
-{
-    pin_log *log = &((fake_dev *)d)->log;
-    bool known = false;
-    for (int i = 0; i < log->nreg; i++)
-        known = known || log->reg[i] == p;
-    assert_true(known);
-    log->nunreg++;
-}
-
 static void test_pin_memory(void **state)
 {
     (void)state;
@@ -509,46 +358,43 @@ static void test_pin_memory(void **state)
     acc_err err = {0};
     assert_int_equal(kern_device_open(&info, 1, &d, &err), 0);
     assert_null(d->ops->host_register); /* CPU devices: nothing to pin */
-    kern_ops ops = *d->ops;
-    ops.host_register = fake_register;
-    ops.host_unregister = fake_unregister;
-    fake_dev fd = {.dev = *d};
+    kern_ops ops = fx_pin_ops(d); /* host_register a test double (fx_pin_dev) */
+    fx_pin_dev fd = {.dev = *d};
     fd.dev.ops = &ops;
     kern_device *pd = &fd.dev;
-    pin_log *log = &fd.log;
     host_mem hm;
     host_mem_init(&hm, 0);
     adamw *a;
     assert_int_equal(adamw_create_host(pd, &hm, 2, true, 10, 1010, &a, &err), 0);
-    assert_int_equal(log->nreg, 2);
-    assert_true((log->reg[0] == a->master && log->reg[1] == a->g) || (log->reg[0] == a->g && log->reg[1] == a->master));
+    assert_int_equal(fd.nreg, 2);
+    assert_true((fd.reg[0] == a->master && fd.reg[1] == a->g) || (fd.reg[0] == a->g && fd.reg[1] == a->master));
     adamw_free(a);
-    assert_int_equal(log->nunreg, 2);
+    assert_int_equal(fd.nunreg, 2);
     /* not asked: nothing registered */
-    *log = (pin_log){0};
+    fd = (fx_pin_dev){.dev = fd.dev};
     assert_int_equal(adamw_create_host(pd, &hm, 2, false, 10, 1010, &a, &err), 0);
     adamw_free(a);
-    assert_int_equal(log->nreg, 0);
+    assert_int_equal(fd.nreg, 0);
     /* the second refused: the first undone, nothing allocated, the key named */
-    *log = (pin_log){.refuse = 2};
+    fd = (fx_pin_dev){.dev = fd.dev, .refuse = 2};
     assert_int_equal(adamw_create_host(pd, &hm, 2, true, 10, 1010, &a, &err), ACC_EDEVICE);
     assert_null(a);
     assert_string_equal(err.field, "zero_optimization.offload_optimizer.pin_memory");
     assert_non_null(strstr(err.msg, "refused by the test"));
-    assert_int_equal(log->nreg, 1);
-    assert_int_equal(log->nunreg, 1);
+    assert_int_equal(fd.nreg, 1);
+    assert_int_equal(fd.nunreg, 1);
     assert_int_equal(host_mem_in_use(&hm), 0);
     host_mem_destroy(&hm);
     kern_device_close(d);
     /* a pinned job on CPU devices: the same bits */
     train_cfg s;
-    run_out on, off;
+    fx_run on, off;
     spec_of(&s, "gpt2", 2, 2, false);
     run(&s, &on);
     spec_of(&s, "gpt2", 2, 2, true);
     s.offload_pin_memory = true;
     run(&s, &off);
-    assert_bits(&on, &off, 0, s.max_steps);
+    fx_assert_same_bits(&on, &off, 0, s.max_steps);
     free(on.params);
     free(off.params);
 }
@@ -559,8 +405,8 @@ static void test_pin_memory(void **state)
 static void test_modes_and_oom(void **state)
 {
     (void)state;
-    run_out r[2];
-    inject in[2] = {{.rank = 1, .step = 1, .m = 2}, {.rank = 1, .step = 1, .m = 2}};
+    fx_run r[2];
+    fx_oom_at in[2] = {{.rank = 1, .step = 1, .m = 2}, {.rank = 1, .step = 1, .m = 2}};
     for (int off = 0; off <= 1; off++) {
         train_cfg s;
         spec_of(&s, "gpt2", 2, 2, off);
@@ -577,7 +423,7 @@ static void test_modes_and_oom(void **state)
         assert_int_equal(r[off].h.final_micro, 1);
         assert_true(isfinite(r[off].val[1]) && isfinite(r[off].val[3]));
         if (off)
-            assert_bits(&r[0], &r[1], 0, s.max_steps);
+            fx_assert_same_bits(&r[0], &r[1], 0, s.max_steps);
     }
     assert_memory_equal(r[0].val, r[1].val, sizeof r[0].val);
     free(r[0].params);

@@ -15,11 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine_fixture.h"
-#include "fsutil.h"
+#include "hf_configs.h"
 #include "host_mem.h"
 #include "kern_comm.h"
 #include "kern_device.h"
@@ -28,13 +27,6 @@
 #include "train_cfg.h"
 #include "trainer_run.h"
 
-static const char llama2_7b[] =
-    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
-    " \"intermediate_size\": 11008, \"num_hidden_layers\": 32, \"num_attention_heads\": 32,"
-    " \"num_key_value_heads\": 32, \"vocab_size\": 32000, \"max_position_embeddings\": 4096,"
-    " \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false,"
-    " \"torch_dtype\": \"float16\", \"hidden_act\": \"silu\"}";
-
 static const char llama_tiny[] =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 64,"
     " \"intermediate_size\": 160, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
@@ -42,17 +34,6 @@ static const char llama_tiny[] =
     " \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false,"
     " \"torch_dtype\": \"float32\", \"hidden_act\": \"silu\"}";
 
-static void write_config(const char *root, const char *name, const char *json)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", root, name);
-    assert_int_equal(mkdir(path, 0700), 0);
-    snprintf(path, sizeof path, "%s/%s/config.json", root, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(json, f);
-    assert_int_equal(fclose(f), 0);
-}
 
 static void remove_config(const char *root, const char *name)
 {
@@ -67,10 +48,7 @@ static train_cfg *plan_spec(const char *root, const char *dir, int T, int B, int
 {
     train_cfg *s = calloc(1, sizeof *s);
     assert_non_null(s);
-    snprintf(s->model.from, sizeof s->model.from, "%s/%s", root, dir);
-    snprintf(s->data_roots, sizeof s->data_roots, "%s", root);
-    s->plan_only = true;
-    s->model.seq_len = T;
+    fx_plan_spec(s, root, dir, T);
     s->train_batch_size = B;
     s->micro_batch = 1;
     s->accum_steps = B / w;
@@ -143,7 +121,7 @@ static void test_plan_bytes(void **state)
     (void)state;
     char root[] = "/tmp/accumd-offparam-XXXXXX";
     assert_non_null(mkdtemp(root));
-    write_config(root, "tiny", llama_tiny);
+    assert_int_equal(fx_write_config(root, "tiny", llama_tiny), 0);
     for (int w = 1; w <= 2; w++) {
         train_cfg *s = plan_spec(root, "tiny", 32, 4, w);
         plan_row base = row_of(s, KERN_DEV_CPU, 0);
@@ -190,7 +168,7 @@ static void test_llama7b_figures(void **state)
     (void)state;
     char root[] = "/tmp/accumd-offparam-XXXXXX";
     assert_non_null(mkdtemp(root));
-    write_config(root, "Llama-2-7b-hf", llama2_7b);
+    assert_int_equal(fx_write_config(root, "Llama-2-7b-hf", fx_llama2_7b_config()), 0);
     const double gib = 1024.0 * 1024.0 * 1024.0;
     for (int ao = 0; ao <= 1; ao++) {
         train_cfg *s = plan_spec(root, "Llama-2-7b-hf", 4096, 32, 1);
@@ -249,44 +227,26 @@ static void test_llama7b_figures(void **state)
 
 /* ---- the engine, through the trainer on CPU devices */
 
-#define CAP_STEPS 16
 static char text_path[64];
 static char ck_root[64];
 
 static int setup(void **state)
 {
     (void)state;
-    fx_write_text(text_path, sizeof text_path, 20000);
-    snprintf(ck_root, sizeof ck_root, "/tmp/accumd-offparam-XXXXXX");
-    return mkdtemp(ck_root) == NULL ? -1 : 0;
+    return fx_workdir_make(text_path, sizeof text_path, 20000, ck_root, sizeof ck_root, "offparam");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    unlink(text_path);
-    fsu_rm_rf(ck_root, NULL);
+    fx_workdir_remove(text_path, ck_root);
     return 0;
 }
-
-typedef struct run_out {
-    double loss[CAP_STEPS], norm[CAP_STEPS];
-    float *params;
-    train_hooks h;
-    int status;
-    acc_err err;
-} run_out;
 
 /* A tiny job of w ranks (B 4w, m 2, a 2), every step clipped. */
 static void job_of(train_cfg *s, const char *arch, int w, int zero, bool offopt, bool offparam)
 {
-    fx_tiny_spec(s, text_path, 4 * w, 2, 2, w);
-    if (!strcmp(arch, "llama")) {
-        snprintf(s->model.arch, sizeof s->model.arch, "llama");
-        s->model.n_kv_head = 1;
-        s->model.intermediate_size = 48;
-    }
-    s->optim.grad_clip = 0.05;
+    fx_clipped_spec(s, text_path, arch, 2, 2, w);
     s->zero_stage = zero;
     s->offload_optimizer = offopt;
     s->offload_param = offparam;
@@ -294,52 +254,20 @@ static void job_of(train_cfg *s, const char *arch, int w, int zero, bool offopt,
 
 /* Runs s on CPU devices of `budget` bytes, the host state limited to
  * `host` bytes (0: unlimited) besides the batch buffers. */
-static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, run_out *r)
+static void run_budget(const train_cfg *s, uint64_t budget, uint64_t host, fx_run *r)
 {
-    kern_device_info devs[4];
-    fx_devices(devs, s->devices, budget);
-    memset(r, 0, sizeof *r);
-    size_t cap = 1 << 20;
-    r->params = calloc(cap, sizeof(float));
-    assert_non_null(r->params);
-    for (int k = 0; k < CAP_STEPS; k++)
-        r->loss[k] = r->norm[k] = NAN;
-    r->h.steps_cap = CAP_STEPS;
-    r->h.step_loss = r->loss;
-    r->h.step_grad_norm = r->norm;
-    r->h.final_params = r->params;
-    r->h.final_params_cap = cap;
-    uint64_t reserved = host == 0 ? 0 : host + (uint64_t)s->devices * plan_host_batch_bytes(s);
-    trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = 3, .host_budget = reserved};
-    r->status = trainer_run_sync(&o, &r->h, &r->err);
+    fx_run_opts o = {.device_budget = budget, .host_budget = host, .threads = 3};
+    fx_train(s, &o, r);
 }
 
-static void run(const train_cfg *s, run_out *r)
+static void run(const train_cfg *s, fx_run *r)
 {
     run_budget(s, 1ull << 30, 0, r);
-    if (r->status != 0)
-        print_error("run failed: %s\n", r->err.msg);
-    assert_int_equal(r->status, 0);
-    assert_int_equal(r->h.steps_done, s->max_steps);
-}
-
-static void assert_bits(const run_out *a, const run_out *b, int from, int to)
-{
-    for (int k = from; k < to; k++) {
-        if (memcmp(&a->loss[k], &b->loss[k], sizeof(double)) != 0 ||
-            memcmp(&a->norm[k], &b->norm[k], sizeof(double)) != 0)
-            print_error("step %d: loss %.17g vs %.17g, norm %.17g vs %.17g\n", k, a->loss[k], b->loss[k],
-                        a->norm[k], b->norm[k]);
-        assert_true(isfinite(a->loss[k]));
-        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
-        assert_memory_equal(&a->norm[k], &b->norm[k], sizeof(double));
-    }
-    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
-    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+    fx_assert_ran(r, s, "run");
 }
 
 /* Measured = predicted: each rank's device peak, the job's host peak. */
-static void assert_memory(const train_cfg *s, const run_out *r)
+static void assert_memory(const train_cfg *s, const fx_run *r)
 {
     model_config cfg;
     acc_err err = {0};
@@ -369,12 +297,12 @@ static void assert_memory(const train_cfg *s, const run_out *r)
 static void check_bits(const char *arch, int w)
 {
     train_cfg s;
-    run_out base, op;
+    fx_run base, op;
     job_of(&s, arch, w, 3, true, false);
     run(&s, &base);
     job_of(&s, arch, w, 3, true, true);
     run(&s, &op);
-    assert_bits(&base, &op, 0, s.max_steps);
+    fx_assert_same_bits(&base, &op, 0, s.max_steps);
     assert_memory(&s, &op);
     print_message("%s w=%d stage 3 + offload_optimizer: offload_param bit-identical (losses %.6f .. %.6f); "
                   "device peak %llu -> %llu, host peak %llu -> %llu\n",
@@ -402,7 +330,7 @@ static void test_stage0_one_rank(void **state)
 {
     (void)state;
     train_cfg s;
-    run_out z0, op;
+    fx_run z0, op;
     job_of(&s, "llama", 1, 0, true, false);
     run(&s, &z0);
     job_of(&s, "llama", 1, 3, true, true);
@@ -433,19 +361,13 @@ static void test_llama_one_device(void **state)
     s.model.n_kv_head = 2;
     s.model.intermediate_size = 172;
     uint64_t budget, host;
-    acc_err err = {0};
-    assert_int_equal(plan_device_bytes(&s, s.micro_batch, false, &budget, &err), 0);
-    assert_int_equal(plan_host_bytes(&s, &host, &err), 0);
     model_config cfg;
-    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    fx_plan_figures(&s, &budget, &host, &cfg);
     uint64_t state0 = plan_rank_state_bytes(&cfg, 0, 1, 0);
     assert_true(state0 > budget);
-    run_out yes, short_host, big;
+    fx_run yes, short_host, big;
     run_budget(&s, budget, host, &yes);
-    if (yes.status != 0)
-        print_error("run failed: %s\n", yes.err.msg);
-    assert_int_equal(yes.status, 0);
-    assert_int_equal(yes.h.steps_done, s.max_steps);
+    fx_assert_ran(&yes, &s, "run");
     assert_int_equal(yes.h.mem_peak[0], budget);
     assert_int_equal(yes.h.host_peak, host);
     run_budget(&s, budget, host - 1, &short_host);
@@ -479,7 +401,7 @@ static void test_resume(void **state)
 {
     (void)state;
     train_cfg s;
-    run_out a, b, ra, rb, ref;
+    fx_run a, b, ra, rb, ref;
     char ck_a[256], ck_b[256];
     ck_job(&s, true, "", "op", 2);
     run(&s, &a);
@@ -487,49 +409,23 @@ static void test_resume(void **state)
     ck_job(&s, false, "", "dev", 2);
     run(&s, &b);
     snprintf(ck_b, sizeof ck_b, "%s/dev/ckpt-00000002", ck_root);
-    assert_bits(&a, &b, 0, 2);
+    fx_assert_same_bits(&a, &b, 0, 2);
     ck_job(&s, false, ck_a, "op-dev", 4);
     run(&s, &ra);
     ck_job(&s, true, ck_b, "dev-op", 4);
     run(&s, &rb);
     ck_job(&s, false, "", "ref", 4);
     run(&s, &ref);
-    assert_bits(&ref, &ra, 2, 4);
-    assert_bits(&ref, &rb, 2, 4);
+    fx_assert_same_bits(&ref, &ra, 2, 4);
+    fx_assert_same_bits(&ref, &rb, 2, 4);
     print_message("w=2 stage 3: resumed across offload_param: losses %.9f %.9f\n", ref.loss[2], ref.loss[3]);
-    run_out *all[] = {&a, &b, &ra, &rb, &ref};
+    fx_run *all[] = {&a, &b, &ra, &rb, &ref};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         free(all[i]->params);
 }
 
 /* pin_memory: a CPU device copy whose host_register is a test double
- * (records, refuses the call numbered `refuse`, 1-based). */
-typedef struct pin_dev {
-    kern_device dev; /* first: the ops get &dev */
-    void *reg[4];
-    int nreg, nunreg, refuse;
-} pin_dev;
-
-static int pin_register(kern_device *d, void *p, size_t bytes, acc_err *err)
-{
-    pin_dev *pd = (pin_dev *)d;
-    assert_true(bytes > 0);
-    if (pd->nreg + 1 == pd->refuse)
-        return acc_err_set(err, ACC_EDEVICE, "devices", "refused by the test");
-    pd->reg[pd->nreg++] = p;
-    return 0;
-}
-
-static void pin_unregister(kern_device *d, void *p)
-{
-    pin_dev *pd = (pin_dev *)d;
-    bool known = false;
-    for (int i = 0; i < pd->nreg; i++)
-        known = known || pd->reg[i] == p;
-    assert_true(known);
-    pd->nunreg++;
-}
-
+ * (fx_pin_dev: records, refuses the call numbered `refuse`, 1-based). */
 static void test_pin_memory(void **state)
 {
     (void)state;
@@ -542,11 +438,9 @@ static void test_pin_memory(void **state)
     fx_devices(&info, 1, 0);
     kern_device *d;
     assert_int_equal(kern_device_open(&info, 1, &d, &err), 0);
-    kern_ops ops = *d->ops;
-    ops.host_register = pin_register;
-    ops.host_unregister = pin_unregister;
+    kern_ops ops = fx_pin_ops(d);
     for (int refuse = 0; refuse <= 2; refuse++) {
-        pin_dev pd = {.dev = *d, .refuse = refuse};
+        fx_pin_dev pd = {.dev = *d, .refuse = refuse};
         pd.dev.ops = &ops;
         kern_comm *c;
         assert_int_equal(kern_comm_create(1, &c, &err), 0);
@@ -575,12 +469,12 @@ static void test_pin_memory(void **state)
     }
     kern_device_close(d);
     /* a pinned job on CPU devices (nothing to pin): the same bits */
-    run_out a, b;
+    fx_run a, b;
     job_of(&s, "gpt2", 2, 3, true, true);
     run(&s, &a);
     s.offload_param_pin = true;
     run(&s, &b);
-    assert_bits(&a, &b, 0, s.max_steps);
+    fx_assert_same_bits(&a, &b, 0, s.max_steps);
     free(a.params);
     free(b.params);
 }

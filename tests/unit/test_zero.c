@@ -36,13 +36,11 @@
 
 #include "adamw.h"
 #include "engine_fixture.h"
-#include "fsutil.h"
 #include "mem_plan.h"
 #include "model_shard.h"
 #include "trainer_run.h"
 #include "zero.h"
 
-#define CAP_STEPS 256
 #define BATCH 8
 
 static char text_path[64];
@@ -51,107 +49,42 @@ static char root[64];
 static int setup(void **state)
 {
     (void)state;
-    fx_write_text(text_path, sizeof text_path, 20000);
-    snprintf(root, sizeof root, "/tmp/accumd-zero-XXXXXX");
-    return mkdtemp(root) == NULL ? -1 : 0;
+    return fx_workdir_make(text_path, sizeof text_path, 20000, root, sizeof root, "zero");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    unlink(text_path);
-    fsu_rm_rf(root, NULL);
+    fx_workdir_remove(text_path, root);
     return 0;
 }
 
-typedef struct run_out {
-    double loss[CAP_STEPS], norm[CAP_STEPS];
-    float *params;
-    train_hooks h;
-    int status;
-} run_out;
-
-typedef struct inject {
-    int rank, step, m;
-    int fired;
-} inject;
-
-static int inject_oom(void *ctx, int rank, int step, int micro, int m)
-{
-    inject *in = ctx;
-    if (in->fired || rank != in->rank || step != in->step || micro != 0 || m != in->m)
-        return 0;
-    in->fired = 1;
-    return 1;
-}
-
-/* A spec of the tiny GPT-2 (or LLaMA) with clipping that bites. */
+/* A spec of the tiny GPT-2 (or LLaMA, or LLaMA LoRA) with clipping that bites. */
 static void spec_of(train_cfg *s, const char *arch, int m, int a, int w, int zero)
 {
-    fx_tiny_spec(s, text_path, m * a * w, m, a, w);
-    if (!strcmp(arch, "llama-lora")) { /* LoRA on every projection: AdamW's range is the adapters */
-        arch = "llama";
-        s->lora = (spec_lora){.r = 4, .alpha = 8, .all_linear = true};
-    }
-    if (!strcmp(arch, "llama")) {
-        snprintf(s->model.arch, sizeof s->model.arch, "llama");
-        s->model.n_kv_head = 1;
-        s->model.intermediate_size = 48;
-    }
-    s->optim.grad_clip = 0.05; /* the tiny model's norms are ~1: every step clips */
+    fx_clipped_spec(s, text_path, arch, m, a, w);
     s->zero_stage = zero;
     s->oom_adapt = true;
 }
 
-static void run(const train_cfg *s, run_out *r, inject *in)
+/* One thread per device, devices of 1 GiB; `bucket_bytes`: 0 for the
+ * trainer's default. */
+static fx_run_opts opts_of(size_t bucket_bytes, fx_oom_at *in)
 {
-    kern_device_info devs[4];
-    fx_devices(devs, s->devices, 1ull << 30);
-    memset(r, 0, sizeof *r);
-    size_t cap = 1 << 20;
-    r->params = calloc(cap, sizeof(float));
-    assert_non_null(r->params);
-    for (int k = 0; k < CAP_STEPS; k++)
-        r->loss[k] = r->norm[k] = NAN;
-    r->h.steps_cap = CAP_STEPS;
-    r->h.step_loss = r->loss;
-    r->h.step_grad_norm = r->norm;
-    r->h.final_params = r->params;
-    r->h.final_params_cap = cap;
-    r->h.bucket_bytes = 8192; /* several buckets, spans across the shards */
-    if (in != NULL) {
-        r->h.inject_oom = inject_oom;
-        r->h.oom_ctx = in;
-    }
-    trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = 1};
-    acc_err err = {0};
-    r->status = trainer_run_sync(&o, &r->h, &err);
-    if (r->status != 0)
-        print_error("run failed: %s\n", err.msg);
-    assert_int_equal(r->status, 0);
-    assert_int_equal(r->h.steps_done, s->max_steps);
+    return (fx_run_opts){.device_budget = 1ull << 30, .threads = 1, .bucket_bytes = bucket_bytes, .oom = in};
 }
 
-/* Steps [from, to) and the final weights: the same bits. */
-static void assert_bits(const run_out *a, const run_out *b, int from, int to)
+static void run(const train_cfg *s, fx_run *r, fx_oom_at *in)
 {
-    for (int k = from; k < to; k++) {
-        if (memcmp(&a->loss[k], &b->loss[k], sizeof(double)) != 0 ||
-            memcmp(&a->norm[k], &b->norm[k], sizeof(double)) != 0)
-            print_error("step %d: loss %.17g vs %.17g, norm %.17g vs %.17g\n", k, a->loss[k], b->loss[k],
-                        a->norm[k], b->norm[k]);
-        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
-        assert_memory_equal(&a->norm[k], &b->norm[k], sizeof(double));
-        assert_true(isfinite(a->loss[k]));
-    }
-    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
-    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+    fx_run_opts o = opts_of(8192, in); /* several buckets, spans across the shards */
+    fx_train(s, &o, r);
+    fx_assert_ran(r, s, "run");
 }
 
 /* Rank r's measured bytes: its AdamW moments are those of its shard, as
  * the planner says; the gradient buffer is stage 0's; the peak is the
  * prediction to the byte. */
-static void assert_memory(const train_cfg *s, const run_out *r, const run_out *r0)
+static void assert_memory(const train_cfg *s, const fx_run *r, const fx_run *r0)
 {
     model_config cfg;
     acc_err err = {0};
@@ -190,7 +123,7 @@ static void assert_memory(const train_cfg *s, const run_out *r, const run_out *r
 static void check_stages_lean(const char *arch, int w, int m, int a, bool lean)
 {
     train_cfg s;
-    run_out r0, r1, r2;
+    fx_run r0, r1, r2;
     spec_of(&s, arch, m, a, w, 0);
     s.lean_activations = lean;
     run(&s, &r0, NULL);
@@ -198,12 +131,12 @@ static void check_stages_lean(const char *arch, int w, int m, int a, bool lean)
     spec_of(&s, arch, m, a, w, 1);
     s.lean_activations = lean;
     run(&s, &r1, NULL);
-    assert_bits(&r0, &r1, 0, s.max_steps);
+    fx_assert_same_bits(&r0, &r1, 0, s.max_steps);
     assert_memory(&s, &r1, &r0);
     spec_of(&s, arch, m, a, w, 2);
     s.lean_activations = lean;
     run(&s, &r2, NULL);
-    assert_bits(&r0, &r2, 0, s.max_steps);
+    fx_assert_same_bits(&r0, &r2, 0, s.max_steps);
     assert_memory(&s, &r2, &r0);
     /* stage 2: still one reduction of the gradients per step (the
      * reduce-scatter), in several buckets */
@@ -239,7 +172,7 @@ static double rel_diff(double a, double b)
 /* ZeRO-3's measured bytes: AdamW moments of its partition, gradients of
  * its partition (+ the slots' tail), the peak the planner's to the byte,
  * and below stage 0's. */
-static void assert_memory3(const train_cfg *s, const run_out *r, const run_out *r0)
+static void assert_memory3(const train_cfg *s, const fx_run *r, const fx_run *r0)
 {
     model_config cfg;
     acc_err err = {0};
@@ -281,7 +214,7 @@ static void assert_memory3(const train_cfg *s, const run_out *r, const run_out *
 static void check_stage3(const char *arch, int w, int m, int a, bool exact, bool lean)
 {
     train_cfg s;
-    run_out r0, r3;
+    fx_run r0, r3;
     spec_of(&s, arch, m, a, w, 0);
     s.lean_activations = lean;
     if (exact)
@@ -366,23 +299,31 @@ static void test_llama_stages(void **state)
     check_stages("llama-lora", 3, 1, 2);
 }
 
+/* The same out-of-memory (rank 1, step 1, at m 4) in a w = 2, m = 4, a = 1
+ * job at stage 0 (r0) and at stage `zero` (rz): both fire, and stage
+ * `zero` adapts every rank once, to m 2 a 2. */
+static void run_oom_pair(int zero, train_cfg *s, fx_run *r0, fx_run *rz)
+{
+    fx_oom_at in0 = {.rank = 1, .step = 1, .m = 4}, inz = in0;
+    spec_of(s, "gpt2", 4, 1, 2, 0);
+    run(s, r0, &in0);
+    spec_of(s, "gpt2", 4, 1, 2, zero);
+    run(s, rz, &inz);
+    assert_true(in0.fired && inz.fired);
+    assert_int_equal(rz->h.oom_adjusts, 1);
+    assert_int_equal(rz->h.final_micro, 2); /* rank 0 reports it: it adapted too */
+    assert_int_equal(rz->h.final_accum, 2);
+}
+
 /* One rank runs out of memory under ZeRO-2: every rank moves to the
  * smaller split, and the run matches stage 0 with the same fault. */
 static void test_oom_adapts_all_ranks(void **state)
 {
     (void)state;
     train_cfg s;
-    run_out r0, r2;
-    inject in0 = {.rank = 1, .step = 1, .m = 4}, in2 = in0;
-    spec_of(&s, "gpt2", 4, 1, 2, 0);
-    run(&s, &r0, &in0);
-    spec_of(&s, "gpt2", 4, 1, 2, 2);
-    run(&s, &r2, &in2);
-    assert_true(in0.fired && in2.fired);
-    assert_int_equal(r2.h.oom_adjusts, 1);
-    assert_int_equal(r2.h.final_micro, 2); /* rank 0 reports it: it adapted too */
-    assert_int_equal(r2.h.final_accum, 2);
-    assert_bits(&r0, &r2, 0, s.max_steps);
+    fx_run r0, r2;
+    run_oom_pair(2, &s, &r0, &r2);
+    fx_assert_same_bits(&r0, &r2, 0, s.max_steps);
     free(r0.params);
     free(r2.params);
 }
@@ -395,8 +336,7 @@ static void test_modes(void **state)
 {
     (void)state;
     train_cfg s;
-    run_out r[3];
-    double val[3][CAP_STEPS];
+    fx_run r[3];
     for (int z = 0; z <= 2; z++) {
         spec_of(&s, "gpt2", 2, 2, 2, z);
         s.precision = SPEC_BF16;
@@ -405,58 +345,18 @@ static void test_modes(void **state)
         s.eval_interval = 2;
         s.checkpoint_interval = 2;
         snprintf(s.output_dir, sizeof s.output_dir, "%s/modes%d", root, z);
-        for (int k = 0; k < CAP_STEPS; k++)
-            val[z][k] = NAN;
-        kern_device_info devs[2];
-        fx_devices(devs, 2, 1ull << 30);
-        run_out *o = &r[z];
-        memset(o, 0, sizeof *o);
-        o->params = calloc(1 << 20, sizeof(float));
-        assert_non_null(o->params);
-        o->h.steps_cap = CAP_STEPS;
-        o->h.step_loss = o->loss;
-        o->h.step_grad_norm = o->norm;
-        o->h.step_val_loss = val[z];
-        o->h.final_params = o->params;
-        o->h.final_params_cap = 1 << 20;
-        o->h.bucket_bytes = 8192;
-        trainer_opts opts = {.spec = &s, .devices = devs, .threads_per_device = 1};
-        acc_err err = {0};
-        assert_int_equal(trainer_run_sync(&opts, &o->h, &err), 0);
-        assert_true(o->h.final_recompute);
+        fx_run_opts o = opts_of(8192, NULL);
+        fx_train(&s, &o, &r[z]);
+        assert_int_equal(r[z].status, 0);
+        assert_true(r[z].h.final_recompute);
     }
     for (int z = 1; z <= 2; z++) {
-        assert_bits(&r[0], &r[z], 0, s.max_steps);
-        assert_true(isfinite(val[0][1]) && isfinite(val[0][3]));
-        assert_memory_equal(val[0], val[z], sizeof val[0]);
+        fx_assert_same_bits(&r[0], &r[z], 0, s.max_steps);
+        assert_true(isfinite(r[0].val[1]) && isfinite(r[0].val[3]));
+        assert_memory_equal(r[0].val, r[z].val, sizeof r[0].val);
     }
     for (int z = 0; z <= 2; z++)
         free(r[z].params);
-}
-
-static void read_file(const char *path, char **data, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *data = malloc(*n);
-    assert_non_null(*data);
-    assert_int_equal(fread(*data, 1, *n, f), *n);
-    fclose(f);
-}
-
-static void assert_same_file(const char *a, const char *b)
-{
-    char *da, *db;
-    size_t na, nb;
-    read_file(a, &da, &na);
-    read_file(b, &db, &nb);
-    assert_int_equal(na, nb);
-    assert_memory_equal(da, db, na);
-    free(da);
-    free(db);
 }
 
 static void resume_spec(train_cfg *s, int w, int zero, const char *from, const char *out, int steps)
@@ -471,23 +371,18 @@ static void test_checkpoint_across_worlds(void **state)
 {
     (void)state;
     train_cfg s;
-    run_out a4, b4, full, part, rest, base;
-    char ck[256], ck0[256], f1[320], f2[320];
+    fx_run a4, b4, full, part, rest, base;
+    char ck[256], ck0[256], f1[320];
     /* a stage-2 checkpoint at w = 4, and stage 0's */
     resume_spec(&s, 4, 2, "", "w4z2", 2);
     run(&s, &a4, NULL);
     resume_spec(&s, 4, 0, "", "w4z0", 2);
     run(&s, &b4, NULL);
-    assert_bits(&a4, &b4, 0, 2);
+    fx_assert_same_bits(&a4, &b4, 0, 2);
     snprintf(ck, sizeof ck, "%s/w4z2/ckpt-00000002", root);
     snprintf(ck0, sizeof ck0, "%s/w4z0/ckpt-00000002", root);
     /* the gathered state is the whole state: the same files */
-    snprintf(f1, sizeof f1, "%s/state.safetensors", ck);
-    snprintf(f2, sizeof f2, "%s/state.safetensors", ck0);
-    assert_same_file(f1, f2);
-    snprintf(f1, sizeof f1, "%s/model.safetensors", ck);
-    snprintf(f2, sizeof f2, "%s/model.safetensors", ck0);
-    assert_same_file(f1, f2);
+    fx_assert_same_checkpoint(ck, ck0);
     /* resumed at w = 2, stage 2, uninterrupted to step 6 */
     resume_spec(&s, 2, 2, ck, "full", 6);
     run(&s, &full, NULL);
@@ -507,10 +402,10 @@ static void test_checkpoint_across_worlds(void **state)
     for (int k = 4; k < 6; k++)
         assert_memory_equal(&full.loss[k], &rest.loss[k], sizeof(double));
     assert_memory_equal(full.params, rest.params, full.h.nparams * sizeof(float));
-    assert_bits(&full, &base, 2, 6);
+    fx_assert_same_bits(&full, &base, 2, 6);
     print_message("stage-2 checkpoint at w=4 resumed at w=2: losses %.9f %.9f %.9f %.9f (steps 3-6)\n",
                   full.loss[2], full.loss[3], full.loss[4], full.loss[5]);
-    run_out *all[] = {&a4, &b4, &full, &part, &rest, &base};
+    fx_run *all[] = {&a4, &b4, &full, &part, &rest, &base};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         free(all[i]->params);
 }
@@ -518,7 +413,7 @@ static void test_checkpoint_across_worlds(void **state)
 /* Stage 3 against stage 0 at a = 1 without clipping: the losses and the
  * weights bit for bit; the norm (reported only) within 1e-12, its
  * partial sums being over other pieces. */
-static void assert_bits_z3(const run_out *a, const run_out *b, int from, int to)
+static void assert_bits_z3(const fx_run *a, const fx_run *b, int from, int to)
 {
     for (int k = from; k < to; k++) {
         assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
@@ -537,8 +432,7 @@ static void test_modes_zero3(void **state)
     (void)state;
     for (int w = 2; w <= 3; w++) {
         train_cfg s;
-        run_out r[2];
-        double val[2][CAP_STEPS];
+        fx_run r[2];
         for (int i = 0; i < 2; i++) {
             spec_of(&s, "gpt2", 2, 1, w, i == 0 ? 0 : 3);
             s.optim.grad_clip = 0;
@@ -551,30 +445,16 @@ static void test_modes_zero3(void **state)
                 s.eval_batches = 0; /* the whole set: uneven over 3 ranks */
             s.checkpoint_interval = 2;
             snprintf(s.output_dir, sizeof s.output_dir, "%s/modes3-%d-%d", root, w, i);
-            for (int k = 0; k < CAP_STEPS; k++)
-                val[i][k] = NAN;
-            kern_device_info devs[4];
-            fx_devices(devs, w, 1ull << 30);
-            run_out *o = &r[i];
-            memset(o, 0, sizeof *o);
-            o->params = calloc(1 << 20, sizeof(float));
-            assert_non_null(o->params);
-            o->h.steps_cap = CAP_STEPS;
-            o->h.step_loss = o->loss;
-            o->h.step_grad_norm = o->norm;
-            o->h.step_val_loss = val[i];
-            o->h.final_params = o->params;
-            o->h.final_params_cap = 1 << 20;
-            trainer_opts opts = {.spec = &s, .devices = devs, .threads_per_device = 1};
-            acc_err err = {0};
-            if (trainer_run_sync(&opts, &o->h, &err) != 0)
-                fail_msg("w=%d stage %d: %s", w, i ? 3 : 0, err.msg);
+            fx_run_opts o = opts_of(0, NULL);
+            fx_train(&s, &o, &r[i]);
+            if (r[i].status != 0)
+                fail_msg("w=%d stage %d: %s", w, i ? 3 : 0, r[i].err.msg);
         }
         assert_bits_z3(&r[0], &r[1], 0, s.max_steps);
-        assert_true(isfinite(val[0][1]) && isfinite(val[0][3]));
-        assert_memory_equal(val[0], val[1], sizeof val[0]);
+        assert_true(isfinite(r[0].val[1]) && isfinite(r[0].val[3]));
+        assert_memory_equal(r[0].val, r[1].val, sizeof r[0].val);
         print_message("ZeRO-3 w=%d bf16 + recompute + evals + checkpoints: val loss %.9f at step 4, stage 0's bits\n",
-                      w, val[1][3]);
+                      w, r[1].val[3]);
         free(r[0].params);
         free(r[1].params);
     }
@@ -588,16 +468,8 @@ static void test_oom_adapts_zero3(void **state)
 {
     (void)state;
     train_cfg s;
-    run_out r0, r3;
-    inject in0 = {.rank = 1, .step = 1, .m = 4}, in3 = in0;
-    spec_of(&s, "gpt2", 4, 1, 2, 0);
-    run(&s, &r0, &in0);
-    spec_of(&s, "gpt2", 4, 1, 2, 3);
-    run(&s, &r3, &in3);
-    assert_true(in0.fired && in3.fired);
-    assert_int_equal(r3.h.oom_adjusts, 1);
-    assert_int_equal(r3.h.final_micro, 2);
-    assert_int_equal(r3.h.final_accum, 2);
+    fx_run r0, r3;
+    run_oom_pair(3, &s, &r0, &r3);
     for (int k = 0; k < s.max_steps; k++)
         assert_true(rel_diff(r0.loss[k], r3.loss[k]) <= 1e-6);
     assert_true(rel_diff_f(r0.params, r3.params, r0.h.nparams) <= 1e-6);
@@ -690,8 +562,8 @@ static void test_checkpoint_zero3_worlds(void **state)
 {
     (void)state;
     train_cfg s;
-    run_out z3, z0, r4, b4, r1, b1, full;
-    char ck3[256], ck0[256], f1[320], f2[320];
+    fx_run z3, z0, r4, b4, r1, b1, full;
+    char ck3[256], ck0[256];
     z3_spec(&s, 2, 3, "", "z3w2", 2);
     run(&s, &z3, NULL);
     z3_spec(&s, 2, 0, "", "z0w2", 2);
@@ -699,12 +571,7 @@ static void test_checkpoint_zero3_worlds(void **state)
     assert_bits_z3(&z3, &z0, 0, 2);
     snprintf(ck3, sizeof ck3, "%s/z3w2/ckpt-00000002", root);
     snprintf(ck0, sizeof ck0, "%s/z0w2/ckpt-00000002", root);
-    const char *files[] = {"state.safetensors", "model.safetensors"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(f1, sizeof f1, "%s/%s", ck3, files[i]);
-        snprintf(f2, sizeof f2, "%s/%s", ck0, files[i]);
-        assert_same_file(f1, f2);
-    }
+    fx_assert_same_checkpoint(ck3, ck0);
     z3_spec(&s, 4, 3, ck3, "z3r4", 5);
     run(&s, &r4, NULL);
     z3_spec(&s, 4, 0, ck0, "z0r4", 5);
@@ -714,18 +581,18 @@ static void test_checkpoint_zero3_worlds(void **state)
     run(&s, &r1, NULL);
     z3_spec(&s, 1, 0, ck0, "z0r1", 5);
     run(&s, &b1, NULL);
-    assert_bits(&r1, &b1, 2, 5);
+    fx_assert_same_bits(&r1, &b1, 2, 5);
     /* invariant 5 within stage 3: 2 steps + resumed = 5 uninterrupted */
     z3_spec(&s, 2, 3, "", "z3full", 5);
     run(&s, &full, NULL);
-    run_out rest;
+    fx_run rest;
     z3_spec(&s, 2, 3, ck3, "z3rest", 5);
     run(&s, &rest, NULL);
-    assert_bits(&full, &rest, 2, 5);
+    fx_assert_same_bits(&full, &rest, 2, 5);
     assert_true(isnan(rest.loss[0]));
     print_message("ZeRO-3 checkpoint at w=2 = stage 0's files; resumed at w=4: %.9f .. %.9f, at w=1: %.9f .. %.9f\n",
                   r4.loss[2], r4.loss[4], r1.loss[2], r1.loss[4]);
-    run_out *all[] = {&z3, &z0, &r4, &b4, &r1, &b1, &full, &rest};
+    fx_run *all[] = {&z3, &z0, &r4, &b4, &r1, &b1, &full, &rest};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         free(all[i]->params);
 }
@@ -789,13 +656,13 @@ static void test_shutdown_checkpoint(void **state)
     snprintf(ck, sizeof ck, "%s/stop/ckpt-%08d", root, k);
     assert_int_equal(access(ck, F_OK), 0);
     /* resumed (stage 0, to show the state is whole) vs never stopped */
-    run_out resumed, ref;
+    fx_run resumed, ref;
     resume_spec(&s, 2, 0, ck, "stop-resumed", k + 2);
     run(&s, &resumed, NULL);
     spec_of(&s, "gpt2", 2, 2, 2, 0);
     s.max_steps = k + 2;
     run(&s, &ref, NULL);
-    assert_bits(&ref, &resumed, k, k + 2);
+    fx_assert_same_bits(&ref, &resumed, k, k + 2);
     print_message("shutdown after step %d: checkpointed together, resumed with the uninterrupted losses\n", k);
     free(resumed.params);
     free(ref.params);
@@ -825,13 +692,13 @@ static void test_cancel_checkpoint(void **state)
         }
         assert_true(k >= 2 && k < 200 - 2);
         assert_int_equal(access(ck, F_OK), 0);
-        run_out resumed, ref;
+        fx_run resumed, ref;
         resume_spec(&s, 2, 0, ck, "cancel-resumed", k + 2);
         run(&s, &resumed, NULL);
         spec_of(&s, "gpt2", 2, 2, 2, 0);
         s.max_steps = k + 2;
         run(&s, &ref, NULL);
-        assert_bits(&ref, &resumed, k, k + 2);
+        fx_assert_same_bits(&ref, &resumed, k, k + 2);
         print_message("cancelled after step %d: checkpointed together, resumed with the uninterrupted losses\n", k);
         free(resumed.params);
         free(ref.params);
