@@ -86,9 +86,17 @@ typedef struct model_shard model_shard;
 typedef struct model_shard_sizes {
     size_t pn, slot, ends;
     size_t slice;
+    /* a parameter slot: its fp32 floats and its bf16 values (weights_bf16:
+     * the largest block's 1-D tensors and its matrices; otherwise slot and
+     * 0), and the fetch scratch's floats (the largest block matrix; 0
+     * without weights_bf16) */
+    size_t slot_f32, slot_b16, fetch;
 } model_shard_sizes;
 int model_shard_sizes_of(const model_config *cfg, int rank, int world, model_shard_sizes *out,
                          acc_err *err);
+
+/* Bytes of one parameter slot (its fp32 and its bf16 part). */
+uint64_t model_shard_pslot_bytes(const model_shard_sizes *s);
 
 /* Device bytes of a sharded model's parameters (partition + slots) and of
  * its gradients (partition + grad_tail + slots); overflow-checked. */
