@@ -7,6 +7,9 @@
  *     fp32 fetch scratch of the largest block matrix, counted here from
  *     the layout alone, and below the fp32 store's for LLaMA-2-7B's shape
  *     and the tiny test models; fp32 configs keep the old figures;
+ *   - the store on one rank in bf16 mode: the whole model's loss and
+ *     gradients bit for bit, a block matrix seen by the ops as the bf16
+ *     rounding of its fp32 master, the rest as the master itself;
  *   - through the trainer on CPU devices, bf16 at stage 3 over 2 and 4
  *     ranks with one micro-step per rank gives the losses and the final
  *     weights of bf16 at stage 0 bit for bit (the products round the
@@ -27,6 +30,8 @@
 #include <unistd.h>
 
 #include "engine_fixture.h"
+#include "kern_comm.h"
+#include "kern_device.h"
 #include "mem_plan.h"
 #include "model.h"
 #include "model_shard.h"
@@ -190,6 +195,109 @@ static void test_sizes(void **state)
     }
 }
 
+/* ---- the store itself, one rank (a gather is a copy) */
+
+/* A whole bf16 model against the sharded one with bf16 working weights,
+ * on one CPU device in bf16 mode: the loss and the gradients bit for bit,
+ * each block gathered once a pass; a block matrix resolves to the bf16
+ * rounding of the master (widened), a 1-D tensor and the ends' matrices to
+ * the master itself; the gathered parameters are the fp32 master. */
+static void check_store(const char *arch)
+{
+    train_cfg s;
+    acc_err err = {0};
+    fx_tiny_spec(&s, text_path, 2, 2, 1, 1);
+    snprintf(s.model.arch, sizeof s.model.arch, "%s", arch);
+    if (!strcmp(arch, "llama")) {
+        s.model.n_kv_head = 1;
+        s.model.intermediate_size = 48;
+    }
+    s.zero_stage = 3;
+    s.precision = SPEC_BF16;
+    model_config cfg;
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    assert_true(cfg.weights_bf16);
+    kern_device_info di[1];
+    fx_devices(di, 1, 1ull << 30);
+    kern_device *dev;
+    kern_comm *c;
+    assert_int_equal(kern_device_open(&di[0], 1, &dev, &err), 0);
+    assert_int_equal(dev->ops->set_precision(dev, 1, &err), 0);
+    assert_int_equal(kern_comm_create(1, &c, &err), 0);
+    int B = 2, T = s.model.seq_len, L = cfg.n_layer;
+    model_opts oa = {.B = B, .T = T, .grad_tail = 4}, ob = oa;
+    ob.comm = c;
+    ob.world = 1;
+    model *a, *b;
+    assert_int_equal(model_create_ex(dev, &cfg, &oa, &a, &err), 0);
+    assert_int_equal(model_create_ex(dev, &cfg, &ob, &b, &err), 0);
+    assert_int_equal(model_init_seed(a, 7, &err), 0);
+    assert_int_equal(model_init_seed(b, 7, &err), 0);
+    int tok[64], tgt[64];
+    float w[64];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 37 + 11) % cfg.vocab_size;
+        tgt[i] = (i * 53 + 5) % cfg.vocab_size;
+        w[i] = 1.0f / (float)(B * T);
+    }
+    double la, lb;
+    model_forward(a, tok, tgt, w, B, 1, &la);
+    model_backward(a, B);
+    uint64_t g0 = model_shard_gathers(b);
+    model_forward(b, tok, tgt, w, B, 1, &lb);
+    assert_int_equal(model_shard_gathers(b) - g0, (uint64_t)L);
+    model_backward(b, B);
+    assert_int_equal(model_shard_gathers(b) - g0, 2 * (uint64_t)L);
+    assert_int_equal(model_shard_error(b), 0);
+    assert_memory_equal(&la, &lb, sizeof la);
+    size_t n = a->nparams;
+    float *ha = malloc(n * sizeof *ha), *hb = malloc(n * sizeof *hb), *t = malloc(n * sizeof *t);
+    assert_true(ha != NULL && hb != NULL && t != NULL);
+    dev->ops->download(dev, ha, a->grads, n * sizeof *ha);
+    assert_int_equal(model_shard_gather_host(b, b->grads, hb), 0);
+    assert_memory_equal(ha, hb, n * sizeof *ha);
+    model_params_download(a, ha);
+    assert_int_equal(model_params_gather(b, true), 0);
+    model_params_download(b, hb);
+    model_params_release(b);
+    assert_memory_equal(ha, hb, n * sizeof *ha); /* the master, unrounded */
+    /* what the ops see: block 0's tensors, and the ends' */
+    model_layer_begin(b, 0, false);
+    int rounded = 0, matrices = 0;
+    for (int i = 0; i < b->layout.n; i++) {
+        const model_tensor *mt = &b->layout.t[i];
+        if (mt->layer > 0)
+            continue;
+        dev->ops->download(dev, t, model_weight(b, mt->offset, 0), mt->count * sizeof *t);
+        bool half = mt->layer == 0 && mt->ndim == 2;
+        matrices += half;
+        for (size_t k = 0; k < mt->count; k++) {
+            float want = half ? kern_bf16_round(ha[mt->offset + k]) : ha[mt->offset + k];
+            assert_memory_equal(&t[k], &want, sizeof want);
+            rounded += want != ha[mt->offset + k];
+        }
+    }
+    model_layer_end(b, 0, false);
+    assert_true(matrices >= 4 && rounded > 0); /* the test sees a rounding */
+    print_message("%s: the sharded bf16 store gives the whole model's loss %.9f and gradients; block 0's %d "
+                  "matrices resolve to their bf16 rounding (%d values moved)\n",
+                  arch, lb, matrices, rounded);
+    free(ha);
+    free(hb);
+    free(t);
+    model_free(a);
+    model_free(b);
+    kern_comm_destroy(c);
+    kern_device_close(dev);
+}
+
+static void test_store(void **state)
+{
+    (void)state;
+    check_store("gpt2");
+    check_store("llama");
+}
+
 /* ---- through the trainer */
 
 typedef struct run_out {
@@ -329,6 +437,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_store),
         cmocka_unit_test(test_bits_gpt2),
         cmocka_unit_test(test_bits_llama),
     };
