@@ -103,6 +103,11 @@ int kern_comm_allgather(kern_comm *c, int rank, float *buf, size_t n)
     return c->ops->allgather(c->impl, rank, buf, n);
 }
 
+int kern_comm_allgather16(kern_comm *c, int rank, uint16_t *buf, size_t n)
+{
+    return c->ops->allgather16(c->impl, rank, buf, n);
+}
+
 int kern_comm_barrier(kern_comm *c)
 {
     return c->ops->barrier(c->impl);

@@ -32,7 +32,8 @@
  * only (kern_shard_lo over the buffer's first n floats); elements at
  * offsets >= n belong to no shard and are summed into every rank, as an
  * all-reduce would. It is ended by the same kern_comm_reduce_finish().
- * kern_comm_allgather() copies every rank's shard of a buffer to all.
+ * kern_comm_allgather() copies every rank's shard of a buffer to all
+ * (kern_comm_allgather16: of 16-bit elements, the same shards of n).
  * (What the shards are and what rides past n is the caller's: the ZeRO
  * stages, core/train/zero.h.)
  * Every sum is in rank order 0..w-1 on CPU devices (shared memory and MPI
@@ -101,6 +102,9 @@ int kern_comm_scatter_start(kern_comm *c, int rank, float *base, const kern_span
  * done (on GPUs the compute stream is ordered after it). Same returns as
  * kern_comm_allreduce. */
 int kern_comm_allgather(kern_comm *c, int rank, float *buf, size_t n);
+/* The same over n 16-bit elements (bf16 values, copied as bits: the
+ * ZeRO-3 store's bf16 working weights, model_shard.h). */
+int kern_comm_allgather16(kern_comm *c, int rank, uint16_t *buf, size_t n);
 
 /* All ranks wait for each other. 0 or ACC_ECANCELLED. */
 int kern_comm_barrier(kern_comm *c);
@@ -135,6 +139,7 @@ typedef struct kern_comm_ops {
     int (*scatter_start)(void *impl, int rank, float *base, const kern_span *spans, int nspans,
                          size_t n);
     int (*allgather)(void *impl, int rank, float *buf, size_t n);
+    int (*allgather16)(void *impl, int rank, uint16_t *buf, size_t n);
     int (*barrier)(void *impl);
     void (*abort)(void *impl);
     int (*aborted)(void *impl);

@@ -254,10 +254,9 @@ static int mpi_scatter_start(void *impl, int rank, float *base, const kern_span 
     return rc != 0 ? rc : reduce_tail(c, base, sp, ns, n);
 }
 
-static int mpi_allgather(void *impl, int rank, float *buf, size_t n)
+/* The all-gather of n elements of MPI type `type` (their shards). */
+static int mpi_gather(comm_mpi *c, void *buf, size_t n, MPI_Datatype type)
 {
-    comm_mpi *c = impl;
-    (void)rank;
     if (atomic_load(&c->aborted))
         return ACC_ECANCELLED;
     if (c->fail_code != 0)
@@ -270,9 +269,20 @@ static int mpi_allgather(void *impl, int rank, float *buf, size_t n)
         c->displs[q] = (int)kern_shard_lo(n, q, c->world);
         c->counts[q] = (int)kern_shard_lo(n, q + 1, c->world) - c->displs[q];
     }
-    return mpi_check(c, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, c->counts, c->displs, MPI_FLOAT,
-                                       c->comm),
+    return mpi_check(c, MPI_Allgatherv(MPI_IN_PLACE, 0, type, buf, c->counts, c->displs, type, c->comm),
                      "MPI_Allgatherv");
+}
+
+static int mpi_allgather(void *impl, int rank, float *buf, size_t n)
+{
+    (void)rank;
+    return mpi_gather(impl, buf, n, MPI_FLOAT);
+}
+
+static int mpi_allgather16(void *impl, int rank, uint16_t *buf, size_t n)
+{
+    (void)rank;
+    return mpi_gather(impl, buf, n, MPI_UINT16_T);
 }
 
 static int mpi_barrier(void *impl)
@@ -331,6 +341,7 @@ static const kern_comm_ops mpi_ops = {
     .reduce_finish = mpi_reduce_finish,
     .scatter_start = mpi_scatter_start,
     .allgather = mpi_allgather,
+    .allgather16 = mpi_allgather16,
     .barrier = mpi_barrier,
     .abort = mpi_abort,
     .aborted = mpi_aborted,

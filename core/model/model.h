@@ -170,6 +170,15 @@ typedef struct model_config {
      * block computes in fp32 at a time (blocks.h "bf16 activation
      * storage"); false: every activation fp32, as it always was. */
     bool act_bf16;
+    /* bf16 working weights at ZeRO stage 3 (the spec's precision "bf16"
+     * with zero_optimization.stage 3; model_shard.h "bf16 working
+     * weights"): each block's 2-D tensors (its linear layers' matrices,
+     * only ever matmul operands) are gathered in bf16 and widened for the
+     * op; the partition (the fp32 master), the gradients, the 1-D tensors
+     * and the ends stay fp32. Only with the device's bf16 precision
+     * (set_precision 1), which rounds those operands anyway: no bit
+     * changes. Ignored by a whole (unsharded) model; false: fp32 as always. */
+    bool weights_bf16;
     /* Activations in recompute mode (the trainer's recomputation), both
      * off by default (the spec's lean_activations and
      * activation_checkpointing.offload set them; docs/engine.md):

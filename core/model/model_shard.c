@@ -12,21 +12,30 @@ struct model_shard {
     kern_comm *comm;
     int rank, world;
     int ng;              /* groups: the L blocks, then the ends */
-    size_t *gn;          /* [ng] floats of each group's vector */
-    size_t *gpoff;       /* [ng] partition offset of the rank's slice of it */
-    int *tgroup;         /* [layout.n] each tensor's group */
-    size_t *tpos;        /* [layout.n] its position in the group's vector */
-    size_t pn, slot_n;
+    /* Each group's vector is two parts, each cut into the ranks' slices
+     * on its own: part 2g the group's bf16 matrices (weights_bf16 blocks
+     * only; empty otherwise), part 2g + 1 the rest, fp32. An empty first
+     * part leaves everything as a single fp32 vector. */
+    bool w16;            /* cfg.weights_bf16 */
+    size_t *gn;          /* [2 ng] elements of each part */
+    size_t *gpoff;       /* [2 ng] partition offset of the rank's slice of it */
+    int *tpart;          /* [layout.n] each tensor's part */
+    size_t *tpos;        /* [layout.n] its position in the part's vector */
+    size_t pn, slot_n;   /* slot_n: a gradient slot (a whole block, fp32) */
+    size_t slot_f, slot_h; /* a parameter slot: fp32 part, bf16 part */
+    size_t fetch_n;      /* the widened matrix's scratch (largest block matrix) */
     size_t pn0;          /* rank 0's partition, the largest: where the tail starts on every rank */
     float *pslot[2];     /* two blocks' parameters (the one in use, the prefetched) */
+    uint16_t *hslot[2];  /* their bf16 parts (in the same allocation, past slot_f floats) */
     int holds[2];        /* the block each holds, -1: none */
-    float *gslot;        /* one block's gradients */
+    float *gslot;        /* one block's gradients: part 2g, then 2g + 1 */
     float *eslot, *egslot; /* the ends' parameters and gradients */
+    float *fetch;        /* a bf16 matrix widened for its op (w16), or NULL */
     model_layout play;   /* the partition as a layout */
     float *snap;         /* the gathered parameters (host), or NULL */
     /* offload_param: m->params and hgrads (pn each) and the staging of one
-     * slice (slice_n) in host memory through `host`; m->grads is then the
-     * device tail alone */
+     * slice (slice_n floats; a bf16 slice's 2-byte values too) in host
+     * memory through `host`; m->grads is then the device tail alone */
     host_mem *host;
     float *hgrads, *hstage;
     size_t slice_n;
@@ -47,26 +56,57 @@ static size_t slice_lo(size_t n, int rank, int world)
     return kern_shard_lo(n, rank, world);
 }
 
-/* Floats of each group (gn[L + 1]) of layout l. */
-static void group_sizes(const model_layout *l, int L, size_t *gn)
+/* Gathered in bf16: a block's 2-D tensor (its linear layers' matrices,
+ * matmul operands only in every family) with weights_bf16. */
+static bool half_tensor(const model_config *cfg, const model_tensor *t)
 {
-    memset(gn, 0, (size_t)(L + 1) * sizeof *gn);
-    for (int i = 0; i < l->n; i++)
-        gn[group_of(&l->t[i], L)] += l->t[i].count;
+    return cfg->weights_bf16 && t->layer >= 0 && t->ndim == 2;
 }
 
-static void sizes_of_groups(const size_t *gn, int L, int rank, int world, model_shard_sizes *s)
+/* Each tensor's part and position (tpart, tpos may be NULL), the parts'
+ * sizes (gn[2 (L + 1)], zeroed here) and the largest bf16 tensor (*fetch). */
+static void parts_of(const model_config *cfg, const model_layout *l, size_t *gn, int *tpart, size_t *tpos,
+                     size_t *fetch)
+{
+    int L = cfg->n_layer;
+    memset(gn, 0, 2 * (size_t)(L + 1) * sizeof *gn);
+    *fetch = 0;
+    for (int i = 0; i < l->n; i++) { /* positions: layout order inside each part */
+        const model_tensor *t = &l->t[i];
+        bool half = half_tensor(cfg, t);
+        int q = 2 * group_of(t, L) + (half ? 0 : 1);
+        if (tpart != NULL)
+            tpart[i] = q;
+        if (tpos != NULL)
+            tpos[i] = gn[q];
+        gn[q] += t->count;
+        if (half && t->count > *fetch)
+            *fetch = t->count;
+    }
+}
+
+static size_t own_of(size_t n, int rank, int world)
+{
+    return slice_lo(n, rank + 1, world) - slice_lo(n, rank, world);
+}
+
+static void sizes_of_parts(const size_t *gn, int L, size_t fetch, int rank, int world, model_shard_sizes *s)
 {
     memset(s, 0, sizeof *s);
-    for (int g = 0; g <= L; g++) {
-        size_t own = slice_lo(gn[g], rank + 1, world) - slice_lo(gn[g], rank, world);
+    for (int q = 0; q < 2 * (L + 1); q++) {
+        size_t own = own_of(gn[q], rank, world);
         s->pn += own;
         if (own > s->slice)
             s->slice = own;
-        if (g < L && gn[g] > s->slot)
-            s->slot = gn[g];
     }
-    s->ends = gn[L];
+    for (int g = 0; g < L; g++) {
+        size_t h = gn[2 * g], f = gn[2 * g + 1];
+        s->slot = h + f > s->slot ? h + f : s->slot;
+        s->slot_b16 = h > s->slot_b16 ? h : s->slot_b16;
+        s->slot_f32 = f > s->slot_f32 ? f : s->slot_f32;
+    }
+    s->ends = gn[2 * L] + gn[2 * L + 1];
+    s->fetch = fetch;
 }
 
 int model_shard_sizes_of(const model_config *cfg, int rank, int world, model_shard_sizes *out,
@@ -78,16 +118,22 @@ int model_shard_sizes_of(const model_config *cfg, int rank, int world, model_sha
     if (rc != 0)
         return rc;
     int L = cfg->n_layer;
-    size_t *gn = calloc((size_t)L + 1, sizeof *gn);
+    size_t *gn = calloc(2 * ((size_t)L + 1), sizeof *gn), fetch;
     if (gn == NULL) {
         model_layout_free(&l);
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the ZeRO-3 partition");
     }
-    group_sizes(&l, L, gn);
-    sizes_of_groups(gn, L, rank, world, out);
+    parts_of(cfg, &l, gn, NULL, NULL, &fetch);
+    sizes_of_parts(gn, L, fetch, rank, world, out);
     free(gn);
     model_layout_free(&l);
     return 0;
+}
+
+uint64_t model_shard_pslot_bytes(const model_shard_sizes *s)
+{
+    /* at most the layout's nparams floats: no overflow */
+    return (uint64_t)s->slot_f32 * sizeof(float) + (uint64_t)s->slot_b16 * sizeof(uint16_t);
 }
 
 int model_shard_state_bytes(const model_config *cfg, size_t grad_tail, int rank, int world,
@@ -101,27 +147,30 @@ int model_shard_state_bytes(const model_config *cfg, size_t grad_tail, int rank,
     model_shard_sizes s0;
     if ((rc = model_shard_sizes_of(cfg, 0, world, &s0, err)) != 0)
         return rc;
-    /* each term is at most the layout's nparams, whose 2 * 4 bytes fit */
-    uint64_t w = (uint64_t)s.pn + 2 * (uint64_t)s.slot + s.ends;
-    uint64_t g = (uint64_t)s0.pn + s.slot + s.ends;
-    if (acc_mul_u64(w, sizeof(float), weights) || acc_add_u64(g, grad_tail, &g) ||
-        acc_mul_u64(g, sizeof(float), grads))
+    /* each term is at most the layout's nparams, whose 2 * 4 bytes fit;
+     * their sums checked */
+    uint64_t w = (uint64_t)s.pn + s.ends, g = (uint64_t)s0.pn + s.slot + s.ends;
+    uint64_t slots = 2 * model_shard_pslot_bytes(&s);
+    if (acc_add_u64(w, s.fetch, &w) || acc_mul_u64(w, sizeof(float), &w) || acc_add_u64(w, slots, weights) ||
+        acc_add_u64(g, grad_tail, &g) || acc_mul_u64(g, sizeof(float), grads)) {
+        *weights = *grads = ACC_SIZE_OVERFLOW;
         return acc_err_set(err, ACC_EINVAL, "model", "the model's state overflows 64-bit sizes");
+    }
     return 0;
 }
 
-/* The partition layout: every tensor's part inside the rank's slice of
- * its group, at its partition offset, group after group. */
+/* The partition layout: every tensor's piece inside the rank's slice of
+ * its part, at its partition offset, part after part. */
 static int build_play(model *m, model_shard *s, acc_err *err)
 {
     const model_layout *l = &m->layout;
-    int L = s->ng - 1, cap = 0;
+    int cap = 0;
     memset(&s->play, 0, sizeof s->play);
-    for (int g = 0; g <= L; g++) {
-        size_t lo = slice_lo(s->gn[g], s->rank, s->world), hi = slice_lo(s->gn[g], s->rank + 1, s->world);
+    for (int q = 0; q < 2 * s->ng; q++) {
+        size_t lo = slice_lo(s->gn[q], s->rank, s->world), hi = slice_lo(s->gn[q], s->rank + 1, s->world);
         for (int i = 0; i < l->n; i++) {
             const model_tensor *t = &l->t[i];
-            if (s->tgroup[i] != g)
+            if (s->tpart[i] != q)
                 continue;
             size_t a = s->tpos[i] > lo ? s->tpos[i] : lo;
             size_t b = s->tpos[i] + t->count < hi ? s->tpos[i] + t->count : hi;
@@ -137,7 +186,7 @@ static int build_play(model *m, model_shard *s, acc_err *err)
             }
             model_tensor *p = &s->play.t[s->play.n++];
             *p = *t;
-            p->offset = s->gpoff[g] + (a - lo);
+            p->offset = s->gpoff[q] + (a - lo);
             p->count = b - a;
         }
     }
@@ -150,42 +199,60 @@ static int build_plan(model *m, model_shard *s, acc_err *err)
     const model_layout *l = &m->layout;
     int L = m->cfg.n_layer;
     s->ng = L + 1;
-    s->gn = calloc((size_t)s->ng, sizeof *s->gn);
-    s->gpoff = calloc((size_t)s->ng, sizeof *s->gpoff);
-    s->tgroup = calloc((size_t)l->n + 1, sizeof *s->tgroup);
+    s->w16 = m->cfg.weights_bf16;
+    s->gn = calloc(2 * (size_t)s->ng, sizeof *s->gn);
+    s->gpoff = calloc(2 * (size_t)s->ng, sizeof *s->gpoff);
+    s->tpart = calloc((size_t)l->n + 1, sizeof *s->tpart);
     s->tpos = calloc((size_t)l->n + 1, sizeof *s->tpos);
-    if (!s->gn || !s->gpoff || !s->tgroup || !s->tpos)
+    if (!s->gn || !s->gpoff || !s->tpart || !s->tpos)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the ZeRO-3 partition");
-    for (int i = 0; i < l->n; i++) { /* positions: layout order inside each group */
-        int g = group_of(&l->t[i], L);
-        s->tgroup[i] = g;
-        s->tpos[i] = s->gn[g];
-        s->gn[g] += l->t[i].count;
-    }
+    size_t fetch;
+    parts_of(&m->cfg, l, s->gn, s->tpart, s->tpos, &fetch);
     size_t off = 0;
-    for (int g = 0; g <= L; g++) {
-        s->gpoff[g] = off;
-        off += slice_lo(s->gn[g], s->rank + 1, s->world) - slice_lo(s->gn[g], s->rank, s->world);
+    for (int q = 0; q < 2 * s->ng; q++) {
+        s->gpoff[q] = off;
+        off += own_of(s->gn[q], s->rank, s->world);
     }
     model_shard_sizes z;
-    sizes_of_groups(s->gn, L, s->rank, s->world, &z);
+    sizes_of_parts(s->gn, L, fetch, s->rank, s->world, &z);
     s->pn = z.pn;
     s->slot_n = z.slot;
+    s->slot_f = z.slot_f32;
+    s->slot_h = z.slot_b16;
+    s->fetch_n = z.fetch;
     s->slice_n = z.slice;
-    sizes_of_groups(s->gn, L, 0, s->world, &z);
+    sizes_of_parts(s->gn, L, fetch, 0, s->world, &z);
     s->pn0 = z.pn;
     return build_play(m, s, err);
 }
 
+/* Floats of group g (both parts): its gradient slot's extent. */
+static size_t group_n(const model_shard *s, int g)
+{
+    return s->gn[2 * g] + s->gn[2 * g + 1];
+}
+
+/* Where tensor i sits in its group's fp32 vector (a gradient slot, the
+ * ends' slots): the bf16 part first, then the fp32 part. */
+static size_t group_pos(const model_shard *s, int i)
+{
+    int q = s->tpart[i];
+    return (q & 1 ? s->gn[q - 1] : 0) + s->tpos[i];
+}
+
 /* ---- create / free */
 
-static int alloc_zeroed(model *m, size_t floats, float **p, acc_err *err)
+static int alloc_bytes(model *m, size_t b, void **p, acc_err *err)
 {
-    size_t b = floats * sizeof(float);
-    int rc = m->dev->ops->alloc(m->dev, b, (void **)p, err);
+    int rc = m->dev->ops->alloc(m->dev, b, p, err);
     if (rc == 0)
         m->dev->ops->zero(m->dev, *p, b);
     return rc;
+}
+
+static int alloc_zeroed(model *m, size_t floats, float **p, acc_err *err)
+{
+    return alloc_bytes(m, floats * sizeof(float), (void **)p, err);
 }
 
 static int alloc_host(model_shard *s, size_t floats, float **p, acc_err *err)
@@ -263,19 +330,30 @@ int model_shard_create(model *m, kern_comm *c, int rank, int world, acc_err *err
     s->holds[0] = s->holds[1] = -1;
     s->host = m->shard_host;
     int rc = build_plan(m, s, err);
-    size_t ends = s->gn[s->ng - 1];
+    const kern_ops *k = m->dev->ops;
+    if (rc == 0 && s->w16 && (k->narrow_bf16 == NULL || k->widen16 == NULL))
+        rc = acc_err_set(err, ACC_EINVAL, "precision",
+                         "bf16 working weights at ZeRO stage 3 need narrow_bf16 and widen16, which the %s "
+                         "backend of %s lacks",
+                         k->backend, m->dev->info.name);
+    size_t ends = rc == 0 ? group_n(s, s->ng - 1) : 0;
     if (rc == 0)
         rc = alloc_partition(m, s, err);
-    if (rc == 0)
-        rc = alloc_zeroed(m, s->slot_n, &s->pslot[0], err);
-    if (rc == 0)
-        rc = alloc_zeroed(m, s->slot_n, &s->pslot[1], err);
+    /* a parameter slot: its fp32 part, then its bf16 part (2-byte aligned) */
+    size_t pbytes = s->slot_f * sizeof(float) + s->slot_h * sizeof(uint16_t);
+    for (int j = 0; rc == 0 && j < 2; j++) {
+        rc = alloc_bytes(m, pbytes, (void **)&s->pslot[j], err);
+        if (rc == 0)
+            s->hslot[j] = (uint16_t *)(s->pslot[j] + s->slot_f);
+    }
     if (rc == 0)
         rc = alloc_zeroed(m, s->slot_n, &s->gslot, err);
     if (rc == 0)
         rc = alloc_zeroed(m, ends, &s->eslot, err);
     if (rc == 0)
         rc = alloc_zeroed(m, ends, &s->egslot, err);
+    if (rc == 0 && s->fetch_n > 0)
+        rc = alloc_zeroed(m, s->fetch_n, &s->fetch, err);
     if (rc != 0)
         return rc; /* model_free frees what was made */
     m->nf32 = m->nparams;
@@ -289,13 +367,13 @@ void model_shard_free(model *m)
     if (s == NULL)
         return;
     kern_device *d = m->dev;
-    float *bufs[] = {s->pslot[0], s->pslot[1], s->gslot, s->eslot, s->egslot};
+    float *bufs[] = {s->pslot[0], s->pslot[1], s->gslot, s->eslot, s->egslot, s->fetch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i] != NULL)
             d->ops->free(d, bufs[i]);
     free(s->gn);
     free(s->gpoff);
-    free(s->tgroup);
+    free(s->tpart);
     free(s->tpos);
     free(s->play.t);
     free(s->snap);
@@ -331,18 +409,25 @@ static int tensor_at(const model *m, size_t off)
     abort(); /* not a tensor's start: a family bug */
 }
 
-/* The tensor's slot for parameters (grad = false) or gradients. */
+/* The tensor's slot for parameters (grad = false) or gradients; a bf16
+ * matrix widened into the fetch scratch (the families use one block matrix
+ * at a time: blocks.h's linear layers fetch their weight for one op). */
 static float *slot_of(model *m, size_t off, bool grad)
 {
     model_shard *s = m->shard;
-    int i = tensor_at(m, off), g = s->tgroup[i];
+    int i = tensor_at(m, off), q = s->tpart[i], g = q / 2;
     if (g == s->ng - 1)
-        return (grad ? s->egslot : s->eslot) + s->tpos[i];
+        return (grad ? s->egslot : s->eslot) + group_pos(s, i);
     if (grad)
-        return s->gslot + s->tpos[i];
-    for (int k = 0; k < 2; k++)
-        if (s->holds[k] == g)
+        return s->gslot + group_pos(s, i);
+    for (int k = 0; k < 2; k++) {
+        if (s->holds[k] != g)
+            continue;
+        if (q & 1)
             return s->pslot[k] + s->tpos[i];
+        m->dev->ops->widen16(m->dev, s->fetch, s->hslot[k] + s->tpos[i], m->layout.t[i].count, 0);
+        return s->fetch;
+    }
     abort(); /* a block's weight outside its begin / end: a family bug */
 }
 
@@ -364,39 +449,83 @@ static void note_rc(model_shard *s, int rc)
         s->rc = rc;
 }
 
-/* Group g's vector of the partition-ordered `part` into slot (whole). */
-static int gather_group(model *m, const float *part, int g, float *slot)
+/* Part q's vector of the partition-ordered fp32 `part` into `slot`
+ * (whole): the rank's slice put at its place, then the all-gather. */
+static int gather_f32(model *m, const float *part, int q, float *slot)
 {
     model_shard *s = m->shard;
-    size_t n = s->gn[g], lo = slice_lo(n, s->rank, s->world), hi = slice_lo(n, s->rank + 1, s->world);
+    size_t n = s->gn[q], lo = slice_lo(n, s->rank, s->world), hi = slice_lo(n, s->rank + 1, s->world);
     if (hi > lo && s->host != NULL) /* offload_param: partitions are host vectors */
-        m->dev->ops->upload(m->dev, slot + lo, part + s->gpoff[g], (hi - lo) * sizeof(float));
+        m->dev->ops->upload(m->dev, slot + lo, part + s->gpoff[q], (hi - lo) * sizeof(float));
     else if (hi > lo)
-        m->dev->ops->copy(m->dev, slot + lo, part + s->gpoff[g], (hi - lo) * sizeof(float));
+        m->dev->ops->copy(m->dev, slot + lo, part + s->gpoff[q], (hi - lo) * sizeof(float));
     return n > 0 ? kern_comm_allgather(s->comm, s->rank, slot, n) : 0;
 }
 
-/* Group g's gradients in slot summed over the ranks; the rank's slice
- * added to its partition of the gradients. */
+/* The same for a bf16 part into its 16-bit slot: the rank's slice narrowed
+ * (rounded to nearest even) where the partition lives -- on the device, or
+ * on the host with offload_param, so that half the bytes cross the bus. */
+static int gather_b16(model *m, const float *part, int q, uint16_t *slot)
+{
+    model_shard *s = m->shard;
+    size_t n = s->gn[q], lo = slice_lo(n, s->rank, s->world), hi = slice_lo(n, s->rank + 1, s->world);
+    const float *src = part + s->gpoff[q];
+    if (hi > lo && s->host != NULL) {
+        uint16_t *h = (uint16_t *)s->hstage; /* slice_n floats: room for the slice's halves */
+        for (size_t i = 0; i < hi - lo; i++) {
+            float r = kern_bf16_round(src[i]);
+            uint32_t u;
+            memcpy(&u, &r, sizeof u);
+            h[i] = (uint16_t)(u >> 16);
+        }
+        m->dev->ops->upload(m->dev, slot + lo, h, (hi - lo) * sizeof *h);
+    } else if (hi > lo) {
+        m->dev->ops->narrow_bf16(m->dev, slot + lo, src, hi - lo);
+    }
+    return n > 0 ? kern_comm_allgather16(s->comm, s->rank, slot, n) : 0;
+}
+
+/* Group g of `part` into a parameter slot: its bf16 part into h, its fp32
+ * part into f. */
+static int gather_group(model *m, const float *part, int g, float *f, uint16_t *h)
+{
+    int rc = m->shard->gn[2 * g] > 0 ? gather_b16(m, part, 2 * g, h) : 0;
+    return rc == 0 ? gather_f32(m, part, 2 * g + 1, f) : rc;
+}
+
+/* Group g's gradients in slot (part by part) summed over the ranks; the
+ * rank's slice of each part added to its partition of the gradients. */
 static int scatter_group(model *m, int g, float *slot)
 {
     model_shard *s = m->shard;
-    size_t n = s->gn[g], lo = slice_lo(n, s->rank, s->world), hi = slice_lo(n, s->rank + 1, s->world);
-    if (n == 0)
+    int rc = 0, started = 0;
+    for (int q = 2 * g; q <= 2 * g + 1; q++) { /* one reduction: a start per part */
+        size_t n = s->gn[q];
+        if (n == 0)
+            continue;
+        kern_span sp = {0, n};
+        float *b = slot + (q & 1 ? s->gn[2 * g] : 0);
+        if (rc == 0)
+            rc = kern_comm_scatter_start(s->comm, s->rank, b, &sp, 1, n);
+        started = 1;
+    }
+    if (!started)
         return 0;
-    kern_span sp = {0, n};
-    int rc = kern_comm_scatter_start(s->comm, s->rank, slot, &sp, 1, n);
     int fin = kern_comm_reduce_finish(s->comm, s->rank);
     if (rc == 0)
         rc = fin;
-    if (rc == 0 && hi > lo && s->host != NULL) { /* down, then added in fp32 as the device adds */
-        float *acc = s->hgrads + s->gpoff[g];
-        m->dev->ops->download(m->dev, s->hstage, slot + lo, (hi - lo) * sizeof(float));
-        for (size_t i = 0; i < hi - lo; i++)
-            acc[i] = acc[i] + s->hstage[i];
-    } else if (rc == 0 && hi > lo) {
-        float *acc = m->grads + s->gpoff[g];
-        m->dev->ops->add(m->dev, acc, acc, slot + lo, hi - lo);
+    for (int q = 2 * g; rc == 0 && q <= 2 * g + 1; q++) {
+        size_t n = s->gn[q], lo = slice_lo(n, s->rank, s->world), hi = slice_lo(n, s->rank + 1, s->world);
+        const float *b = slot + (q & 1 ? s->gn[2 * g] : 0) + lo;
+        if (hi > lo && s->host != NULL) { /* down, then added in fp32 as the device adds */
+            float *acc = s->hgrads + s->gpoff[q];
+            m->dev->ops->download(m->dev, s->hstage, b, (hi - lo) * sizeof(float));
+            for (size_t i = 0; i < hi - lo; i++)
+                acc[i] = acc[i] + s->hstage[i];
+        } else if (hi > lo) {
+            float *acc = m->grads + s->gpoff[q];
+            m->dev->ops->add(m->dev, acc, acc, b, hi - lo);
+        }
     }
     return rc;
 }
@@ -408,7 +537,7 @@ static void ensure_block(model *m, int layer, int k)
     model_shard *s = m->shard;
     if (layer < 0 || layer >= s->ng - 1 || s->holds[0] == layer || s->holds[1] == layer)
         return;
-    note_rc(s, gather_group(m, m->params, layer, s->pslot[k]));
+    note_rc(s, gather_group(m, m->params, layer, s->pslot[k], s->hslot[k]));
     s->holds[k] = layer;
     s->gathers++;
 }
@@ -421,7 +550,7 @@ void model_shard_layer_begin(model *m, int layer, bool backward)
     /* the next block of this pass into the other slot: a prefetch */
     ensure_block(m, backward ? layer - 1 : layer + 1, 1 - here);
     if (backward)
-        m->dev->ops->zero(m->dev, s->gslot, s->gn[layer] * sizeof(float));
+        m->dev->ops->zero(m->dev, s->gslot, group_n(s, layer) * sizeof(float));
 }
 
 void model_shard_layer_end(model *m, int layer, bool backward)
@@ -438,9 +567,9 @@ void model_shard_pass_begin(model *m, bool want_grad)
 {
     model_shard *s = m->shard;
     int e = s->ng - 1;
-    note_rc(s, gather_group(m, m->params, e, s->eslot));
+    note_rc(s, gather_group(m, m->params, e, s->eslot, NULL)); /* the ends: fp32 only */
     if (want_grad)
-        m->dev->ops->zero(m->dev, s->egslot, s->gn[e] * sizeof(float));
+        m->dev->ops->zero(m->dev, s->egslot, group_n(s, e) * sizeof(float));
 }
 
 void model_shard_backward_done(model *m)
@@ -465,12 +594,12 @@ static void each_piece(model *m, size_t off, size_t n, piece_fn fn, void *ctx)
         size_t b = off + n < t->offset + t->count ? off + n : t->offset + t->count;
         if (a >= b)
             continue;
-        int g = s->tgroup[i];
-        size_t glo = slice_lo(s->gn[g], s->rank, s->world), ghi = slice_lo(s->gn[g], s->rank + 1, s->world);
+        int q = s->tpart[i];
+        size_t glo = slice_lo(s->gn[q], s->rank, s->world), ghi = slice_lo(s->gn[q], s->rank + 1, s->world);
         size_t pa = s->tpos[i] + (a - t->offset), pb = s->tpos[i] + (b - t->offset);
         size_t ca = pa > glo ? pa : glo, cb = pb < ghi ? pb : ghi;
         if (ca < cb)
-            fn(m, s->gpoff[g] + (ca - glo), a - off + (ca - pa), cb - ca, ctx);
+            fn(m, s->gpoff[q] + (ca - glo), a - off + (ca - pa), cb - ca, ctx);
     }
 }
 
@@ -513,14 +642,18 @@ int model_shard_gather_host(model *m, const float *part, float *host)
     model_shard *s = m->shard;
     const model_layout *l = &m->layout;
     int L = s->ng - 1, rc = 0;
-    /* through the parameter slots, free between passes (blocks) and the
-     * ends' slot: the next forward gathers the ends again */
+    /* in fp32 (the master's bits, the moments) through buffers free between
+     * passes: a parameter slot, or with bf16 ones the gradient slot (a
+     * whole block's floats), and the ends' slot: the next forward gathers
+     * the ends again */
     for (int g = 0; rc == 0 && g <= L; g++) {
-        float *slot = g == L ? s->eslot : s->pslot[0];
-        rc = gather_group(m, part, g, slot);
+        float *slot = g == L ? s->eslot : s->w16 ? s->gslot : s->pslot[0];
+        rc = gather_f32(m, part, 2 * g, slot);
+        if (rc == 0)
+            rc = gather_f32(m, part, 2 * g + 1, slot + s->gn[2 * g]);
         for (int i = 0; rc == 0 && host != NULL && i < l->n; i++)
-            if (s->tgroup[i] == g)
-                m->dev->ops->download(m->dev, host + l->t[i].offset, slot + s->tpos[i],
+            if (s->tpart[i] / 2 == g)
+                m->dev->ops->download(m->dev, host + l->t[i].offset, slot + group_pos(s, i),
                                       l->t[i].count * sizeof(float));
     }
     s->holds[0] = s->holds[1] = -1;

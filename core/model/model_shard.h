@@ -18,9 +18,29 @@
  *    pn0 rank 0's partition (the largest): the tail starts at the same
  *    offset on every rank, as the collectives' spans need.
  *
+ * bf16 working weights (model_config.weights_bf16: precision bf16 at
+ * stage 3). A block's vector is then two parts, each cut into the ranks'
+ * slices on its own: its 2-D tensors (the linear layers' matrices, in
+ * every family only ever matmul operands, blocks.h) and the rest (norms,
+ * biases: 1-D), each in layout order; the rank's partition holds, per
+ * block, its slice of the matrices then its slice of the rest, all fp32:
+ * the partition is the master. What a gather makes is the working copy:
+ * the matrices in bf16 (the rank's slice narrowed, rounded to nearest
+ * even, then a 16-bit all-gather, kern_comm_allgather16), the rest fp32.
+ * model_weight widens a matrix into one fp32 fetch scratch (the largest
+ * block matrix) right before its op, valid until the next matrix's fetch
+ * (the families use one at a time); 1-D tensors resolve into the slot's
+ * fp32 part. The device's bf16 precision rounds every matmul operand to
+ * bf16 anyway and that rounding is idempotent, so round(widen(narrow(w)))
+ * is round(w): the products, hence every bit of the run, are stage 0's.
+ * The ends (embeddings, final norm, head, tied or not) stay fp32 (the
+ * embedding lookup reads unrounded values); gradients are fp32, a gradient
+ * slot holds a block's matrices' part then its rest, as the partition
+ * packs them. Without the flag a group is one fp32 vector, as always.
+ *
  * Gathers. Before block l's forward and again before its backward
- * (model_layer_begin) the block's vector is all-gathered into one of two
- * parameter slots, and the next block's (l + 1 forward, l - 1 backward)
+ * (model_layer_begin) the block's vector is all-gathered (per part, with
+ * bf16 working weights) into one of two parameter slots, and the next block's (l + 1 forward, l - 1 backward)
  * into the other: a prefetch. kern_comm_allgather is synchronous on every
  * backend (CPU: shared memory; NCCL: queued on the communication stream,
  * then the host waits for it), so the prefetch is only the call order:
@@ -50,13 +70,19 @@
  *
  * Device bytes (model_shard_state_bytes, exact): params pn + 2 parameter
  * slots of the largest block + the ends' slot; gradients pn0 + tail + one
- * gradient slot of the largest block + the ends' gradient slot.
+ * gradient slot of the largest block + the ends' gradient slot (all fp32).
+ * With bf16 working weights a parameter slot is the largest block's 1-D
+ * tensors in fp32 and its matrices in bf16 (one allocation each slot), plus
+ * one fp32 fetch scratch of the largest block matrix: 4 fewer bytes per
+ * block matrix value less 4 per fetch value (LLaMA-2-7B: 600 MiB less).
  *
  * offload_param (model_shard_create_host): params and the gradient
- * partition (pn each) and one slice's staging in host memory; a gather
- * uploads the rank's slice into the slot, a reduce-scatter's slice is
- * downloaded and added on the host; the device keeps the slots and the
- * caller's tail (m->grads, m->gtail == m->grads).
+ * partition (pn each) and one slice's staging (the largest slice of a
+ * part, floats) in host memory; a gather uploads the rank's slice into the
+ * slot -- a bf16 part's narrowed on the host (kern_bf16_round's bits) into
+ * the staging first, so 2 bytes a value cross the bus -- a reduce-scatter's
+ * slice is downloaded and added on the host; the device keeps the slots,
+ * the fetch scratch and the caller's tail (m->grads, m->gtail == m->grads).
  *
  * Host copies. model_weights_upload writes the rank's pieces of any range
  * (no collective: every rank uploads the same host values). Host reads of
@@ -81,14 +107,24 @@
 typedef struct model_shard model_shard;
 
 /* The partition of rank `rank` of `world` for cfg: floats it holds (pn),
- * the largest block's floats (slot) and the ends' (ends); slice: the
- * largest of the rank's slices of one group (a block or the ends). */
+ * the largest block's floats (slot: a gradient slot) and the ends' (ends);
+ * slice: the largest of the rank's slices of one part of a group (a
+ * block's bf16 matrices or its fp32 rest; the ends; without weights_bf16 a
+ * group is one part). */
 typedef struct model_shard_sizes {
     size_t pn, slot, ends;
     size_t slice;
+    /* a parameter slot: its fp32 floats and its bf16 values (weights_bf16:
+     * the largest block's 1-D tensors and its matrices; otherwise slot and
+     * 0), and the fetch scratch's floats (the largest block matrix; 0
+     * without weights_bf16) */
+    size_t slot_f32, slot_b16, fetch;
 } model_shard_sizes;
 int model_shard_sizes_of(const model_config *cfg, int rank, int world, model_shard_sizes *out,
                          acc_err *err);
+
+/* Bytes of one parameter slot (its fp32 and its bf16 part). */
+uint64_t model_shard_pslot_bytes(const model_shard_sizes *s);
 
 /* Device bytes of a sharded model's parameters (partition + slots) and of
  * its gradients (partition + grad_tail + slots); overflow-checked. */
@@ -120,7 +156,8 @@ double model_shard_host_sumsq(const model *m, size_t lo, size_t hi);
 float *model_shard_device_scratch(model *m, size_t *n);
 
 /* The weights / gradient slot of the tensor starting at layout offset off
- * (its group gathered). */
+ * (its group gathered); a bf16 block matrix widened into the fetch scratch,
+ * valid until the next one's. */
 const float *model_shard_weight(model *m, size_t off);
 float *model_shard_grad(model *m, size_t off);
 
@@ -137,8 +174,9 @@ void model_shard_backward_done(model *m);
 void model_shard_copy(model *m, float *down, const float *up, size_t off, size_t n);
 
 /* Collective: part [pn] (a partition-ordered device vector: params,
- * moments) gathered group by group through the slots into host[nparams]
- * in layout order; host NULL: this rank only helps. */
+ * moments) gathered group by group, in fp32 whatever the working weights,
+ * through free slots (with bf16 working weights the gradient slot) into
+ * host[nparams] in layout order; host NULL: this rank only helps. */
 int model_shard_gather_host(model *m, const float *part, float *host);
 /* The rank's pieces of the layout-ordered host vector into part [pn]. */
 void model_shard_scatter_host(model *m, const float *host, float *part);

@@ -57,6 +57,8 @@ int plan_model_config(const train_cfg *spec, model_config *cfg, acc_err *err)
     if (rc == 0) {
         cfg->lean_acts = spec->lean_activations;
         cfg->act_bf16 = spec->precision == SPEC_BF16; /* bf16: the activations stored in bf16 too (blocks.h) */
+        /* bf16 at stage 3: the gathered working weights in bf16 too (model_shard.h) */
+        cfg->weights_bf16 = spec->precision == SPEC_BF16 && spec->zero_stage >= 3;
         cfg->lean_tokens = spec->lean_activations; /* in recompute mode: model.h */
         cfg->act_offload = spec->activation_offload;
     }
@@ -361,7 +363,8 @@ int plan_next_smaller_micro(int per_rank, int m)
 
 /* ZeRO-3's state as model_shard_create allocates it, into allocs[0, 1]
  * (the partition's parameters, its gradients + the trainer's slots) and
- * allocs[5..9] (two parameter slots, the gradient slot, the ends' two). */
+ * allocs[5..10] (two parameter slots, the gradient slot, the ends' two,
+ * the bf16 working weights' fetch scratch). */
 static void z3_allocs(const model_config *cfg, int world, bool offload_param, uint64_t *allocs)
 {
     model_shard_sizes z; /* rank 0's: the planner's row is rank 0's */
@@ -374,8 +377,10 @@ static void z3_allocs(const model_config *cfg, int world, bool offload_param, ui
         allocs[0] = 0;
         allocs[1] = TRAIN_SLOTS * f;
     }
-    allocs[5] = allocs[6] = allocs[7] = z.slot * f;
+    allocs[5] = allocs[6] = model_shard_pslot_bytes(&z);
+    allocs[7] = z.slot * f;
     allocs[8] = allocs[9] = z.ends * f;
+    allocs[10] = z.fetch * f;
 }
 
 /* The row's peak by part: the state's parts (state_parts), the
@@ -391,7 +396,7 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
         offload_param_parts(cfg, spec->devices, 0, p);
     p->activations = r->act_bytes;
     uint64_t allocs[] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer - p->optimizer / 2,
-                         p->activations, 0, 0, 0, 0, 0};
+                         p->activations, 0, 0, 0, 0, 0, 0};
     if (spec->zero_stage >= 3) /* the partition's buffers and the slots, one allocation each */
         z3_allocs(cfg, spec->devices, spec->offload_param, allocs);
     p->rounding = 0;

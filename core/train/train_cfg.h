@@ -27,8 +27,10 @@
 /* fp32: everything in fp32. bf16: the linear layers' products take bf16
  * operands with fp32 accumulation (kern_device.h set_precision) and the
  * activations are stored in bf16 between forward and backward
- * (model_config.act_bf16, blocks.h); weights, gradients, optimizer state
- * and every other kernel stay fp32. */
+ * (model_config.act_bf16, blocks.h); at ZeRO stage 3 the gathered working
+ * weights of the blocks' matrices are bf16 too (model_config.weights_bf16,
+ * model_shard.h: the same bits); the master weights, gradients, optimizer
+ * state and every other kernel stay fp32. */
 typedef enum spec_precision { SPEC_FP32 = 0, SPEC_BF16 = 1 } spec_precision;
 
 /* "fp32" / "bf16", as the spec's "precision" spells it. */

@@ -21,7 +21,7 @@
  * element, as the all-reduce's -- and the elements at offsets >= n are
  * all-reduced; done when it returns, ended by reduce_finish.
  * shm_allgather() copies each rank's shard of [0, n) to the
- * others.
+ * others (shm_allgather16: of 16-bit elements).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -44,6 +44,7 @@ typedef struct kern_comm_cpu {
     atomic_uint_least64_t calls;   /* reductions finished (rank 0) */
     atomic_uint_least64_t buckets; /* span lists reduced (rank 0) */
     float *bufs[COMM_MAX_RANKS]; /* published by each rank for one all-reduce */
+    unsigned char *gbufs[COMM_MAX_RANKS]; /* and for one all-gather, any element size */
 } kern_comm_cpu;
 
 /* the declared set (kern_comm.h), implemented below */
@@ -57,6 +58,7 @@ static int shm_reduce_start(void *impl, int rank, float *base, const kern_span *
 static int shm_reduce_finish(void *impl, int rank);
 static int shm_scatter_start(void *impl, int rank, float *base, const kern_span *spans, int nspans, size_t n);
 static int shm_allgather(void *impl, int rank, float *buf, size_t n);
+static int shm_allgather16(void *impl, int rank, uint16_t *buf, size_t n);
 static int shm_allreduce(void *impl, int rank, float *buf, size_t n);
 
 static const kern_comm_ops shm_ops = {
@@ -68,6 +70,7 @@ static const kern_comm_ops shm_ops = {
     .reduce_finish = shm_reduce_finish,
     .scatter_start = shm_scatter_start,
     .allgather = shm_allgather,
+    .allgather16 = shm_allgather16,
     .barrier = shm_barrier,
     .abort = shm_abort,
     .aborted = shm_aborted,
@@ -316,29 +319,39 @@ static int shm_scatter_start(void *impl, int rank, float *base, const kern_span 
     return leave(c, scatter_phases(c, rank, base, spans, nspans, n));
 }
 
-/* Each rank copies the other ranks' shards from their buffers; a rank
- * writes only outside its own shard, the only part the others read. */
-static int gather_phases(kern_comm_cpu *c, int rank, float *buf, size_t n)
+/* Each rank copies the other ranks' shards (elements of `size` bytes)
+ * from their buffers; a rank writes only outside its own shard, the only
+ * part the others read. */
+static int gather_phases(kern_comm_cpu *c, int rank, void *buf, size_t n, size_t size)
 {
-    c->bufs[rank] = buf;
+    c->gbufs[rank] = buf;
     int rc = shm_barrier(c);
     if (rc != 0)
         return rc;
     for (int r = 0; r < c->nranks; r++) {
         size_t lo = kern_shard_lo(n, r, c->nranks), hi = kern_shard_lo(n, r + 1, c->nranks);
         if (r != rank && hi > lo)
-            run_op(c, rank, r, lo, hi - lo);
+            memcpy(c->gbufs[rank] + lo * size, c->gbufs[r] + lo * size, (hi - lo) * size);
     }
     return shm_barrier(c);
 }
 
-static int shm_allgather(void *impl, int rank, float *buf, size_t n)
+static int shm_gather(kern_comm_cpu *c, int rank, void *buf, size_t n, size_t size)
 {
-    kern_comm_cpu *c = impl;
     if (c->nranks == 1)
         return atomic_load(&c->aborted) ? ACC_ECANCELLED : 0;
     enter(c);
-    return leave(c, gather_phases(c, rank, buf, n));
+    return leave(c, gather_phases(c, rank, buf, n, size));
+}
+
+static int shm_allgather(void *impl, int rank, float *buf, size_t n)
+{
+    return shm_gather(impl, rank, buf, n, sizeof *buf);
+}
+
+static int shm_allgather16(void *impl, int rank, uint16_t *buf, size_t n)
+{
+    return shm_gather(impl, rank, buf, n, sizeof *buf);
 }
 
 static int shm_allreduce(void *impl, int rank, float *buf, size_t n)

@@ -67,6 +67,7 @@ static void nc_destroy(void *impl);
 static int nc_reduce_start(void *impl, int rank, float *base, const kern_span *spans, int nspans);
 static int nc_scatter_start(void *impl, int rank, float *base, const kern_span *spans, int nspans, size_t n);
 static int nc_allgather(void *impl, int rank, float *buf, size_t n);
+static int nc_allgather16(void *impl, int rank, uint16_t *buf, size_t n);
 static int nc_reduce_finish(void *impl, int rank);
 static int nc_allreduce(void *impl, int rank, float *buf, size_t n);
 static int nc_barrier(void *impl);
@@ -376,14 +377,14 @@ static int nc_scatter_start(void *impl, int rank, float *base, const kern_span *
 
 static int wait_event(kern_nccl *c, int rank, cudaEvent_t ev);
 
-/* The all-gather of the shards of buf[0, n): ncclAllGather in place when
+/* The all-gather of the shards of buf[0, n) (elements of `size` bytes,
+ * `mult` NCCL elements of `type` each): ncclAllGather in place when
  * the shards are equal (n a multiple of w), else one ncclBroadcast per
  * owner in a group. Queued on the communication stream after the compute
  * stream's work, then the compute stream waits for it; not a reduction,
  * so not counted. */
-static int nc_allgather(void *impl, int rank, float *buf, size_t n)
+static int nc_gather(kern_nccl *c, int rank, char *buf, size_t n, size_t size, ncclDataType_t type, size_t mult)
 {
-    kern_nccl *c = (kern_nccl *)impl;
     if (nc_aborted(c))
         return cancelled(c, rank);
     if (!rank_ready(c, rank))
@@ -398,14 +399,15 @@ static int nc_allgather(void *impl, int rank, float *buf, size_t n)
     if (n % (size_t)w == 0) {
         size_t each = n / (size_t)w;
         if (each > 0)
-            ok = NC_OK(c, ncclAllGather(buf + (size_t)rank * each, buf, each, ncclFloat, comm, cs));
+            ok = NC_OK(c, ncclAllGather(buf + (size_t)rank * each * size, buf, each * mult, type, comm, cs));
     } else {
         if (!NC_OK(c, ncclGroupStart()))
             return fail_rank(c, rank);
         for (int q = 0; q < w && ok; q++) {
             size_t lo = kern_shard_lo(n, q, w), hi = kern_shard_lo(n, q + 1, w);
             if (hi > lo)
-                ok = NC_OK(c, ncclBroadcast(buf + lo, buf + lo, hi - lo, ncclFloat, q, comm, cs));
+                ok = NC_OK(c, ncclBroadcast(buf + lo * size, buf + lo * size, (hi - lo) * mult, type, q, comm,
+                                            cs));
         }
         if (!NC_OK(c, ncclGroupEnd()))
             ok = false;
@@ -416,6 +418,17 @@ static int nc_allgather(void *impl, int rank, float *buf, size_t n)
     if (!NCU_OK(c, cudaEventRecord(ev, cs)) || !NCU_OK(c, cudaStreamWaitEvent(c->streams[rank], ev, 0)))
         return fail_rank(c, rank);
     return wait_event(c, rank, ev);
+}
+
+static int nc_allgather(void *impl, int rank, float *buf, size_t n)
+{
+    return nc_gather((kern_nccl *)impl, rank, (char *)buf, n, sizeof *buf, ncclFloat, 1);
+}
+
+/* bf16 values as pairs of bytes: a copy needs no arithmetic type */
+static int nc_allgather16(void *impl, int rank, uint16_t *buf, size_t n)
+{
+    return nc_gather((kern_nccl *)impl, rank, (char *)buf, n, sizeof *buf, ncclUint8, sizeof *buf);
 }
 
 /* Wait for `ev` without blocking in the driver, so that an abort or a
@@ -550,6 +563,7 @@ static const kern_comm_ops nccl_ops = {
     /* .reduce_finish = */ nc_reduce_finish,
     /* .scatter_start = */ nc_scatter_start,
     /* .allgather = */ nc_allgather,
+    /* .allgather16 = */ nc_allgather16,
     /* .barrier = */ nc_barrier,
     /* .abort = */ nc_abort,
     /* .aborted = */ nc_aborted,

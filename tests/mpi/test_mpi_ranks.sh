@@ -8,7 +8,8 @@
 # that cannot read the data fails the job with its rank and the path. ZeRO
 # stages 1 and 2 as processes give stage 0's losses bit for bit, and a
 # ZeRO-2 checkpoint (moments gathered over MPI) is stage 0's file; ZeRO
-# stage 3 as processes gives the threads' stage-3 losses bit for bit.
+# stage 3 as processes gives the threads' stage-3 losses bit for bit, in
+# fp32 and in bf16 (bf16 working weights, 16-bit all-gathers).
 # Usage: test_mpi_ranks.sh ACCUMD_RANK_BINARY
 RANK_BIN=$1
 TEST=mpi_ranks
@@ -65,6 +66,21 @@ for W in 2 4; do
         fail "ZeRO 3, $W processes: beyond 1e-6 of stage 0: $(paste -d' ' "$TMP/t$W.loss" "$TMP/z3-$W.loss" | tr '\n' ';')"
 done
 ok "ZeRO stage 3 as 2 and 4 rank processes: the threads' losses bit for bit, stage 0's within 1e-6"
+# bf16 at stage 3 (bf16 working weights: the blocks' matrices all-gathered
+# as 16-bit values, MPI_UINT16_T) as rank processes: the threads' bits
+sed 's|"max_steps"|"precision":"bf16","max_steps"|' "$TMP/z3.json" >"$TMP/z3b.json"
+for W in 2 4; do
+    "${MPIRUN[@]}" -np "$W" "$RANK_BIN" --bucket-bytes 4k --events "$TMP/z3b-$W.jsonl" "$TMP/z3b.json" ||
+        fail "ZeRO 3 bf16: mpirun -np $W exited $?"
+    "$RANK_BIN" --local "$W" --bucket-bytes 4k --events "$TMP/z3bt-$W.jsonl" "$TMP/z3b.json" ||
+        fail "ZeRO 3 bf16: threads $W"
+    losses "$TMP/z3b-$W.jsonl" >"$TMP/z3b-$W.loss"
+    losses "$TMP/z3bt-$W.jsonl" >"$TMP/z3bt-$W.loss"
+    [ "$(wc -l <"$TMP/z3b-$W.loss")" = 4 ] || fail "ZeRO 3 bf16, $W processes: $(wc -l <"$TMP/z3b-$W.loss") steps"
+    cmp -s "$TMP/z3bt-$W.loss" "$TMP/z3b-$W.loss" || fail "ZeRO 3 bf16, $W processes: losses differ from threads"
+    ! cmp -s "$TMP/z3-$W.loss" "$TMP/z3b-$W.loss" || fail "ZeRO 3 bf16, $W processes: the fp32 run's losses"
+done
+ok "ZeRO stage 3 in bf16 as 2 and 4 rank processes: the threads' losses bit for bit"
 
 # a ZeRO-2 checkpoint of rank processes holds the whole state (the moments
 # gathered over MPI): the file a stage-0 run of threads writes, byte for byte

@@ -344,6 +344,66 @@ static void test_scatter_gather(void **state)
     }
 }
 
+/* ---- the 16-bit all-gather (bf16 working weights at ZeRO-3) */
+
+enum { HN = 1001 }; /* odd: the shards are uneven for w = 2, 3, 4 */
+
+typedef struct half_arg {
+    kern_comm *comm;
+    int rank, world;
+    uint16_t *buf;
+    int rc;
+} half_arg;
+
+/* Bit patterns of every kind, rank and index in them (NaN and Inf ones too:
+ * the gather copies bits, no value is interpreted). */
+static uint16_t hval(int rank, size_t i)
+{
+    return (uint16_t)(0x7f80u + (unsigned)rank * 0x1111u + (unsigned)i * 37u);
+}
+
+static void *half_rank(void *p)
+{
+    half_arg *a = p;
+    size_t lo = kern_shard_lo(HN, a->rank, a->world), hi = kern_shard_lo(HN, a->rank + 1, a->world);
+    for (size_t i = 0; i < HN + 1; i++) /* one past n: must stay untouched */
+        a->buf[i] = i >= lo && i < hi ? hval(a->rank, i) : 0xdeadu;
+    a->rc = kern_comm_allgather16(a->comm, a->rank, a->buf, HN);
+    return NULL;
+}
+
+static void test_allgather16(void **state)
+{
+    (void)state;
+    for (int w = 1; w <= 4; w++) {
+        kern_comm *c;
+        acc_err err = {0};
+        assert_int_equal(kern_comm_create(w, &c, &err), 0);
+        half_arg a[4];
+        pthread_t th[4];
+        for (int r = 0; r < w; r++) {
+            a[r] = (half_arg){.comm = c, .rank = r, .world = w};
+            a[r].buf = calloc(HN + 1, sizeof(uint16_t));
+            assert_non_null(a[r].buf);
+            assert_int_equal(pthread_create(&th[r], NULL, half_rank, &a[r]), 0);
+        }
+        for (int r = 0; r < w; r++)
+            pthread_join(th[r], NULL);
+        for (int r = 0; r < w; r++) {
+            assert_int_equal(a[r].rc, 0);
+            /* every rank's slice landed in every rank's buffer, nothing past n */
+            for (int q = 0; q < w; q++)
+                for (size_t i = kern_shard_lo(HN, q, w); i < kern_shard_lo(HN, q + 1, w); i++)
+                    assert_int_equal(a[r].buf[i], hval(q, i));
+            assert_int_equal(a[r].buf[HN], 0xdead);
+        }
+        assert_int_equal(kern_comm_allreduce_calls(c), 0); /* not a reduction */
+        kern_comm_destroy(c);
+        for (int r = 0; r < w; r++)
+            free(a[r].buf);
+    }
+}
+
 /* The shard invariant of kern_shard_lo / kern_span_clip. */
 static void test_shards(void **state)
 {
@@ -377,6 +437,7 @@ int main(void)
         cmocka_unit_test(test_open_by_kind),
         cmocka_unit_test(test_bucketed_spans),
         cmocka_unit_test(test_scatter_gather),
+        cmocka_unit_test(test_allgather16),
         cmocka_unit_test(test_shards),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

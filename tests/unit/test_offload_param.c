@@ -24,6 +24,7 @@
 #include "kern_device.h"
 #include "mem_plan.h"
 #include "model.h"
+#include "model_shard.h"
 #include "train_cfg.h"
 #include "trainer_run.h"
 
@@ -197,11 +198,17 @@ static void test_llama7b_figures(void **state)
         partition_of(&cfg, 0, 1, &pn, &slice, &pn0);
         assert_true(pn > 6700000000ull && pn == pn0);
         assert_true(r.host.params == 4 * (2 * pn + slice) && r.host.optimizer == 8 * pn);
-        /* the device: two block slots and the ends' slot (parameters), one
-         * block slot, the ends' slot and the trainer's slots (gradients) */
+        /* the device: two block slots (bf16 at stage 3: the matrices in
+         * 2 bytes, model_shard.h), the fetch scratch and the ends' slot
+         * (parameters), one block slot, the ends' slot and the trainer's
+         * slots (gradients) */
         uint64_t slot, ends;
         groups_of(&cfg, &slot, &ends);
-        assert_true(r.parts.weights == 4 * (2 * slot + ends) && r.parts.optimizer == 0);
+        model_shard_sizes z;
+        assert_int_equal(model_shard_sizes_of(&cfg, 0, 1, &z, &err), 0);
+        assert_true(cfg.weights_bf16 && z.slot_f32 + z.slot_b16 == slot && z.fetch > 0);
+        assert_true(r.parts.weights == 4 * (ends + z.fetch) + 2 * (4 * z.slot_f32 + 2 * z.slot_b16) &&
+                    r.parts.optimizer == 0);
         assert_true(r.parts.gradients > 4 * (slot + ends) && r.parts.gradients < 4 * (slot + ends) + 4096);
         assert_true(r.fits);
         { /* every candidate m: the planner's pick is the largest that fits */

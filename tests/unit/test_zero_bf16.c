@@ -1,0 +1,445 @@
+/* bf16 working weights at ZeRO stage 3 (model_config.weights_bf16,
+ * model_shard.h "bf16 working weights"):
+ *   - the partition sizes: each block's matrices are a bf16 part, the rest
+ *     fp32, every part cut into the ranks' slices on its own; the device
+ *     bytes (model_shard_state_bytes) are the fp32 partition + two slots
+ *     of 4-byte 1-D tensors and 2-byte matrices + the ends' slot + one
+ *     fp32 fetch scratch of the largest block matrix, counted here from
+ *     the layout alone, and below the fp32 store's for LLaMA-2-7B's shape
+ *     and the tiny test models; fp32 configs keep the old figures;
+ *   - the store on one rank in bf16 mode: the whole model's loss and
+ *     gradients bit for bit, a block matrix seen by the ops as the bf16
+ *     rounding of its fp32 master, the rest as the master itself;
+ *   - through the trainer on CPU devices, bf16 at stage 3 over 2 and 4
+ *     ranks with one micro-step per rank gives the losses and the final
+ *     weights of bf16 at stage 0 bit for bit (the products round the
+ *     weights to bf16 anyway: round(widen(narrow(w))) == round(w)), GPT-2
+ *     and LLaMA, with and without offload_param (+ offload_optimizer);
+ *     each rank's device peak is the planner's to the byte and below the
+ *     same job's fp32 stage-3 peak; with offload_param the host peak too.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_fixture.h"
+#include "kern_comm.h"
+#include "kern_device.h"
+#include "mem_plan.h"
+#include "model.h"
+#include "model_shard.h"
+#include "train_cfg.h"
+#include "trainer_run.h"
+
+#define CAP_STEPS 16
+
+static char text_path[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    fx_write_text(text_path, sizeof text_path, 20000);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    unlink(text_path);
+    return 0;
+}
+
+/* ---- sizes, from the layout alone */
+
+/* What the bf16 store should hold for rank r of w: every part's slice
+ * (kern_shard_lo's cut: the first n % w ranks one more), a parameter
+ * slot's fp32 floats and bf16 values, the fetch scratch. */
+typedef struct want_sizes {
+    uint64_t pn, pn0, slot, ends, slot_f, slot_h, fetch;
+} want_sizes;
+
+static uint64_t own(uint64_t n, int r, int w)
+{
+    return n / (uint64_t)w + ((uint64_t)r < n % (uint64_t)w);
+}
+
+static void want_of(const model_config *cfg, int r, int w, want_sizes *o)
+{
+    model_layout l;
+    acc_err err = {0};
+    if (model_layout_build(cfg, &l, &err) != 0)
+        fail_msg("%s: %s", err.field, err.msg);
+    int L = cfg->n_layer;
+    uint64_t *mat = calloc((size_t)L + 1, sizeof *mat), *vec = calloc((size_t)L + 1, sizeof *vec);
+    assert_non_null(mat);
+    assert_non_null(vec);
+    memset(o, 0, sizeof *o);
+    for (int i = 0; i < l.n; i++) {
+        const model_tensor *t = &l.t[i];
+        bool m = cfg->weights_bf16 && t->layer >= 0 && t->ndim == 2;
+        (m ? mat : vec)[t->layer < 0 ? L : t->layer] += t->count;
+        if (m && t->count > o->fetch)
+            o->fetch = t->count;
+    }
+    for (int g = 0; g <= L; g++) {
+        o->pn += own(mat[g], r, w) + own(vec[g], r, w);
+        o->pn0 += own(mat[g], 0, w) + own(vec[g], 0, w);
+        if (g == L)
+            continue;
+        o->slot = mat[g] + vec[g] > o->slot ? mat[g] + vec[g] : o->slot;
+        o->slot_h = mat[g] > o->slot_h ? mat[g] : o->slot_h;
+        o->slot_f = vec[g] > o->slot_f ? vec[g] : o->slot_f;
+    }
+    o->ends = mat[L] + vec[L];
+    assert_true(mat[L] == 0); /* the ends stay fp32 */
+    free(mat);
+    free(vec);
+    model_layout_free(&l);
+}
+
+/* model_shard_sizes_of and model_shard_state_bytes against want_of, for
+ * cfg with and without weights_bf16; returns the bf16 store's weights
+ * bytes and, in *f32, the fp32 store's. */
+static uint64_t check_sizes(model_config cfg, int r, int w, uint64_t *f32)
+{
+    acc_err err = {0};
+    uint64_t wb[2], gb[2];
+    for (int b = 0; b <= 1; b++) {
+        cfg.weights_bf16 = b;
+        want_sizes ws;
+        want_of(&cfg, r, w, &ws);
+        model_shard_sizes z;
+        assert_int_equal(model_shard_sizes_of(&cfg, r, w, &z, &err), 0);
+        assert_true(z.pn == ws.pn && z.slot == ws.slot && z.ends == ws.ends);
+        assert_true(z.slot_f32 == ws.slot_f && z.slot_b16 == ws.slot_h && z.fetch == ws.fetch);
+        if (!b) /* fp32: one fp32 vector a group, no fetch: the old figures */
+            assert_true(z.slot_f32 == z.slot && z.slot_b16 == 0 && z.fetch == 0);
+        else
+            assert_true(z.slot_b16 > 0 && z.fetch > 0 && z.slot_f32 + z.slot_b16 == z.slot);
+        assert_int_equal(model_shard_state_bytes(&cfg, 16, r, w, &wb[b], &gb[b], &err), 0);
+        assert_true(wb[b] == 4 * (ws.pn + ws.ends + ws.fetch) + 2 * (4 * ws.slot_f + 2 * ws.slot_h));
+        assert_true(gb[b] == 4 * (ws.pn0 + 16 + ws.slot + ws.ends));
+    }
+    assert_true(gb[0] == gb[1]); /* the gradients stay fp32, whole blocks */
+    assert_true(wb[1] < wb[0]);
+    *f32 = wb[0];
+    return wb[1];
+}
+
+static void llama_cfg(model_config *c, int L, int C, int H, int KV, int I, int V, int P)
+{
+    memset(c, 0, sizeof *c);
+    c->family = model_family_by_arch("llama");
+    assert_non_null(c->family);
+    c->n_layer = L;
+    c->channels = C;
+    c->n_head = H;
+    c->n_kv_head = KV;
+    c->intermediate_size = I;
+    c->vocab_size = c->padded_vocab_size = V;
+    c->max_seq_len = P;
+    c->norm_eps = 1e-5;
+    c->rope_theta = 10000.0;
+}
+
+/* The tiny test models (this file's jobs) and LLaMA-2-7B's shape. */
+static void test_sizes(void **state)
+{
+    (void)state;
+    model_config c;
+    uint64_t f32, b16;
+    llama_cfg(&c, 32, 4096, 32, 32, 11008, 32000, 4096);
+    for (int w = 1; w <= 8; w *= 2) {
+        b16 = check_sizes(c, 0, w, &f32);
+        /* two slots of a block's 202,375,168 matrix values at 2 bytes
+         * instead of 4, less the fetch of the 4096 x 11008 MLP matrix */
+        assert_true(f32 - b16 == 2ull * 2 * 202375168 - 4ull * 4096 * 11008);
+        print_message("LLaMA-2-7B ZeRO-3 w=%d: parameters' device bytes %llu (fp32) -> %llu (bf16)\n", w,
+                      (unsigned long long)f32, (unsigned long long)b16);
+        for (int r = 1; r < w; r++)
+            (void)check_sizes(c, r, w, &f32);
+    }
+    const char *arch[] = {"gpt2", "llama"};
+    for (int a = 0; a < 2; a++) {
+        train_cfg s;
+        fx_tiny_spec(&s, text_path, 8, 2, 1, 2);
+        snprintf(s.model.arch, sizeof s.model.arch, "%s", arch[a]);
+        if (a == 1) {
+            s.model.n_kv_head = 1;
+            s.model.intermediate_size = 48;
+        }
+        s.zero_stage = 3;
+        s.precision = SPEC_BF16;
+        model_config cfg;
+        acc_err err = {0};
+        assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+        assert_true(cfg.weights_bf16 && cfg.act_bf16);
+        for (int w = 1; w <= 4; w++)
+            for (int r = 0; r < w; r++)
+                (void)check_sizes(cfg, r, w, &f32);
+        /* the flag only where it applies: stage 3 and bf16 */
+        s.zero_stage = 2;
+        assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+        assert_false(cfg.weights_bf16);
+        s.zero_stage = 3;
+        s.precision = SPEC_FP32;
+        assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+        assert_false(cfg.weights_bf16);
+    }
+}
+
+/* ---- the store itself, one rank (a gather is a copy) */
+
+/* A whole bf16 model against the sharded one with bf16 working weights,
+ * on one CPU device in bf16 mode: the loss and the gradients bit for bit,
+ * each block gathered once a pass; a block matrix resolves to the bf16
+ * rounding of the master (widened), a 1-D tensor and the ends' matrices to
+ * the master itself; the gathered parameters are the fp32 master. */
+static void check_store(const char *arch)
+{
+    train_cfg s;
+    acc_err err = {0};
+    fx_tiny_spec(&s, text_path, 2, 2, 1, 1);
+    snprintf(s.model.arch, sizeof s.model.arch, "%s", arch);
+    if (!strcmp(arch, "llama")) {
+        s.model.n_kv_head = 1;
+        s.model.intermediate_size = 48;
+    }
+    s.zero_stage = 3;
+    s.precision = SPEC_BF16;
+    model_config cfg;
+    assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+    assert_true(cfg.weights_bf16);
+    kern_device_info di[1];
+    fx_devices(di, 1, 1ull << 30);
+    kern_device *dev;
+    kern_comm *c;
+    assert_int_equal(kern_device_open(&di[0], 1, &dev, &err), 0);
+    assert_int_equal(dev->ops->set_precision(dev, 1, &err), 0);
+    assert_int_equal(kern_comm_create(1, &c, &err), 0);
+    int B = 2, T = s.model.seq_len, L = cfg.n_layer;
+    model_opts oa = {.B = B, .T = T, .grad_tail = 4}, ob = oa;
+    ob.comm = c;
+    ob.world = 1;
+    model *a, *b;
+    assert_int_equal(model_create_ex(dev, &cfg, &oa, &a, &err), 0);
+    assert_int_equal(model_create_ex(dev, &cfg, &ob, &b, &err), 0);
+    assert_int_equal(model_init_seed(a, 7, &err), 0);
+    assert_int_equal(model_init_seed(b, 7, &err), 0);
+    int tok[64], tgt[64];
+    float w[64];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 37 + 11) % cfg.vocab_size;
+        tgt[i] = (i * 53 + 5) % cfg.vocab_size;
+        w[i] = 1.0f / (float)(B * T);
+    }
+    double la, lb;
+    model_forward(a, tok, tgt, w, B, 1, &la);
+    model_backward(a, B);
+    uint64_t g0 = model_shard_gathers(b);
+    model_forward(b, tok, tgt, w, B, 1, &lb);
+    assert_int_equal(model_shard_gathers(b) - g0, (uint64_t)L);
+    model_backward(b, B);
+    assert_int_equal(model_shard_gathers(b) - g0, 2 * (uint64_t)L);
+    assert_int_equal(model_shard_error(b), 0);
+    assert_memory_equal(&la, &lb, sizeof la);
+    size_t n = a->nparams;
+    float *ha = malloc(n * sizeof *ha), *hb = malloc(n * sizeof *hb), *t = malloc(n * sizeof *t);
+    assert_true(ha != NULL && hb != NULL && t != NULL);
+    dev->ops->download(dev, ha, a->grads, n * sizeof *ha);
+    assert_int_equal(model_shard_gather_host(b, b->grads, hb), 0);
+    assert_memory_equal(ha, hb, n * sizeof *ha);
+    model_params_download(a, ha);
+    assert_int_equal(model_params_gather(b, true), 0);
+    model_params_download(b, hb);
+    model_params_release(b);
+    assert_memory_equal(ha, hb, n * sizeof *ha); /* the master, unrounded */
+    /* what the ops see: block 0's tensors, and the ends' */
+    model_layer_begin(b, 0, false);
+    int rounded = 0, matrices = 0;
+    for (int i = 0; i < b->layout.n; i++) {
+        const model_tensor *mt = &b->layout.t[i];
+        if (mt->layer > 0)
+            continue;
+        dev->ops->download(dev, t, model_weight(b, mt->offset, 0), mt->count * sizeof *t);
+        bool half = mt->layer == 0 && mt->ndim == 2;
+        matrices += half;
+        for (size_t k = 0; k < mt->count; k++) {
+            float want = half ? kern_bf16_round(ha[mt->offset + k]) : ha[mt->offset + k];
+            assert_memory_equal(&t[k], &want, sizeof want);
+            rounded += want != ha[mt->offset + k];
+        }
+    }
+    model_layer_end(b, 0, false);
+    assert_true(matrices >= 4 && rounded > 0); /* the test sees a rounding */
+    print_message("%s: the sharded bf16 store gives the whole model's loss %.9f and gradients; block 0's %d "
+                  "matrices resolve to their bf16 rounding (%d values moved)\n",
+                  arch, lb, matrices, rounded);
+    free(ha);
+    free(hb);
+    free(t);
+    model_free(a);
+    model_free(b);
+    kern_comm_destroy(c);
+    kern_device_close(dev);
+}
+
+static void test_store(void **state)
+{
+    (void)state;
+    check_store("gpt2");
+    check_store("llama");
+}
+
+/* ---- through the trainer */
+
+typedef struct run_out {
+    double loss[CAP_STEPS], norm[CAP_STEPS];
+    float *params;
+    train_hooks h;
+} run_out;
+
+/* A tiny job of w ranks, one micro-step per rank (a = 1), no clipping. */
+static void job_of(train_cfg *s, const char *arch, int w, int zero, spec_precision p, bool offload)
+{
+    fx_tiny_spec(s, text_path, 4 * w, 4, 1, w);
+    if (!strcmp(arch, "llama")) {
+        snprintf(s->model.arch, sizeof s->model.arch, "llama");
+        s->model.n_kv_head = 1;
+        s->model.intermediate_size = 48;
+    }
+    s->optim.grad_clip = 0;
+    s->zero_stage = zero;
+    s->precision = p;
+    s->offload_optimizer = offload; /* stage 3's offload_param requires it */
+    s->offload_param = offload;
+}
+
+static void run(const train_cfg *s, run_out *r)
+{
+    kern_device_info devs[4];
+    fx_devices(devs, s->devices, 1ull << 30);
+    memset(r, 0, sizeof *r);
+    size_t cap = 1 << 20;
+    r->params = calloc(cap, sizeof(float));
+    assert_non_null(r->params);
+    for (int k = 0; k < CAP_STEPS; k++)
+        r->loss[k] = r->norm[k] = NAN;
+    r->h.steps_cap = CAP_STEPS;
+    r->h.step_loss = r->loss;
+    r->h.step_grad_norm = r->norm;
+    r->h.final_params = r->params;
+    r->h.final_params_cap = cap;
+    trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = 1};
+    acc_err err = {0};
+    int rc = trainer_run_sync(&o, &r->h, &err);
+    if (rc != 0)
+        print_error("run failed: %s\n", err.msg);
+    assert_int_equal(rc, 0);
+    assert_int_equal(r->h.steps_done, s->max_steps);
+}
+
+/* Measured = predicted: each rank's device peak and, with offload_param,
+ * the job's host peak; below the fp32 run's peaks. */
+static void assert_memory(const train_cfg *s, const run_out *r, const run_out *f32)
+{
+    model_config cfg;
+    acc_err err = {0};
+    assert_int_equal(plan_model_config(s, &cfg, &err), 0);
+    assert_true(cfg.weights_bf16);
+    int w = s->devices;
+    uint64_t host = 0;
+    for (int k = 0; k < w; k++) {
+        uint64_t want = plan_rank_device_state_bytes_op(&cfg, 3, s->offload_optimizer, s->offload_param, w, k) +
+                        plan_act_bytes(&cfg, KERN_DEV_CPU, s->precision, s->micro_batch, s->model.seq_len, 0);
+        if (r->h.mem_peak[k] != want)
+            print_error("rank %d: device peak %llu, predicted %llu\n", k, (unsigned long long)r->h.mem_peak[k],
+                        (unsigned long long)want);
+        assert_int_equal(r->h.mem_peak[k], want);
+        assert_true(r->h.mem_peak[k] < f32->h.mem_peak[k]);
+        host += plan_host_params_bytes(&cfg, 3, s->offload_param, w, k) +
+                plan_host_optim_bytes_op(&cfg, 3, s->offload_optimizer, s->offload_param, w, k);
+    }
+    uint64_t dev0;
+    assert_int_equal(plan_device_bytes(s, s->micro_batch, false, &dev0, &err), 0);
+    assert_int_equal(dev0, r->h.mem_peak[0]);
+    if (!s->offload_param)
+        return;
+    if (r->h.host_peak != host)
+        print_error("host peak %llu, predicted %llu\n", (unsigned long long)r->h.host_peak,
+                    (unsigned long long)host);
+    assert_int_equal(r->h.host_peak, host);
+    assert_true(r->h.host_peak <= f32->h.host_peak);
+}
+
+static void assert_bits(const run_out *a, const run_out *b, int steps)
+{
+    for (int k = 0; k < steps; k++) {
+        if (memcmp(&a->loss[k], &b->loss[k], sizeof(double)) != 0)
+            print_error("step %d: loss %.17g vs %.17g\n", k, a->loss[k], b->loss[k]);
+        assert_true(isfinite(a->loss[k]));
+        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
+    }
+    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
+    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+}
+
+static void check_bits(const char *arch, int w)
+{
+    train_cfg s;
+    run_out z0;
+    job_of(&s, arch, w, 0, SPEC_BF16, false);
+    run(&s, &z0);
+    for (int op = 0; op <= 1; op++) {
+        run_out f3, b3;
+        job_of(&s, arch, w, 3, SPEC_FP32, op);
+        run(&s, &f3);
+        job_of(&s, arch, w, 3, SPEC_BF16, op);
+        run(&s, &b3);
+        assert_bits(&z0, &b3, s.max_steps);
+        assert_memory(&s, &b3, &f3);
+        /* fp32 is another function: the products are not rounded */
+        assert_true(memcmp(f3.params, b3.params, b3.h.nparams * sizeof(float)) != 0);
+        print_message("%s w=%d bf16 ZeRO-3%s: stage 0's bits (losses %.6f .. %.6f); device peak per rank "
+                      "%llu (fp32 ZeRO-3: %llu), host peak %llu (fp32: %llu)\n",
+                      arch, w, op ? " + offload_param + offload_optimizer" : "", b3.loss[0],
+                      b3.loss[s.max_steps - 1], (unsigned long long)b3.h.mem_peak[0],
+                      (unsigned long long)f3.h.mem_peak[0], (unsigned long long)b3.h.host_peak,
+                      (unsigned long long)f3.h.host_peak);
+        free(f3.params);
+        free(b3.params);
+    }
+    free(z0.params);
+}
+
+static void test_bits_gpt2(void **state)
+{
+    (void)state;
+    check_bits("gpt2", 2);
+    check_bits("gpt2", 4);
+}
+
+static void test_bits_llama(void **state)
+{
+    (void)state;
+    check_bits("llama", 2);
+    check_bits("llama", 4);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_store),
+        cmocka_unit_test(test_bits_gpt2),
+        cmocka_unit_test(test_bits_llama),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
