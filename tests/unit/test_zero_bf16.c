@@ -358,7 +358,7 @@ static void assert_memory(const train_cfg *s, const run_out *r, const run_out *f
     uint64_t host = 0;
     for (int k = 0; k < w; k++) {
         uint64_t want = plan_rank_device_state_bytes_op(&cfg, 3, s->offload_optimizer, s->offload_param, w, k) +
-                        plan_act_bytes(&cfg, KERN_DEV_CPU, s->precision, s->micro_batch, s->model.seq_len, 0);
+                        plan_act_bytes(&cfg, s->micro_batch, s->model.seq_len, false);
         if (r->h.mem_peak[k] != want)
             print_error("rank %d: device peak %llu, predicted %llu\n", k, (unsigned long long)r->h.mem_peak[k],
                         (unsigned long long)want);
