@@ -9,9 +9,12 @@
  * plan_act_bytes), and the AdamW and gradient bytes measured at creation,
  * and the seconds per optimizer step (stage 3: the per-block gathers and
  * reduce-scatters against stage 0). Not a test: nothing is asserted.
+ * --precision bf16: the same in bf16 (at stage 3 the gathered blocks'
+ * matrices are bf16 working weights, docs/engine.md "bf16 at stage 3").
  *
- *   bench_zero [--threads N] [--steps S] [--layers L] [--embd C] [--data FILE]
+ *   bench_zero [--threads N] [--steps S] [--layers L] [--embd C] [--data FILE] [--precision fp32|bf16]
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +24,7 @@
 
 typedef struct bench_args {
     int threads, steps, layers, embd;
+    bool bf16;
     const char *data;
 } bench_args;
 
@@ -35,6 +39,8 @@ static void parse_args(int argc, char **argv, bench_args *a)
         else if (!strcmp(k, "--layers")) a->layers = atoi(v);
         else if (!strcmp(k, "--embd")) a->embd = atoi(v);
         else if (!strcmp(k, "--data")) a->data = v;
+        else if (!strcmp(k, "--precision") && (!strcmp(v, "fp32") || !strcmp(v, "bf16")))
+            a->bf16 = !strcmp(v, "bf16");
         else {
             fprintf(stderr, "unknown option %s\n", k);
             exit(2);
@@ -73,6 +79,7 @@ static void make_spec(const bench_args *a, train_cfg *s, int w, int zero)
     s->max_steps = a->steps;
     s->eval_batches = 1;
     s->seed = 1337;
+    s->precision = a->bf16 ? SPEC_BF16 : SPEC_FP32;
 }
 
 static double mib(uint64_t b)
@@ -116,9 +123,9 @@ int main(int argc, char **argv)
             }
             if (!printed++) {
                 printf("LLaMA-shaped: %d layers, C = %d, %d heads (%d KV), MLP %d, seq 128, vocab 256: "
-                       "%zu parameters; B = 8, micro batch 2\n\n",
+                       "%zu parameters; B = 8, micro batch 2; %s\n\n",
                        s.model.n_layer, s.model.n_embd, s.model.n_head, s.model.n_kv_head,
-                       s.model.intermediate_size, h.nparams);
+                       s.model.intermediate_size, h.nparams, a.bf16 ? "bf16" : "fp32");
                 printf("| w | ZeRO | rank 0 peak (MiB) | predicted (MiB) | equal | AdamW rank 0 / rank w-1 (MiB) "
                        "| gradients (MiB) | peak rank w-1 (MiB) | s / step |\n");
                 printf("|---|---|---|---|---|---|---|---|---|\n");
