@@ -179,6 +179,12 @@ typedef struct model_config {
      * (set_precision 1), which rounds those operands anyway: no bit
      * changes. Ignored by a whole (unsharded) model; false: fp32 as always. */
     bool weights_bf16;
+    /* With weights_bf16, the device partition's matrix part in bf16 too
+     * (the spec's offload_optimizer without offload_param: the fp32 master
+     * is the optimizer's, in host memory; model_shard.h "bf16 partition").
+     * The trainer then hands the store that master (model_shard_set_master)
+     * before any weight is written; false: the partition is fp32. */
+    bool partition_bf16;
     /* Activations in recompute mode (the trainer's recomputation), both
      * off by default (the spec's lean_activations and
      * activation_checkpointing.offload set them; docs/engine.md):

@@ -17,8 +17,17 @@ struct model_shard {
      * only; empty otherwise), part 2g + 1 the rest, fp32. An empty first
      * part leaves everything as a single fp32 vector. */
     bool w16;            /* cfg.weights_bf16 */
+    /* cfg.partition_bf16 (on the device only): the bf16 parts' slices of
+     * the partition held in hpart (pn_h values), the fp32 parts' in
+     * m->params (pn - pn_h floats); the fp32 values are `master`'s */
+    bool p16;
+    uint16_t *hpart;
+    size_t pn_h;
+    float *master;       /* [pn] host, the caller's (model_shard_set_master), or NULL */
     size_t *gn;          /* [2 ng] elements of each part */
     size_t *gpoff;       /* [2 ng] partition offset of the rank's slice of it */
+    size_t *soff;        /* [2 ng] where that slice is stored: in hpart (p16's bf16
+                          * parts), else in m->params; gpoff without p16 */
     int *tpart;          /* [layout.n] each tensor's part */
     size_t *tpos;        /* [layout.n] its position in the part's vector */
     size_t pn, slot_n;   /* slot_n: a gradient slot (a whole block, fp32) */
@@ -85,17 +94,27 @@ static void parts_of(const model_config *cfg, const model_layout *l, size_t *gn,
     }
 }
 
+/* The device partition's bf16 parts in bf16 (cfg.partition_bf16, which
+ * needs weights_bf16's parts). */
+static bool partition_half(const model_config *cfg)
+{
+    return cfg->weights_bf16 && cfg->partition_bf16;
+}
+
 static size_t own_of(size_t n, int rank, int world)
 {
     return slice_lo(n, rank + 1, world) - slice_lo(n, rank, world);
 }
 
-static void sizes_of_parts(const size_t *gn, int L, size_t fetch, int rank, int world, model_shard_sizes *s)
+static void sizes_of_parts(const size_t *gn, int L, size_t fetch, bool p16, int rank, int world,
+                           model_shard_sizes *s)
 {
     memset(s, 0, sizeof *s);
     for (int q = 0; q < 2 * (L + 1); q++) {
         size_t own = own_of(gn[q], rank, world);
         s->pn += own;
+        if (p16 && q % 2 == 0) /* a bf16 part (only blocks have one) */
+            s->pn_b16 += own;
         if (own > s->slice)
             s->slice = own;
     }
@@ -124,7 +143,7 @@ int model_shard_sizes_of(const model_config *cfg, int rank, int world, model_sha
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the ZeRO-3 partition");
     }
     parts_of(cfg, &l, gn, NULL, NULL, &fetch);
-    sizes_of_parts(gn, L, fetch, rank, world, out);
+    sizes_of_parts(gn, L, fetch, partition_half(cfg), rank, world, out);
     free(gn);
     model_layout_free(&l);
     return 0;
@@ -149,8 +168,8 @@ int model_shard_state_bytes(const model_config *cfg, size_t grad_tail, int rank,
         return rc;
     /* each term is at most the layout's nparams, whose 2 * 4 bytes fit;
      * their sums checked */
-    uint64_t w = (uint64_t)s.pn + s.ends, g = (uint64_t)s0.pn + s.slot + s.ends;
-    uint64_t slots = 2 * model_shard_pslot_bytes(&s);
+    uint64_t w = (uint64_t)(s.pn - s.pn_b16) + s.ends, g = (uint64_t)s0.pn + s.slot + s.ends;
+    uint64_t slots = 2 * model_shard_pslot_bytes(&s) + (uint64_t)s.pn_b16 * sizeof(uint16_t);
     if (acc_add_u64(w, s.fetch, &w) || acc_mul_u64(w, sizeof(float), &w) || acc_add_u64(w, slots, weights) ||
         acc_add_u64(g, grad_tail, &g) || acc_mul_u64(g, sizeof(float), grads)) {
         *weights = *grads = ACC_SIZE_OVERFLOW;
@@ -200,28 +219,35 @@ static int build_plan(model *m, model_shard *s, acc_err *err)
     int L = m->cfg.n_layer;
     s->ng = L + 1;
     s->w16 = m->cfg.weights_bf16;
+    s->p16 = partition_half(&m->cfg) && s->host == NULL; /* offload_param: the host partition is the master */
     s->gn = calloc(2 * (size_t)s->ng, sizeof *s->gn);
     s->gpoff = calloc(2 * (size_t)s->ng, sizeof *s->gpoff);
+    s->soff = calloc(2 * (size_t)s->ng, sizeof *s->soff);
     s->tpart = calloc((size_t)l->n + 1, sizeof *s->tpart);
     s->tpos = calloc((size_t)l->n + 1, sizeof *s->tpos);
-    if (!s->gn || !s->gpoff || !s->tpart || !s->tpos)
+    if (!s->gn || !s->gpoff || !s->soff || !s->tpart || !s->tpos)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory for the ZeRO-3 partition");
     size_t fetch;
     parts_of(&m->cfg, l, s->gn, s->tpart, s->tpos, &fetch);
-    size_t off = 0;
+    size_t off = 0, hoff = 0, foff = 0;
     for (int q = 0; q < 2 * s->ng; q++) {
+        size_t own = own_of(s->gn[q], s->rank, s->world);
+        bool half = s->p16 && q % 2 == 0;
         s->gpoff[q] = off;
-        off += own_of(s->gn[q], s->rank, s->world);
+        s->soff[q] = half ? hoff : s->p16 ? foff : off;
+        off += own;
+        *(half ? &hoff : &foff) += own;
     }
     model_shard_sizes z;
-    sizes_of_parts(s->gn, L, fetch, s->rank, s->world, &z);
+    sizes_of_parts(s->gn, L, fetch, s->p16, s->rank, s->world, &z);
     s->pn = z.pn;
+    s->pn_h = z.pn_b16;
     s->slot_n = z.slot;
     s->slot_f = z.slot_f32;
     s->slot_h = z.slot_b16;
     s->fetch_n = z.fetch;
     s->slice_n = z.slice;
-    sizes_of_parts(s->gn, L, fetch, 0, s->world, &z);
+    sizes_of_parts(s->gn, L, fetch, s->p16, 0, s->world, &z);
     s->pn0 = z.pn;
     return build_play(m, s, err);
 }
@@ -287,7 +313,9 @@ static int pin_partition(model *m, model_shard *s, acc_err *err)
 static int alloc_partition(model *m, model_shard *s, acc_err *err)
 {
     if (s->host == NULL) { /* the order model_shard_state_bytes counts: params, grads */
-        int rc = alloc_zeroed(m, s->pn, &m->params, err);
+        int rc = s->pn_h > 0 ? alloc_bytes(m, s->pn_h * sizeof(uint16_t), (void **)&s->hpart, err) : 0;
+        if (rc == 0) /* the fp32 parts (all of it without p16) */
+            rc = alloc_zeroed(m, s->pn - s->pn_h, &m->params, err);
         if (rc == 0)
             rc = alloc_zeroed(m, s->pn0 + m->grad_tail, &m->grads, err);
         if (rc == 0)
@@ -367,12 +395,13 @@ void model_shard_free(model *m)
     if (s == NULL)
         return;
     kern_device *d = m->dev;
-    float *bufs[] = {s->pslot[0], s->pslot[1], s->gslot, s->eslot, s->egslot, s->fetch};
+    void *bufs[] = {s->pslot[0], s->pslot[1], s->gslot, s->eslot, s->egslot, s->fetch, s->hpart};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i] != NULL)
             d->ops->free(d, bufs[i]);
     free(s->gn);
     free(s->gpoff);
+    free(s->soff);
     free(s->tpart);
     free(s->tpos);
     free(s->play.t);
@@ -449,48 +478,57 @@ static void note_rc(model_shard *s, int rc)
         s->rc = rc;
 }
 
-/* Part q's vector of the partition-ordered fp32 `part` into `slot`
- * (whole): the rank's slice put at its place, then the all-gather. */
-static int gather_f32(model *m, const float *part, int q, float *slot)
+/* Part q's vector into `slot` (whole): the rank's slice `src` (fp32, in
+ * host memory or on the device) put at its place, then the all-gather. */
+static int gather_f32(model *m, const float *src, bool on_host, int q, float *slot)
 {
     model_shard *s = m->shard;
     size_t n = s->gn[q], lo = slice_lo(n, s->rank, s->world), hi = slice_lo(n, s->rank + 1, s->world);
-    if (hi > lo && s->host != NULL) /* offload_param: partitions are host vectors */
-        m->dev->ops->upload(m->dev, slot + lo, part + s->gpoff[q], (hi - lo) * sizeof(float));
+    if (hi > lo && on_host)
+        m->dev->ops->upload(m->dev, slot + lo, src, (hi - lo) * sizeof(float));
     else if (hi > lo)
-        m->dev->ops->copy(m->dev, slot + lo, part + s->gpoff[q], (hi - lo) * sizeof(float));
+        m->dev->ops->copy(m->dev, slot + lo, src, (hi - lo) * sizeof(float));
     return n > 0 ? kern_comm_allgather(s->comm, s->rank, slot, n) : 0;
 }
 
-/* The same for a bf16 part into its 16-bit slot: the rank's slice narrowed
- * (rounded to nearest even) where the partition lives -- on the device, or
- * on the host with offload_param, so that half the bytes cross the bus. */
-static int gather_b16(model *m, const float *part, int q, uint16_t *slot)
+/* kern_bf16_round's bits of src[0, n) into dst: the device's narrow_bf16 on the host. */
+static void narrow_host(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float r = kern_bf16_round(src[i]);
+        uint32_t u;
+        memcpy(&u, &r, sizeof u);
+        dst[i] = (uint16_t)(u >> 16);
+    }
+}
+
+/* The same for a bf16 part into its 16-bit slot: the rank's slice of the
+ * partition's fp32 values narrowed (rounded to nearest even) where they
+ * live -- on the device, or on the host with offload_param, so that half
+ * the bytes cross the bus -- or, with a bf16 partition, already bf16. */
+static int gather_b16(model *m, int q, uint16_t *slot)
 {
     model_shard *s = m->shard;
     size_t n = s->gn[q], lo = slice_lo(n, s->rank, s->world), hi = slice_lo(n, s->rank + 1, s->world);
-    const float *src = part + s->gpoff[q];
-    if (hi > lo && s->host != NULL) {
+    if (hi > lo && s->p16) {
+        m->dev->ops->copy(m->dev, slot + lo, s->hpart + s->soff[q], (hi - lo) * sizeof *slot);
+    } else if (hi > lo && s->host != NULL) {
         uint16_t *h = (uint16_t *)s->hstage; /* slice_n floats: room for the slice's halves */
-        for (size_t i = 0; i < hi - lo; i++) {
-            float r = kern_bf16_round(src[i]);
-            uint32_t u;
-            memcpy(&u, &r, sizeof u);
-            h[i] = (uint16_t)(u >> 16);
-        }
+        narrow_host(h, m->params + s->soff[q], hi - lo);
         m->dev->ops->upload(m->dev, slot + lo, h, (hi - lo) * sizeof *h);
     } else if (hi > lo) {
-        m->dev->ops->narrow_bf16(m->dev, slot + lo, src, hi - lo);
+        m->dev->ops->narrow_bf16(m->dev, slot + lo, m->params + s->soff[q], hi - lo);
     }
     return n > 0 ? kern_comm_allgather16(s->comm, s->rank, slot, n) : 0;
 }
 
-/* Group g of `part` into a parameter slot: its bf16 part into h, its fp32
- * part into f. */
-static int gather_group(model *m, const float *part, int g, float *f, uint16_t *h)
+/* Group g of the parameters into a parameter slot: its bf16 part into h,
+ * its fp32 part into f. */
+static int gather_group(model *m, int g, float *f, uint16_t *h)
 {
-    int rc = m->shard->gn[2 * g] > 0 ? gather_b16(m, part, 2 * g, h) : 0;
-    return rc == 0 ? gather_f32(m, part, 2 * g + 1, f) : rc;
+    model_shard *s = m->shard;
+    int q = 2 * g + 1, rc = s->gn[2 * g] > 0 ? gather_b16(m, 2 * g, h) : 0;
+    return rc == 0 ? gather_f32(m, m->params + s->soff[q], s->host != NULL, q, f) : rc;
 }
 
 /* Group g's gradients in slot (part by part) summed over the ranks; the
@@ -537,7 +575,7 @@ static void ensure_block(model *m, int layer, int k)
     model_shard *s = m->shard;
     if (layer < 0 || layer >= s->ng - 1 || s->holds[0] == layer || s->holds[1] == layer)
         return;
-    note_rc(s, gather_group(m, m->params, layer, s->pslot[k], s->hslot[k]));
+    note_rc(s, gather_group(m, layer, s->pslot[k], s->hslot[k]));
     s->holds[k] = layer;
     s->gathers++;
 }
@@ -567,7 +605,7 @@ void model_shard_pass_begin(model *m, bool want_grad)
 {
     model_shard *s = m->shard;
     int e = s->ng - 1;
-    note_rc(s, gather_group(m, m->params, e, s->eslot, NULL)); /* the ends: fp32 only */
+    note_rc(s, gather_group(m, e, s->eslot, NULL)); /* the ends: fp32 only */
     if (want_grad)
         m->dev->ops->zero(m->dev, s->egslot, group_n(s, e) * sizeof(float));
 }
@@ -580,9 +618,9 @@ void model_shard_backward_done(model *m)
 
 /* ---- host copies */
 
-/* For each piece of layout range [off, off + n) this rank holds: its
- * partition offset, its index into the range, its length. */
-typedef void (*piece_fn)(model *m, size_t poff, size_t k0, size_t len, void *ctx);
+/* For each piece of layout range [off, off + n) this rank holds: its part,
+ * its partition offset, its index into the range, its length. */
+typedef void (*piece_fn)(model *m, int q, size_t poff, size_t k0, size_t len, void *ctx);
 
 static void each_piece(model *m, size_t off, size_t n, piece_fn fn, void *ctx)
 {
@@ -599,7 +637,7 @@ static void each_piece(model *m, size_t off, size_t n, piece_fn fn, void *ctx)
         size_t pa = s->tpos[i] + (a - t->offset), pb = s->tpos[i] + (b - t->offset);
         size_t ca = pa > glo ? pa : glo, cb = pb < ghi ? pb : ghi;
         if (ca < cb)
-            fn(m, s->gpoff[q] + (ca - glo), a - off + (ca - pa), cb - ca, ctx);
+            fn(m, q, s->gpoff[q] + (ca - glo), a - off + (ca - pa), cb - ca, ctx);
     }
 }
 
@@ -608,8 +646,10 @@ typedef struct copy_ctx {
     float *part;
 } copy_ctx;
 
-static void upload_piece(model *m, size_t poff, size_t k0, size_t len, void *ctx)
+/* A piece of a partition-ordered fp32 vector (the moments' scatter). */
+static void scatter_piece(model *m, int q, size_t poff, size_t k0, size_t len, void *ctx)
 {
+    (void)q;
     copy_ctx *c = ctx;
     if (m->shard->host != NULL) /* offload_param: the partition is in host memory */
         memcpy(c->part + poff, c->host + k0, len * sizeof(float));
@@ -617,11 +657,45 @@ static void upload_piece(model *m, size_t poff, size_t k0, size_t len, void *ctx
         m->dev->ops->upload(m->dev, c->part + poff, c->host + k0, len * sizeof(float));
 }
 
+/* Host fp32 values src[0, n) into the stored parameters of part q from
+ * partition offset poff (inside the rank's slice of q): a bf16 partition's
+ * bf16 part narrowed -- on the host into `stage` (n values) so that 2
+ * bytes a value cross the bus, or without one on the device through the
+ * gradient slot (free between passes; a slice of a block's part fits) --
+ * the rest as they are. */
+static void store_piece(model *m, int q, size_t poff, const float *src, size_t n, uint16_t *stage)
+{
+    model_shard *s = m->shard;
+    const kern_ops *k = m->dev->ops;
+    size_t at = s->soff[q] + (poff - s->gpoff[q]);
+    if (s->p16 && q % 2 == 0 && stage != NULL) {
+        narrow_host(stage, src, n);
+        k->upload(m->dev, s->hpart + at, stage, n * sizeof *stage);
+    } else if (s->p16 && q % 2 == 0) {
+        k->upload(m->dev, s->gslot, src, n * sizeof *src);
+        k->narrow_bf16(m->dev, s->hpart + at, s->gslot, n);
+    } else if (s->host != NULL) { /* offload_param: the partition is in host memory */
+        memcpy(m->params + at, src, n * sizeof *src);
+    } else {
+        k->upload(m->dev, m->params + at, src, n * sizeof *src);
+    }
+}
+
+/* A piece of the parameters: the fp32 values into the master (where the
+ * caller keeps one), then into the store. */
+static void upload_piece(model *m, int q, size_t poff, size_t k0, size_t len, void *ctx)
+{
+    copy_ctx *c = ctx;
+    if (m->shard->master != NULL)
+        memcpy(m->shard->master + poff, c->host + k0, len * sizeof(float));
+    store_piece(m, q, poff, c->host + k0, len, NULL);
+}
+
 void model_shard_copy(model *m, float *down, const float *up, size_t off, size_t n)
 {
     model_shard *s = m->shard;
     if (up != NULL) {
-        copy_ctx c = {up, m->params};
+        copy_ctx c = {up, NULL};
         each_piece(m, off, n, upload_piece, &c);
         return;
     }
@@ -634,10 +708,34 @@ void model_shard_copy(model *m, float *down, const float *up, size_t off, size_t
 void model_shard_scatter_host(model *m, const float *host, float *part)
 {
     copy_ctx c = {host, part};
-    each_piece(m, 0, m->nparams, upload_piece, &c);
+    each_piece(m, 0, m->nparams, scatter_piece, &c);
 }
 
-int model_shard_gather_host(model *m, const float *part, float *host)
+void model_shard_set_master(model *m, float *master)
+{
+    m->shard->master = master;
+}
+
+bool model_shard_bf16_partition(const model *m)
+{
+    return m->shard != NULL && m->shard->p16;
+}
+
+void model_shard_store_range(model *m, const float *src, size_t lo, size_t hi, uint16_t *stage)
+{
+    model_shard *s = m->shard;
+    for (int q = 0; q < 2 * s->ng; q++) { /* the parts' slices meeting [lo, hi) */
+        size_t a = s->gpoff[q], b = a + own_of(s->gn[q], s->rank, s->world);
+        a = a > lo ? a : lo;
+        b = b < hi ? b : hi;
+        if (a < b)
+            store_piece(m, q, a, src + (a - lo), b - a, stage != NULL ? stage + (a - lo) : NULL);
+    }
+}
+
+/* model_shard_gather_host from a partition-ordered vector in host memory
+ * (on_host) or on the device. */
+static int gather_host_from(model *m, const float *part, bool on_host, float *host)
 {
     model_shard *s = m->shard;
     const model_layout *l = &m->layout;
@@ -648,9 +746,9 @@ int model_shard_gather_host(model *m, const float *part, float *host)
      * the ends again */
     for (int g = 0; rc == 0 && g <= L; g++) {
         float *slot = g == L ? s->eslot : s->w16 ? s->gslot : s->pslot[0];
-        rc = gather_f32(m, part, 2 * g, slot);
+        rc = gather_f32(m, part + s->gpoff[2 * g], on_host, 2 * g, slot);
         if (rc == 0)
-            rc = gather_f32(m, part, 2 * g + 1, slot + s->gn[2 * g]);
+            rc = gather_f32(m, part + s->gpoff[2 * g + 1], on_host, 2 * g + 1, slot + s->gn[2 * g]);
         for (int i = 0; rc == 0 && host != NULL && i < l->n; i++)
             if (s->tpart[i] / 2 == g)
                 m->dev->ops->download(m->dev, host + l->t[i].offset, slot + group_pos(s, i),
@@ -661,14 +759,23 @@ int model_shard_gather_host(model *m, const float *part, float *host)
     return rc;
 }
 
+int model_shard_gather_host(model *m, const float *part, float *host)
+{
+    return gather_host_from(m, part, m->shard->host != NULL, host);
+}
+
 int model_shard_snapshot(model *m, bool keep)
 {
     model_shard *s = m->shard;
     model_shard_release(m);
     float *h = keep ? malloc(m->nparams * sizeof *h) : NULL;
     int rc = keep && h == NULL ? ACC_ENOMEM : 0;
-    /* every rank gathers even when one lacks host memory: the calls must match */
-    int grc = model_shard_gather_host(m, m->params, h);
+    /* every rank gathers even when one lacks host memory: the calls must
+     * match; a bf16 partition's fp32 values are the master's (every rank
+     * has one, or none: the caller's bug, refused on every rank alike) */
+    int grc = !s->p16 ? model_shard_gather_host(m, m->params, h)
+              : s->master != NULL ? gather_host_from(m, s->master, true, h)
+                                  : ACC_EINTERNAL;
     if (rc == 0)
         rc = grc;
     if (rc != 0) {

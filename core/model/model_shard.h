@@ -24,7 +24,7 @@
  * every family only ever matmul operands, blocks.h) and the rest (norms,
  * biases: 1-D), each in layout order; the rank's partition holds, per
  * block, its slice of the matrices then its slice of the rest, all fp32:
- * the partition is the master. What a gather makes is the working copy:
+ * the partition is the master (but see "bf16 partition" below). What a gather makes is the working copy:
  * the matrices in bf16 (the rank's slice narrowed, rounded to nearest
  * even, then a 16-bit all-gather, kern_comm_allgather16), the rest fp32.
  * model_weight widens a matrix into one fp32 fetch scratch (the largest
@@ -37,6 +37,22 @@
  * embedding lookup reads unrounded values); gradients are fp32, a gradient
  * slot holds a block's matrices' part then its rest, as the partition
  * packs them. Without the flag a group is one fp32 vector, as always.
+ *
+ * bf16 partition (model_config.partition_bf16: weights_bf16 with the
+ * optimizer offloaded, not the parameters). The fp32 master of the rank's
+ * partition is then the optimizer's, in host memory, handed over with
+ * model_shard_set_master; on the device the rank's slices of the blocks'
+ * matrices are stored in bf16 (hpart, pn_b16 values, one allocation) and
+ * the rest in fp32 (m->params, pn - pn_b16 floats, in partition order with
+ * the matrices' slices left out); partition offsets (the gradients, the
+ * layout AdamW walks, the master) are unchanged. A gather copies the bf16
+ * slice into the slot as it is: narrow(master), what the fp32 partition's
+ * gather narrows, so no bit changes. Writes: model_shard_copy's uploads go
+ * to the master and to the device (a matrix piece narrowed on the device
+ * through the gradient slot); the optimizer's copy-back after a host step
+ * is model_shard_store_range (narrowed on the host, 2 bytes a value up).
+ * Reads of the whole model (model_shard_snapshot) gather from the master.
+ * Not with offload_param: there the host partition is the master itself.
  *
  * Gathers. Before block l's forward and again before its backward
  * (model_layer_begin) the block's vector is all-gathered (per part, with
@@ -75,6 +91,8 @@
  * tensors in fp32 and its matrices in bf16 (one allocation each slot), plus
  * one fp32 fetch scratch of the largest block matrix: 4 fewer bytes per
  * block matrix value less 4 per fetch value (LLaMA-2-7B: 600 MiB less).
+ * A bf16 partition stores its pn_b16 matrix values at 2 bytes instead of 4
+ * (LLaMA-2-7B over 4 ranks: 3.02 GiB less per rank).
  *
  * offload_param (model_shard_create_host): params and the gradient
  * partition (pn each) and one slice's staging (the largest slice of a
@@ -114,6 +132,9 @@ typedef struct model_shard model_shard;
 typedef struct model_shard_sizes {
     size_t pn, slot, ends;
     size_t slice;
+    /* of pn, the values stored in bf16 (partition_bf16: the rank's slices
+     * of the blocks' matrices; 0 otherwise) */
+    size_t pn_b16;
     /* a parameter slot: its fp32 floats and its bf16 values (weights_bf16:
      * the largest block's 1-D tensors and its matrices; otherwise slot and
      * 0), and the fetch scratch's floats (the largest block matrix; 0
@@ -181,11 +202,25 @@ int model_shard_gather_host(model *m, const float *part, float *host);
 /* The rank's pieces of the layout-ordered host vector into part [pn]. */
 void model_shard_scatter_host(model *m, const float *host, float *part);
 
-/* Collective (every rank): the full parameters gathered; ranks with
+/* Collective (every rank): the full parameters gathered (with a bf16
+ * partition, from the master: ACC_EINTERNAL without one); ranks with
  * `keep` hold them in host memory for model_shard_copy's reads until
  * model_shard_release. */
 int model_shard_snapshot(model *m, bool keep);
 void model_shard_release(model *m);
+
+/* bf16 partition (model_config.partition_bf16, on the device): whether
+ * this store keeps one; the caller's fp32 master of the partition
+ * (host[pn], partition order), set before any weight is written, which
+ * model_shard_copy's uploads then write too and the snapshot gathers from;
+ * and the store's update from fp32 host values src[hi - lo] of partition
+ * range [lo, hi) (the master's after a step): the bf16 part narrowed on
+ * the host into `stage` (hi - lo values; NULL: on the device through the
+ * gradient slot, between passes), the rest uploaded. Without a bf16
+ * partition the store is m->params itself and these are not needed. */
+bool model_shard_bf16_partition(const model *m);
+void model_shard_set_master(model *m, float *master);
+void model_shard_store_range(model *m, const float *src, size_t lo, size_t hi, uint16_t *stage);
 
 /* The partition as a layout (partition offsets, each piece keeping its
  * tensor's name and flags): what AdamW walks. */

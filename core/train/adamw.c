@@ -131,6 +131,12 @@ void adamw_load_master(adamw *a, const float *params)
         a->dev->ops->download(a->dev, a->master, params + a->lo, (a->hi - a->lo) * sizeof(float));
 }
 
+void adamw_set_store(adamw *a, adamw_store_fn fn, void *ctx)
+{
+    a->store = fn;
+    a->store_ctx = ctx;
+}
+
 void adamw_moment_get(const adamw *a, int which, float *buf)
 {
     const float *src = which == 0 ? a->m : a->v;
@@ -284,7 +290,9 @@ static void host_step(step_args *base)
         else
             host_thread(&args[i]);
     }
-    if (!a->aliased)
+    if (a->store != NULL) /* the gradients' copy is free now: the store's staging */
+        a->store(a->store_ctx, a->master, a->lo, a->hi, a->g);
+    else if (!a->aliased)
         a->dev->ops->upload(a->dev, base->params + a->lo, a->master, bytes);
 }
 

@@ -23,7 +23,9 @@
  * master range back into params[lo, hi). On CPU devices that is what the
  * device step computes, bit for bit; the master copy stays equal to the
  * device's range because nothing else writes it (adamw_load_master after
- * the weights are loaded).
+ * the weights are loaded). Where the device keeps the range in another
+ * form (a ZeRO-3 bf16 partition) the caller writes the master and a store
+ * hook replaces the copy-back (adamw_set_store).
  */
 #ifndef ACC_ADAMW_H
 #define ACC_ADAMW_H
@@ -40,6 +42,13 @@
 
 typedef struct host_mem host_mem;
 
+/* Offloaded: where the master range goes after a host step when the
+ * device keeps it otherwise than as fp32 params[lo, hi) (a ZeRO-3 bf16
+ * partition): called with the master (hi - lo floats, of range [lo, hi))
+ * and `stage`, the gradients' host copy, free once the step is done
+ * (hi - lo floats of scratch). */
+typedef void (*adamw_store_fn)(void *ctx, const float *master, size_t lo, size_t hi, void *stage);
+
 typedef struct adamw {
     kern_device *dev;
     size_t lo, hi;      /* elements [lo, hi) of the parameter buffer */
@@ -53,6 +62,8 @@ typedef struct adamw {
     int threads;
     bool pinned;        /* master and g are registered with the device (host_register) */
     bool aliased;       /* adamw_create_host_on: master and g are the caller's (not freed) */
+    adamw_store_fn store; /* offloaded: the copy-back, or NULL: uploaded into params[lo, hi) */
+    void *store_ctx;
 } adamw;
 
 /* ---- shard arithmetic (pure)
@@ -103,6 +114,10 @@ void adamw_free(adamw *a);
 
 /* Offloaded: the master copy := params[lo, hi) (device); else nothing. */
 void adamw_load_master(adamw *a, const float *params);
+/* Offloaded: the copy-back after each step through fn (adamw_store_fn)
+ * instead of the upload. The caller then writes the master itself
+ * (adamw_load_master would read the device's params). */
+void adamw_set_store(adamw *a, adamw_store_fn fn, void *ctx);
 
 /* Moment `which` (0: first, 1: second) of the range, (hi - lo) floats,
  * copied to / from host memory `buf`, wherever the moments live. */

@@ -59,6 +59,9 @@ int plan_model_config(const train_cfg *spec, model_config *cfg, acc_err *err)
         cfg->act_bf16 = spec->precision == SPEC_BF16; /* bf16: the activations stored in bf16 too (blocks.h) */
         /* bf16 at stage 3: the gathered working weights in bf16 too (model_shard.h) */
         cfg->weights_bf16 = spec->precision == SPEC_BF16 && spec->zero_stage >= 3;
+        /* and, with the fp32 master in the optimizer's host memory, the
+         * device partition's matrices (offload_param keeps it there itself) */
+        cfg->partition_bf16 = cfg->weights_bf16 && spec->offload_optimizer && !spec->offload_param;
         cfg->lean_tokens = spec->lean_activations; /* in recompute mode: model.h */
         cfg->act_offload = spec->activation_offload;
     }
@@ -362,17 +365,19 @@ int plan_next_smaller_micro(int per_rank, int m)
 }
 
 /* ZeRO-3's state as model_shard_create allocates it, into allocs[0, 1]
- * (the partition's parameters, its gradients + the trainer's slots) and
- * allocs[5..10] (two parameter slots, the gradient slot, the ends' two,
- * the bf16 working weights' fetch scratch). */
+ * (the partition's fp32 parameters, its gradients + the trainer's slots)
+ * and allocs[5..11] (two parameter slots, the gradient slot, the ends'
+ * two, the bf16 working weights' fetch scratch, a bf16 partition's
+ * matrices). */
 static void z3_allocs(const model_config *cfg, int world, bool offload_param, uint64_t *allocs)
 {
     model_shard_sizes z; /* rank 0's: the planner's row is rank 0's */
     if (model_shard_sizes_of(cfg, 0, world, &z, NULL) != 0)
         return;
     uint64_t f = sizeof(float);
-    allocs[0] = z.pn * f;
+    allocs[0] = (z.pn - z.pn_b16) * f;
     allocs[1] = (z.pn + TRAIN_SLOTS) * f;
+    allocs[11] = z.pn_b16 * sizeof(uint16_t);
     if (offload_param) { /* on the host: the device keeps the trainer's slots */
         allocs[0] = 0;
         allocs[1] = TRAIN_SLOTS * f;
@@ -396,7 +401,7 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
         offload_param_parts(cfg, spec->devices, 0, p);
     p->activations = r->act_bytes;
     uint64_t allocs[] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer - p->optimizer / 2,
-                         p->activations, 0, 0, 0, 0, 0, 0};
+                         p->activations, 0, 0, 0, 0, 0, 0, 0};
     if (spec->zero_stage >= 3) /* the partition's buffers and the slots, one allocation each */
         z3_allocs(cfg, spec->devices, spec->offload_param, allocs);
     p->rounding = 0;

@@ -499,6 +499,13 @@ static uint64_t host_optim_bytes(const rank_state *rs)
     return b;
 }
 
+/* A bf16 partition (model_config.partition_bf16): the master range of a
+ * host step back into the store, its matrices narrowed. */
+static void store_master(void *ctx, const float *master, size_t lo, size_t hi, void *stage)
+{
+    model_shard_store_range(ctx, master, lo, hi, stage);
+}
+
 /* The AdamW of [zlo, zhi): its state on the device, or in the job's host
  * memory with offload_optimizer (adamw.h; AdamW then runs on the host on
  * the job's kernel threads). */
@@ -513,6 +520,12 @@ static int create_optimizer(rank_state *rs, acc_err *err)
                                     model_shard_host_grads(m) + rs->zlo, &rs->opt, err);
     int rc = adamw_create_host(rs->dev, &t->host, t->threads, t->spec.offload_pin_memory, rs->zlo, rs->zhi,
                                &rs->opt, err);
+    if (rc == 0 && model_shard_bf16_partition(m)) { /* the master is the store's fp32 values */
+        if (rs->zlo != 0 || rs->zhi != m->nheld)
+            return acc_err_set(err, ACC_EINTERNAL, "", "a bf16 partition needs the optimizer over all of it");
+        model_shard_set_master(m, rs->opt->master);
+        adamw_set_store(rs->opt, store_master, m);
+    }
     if (rc == 0 && t->hooks != NULL)
         t->hooks->host_optim[rs->rank] = host_optim_bytes(rs);
     return rc;
@@ -561,7 +574,9 @@ static int rank_setup(rank_state *rs, acc_err *err)
     }
     if (rc == 0)
         rc = init_weights(rs, err);
-    if (rc == 0) /* offloaded: the host's master copy of the range starts as the weights */
+    /* offloaded: the host's master copy of the range starts as the weights
+     * (a bf16 partition's uploads wrote it: the device has bf16 matrices) */
+    if (rc == 0 && !model_shard_bf16_partition(rs->model))
         adamw_load_master(rs->opt, rs->model->params);
     if (rc == 0) {
         train_hooks *h = t->hooks;

@@ -9,7 +9,8 @@
 # stages 1 and 2 as processes give stage 0's losses bit for bit, and a
 # ZeRO-2 checkpoint (moments gathered over MPI) is stage 0's file; ZeRO
 # stage 3 as processes gives the threads' stage-3 losses bit for bit, in
-# fp32 and in bf16 (bf16 working weights, 16-bit all-gathers).
+# fp32 and in bf16 (bf16 working weights, 16-bit all-gathers), and in bf16
+# with the optimizer offloaded (the bf16 partition) the same bits again.
 # Usage: test_mpi_ranks.sh ACCUMD_RANK_BINARY
 RANK_BIN=$1
 TEST=mpi_ranks
@@ -81,6 +82,21 @@ for W in 2 4; do
     ! cmp -s "$TMP/z3-$W.loss" "$TMP/z3b-$W.loss" || fail "ZeRO 3 bf16, $W processes: the fp32 run's losses"
 done
 ok "ZeRO stage 3 in bf16 as 2 and 4 rank processes: the threads' losses bit for bit"
+# and with the optimizer offloaded (the bf16 partition: the matrices' slices
+# stored in bf16 on the device, the fp32 master in host memory): the same bits
+sed 's|"zero_optimization":{"stage":3}|"zero_optimization":{"stage":3,"offload_optimizer":{"device":"cpu"}}|' \
+    "$TMP/z3b.json" >"$TMP/z3bo.json"
+grep -q offload_optimizer "$TMP/z3bo.json" || fail "ZeRO 3 bf16 offload: the spec was not rewritten"
+for W in 2 4; do
+    "${MPIRUN[@]}" -np "$W" "$RANK_BIN" --bucket-bytes 4k --events "$TMP/z3bo-$W.jsonl" "$TMP/z3bo.json" ||
+        fail "ZeRO 3 bf16 offload: mpirun -np $W exited $?"
+    losses "$TMP/z3bo-$W.jsonl" >"$TMP/z3bo-$W.loss"
+    [ "$(wc -l <"$TMP/z3bo-$W.loss")" = 4 ] ||
+        fail "ZeRO 3 bf16 offload, $W processes: $(wc -l <"$TMP/z3bo-$W.loss") steps"
+    cmp -s "$TMP/z3b-$W.loss" "$TMP/z3bo-$W.loss" ||
+        fail "ZeRO 3 bf16 offload, $W processes: losses differ from the device optimizer's"
+done
+ok "ZeRO stage 3 in bf16 with the optimizer offloaded (bf16 partition) as 2 and 4 rank processes: the same bits"
 
 # a ZeRO-2 checkpoint of rank processes holds the whole state (the moments
 # gathered over MPI): the file a stage-0 run of threads writes, byte for byte

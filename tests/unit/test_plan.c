@@ -676,27 +676,33 @@ static void test_bad_input(void **state)
     json_decref(out);
 }
 
-/* LLaMA-2-7B's config.json at seq 4096, B 32, bf16, as issue 20 asks the
- * planner: the table on `devices` CUDA cards of 24 GiB (host memory
- * unlimited: each row states its own). */
-static void plan_7b(bool lean, int devices, const char *extra, plan_table *t)
+/* LLaMA-2-7B's config.json at seq 4096, batch B, bf16: the table on
+ * `devices` CUDA cards of 24 GiB (host memory unlimited: each row states
+ * its own). */
+static void plan_7b_batch(bool lean, int devices, int B, const char *extra, plan_table *t)
 {
     char spec[768];
     snprintf(spec, sizeof spec,
-             "{\"model\": {\"from\": \"llama2-7b\", \"seq_len\": 4096}, \"train_batch_size\": 32, "
+             "{\"model\": {\"from\": \"llama2-7b\", \"seq_len\": 4096}, \"train_batch_size\": %d, "
              "\"train_micro_batch_size_per_gpu\": \"auto\", \"precision\": \"bf16\", \"lean_activations\": %s%s}",
-             lean ? "true" : "false", extra);
+             B, lean ? "true" : "false", extra);
     job_spec *js = malloc(sizeof *js);
     train_cfg *s = malloc(sizeof *s);
     acc_err err = {0};
     if (job_spec_parse_plan(spec, strlen(spec), &conf, js, &err) != 0)
         fail_msg("%s: %s (%s)", spec, err.msg, err.field);
     job_spec_train_cfg(js, s);
-    assert_true(s->precision == SPEC_BF16 && s->lean_activations == lean && s->train_batch_size == 32);
+    assert_true(s->precision == SPEC_BF16 && s->lean_activations == lean && s->train_batch_size == B);
     plan_hw hw = {.kind = KERN_DEV_CUDA, .device_memory = 24ull << 30, .devices = devices};
     assert_int_equal(plan_table_build(s, &hw, t, &err), 0);
     free(js);
     free(s);
+}
+
+/* The same at B 32, as issue 20 asks the planner. */
+static void plan_7b(bool lean, int devices, const char *extra, plan_table *t)
+{
+    plan_7b_batch(lean, devices, 32, extra, t);
 }
 
 /* The group of variant v in t (-1: none). */
@@ -725,7 +731,11 @@ static double gib_of(uint64_t b) { return (double)b / (double)(1ull << 30); }
  *       device, no parameter offload yet), so it does not fit;
  *   (c) four 24 GiB cards: a full fine-tune fits with ZeRO-3 and the
  *       optimizer offloaded, and the suggestion is the first such row in
- *       the order of least change.
+ *       the order of least change;
+ *   (d) the README's spec (B 16, not lean) on four 24 GiB cards: the full
+ *       fine-tune with ZeRO-3 and the optimizer offloaded fits at m 1 with
+ *       recomputation, the partition's matrices being bf16 on the device
+ *       (model_config.partition_bf16).
  * Each bound is compared with the planner's computed bytes. */
 static void test_llama2_7b_24gib(void **state)
 {
@@ -832,6 +842,28 @@ static void test_llama2_7b_24gib(void **state)
             &t);
     assert_int_equal(t.recommended_group, c_group);
     assert_true(t.rows[t.recommended].fits && t.rows[t.recommended].device_bytes == c_device);
+    plan_table_free(&t);
+
+    /* (d) B 16, not lean, four cards: ZeRO-3 + offload_optimizer recomputing on the card */
+    plan_7b_batch(false, 4, 16, "", &t);
+    int gd = group_of(&t, (plan_variant){.zero_stage = 3, .recompute = true, .offload_optimizer = true});
+    int gn = group_of(&t, (plan_variant){.zero_stage = 3, .recompute = true});
+    assert_true(gd >= 0 && gn >= 0 && t.groups[gd].best >= 0);
+    const plan_row *d = &t.rows[t.groups[gd].first], *dn = &t.rows[t.groups[gn].first];
+    assert_true(d->micro_batch == 1 && dn->micro_batch == 1);
+    assert_true(d->fits && d->device_bytes <= usable);
+    /* the partition's weights: rank 0's quarter of the 32 blocks' 202,375,168
+     * matrix values at 2 bytes instead of the fp32 partition's 4 (the
+     * optimizer on the card keeps it fp32); the gradients stay */
+    assert_true(dn->parts.weights - d->parts.weights == 2ull * 32 * 202375168 / 4);
+    assert_true(d->parts.gradients == dn->parts.gradients && d->parts.optimizer == 0);
+    /* storing the activations (no recomputation) still does not fit */
+    int gs = group_of(&t, (plan_variant){.zero_stage = 3, .offload_optimizer = true});
+    assert_true(gs >= 0 && t.groups[gs].best == -1);
+    print_message("(d) B 16 not lean, 4 cards, full ZeRO-3+offload recompute on: m 1 device %.2f GiB (%llu), "
+                  "weights %.2f GiB (the fp32 partition's: %.2f GiB); largest fitting m %d\n",
+                  gib_of(d->device_bytes), (unsigned long long)d->device_bytes, gib_of(d->parts.weights),
+                  gib_of(dn->parts.weights), t.rows[t.groups[gd].best].micro_batch);
     plan_table_free(&t);
 }
 

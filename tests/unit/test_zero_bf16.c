@@ -16,7 +16,14 @@
  *     weights to bf16 anyway: round(widen(narrow(w))) == round(w)), GPT-2
  *     and LLaMA, with and without offload_param (+ offload_optimizer);
  *     each rank's device peak is the planner's to the byte and below the
- *     same job's fp32 stage-3 peak; with offload_param the host peak too.
+ *     same job's fp32 stage-3 peak; with offload_param the host peak too;
+ *   - the bf16 partition (model_config.partition_bf16: offload_optimizer
+ *     without offload_param): the sizes (the blocks' matrix slices at 2
+ *     bytes), the flag only where it applies, stage 0's bits through the
+ *     trainer with the device peak the planner's and exactly 2 bytes per
+ *     bf16 value below the fp32 partition's; its checkpoints are stage
+ *     0's files, resume at w = 4 (stage 3) and w = 1 (stage 0) as stage
+ *     0's do, and an interrupted run ends with the uninterrupted one's bits.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -40,19 +47,18 @@
 
 #define CAP_STEPS 16
 
-static char text_path[64];
+static char text_path[64], root[64];
 
 static int setup(void **state)
 {
     (void)state;
-    fx_write_text(text_path, sizeof text_path, 20000);
-    return 0;
+    return fx_workdir_make(text_path, sizeof text_path, 20000, root, sizeof root, "zbf16");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    unlink(text_path);
+    fx_workdir_remove(text_path, root);
     return 0;
 }
 
@@ -63,6 +69,7 @@ static int teardown(void **state)
  * slot's fp32 floats and bf16 values, the fetch scratch. */
 typedef struct want_sizes {
     uint64_t pn, pn0, slot, ends, slot_f, slot_h, fetch;
+    uint64_t pn_h; /* partition_bf16: the rank's slices of the blocks' matrices */
 } want_sizes;
 
 static uint64_t own(uint64_t n, int r, int w)
@@ -91,6 +98,7 @@ static void want_of(const model_config *cfg, int r, int w, want_sizes *o)
     for (int g = 0; g <= L; g++) {
         o->pn += own(mat[g], r, w) + own(vec[g], r, w);
         o->pn0 += own(mat[g], 0, w) + own(vec[g], 0, w);
+        o->pn_h += cfg->weights_bf16 && cfg->partition_bf16 ? own(mat[g], r, w) : 0;
         if (g == L)
             continue;
         o->slot = mat[g] + vec[g] > o->slot ? mat[g] + vec[g] : o->slot;
@@ -105,14 +113,16 @@ static void want_of(const model_config *cfg, int r, int w, want_sizes *o)
 }
 
 /* model_shard_sizes_of and model_shard_state_bytes against want_of, for
- * cfg with and without weights_bf16; returns the bf16 store's weights
- * bytes and, in *f32, the fp32 store's. */
-static uint64_t check_sizes(model_config cfg, int r, int w, uint64_t *f32)
+ * cfg with and without weights_bf16, then with partition_bf16 too; returns
+ * the bf16 store's weights bytes and, in *f32, the fp32 store's, in *p16
+ * the bf16 partition's. */
+static uint64_t check_sizes3(model_config cfg, int r, int w, uint64_t *f32, uint64_t *p16)
 {
     acc_err err = {0};
-    uint64_t wb[2], gb[2];
-    for (int b = 0; b <= 1; b++) {
-        cfg.weights_bf16 = b;
+    uint64_t wb[3], gb[3];
+    for (int b = 0; b <= 2; b++) {
+        cfg.weights_bf16 = b >= 1;
+        cfg.partition_bf16 = b == 2 || (b == 0 && r % 2 == 1); /* ignored without weights_bf16 */
         want_sizes ws;
         want_of(&cfg, r, w, &ws);
         model_shard_sizes z;
@@ -123,14 +133,25 @@ static uint64_t check_sizes(model_config cfg, int r, int w, uint64_t *f32)
             assert_true(z.slot_f32 == z.slot && z.slot_b16 == 0 && z.fetch == 0);
         else
             assert_true(z.slot_b16 > 0 && z.fetch > 0 && z.slot_f32 + z.slot_b16 == z.slot);
+        assert_true(z.pn_b16 == ws.pn_h && (b == 2) == (z.pn_b16 > 0));
         assert_int_equal(model_shard_state_bytes(&cfg, 16, r, w, &wb[b], &gb[b], &err), 0);
-        assert_true(wb[b] == 4 * (ws.pn + ws.ends + ws.fetch) + 2 * (4 * ws.slot_f + 2 * ws.slot_h));
+        assert_true(wb[b] == 4 * (ws.pn - ws.pn_h + ws.ends + ws.fetch) + 2 * ws.pn_h +
+                                2 * (4 * ws.slot_f + 2 * ws.slot_h));
         assert_true(gb[b] == 4 * (ws.pn0 + 16 + ws.slot + ws.ends));
+        if (b == 2) /* 2 bytes less per bf16 value of the partition */
+            assert_true(wb[1] - wb[2] == 2 * ws.pn_h);
     }
-    assert_true(gb[0] == gb[1]); /* the gradients stay fp32, whole blocks */
-    assert_true(wb[1] < wb[0]);
+    assert_true(gb[0] == gb[1] && gb[1] == gb[2]); /* the gradients stay fp32, whole blocks */
+    assert_true(wb[2] < wb[1] && wb[1] < wb[0]);
     *f32 = wb[0];
+    *p16 = wb[2];
     return wb[1];
+}
+
+static uint64_t check_sizes(model_config cfg, int r, int w, uint64_t *f32)
+{
+    uint64_t p16;
+    return check_sizes3(cfg, r, w, f32, &p16);
 }
 
 static void llama_cfg(model_config *c, int L, int C, int H, int KV, int I, int V, int P)
@@ -154,15 +175,19 @@ static void test_sizes(void **state)
 {
     (void)state;
     model_config c;
-    uint64_t f32, b16;
+    uint64_t f32, b16, p16;
     llama_cfg(&c, 32, 4096, 32, 32, 11008, 32000, 4096);
     for (int w = 1; w <= 8; w *= 2) {
-        b16 = check_sizes(c, 0, w, &f32);
+        b16 = check_sizes3(c, 0, w, &f32, &p16);
         /* two slots of a block's 202,375,168 matrix values at 2 bytes
          * instead of 4, less the fetch of the 4096 x 11008 MLP matrix */
         assert_true(f32 - b16 == 2ull * 2 * 202375168 - 4ull * 4096 * 11008);
-        print_message("LLaMA-2-7B ZeRO-3 w=%d: parameters' device bytes %llu (fp32) -> %llu (bf16)\n", w,
-                      (unsigned long long)f32, (unsigned long long)b16);
+        /* the bf16 partition: rank 0's slices of 32 blocks' matrices at 2
+         * bytes (w divides 202,375,168) */
+        assert_true(b16 - p16 == 2ull * 32 * 202375168 / (uint64_t)w);
+        print_message("LLaMA-2-7B ZeRO-3 w=%d: parameters' device bytes %llu (fp32) -> %llu (bf16) -> %llu (bf16 "
+                      "partition)\n",
+                      w, (unsigned long long)f32, (unsigned long long)b16, (unsigned long long)p16);
         for (int r = 1; r < w; r++)
             (void)check_sizes(c, r, w, &f32);
     }
@@ -180,18 +205,26 @@ static void test_sizes(void **state)
         model_config cfg;
         acc_err err = {0};
         assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
-        assert_true(cfg.weights_bf16 && cfg.act_bf16);
+        assert_true(cfg.weights_bf16 && cfg.act_bf16 && !cfg.partition_bf16);
         for (int w = 1; w <= 4; w++)
             for (int r = 0; r < w; r++)
                 (void)check_sizes(cfg, r, w, &f32);
-        /* the flag only where it applies: stage 3 and bf16 */
+        /* the bf16 partition with offload_optimizer, not with offload_param */
+        s.offload_optimizer = true;
+        assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+        assert_true(cfg.weights_bf16 && cfg.partition_bf16);
+        s.offload_param = true;
+        assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+        assert_true(cfg.weights_bf16 && !cfg.partition_bf16);
+        s.offload_param = false;
+        /* the flags only where they apply: stage 3 and bf16 */
         s.zero_stage = 2;
         assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
-        assert_false(cfg.weights_bf16);
+        assert_false(cfg.weights_bf16 || cfg.partition_bf16);
         s.zero_stage = 3;
         s.precision = SPEC_FP32;
         assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
-        assert_false(cfg.weights_bf16);
+        assert_false(cfg.weights_bf16 || cfg.partition_bf16);
     }
 }
 
@@ -306,8 +339,12 @@ typedef struct run_out {
     train_hooks h;
 } run_out;
 
+/* What a job offloads: nothing, the parameters with the optimizer (stage
+ * 3's offload_param requires it), the optimizer alone (the bf16 partition). */
+enum { OFF_NONE, OFF_PARAM, OFF_OPTIM };
+
 /* A tiny job of w ranks, one micro-step per rank (a = 1), no clipping. */
-static void job_of(train_cfg *s, const char *arch, int w, int zero, spec_precision p, bool offload)
+static void job_of(train_cfg *s, const char *arch, int w, int zero, spec_precision p, int off)
 {
     fx_tiny_spec(s, text_path, 4 * w, 4, 1, w);
     if (!strcmp(arch, "llama")) {
@@ -318,8 +355,8 @@ static void job_of(train_cfg *s, const char *arch, int w, int zero, spec_precisi
     s->optim.grad_clip = 0;
     s->zero_stage = zero;
     s->precision = p;
-    s->offload_optimizer = offload; /* stage 3's offload_param requires it */
-    s->offload_param = offload;
+    s->offload_optimizer = off != OFF_NONE;
+    s->offload_param = off == OFF_PARAM;
 }
 
 static void run(const train_cfg *s, run_out *r)
@@ -354,6 +391,8 @@ static void assert_memory(const train_cfg *s, const run_out *r, const run_out *f
     acc_err err = {0};
     assert_int_equal(plan_model_config(s, &cfg, &err), 0);
     assert_true(cfg.weights_bf16);
+    /* the bf16 partition where the optimizer alone is offloaded */
+    assert_true(cfg.partition_bf16 == (s->offload_optimizer && !s->offload_param));
     int w = s->devices;
     uint64_t host = 0;
     for (int k = 0; k < w; k++) {
@@ -364,6 +403,15 @@ static void assert_memory(const train_cfg *s, const run_out *r, const run_out *f
                         (unsigned long long)want);
         assert_int_equal(r->h.mem_peak[k], want);
         assert_true(r->h.mem_peak[k] < f32->h.mem_peak[k]);
+        if (cfg.partition_bf16) { /* exactly 2 bytes per bf16 value below the fp32 partition's */
+            model_config f = cfg;
+            model_shard_sizes z;
+            f.partition_bf16 = false;
+            assert_int_equal(model_shard_sizes_of(&cfg, k, w, &z, &err), 0);
+            uint64_t fp = plan_rank_device_state_bytes_op(&f, 3, true, false, w, k) +
+                          plan_act_bytes(&f, s->micro_batch, s->model.seq_len, false);
+            assert_true(z.pn_b16 > 0 && fp - r->h.mem_peak[k] == 2 * (uint64_t)z.pn_b16);
+        }
         host += plan_host_params_bytes(&cfg, 3, s->offload_param, w, k) +
                 plan_host_optim_bytes_op(&cfg, 3, s->offload_optimizer, s->offload_param, w, k);
     }
@@ -395,9 +443,9 @@ static void check_bits(const char *arch, int w)
 {
     train_cfg s;
     run_out z0;
-    job_of(&s, arch, w, 0, SPEC_BF16, false);
+    job_of(&s, arch, w, 0, SPEC_BF16, OFF_NONE);
     run(&s, &z0);
-    for (int op = 0; op <= 1; op++) {
+    for (int op = OFF_NONE; op <= OFF_OPTIM; op++) {
         run_out f3, b3;
         job_of(&s, arch, w, 3, SPEC_FP32, op);
         run(&s, &f3);
@@ -409,7 +457,8 @@ static void check_bits(const char *arch, int w)
         assert_true(memcmp(f3.params, b3.params, b3.h.nparams * sizeof(float)) != 0);
         print_message("%s w=%d bf16 ZeRO-3%s: stage 0's bits (losses %.6f .. %.6f); device peak per rank "
                       "%llu (fp32 ZeRO-3: %llu), host peak %llu (fp32: %llu)\n",
-                      arch, w, op ? " + offload_param + offload_optimizer" : "", b3.loss[0],
+                      arch, w, op == OFF_PARAM ? " + offload_param + offload_optimizer"
+                               : op == OFF_OPTIM ? " + offload_optimizer (bf16 partition)" : "", b3.loss[0],
                       b3.loss[s.max_steps - 1], (unsigned long long)b3.h.mem_peak[0],
                       (unsigned long long)f3.h.mem_peak[0], (unsigned long long)b3.h.host_peak,
                       (unsigned long long)f3.h.host_peak);
@@ -433,6 +482,89 @@ static void test_bits_llama(void **state)
     check_bits("llama", 4);
 }
 
+/* ---- checkpoints of the bf16 partition */
+
+/* B = 8 as m = 8 / w, a = 1, no clipping, bf16; stage 3 with the
+ * optimizer offloaded is the bf16 partition. */
+static void ck_spec(train_cfg *s, const char *arch, int w, int zero, const char *from, const char *out, int steps)
+{
+    job_of(s, arch, w, zero, SPEC_BF16, zero == 3 ? OFF_OPTIM : OFF_NONE);
+    s->train_batch_size = 8;
+    s->micro_batch = 8 / w;
+    s->max_steps = steps;
+    s->checkpoint_interval = 2;
+    snprintf(s->resume_from, sizeof s->resume_from, "%s", from);
+    snprintf(s->output_dir, sizeof s->output_dir, "%s/%s-%s", root, arch, out);
+}
+
+/* Stage 3 against stage 0: the losses of steps [from, to) and the final
+ * weights bit for bit (the norm's partial sums are over other pieces). */
+static void assert_bits_z0(const fx_run *a, const fx_run *b, int from, int to)
+{
+    for (int k = from; k < to; k++) {
+        assert_true(isfinite(a->loss[k]));
+        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
+    }
+    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
+    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+}
+
+static void ck_run(const train_cfg *s, fx_run *r)
+{
+    fx_run_opts o = {.device_budget = 1ull << 30, .threads = 1};
+    fx_train(s, &o, r);
+    fx_assert_ran(r, s, s->output_dir);
+}
+
+/* A checkpoint written with the bf16 partition (w = 2) holds stage 0's
+ * files byte for byte (the fp32 weights are the master's); resumed at
+ * w = 4 (stage 3, the bf16 partition again: the master loaded from the
+ * file) and at w = 1 (stage 0) it continues as stage 0's checkpoint does;
+ * resumed at w = 2 it ends with the uninterrupted run's bits. */
+static void check_checkpoint(const char *arch)
+{
+    train_cfg s;
+    fx_run p2, z2, p4, z4, r1, b1, full, rest;
+    char ckp[256], ckz[256];
+    ck_spec(&s, arch, 2, 3, "", "p2", 2);
+    ck_run(&s, &p2);
+    ck_spec(&s, arch, 2, 0, "", "z2", 2);
+    ck_run(&s, &z2);
+    assert_bits_z0(&p2, &z2, 0, 2);
+    snprintf(ckp, sizeof ckp, "%s/%s-p2/ckpt-00000002", root, arch);
+    snprintf(ckz, sizeof ckz, "%s/%s-z2/ckpt-00000002", root, arch);
+    fx_assert_same_checkpoint(ckp, ckz);
+    ck_spec(&s, arch, 4, 3, ckp, "p4", 5);
+    ck_run(&s, &p4);
+    ck_spec(&s, arch, 4, 0, ckz, "z4", 5);
+    ck_run(&s, &z4);
+    assert_bits_z0(&p4, &z4, 2, 5);
+    ck_spec(&s, arch, 1, 0, ckp, "r1", 5);
+    ck_run(&s, &r1);
+    ck_spec(&s, arch, 1, 0, ckz, "b1", 5);
+    ck_run(&s, &b1);
+    fx_assert_same_bits(&r1, &b1, 2, 5);
+    ck_spec(&s, arch, 2, 3, "", "full", 5);
+    ck_run(&s, &full);
+    ck_spec(&s, arch, 2, 3, ckp, "rest", 5);
+    ck_run(&s, &rest);
+    fx_assert_same_bits(&full, &rest, 2, 5);
+    assert_true(isnan(rest.loss[0]) && isnan(p4.loss[1]));
+    print_message("%s bf16 partition: checkpoint at w=2 = stage 0's files; resumed at w=4: %.9f .. %.9f, at "
+                  "w=1 (stage 0): %.9f .. %.9f\n",
+                  arch, p4.loss[2], p4.loss[4], r1.loss[2], r1.loss[4]);
+    fx_run *all[] = {&p2, &z2, &p4, &z4, &r1, &b1, &full, &rest};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        free(all[i]->params);
+}
+
+static void test_checkpoint(void **state)
+{
+    (void)state;
+    check_checkpoint("gpt2");
+    check_checkpoint("llama");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -440,6 +572,7 @@ int main(void)
         cmocka_unit_test(test_store),
         cmocka_unit_test(test_bits_gpt2),
         cmocka_unit_test(test_bits_llama),
+        cmocka_unit_test(test_checkpoint),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
