@@ -11,8 +11,12 @@
  * reduce-scatters against stage 0). Not a test: nothing is asserted.
  * --precision bf16: the same in bf16 (at stage 3 the gathered blocks'
  * matrices are bf16 working weights, docs/engine.md "bf16 at stage 3").
+ * --offload 1: every cell with offload_optimizer "cpu" (in bf16 at stage 3
+ * the device partition's matrices are then bf16 too); the prediction and
+ * the AdamW column are the device's, the host peak is printed too.
  *
  *   bench_zero [--threads N] [--steps S] [--layers L] [--embd C] [--data FILE] [--precision fp32|bf16]
+ *              [--offload 0|1]
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -24,7 +28,7 @@
 
 typedef struct bench_args {
     int threads, steps, layers, embd;
-    bool bf16;
+    bool bf16, offload;
     const char *data;
 } bench_args;
 
@@ -39,6 +43,8 @@ static void parse_args(int argc, char **argv, bench_args *a)
         else if (!strcmp(k, "--layers")) a->layers = atoi(v);
         else if (!strcmp(k, "--embd")) a->embd = atoi(v);
         else if (!strcmp(k, "--data")) a->data = v;
+        else if (!strcmp(k, "--offload") && (!strcmp(v, "0") || !strcmp(v, "1")))
+            a->offload = !strcmp(v, "1");
         else if (!strcmp(k, "--precision") && (!strcmp(v, "fp32") || !strcmp(v, "bf16")))
             a->bf16 = !strcmp(v, "bf16");
         else {
@@ -80,6 +86,7 @@ static void make_spec(const bench_args *a, train_cfg *s, int w, int zero)
     s->eval_batches = 1;
     s->seed = 1337;
     s->precision = a->bf16 ? SPEC_BF16 : SPEC_FP32;
+    s->offload_optimizer = a->offload;
 }
 
 static double mib(uint64_t b)
@@ -123,20 +130,22 @@ int main(int argc, char **argv)
             }
             if (!printed++) {
                 printf("LLaMA-shaped: %d layers, C = %d, %d heads (%d KV), MLP %d, seq 128, vocab 256: "
-                       "%zu parameters; B = 8, micro batch 2; %s\n\n",
+                       "%zu parameters; B = 8, micro batch 2; %s%s\n\n",
                        s.model.n_layer, s.model.n_embd, s.model.n_head, s.model.n_kv_head,
-                       s.model.intermediate_size, h.nparams, a.bf16 ? "bf16" : "fp32");
+                       s.model.intermediate_size, h.nparams, a.bf16 ? "bf16" : "fp32",
+                       a.offload ? ", optimizer offloaded" : "");
                 printf("| w | ZeRO | rank 0 peak (MiB) | predicted (MiB) | equal | AdamW rank 0 / rank w-1 (MiB) "
-                       "| gradients (MiB) | peak rank w-1 (MiB) | s / step |\n");
-                printf("|---|---|---|---|---|---|---|---|---|\n");
+                       "| gradients (MiB) | peak rank w-1 (MiB) | host peak (MiB) | s / step |\n");
+                printf("|---|---|---|---|---|---|---|---|---|---|\n");
             }
             uint64_t acts = plan_act_bytes(&cfg, s.micro_batch, s.model.seq_len, 0);
-            uint64_t pred0 = plan_rank_state_bytes(&cfg, zero, w, 0) + acts;
-            uint64_t predl = plan_rank_state_bytes(&cfg, zero, w, w - 1) + acts;
-            printf("| %d | %d | %.3f | %.3f | %s | %.3f / %.3f | %.3f | %.3f%s | %.3f |\n", w, zero, mib(h.mem_peak[0]),
+            uint64_t pred0 = plan_rank_device_state_bytes_op(&cfg, zero, a.offload, false, w, 0) + acts;
+            uint64_t predl = plan_rank_device_state_bytes_op(&cfg, zero, a.offload, false, w, w - 1) + acts;
+            printf("| %d | %d | %.3f | %.3f | %s | %.3f / %.3f | %.3f | %.3f%s | %.3f | %.3f |\n", w, zero, mib(h.mem_peak[0]),
                    mib(pred0), h.mem_peak[0] == pred0 && h.mem_peak[w - 1] == predl ? "yes" : "NO",
                    mib(h.mem_optim[0]), mib(h.mem_optim[w - 1]), mib(h.mem_grads[0]), mib(h.mem_peak[w - 1]),
-                   h.mem_peak[w - 1] == predl ? "" : " (differs from the prediction)", h.seconds / a.steps);
+                   h.mem_peak[w - 1] == predl ? "" : " (differs from the prediction)", mib(h.host_peak),
+                   h.seconds / a.steps);
             fflush(stdout);
         }
     }
