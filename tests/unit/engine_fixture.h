@@ -4,7 +4,8 @@
  * variants), CPU device lists, a test group's work directory, trainer runs
  * on CPU devices that record what tests compare (per-step losses, final
  * weights, peaks), and relative comparisons of float vectors. Included
- * after <cmocka.h>, it also gives the assertions over such runs.
+ * after <cmocka.h>, it also gives the assertions over such runs and a
+ * one-rank ZeRO-3 store checked against the whole model.
  */
 #ifndef ACC_ENGINE_FIXTURE_H
 #define ACC_ENGINE_FIXTURE_H
@@ -16,9 +17,12 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "kern_comm.h"
 #include "kern_device.h"
 #include "kern_discover.h"
 #include "mem_plan.h"
+#include "model.h"
+#include "model_shard.h"
 #include "train_cfg.h"
 #include "trainer_run.h"
 
@@ -212,20 +216,119 @@ static inline void fx_plan_figures(const train_cfg *s, uint64_t *device, uint64_
     assert_int_equal(plan_model_config(s, cfg, &err), 0);
 }
 
+/* Steps [from, to)'s losses and the final weights: the same bits. Not the
+ * norms: a ZeRO-3 run sums its partial norms over other pieces than stage
+ * 0 does. */
+static inline void fx_assert_same_losses(const fx_run *a, const fx_run *b, int from, int to)
+{
+    for (int k = from; k < to; k++) {
+        if (memcmp(&a->loss[k], &b->loss[k], sizeof(double)) != 0)
+            print_error("step %d: loss %.17g vs %.17g\n", k, a->loss[k], b->loss[k]);
+        assert_true(isfinite(a->loss[k]));
+        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
+    }
+    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
+    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+}
+
 /* Steps [from, to) (losses and norms) and the final weights: the same bits. */
 static inline void fx_assert_same_bits(const fx_run *a, const fx_run *b, int from, int to)
 {
     for (int k = from; k < to; k++) {
-        if (memcmp(&a->loss[k], &b->loss[k], sizeof(double)) != 0 ||
-            memcmp(&a->norm[k], &b->norm[k], sizeof(double)) != 0)
-            print_error("step %d: loss %.17g vs %.17g, norm %.17g vs %.17g\n", k, a->loss[k], b->loss[k],
-                        a->norm[k], b->norm[k]);
-        assert_true(isfinite(a->loss[k]));
-        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
+        if (memcmp(&a->norm[k], &b->norm[k], sizeof(double)) != 0)
+            print_error("step %d: norm %.17g vs %.17g\n", k, a->norm[k], b->norm[k]);
         assert_memory_equal(&a->norm[k], &b->norm[k], sizeof(double));
     }
-    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
-    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
+    fx_assert_same_losses(a, b, from, to);
+}
+
+/* ---- the ZeRO-3 store (model_shard.h) against the whole model */
+
+/* One CPU device with a whole model `a` and the same model sharded over
+ * a world of one `b` (a gather is a copy), both from seed 7, for a micro
+ * batch of B x T. */
+typedef struct fx_store_pair {
+    kern_device *dev;
+    kern_comm *comm;
+    model *a, *b;
+    int B, T;
+} fx_store_pair;
+
+/* bf16: the device in bf16 mode (cfg's weights_bf16 is the caller's). */
+static inline void fx_store_open(const model_config *cfg, int B, int T, bool bf16, fx_store_pair *p)
+{
+    acc_err err = {0};
+    kern_device_info di[1];
+    fx_devices(di, 1, 1ull << 30);
+    memset(p, 0, sizeof *p);
+    p->B = B;
+    p->T = T;
+    assert_int_equal(kern_device_open(&di[0], 1, &p->dev, &err), 0);
+    if (bf16)
+        assert_int_equal(p->dev->ops->set_precision(p->dev, 1, &err), 0);
+    assert_int_equal(kern_comm_create(1, &p->comm, &err), 0);
+    model_opts oa = {.B = B, .T = T, .grad_tail = 4}, ob = oa;
+    ob.comm = p->comm;
+    ob.world = 1;
+    assert_int_equal(model_create_ex(p->dev, cfg, &oa, &p->a, &err), 0);
+    assert_int_equal(model_create_ex(p->dev, cfg, &ob, &p->b, &err), 0);
+    assert_int_equal(model_init_seed(p->a, 7, &err), 0);
+    assert_int_equal(model_init_seed(p->b, 7, &err), 0);
+}
+
+static inline void fx_store_close(fx_store_pair *p)
+{
+    model_free(p->a);
+    model_free(p->b);
+    kern_comm_destroy(p->comm);
+    kern_device_close(p->dev);
+}
+
+/* A forward and a backward of one fixed batch through both: the same
+ * loss and gradients bit for bit, each of b's L blocks gathered once a
+ * pass (prefetch included), b's gathered parameters a's. Returns the loss;
+ * a's parameters in `master` (nparams floats) unless NULL. */
+static inline double fx_assert_store_pass(fx_store_pair *p, float *master)
+{
+    int B = p->B, T = p->T, V = p->a->cfg.vocab_size;
+    uint64_t L = (uint64_t)p->a->cfg.n_layer;
+    int *tok = malloc((size_t)(B * T) * sizeof *tok), *tgt = malloc((size_t)(B * T) * sizeof *tgt);
+    float *w = malloc((size_t)(B * T) * sizeof *w);
+    assert_true(tok != NULL && tgt != NULL && w != NULL);
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 37 + 11) % V;
+        tgt[i] = (i * 53 + 5) % V;
+        w[i] = 1.0f / (float)(B * T);
+    }
+    double la, lb;
+    model_forward(p->a, tok, tgt, w, B, 1, &la);
+    model_backward(p->a, B);
+    uint64_t g0 = model_shard_gathers(p->b);
+    model_forward(p->b, tok, tgt, w, B, 1, &lb);
+    assert_int_equal(model_shard_gathers(p->b) - g0, L);
+    model_backward(p->b, B);
+    assert_int_equal(model_shard_gathers(p->b) - g0, 2 * L);
+    assert_int_equal(model_shard_error(p->b), 0);
+    assert_memory_equal(&la, &lb, sizeof la);
+    size_t n = p->a->nparams;
+    float *ga = malloc(n * sizeof *ga), *gb = malloc(n * sizeof *gb);
+    assert_true(ga != NULL && gb != NULL);
+    p->dev->ops->download(p->dev, ga, p->a->grads, n * sizeof *ga);
+    assert_int_equal(model_shard_gather_host(p->b, p->b->grads, gb), 0);
+    assert_memory_equal(ga, gb, n * sizeof *ga);
+    model_params_download(p->a, ga);
+    assert_int_equal(model_params_gather(p->b, true), 0);
+    model_params_download(p->b, gb);
+    model_params_release(p->b);
+    assert_memory_equal(ga, gb, n * sizeof *ga);
+    if (master != NULL)
+        memcpy(master, ga, n * sizeof *ga);
+    free(ga);
+    free(gb);
+    free(tok);
+    free(tgt);
+    free(w);
+    return lb;
 }
 
 /* pin_memory's test double: a copy of a CPU device (same backend state)

@@ -37,15 +37,12 @@
 #include <unistd.h>
 
 #include "engine_fixture.h"
-#include "kern_comm.h"
 #include "kern_device.h"
 #include "mem_plan.h"
 #include "model.h"
 #include "model_shard.h"
 #include "train_cfg.h"
 #include "trainer_run.h"
-
-#define CAP_STEPS 16
 
 static char text_path[64], root[64];
 
@@ -60,6 +57,22 @@ static int teardown(void **state)
     (void)state;
     fx_workdir_remove(text_path, root);
     return 0;
+}
+
+/* What a job offloads: nothing, the parameters with the optimizer (stage
+ * 3's offload_param requires it), the optimizer alone (the bf16 partition). */
+enum { OFF_NONE, OFF_PARAM, OFF_OPTIM };
+
+/* A tiny job of w ranks (gpt2 or llama), one micro-step per rank (m = 4,
+ * a = 1), no clipping. */
+static void job_of(train_cfg *s, const char *arch, int w, int zero, spec_precision p, int off)
+{
+    fx_clipped_spec(s, text_path, arch, 4, 1, w);
+    s->optim.grad_clip = 0;
+    s->zero_stage = zero;
+    s->precision = p;
+    s->offload_optimizer = off != OFF_NONE;
+    s->offload_param = off == OFF_PARAM;
 }
 
 /* ---- sizes, from the layout alone */
@@ -194,14 +207,7 @@ static void test_sizes(void **state)
     const char *arch[] = {"gpt2", "llama"};
     for (int a = 0; a < 2; a++) {
         train_cfg s;
-        fx_tiny_spec(&s, text_path, 8, 2, 1, 2);
-        snprintf(s.model.arch, sizeof s.model.arch, "%s", arch[a]);
-        if (a == 1) {
-            s.model.n_kv_head = 1;
-            s.model.intermediate_size = 48;
-        }
-        s.zero_stage = 3;
-        s.precision = SPEC_BF16;
+        job_of(&s, arch[a], 2, 3, SPEC_BF16, OFF_NONE);
         model_config cfg;
         acc_err err = {0};
         assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
@@ -239,61 +245,17 @@ static void check_store(const char *arch)
 {
     train_cfg s;
     acc_err err = {0};
-    fx_tiny_spec(&s, text_path, 2, 2, 1, 1);
-    snprintf(s.model.arch, sizeof s.model.arch, "%s", arch);
-    if (!strcmp(arch, "llama")) {
-        s.model.n_kv_head = 1;
-        s.model.intermediate_size = 48;
-    }
-    s.zero_stage = 3;
-    s.precision = SPEC_BF16;
+    job_of(&s, arch, 1, 3, SPEC_BF16, OFF_NONE);
     model_config cfg;
     assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
     assert_true(cfg.weights_bf16);
-    kern_device_info di[1];
-    fx_devices(di, 1, 1ull << 30);
-    kern_device *dev;
-    kern_comm *c;
-    assert_int_equal(kern_device_open(&di[0], 1, &dev, &err), 0);
-    assert_int_equal(dev->ops->set_precision(dev, 1, &err), 0);
-    assert_int_equal(kern_comm_create(1, &c, &err), 0);
-    int B = 2, T = s.model.seq_len, L = cfg.n_layer;
-    model_opts oa = {.B = B, .T = T, .grad_tail = 4}, ob = oa;
-    ob.comm = c;
-    ob.world = 1;
-    model *a, *b;
-    assert_int_equal(model_create_ex(dev, &cfg, &oa, &a, &err), 0);
-    assert_int_equal(model_create_ex(dev, &cfg, &ob, &b, &err), 0);
-    assert_int_equal(model_init_seed(a, 7, &err), 0);
-    assert_int_equal(model_init_seed(b, 7, &err), 0);
-    int tok[64], tgt[64];
-    float w[64];
-    for (int i = 0; i < B * T; i++) {
-        tok[i] = (i * 37 + 11) % cfg.vocab_size;
-        tgt[i] = (i * 53 + 5) % cfg.vocab_size;
-        w[i] = 1.0f / (float)(B * T);
-    }
-    double la, lb;
-    model_forward(a, tok, tgt, w, B, 1, &la);
-    model_backward(a, B);
-    uint64_t g0 = model_shard_gathers(b);
-    model_forward(b, tok, tgt, w, B, 1, &lb);
-    assert_int_equal(model_shard_gathers(b) - g0, (uint64_t)L);
-    model_backward(b, B);
-    assert_int_equal(model_shard_gathers(b) - g0, 2 * (uint64_t)L);
-    assert_int_equal(model_shard_error(b), 0);
-    assert_memory_equal(&la, &lb, sizeof la);
-    size_t n = a->nparams;
-    float *ha = malloc(n * sizeof *ha), *hb = malloc(n * sizeof *hb), *t = malloc(n * sizeof *t);
-    assert_true(ha != NULL && hb != NULL && t != NULL);
-    dev->ops->download(dev, ha, a->grads, n * sizeof *ha);
-    assert_int_equal(model_shard_gather_host(b, b->grads, hb), 0);
-    assert_memory_equal(ha, hb, n * sizeof *ha);
-    model_params_download(a, ha);
-    assert_int_equal(model_params_gather(b, true), 0);
-    model_params_download(b, hb);
-    model_params_release(b);
-    assert_memory_equal(ha, hb, n * sizeof *ha); /* the master, unrounded */
+    fx_store_pair p;
+    fx_store_open(&cfg, 2, s.model.seq_len, true, &p);
+    model *b = p.b;
+    size_t n = b->nparams;
+    float *ha = malloc(n * sizeof *ha), *t = malloc(n * sizeof *t);
+    assert_true(ha != NULL && t != NULL);
+    double lb = fx_assert_store_pass(&p, ha); /* ha: the master, unrounded */
     /* what the ops see: block 0's tensors, and the ends' */
     model_layer_begin(b, 0, false);
     int rounded = 0, matrices = 0;
@@ -301,7 +263,7 @@ static void check_store(const char *arch)
         const model_tensor *mt = &b->layout.t[i];
         if (mt->layer > 0)
             continue;
-        dev->ops->download(dev, t, model_weight(b, mt->offset, 0), mt->count * sizeof *t);
+        p.dev->ops->download(p.dev, t, model_weight(b, mt->offset, 0), mt->count * sizeof *t);
         bool half = mt->layer == 0 && mt->ndim == 2;
         matrices += half;
         for (size_t k = 0; k < mt->count; k++) {
@@ -316,12 +278,8 @@ static void check_store(const char *arch)
                   "matrices resolve to their bf16 rounding (%d values moved)\n",
                   arch, lb, matrices, rounded);
     free(ha);
-    free(hb);
     free(t);
-    model_free(a);
-    model_free(b);
-    kern_comm_destroy(c);
-    kern_device_close(dev);
+    fx_store_close(&p);
 }
 
 static void test_store(void **state)
@@ -333,59 +291,17 @@ static void test_store(void **state)
 
 /* ---- through the trainer */
 
-typedef struct run_out {
-    double loss[CAP_STEPS], norm[CAP_STEPS];
-    float *params;
-    train_hooks h;
-} run_out;
-
-/* What a job offloads: nothing, the parameters with the optimizer (stage
- * 3's offload_param requires it), the optimizer alone (the bf16 partition). */
-enum { OFF_NONE, OFF_PARAM, OFF_OPTIM };
-
-/* A tiny job of w ranks, one micro-step per rank (a = 1), no clipping. */
-static void job_of(train_cfg *s, const char *arch, int w, int zero, spec_precision p, int off)
+/* One thread per device, devices of 1 GiB, the trainer's buckets. */
+static void run(const train_cfg *s, fx_run *r)
 {
-    fx_tiny_spec(s, text_path, 4 * w, 4, 1, w);
-    if (!strcmp(arch, "llama")) {
-        snprintf(s->model.arch, sizeof s->model.arch, "llama");
-        s->model.n_kv_head = 1;
-        s->model.intermediate_size = 48;
-    }
-    s->optim.grad_clip = 0;
-    s->zero_stage = zero;
-    s->precision = p;
-    s->offload_optimizer = off != OFF_NONE;
-    s->offload_param = off == OFF_PARAM;
-}
-
-static void run(const train_cfg *s, run_out *r)
-{
-    kern_device_info devs[4];
-    fx_devices(devs, s->devices, 1ull << 30);
-    memset(r, 0, sizeof *r);
-    size_t cap = 1 << 20;
-    r->params = calloc(cap, sizeof(float));
-    assert_non_null(r->params);
-    for (int k = 0; k < CAP_STEPS; k++)
-        r->loss[k] = r->norm[k] = NAN;
-    r->h.steps_cap = CAP_STEPS;
-    r->h.step_loss = r->loss;
-    r->h.step_grad_norm = r->norm;
-    r->h.final_params = r->params;
-    r->h.final_params_cap = cap;
-    trainer_opts o = {.spec = s, .devices = devs, .threads_per_device = 1};
-    acc_err err = {0};
-    int rc = trainer_run_sync(&o, &r->h, &err);
-    if (rc != 0)
-        print_error("run failed: %s\n", err.msg);
-    assert_int_equal(rc, 0);
-    assert_int_equal(r->h.steps_done, s->max_steps);
+    fx_run_opts o = {.device_budget = 1ull << 30, .threads = 1};
+    fx_train(s, &o, r);
+    fx_assert_ran(r, s, s->output_dir[0] ? s->output_dir : "run");
 }
 
 /* Measured = predicted: each rank's device peak and, with offload_param,
  * the job's host peak; below the fp32 run's peaks. */
-static void assert_memory(const train_cfg *s, const run_out *r, const run_out *f32)
+static void assert_memory(const train_cfg *s, const fx_run *r, const fx_run *f32)
 {
     model_config cfg;
     acc_err err = {0};
@@ -427,31 +343,19 @@ static void assert_memory(const train_cfg *s, const run_out *r, const run_out *f
     assert_true(r->h.host_peak <= f32->h.host_peak);
 }
 
-static void assert_bits(const run_out *a, const run_out *b, int steps)
-{
-    for (int k = 0; k < steps; k++) {
-        if (memcmp(&a->loss[k], &b->loss[k], sizeof(double)) != 0)
-            print_error("step %d: loss %.17g vs %.17g\n", k, a->loss[k], b->loss[k]);
-        assert_true(isfinite(a->loss[k]));
-        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
-    }
-    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
-    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
-}
-
 static void check_bits(const char *arch, int w)
 {
     train_cfg s;
-    run_out z0;
+    fx_run z0;
     job_of(&s, arch, w, 0, SPEC_BF16, OFF_NONE);
     run(&s, &z0);
     for (int op = OFF_NONE; op <= OFF_OPTIM; op++) {
-        run_out f3, b3;
+        fx_run f3, b3;
         job_of(&s, arch, w, 3, SPEC_FP32, op);
         run(&s, &f3);
         job_of(&s, arch, w, 3, SPEC_BF16, op);
         run(&s, &b3);
-        assert_bits(&z0, &b3, s.max_steps);
+        fx_assert_same_losses(&z0, &b3, 0, s.max_steps);
         assert_memory(&s, &b3, &f3);
         /* fp32 is another function: the products are not rounded */
         assert_true(memcmp(f3.params, b3.params, b3.h.nparams * sizeof(float)) != 0);
@@ -497,25 +401,6 @@ static void ck_spec(train_cfg *s, const char *arch, int w, int zero, const char 
     snprintf(s->output_dir, sizeof s->output_dir, "%s/%s-%s", root, arch, out);
 }
 
-/* Stage 3 against stage 0: the losses of steps [from, to) and the final
- * weights bit for bit (the norm's partial sums are over other pieces). */
-static void assert_bits_z0(const fx_run *a, const fx_run *b, int from, int to)
-{
-    for (int k = from; k < to; k++) {
-        assert_true(isfinite(a->loss[k]));
-        assert_memory_equal(&a->loss[k], &b->loss[k], sizeof(double));
-    }
-    assert_true(a->h.nparams > 0 && a->h.nparams == b->h.nparams);
-    assert_memory_equal(a->params, b->params, a->h.nparams * sizeof(float));
-}
-
-static void ck_run(const train_cfg *s, fx_run *r)
-{
-    fx_run_opts o = {.device_budget = 1ull << 30, .threads = 1};
-    fx_train(s, &o, r);
-    fx_assert_ran(r, s, s->output_dir);
-}
-
 /* A checkpoint written with the bf16 partition (w = 2) holds stage 0's
  * files byte for byte (the fp32 weights are the master's); resumed at
  * w = 4 (stage 3, the bf16 partition again: the master loaded from the
@@ -527,27 +412,27 @@ static void check_checkpoint(const char *arch)
     fx_run p2, z2, p4, z4, r1, b1, full, rest;
     char ckp[256], ckz[256];
     ck_spec(&s, arch, 2, 3, "", "p2", 2);
-    ck_run(&s, &p2);
+    run(&s, &p2);
     ck_spec(&s, arch, 2, 0, "", "z2", 2);
-    ck_run(&s, &z2);
-    assert_bits_z0(&p2, &z2, 0, 2);
+    run(&s, &z2);
+    fx_assert_same_losses(&p2, &z2, 0, 2);
     snprintf(ckp, sizeof ckp, "%s/%s-p2/ckpt-00000002", root, arch);
     snprintf(ckz, sizeof ckz, "%s/%s-z2/ckpt-00000002", root, arch);
     fx_assert_same_checkpoint(ckp, ckz);
     ck_spec(&s, arch, 4, 3, ckp, "p4", 5);
-    ck_run(&s, &p4);
+    run(&s, &p4);
     ck_spec(&s, arch, 4, 0, ckz, "z4", 5);
-    ck_run(&s, &z4);
-    assert_bits_z0(&p4, &z4, 2, 5);
+    run(&s, &z4);
+    fx_assert_same_losses(&p4, &z4, 2, 5);
     ck_spec(&s, arch, 1, 0, ckp, "r1", 5);
-    ck_run(&s, &r1);
+    run(&s, &r1);
     ck_spec(&s, arch, 1, 0, ckz, "b1", 5);
-    ck_run(&s, &b1);
+    run(&s, &b1);
     fx_assert_same_bits(&r1, &b1, 2, 5);
     ck_spec(&s, arch, 2, 3, "", "full", 5);
-    ck_run(&s, &full);
+    run(&s, &full);
     ck_spec(&s, arch, 2, 3, ckp, "rest", 5);
-    ck_run(&s, &rest);
+    run(&s, &rest);
     fx_assert_same_bits(&full, &rest, 2, 5);
     assert_true(isnan(rest.loss[0]) && isnan(p4.loss[1]));
     print_message("%s bf16 partition: checkpoint at w=2 = stage 0's files; resumed at w=4: %.9f .. %.9f, at "
