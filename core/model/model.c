@@ -784,10 +784,16 @@ int model_create_ex(kern_device *dev, const model_config *cfg, const model_opts 
     if (rc == 0) {
         m->nparams = m->layout.nparams;
         m->ngrad = m->layout.ntrain;
-        rc = o->comm == NULL         ? alloc_buffers(m, err)
-             : o->host_params != NULL ? model_shard_create_host(m, o->comm, o->rank, o->world, o->host_params,
-                                                                o->host_params_pin, err)
-                                      : model_shard_create(m, o->comm, o->rank, o->world, err);
+        bool hg = o->comm != NULL && o->host_params == NULL && cfg->grads_host;
+        if (hg && o->host_grads == NULL) /* the planner counts the partition in host memory */
+            rc = acc_err_set(err, ACC_EINTERNAL, "", "a host gradient partition needs host memory");
+        else
+            rc = o->comm == NULL         ? alloc_buffers(m, err)
+                 : o->host_params != NULL ? model_shard_create_host(m, o->comm, o->rank, o->world, o->host_params,
+                                                                    o->host_params_pin, err)
+                 : hg ? model_shard_create_host_grads(m, o->comm, o->rank, o->world, o->host_grads,
+                                                      o->host_grads_pin, err)
+                      : model_shard_create(m, o->comm, o->rank, o->world, err);
     }
     if (rc == 0 && m->family->create != NULL)
         rc = m->family->create(m, err);
@@ -939,12 +945,12 @@ int model_grad_spans(const model *m, int lo, int hi, int ends, kern_span *out)
 void model_zero_grad(model *m)
 {
     m->dev->ops->zero(m->dev, m->grads, ((size_t)(m->gtail - m->grads) + m->grad_tail) * sizeof(float));
-    model_shard_zero_host_grads(m); /* offload_param: the partition's gradients on the host */
+    model_shard_zero_host_grads(m); /* the partition's gradients on the host (offload_param, grads_host) */
 }
 
 double model_grad_sumsq(model *m)
 {
-    if (model_shard_on_host(m))
+    if (model_shard_grads_on_host(m))
         return model_shard_host_sumsq(m, 0, m->nheld);
     return m->dev->ops->sumsq(m->dev, m->grads, m->nheld);
 }

@@ -185,6 +185,12 @@ typedef struct model_config {
      * The trainer then hands the store that master (model_shard_set_master)
      * before any weight is written; false: the partition is fp32. */
     bool partition_bf16;
+    /* ZeRO stage 3's gradient partition in host memory while the
+     * parameters stay on the device (the spec's offload_optimizer without
+     * offload_param: the optimizer's gradients are that partition;
+     * model_shard.h "offload_optimizer"). A sharded model is then created
+     * with model_opts.host_grads; ignored by a whole model. */
+    bool grads_host;
     /* Activations in recompute mode (the trainer's recomputation), both
      * off by default (the spec's lean_activations and
      * activation_checkpointing.offload set them; docs/engine.md):
@@ -514,6 +520,7 @@ struct model {
     struct model_shard *shard;
     struct host_mem *shard_host; /* offload_param: where the partition lives (NULL: the device) */
     bool shard_pin;              /* and its buffers that cross the bus page-locked */
+    bool shard_grads_only;       /* shard_host holds the gradient partition alone (cfg.grads_host) */
     size_t nheld;         /* floats of params and grads this rank holds: ngrad, or its partition's */
     float *gtail;         /* the caller's tail: grads + ngrad, or (ZeRO-3) past rank 0's
                            * partition, at the same offset on every rank */
@@ -541,6 +548,11 @@ typedef struct model_opts {
      * model_shard_create_host); NULL: on the device */
     struct host_mem *host_params;
     bool host_params_pin; /* and page-locked where the device can (offload_param.pin_memory) */
+    /* with comm and cfg.grads_host (without host_params): the gradient
+     * partition in this host memory (model_shard_create_host_grads),
+     * required then; pin: its staging page-locked */
+    struct host_mem *host_grads;
+    bool host_grads_pin;
 } model_opts;
 
 /* Allocate parameters and gradients (zeroed), then activations for B x T

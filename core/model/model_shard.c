@@ -42,13 +42,17 @@ struct model_shard {
     float *fetch;        /* a bf16 matrix widened for its op (w16), or NULL */
     model_layout play;   /* the partition as a layout */
     float *snap;         /* the gathered parameters (host), or NULL */
-    /* offload_param: m->params and hgrads (pn each) and the staging of one
-     * slice (slice_n floats; a bf16 slice's 2-byte values too) in host
-     * memory through `host`; m->grads is then the device tail alone */
+    /* In host memory through `host`: with hparams (offload_param) m->params
+     * and hgrads, with hgrad alone (the optimizer offloaded, not the
+     * parameters) hgrads; either way the staging of one slice (slice_n
+     * floats; a bf16 slice's 2-byte values too) and m->grads is then the
+     * device tail alone */
     host_mem *host;
+    bool hparams, hgrad;
     float *hgrads, *hstage;
     size_t slice_n;
-    int npinned;         /* of m->params, hstage: registered with the device, in that order */
+    float *pinned[2];    /* registered with the device, in this order */
+    int npinned;
     uint64_t gathers;
     int rc;
 };
@@ -219,7 +223,7 @@ static int build_plan(model *m, model_shard *s, acc_err *err)
     int L = m->cfg.n_layer;
     s->ng = L + 1;
     s->w16 = m->cfg.weights_bf16;
-    s->p16 = partition_half(&m->cfg) && s->host == NULL; /* offload_param: the host partition is the master */
+    s->p16 = partition_half(&m->cfg) && !s->hparams; /* offload_param: the host partition is the master */
     s->gn = calloc(2 * (size_t)s->ng, sizeof *s->gn);
     s->gpoff = calloc(2 * (size_t)s->ng, sizeof *s->gpoff);
     s->soff = calloc(2 * (size_t)s->ng, sizeof *s->soff);
@@ -286,13 +290,14 @@ static int alloc_host(model_shard *s, size_t floats, float **p, acc_err *err)
     return host_mem_alloc(s->host, floats * sizeof(float), (void **)p, err);
 }
 
-/* offload_param.pin_memory: the parameters (uploaded for each gather) and
- * the staging (downloaded into for each reduce-scatter), both or neither. */
+/* pin_memory: the buffers that cross the bus, all or none: the
+ * parameters (offload_param: uploaded for each gather) and the staging
+ * (downloaded into for each reduce-scatter). */
 static int pin_partition(model *m, model_shard *s, acc_err *err)
 {
     const kern_ops *k = m->dev->ops;
-    float *bufs[2] = {m->params, s->hstage};
-    size_t n[2] = {s->pn, s->slice_n};
+    float *bufs[2] = {s->hparams ? m->params : s->hstage, s->hparams ? s->hstage : NULL};
+    size_t n[2] = {s->hparams ? s->pn : s->slice_n, s->hparams ? s->slice_n : 0};
     if (k->host_register == NULL)
         return 0;
     for (int i = 0; i < 2; i++) {
@@ -301,28 +306,37 @@ static int pin_partition(model *m, model_shard *s, acc_err *err)
             break;
         int rc = k->host_register(m->dev, bufs[i], n[i] * sizeof(float), &e);
         if (rc != 0)
-            return acc_err_set(err, rc, "zero_optimization.offload_param.pin_memory",
-                               "pin_memory: the device cannot page-lock the parameter partition: %s", e.msg);
-        s->npinned = i + 1;
+            return acc_err_set(err, rc,
+                               s->hparams ? "zero_optimization.offload_param.pin_memory"
+                                          : "zero_optimization.offload_optimizer.pin_memory",
+                               "pin_memory: the device cannot page-lock the %s partition: %s",
+                               s->hparams ? "parameter" : "gradient", e.msg);
+        s->pinned[s->npinned++] = bufs[i];
     }
     return 0;
 }
 
-/* offload_param: the partition's parameters, gradients and the staging
- * in host memory; the device keeps the caller's tail, then the slots. */
+/* The partition's parameters on the device (the order model_shard_state_bytes
+ * counts: params, grads) or with offload_param in host memory; its
+ * gradients on the device, or with either host mode in host memory with
+ * the staging, the device keeping the caller's tail; then the slots. */
 static int alloc_partition(model *m, model_shard *s, acc_err *err)
 {
-    if (s->host == NULL) { /* the order model_shard_state_bytes counts: params, grads */
-        int rc = s->pn_h > 0 ? alloc_bytes(m, s->pn_h * sizeof(uint16_t), (void **)&s->hpart, err) : 0;
+    int rc = 0;
+    if (!s->hparams) {
+        rc = s->pn_h > 0 ? alloc_bytes(m, s->pn_h * sizeof(uint16_t), (void **)&s->hpart, err) : 0;
         if (rc == 0) /* the fp32 parts (all of it without p16) */
             rc = alloc_zeroed(m, s->pn - s->pn_h, &m->params, err);
+    }
+    if (!s->hgrad) {
         if (rc == 0)
             rc = alloc_zeroed(m, s->pn0 + m->grad_tail, &m->grads, err);
         if (rc == 0)
             m->gtail = m->grads + s->pn0;
         return rc;
     }
-    int rc = alloc_host(s, s->pn, &m->params, err);
+    if (rc == 0 && s->hparams)
+        rc = alloc_host(s, s->pn, &m->params, err);
     if (rc == 0)
         rc = alloc_host(s, s->pn, &s->hgrads, err);
     if (rc == 0)
@@ -340,6 +354,16 @@ int model_shard_create_host(model *m, kern_comm *c, int rank, int world, host_me
 {
     m->shard_host = host;
     m->shard_pin = pin;
+    m->shard_grads_only = false;
+    return model_shard_create(m, c, rank, world, err);
+}
+
+int model_shard_create_host_grads(model *m, kern_comm *c, int rank, int world, host_mem *host, bool pin,
+                                  acc_err *err)
+{
+    m->shard_host = host;
+    m->shard_pin = pin;
+    m->shard_grads_only = true;
     return model_shard_create(m, c, rank, world, err);
 }
 
@@ -357,6 +381,8 @@ int model_shard_create(model *m, kern_comm *c, int rank, int world, acc_err *err
     s->world = world;
     s->holds[0] = s->holds[1] = -1;
     s->host = m->shard_host;
+    s->hgrad = s->host != NULL;
+    s->hparams = s->hgrad && !m->shard_grads_only;
     int rc = build_plan(m, s, err);
     const kern_ops *k = m->dev->ops;
     if (rc == 0 && s->w16 && (k->narrow_bf16 == NULL || k->widen16 == NULL))
@@ -406,14 +432,15 @@ void model_shard_free(model *m)
     free(s->tpos);
     free(s->play.t);
     free(s->snap);
-    float *pinned[2] = {m->params, s->hstage};
     for (int i = s->npinned - 1; i >= 0; i--)
-        d->ops->host_unregister(d, pinned[i]);
-    if (s->host != NULL) { /* m->params too: model_free leaves it to us */
+        d->ops->host_unregister(d, s->pinned[i]);
+    if (s->hparams) { /* model_free leaves the host m->params to us */
         host_mem_free(s->host, m->params, s->pn * sizeof(float));
+        m->params = NULL;
+    }
+    if (s->hgrad) {
         host_mem_free(s->host, s->hgrads, s->pn * sizeof(float));
         host_mem_free(s->host, s->hstage, s->slice_n * sizeof(float));
-        m->params = NULL;
     }
     free(s);
     m->shard = NULL;
@@ -512,7 +539,7 @@ static int gather_b16(model *m, int q, uint16_t *slot)
     size_t n = s->gn[q], lo = slice_lo(n, s->rank, s->world), hi = slice_lo(n, s->rank + 1, s->world);
     if (hi > lo && s->p16) {
         m->dev->ops->copy(m->dev, slot + lo, s->hpart + s->soff[q], (hi - lo) * sizeof *slot);
-    } else if (hi > lo && s->host != NULL) {
+    } else if (hi > lo && s->hparams) {
         uint16_t *h = (uint16_t *)s->hstage; /* slice_n floats: room for the slice's halves */
         narrow_host(h, m->params + s->soff[q], hi - lo);
         m->dev->ops->upload(m->dev, slot + lo, h, (hi - lo) * sizeof *h);
@@ -528,7 +555,7 @@ static int gather_group(model *m, int g, float *f, uint16_t *h)
 {
     model_shard *s = m->shard;
     int q = 2 * g + 1, rc = s->gn[2 * g] > 0 ? gather_b16(m, 2 * g, h) : 0;
-    return rc == 0 ? gather_f32(m, m->params + s->soff[q], s->host != NULL, q, f) : rc;
+    return rc == 0 ? gather_f32(m, m->params + s->soff[q], s->hparams, q, f) : rc;
 }
 
 /* Group g's gradients in slot (part by part) summed over the ranks; the
@@ -555,7 +582,7 @@ static int scatter_group(model *m, int g, float *slot)
     for (int q = 2 * g; rc == 0 && q <= 2 * g + 1; q++) {
         size_t n = s->gn[q], lo = slice_lo(n, s->rank, s->world), hi = slice_lo(n, s->rank + 1, s->world);
         const float *b = slot + (q & 1 ? s->gn[2 * g] : 0) + lo;
-        if (hi > lo && s->host != NULL) { /* down, then added in fp32 as the device adds */
+        if (hi > lo && s->hgrad) { /* down, then added in fp32 as the device adds */
             float *acc = s->hgrads + s->gpoff[q];
             m->dev->ops->download(m->dev, s->hstage, b, (hi - lo) * sizeof(float));
             for (size_t i = 0; i < hi - lo; i++)
@@ -646,12 +673,13 @@ typedef struct copy_ctx {
     float *part;
 } copy_ctx;
 
-/* A piece of a partition-ordered fp32 vector (the moments' scatter). */
+/* A piece of a partition-ordered fp32 vector (the moments' scatter), in
+ * host memory where the gradient partition is (model_shard_scatter_host). */
 static void scatter_piece(model *m, int q, size_t poff, size_t k0, size_t len, void *ctx)
 {
     (void)q;
     copy_ctx *c = ctx;
-    if (m->shard->host != NULL) /* offload_param: the partition is in host memory */
+    if (m->shard->hgrad)
         memcpy(c->part + poff, c->host + k0, len * sizeof(float));
     else
         m->dev->ops->upload(m->dev, c->part + poff, c->host + k0, len * sizeof(float));
@@ -674,7 +702,7 @@ static void store_piece(model *m, int q, size_t poff, const float *src, size_t n
     } else if (s->p16 && q % 2 == 0) {
         k->upload(m->dev, s->gslot, src, n * sizeof *src);
         k->narrow_bf16(m->dev, s->hpart + at, s->gslot, n);
-    } else if (s->host != NULL) { /* offload_param: the partition is in host memory */
+    } else if (s->hparams) { /* offload_param: the partition is in host memory */
         memcpy(m->params + at, src, n * sizeof *src);
     } else {
         k->upload(m->dev, m->params + at, src, n * sizeof *src);
@@ -761,7 +789,7 @@ static int gather_host_from(model *m, const float *part, bool on_host, float *ho
 
 int model_shard_gather_host(model *m, const float *part, float *host)
 {
-    return gather_host_from(m, part, m->shard->host != NULL, host);
+    return gather_host_from(m, part, m->shard->hgrad, host);
 }
 
 int model_shard_snapshot(model *m, bool keep)
@@ -773,7 +801,7 @@ int model_shard_snapshot(model *m, bool keep)
     /* every rank gathers even when one lacks host memory: the calls must
      * match; a bf16 partition's fp32 values are the master's (every rank
      * has one, or none: the caller's bug, refused on every rank alike) */
-    int grc = !s->p16 ? model_shard_gather_host(m, m->params, h)
+    int grc = !s->p16 ? gather_host_from(m, m->params, s->hparams, h)
               : s->master != NULL ? gather_host_from(m, s->master, true, h)
                                   : ACC_EINTERNAL;
     if (rc == 0)
@@ -809,19 +837,24 @@ int model_shard_error(const model *m)
     return m->shard != NULL ? m->shard->rc : 0;
 }
 
-bool model_shard_on_host(const model *m)
+bool model_shard_params_on_host(const model *m)
 {
-    return m->shard != NULL && m->shard->host != NULL;
+    return m->shard != NULL && m->shard->hparams;
+}
+
+bool model_shard_grads_on_host(const model *m)
+{
+    return m->shard != NULL && m->shard->hgrad;
 }
 
 float *model_shard_host_grads(model *m)
 {
-    return model_shard_on_host(m) ? m->shard->hgrads : NULL;
+    return model_shard_grads_on_host(m) ? m->shard->hgrads : NULL;
 }
 
 void model_shard_zero_host_grads(model *m)
 {
-    if (model_shard_on_host(m))
+    if (model_shard_grads_on_host(m))
         memset(m->shard->hgrads, 0, m->shard->pn * sizeof(float));
 }
 

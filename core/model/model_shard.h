@@ -102,6 +102,19 @@
  * slice is downloaded and added on the host; the device keeps the slots,
  * the fetch scratch and the caller's tail (m->grads, m->gtail == m->grads).
  *
+ * Host gradients alone (model_config.grads_host: offload_optimizer without
+ * offload_param; model_shard_create_host_grads): the gradient partition
+ * and the staging in host memory as above, the parameter partition on the
+ * device (fp32, or a bf16 partition). Each block's reduced slice goes to
+ * the host at its model_layer_end, synchronously, and is added there; the
+ * optimizer steps from that partition itself. model_shard_params_on_host
+ * and model_shard_grads_on_host tell the two apart. Partition-ordered
+ * vectors that are not the store's (the moments for checkpoints:
+ * model_shard_gather_host, model_shard_scatter_host) are in host memory
+ * whenever the gradients are: there is no device partition to stage them.
+ * Device bytes: model_shard_state_bytes less 4 pn0 (the planner subtracts
+ * it, mem_plan.c).
+ *
  * Host copies. model_weights_upload writes the rank's pieces of any range
  * (no collective: every rank uploads the same host values). Host reads of
  * the whole model on one rank (a checkpoint, the test hooks) come after
@@ -168,7 +181,14 @@ void model_shard_free(model *m);
  * naming zero_optimization.offload_param.pin_memory. */
 int model_shard_create_host(model *m, kern_comm *c, int rank, int world, struct host_mem *host, bool pin,
                             acc_err *err);
-bool model_shard_on_host(const model *m);
+/* model_config.grads_host (offload_optimizer without offload_param): the
+ * gradient partition and the staging in host memory through `host`, the
+ * parameters on the device; m->grads is the tail alone, as above; `pin`
+ * page-locks the staging (zero_optimization.offload_optimizer.pin_memory). */
+int model_shard_create_host_grads(model *m, kern_comm *c, int rank, int world, struct host_mem *host, bool pin,
+                                  acc_err *err);
+bool model_shard_params_on_host(const model *m); /* offload_param */
+bool model_shard_grads_on_host(const model *m);  /* offload_param or grads_host */
 float *model_shard_host_grads(model *m);          /* NULL unless on the host */
 void model_shard_zero_host_grads(model *m);
 /* Sum of squares of host gradients [lo, hi), the CPU device's bits. */
@@ -194,12 +214,14 @@ void model_shard_backward_done(model *m);
  * without one). */
 void model_shard_copy(model *m, float *down, const float *up, size_t off, size_t n);
 
-/* Collective: part [pn] (a partition-ordered device vector: params,
- * moments) gathered group by group, in fp32 whatever the working weights,
+/* Collective: part [pn] (a partition-ordered vector: moments; in host
+ * memory where the gradient partition is, model_shard_grads_on_host, else
+ * on the device) gathered group by group, in fp32 whatever the working weights,
  * through free slots (with bf16 working weights the gradient slot) into
  * host[nparams] in layout order; host NULL: this rank only helps. */
 int model_shard_gather_host(model *m, const float *part, float *host);
-/* The rank's pieces of the layout-ordered host vector into part [pn]. */
+/* The rank's pieces of the layout-ordered host vector into part [pn]
+ * (in host memory where the gradient partition is, else on the device). */
 void model_shard_scatter_host(model *m, const float *host, float *part);
 
 /* Collective (every rank): the full parameters gathered (with a bf16

@@ -23,6 +23,13 @@ int adamw_host_bytes(size_t lo, size_t hi, uint64_t *bytes, acc_err *err)
     return 0;
 }
 
+int adamw_host_bytes_grads_on(size_t lo, size_t hi, uint64_t *bytes, acc_err *err)
+{
+    if (hi < lo || acc_mul_u64(hi - lo, 3 * sizeof(float), bytes))
+        return acc_err_set(err, ACC_EINVAL, "model", "the offloaded optimizer state overflows 64-bit sizes");
+    return 0;
+}
+
 /* A heap copy of `init` (every constructor's first step), or NULL. */
 static adamw *adamw_new(adamw init)
 {
@@ -66,7 +73,7 @@ static int pin_buffers(adamw *a, acc_err *err)
         return 0;
     acc_err e = {0};
     int rc = k->host_register(a->dev, a->master, each, &e);
-    if (rc == 0 && (rc = k->host_register(a->dev, a->g, each, &e)) != 0)
+    if (rc == 0 && !a->g_aliased && (rc = k->host_register(a->dev, a->g, each, &e)) != 0)
         k->host_unregister(a->dev, a->master);
     if (rc != 0)
         return acc_err_set(err, rc, "zero_optimization.offload_optimizer.pin_memory",
@@ -75,20 +82,22 @@ static int pin_buffers(adamw *a, acc_err *err)
     return 0;
 }
 
-int adamw_create_host(kern_device *dev, host_mem *host, int threads, bool pin, size_t lo, size_t hi,
-                      adamw **out, acc_err *err)
+/* adamw_create_host; with g_on its gradients' copy is the caller's grads_host. */
+static int create_host(kern_device *dev, host_mem *host, int threads, bool pin, size_t lo, size_t hi, bool g_on,
+                       float *grads_host, adamw **out, acc_err *err)
 {
     *out = NULL;
     uint64_t bytes;
-    int rc = adamw_host_bytes(lo, hi, &bytes, err);
+    int rc = g_on ? adamw_host_bytes_grads_on(lo, hi, &bytes, err) : adamw_host_bytes(lo, hi, &bytes, err);
     if (rc != 0)
         return rc;
-    adamw *a = adamw_new((adamw){.dev = dev, .lo = lo, .hi = hi, .host = host, .threads = threads >= 1 ? threads : 1});
+    adamw *a = adamw_new((adamw){.dev = dev, .lo = lo, .hi = hi, .host = host, .threads = threads >= 1 ? threads : 1,
+                                 .g = grads_host, .g_aliased = g_on});
     if (a == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
     size_t each = (hi - lo) * sizeof(float);
     float **bufs[] = {&a->m, &a->v, &a->master, &a->g}; /* host_mem zeroes them */
-    for (size_t i = 0; rc == 0 && i < sizeof bufs / sizeof bufs[0]; i++)
+    for (size_t i = 0; rc == 0 && i < sizeof bufs / sizeof bufs[0] - (a->g_aliased ? 1 : 0); i++)
         rc = host_mem_alloc(host, each, (void **)bufs[i], err);
     if (rc == 0 && pin)
         rc = pin_buffers(a, err);
@@ -100,6 +109,18 @@ int adamw_create_host(kern_device *dev, host_mem *host, int threads, bool pin, s
     return 0;
 }
 
+int adamw_create_host(kern_device *dev, host_mem *host, int threads, bool pin, size_t lo, size_t hi,
+                      adamw **out, acc_err *err)
+{
+    return create_host(dev, host, threads, pin, lo, hi, false, NULL, out, err);
+}
+
+int adamw_create_host_grads_on(kern_device *dev, host_mem *host, int threads, bool pin, size_t lo, size_t hi,
+                               float *grads_host, adamw **out, acc_err *err)
+{
+    return create_host(dev, host, threads, pin, lo, hi, true, grads_host, out, err);
+}
+
 int adamw_create_host_on(kern_device *dev, host_mem *host, int threads, size_t lo, size_t hi, float *params_host,
                          float *grads_host, adamw **out, acc_err *err)
 {
@@ -109,7 +130,8 @@ int adamw_create_host_on(kern_device *dev, host_mem *host, int threads, size_t l
     if (rc != 0)
         return rc;
     adamw *a = adamw_new((adamw){.dev = dev, .lo = lo, .hi = hi, .host = host, .threads = threads >= 1 ? threads : 1,
-                                 .master = params_host, .g = grads_host, .aliased = true});
+                                 .master = params_host, .g = grads_host, .master_aliased = true,
+                                 .g_aliased = true});
     if (a == NULL)
         return acc_err_set(err, ACC_ENOMEM, "", "out of host memory");
     size_t each = (hi - lo) * sizeof(float);
@@ -125,7 +147,7 @@ int adamw_create_host_on(kern_device *dev, host_mem *host, int threads, size_t l
 
 void adamw_load_master(adamw *a, const float *params)
 {
-    if (a->aliased) /* the master copy is the parameters themselves */
+    if (a->master_aliased) /* the master copy is the parameters themselves */
         return;
     if (a->host != NULL && a->hi > a->lo)
         a->dev->ops->download(a->dev, a->master, params + a->lo, (a->hi - a->lo) * sizeof(float));
@@ -168,13 +190,14 @@ void adamw_free(adamw *a)
     if (a->host != NULL) {
         size_t each = (a->hi - a->lo) * sizeof(float);
         if (a->pinned) {
-            a->dev->ops->host_unregister(a->dev, a->g);
+            if (!a->g_aliased)
+                a->dev->ops->host_unregister(a->dev, a->g);
             a->dev->ops->host_unregister(a->dev, a->master);
         }
-        if (!a->aliased) {
+        if (!a->g_aliased)
             host_mem_free(a->host, a->g, each);
+        if (!a->master_aliased)
             host_mem_free(a->host, a->master, each);
-        }
         host_mem_free(a->host, a->v, each);
         host_mem_free(a->host, a->m, each);
         free(a);
@@ -268,7 +291,7 @@ static void host_step(step_args *base)
     size_t bytes = (a->hi - a->lo) * sizeof(float);
     if (bytes == 0)
         return;
-    if (!a->aliased)
+    if (!a->g_aliased) /* else the gradients were accumulated there */
         a->dev->ops->download(a->dev, a->g, base->grads + a->lo, bytes);
     int nt = a->threads;
     step_args args[HOST_MAX_THREADS];
@@ -290,9 +313,10 @@ static void host_step(step_args *base)
         else
             host_thread(&args[i]);
     }
-    if (a->store != NULL) /* the gradients' copy is free now: the store's staging */
+    if (a->store != NULL) /* the gradients are spent now (zeroed before the next
+                           * accumulation): the store's staging */
         a->store(a->store_ctx, a->master, a->lo, a->hi, a->g);
-    else if (!a->aliased)
+    else if (!a->master_aliased)
         a->dev->ops->upload(a->dev, base->params + a->lo, a->master, bytes);
 }
 

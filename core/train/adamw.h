@@ -20,7 +20,10 @@
  * copies grads[lo, hi) to the host, runs the CPU backend's AdamW
  * arithmetic (kern_cpu_adamw_span) over the master copy on `threads`
  * pthreads, each over 4-aligned chunks of every run, and copies the
- * master range back into params[lo, hi). On CPU devices that is what the
+ * master range back into params[lo, hi) (at ZeRO stage 3 the gradients'
+ * copy is the model's host gradient partition itself, accumulated there
+ * as the backward produces each block's slice: adamw_create_host_grads_on,
+ * nothing to download). On CPU devices that is what the
  * device step computes, bit for bit; the master copy stays equal to the
  * device's range because nothing else writes it (adamw_load_master after
  * the weights are loaded). Where the device keeps the range in another
@@ -60,8 +63,9 @@ typedef struct adamw {
     host_mem *host;
     float *master, *g;
     int threads;
-    bool pinned;        /* master and g are registered with the device (host_register) */
-    bool aliased;       /* adamw_create_host_on: master and g are the caller's (not freed) */
+    bool pinned;        /* master and (unless aliased) g are registered with the device (host_register) */
+    bool master_aliased; /* adamw_create_host_on: the master is the caller's (not freed) */
+    bool g_aliased;     /* adamw_create_host_on, _grads_on: g is the caller's (not freed) */
     adamw_store_fn store; /* offloaded: the copy-back, or NULL: uploaded into params[lo, hi) */
     void *store_ctx;
 } adamw;
@@ -92,6 +96,9 @@ int adamw_state_bytes(size_t lo, size_t hi, uint64_t *bytes, acc_err *err);
  * master copy, gradients' copy (4 floats each); overflow-checked
  * (ACC_EINVAL, field "model"). */
 int adamw_host_bytes(size_t lo, size_t hi, uint64_t *bytes, acc_err *err);
+/* The same without the gradients' copy (adamw_create_host_grads_on): 3
+ * floats each. */
+int adamw_host_bytes_grads_on(size_t lo, size_t hi, uint64_t *bytes, acc_err *err);
 
 /* Moments (zeroed) for [lo, hi) on dev; t = 0. ACC_EOOM from the device. */
 int adamw_create(kern_device *dev, size_t lo, size_t hi, adamw **out, acc_err *err);
@@ -110,6 +117,13 @@ int adamw_create_host_on(kern_device *dev, host_mem *host, int threads, size_t l
                          float *grads_host, adamw **out, acc_err *err);
 int adamw_create_host(kern_device *dev, host_mem *host, int threads, bool pin, size_t lo, size_t hi,
                       adamw **out, acc_err *err);
+/* ZeRO-3 with the gradient partition in host memory (model_config.grads_host):
+ * adamw_create_host whose gradients' copy is grads_host [hi - lo], the
+ * partition the reduce-scatters accumulate into: nothing is downloaded
+ * before a step; moments and master are allocated (the master stays
+ * separate from the device's parameters), `pin` page-locks the master. */
+int adamw_create_host_grads_on(kern_device *dev, host_mem *host, int threads, bool pin, size_t lo, size_t hi,
+                               float *grads_host, adamw **out, acc_err *err);
 void adamw_free(adamw *a);
 
 /* Offloaded: the master copy := params[lo, hi) (device); else nothing. */

@@ -548,7 +548,7 @@ int ckpt_load_at(int dfd, const char *dir, model *m, adamw *opt, ckpt_state *st,
                 rc = acc_err_set(err, ACC_ENOMEM, "", "out of host memory loading the optimizer state");
             for (int i = 0; rc == 0 && i < 2; i++) {
                 const float *whole = (const float *)(i == 0 ? tm.data : tv.data);
-                if (model_shard_on_host(m)) { /* offload_param: scattered on the host */
+                if (model_shard_grads_on_host(m)) { /* no device gradient partition: scattered on the host */
                     model_shard_scatter_host(m, whole, buf);
                 } else {
                     model_shard_scatter_host(m, whole, m->grads);

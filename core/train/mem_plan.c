@@ -62,6 +62,10 @@ int plan_model_config(const train_cfg *spec, model_config *cfg, acc_err *err)
         /* and, with the fp32 master in the optimizer's host memory, the
          * device partition's matrices (offload_param keeps it there itself) */
         cfg->partition_bf16 = cfg->weights_bf16 && spec->offload_optimizer && !spec->offload_param;
+        /* stage 3 with the optimizer offloaded, not the parameters: the
+         * gradient partition in host memory (offload_param has it there
+         * already; stages 0-2 keep their gradient buffer whole on the device) */
+        cfg->grads_host = spec->zero_stage >= 3 && spec->offload_optimizer && !spec->offload_param;
         cfg->lean_tokens = spec->lean_activations; /* in recompute mode: model.h */
         cfg->act_offload = spec->activation_offload;
     }
@@ -176,11 +180,27 @@ static int offload_param_moved(const model_config *cfg, int world, int rank, uin
     return 0;
 }
 
-/* device_state_parts less what offload_param keeps on the host. */
-static void offload_param_parts(const model_config *cfg, int world, int rank, plan_parts *p)
+/* What leaves the device at stage 3 (bytes by part): offload_param's
+ * parameters and gradients, or with cfg.grads_host the gradient partition
+ * alone (the same pn0 floats: the trainer's slots stay); 0 otherwise. */
+static int host_moved(const model_config *cfg, int zero, bool offload_param, int world, int rank,
+                      uint64_t *weights, uint64_t *grads)
+{
+    *weights = *grads = 0;
+    if (zero < 3 || (!offload_param && !cfg->grads_host))
+        return 0;
+    int rc = offload_param_moved(cfg, world, rank, weights, grads);
+    if (!offload_param)
+        *weights = 0;
+    return rc;
+}
+
+/* device_state_parts less what stays in host memory (host_moved). */
+static void host_moved_parts(const model_config *cfg, int zero, bool offload_param, int world, int rank,
+                             plan_parts *p)
 {
     uint64_t w, g;
-    if (offload_param_moved(cfg, world, rank, &w, &g) != 0)
+    if (host_moved(cfg, zero, offload_param, world, rank, &w, &g) != 0)
         return;
     p->weights = p->weights >= w ? p->weights - w : 0;
     p->gradients = p->gradients >= g ? p->gradients - g : 0;
@@ -192,8 +212,7 @@ static int state_bytes(const train_cfg *spec, const model_config *cfg, uint64_t 
     if (rc == 0 && spec->offload_optimizer)
         *bytes -= plan_optim_bytes(cfg, spec->zero_stage, spec->devices, 0);
     uint64_t w, g;
-    if (rc == 0 && spec->offload_param && spec->zero_stage >= 3 &&
-        offload_param_moved(cfg, spec->devices, 0, &w, &g) == 0)
+    if (rc == 0 && host_moved(cfg, spec->zero_stage, spec->offload_param, spec->devices, 0, &w, &g) == 0)
         *bytes -= w + g;
     return rc;
 }
@@ -208,9 +227,9 @@ uint64_t plan_rank_device_state_bytes_op(const model_config *cfg, int zero, bool
                                          int world, int rank)
 {
     uint64_t b = plan_rank_device_state_bytes(cfg, zero, offload, world, rank), w, g;
-    if (!offload_param || zero < 3 || b == ACC_SIZE_OVERFLOW)
+    if (b == ACC_SIZE_OVERFLOW)
         return b;
-    if (offload_param_moved(cfg, world, rank, &w, &g) != 0)
+    if (host_moved(cfg, zero, offload_param, world, rank, &w, &g) != 0)
         return ACC_SIZE_OVERFLOW;
     return b - w - g;
 }
@@ -230,22 +249,25 @@ uint64_t plan_host_optim_bytes_op(const model_config *cfg, int zero, bool offloa
 {
     size_t lo, hi;
     uint64_t b;
-    if (!offload || !offload_param || zero < 3)
+    if (!offload || zero < 3 || (!offload_param && !cfg->grads_host))
         return plan_host_optim_bytes(cfg, zero, offload, world, rank);
-    /* the master copy and the gradients' copy are the host partitions */
     optim_range(cfg, zero, world, rank, &lo, &hi);
+    if (!offload_param) /* grads_host: the gradients' copy is the host gradient partition */
+        return adamw_host_bytes_grads_on(lo, hi, &b, NULL) == 0 ? b : ACC_SIZE_OVERFLOW;
+    /* the master copy and the gradients' copy are the host partitions */
     return adamw_state_bytes(lo, hi, &b, NULL) == 0 ? b : ACC_SIZE_OVERFLOW;
 }
 
 uint64_t plan_host_params_bytes(const model_config *cfg, int zero, bool offload_param, int world, int rank)
 {
     model_shard_sizes z;
-    if (!offload_param || zero < 3)
+    if (zero < 3 || (!offload_param && !cfg->grads_host))
         return 0;
     if (model_shard_sizes_of(cfg, rank, world, &z, NULL) != 0)
         return ACC_SIZE_OVERFLOW;
-    /* parameters, gradients, the staging of one slice (each at most nparams floats) */
-    return ((uint64_t)z.pn * 2 + z.slice) * sizeof(float);
+    /* parameters (offload_param), gradients, the staging of one slice (each
+     * at most nparams floats) */
+    return ((uint64_t)z.pn * (offload_param ? 2 : 1) + z.slice) * sizeof(float);
 }
 
 /* plan_host_bytes for the spec's resolved config. */
@@ -378,10 +400,10 @@ static void z3_allocs(const model_config *cfg, int world, bool offload_param, ui
     allocs[0] = (z.pn - z.pn_b16) * f;
     allocs[1] = (z.pn + TRAIN_SLOTS) * f;
     allocs[11] = z.pn_b16 * sizeof(uint16_t);
-    if (offload_param) { /* on the host: the device keeps the trainer's slots */
+    if (offload_param) /* the parameters on the host */
         allocs[0] = 0;
+    if (offload_param || cfg->grads_host) /* the gradients on the host: the device keeps the trainer's slots */
         allocs[1] = TRAIN_SLOTS * f;
-    }
     allocs[5] = allocs[6] = model_shard_pslot_bytes(&z);
     allocs[7] = z.slot * f;
     allocs[8] = allocs[9] = z.ends * f;
@@ -397,8 +419,8 @@ static void row_parts(const model_config *cfg, const train_cfg *spec, const kern
     plan_parts *p = &r->parts;
     if (device_state_parts(cfg, spec->zero_stage, spec->offload_optimizer, spec->devices, 0, p, NULL) != 0)
         memset(p, 0, sizeof *p);
-    else if (spec->offload_param && spec->zero_stage >= 3)
-        offload_param_parts(cfg, spec->devices, 0, p);
+    else
+        host_moved_parts(cfg, spec->zero_stage, spec->offload_param, spec->devices, 0, p);
     p->activations = r->act_bytes;
     uint64_t allocs[] = {p->weights, p->gradients, p->optimizer / 2, p->optimizer - p->optimizer / 2,
                          p->activations, 0, 0, 0, 0, 0, 0, 0};
@@ -477,7 +499,8 @@ static plan_row make_row(const model_config *cfg, const train_cfg *spec, const b
     r.fits = r.device_bytes <= usable;
     /* offload_optimizer: moments, master copy and gradients' copy of rank 0's range */
     r.host.optimizer = plan_host_optim_bytes_op(cfg, spec->zero_stage, off, offp, spec->devices, 0);
-    /* offload_param: the partition's parameters and gradients, one slice's staging */
+    /* stage 3 host partitions: offload_param's parameters and gradients, or
+     * grads_host's gradients; one slice's staging */
     r.host.params = plan_host_params_bytes(cfg, spec->zero_stage, offp, spec->devices, 0);
     r.host_bytes = acc_sat_add_u64(acc_sat_add_u64(r.host.batch, r.host.optimizer),
                                    acc_sat_add_u64(r.host.params, r.host.activations));

@@ -154,7 +154,12 @@ uint64_t plan_host_optim_bytes(const model_config *cfg, int zero, bool offload, 
  * rank's largest slice (the reduce-scatter's download, added there):
  * plan_host_params_bytes, (2 pn + slice) 4 bytes; with offload_optimizer,
  * AdamW's master and gradients' copies are those partitions, so
- * plan_host_optim_bytes_op is the two moments only. UINT64_MAX on
+ * plan_host_optim_bytes_op is the two moments only. With the optimizer
+ * offloaded and not the parameters (model_config.grads_host, stage 3):
+ * the gradient partition alone leaves the device (rank 0's pn0 floats),
+ * plan_host_params_bytes is (pn + slice) 4 bytes (that partition and the
+ * staging) and plan_host_optim_bytes_op the moments and the master (3
+ * floats an element; the gradients' copy is the partition). UINT64_MAX on
  * overflow. */
 uint64_t plan_rank_device_state_bytes_op(const model_config *cfg, int zero, bool offload, bool offload_param,
                                          int world, int rank);

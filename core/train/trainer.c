@@ -491,11 +491,15 @@ static int plan_buckets(rank_state *rs, size_t bytes, acc_err *err)
     return 0;
 }
 
-/* Host bytes of this rank's offloaded optimizer (adamw_host_bytes). */
+/* Host bytes of this rank's offloaded optimizer (adamw_host_bytes; without
+ * the gradients' copy where that is the model's host partition). */
 static uint64_t host_optim_bytes(const rank_state *rs)
 {
     uint64_t b = 0;
-    adamw_host_bytes(rs->zlo, rs->zhi, &b, NULL);
+    if (model_shard_grads_on_host(rs->model))
+        adamw_host_bytes_grads_on(rs->zlo, rs->zhi, &b, NULL);
+    else
+        adamw_host_bytes(rs->zlo, rs->zhi, &b, NULL);
     return b;
 }
 
@@ -515,11 +519,14 @@ static int create_optimizer(rank_state *rs, acc_err *err)
     if (!t->spec.offload_optimizer)
         return adamw_create(rs->dev, rs->zlo, rs->zhi, &rs->opt, err);
     model *m = rs->model;
-    if (model_shard_on_host(m)) /* offload_param: AdamW on the host partitions themselves */
+    if (model_shard_params_on_host(m)) /* offload_param: AdamW on the host partitions themselves */
         return adamw_create_host_on(rs->dev, &t->host, t->threads, rs->zlo, rs->zhi, m->params + rs->zlo,
                                     model_shard_host_grads(m) + rs->zlo, &rs->opt, err);
-    int rc = adamw_create_host(rs->dev, &t->host, t->threads, t->spec.offload_pin_memory, rs->zlo, rs->zhi,
-                               &rs->opt, err);
+    int rc = model_shard_grads_on_host(m) /* grads_host: from the host gradient partition itself */
+                 ? adamw_create_host_grads_on(rs->dev, &t->host, t->threads, t->spec.offload_pin_memory, rs->zlo,
+                                              rs->zhi, model_shard_host_grads(m) + rs->zlo, &rs->opt, err)
+                 : adamw_create_host(rs->dev, &t->host, t->threads, t->spec.offload_pin_memory, rs->zlo, rs->zhi,
+                                     &rs->opt, err);
     if (rc == 0 && model_shard_bf16_partition(m)) { /* the master is the store's fp32 values */
         if (rs->zlo != 0 || rs->zhi != m->nheld)
             return acc_err_set(err, ACC_EINTERNAL, "", "a bf16 partition needs the optimizer over all of it");
@@ -554,6 +561,9 @@ static int rank_setup(rank_state *rs, acc_err *err)
         mo.world = t->nranks;
         mo.host_params = s->offload_param ? &t->host : NULL; /* offload_param: the partition on the host */
         mo.host_params_pin = s->offload_param_pin;
+        /* the optimizer offloaded, not the parameters: the gradient partition on the host */
+        mo.host_grads = t->cfg.grads_host ? &t->host : NULL;
+        mo.host_grads_pin = s->offload_pin_memory;
     }
     if (rc == 0 && (rc = model_create_ex(rs->dev, &t->cfg, &mo, &rs->model, err)) == ACC_EOOM)
         return state_oom(rs, err);
@@ -1064,7 +1074,7 @@ static double shard_sumsq(rank_state *rs, int r)
     size_t lo = rs->zlo, hi = rs->zhi; /* this rank's when it holds only its own */
     if (!rs->t->zero->grads_sharded)
         adamw_shard(m->ngrad, r, rs->t->nranks, &lo, &hi);
-    if (hi > lo && model_shard_on_host(m)) /* offload_param: the partition's gradients on the host */
+    if (hi > lo && model_shard_grads_on_host(m)) /* the partition's gradients on the host */
         return model_shard_host_sumsq(m, lo, hi);
     return hi > lo ? rs->dev->ops->sumsq(rs->dev, m->grads + lo, hi - lo) : 0.0;
 }
@@ -1334,8 +1344,8 @@ static int adapt_after_oom(rank_state *rs, int step, acc_err *err)
     model_zero_grad(m);
     model_acts_free(m);
     if (!t->own_comm) {
-        size_t n = m->nheld; /* offload_param: the device's gradient slot instead */
-        float *buf = model_shard_on_host(m) ? model_shard_device_scratch(m, &n) : m->grads;
+        size_t n = m->nheld; /* host gradients: the device's gradient slot instead */
+        float *buf = model_shard_grads_on_host(m) ? model_shard_device_scratch(m, &n) : m->grads;
         int src = oom_share(t->comm, rs->rank, t->nranks, rs->dev, buf, n, t->oom);
         model_zero_grad(m);
         if (src == ACC_ENOMEM)

@@ -72,7 +72,7 @@ static int state_partition(kern_comm *c, int rank, model *m, const float *shard,
                            float *host)
 {
     (void)c, (void)rank;
-    if (model_shard_on_host(m)) /* offload_param: gathered from the host vector itself */
+    if (model_shard_grads_on_host(m)) /* no device partition to stage it: from the host vector itself */
         return model_shard_gather_host(m, shard, host);
     m->dev->ops->upload(m->dev, m->grads, shard, (hi - lo) * sizeof(float));
     int rc = model_shard_gather_host(m, m->grads, host);

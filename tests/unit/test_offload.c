@@ -89,29 +89,50 @@ static void run(const train_cfg *s, fx_run *r)
 }
 
 /* The offloaded run's memory: device peak = prediction, lower than the
- * run without by exactly its moments; host bytes = host.optimizer. */
+ * run without by exactly its moments (at stage 3 and its gradient
+ * partition: model_config.grads_host); host bytes = host.optimizer (+
+ * host.params: stage 3's gradient partition and staging). */
 static void assert_memory(const train_cfg *s, const fx_run *off, const fx_run *on)
 {
     model_config cfg;
     acc_err err = {0};
     assert_int_equal(plan_model_config(s, &cfg, &err), 0);
     int w = s->devices;
+    bool z3 = s->zero_stage >= 3;
+    assert_true(cfg.grads_host == z3);
+    model_shard_sizes z0 = {0};
+    if (z3) /* rank 0's partition: where the device's gradient buffer put the tail on every rank */
+        assert_int_equal(model_shard_sizes_of(&cfg, 0, w, &z0, &err), 0);
     uint64_t host_sum = 0;
     for (int k = 0; k < w; k++) {
         assert_int_equal(off->h.mem_optim[k], 0); /* no moments on the device */
-        uint64_t want = plan_rank_device_state_bytes(&cfg, s->zero_stage, true, w, k) +
+        uint64_t want = plan_rank_device_state_bytes_op(&cfg, s->zero_stage, true, false, w, k) +
                         plan_act_bytes(&cfg, s->micro_batch, s->model.seq_len, 0);
         if (off->h.mem_peak[k] != want)
             print_error("rank %d: peak %llu, predicted %llu\n", k, (unsigned long long)off->h.mem_peak[k],
                         (unsigned long long)want);
         assert_int_equal(off->h.mem_peak[k], want);
+        /* the gradient partition in host memory: its bytes below the device-gradient state */
+        assert_int_equal(plan_rank_device_state_bytes(&cfg, s->zero_stage, true, w, k) - (want -
+                         plan_act_bytes(&cfg, s->micro_batch, s->model.seq_len, 0)), 4 * (uint64_t)z0.pn);
         assert_true(on->h.mem_optim[k] > 0);
-        assert_int_equal(on->h.mem_peak[k] - off->h.mem_peak[k], on->h.mem_optim[k]);
-        /* host: the moments (the device's bytes of them), master and gradients' copy */
-        uint64_t host = plan_host_optim_bytes(&cfg, s->zero_stage, true, w, k);
+        assert_int_equal(on->h.mem_peak[k] - off->h.mem_peak[k], on->h.mem_optim[k] + 4 * (uint64_t)z0.pn);
+        /* host: the moments (the device's bytes of them), master and
+         * gradients' copy; at stage 3 that copy is the gradient partition,
+         * counted with the staging of one slice as host.params */
+        uint64_t host = plan_host_optim_bytes_op(&cfg, s->zero_stage, true, false, w, k);
+        uint64_t hparams = plan_host_params_bytes(&cfg, s->zero_stage, false, w, k);
         assert_int_equal(off->h.host_optim[k], host);
-        assert_int_equal(host, 2 * on->h.mem_optim[k]);
-        host_sum += host;
+        if (z3) {
+            model_shard_sizes zk;
+            assert_int_equal(model_shard_sizes_of(&cfg, k, w, &zk, &err), 0);
+            assert_int_equal(2 * host, 3 * on->h.mem_optim[k]);
+            assert_int_equal(hparams, 4 * ((uint64_t)zk.pn + zk.slice));
+        } else {
+            assert_int_equal(host, 2 * on->h.mem_optim[k]);
+            assert_int_equal(hparams, 0);
+        }
+        host_sum += host + hparams;
     }
     assert_int_equal(off->h.host_peak, host_sum);
     assert_int_equal(on->h.host_peak, 0);
@@ -129,7 +150,8 @@ static void assert_memory(const train_cfg *s, const fx_run *off, const fx_run *o
             assert_int_equal(rows[i].peak_bytes, dev0);
             assert_int_equal(rows[i].parts.optimizer, 0);
             assert_int_equal(rows[i].optim_bytes, 0);
-            assert_int_equal(rows[i].host.optimizer, plan_host_optim_bytes(&cfg, s->zero_stage, true, w, 0));
+            assert_int_equal(rows[i].host.optimizer, plan_host_optim_bytes_op(&cfg, s->zero_stage, true, false, w, 0));
+            assert_int_equal(rows[i].host.params, plan_host_params_bytes(&cfg, s->zero_stage, false, w, 0));
             assert_int_equal(rows[i].host_bytes, rows[i].host.batch + rows[i].host.optimizer +
                                                      rows[i].host.params + rows[i].host.activations);
         }

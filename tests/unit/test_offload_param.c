@@ -115,8 +115,10 @@ static void groups_of(const model_config *cfg, uint64_t *slot, uint64_t *ends)
     model_layout_free(&l);
 }
 
-/* Device parts drop by the partition's parameters and gradients (rank 0:
- * pn0 both), the host holds 2 pn + slice floats and the moments only. */
+/* Device parts drop by the partition's parameters (the gradient partition
+ * left with the optimizer offloaded already: model_config.grads_host,
+ * rank 0's pn0), the host holds 2 pn + slice floats and the moments only
+ * (without offload_param: the gradients, the staging, moments and master). */
 static void test_plan_bytes(void **state)
 {
     (void)state;
@@ -126,6 +128,10 @@ static void test_plan_bytes(void **state)
     for (int w = 1; w <= 2; w++) {
         train_cfg *s = plan_spec(root, "tiny", 32, 4, w);
         plan_row base = row_of(s, KERN_DEV_CPU, 0);
+        model_config cfg_b; /* the optimizer offloaded alone: the gradient partition on the host */
+        acc_err err_b = {0};
+        assert_int_equal(plan_model_config(s, &cfg_b, &err_b), 0);
+        assert_true(cfg_b.grads_host);
         s->offload_param = true;
         plan_row op = row_of(s, KERN_DEV_CPU, 0);
         model_config cfg;
@@ -134,12 +140,13 @@ static void test_plan_bytes(void **state)
         uint64_t pn, slice, pn0;
         partition_of(&cfg, 0, w, &pn, &slice, &pn0);
         assert_true(pn == pn0);
+        assert_false(cfg.grads_host); /* offload_param holds the gradients itself */
         assert_true(op.parts.weights == base.parts.weights - 4 * pn);
-        assert_true(op.parts.gradients == base.parts.gradients - 4 * pn0);
+        assert_true(op.parts.gradients == base.parts.gradients);
         assert_true(op.parts.optimizer == 0 && base.parts.optimizer == 0);
-        assert_true(op.peak_bytes == base.peak_bytes - 4 * (pn + pn0));
-        assert_true(op.host.params == 4 * (2 * pn + slice));
-        assert_true(op.host.optimizer == 8 * pn && base.host.optimizer == 16 * pn);
+        assert_true(op.peak_bytes == base.peak_bytes - 4 * pn);
+        assert_true(op.host.params == 4 * (2 * pn + slice) && base.host.params == 4 * (pn + slice));
+        assert_true(op.host.optimizer == 8 * pn && base.host.optimizer == 12 * pn);
         assert_true(op.host_bytes == op.host.batch + op.host.optimizer + op.host.params + op.host.activations);
         /* every rank's host share, summed (plan_host_bytes) */
         uint64_t want = 0, hb = 0;
@@ -150,6 +157,10 @@ static void test_plan_bytes(void **state)
             assert_true(plan_host_params_bytes(&cfg, 3, true, w, r) == 4 * (2 * p + sl));
             assert_true(plan_rank_device_state_bytes_op(&cfg, 3, true, true, w, r) ==
                         plan_rank_device_state_bytes(&cfg, 3, true, w, r) - 4 * (p + p0));
+            assert_true(plan_rank_device_state_bytes_op(&cfg_b, 3, true, false, w, r) ==
+                        plan_rank_device_state_bytes(&cfg_b, 3, true, w, r) - 4 * p0);
+            assert_true(plan_host_params_bytes(&cfg_b, 3, false, w, r) == 4 * (p + sl));
+            assert_true(plan_host_optim_bytes_op(&cfg_b, 3, true, false, w, r) == 12 * p);
         }
         assert_int_equal(plan_host_bytes(s, &hb, &err), 0);
         assert_true(hb == want);
@@ -224,8 +235,13 @@ static void test_llama7b_figures(void **state)
                               i == chosen ? "  <- chosen" : "");
             assert_true(chosen >= 0 && rows[chosen].fits);
         }
-        s->offload_param = false; /* the partition on the device: 27 GB alone */
-        assert_false(row_of(s, KERN_DEV_CUDA, 24ull << 30).fits);
+        s->offload_param = false; /* the parameter partition on the device (bf16 matrices), the gradients on the host */
+        plan_row d = row_of(s, KERN_DEV_CUDA, 24ull << 30);
+        print_message("  without offload_param: m %d device %llu B = %.2f GiB (weights %.2f, gradients %.2f), fits %d\n",
+                      d.micro_batch, (unsigned long long)d.device_bytes, d.device_bytes / gib, d.parts.weights / gib,
+                      d.parts.gradients / gib, d.fits);
+        /* now within one card: the gradients' device part is offload_param's, the trainer's and the slots */
+        assert_true(d.fits && d.micro_batch == 1 && d.parts.gradients == r.parts.gradients);
         free(s);
     }
     remove_config(root, "Llama-2-7b-hf");

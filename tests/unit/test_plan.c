@@ -145,7 +145,12 @@ static void test_enumeration(void **state)
     /* the optimizer offloaded: the same 30 variants in the same order after
      * all of those; the moments leave the device (their bytes exactly),
      * the host holds 4 floats an element of the rank's AdamW range: twice
-     * the device moments it replaces (adamw.h) */
+     * the device moments it replaces (adamw.h). At stage 3 the gradient
+     * partition (rank 0's pn floats) leaves the device too: the host holds
+     * it and one slice's staging (host.params) and 3 floats an element
+     * (moments, master: 1.5 times the moments; model_config.grads_host) */
+    model_shard_sizes z2;
+    assert_int_equal(model_shard_sizes_of(&cfg, 0, 2, &z2, &err), 0);
     for (int g = 30; g < 60; g++) {
         plan_variant v = t.groups[g].v, on_dev = t.groups[g - 30].v;
         assert_true(v.offload_optimizer && !on_dev.offload_optimizer);
@@ -154,14 +159,16 @@ static void test_enumeration(void **state)
         assert_int_equal(t.groups[g].n, t.groups[g - 30].n);
         for (int i = 0; i < t.groups[g].n; i++) {
             const plan_row *off = &t.rows[t.groups[g].first + i], *dev = &t.rows[t.groups[g - 30].first + i];
+            uint64_t hg = v.zero_stage == 3 ? 4 * (uint64_t)z2.pn : 0; /* the gradient partition */
             assert_int_equal(off->parts.optimizer, 0);
             assert_true(dev->parts.optimizer > 0);
-            assert_int_equal(off->peak_bytes, dev->peak_bytes - dev->parts.optimizer);
-            assert_true(off->parts.weights == dev->parts.weights && off->parts.gradients == dev->parts.gradients &&
+            assert_int_equal(off->peak_bytes, dev->peak_bytes - dev->parts.optimizer - hg);
+            assert_true(off->parts.weights == dev->parts.weights && off->parts.gradients == dev->parts.gradients - hg &&
                         off->parts.activations == dev->parts.activations);
-            assert_int_equal(off->host.optimizer, 2 * dev->parts.optimizer);
+            assert_int_equal(off->host.optimizer, (v.zero_stage == 3 ? 3 : 4) * dev->parts.optimizer / 2);
             assert_int_equal(dev->host.optimizer, 0);
-            assert_int_equal(off->host_bytes, dev->host_bytes + off->host.optimizer);
+            assert_int_equal(off->host.params, v.zero_stage == 3 ? hg + 4 * (uint64_t)z2.slice : 0);
+            assert_int_equal(off->host_bytes, dev->host_bytes + off->host.optimizer + off->host.params);
         }
         json_t *j = plan_row_json(&t.rows[t.groups[g].first], &t.groups[g].v, &hw);
         assert_true(json_is_true(json_object_get(j, "offload_optimizer")));
@@ -699,6 +706,28 @@ static void plan_7b_batch(bool lean, int devices, int B, const char *extra, plan
     free(s);
 }
 
+/* LLaMA-2-7B's model config for the planner at ZeRO-3 with the optimizer
+ * offloaded, bf16, on `devices` ranks. */
+static void cfg_7b(int devices, model_config *cfg)
+{
+    char spec[512];
+    snprintf(spec, sizeof spec,
+             "{\"model\": {\"from\": \"llama2-7b\", \"seq_len\": 4096}, \"train_batch_size\": 16, "
+             "\"precision\": \"bf16\", \"devices\": %d, \"zero_optimization\": {\"stage\": 3, "
+             "\"offload_optimizer\": {\"device\": \"cpu\"}}}",
+             devices);
+    job_spec *js = malloc(sizeof *js);
+    train_cfg *s = malloc(sizeof *s);
+    acc_err err = {0};
+    assert_true(js != NULL && s != NULL);
+    if (job_spec_parse_plan(spec, strlen(spec), &conf, js, &err) != 0)
+        fail_msg("%s: %s (%s)", spec, err.msg, err.field);
+    job_spec_train_cfg(js, s);
+    assert_int_equal(plan_model_config(s, cfg, &err), 0);
+    free(js);
+    free(s);
+}
+
 /* The same at B 32, as issue 20 asks the planner. */
 static void plan_7b(bool lean, int devices, const char *extra, plan_table *t)
 {
@@ -823,8 +852,10 @@ static void test_llama2_7b_24gib(void **state)
     assert_false(v->offload_param); /* four cards need not offload the parameters */
     const plan_row *c = &t.rows[t.groups[first_full].best];
     assert_true(c->fits && c->device_bytes <= usable);
-    /* per rank: a quarter of the moments, master copy and gradients' copy */
-    assert_true(c->host.optimizer * 4 >= 16 * LLAMA2_7B_PARAMS && c->host.optimizer * 4 <= 16 * LLAMA2_7B_PARAMS + 256);
+    /* per rank: a quarter of the moments and master copy; the gradients'
+     * copy is the host gradient partition (host.params, with its staging) */
+    assert_true(c->host.optimizer * 4 >= 12 * LLAMA2_7B_PARAMS && c->host.optimizer * 4 <= 12 * LLAMA2_7B_PARAMS + 256);
+    assert_true(c->host.params * 3 >= c->host.optimizer && c->host.params * 3 <= c->host.optimizer + 3 * (1ull << 30));
     print_message("(c) 4 cards full ZeRO-3+offload recompute %s: m %d x a %d, device %.2f GiB (%llu); host per rank "
                   "%.2f GiB (optimizer %.2f, activations %.2f, batch %llu B), job %.2f GiB\n",
                   v->act_offload ? "on+host" : v->recompute ? "on" : "off", c->micro_batch, c->accum_steps,
@@ -854,16 +885,30 @@ static void test_llama2_7b_24gib(void **state)
     assert_true(d->fits && d->device_bytes <= usable);
     /* the partition's weights: rank 0's quarter of the 32 blocks' 202,375,168
      * matrix values at 2 bytes instead of the fp32 partition's 4 (the
-     * optimizer on the card keeps it fp32); the gradients stay */
+     * optimizer on the card keeps it fp32); the gradient partition (rank
+     * 0's pn floats) in host memory with the optimizer */
+    model_config c7;
+    model_shard_sizes z7;
+    cfg_7b(4, &c7);
+    assert_int_equal(model_shard_sizes_of(&c7, 0, 4, &z7, NULL), 0);
+    assert_true(c7.grads_host && c7.partition_bf16);
     assert_true(dn->parts.weights - d->parts.weights == 2ull * 32 * 202375168 / 4);
-    assert_true(d->parts.gradients == dn->parts.gradients && d->parts.optimizer == 0);
+    assert_true(dn->parts.gradients - d->parts.gradients == 4 * (uint64_t)z7.pn && d->parts.optimizer == 0);
+    assert_true(d->host.params == 4 * ((uint64_t)z7.pn + z7.slice));
     /* storing the activations (no recomputation) still does not fit */
     int gs = group_of(&t, (plan_variant){.zero_stage = 3, .offload_optimizer = true});
     assert_true(gs >= 0 && t.groups[gs].best == -1);
-    print_message("(d) B 16 not lean, 4 cards, full ZeRO-3+offload recompute on: m 1 device %.2f GiB (%llu), "
-                  "weights %.2f GiB (the fp32 partition's: %.2f GiB); largest fitting m %d\n",
+    const plan_row *db = &t.rows[t.groups[gd].best];
+    /* without the 8 GiB gradient partition: m 1 at 14.87 GiB (21.15 with it
+     * on the card), and m 2 fits too (m 4 does not) */
+    assert_true(d->device_bytes < GIB(15));
+    assert_true(db->micro_batch == 2 && db->accum_steps == 2 && db->fits);    print_message("(d) B 16 not lean, 4 cards, full ZeRO-3+offload recompute on: m 1 device %.2f GiB (%llu), "
+                  "weights %.2f GiB (the fp32 partition's: %.2f GiB), gradients %.2f GiB (on the device: %.2f GiB); "
+                  "largest fitting m %d x a %d: device %.2f GiB (%llu); host per rank %.2f GiB\n",
                   gib_of(d->device_bytes), (unsigned long long)d->device_bytes, gib_of(d->parts.weights),
-                  gib_of(dn->parts.weights), t.rows[t.groups[gd].best].micro_batch);
+                  gib_of(dn->parts.weights), gib_of(d->parts.gradients), gib_of(dn->parts.gradients),
+                  db->micro_batch, db->accum_steps, gib_of(db->device_bytes), (unsigned long long)db->device_bytes,
+                  gib_of(db->host_bytes));
     plan_table_free(&t);
 }
 

@@ -327,6 +327,16 @@ static void assert_memory(const train_cfg *s, const fx_run *r, const fx_run *f32
             uint64_t fp = plan_rank_device_state_bytes_op(&f, 3, true, false, w, k) +
                           plan_act_bytes(&f, s->micro_batch, s->model.seq_len, false);
             assert_true(z.pn_b16 > 0 && fp - r->h.mem_peak[k] == 2 * (uint64_t)z.pn_b16);
+            /* and the gradient partition in host memory (grads_host): rank 0's
+             * pn floats below the device-gradient state */
+            model_config g = cfg;
+            model_shard_sizes z0;
+            g.grads_host = false;
+            assert_true(cfg.grads_host);
+            assert_int_equal(model_shard_sizes_of(&cfg, 0, w, &z0, &err), 0);
+            uint64_t gd = plan_rank_device_state_bytes_op(&g, 3, true, false, w, k) +
+                          plan_act_bytes(&g, s->micro_batch, s->model.seq_len, false);
+            assert_int_equal(gd - r->h.mem_peak[k], 4 * (uint64_t)z0.pn);
         }
         host += plan_host_params_bytes(&cfg, 3, s->offload_param, w, k) +
                 plan_host_optim_bytes_op(&cfg, 3, s->offload_optimizer, s->offload_param, w, k);
@@ -334,8 +344,6 @@ static void assert_memory(const train_cfg *s, const fx_run *r, const fx_run *f32
     uint64_t dev0;
     assert_int_equal(plan_device_bytes(s, s->micro_batch, false, &dev0, &err), 0);
     assert_int_equal(dev0, r->h.mem_peak[0]);
-    if (!s->offload_param)
-        return;
     if (r->h.host_peak != host)
         print_error("host peak %llu, predicted %llu\n", (unsigned long long)r->h.host_peak,
                     (unsigned long long)host);
