@@ -348,7 +348,8 @@ json_t *plan_row_json(const plan_row *r, const plan_variant *v, const plan_hw *h
                           v != NULL && v->act_offload && r->recompute);
     if (o != NULL) /* the optimizer state in host memory (the row's host_optimizer_bytes) */
         json_object_set_new(o, "offload_optimizer", json_boolean(v != NULL && v->offload_optimizer));
-    if (o != NULL) /* the parameter partitions in host memory (host_params_bytes) */
+    if (o != NULL) /* the parameter partitions in host memory (host_params_bytes: with it, or the
+                    * gradient partition alone at stage 3 with offload_optimizer) */
         json_object_set_new(o, "offload_param", json_boolean(v != NULL && v->offload_param));
     json_t *host = row_host_json(r, hw);
     if (o != NULL && host != NULL)

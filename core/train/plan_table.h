@@ -22,7 +22,8 @@
  * checkpoints. Then all of that again with the optimizer offloaded
  * (zero_optimization.offload_optimizer "cpu": the AdamW moments, the fp32
  * master copy and the gradients' copy in host memory, the rows' host
- * optimizer bytes), the most change of all: a setting without offload is
+ * optimizer bytes; at ZeRO-3 the gradients' copy is the gradient partition,
+ * the rows' host params bytes), the most change of all: a setting without offload is
  * always suggested before one with it. LoRA rows
  * use the spec's lora section; a spec without one gets LoRA rows with
  * PEFT-style settings {r 16, alpha 32, target_modules "all-linear"} when
