@@ -240,7 +240,9 @@ static void test_llama7b_figures(void **state)
         print_message("  without offload_param: m %d device %llu B = %.2f GiB (weights %.2f, gradients %.2f), fits %d\n",
                       d.micro_batch, (unsigned long long)d.device_bytes, d.device_bytes / gib, d.parts.weights / gib,
                       d.parts.gradients / gib, d.fits);
-        /* now within one card: the gradients' device part is offload_param's, the trainer's and the slots */
+        /* the planner's row (a spec at stage 3 needs two devices without
+         * offload_param): the gradients' device part is offload_param's,
+         * the trainer's and the slots, and it is within the card */
         assert_true(d.fits && d.micro_batch == 1 && d.parts.gradients == r.parts.gradients);
         free(s);
     }
