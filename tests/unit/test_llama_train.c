@@ -6,7 +6,8 @@
  *     under ZeRO stage 3 too ((2,2,2), (4,1,2), (1,2,4) against (8,1,1));
  *     with the optimizer offloaded (and ZeRO-3 on several devices);
  *   - bf16 (activations stored in bf16): the splits agree within
- *     BF16_SPLIT_TOL, plain and lean; the planner is exact there too;
+ *     BF16_SPLIT_TOL, plain and lean, and at ZeRO-3 with bf16 working
+ *     weights (with the optimizer offloaded too); the planner is exact there;
  *   - the planner predicts a rank's peak to the byte (stored and recompute,
  *     several micro batches) on CPU devices;
  *   - out-of-memory adaptation: a budget for m = 2 turns m = 8 into 2 x 4
@@ -275,6 +276,39 @@ static void test_split_invariance_bf16(void **state)
     split_invariance_tol(true, true, BF16_SPLIT_TOL);
 }
 
+/* bf16 at ZeRO-3 (docs/engine.md "bf16 at stage 3"): the gathered
+ * blocks' matrices are bf16 working weights, and with the optimizer
+ * offloaded the device partition's matrices are bf16 too and the gradients
+ * accumulate in host memory. The splits over several devices agree with
+ * bf16 (8,1,1) at stage 0 to BF16_SPLIT_TOL, as the stage-0 splits do. */
+static void test_split_invariance_bf16_zero3(void **state)
+{
+    (void)state;
+    static const int splits[3][3] = {{2, 2, 2}, {4, 1, 2}, {1, 2, 4}};
+    run_out base, r;
+    train_cfg s;
+    llama_spec(&s, BATCH, 8, 1, 1);
+    s.precision = SPEC_BF16;
+    run(&s, &base);
+    for (int off = 0; off < 2; off++)
+        for (int i = 0; i < 3; i++) {
+            llama_spec(&s, BATCH, splits[i][0], splits[i][1], splits[i][2]);
+            s.precision = SPEC_BF16;
+            s.zero_stage = 3;
+            s.offload_optimizer = off;
+            model_config cfg;
+            acc_err err = {0};
+            assert_int_equal(plan_model_config(&s, &cfg, &err), 0);
+            assert_true(cfg.weights_bf16 && cfg.partition_bf16 == (off != 0) && cfg.grads_host == (off != 0));
+            run(&s, &r);
+            assert_same(&r, &base, 0, STEPS, BF16_SPLIT_TOL);
+            free(r.params);
+        }
+    print_message("bf16 ZeRO-3 (and + optimizer offload): (2,2,2) (4,1,2) (1,2,4) as bf16 (8,1,1), losses %.6f -> %.6f\n",
+                  base.loss[0], base.loss[STEPS - 1]);
+    free(base.params);
+}
+
 /* bf16: the planner counts the bf16 store to the byte, stored and
  * recompute, plain and lean */
 static void test_planner_exact_bf16(void **state)
@@ -402,6 +436,7 @@ int main(void)
         cmocka_unit_test(test_split_invariance_bf16), cmocka_unit_test(test_planner_exact_bf16),
         cmocka_unit_test(test_split_invariance_zero3),
         cmocka_unit_test(test_split_invariance_offload),
+        cmocka_unit_test(test_split_invariance_bf16_zero3),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
