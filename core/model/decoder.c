@@ -551,13 +551,45 @@ static const float *branch_bwd(blk_run *r, const blk_norm *n, bool sandwich, flo
     return dy;
 }
 
+/* d(attention output) in A_DATTY -> the gradients of the projections'
+ * outputs over the whole sequence: attention and rotary backward into
+ * A_DQ / A_DK / A_DV, then (q / k normed per head) through the head norms.
+ * *dq, *dk: where q's and k's end up (A_DV holds v's). Shared by
+ * block_backward and the token-chunked block_backward_tok. */
+static void attn_core_bwd(blk_run *r, int l, const block_acts *x, const float **dq_out,
+                          const float **dk_out)
+{
+    dec_state *s = S(r->m);
+    float *const *a = s->a;
+    const dec_block *b = &s->blk[l];
+    size_t N = (size_t)r->N, f = sizeof(float);
+    r->k->zero(r->d, a[A_DQ], N * (size_t)b->q.out * f);
+    r->k->zero(r->d, a[A_DK], N * (size_t)b->k.out * f);
+    r->k->zero(r->d, a[A_DV], N * (size_t)b->v.out * f);
+    blk_attn_bwd(r, &b->attn, a[A_DQ], a[A_DK], a[A_DV], a[A_ATT_SCRATCH], a[A_DATTY], x->q, x->k,
+                 x->v, x->lse, x->atty);
+    blk_rope_bwd(r, &s->rope, a[A_DQ], b->attn.NH);
+    blk_rope_bwd(r, &s->rope, a[A_DK], b->attn.NKV);
+    float *dq = a[A_DQ], *dk = a[A_DK];
+    if (s->desc.qk_norm) {
+        blk_run rq = heads_of(r, b->attn.NH), rk = heads_of(r, b->attn.NKV);
+        dq = a[A_DQRAW], dk = a[A_DKRAW];
+        r->k->zero(r->d, dq, N * (size_t)b->q.out * f);
+        r->k->zero(r->d, dk, N * (size_t)b->k.out * f);
+        blk_norm_bwd(&rq, &b->qn, dq, a[A_DQ], x->qraw, NULL, x->qrstd);
+        blk_norm_bwd(&rk, &b->kn, dk, a[A_DK], x->kraw, NULL, x->krstd);
+    }
+    *dq_out = dq;
+    *dk_out = dk;
+}
+
 /* dresid holds d(block output) on entry and d(block input) on exit. */
 static void block_backward(blk_run *r, int l)
 {
     dec_state *s = S(r->m);
     float *const *a = s->a;
     const dec_block *b = &s->blk[l];
-    bool qk = s->desc.qk_norm, sw = s->desc.sandwich;
+    bool sw = s->desc.sandwich;
     block_acts x = block_at(r->m, l);
     size_t N = (size_t)r->N, f = sizeof(float);
     blk_ffn_grads fg = {a[A_DH], a[A_DGATE], a[A_DUP]};
@@ -568,22 +600,8 @@ static void block_backward(blk_run *r, int l)
     dy = branch_bwd(r, &b->pa, sw, a[A_DBR], a[A_DRESID], x.ao, x.rstdao);
     r->k->zero(r->d, a[A_DATTY], N * (size_t)b->o.in * f);
     blk_linear_bwd(r, l, &b->o, a[A_DATTY], dy, x.atty);
-    r->k->zero(r->d, a[A_DQ], N * (size_t)b->q.out * f);
-    r->k->zero(r->d, a[A_DK], N * (size_t)b->k.out * f);
-    r->k->zero(r->d, a[A_DV], N * (size_t)b->v.out * f);
-    blk_attn_bwd(r, &b->attn, a[A_DQ], a[A_DK], a[A_DV], a[A_ATT_SCRATCH], a[A_DATTY], x.q, x.k,
-                 x.v, x.lse, x.atty);
-    blk_rope_bwd(r, &s->rope, a[A_DQ], b->attn.NH);
-    blk_rope_bwd(r, &s->rope, a[A_DK], b->attn.NKV);
-    float *dq = a[A_DQ], *dk = a[A_DK];
-    if (qk) {
-        blk_run rq = heads_of(r, b->attn.NH), rk = heads_of(r, b->attn.NKV);
-        dq = a[A_DQRAW], dk = a[A_DKRAW];
-        r->k->zero(r->d, dq, N * (size_t)b->q.out * f);
-        r->k->zero(r->d, dk, N * (size_t)b->k.out * f);
-        blk_norm_bwd(&rq, &b->qn, dq, a[A_DQ], x.qraw, NULL, x.qrstd);
-        blk_norm_bwd(&rk, &b->kn, dk, a[A_DK], x.kraw, NULL, x.krstd);
-    }
+    const float *dq, *dk;
+    attn_core_bwd(r, l, &x, &dq, &dk);
     r->k->zero(r->d, a[A_DLN], N * (size_t)b->q.in * f);
     blk_linear_bwd(r, l, &b->q, a[A_DLN], dq, x.ln1);
     blk_linear_bwd(r, l, &b->k, a[A_DLN], dk, x.ln1);
@@ -734,28 +752,10 @@ static void qkv_bwd_tok(blk_run *r, int l, const block_acts *x, const float *dq,
  * block_refwd_tok). */
 static void block_backward_tok(blk_run *r, int l)
 {
-    dec_state *s = S(r->m);
-    float *const *a = s->a;
-    const dec_block *b = &s->blk[l];
     block_acts x = block_at(r->m, l);
-    size_t N = (size_t)r->N, f = sizeof(float);
     tail_bwd_tok(r, l, &x);
-    r->k->zero(r->d, a[A_DQ], N * (size_t)b->q.out * f);
-    r->k->zero(r->d, a[A_DK], N * (size_t)b->k.out * f);
-    r->k->zero(r->d, a[A_DV], N * (size_t)b->v.out * f);
-    blk_attn_bwd(r, &b->attn, a[A_DQ], a[A_DK], a[A_DV], a[A_ATT_SCRATCH], a[A_DATTY], x.q, x.k,
-                 x.v, x.lse, x.atty);
-    blk_rope_bwd(r, &s->rope, a[A_DQ], b->attn.NH);
-    blk_rope_bwd(r, &s->rope, a[A_DK], b->attn.NKV);
-    float *dq = a[A_DQ], *dk = a[A_DK];
-    if (s->desc.qk_norm) {
-        blk_run rq = heads_of(r, b->attn.NH), rk = heads_of(r, b->attn.NKV);
-        dq = a[A_DQRAW], dk = a[A_DKRAW];
-        r->k->zero(r->d, dq, N * (size_t)b->q.out * f);
-        r->k->zero(r->d, dk, N * (size_t)b->k.out * f);
-        blk_norm_bwd(&rq, &b->qn, dq, a[A_DQ], x.qraw, NULL, x.qrstd);
-        blk_norm_bwd(&rk, &b->kn, dk, a[A_DK], x.kraw, NULL, x.krstd);
-    }
+    const float *dq, *dk;
+    attn_core_bwd(r, l, &x, &dq, &dk);
     qkv_bwd_tok(r, l, &x, dq, dk);
 }
 
