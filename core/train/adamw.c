@@ -16,18 +16,22 @@ int adamw_state_bytes(size_t lo, size_t hi, uint64_t *bytes, acc_err *err)
     return 0;
 }
 
-int adamw_host_bytes(size_t lo, size_t hi, uint64_t *bytes, acc_err *err)
+/* `arrays` host arrays of (hi - lo) floats; overflow-checked. */
+static int host_arrays_bytes(size_t lo, size_t hi, uint64_t arrays, uint64_t *bytes, acc_err *err)
 {
-    if (hi < lo || acc_mul_u64(hi - lo, 4 * sizeof(float), bytes))
+    if (hi < lo || acc_mul_u64(hi - lo, arrays * sizeof(float), bytes))
         return acc_err_set(err, ACC_EINVAL, "model", "the offloaded optimizer state overflows 64-bit sizes");
     return 0;
 }
 
+int adamw_host_bytes(size_t lo, size_t hi, uint64_t *bytes, acc_err *err)
+{
+    return host_arrays_bytes(lo, hi, 4, bytes, err); /* moments, master, gradients' copy */
+}
+
 int adamw_host_bytes_grads_on(size_t lo, size_t hi, uint64_t *bytes, acc_err *err)
 {
-    if (hi < lo || acc_mul_u64(hi - lo, 3 * sizeof(float), bytes))
-        return acc_err_set(err, ACC_EINVAL, "model", "the offloaded optimizer state overflows 64-bit sizes");
-    return 0;
+    return host_arrays_bytes(lo, hi, 3, bytes, err); /* moments, master */
 }
 
 /* A heap copy of `init` (every constructor's first step), or NULL. */
